@@ -1,0 +1,138 @@
+//! Every label, annotation, taint key, finalizer, condition type, reason and field manager the
+//! project owns, in one place, so a key is never spelled twice. All keys start with
+//! `gpuremediation.dev/`.
+
+/// Label a person puts on a node (`"true"`) to exclude it from every policy.
+pub const OPT_OUT_LABEL: &str = "gpuremediation.dev/exclude";
+
+/// Node annotation recording that this controller cordoned the node, naming the `GpuRemediation`.
+/// Only a node carrying it is ever uncordoned by the controller.
+pub const CORDONED_BY_ANNOTATION: &str = "gpuremediation.dev/cordoned-by";
+/// Node annotation set when the node was already unschedulable before we acted: the cordon stays
+/// the person's (or other tool's), and we never lift it.
+pub const PRE_CORDONED_ANNOTATION: &str = "gpuremediation.dev/pre-cordoned";
+/// Annotation a person sets to `"true"` on a `GpuRemediation` waiting in `AwaitingApproval`.
+pub const APPROVED_ANNOTATION: &str = "gpuremediation.dev/approved";
+/// Annotation a person sets on a `ManualRequired` node's remediation, or on a node, to clear a
+/// latched fatal signal or the attempts limit.
+pub const CLEAR_ANNOTATION: &str = "gpuremediation.dev/clear";
+/// Pod annotation read by the sandbox's simulated kubelet: how long a terminating pod takes to go
+/// (a duration such as `30s`), or `stall` to never finish.
+pub const SIM_TERMINATION_ANNOTATION: &str = "gpuremediation.dev/sim-termination";
+
+/// Taint the controller adds while it remediates a node, on top of `unschedulable`.
+pub const REMEDIATION_TAINT_KEY: &str = "gpuremediation.dev/remediating";
+
+/// Finalizer on a `GpuRemediation`: releases our cordon if the record is deleted early.
+pub const REMEDIATION_FINALIZER: &str = "gpuremediation.dev/release-node";
+
+/// Label on a `GpuRemediation` naming its node, for selecting a node's history.
+pub const NODE_LABEL: &str = "gpuremediation.dev/node";
+/// Label on a `GpuRemediation` naming its policy.
+pub const POLICY_LABEL: &str = "gpuremediation.dev/policy";
+
+/// Node label a GPU operator (or the sandbox) sets with the expected number of GPUs.
+pub const GPU_COUNT_LABEL: &str = "nvidia.com/gpu.count";
+/// Node label naming the GPU product, e.g. `NVIDIA-H100-80GB-HBM3`.
+pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+/// Node label present on GPU nodes.
+pub const GPU_PRESENT_LABEL: &str = "nvidia.com/gpu.present";
+/// Extended resource name of a GPU.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// Field managers, one per writer, so server-side apply keeps each writer to its own fields.
+pub mod field_managers {
+    /// The remediation controller.
+    pub const CONTROLLER: &str = "gpu-remediator";
+    /// The node agent, which owns only its own node conditions.
+    pub const AGENT: &str = "gpu-health-agent";
+    /// The sandbox's simulated kubelets and fault injector.
+    pub const SANDBOX: &str = "gpu-sandbox";
+}
+
+/// Node condition types the agent publishes.
+pub mod node_conditions {
+    /// `True` when every expected GPU is present and healthy; `False` on a fatal fault; `Unknown`
+    /// when the detector itself cannot tell.
+    pub const GPU_HEALTHY: &str = "GpuHealthy";
+}
+
+/// Reasons on the `GpuHealthy` node condition.
+pub mod gpu_reasons {
+    /// All GPUs present and healthy.
+    pub const HEALTHY: &str = "GpusHealthy";
+    /// Fewer GPUs visible than expected: a GPU fell off the bus without an XID.
+    pub const GPU_MISSING: &str = "GpuMissing";
+    /// A volatile double-bit (uncorrectable) ECC error.
+    pub const DOUBLE_BIT_ECC: &str = "DoubleBitEcc";
+    /// Row remapping failed: the memory cannot repair itself.
+    pub const ROW_REMAP_FAILURE: &str = "RowRemapFailure";
+    /// A row remap is pending: the GPU needs a reset.
+    pub const ROW_REMAP_PENDING: &str = "RowRemapPending";
+    /// Retired pages pending (pre-Ampere): the GPU needs a reset.
+    pub const RETIRED_PAGES_PENDING: &str = "RetiredPagesPending";
+    /// NVML failed or hung: the detector cannot tell, so the condition is `Unknown`.
+    pub const NVML_UNAVAILABLE: &str = "NvmlUnavailable";
+    /// Prefix of XID reasons: `XID79`, `XID48`, ...
+    pub const XID_PREFIX: &str = "XID";
+}
+
+/// Condition types on a `GpuRemediationPolicy`'s status.
+pub mod policy_conditions {
+    /// The policy is valid and being enforced (or dry-run).
+    pub const READY: &str = "Ready";
+    /// The unhealthy share is above `maxUnhealthy`: nothing new starts.
+    pub const CIRCUIT_OPEN: &str = "CircuitOpen";
+    /// `spec.paused` is set: nothing new starts.
+    pub const PAUSED: &str = "Paused";
+    /// Some selected nodes belong to a policy of higher priority.
+    pub const OVERLAP: &str = "Overlap";
+    /// The policy cannot be enforced (a check the schema cannot express failed).
+    pub const INVALID: &str = "Invalid";
+}
+
+/// Condition types on a `GpuRemediation`'s status.
+pub mod remediation_conditions {
+    /// The node is cordoned and tainted by us.
+    pub const CORDONED: &str = "Cordoned";
+    /// Every pod that must leave has left.
+    pub const DRAINED: &str = "Drained";
+    /// The replacement has been triggered.
+    pub const REPLACEMENT_TRIGGERED: &str = "ReplacementTriggered";
+    /// The remediation is finished (successfully or not).
+    pub const COMPLETE: &str = "Complete";
+}
+
+/// Event and condition reasons the controller emits.
+pub mod reasons {
+    /// A remediation was created for a node.
+    pub const STARTED: &str = "RemediationStarted";
+    /// The budget deferred a node: `maxConcurrent` reached.
+    pub const DEFERRED_CONCURRENCY: &str = "DeferredByConcurrency";
+    /// The budget deferred a node: rolling rate window full.
+    pub const DEFERRED_RATE: &str = "DeferredByRate";
+    /// The circuit breaker is open.
+    pub const CIRCUIT_OPEN: &str = "CircuitOpen";
+    /// The policy is paused.
+    pub const PAUSED: &str = "Paused";
+    /// The node used up `maxAttemptsPerNode`.
+    pub const ATTEMPTS_EXHAUSTED: &str = "AttemptsExhausted";
+    /// A phase changed.
+    pub const PHASE_CHANGED: &str = "PhaseChanged";
+    /// An eviction was refused by a PodDisruptionBudget.
+    pub const EVICTION_BLOCKED: &str = "EvictionBlocked";
+    /// The drain passed its timeout.
+    pub const DRAIN_TIMEOUT: &str = "DrainTimeout";
+    /// The node recovered before replacement.
+    pub const NODE_RECOVERED: &str = "NodeRecovered";
+    /// A person uncordoned the node.
+    pub const UNCORDONED_BY_PERSON: &str = "UncordonedByPerson";
+    /// The node disappeared.
+    pub const NODE_GONE: &str = "NodeGone";
+    /// The node is selected by a policy of higher priority.
+    pub const OVERLAP: &str = "Overlap";
+    /// The policy is valid.
+    pub const VALID: &str = "Valid";
+    /// The policy failed a semantic check.
+    pub const INVALID: &str = "Invalid";
+}

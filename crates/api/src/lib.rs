@@ -1,0 +1,22 @@
+//! The `gpuremediation.dev/v1alpha1` API: the `GpuRemediationPolicy` and `GpuRemediation` custom
+//! resources, the constants every binary shares, and the pure validation that does not need an API
+//! server.
+//!
+//! Both kinds are cluster-scoped because the nodes they govern are.
+#![forbid(unsafe_code)]
+
+pub mod constants;
+pub mod crds;
+pub mod duration;
+pub mod policy;
+pub mod remediation;
+pub mod selector;
+
+pub use duration::Duration;
+pub use policy::{GpuRemediationPolicy, GpuRemediationPolicySpec, GpuRemediationPolicyStatus};
+pub use remediation::{GpuRemediation, GpuRemediationSpec, GpuRemediationStatus, Phase};
+
+/// The API group of both kinds.
+pub const GROUP: &str = "gpuremediation.dev";
+/// The served and stored version of both kinds.
+pub const VERSION: &str = "v1alpha1";

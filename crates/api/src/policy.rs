@@ -1,0 +1,400 @@
+//! `GpuRemediationPolicy`: which nodes, what counts as broken, what to do about it, and how much
+//! may happen at once.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    duration::Duration,
+    selector::{IntOrPercent, NodeSelector},
+};
+
+/// Which nodes a policy governs, which node conditions mean a GPU is broken, and how the
+/// controller may recycle those nodes: action, replacement strategy, drain behaviour and the
+/// safety limits (concurrency, unhealthy share, rate, attempts per node).
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "gpuremediation.dev",
+    version = "v1alpha1",
+    kind = "GpuRemediationPolicy",
+    plural = "gpuremediationpolicies",
+    shortname = "gpupolicy",
+    category = "gpu",
+    status = "GpuRemediationPolicyStatus",
+    printcolumn = r#"{"name":"SELECTED","type":"integer","jsonPath":".status.selectedNodes"}"#,
+    printcolumn = r#"{"name":"UNHEALTHY","type":"integer","jsonPath":".status.unhealthyNodes"}"#,
+    printcolumn = r#"{"name":"IN-FLIGHT","type":"integer","jsonPath":".status.inFlight"}"#,
+    printcolumn = r#"{"name":"MODE","type":"string","jsonPath":".spec.mode"}"#,
+    printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuRemediationPolicySpec {
+    /// Nodes this policy governs. Nodes labelled `gpuremediation.dev/exclude=true` are never
+    /// touched, whatever the selector says.
+    #[serde(default)]
+    pub node_selector: NodeSelector,
+    /// When several policies select one node, the highest priority governs it (ties go to the
+    /// first name in alphabetical order); the others report `Overlap`.
+    #[serde(default)]
+    pub priority: i32,
+    /// Node conditions that mark a node as broken; any one suffices.
+    pub triggers: Vec<Trigger>,
+    /// What to do with a broken node, unless its trigger overrides it.
+    #[serde(default)]
+    pub action: Action,
+    /// How `Replace` is carried out.
+    #[serde(default)]
+    pub replacement: Replacement,
+    /// Limits on how much the controller may do at once.
+    #[serde(default)]
+    pub safety: Safety,
+    /// `Enforce` acts; `DryRun` records what would happen and changes nothing; `Manual` waits for
+    /// a person to approve each remediation.
+    #[serde(default)]
+    pub mode: Mode,
+    /// While true, no new remediation starts; those in flight continue.
+    #[serde(default)]
+    pub paused: bool,
+    /// How pods leave the node.
+    #[serde(default)]
+    pub drain: Drain,
+    /// When a node counts as recovered.
+    #[serde(default)]
+    pub release: Release,
+    /// How long finished remediations are kept (the audit trail, and the memory of rate windows).
+    #[serde(default)]
+    pub history: History,
+}
+
+/// A node condition that marks a GPU node as broken once it has held for `for`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Trigger {
+    /// The node condition type, e.g. `GpuHealthy`. Any writer works: this project's agent,
+    /// node-problem-detector, a DCGM exporter, the EKS node monitoring agent.
+    pub condition_type: String,
+    /// The status that means broken.
+    pub status: ConditionStatus,
+    /// If set, only these reasons count (e.g. `XID79`, `GpuMissing`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    /// How long the condition must hold continuously before the node counts as broken. A change of
+    /// reason within the same status does not restart the clock; a return to healthy does.
+    #[serde(rename = "for", default = "default_trigger_for")]
+    pub for_: Duration,
+    /// Overrides `spec.action` for nodes broken by this trigger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<Action>,
+}
+
+fn default_trigger_for() -> Duration {
+    Duration::from_mins(2)
+}
+
+/// A node condition status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ConditionStatus {
+    /// The condition holds.
+    True,
+    /// The condition does not hold.
+    False,
+    /// The condition's writer cannot tell.
+    Unknown,
+}
+
+impl ConditionStatus {
+    /// The string Kubernetes uses.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::True => "True",
+            Self::False => "False",
+            Self::Unknown => "Unknown",
+        }
+    }
+}
+
+/// What happens to a broken node after it is cordoned and drained.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Action {
+    /// Replace the node using `spec.replacement`.
+    #[default]
+    Replace,
+    /// Reboot the node through `spec.replacement.template` (e.g. a Self Node Remediation object).
+    Reboot,
+    /// Stop after the drain: the node stays cordoned until a person acts or it recovers.
+    None,
+}
+
+/// How a replacement is triggered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Replacement {
+    /// The mechanism.
+    #[serde(default)]
+    pub strategy: Strategy,
+    /// For `Template`: an object created once per remediation (any kind, e.g. a Self Node
+    /// Remediation or a provider's machine-repair request), with `{{nodeName}}` and
+    /// `{{remediationName}}` substituted. Required exactly when the strategy is `Template`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "embedded_object_schema")]
+    pub template: Option<serde_json::Value>,
+    /// How long to wait for the node (or its Machine or NodeClaim) to go and a replacement to be
+    /// Ready before the remediation fails.
+    #[serde(default = "default_replacement_timeout")]
+    pub timeout: Duration,
+}
+
+impl Default for Replacement {
+    fn default() -> Self {
+        Self { strategy: Strategy::default(), template: None, timeout: default_replacement_timeout() }
+    }
+}
+
+fn default_replacement_timeout() -> Duration {
+    Duration::from_mins(30)
+}
+
+fn embedded_object_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "x-kubernetes-embedded-resource": true,
+    })
+}
+
+/// The replacement mechanism.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Strategy {
+    /// Delete the Node object; the cloud provider or node group brings a new one.
+    #[default]
+    DeleteNode,
+    /// Delete the node's Cluster API Machine; its MachineSet brings a new one.
+    DeleteMachine,
+    /// Delete the Karpenter NodeClaim whose status names the node.
+    DeleteNodeClaim,
+    /// Create `template` and follow it until it reports done.
+    Template,
+}
+
+/// Limits on how much may happen at once. Budgets are computed from `GpuRemediation` objects, so
+/// restarts and leader changes neither reset nor repeat them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Safety {
+    /// Remediations in flight at once: a count, or a share of selected nodes (rounded up).
+    #[serde(default = "default_max_concurrent")]
+    pub max_concurrent: IntOrPercent,
+    /// Circuit breaker: when more than this many (or this share) of selected nodes are unhealthy,
+    /// nothing new starts, since the fault is likely systemic (a driver roll-out, a bad rack).
+    #[serde(default = "default_max_unhealthy")]
+    pub max_unhealthy: IntOrPercent,
+    /// At most `limit` remediations started in any rolling window of `per`.
+    #[serde(default)]
+    pub rate: Rate,
+    /// After `count` remediations of one node within `per`, the next needs a person
+    /// (`ManualRequired`).
+    #[serde(default)]
+    pub max_attempts_per_node: Attempts,
+}
+
+impl Default for Safety {
+    fn default() -> Self {
+        Self {
+            max_concurrent: default_max_concurrent(),
+            max_unhealthy: default_max_unhealthy(),
+            rate: Rate::default(),
+            max_attempts_per_node: Attempts::default(),
+        }
+    }
+}
+
+fn default_max_concurrent() -> IntOrPercent {
+    IntOrPercent::Int(1)
+}
+
+fn default_max_unhealthy() -> IntOrPercent {
+    IntOrPercent::Percent("30%".to_owned())
+}
+
+/// A rolling-window rate limit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rate {
+    /// Remediations allowed to start in any window.
+    pub limit: u32,
+    /// The window's length.
+    pub per: Duration,
+}
+
+impl Default for Rate {
+    fn default() -> Self {
+        Self { limit: 4, per: Duration::from_hours(1) }
+    }
+}
+
+/// A per-node attempts limit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Attempts {
+    /// Remediations of one node allowed in any window.
+    pub count: u32,
+    /// The window's length.
+    pub per: Duration,
+}
+
+impl Default for Attempts {
+    fn default() -> Self {
+        Self { count: 2, per: Duration::from_hours(24) }
+    }
+}
+
+/// The policy's mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Mode {
+    /// Remediate.
+    #[default]
+    Enforce,
+    /// Record what would happen (pods, refusing PDBs, from server-side dry-run evictions) and
+    /// change nothing.
+    DryRun,
+    /// Create each remediation in `AwaitingApproval`; it proceeds once a person annotates it
+    /// `gpuremediation.dev/approved=true`.
+    Manual,
+}
+
+/// How pods leave a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Drain {
+    /// How long evictions may keep being refused before `onTimeout` applies.
+    #[serde(default = "default_drain_timeout")]
+    pub timeout: Duration,
+    /// What happens when the drain times out.
+    #[serde(default)]
+    pub on_timeout: OnDrainTimeout,
+    /// Grace period for evicted pods; unset means each pod's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period_seconds: Option<i64>,
+}
+
+impl Default for Drain {
+    fn default() -> Self {
+        Self { timeout: default_drain_timeout(), on_timeout: OnDrainTimeout::default(), grace_period_seconds: None }
+    }
+}
+
+fn default_drain_timeout() -> Duration {
+    Duration::from_mins(30)
+}
+
+/// What happens when a drain passes its timeout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum OnDrainTimeout {
+    /// Phase `Blocked`: the node stays cordoned, evictions keep being retried, a person decides.
+    #[default]
+    Block,
+    /// Delete the remaining pods directly, bypassing their PodDisruptionBudgets.
+    ForceDelete,
+    /// Go on to replacement with the remaining pods still there.
+    Proceed,
+}
+
+/// When a node that recovered is released.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Release {
+    /// A node whose trigger clears and stays clear this long before replacement is uncordoned
+    /// (if we cordoned it) and its remediation cancelled.
+    #[serde(default = "default_healthy_for")]
+    pub healthy_for: Duration,
+}
+
+impl Default for Release {
+    fn default() -> Self {
+        Self { healthy_for: default_healthy_for() }
+    }
+}
+
+fn default_healthy_for() -> Duration {
+    Duration::from_mins(5)
+}
+
+/// How long finished remediations are kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct History {
+    /// Finished remediations older than this are deleted. Must be longer than `rate.per` and
+    /// `maxAttemptsPerNode.per`, or the limits would forget what they count.
+    #[serde(default = "default_history_ttl")]
+    pub ttl: Duration,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        Self { ttl: default_history_ttl() }
+    }
+}
+
+fn default_history_ttl() -> Duration {
+    Duration::from_hours(7 * 24)
+}
+
+/// What the controller observed and decided for this policy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuRemediationPolicyStatus {
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `CircuitOpen`, `Paused`, `Overlap`, `Invalid`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Nodes this policy governs (selected, not opted out, not claimed by a higher priority).
+    #[serde(default)]
+    pub selected_nodes: u32,
+    /// Governed nodes whose trigger currently holds.
+    #[serde(default)]
+    pub unhealthy_nodes: u32,
+    /// Remediations started and not finished.
+    #[serde(default)]
+    pub in_flight: u32,
+    /// What the budget allows now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetStatus>,
+    /// Unhealthy nodes held back, longest-unhealthy first, each with the limit that holds it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<WaitingNode>,
+}
+
+/// The state of a policy's budget.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetStatus {
+    /// How many more remediations may start now (the smallest of the limits).
+    pub remaining: u32,
+    /// Remediations started within the current rate window.
+    #[serde(default)]
+    pub started_in_window: u32,
+    /// When the rate window next frees a slot, if it is full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_slot_at: Option<Time>,
+}
+
+/// An unhealthy node the budget holds back.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitingNode {
+    /// The node.
+    pub node: String,
+    /// Since when its trigger has held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_since: Option<Time>,
+    /// The limit holding it: a reason from `gpuremediation.dev`'s reasons, e.g.
+    /// `DeferredByConcurrency`.
+    pub reason: String,
+    /// The limit with its numbers, for a person.
+    pub message: String,
+}

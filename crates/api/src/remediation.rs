@@ -1,0 +1,222 @@
+//! `GpuRemediation`: one recycle of one node, the audit record operators follow with
+//! `kubectl get gpuremediations`.
+
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{Action, ConditionStatus, Mode};
+
+/// One recycle of one node under one policy. Named `<node>-<short hash>`; created by the
+/// controller when the policy's budget admits the node.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "gpuremediation.dev",
+    version = "v1alpha1",
+    kind = "GpuRemediation",
+    plural = "gpuremediations",
+    shortname = "gpur",
+    category = "gpu",
+    status = "GpuRemediationStatus",
+    printcolumn = r#"{"name":"NODE","type":"string","jsonPath":".spec.nodeName"}"#,
+    printcolumn = r#"{"name":"POLICY","type":"string","jsonPath":".spec.policyName"}"#,
+    printcolumn = r#"{"name":"PHASE","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"REASON","type":"string","jsonPath":".spec.trigger.reason"}"#,
+    printcolumn = r#"{"name":"ACTION","type":"string","jsonPath":".spec.action"}"#,
+    printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuRemediationSpec {
+    /// The node being remediated.
+    pub node_name: String,
+    /// The policy that governs the node.
+    pub policy_name: String,
+    /// The condition that triggered this remediation, as observed when it was admitted.
+    pub trigger: TriggerRecord,
+    /// What is done after the drain.
+    pub action: Action,
+    /// The policy's mode when the remediation was created.
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+/// The node condition that triggered a remediation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TriggerRecord {
+    /// Condition type, e.g. `GpuHealthy`.
+    pub condition_type: String,
+    /// Condition status.
+    pub status: ConditionStatus,
+    /// Condition reason, e.g. `XID79`.
+    #[serde(default)]
+    pub reason: String,
+    /// Condition message, e.g. which GPU.
+    #[serde(default)]
+    pub message: String,
+    /// Since when the condition has held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+}
+
+/// Where a remediation stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub enum Phase {
+    /// Admitted, nothing done yet.
+    #[default]
+    Pending,
+    /// Waiting for a person to annotate `gpuremediation.dev/approved=true` (mode `Manual`).
+    AwaitingApproval,
+    /// Mode `DryRun`: the record says what would have happened; nothing changed.
+    DryRun,
+    /// The node is unschedulable and tainted.
+    Cordoned,
+    /// Pods are leaving through the Eviction API.
+    Draining,
+    /// The drain passed its timeout with `onTimeout: Block`; evictions keep being retried.
+    Blocked,
+    /// The replacement has been triggered.
+    Replacing,
+    /// Waiting for the node to go and a replacement to be Ready.
+    Verifying,
+    /// Done: replaced, or released after recovering.
+    Succeeded,
+    /// The replacement failed or timed out.
+    Failed,
+    /// The node used up its attempts; a person must act.
+    ManualRequired,
+    /// Stopped: the node recovered, a person uncordoned it, the node vanished, or the record was
+    /// deleted.
+    Cancelled,
+}
+
+impl Phase {
+    /// Whether the remediation is finished: nothing more will happen to the node.
+    #[must_use]
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled | Self::DryRun | Self::ManualRequired)
+    }
+
+    /// The phase's name as it appears in the API.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::AwaitingApproval => "AwaitingApproval",
+            Self::DryRun => "DryRun",
+            Self::Cordoned => "Cordoned",
+            Self::Draining => "Draining",
+            Self::Blocked => "Blocked",
+            Self::Replacing => "Replacing",
+            Self::Verifying => "Verifying",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+            Self::ManualRequired => "ManualRequired",
+            Self::Cancelled => "Cancelled",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What happened so far.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuRemediationStatus {
+    /// The current phase.
+    #[serde(default)]
+    pub phase: Phase,
+    /// `Cordoned`, `Drained`, `ReplacementTriggered`, `Complete`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Each phase entered, with when, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phase_history: Vec<PhaseTransition>,
+    /// Drain progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainStatus>,
+    /// The object that carries out the replacement (Node, Machine, NodeClaim or the template's
+    /// object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacement: Option<ObjectReference>,
+    /// A sentence for a person: what is happening or why it stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A phase entered at a time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseTransition {
+    /// The phase entered.
+    pub phase: Phase,
+    /// When.
+    pub at: Time,
+    /// Why, for a person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// How the drain is going.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainStatus {
+    /// Pods that must leave (excludes mirror, DaemonSet-owned and finished pods).
+    #[serde(default)]
+    pub pods_total: u32,
+    /// Pods whose eviction the server accepted.
+    #[serde(default)]
+    pub pods_evicted: u32,
+    /// Pods still on the node among those that must leave.
+    #[serde(default)]
+    pub pods_remaining: u32,
+    /// Pods whose eviction is refused right now, with who refuses and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blockers: Vec<Blocker>,
+    /// `DryRun` only: the pods that would be evicted, as `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub would_evict: Vec<String>,
+}
+
+/// A pod whose eviction is refused.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Blocker {
+    /// The pod, as `namespace/name`.
+    pub pod: String,
+    /// The PodDisruptionBudget that refuses, as `namespace/name`, when the server names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pdb: Option<String>,
+    /// The HTTP status the server answered (429: budget exhausted; 500: several PDBs).
+    pub code: u16,
+    /// The server's message.
+    pub message: String,
+    /// Since when this pod has been refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+}
+
+/// A reference to the object carrying out a replacement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectReference {
+    /// API version, e.g. `cluster.x-k8s.io/v1beta1`.
+    pub api_version: String,
+    /// Kind, e.g. `Machine`.
+    pub kind: String,
+    /// Name.
+    pub name: String,
+    /// Namespace, for namespaced kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// UID, so a recreated object of the same name is not mistaken for ours.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
