@@ -1,0 +1,288 @@
+//! The fence: the one question every mutating API call asks first, "is this replica's claim on
+//! the leader Lease still current?".
+//!
+//! A [`Fence`] is a cheap, cloneable, read-only view of the claim; the elector (see
+//! `leader::election`) holds the matching [`FenceKeeper`] and extends or revokes the claim. The
+//! claim is current only while both hold:
+//!
+//! - this replica holds the Lease (the last acquire or renew it sent succeeded), and
+//! - the local *monotonic* clock has not passed the renew deadline, counted from the instant the
+//!   last successful acquire/renew request was *sent*. A replica that is frozen (GC pause, SIGSTOP,
+//!   a partition) therefore fences itself even if nobody tells it that it lost the Lease: another
+//!   replica may only take over `leaseDuration` after it *observed* our last renew, which is later
+//!   than we sent it, and the renew deadline is shorter than the lease duration.
+//!
+//! Why a deadline and not only a flag: a flag flipped by the renew loop is only as fresh as the
+//! loop; if the loop itself is stuck, the flag lies. The deadline expires by itself.
+//!
+//! Building one:
+//! - leader-elected run: [`Fence::keeper`] gives an unheld fence and its keeper; hand the keeper to
+//!   the elector and clones of the fence to every reconciler.
+//! - single replica (`--leader-elect=false`) and tests that do not exercise leadership:
+//!   [`Fence::standalone`], which is always current.
+//! - tests of fencing itself: [`Fence::keeper`], then [`FenceKeeper::hold_until`] /
+//!   [`FenceKeeper::revoke`] (the clock is `tokio::time`, so `#[tokio::test(start_paused = true)]`
+//!   can move it).
+
+use std::time::Duration;
+
+use tokio::{sync::watch, time::Instant};
+
+/// Why a replica must not act now.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FenceError {
+    /// This replica does not hold the leader Lease (never acquired it, lost it, or released it).
+    #[error("not the leader: this replica does not hold the leader Lease")]
+    NotHolder,
+    /// This replica held the Lease but has not renewed it in time; another replica may take over.
+    #[error("leader claim expired {overdue:?} ago: the Lease was not renewed before the renew deadline")]
+    RenewDeadlinePassed {
+        /// How long ago the deadline passed.
+        overdue: Duration,
+    },
+}
+
+/// The state of this replica's claim, as the keeper last recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// Leader election is off: this replica is the only one and always acts.
+    Standalone,
+    /// Not holding the Lease.
+    NotHeld,
+    /// Holding the Lease; acting is allowed until this instant of the local monotonic clock.
+    HeldUntil(Instant),
+}
+
+impl Claim {
+    fn check(self, now: Instant) -> Result<(), FenceError> {
+        match self {
+            Self::Standalone => Ok(()),
+            Self::NotHeld => Err(FenceError::NotHolder),
+            Self::HeldUntil(deadline) if now < deadline => Ok(()),
+            Self::HeldUntil(deadline) => Err(FenceError::RenewDeadlinePassed {
+                overdue: now - deadline,
+            }),
+        }
+    }
+}
+
+/// A read-only handle on this replica's leader claim. Clone it freely (it is a channel receiver);
+/// call [`Fence::check`] immediately before every create, update, patch, delete or eviction.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    claim: watch::Receiver<Claim>,
+}
+
+/// The writing side of a [`Fence`], held by the elector only. Dropping it leaves the last claim in
+/// place, which still expires at its deadline.
+#[derive(Debug)]
+pub struct FenceKeeper {
+    claim: watch::Sender<Claim>,
+}
+
+impl Fence {
+    /// A fence that is always current: for a single-replica run with leader election disabled, and
+    /// for tests that are not about leadership.
+    #[must_use]
+    pub fn standalone() -> Self {
+        // The sender is dropped at once: a standalone claim never changes.
+        let (_, claim) = watch::channel(Claim::Standalone);
+        Self { claim }
+    }
+
+    /// An unheld fence and the keeper that the elector uses to extend and revoke it.
+    #[must_use]
+    pub fn keeper() -> (Self, FenceKeeper) {
+        let (sender, claim) = watch::channel(Claim::NotHeld);
+        (Self { claim }, FenceKeeper { claim: sender })
+    }
+
+    /// `Ok` when this replica may act now; call it right before every mutating API call and do not
+    /// make the call on `Err`. Cheap: a read lock and a clock read.
+    pub fn check(&self) -> Result<(), FenceError> {
+        let claim = *self.claim.borrow();
+        claim.check(Instant::now())
+    }
+
+    /// Whether [`Fence::check`] passes now.
+    #[must_use]
+    pub fn is_current(&self) -> bool {
+        self.check().is_ok()
+    }
+
+    /// Waits until the claim is current (returns at once if it already is). Use it to hold a
+    /// follower's reconcilers back until this replica becomes leader.
+    pub async fn acquired(&self) {
+        let mut claim = self.claim.clone();
+        loop {
+            if claim.borrow_and_update().check(Instant::now()).is_ok() {
+                return;
+            }
+            if claim.changed().await.is_err() {
+                // The keeper is gone and the claim is not current: it never will be again.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Waits until the claim stops being current: revoked by the keeper, or its deadline passed
+    /// without a renewal. Never returns for a standalone fence. Use it to abort in-flight work.
+    pub async fn lost(&self) {
+        let mut claim = self.claim.clone();
+        loop {
+            let current = *claim.borrow_and_update();
+            match current {
+                Claim::Standalone => std::future::pending::<()>().await,
+                Claim::NotHeld => return,
+                Claim::HeldUntil(deadline) => {
+                    if Instant::now() >= deadline {
+                        return;
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep_until(deadline) => {}
+                        changed = claim.changed() => {
+                            if changed.is_err() {
+                                // No more renewals can come: the claim ends at its deadline.
+                                tokio::time::sleep_until(deadline).await;
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl FenceKeeper {
+    /// Records that this replica holds the Lease and may act until `deadline` (local monotonic
+    /// clock): the instant the successful acquire/renew request was sent plus the renew deadline.
+    pub fn hold_until(&self, deadline: Instant) {
+        self.claim.send_replace(Claim::HeldUntil(deadline));
+    }
+
+    /// Records that this replica no longer holds the Lease: every check fails from now on.
+    pub fn revoke(&self) {
+        self.claim.send_replace(Claim::NotHeld);
+    }
+
+    /// Whether the claim is current now, as the fences see it.
+    #[must_use]
+    pub fn is_current(&self) -> bool {
+        self.claim.borrow().check(Instant::now()).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_standalone_fence_always_lets_the_replica_act() {
+        let fence = Fence::standalone();
+        assert_eq!(fence.check(), Ok(()));
+        assert!(fence.clone().is_current());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_fence_refuses_until_the_lease_is_held() {
+        let (fence, keeper) = Fence::keeper();
+        assert_eq!(fence.check(), Err(FenceError::NotHolder));
+        keeper.hold_until(Instant::now() + Duration::from_secs(10));
+        assert_eq!(fence.check(), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_not_renewed_before_its_deadline_expires_by_itself() {
+        let (fence, keeper) = Fence::keeper();
+        keeper.hold_until(Instant::now() + Duration::from_secs(10));
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert_eq!(fence.check(), Ok(()));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            fence.check(),
+            Err(FenceError::RenewDeadlinePassed {
+                overdue: Duration::ZERO
+            })
+        );
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(
+            fence.check(),
+            Err(FenceError::RenewDeadlinePassed {
+                overdue: Duration::from_secs(3)
+            })
+        );
+        assert!(!keeper.is_current());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_pushes_the_deadline_out() {
+        let (fence, keeper) = Fence::keeper();
+        keeper.hold_until(Instant::now() + Duration::from_secs(10));
+        tokio::time::advance(Duration::from_secs(8)).await;
+        keeper.hold_until(Instant::now() + Duration::from_secs(10));
+        tokio::time::advance(Duration::from_secs(8)).await;
+        assert!(fence.is_current());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_revoked_claim_fails_every_clone_at_once() {
+        let (fence, keeper) = Fence::keeper();
+        let clone = fence.clone();
+        keeper.hold_until(Instant::now() + Duration::from_secs(10));
+        keeper.revoke();
+        assert_eq!(fence.check(), Err(FenceError::NotHolder));
+        assert_eq!(clone.check(), Err(FenceError::NotHolder));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_keeper_leaves_the_claim_to_expire_at_its_deadline() {
+        let (fence, keeper) = Fence::keeper();
+        keeper.hold_until(Instant::now() + Duration::from_secs(5));
+        drop(keeper);
+        assert!(fence.is_current());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(!fence.is_current());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_resolves_when_the_deadline_passes_without_renewal() {
+        let (fence, keeper) = Fence::keeper();
+        let start = Instant::now();
+        keeper.hold_until(start + Duration::from_secs(10));
+        fence.lost().await;
+        assert_eq!(Instant::now() - start, Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_follows_renewals_and_resolves_on_revoke() {
+        let (fence, keeper) = Fence::keeper();
+        let start = Instant::now();
+        keeper.hold_until(start + Duration::from_secs(10));
+        let lost = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.lost().await }
+        });
+        tokio::time::advance(Duration::from_secs(6)).await;
+        keeper.hold_until(Instant::now() + Duration::from_secs(10));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        tokio::task::yield_now().await;
+        assert!(!lost.is_finished(), "the renewal moved the deadline to 16s");
+        keeper.revoke();
+        lost.await.expect("lost task");
+        assert_eq!(Instant::now() - start, Duration::from_secs(12));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquired_waits_for_the_keeper_to_grant_the_claim() {
+        let (fence, keeper) = Fence::keeper();
+        let acquired = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.acquired().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!acquired.is_finished());
+        keeper.hold_until(Instant::now() + Duration::from_secs(10));
+        acquired.await.expect("acquired task");
+    }
+}
