@@ -2,7 +2,13 @@
 //! claim on the Lease is current, which every mutating call checks first through a [`Fence`].
 //!
 //! - [`fence`]: the [`Fence`] handle reconcilers check, and the [`FenceKeeper`] the elector writes.
+//! - [`decision`]: when to acquire, renew, wait or step down (pure).
+//! - [`elector`]: the loop that reads and writes the Lease and keeps the fence in step.
 
+pub mod decision;
+pub mod elector;
 pub mod fence;
 
+pub use decision::ElectionTimings;
+pub use elector::{ElectionConfig, ElectionEnd, Elector, RunElectionError, lease_client};
 pub use fence::{Fence, FenceError, FenceKeeper};
