@@ -1,0 +1,209 @@
+//! Cordon and release as edits of a Node object, and who owns a node's cordon. Pure; the
+//! read-modify-replace around these edits lives in `kubeops`.
+//!
+//! Ownership is recorded on the node itself, so it survives restarts: `cordoned-by` names the
+//! remediation that made the node unschedulable (ours to lift), `pre-cordoned` names the one that
+//! found it already unschedulable (the cordon stays theirs; only our taint and note are ours).
+
+use gpu_remediation_api::constants::{
+    CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, REMEDIATION_TAINT_KEY,
+};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+use kube::ResourceExt;
+
+use crate::phase::Cordon;
+
+/// Who holds the node's cordon, from the point of view of the remediation `remediation`.
+#[must_use]
+pub fn cordon_of(node: &Node, remediation: &str) -> Cordon {
+    if !is_unschedulable(node) {
+        return Cordon::None;
+    }
+    if node
+        .annotations()
+        .get(CORDONED_BY_ANNOTATION)
+        .is_some_and(|by| by == remediation)
+    {
+        Cordon::Ours
+    } else {
+        Cordon::Theirs
+    }
+}
+
+/// Whether the node is cordoned.
+#[must_use]
+pub fn is_unschedulable(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+}
+
+/// Whether the node carries our taint.
+#[must_use]
+pub fn has_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == REMEDIATION_TAINT_KEY))
+}
+
+/// Cordons `node` for `remediation`: unschedulable, our `NoSchedule` taint added to the others,
+/// ownership recorded. Returns whether anything changed (the edit is idempotent).
+///
+/// `NoSchedule`, never `NoExecute`: an execute taint would make the kubelet kill pods without
+/// asking their disruption budgets; pods leave through evictions only.
+pub fn cordon(node: &mut Node, remediation: &str) -> bool {
+    let annotations = node.annotations();
+    let already_recorded = annotations
+        .get(CORDONED_BY_ANNOTATION)
+        .is_some_and(|by| by == remediation)
+        || annotations
+            .get(PRE_CORDONED_ANNOTATION)
+            .is_some_and(|by| by == remediation);
+    let mut changed = false;
+    if !already_recorded {
+        let key = if is_unschedulable(node) {
+            PRE_CORDONED_ANNOTATION
+        } else {
+            CORDONED_BY_ANNOTATION
+        };
+        node.annotations_mut()
+            .insert(key.to_owned(), remediation.to_owned());
+        changed = true;
+    }
+    let spec = node.spec.get_or_insert_with(NodeSpec::default);
+    if spec.unschedulable != Some(true) {
+        spec.unschedulable = Some(true);
+        changed = true;
+    }
+    let taints = spec.taints.get_or_insert_with(Vec::new);
+    if !taints.iter().any(|t| t.key == REMEDIATION_TAINT_KEY) {
+        taints.push(Taint {
+            key: REMEDIATION_TAINT_KEY.to_owned(),
+            effect: "NoSchedule".to_owned(),
+            ..Taint::default()
+        });
+        changed = true;
+    }
+    changed
+}
+
+/// Releases what `remediation` owns on `node`: the cordon only if we made it, our taint and our
+/// annotations always; another party's cordon and every other taint stay. Returns whether anything
+/// changed.
+pub fn release(node: &mut Node, remediation: &str) -> bool {
+    let ours = |key: &str, node: &Node| node.annotations().get(key).is_some_and(|by| by == remediation);
+    let cordoned_by_us = ours(CORDONED_BY_ANNOTATION, node);
+    let noted = cordoned_by_us || ours(PRE_CORDONED_ANNOTATION, node);
+    if !noted {
+        // Not ours at all (another remediation's, or released already): leave it exactly as is.
+        return false;
+    }
+    node.annotations_mut().remove(CORDONED_BY_ANNOTATION);
+    node.annotations_mut().remove(PRE_CORDONED_ANNOTATION);
+    let spec = node.spec.get_or_insert_with(NodeSpec::default);
+    if cordoned_by_us {
+        spec.unschedulable = None;
+    }
+    if let Some(taints) = spec.taints.as_mut() {
+        taints.retain(|t| t.key != REMEDIATION_TAINT_KEY);
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn node(unschedulable: bool, taints: &[&str]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("gpu-1".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(NodeSpec {
+                unschedulable: unschedulable.then_some(true),
+                taints: Some(
+                    taints
+                        .iter()
+                        .map(|k| Taint {
+                            key: (*k).to_owned(),
+                            effect: "NoSchedule".into(),
+                            ..Taint::default()
+                        })
+                        .collect(),
+                ),
+                ..NodeSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn taint_keys(node: &Node) -> Vec<String> {
+        node.spec
+            .as_ref()
+            .unwrap()
+            .taints
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|t| t.key.clone())
+            .collect()
+    }
+
+    #[test]
+    fn cordoning_a_schedulable_node_makes_the_cordon_ours_and_keeps_other_taints() {
+        let mut n = node(false, &["team/reserved"]);
+        assert!(cordon(&mut n, "gpu-1-abc"));
+        assert_eq!(cordon_of(&n, "gpu-1-abc"), Cordon::Ours);
+        assert_eq!(taint_keys(&n), vec!["team/reserved", REMEDIATION_TAINT_KEY]);
+        assert!(!cordon(&mut n, "gpu-1-abc"), "a second cordon changes nothing");
+    }
+
+    #[test]
+    fn a_node_someone_else_cordoned_stays_theirs() {
+        let mut n = node(true, &[]);
+        assert!(cordon(&mut n, "gpu-1-abc"));
+        assert_eq!(cordon_of(&n, "gpu-1-abc"), Cordon::Theirs);
+        assert_eq!(
+            n.annotations().get(PRE_CORDONED_ANNOTATION).map(String::as_str),
+            Some("gpu-1-abc")
+        );
+    }
+
+    #[test]
+    fn a_node_cordoned_by_a_person_stays_cordoned_after_release() {
+        let mut n = node(true, &["team/reserved"]);
+        cordon(&mut n, "gpu-1-abc");
+        assert!(release(&mut n, "gpu-1-abc"));
+        assert!(is_unschedulable(&n));
+        assert_eq!(taint_keys(&n), vec!["team/reserved"]);
+        assert!(n.annotations().is_empty());
+    }
+
+    #[test]
+    fn releasing_our_cordon_makes_the_node_schedulable_and_removes_only_our_taint() {
+        let mut n = node(false, &["team/reserved"]);
+        cordon(&mut n, "gpu-1-abc");
+        assert!(release(&mut n, "gpu-1-abc"));
+        assert!(!is_unschedulable(&n));
+        assert_eq!(taint_keys(&n), vec!["team/reserved"]);
+    }
+
+    #[test]
+    fn another_remediations_cordon_is_never_released() {
+        let mut n = node(false, &[]);
+        cordon(&mut n, "gpu-1-old");
+        let before = n.clone();
+        assert!(!release(&mut n, "gpu-1-new"));
+        assert_eq!(n, before);
+    }
+
+    #[test]
+    fn a_person_uncordoning_our_node_reads_as_no_cordon() {
+        let mut n = node(false, &[]);
+        cordon(&mut n, "gpu-1-abc");
+        n.spec.as_mut().unwrap().unschedulable = Some(false);
+        assert_eq!(cordon_of(&n, "gpu-1-abc"), Cordon::None);
+    }
+}

@@ -1,0 +1,169 @@
+//! Governance: which policy governs a node. Pure.
+//!
+//! A node with the opt-out label governs itself (no policy touches it). Otherwise the policies
+//! whose selector matches compete: the highest `priority` wins, ties go to the first name in
+//! alphabetical order; every other matching policy reports `Overlap` naming the winner.
+
+use std::collections::BTreeMap;
+
+use gpu_remediation_api::{constants::OPT_OUT_LABEL, selector::NodeSelector};
+
+/// A policy as governance sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Claimant<'a> {
+    /// The policy's name.
+    pub name: &'a str,
+    /// Its priority.
+    pub priority: i32,
+    /// Its node selector.
+    pub selector: &'a NodeSelector,
+}
+
+/// Who governs one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Governor {
+    /// The node carries the opt-out label: nobody.
+    OptedOut,
+    /// No policy selects the node.
+    Unselected,
+    /// `policy` governs; `overlapping` also select the node and yield to it.
+    Policy {
+        /// The governing policy.
+        policy: String,
+        /// The other policies that select the node.
+        overlapping: Vec<String>,
+    },
+}
+
+/// Whether a node's labels opt it out of every policy.
+#[must_use]
+pub fn is_opted_out(labels: &BTreeMap<String, String>) -> bool {
+    labels.get(OPT_OUT_LABEL).is_some_and(|v| v == "true")
+}
+
+/// Which of `policies` governs a node with `labels`.
+#[must_use]
+pub fn governor(labels: &BTreeMap<String, String>, policies: &[Claimant<'_>]) -> Governor {
+    if is_opted_out(labels) {
+        return Governor::OptedOut;
+    }
+    let mut selecting: Vec<&Claimant<'_>> = policies.iter().filter(|p| p.selector.matches(labels)).collect();
+    selecting.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.name.cmp(b.name)));
+    let mut names = selecting.into_iter().map(|p| p.name.to_owned());
+    match names.next() {
+        None => Governor::Unselected,
+        Some(policy) => Governor::Policy {
+            policy,
+            overlapping: names.collect(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn selector(pairs: &[(&str, &str)]) -> NodeSelector {
+        NodeSelector {
+            match_labels: labels(pairs),
+            match_expressions: vec![],
+        }
+    }
+
+    #[test]
+    fn a_node_with_the_opt_out_label_is_governed_by_nobody() {
+        let all = NodeSelector::default();
+        let policies = [Claimant {
+            name: "gpu",
+            priority: 0,
+            selector: &all,
+        }];
+        assert_eq!(
+            governor(&labels(&[(OPT_OUT_LABEL, "true")]), &policies),
+            Governor::OptedOut
+        );
+    }
+
+    #[test]
+    fn an_opt_out_label_with_another_value_does_not_opt_out() {
+        let all = NodeSelector::default();
+        let policies = [Claimant {
+            name: "gpu",
+            priority: 0,
+            selector: &all,
+        }];
+        assert!(matches!(
+            governor(&labels(&[(OPT_OUT_LABEL, "false")]), &policies),
+            Governor::Policy { .. }
+        ));
+    }
+
+    #[test]
+    fn a_node_no_policy_selects_is_left_alone() {
+        let h100 = selector(&[("product", "H100")]);
+        let policies = [Claimant {
+            name: "h100",
+            priority: 0,
+            selector: &h100,
+        }];
+        assert_eq!(
+            governor(&labels(&[("product", "A100")]), &policies),
+            Governor::Unselected
+        );
+    }
+
+    #[test]
+    fn the_highest_priority_governs_and_the_others_overlap() {
+        let all = NodeSelector::default();
+        let policies = [
+            Claimant {
+                name: "a-low",
+                priority: 0,
+                selector: &all,
+            },
+            Claimant {
+                name: "z-high",
+                priority: 10,
+                selector: &all,
+            },
+        ];
+        assert_eq!(
+            governor(&labels(&[]), &policies),
+            Governor::Policy {
+                policy: "z-high".into(),
+                overlapping: vec!["a-low".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn equal_priorities_go_to_the_first_name() {
+        let all = NodeSelector::default();
+        let policies = [
+            Claimant {
+                name: "beta",
+                priority: 5,
+                selector: &all,
+            },
+            Claimant {
+                name: "alpha",
+                priority: 5,
+                selector: &all,
+            },
+        ];
+        assert_eq!(
+            governor(&labels(&[]), &policies),
+            Governor::Policy {
+                policy: "alpha".into(),
+                overlapping: vec!["beta".into()]
+            }
+        );
+    }
+}
