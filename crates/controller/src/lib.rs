@@ -14,3 +14,4 @@ pub mod drain;
 pub mod governance;
 pub mod phase;
 pub mod time;
+pub mod telemetry;

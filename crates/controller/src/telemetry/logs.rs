@@ -1,0 +1,43 @@
+//! JSON logs on stdout, and the span every remediation's work runs in, so each log line carries
+//! the remediation, node and policy it concerns.
+
+use tracing::Span;
+use tracing_subscriber::EnvFilter;
+
+/// Why logging could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum InitLogsError {
+    /// `RUST_LOG` is not a valid filter.
+    #[error("invalid RUST_LOG filter: {0}")]
+    Filter(#[from] tracing_subscriber::filter::ParseError),
+    /// A global subscriber was already installed.
+    #[error("a global tracing subscriber is already installed: {0}")]
+    AlreadyInstalled(#[from] tracing_subscriber::util::TryInitError),
+}
+
+/// Installs a JSON subscriber on stdout: one object per line, with the current span and the span
+/// list, filtered by `RUST_LOG` (default `info`).
+pub fn init_json_logs() -> Result<(), InitLogsError> {
+    use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.is_empty() => EnvFilter::try_new(directives)?,
+        _ => EnvFilter::new("info"),
+    };
+    let json = tracing_subscriber::fmt::layer()
+        .json()
+        .with_current_span(true)
+        .with_span_list(true)
+        .flatten_event(true);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(json)
+        .try_init()?;
+    Ok(())
+}
+
+/// The span a remediation's work runs in: enter it (or `.instrument()` futures with it) for every
+/// step taken for that remediation.
+#[must_use]
+pub fn remediation_span(remediation: &str, node: &str, policy: &str) -> Span {
+    tracing::info_span!("remediation", remediation, node, policy)
+}

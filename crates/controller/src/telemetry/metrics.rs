@@ -1,0 +1,464 @@
+//! The controller's Prometheus series and the typed handles that update them. Every series is
+//! prefixed `gpu_remediator_` and served as `OpenMetrics` text.
+//!
+//! | series | type | labels |
+//! |---|---|---|
+//! | `remediations_started_total` | counter | `policy`, `action` |
+//! | `remediations_finished_total` | counter | `policy`, `action`, `outcome` (the terminal phase) |
+//! | `remediations_in_flight` | gauge | `policy` |
+//! | `phase_duration_seconds` | histogram | `policy`, `phase` (time spent in the phase) |
+//! | `detection_to_cordon_seconds` | histogram | `policy` (trigger condition's transition to cordon) |
+//! | `evictions_total` | counter | `result` |
+//! | `budget_remaining` | gauge | `policy` (remediations that may still start in the rate window) |
+//! | `circuit_open` | gauge | `policy` (1 while `maxUnhealthy` is exceeded) |
+//! | `leader` | gauge | (1 while this replica's fence is current) |
+//! | `reconcile_errors_total` | counter | `reconciler` |
+//!
+//! Gauges about policies are *set* from what the reconcilers computed from API objects (never
+//! counted up and down in memory), so a new leader reports the same values as the old one.
+
+use std::{
+    fmt,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use gpu_remediation_api::{Phase, policy::Action};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeLabelValue},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+/// The content type of [`Metrics::encode`]'s output.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What became of one eviction attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+pub enum EvictionResult {
+    /// The server accepted the eviction.
+    Evicted,
+    /// A `PodDisruptionBudget` refused it (429).
+    Blocked,
+    /// The pod was already gone (404).
+    Gone,
+    /// Any other error (a pod matched by two budgets answers 500, for one).
+    Failed,
+    /// The pod was deleted directly because the policy says `ForceDelete`.
+    ForceDeleted,
+    /// A server-side dry-run eviction (mode `DryRun`).
+    DryRun,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PolicyLabels {
+    policy: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StartedLabels {
+    policy: String,
+    action: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct FinishedLabels {
+    policy: String,
+    action: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PhaseLabels {
+    policy: String,
+    phase: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct EvictionLabels {
+    result: EvictionResult,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReconcilerLabels {
+    reconciler: String,
+}
+
+fn phase_histogram() -> Histogram {
+    // 1 s to about 4.5 h: a cordon takes a second, a blocked drain or a replacement hours.
+    Histogram::new(exponential_buckets(1.0, 2.0, 15))
+}
+
+fn detection_histogram() -> Histogram {
+    // 0.25 s to about 17 min: detection-to-cordon is seconds once the trigger's `for` has held.
+    Histogram::new(exponential_buckets(0.25, 2.0, 13))
+}
+
+struct Series {
+    started: Family<StartedLabels, Counter>,
+    finished: Family<FinishedLabels, Counter>,
+    in_flight: Family<PolicyLabels, Gauge>,
+    phase_duration: Family<PhaseLabels, Histogram>,
+    detection_to_cordon: Family<PolicyLabels, Histogram>,
+    evictions: Family<EvictionLabels, Counter>,
+    budget_remaining: Family<PolicyLabels, Gauge>,
+    circuit_open: Family<PolicyLabels, Gauge>,
+    leader: Gauge,
+    reconcile_errors: Family<ReconcilerLabels, Counter>,
+}
+
+/// The metrics registry plus typed handles. Cheap to clone (one `Arc`); every clone updates the
+/// same series.
+#[derive(Clone)]
+pub struct Metrics {
+    series: Arc<Series>,
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The label value of an action.
+fn action_label(action: Action) -> &'static str {
+    match action {
+        Action::Replace => "Replace",
+        Action::Reboot => "Reboot",
+        Action::None => "None",
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every series registered.
+    #[must_use]
+    pub fn new() -> Self {
+        let series = Series {
+            started: Family::default(),
+            finished: Family::default(),
+            in_flight: Family::default(),
+            phase_duration: Family::new_with_constructor(phase_histogram),
+            detection_to_cordon: Family::new_with_constructor(detection_histogram),
+            evictions: Family::default(),
+            budget_remaining: Family::default(),
+            circuit_open: Family::default(),
+            leader: Gauge::default(),
+            reconcile_errors: Family::default(),
+        };
+        let mut registry = Registry::with_prefix("gpu_remediator");
+        registry.register(
+            "remediations_started",
+            "Remediations created, by policy and action",
+            series.started.clone(),
+        );
+        registry.register(
+            "remediations_finished",
+            "Remediations that reached a terminal phase, by policy, action and outcome",
+            series.finished.clone(),
+        );
+        registry.register(
+            "remediations_in_flight",
+            "Remediations not yet finished, by policy",
+            series.in_flight.clone(),
+        );
+        registry.register(
+            "phase_duration_seconds",
+            "Time a remediation spent in a phase, observed when it leaves the phase",
+            series.phase_duration.clone(),
+        );
+        registry.register(
+            "detection_to_cordon_seconds",
+            "From the trigger condition's last transition to the node being cordoned",
+            series.detection_to_cordon.clone(),
+        );
+        registry.register(
+            "evictions",
+            "Eviction attempts, by result",
+            series.evictions.clone(),
+        );
+        registry.register(
+            "budget_remaining",
+            "Remediations that may still start within the policy's rate window",
+            series.budget_remaining.clone(),
+        );
+        registry.register(
+            "circuit_open",
+            "1 while the policy's unhealthy share exceeds maxUnhealthy and nothing new starts",
+            series.circuit_open.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds a current claim on the leader Lease",
+            series.leader.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconcile attempts that failed, by reconciler",
+            series.reconcile_errors.clone(),
+        );
+        Self {
+            series: Arc::new(series),
+            registry: Arc::new(Mutex::new(registry)),
+        }
+    }
+
+    /// A remediation was created for a node.
+    pub fn remediation_started(&self, policy: &str, action: Action) {
+        self.series
+            .started
+            .get_or_create(&StartedLabels {
+                policy: policy.to_owned(),
+                action: action_label(action),
+            })
+            .inc();
+    }
+
+    /// A remediation reached a terminal phase (`outcome`). Call once per remediation, when the
+    /// status write that made it terminal succeeded.
+    pub fn remediation_finished(&self, policy: &str, action: Action, outcome: Phase) {
+        self.series
+            .finished
+            .get_or_create(&FinishedLabels {
+                policy: policy.to_owned(),
+                action: action_label(action),
+                outcome: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    /// Sets how many of the policy's remediations are not finished, as counted from the objects.
+    pub fn set_in_flight(&self, policy: &str, count: u32) {
+        self.series
+            .in_flight
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .set(i64::from(count));
+    }
+
+    /// A remediation left `phase` after spending `spent` in it.
+    pub fn phase_finished(&self, policy: &str, phase: Phase, spent: Duration) {
+        self.series
+            .phase_duration
+            .get_or_create(&PhaseLabels {
+                policy: policy.to_owned(),
+                phase: phase.as_str(),
+            })
+            .observe(spent.as_secs_f64());
+    }
+
+    /// A node was cordoned `elapsed` after its trigger condition last changed.
+    pub fn detected_to_cordoned(&self, policy: &str, elapsed: Duration) {
+        self.series
+            .detection_to_cordon
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// One eviction attempt ended with `result`.
+    pub fn eviction(&self, result: EvictionResult) {
+        self.series
+            .evictions
+            .get_or_create(&EvictionLabels { result })
+            .inc();
+    }
+
+    /// Sets how many remediations the policy's rate window still admits.
+    pub fn set_budget_remaining(&self, policy: &str, remaining: u32) {
+        self.series
+            .budget_remaining
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .set(i64::from(remaining));
+    }
+
+    /// Sets whether the policy's circuit breaker is open.
+    pub fn set_circuit_open(&self, policy: &str, open: bool) {
+        self.series
+            .circuit_open
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .set(i64::from(open));
+    }
+
+    /// A reconcile of `reconciler` (e.g. `policy`, `remediation`) failed.
+    pub fn reconcile_error(&self, reconciler: &str) {
+        self.series
+            .reconcile_errors
+            .get_or_create(&ReconcilerLabels {
+                reconciler: reconciler.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Drops the per-policy gauges of a deleted policy, so it stops being reported. Counters and
+    /// histograms stay: they are cumulative by definition.
+    pub fn forget_policy(&self, policy: &str) {
+        let labels = PolicyLabels {
+            policy: policy.to_owned(),
+        };
+        self.series.in_flight.remove(&labels);
+        self.series.budget_remaining.remove(&labels);
+        self.series.circuit_open.remove(&labels);
+    }
+
+    /// Sets the leader gauge (the server does it from the fence at every scrape).
+    pub fn set_leader(&self, leader: bool) {
+        self.series.leader.set(i64::from(leader));
+    }
+
+    /// The `OpenMetrics` text of every series.
+    #[must_use]
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        let registry = self
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Writing to a String cannot fail.
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encoding to a String");
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line_value(text: &str, prefix: &str) -> Option<f64> {
+        text.lines()
+            .find(|line| line.starts_with(prefix) && line[prefix.len()..].starts_with(' '))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|value| value.parse().ok())
+    }
+
+    #[test]
+    fn started_and_finished_remediations_are_counted_by_policy_action_and_outcome() {
+        let metrics = Metrics::new();
+        metrics.remediation_started("gpus", Action::Replace);
+        metrics.remediation_started("gpus", Action::Replace);
+        metrics.remediation_finished("gpus", Action::Replace, Phase::Succeeded);
+        let text = metrics.encode();
+        assert_eq!(
+            line_value(
+                &text,
+                r#"gpu_remediator_remediations_started_total{policy="gpus",action="Replace"}"#
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            line_value(
+                &text,
+                r#"gpu_remediator_remediations_finished_total{policy="gpus",action="Replace",outcome="Succeeded"}"#
+            ),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn gauges_are_set_not_accumulated() {
+        let metrics = Metrics::new();
+        metrics.set_in_flight("gpus", 3);
+        metrics.set_in_flight("gpus", 1);
+        metrics.set_budget_remaining("gpus", 2);
+        metrics.set_circuit_open("gpus", true);
+        metrics.set_leader(true);
+        let text = metrics.encode();
+        assert_eq!(
+            line_value(&text, r#"gpu_remediator_remediations_in_flight{policy="gpus"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            line_value(&text, r#"gpu_remediator_budget_remaining{policy="gpus"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            line_value(&text, r#"gpu_remediator_circuit_open{policy="gpus"}"#),
+            Some(1.0)
+        );
+        assert_eq!(line_value(&text, "gpu_remediator_leader"), Some(1.0));
+    }
+
+    #[test]
+    fn a_forgotten_policy_stops_being_reported() {
+        let metrics = Metrics::new();
+        metrics.set_in_flight("old", 1);
+        metrics.forget_policy("old");
+        assert!(!metrics.encode().contains(r#"policy="old""#));
+    }
+
+    #[test]
+    fn durations_land_in_histograms_in_seconds() {
+        let metrics = Metrics::new();
+        metrics.phase_finished("gpus", Phase::Draining, Duration::from_secs(90));
+        metrics.detected_to_cordoned("gpus", Duration::from_millis(1500));
+        let text = metrics.encode();
+        assert_eq!(
+            line_value(
+                &text,
+                r#"gpu_remediator_phase_duration_seconds_sum{policy="gpus",phase="Draining"}"#
+            ),
+            Some(90.0)
+        );
+        assert_eq!(
+            line_value(
+                &text,
+                r#"gpu_remediator_detection_to_cordon_seconds_count{policy="gpus"}"#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            line_value(
+                &text,
+                r#"gpu_remediator_detection_to_cordon_seconds_sum{policy="gpus"}"#
+            ),
+            Some(1.5)
+        );
+    }
+
+    #[test]
+    fn evictions_and_reconcile_errors_are_counted_by_result_and_reconciler() {
+        let metrics = Metrics::new();
+        metrics.eviction(EvictionResult::Evicted);
+        metrics.eviction(EvictionResult::Blocked);
+        metrics.eviction(EvictionResult::Blocked);
+        metrics.reconcile_error("remediation");
+        let text = metrics.encode();
+        assert_eq!(
+            line_value(&text, r#"gpu_remediator_evictions_total{result="Blocked"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            line_value(&text, r#"gpu_remediator_evictions_total{result="Evicted"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            line_value(
+                &text,
+                r#"gpu_remediator_reconcile_errors_total{reconciler="remediation"}"#
+            ),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn the_output_is_openmetrics_terminated_by_eof() {
+        assert!(Metrics::new().encode().ends_with("# EOF\n"));
+    }
+}
