@@ -1,0 +1,74 @@
+//! Finding the control plane binaries: an explicit directory, env `GPU_REMEDIATOR_CONTROLPLANE`
+//! (set by the Makefile), or `e2e/controlplane/build.sh`, which builds them once into a cache.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The environment variable naming the binary directory.
+pub const BIN_DIR_ENV: &str = "GPU_REMEDIATOR_CONTROLPLANE";
+
+/// Every binary the sandbox needs.
+pub const BINARIES: &[&str] = &[
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+];
+
+/// Failure to find the control plane binaries.
+#[derive(Debug, thiserror::Error)]
+pub enum LocateBinariesError {
+    /// A binary is missing from the directory.
+    #[error("{binary} not found in {dir} (run `make controlplane`)")]
+    Missing {
+        /// The directory.
+        dir: PathBuf,
+        /// The missing binary.
+        binary: &'static str,
+    },
+    /// The build script could not be run or failed.
+    #[error("running {script}: {message}")]
+    Build {
+        /// The script.
+        script: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Checks that `dir` holds every binary.
+pub fn check(dir: &Path) -> Result<PathBuf, LocateBinariesError> {
+    for &binary in BINARIES {
+        if !dir.join(binary).is_file() {
+            return Err(LocateBinariesError::Missing {
+                dir: dir.to_owned(),
+                binary,
+            });
+        }
+    }
+    Ok(dir.to_owned())
+}
+
+/// The directory from the environment, or from the build script.
+pub fn locate() -> Result<PathBuf, LocateBinariesError> {
+    if let Some(dir) = std::env::var_os(BIN_DIR_ENV).filter(|d| !d.is_empty()) {
+        return check(Path::new(&dir));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../e2e/controlplane/build.sh");
+    let output = Command::new(&script)
+        .output()
+        .map_err(|e| LocateBinariesError::Build {
+            script: script.clone(),
+            message: e.to_string(),
+        })?;
+    if !output.status.success() {
+        return Err(LocateBinariesError::Build {
+            script,
+            message: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let dir = stdout.lines().last().unwrap_or_default().trim();
+    check(Path::new(dir))
+}

@@ -1,0 +1,668 @@
+//! The real local control plane: etcd, kube-apiserver (TLS with its own CA, token authentication,
+//! RBAC), kube-controller-manager and kube-scheduler, all on 127.0.0.1 free ports, started in
+//! order, waited on until ready, and stopped in reverse order. See [`process`] for why no component
+//! can outlive the process that started it.
+
+mod binaries;
+mod pki;
+mod process;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+
+pub use binaries::LocateBinariesError;
+pub use pki::CreatePkiError;
+use process::OwnedProcess;
+pub use process::SpawnComponentError;
+
+/// The kube-controller-manager controllers the sandbox runs: everything pods, workloads, PDBs,
+/// nodes and namespaces need, and nothing that needs a cloud or volumes.
+pub const DEFAULT_CONTROLLERS: &[&str] = &[
+    "disruption-controller",
+    "garbage-collector-controller",
+    "pod-garbage-collector-controller",
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "replicaset-controller",
+    "deployment-controller",
+    "statefulset-controller",
+    "daemonset-controller",
+    "job-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
+    "ttl-controller",
+];
+
+/// How to start a [`ControlPlane`].
+#[derive(Debug, Clone)]
+pub struct ControlPlaneOptions {
+    /// Where the binaries are. `None`: env `GPU_REMEDIATOR_CONTROLPLANE`, else the output of
+    /// `e2e/controlplane/build.sh` (which builds them once, cached).
+    pub bin_dir: Option<PathBuf>,
+    /// kube-controller-manager's `--controllers`.
+    pub controllers: Vec<String>,
+    /// Client QPS of kube-controller-manager and kube-scheduler. Their defaults (20 and 50) would
+    /// take many minutes to create and schedule tens of thousands of pods.
+    pub component_qps: u32,
+    /// kube-controller-manager's `--node-monitor-grace-period`: how long a node may miss heartbeats
+    /// before it is marked `Unknown`. `None` keeps the upstream default (50s).
+    pub node_monitor_grace_period: Option<Duration>,
+    /// Extra kube-apiserver flags (`--flag=value`).
+    pub extra_apiserver_args: Vec<String>,
+    /// Extra kube-controller-manager flags (`--flag=value`).
+    pub extra_controller_manager_args: Vec<String>,
+    /// How long to wait for every component to be ready.
+    pub start_timeout: Duration,
+    /// Keep the data directory (etcd data, logs, certificates) after `stop`, for debugging.
+    pub keep_data_dir: bool,
+}
+
+impl Default for ControlPlaneOptions {
+    fn default() -> Self {
+        Self {
+            bin_dir: None,
+            controllers: DEFAULT_CONTROLLERS.iter().map(|&c| c.to_owned()).collect(),
+            component_qps: 500,
+            node_monitor_grace_period: None,
+            extra_apiserver_args: Vec::new(),
+            extra_controller_manager_args: Vec::new(),
+            start_timeout: Duration::from_secs(120),
+            keep_data_dir: false,
+        }
+    }
+}
+
+/// Failure to start the control plane.
+#[derive(Debug, thiserror::Error)]
+pub enum StartControlPlaneError {
+    /// The binaries were not found or could not be built.
+    #[error(transparent)]
+    LocateBinaries(#[from] LocateBinariesError),
+    /// The data directory could not be prepared.
+    #[error("preparing data directory {path}: {source}")]
+    DataDir {
+        /// The directory or file.
+        path: PathBuf,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// Keys or certificates could not be created.
+    #[error(transparent)]
+    Pki(#[from] CreatePkiError),
+    /// No free port could be reserved.
+    #[error("reserving a free port on 127.0.0.1: {0}")]
+    Port(std::io::Error),
+    /// A component could not be started.
+    #[error(transparent)]
+    Spawn(#[from] SpawnComponentError),
+    /// A component exited while the control plane was starting.
+    #[error("{name} exited during start-up ({status}); last log lines:\n{log_tail}")]
+    ComponentExited {
+        /// The component.
+        name: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// The end of its log.
+        log_tail: String,
+    },
+    /// A component did not become ready in time.
+    #[error("{what} was not ready after {waited:?}: {last_error}")]
+    NotReady {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        waited: Duration,
+        /// The last probe's answer.
+        last_error: String,
+    },
+    /// The admin client could not be built.
+    #[error("building the admin client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+/// A running control plane. Stop it with [`ControlPlane::stop`]; if it is dropped or leaked
+/// instead (a static, a panic, a killed process), its components still terminate.
+#[derive(Debug)]
+pub struct ControlPlane {
+    data_dir: PathBuf,
+    bin_dir: PathBuf,
+    server_url: String,
+    kubeconfig_path: PathBuf,
+    ca_cert_der: Vec<u8>,
+    admin_token: String,
+    /// In start order; stopped in reverse.
+    processes: Vec<OwnedProcess>,
+    keep_data_dir: bool,
+}
+
+/// Root of every control plane's data directory. Each is named `cp-<owner pid>-<n>`, so a start
+/// can remove the directories of owners that are gone.
+fn data_root() -> PathBuf {
+    std::env::temp_dir().join("gpu-sandbox")
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler and waits until the
+    /// API answers `/readyz`, both controllers hold their leader leases, and the `default`
+    /// service account exists (so pods can be created).
+    pub async fn start(options: ControlPlaneOptions) -> Result<Self, StartControlPlaneError> {
+        let started = Instant::now();
+        let deadline = started + options.start_timeout;
+        let bin_dir = match &options.bin_dir {
+            Some(dir) => binaries::check(dir)?,
+            None => binaries::locate()?,
+        };
+        let layout = Layout::prepare()?;
+        let ca_cert_der =
+            std::fs::read(&layout.pki.ca_cert_der).map_err(dir_error(&layout.pki.ca_cert_der))?;
+        let mut control_plane = Self {
+            data_dir: layout.data_dir.clone(),
+            bin_dir,
+            server_url: layout.server_url.clone(),
+            kubeconfig_path: layout.kubeconfig.clone(),
+            ca_cert_der,
+            admin_token: layout.admin_token.clone(),
+            processes: Vec::new(),
+            keep_data_dir: options.keep_data_dir,
+        };
+        // Whatever fails from here on, dropping `control_plane` terminates what already runs.
+        control_plane.start_etcd(&layout, deadline, started).await?;
+        control_plane
+            .start_apiserver(&layout, &options, deadline, started)
+            .await?;
+        control_plane.start_controllers(&layout, &options)?;
+        control_plane.wait_for_controllers(deadline, started).await?;
+        tracing::info!(
+            server = %layout.server_url,
+            kubeconfig = %layout.kubeconfig.display(),
+            elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "control plane ready"
+        );
+        Ok(control_plane)
+    }
+
+    async fn start_etcd(
+        &mut self,
+        layout: &Layout,
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<(), StartControlPlaneError> {
+        let etcd_url = layout.etcd_url();
+        let peer_url = format!("http://127.0.0.1:{}", layout.ports.etcd_peer);
+        self.spawn(
+            "etcd",
+            &[
+                "--name=sandbox".into(),
+                format!("--data-dir={}", display(&layout.data_dir.join("etcd"))),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=sandbox={peer_url}"),
+                // A throw-away cluster: durability buys nothing and fsync costs a lot.
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+        let etcd_addr: SocketAddr = ([127, 0, 0, 1], layout.ports.etcd_client).into();
+        self.wait_for("etcd", deadline, started, || async move {
+            TcpStream::connect_timeout(&etcd_addr, Duration::from_millis(200))
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .await
+    }
+
+    async fn start_apiserver(
+        &mut self,
+        layout: &Layout,
+        options: &ControlPlaneOptions,
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<(), StartControlPlaneError> {
+        let pki = &layout.pki;
+        let mut args = vec![
+            format!("--etcd-servers={}", layout.etcd_url()),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={}", layout.ports.apiserver),
+            format!("--tls-cert-file={}", display(&pki.serving_cert)),
+            format!("--tls-private-key-file={}", display(&pki.serving_key)),
+            format!("--client-ca-file={}", display(&pki.ca_cert)),
+            format!("--token-auth-file={}", display(&layout.token_file)),
+            "--authorization-mode=RBAC".into(),
+            "--anonymous-auth=false".into(),
+            format!("--service-account-issuer={}", layout.server_url),
+            format!("--service-account-key-file={}", display(&pki.service_account_pub)),
+            format!(
+                "--service-account-signing-key-file={}",
+                display(&pki.service_account_key)
+            ),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--allow-privileged=true".into(),
+            // Nobody dials the advertised address, and a loopback endpoint only produces warnings.
+            "--endpoint-reconciler-type=none".into(),
+        ];
+        args.extend(options.extra_apiserver_args.iter().cloned());
+        self.spawn("kube-apiserver", &args)?;
+        let admin = self.try_client().map_err(StartControlPlaneError::Client)?;
+        self.wait_for("kube-apiserver /readyz", deadline, started, || {
+            let client = admin.clone();
+            async move {
+                let request = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .map_err(|e| e.to_string())?;
+                match client.request_text(request).await {
+                    Ok(body) if body.trim() == "ok" => Ok(()),
+                    Ok(body) => Err(body),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        })
+        .await
+    }
+
+    fn start_controllers(
+        &mut self,
+        layout: &Layout,
+        options: &ControlPlaneOptions,
+    ) -> Result<(), StartControlPlaneError> {
+        let pki = &layout.pki;
+        let kubeconfig = display(&layout.kubeconfig);
+        let qps = options.component_qps;
+        let mut kcm_args = vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", layout.ports.controller_manager),
+            format!("--cert-dir={}", display(&layout.data_dir.join("kcm"))),
+            "--use-service-account-credentials=true".into(),
+            format!(
+                "--service-account-private-key-file={}",
+                display(&pki.service_account_key)
+            ),
+            format!("--root-ca-file={}", display(&pki.ca_cert)),
+            format!("--controllers={}", options.controllers.join(",")),
+            format!("--kube-api-qps={qps}"),
+            format!("--kube-api-burst={}", qps * 2),
+            "--leader-elect=true".into(),
+        ];
+        if let Some(grace) = options.node_monitor_grace_period {
+            kcm_args.push(format!("--node-monitor-grace-period={}ms", grace.as_millis()));
+        }
+        kcm_args.extend(options.extra_controller_manager_args.iter().cloned());
+        self.spawn("kube-controller-manager", &kcm_args)?;
+        self.spawn(
+            "kube-scheduler",
+            &[
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--authentication-kubeconfig={kubeconfig}"),
+                format!("--authorization-kubeconfig={kubeconfig}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={}", layout.ports.scheduler),
+                format!("--cert-dir={}", display(&layout.data_dir.join("scheduler"))),
+                format!("--kube-api-qps={qps}"),
+                format!("--kube-api-burst={}", qps * 2),
+                "--leader-elect=true".into(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Both hold their leader lease once their controllers run; the `default` service account
+    /// proves the service account controller works (pods cannot be created without it).
+    async fn wait_for_controllers(
+        &mut self,
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<(), StartControlPlaneError> {
+        let admin = self.try_client().map_err(StartControlPlaneError::Client)?;
+        for (what, lease) in [
+            ("kube-controller-manager leader lease", "kube-controller-manager"),
+            ("kube-scheduler leader lease", "kube-scheduler"),
+        ] {
+            let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-system");
+            self.wait_for(what, deadline, started, || {
+                let leases = leases.clone();
+                async move {
+                    let holder = leases
+                        .get_opt(lease)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .and_then(|l| l.spec)
+                        .and_then(|s| s.holder_identity);
+                    holder.map(|_| ()).ok_or_else(|| "no holder yet".to_owned())
+                }
+            })
+            .await?;
+        }
+        let service_accounts: Api<ServiceAccount> = Api::namespaced(admin, "default");
+        self.wait_for("the default service account", deadline, started, || {
+            let service_accounts = service_accounts.clone();
+            async move {
+                match service_accounts.get_opt("default").await {
+                    Ok(Some(_)) => Ok(()),
+                    Ok(None) => Err("not created yet".to_owned()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        })
+        .await
+    }
+
+    fn spawn(&mut self, name: &str, args: &[String]) -> Result<(), SpawnComponentError> {
+        let binary = self.bin_dir.join(name);
+        let log = self.data_dir.join("logs").join(format!("{name}.log"));
+        let process = OwnedProcess::spawn(name, &binary, args, &log)?;
+        self.processes.push(process);
+        Ok(())
+    }
+
+    /// Polls `probe` until it succeeds, failing early if any component has exited.
+    async fn wait_for<F, Fut>(
+        &mut self,
+        what: &'static str,
+        deadline: Instant,
+        started: Instant,
+        mut probe: F,
+    ) -> Result<(), StartControlPlaneError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<(), String>>,
+    {
+        loop {
+            for process in &mut self.processes {
+                if let Some(status) = process.exited() {
+                    return Err(StartControlPlaneError::ComponentExited {
+                        name: process.name().to_owned(),
+                        status,
+                        log_tail: process.log_tail(30),
+                    });
+                }
+            }
+            let last_error = match probe().await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                return Err(StartControlPlaneError::NotReady {
+                    what,
+                    waited: started.elapsed(),
+                    last_error,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    #[must_use]
+    pub fn server_url(&self) -> &str {
+        &self.server_url
+    }
+
+    /// A kubeconfig file for the admin user (group `system:masters`), for kubectl and binaries.
+    #[must_use]
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig_path
+    }
+
+    /// The directory holding the control plane binaries, kubectl included.
+    #[must_use]
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    /// The kubectl binary of the same release as the server.
+    #[must_use]
+    pub fn kubectl(&self) -> PathBuf {
+        self.bin_dir.join("kubectl")
+    }
+
+    /// The data directory (etcd data, certificates, `logs/<component>.log`).
+    #[must_use]
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Process ids of the running components, in start order.
+    #[must_use]
+    pub fn component_pids(&self) -> Vec<(String, u32)> {
+        self.processes
+            .iter()
+            .map(|p| (p.name().to_owned(), p.pid()))
+            .collect()
+    }
+
+    /// A client config for the admin user. Adjust it (e.g. `default_retry = false`, so 429s reach
+    /// the caller) before turning it into a client.
+    #[must_use]
+    pub fn config(&self) -> kube::Config {
+        self.config_with_token(&self.admin_token)
+    }
+
+    /// A client config that authenticates with `token` (e.g. a service account token).
+    #[must_use]
+    pub fn config_with_token(&self, token: &str) -> kube::Config {
+        let url = self
+            .server_url
+            .parse()
+            .expect("the server URL is built from a port number");
+        let mut config = kube::Config::new(url);
+        config.root_cert = Some(vec![self.ca_cert_der.clone()]);
+        config.auth_info = serde_json::from_value(serde_json::json!({ "token": token }))
+            .expect("an AuthInfo with a token deserialises");
+        config
+    }
+
+    fn try_client(&self) -> Result<kube::Client, kube::Error> {
+        kube::Client::try_from(self.config())
+    }
+
+    /// A new admin client. Each call builds its own connection pool, so a client never outlives
+    /// the tokio runtime (e.g. one test's) that it was made in.
+    ///
+    /// # Panics
+    /// Never in practice: the same config already built a client during start-up.
+    #[must_use]
+    pub fn client(&self) -> kube::Client {
+        self.try_client()
+            .expect("the admin config built a client during start-up")
+    }
+
+    /// A new client that authenticates with `token`.
+    ///
+    /// # Panics
+    /// Never in practice: only the token differs from the admin config.
+    #[must_use]
+    pub fn client_with_token(&self, token: &str) -> kube::Client {
+        kube::Client::try_from(self.config_with_token(token))
+            .expect("a token config differs from the admin config only in its token")
+    }
+
+    /// Stops the components in reverse start order, each with `SIGTERM` then `SIGKILL`, and removes
+    /// the data directory unless asked to keep it.
+    pub async fn stop(mut self) {
+        while let Some(process) = self.processes.pop() {
+            process.terminate().await;
+        }
+        if !self.keep_data_dir {
+            let _ = std::fs::remove_dir_all(&self.data_dir);
+        }
+    }
+}
+
+/// The files and ports of one control plane, prepared before any process starts.
+struct Layout {
+    data_dir: PathBuf,
+    pki: pki::Pki,
+    ports: Ports,
+    server_url: String,
+    admin_token: String,
+    token_file: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+struct Ports {
+    etcd_client: u16,
+    etcd_peer: u16,
+    apiserver: u16,
+    controller_manager: u16,
+    scheduler: u16,
+}
+
+impl Layout {
+    fn prepare() -> Result<Self, StartControlPlaneError> {
+        let data_dir = new_data_dir()?;
+        for sub in ["pki", "etcd", "logs", "kcm", "scheduler"] {
+            let path = data_dir.join(sub);
+            std::fs::create_dir_all(&path).map_err(dir_error(&path))?;
+        }
+        let pki = pki::create(&data_dir.join("pki"))?;
+        let [etcd_client, etcd_peer, apiserver, controller_manager, scheduler] = free_ports()?;
+        let ports = Ports {
+            etcd_client,
+            etcd_peer,
+            apiserver,
+            controller_manager,
+            scheduler,
+        };
+        let server_url = format!("https://127.0.0.1:{apiserver}");
+        let admin_token = random_token()?;
+        let token_file = data_dir.join("pki/tokens.csv");
+        std::fs::write(
+            &token_file,
+            format!("{admin_token},gpu-sandbox-admin,gpu-sandbox-admin,\"system:masters\"\n"),
+        )
+        .map_err(dir_error(&token_file))?;
+        let kubeconfig = data_dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            kubeconfig_yaml(&server_url, &pki.ca_cert, &admin_token),
+        )
+        .map_err(dir_error(&kubeconfig))?;
+        Ok(Self {
+            data_dir,
+            pki,
+            ports,
+            server_url,
+            admin_token,
+            token_file,
+            kubeconfig,
+        })
+    }
+
+    fn etcd_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports.etcd_client)
+    }
+}
+
+fn dir_error(path: &Path) -> impl FnOnce(std::io::Error) -> StartControlPlaneError + use<> {
+    let path = path.to_owned();
+    move |source| StartControlPlaneError::DataDir { path, source }
+}
+
+fn display(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// Creates a fresh data directory and removes those left by owners that no longer run.
+fn new_data_dir() -> Result<PathBuf, StartControlPlaneError> {
+    static SEQUENCE: AtomicU32 = AtomicU32::new(0);
+    let root = data_root();
+    if let Ok(entries) = std::fs::read_dir(&root) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let owner = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("cp-"))
+                .and_then(|n| n.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok());
+            if let Some(pid) = owner
+                && !Path::new(&format!("/proc/{pid}")).exists()
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let dir = root.join(format!(
+        "cp-{}-{}",
+        std::process::id(),
+        SEQUENCE.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|source| StartControlPlaneError::DataDir {
+        path: dir.clone(),
+        source,
+    })?;
+    Ok(dir)
+}
+
+/// Reserves distinct free ports by binding them all at once, then releases them for the
+/// components. Another process could take one in between; the start then fails loudly.
+fn free_ports<const N: usize>() -> Result<[u16; N], StartControlPlaneError> {
+    let listeners = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(StartControlPlaneError::Port)?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener
+            .local_addr()
+            .map_err(StartControlPlaneError::Port)?
+            .port();
+    }
+    Ok(ports)
+}
+
+/// 32 hex characters from the kernel's random source.
+fn random_token() -> Result<String, StartControlPlaneError> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|source| StartControlPlaneError::DataDir {
+            path: "/dev/urandom".into(),
+            source,
+        })?;
+    Ok(bytes.iter().fold(String::new(), |mut hex, b| {
+        use std::fmt::Write;
+        let _ = write!(hex, "{b:02x}");
+        hex
+    }))
+}
+
+fn kubeconfig_yaml(server_url: &str, ca_cert: &Path, token: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: gpu-sandbox
+  cluster:
+    server: {server_url}
+    certificate-authority: {ca}
+users:
+- name: gpu-sandbox-admin
+  user:
+    token: {token}
+contexts:
+- name: gpu-sandbox
+  context:
+    cluster: gpu-sandbox
+    user: gpu-sandbox-admin
+    namespace: default
+current-context: gpu-sandbox
+",
+        ca = ca_cert.display()
+    )
+}

@@ -1,0 +1,227 @@
+//! The control plane's keys and certificates, made with the `openssl` command line tool: a CA, the
+//! kube-apiserver's serving certificate (for 127.0.0.1 and the in-cluster names), and the service
+//! account token signing key pair. ECDSA P-256 keys, because they are generated in milliseconds.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Failure to create the control plane's keys and certificates.
+#[derive(Debug, thiserror::Error)]
+pub enum CreatePkiError {
+    /// A file could not be written.
+    #[error("writing {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// `openssl` could not be run (is it installed?).
+    #[error("running openssl {step}: {source}")]
+    Run {
+        /// What openssl was asked to do.
+        step: &'static str,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// `openssl` ran and failed.
+    #[error("openssl {step} failed: {stderr}")]
+    Failed {
+        /// What openssl was asked to do.
+        step: &'static str,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+}
+
+/// Paths of the files [`create`] wrote.
+#[derive(Debug, Clone)]
+pub struct Pki {
+    /// The CA certificate (PEM): trusted by clients, and the apiserver's client CA.
+    pub ca_cert: PathBuf,
+    /// The CA certificate (DER), as kube clients take it.
+    pub ca_cert_der: PathBuf,
+    /// The CA key (PEM): lets kube-controller-manager sign CSRs.
+    pub ca_key: PathBuf,
+    /// The kube-apiserver's serving certificate (PEM).
+    pub serving_cert: PathBuf,
+    /// The kube-apiserver's serving key (PEM).
+    pub serving_key: PathBuf,
+    /// The service account token signing key (PEM, private).
+    pub service_account_key: PathBuf,
+    /// The service account token verification key (PEM, public).
+    pub service_account_pub: PathBuf,
+}
+
+/// The minimal OpenSSL configuration, so the system's default `openssl.cnf` (which may add its own
+/// extensions) plays no part.
+const CA_CONFIG: &str = "\
+[req]
+distinguished_name = dn
+prompt = no
+x509_extensions = ca
+[dn]
+CN = gpu-sandbox-ca
+[ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign, digitalSignature
+subjectKeyIdentifier = hash
+";
+
+const SERVING_REQ_CONFIG: &str = "\
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+CN = kube-apiserver
+";
+
+const SERVING_EXTENSIONS: &str = "\
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1, IP:10.0.0.1, DNS:localhost, DNS:kubernetes, DNS:kubernetes.default, DNS:kubernetes.default.svc, DNS:kubernetes.default.svc.cluster.local
+authorityKeyIdentifier = keyid
+";
+
+/// Creates every key and certificate under `dir`.
+pub fn create(dir: &Path) -> Result<Pki, CreatePkiError> {
+    let pki = Pki {
+        ca_cert: dir.join("ca.crt"),
+        ca_cert_der: dir.join("ca.der"),
+        ca_key: dir.join("ca.key"),
+        serving_cert: dir.join("apiserver.crt"),
+        serving_key: dir.join("apiserver.key"),
+        service_account_key: dir.join("sa.key"),
+        service_account_pub: dir.join("sa.pub"),
+    };
+    let ca_config = write(dir, "ca.cnf", CA_CONFIG)?;
+    let req_config = write(dir, "apiserver-req.cnf", SERVING_REQ_CONFIG)?;
+    let extensions = write(dir, "apiserver-ext.cnf", SERVING_EXTENSIONS)?;
+    let csr = dir.join("apiserver.csr");
+
+    openssl(
+        "create CA",
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-nodes",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-days",
+            "3650",
+            "-config",
+            p(&ca_config),
+            "-keyout",
+            p(&pki.ca_key),
+            "-out",
+            p(&pki.ca_cert),
+        ],
+    )?;
+    openssl(
+        "convert CA to DER",
+        &[
+            "x509",
+            "-in",
+            p(&pki.ca_cert),
+            "-outform",
+            "der",
+            "-out",
+            p(&pki.ca_cert_der),
+        ],
+    )?;
+    openssl(
+        "create serving key and request",
+        &[
+            "req",
+            "-new",
+            "-nodes",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-config",
+            p(&req_config),
+            "-keyout",
+            p(&pki.serving_key),
+            "-out",
+            p(&csr),
+        ],
+    )?;
+    openssl(
+        "sign serving certificate",
+        &[
+            "x509",
+            "-req",
+            "-in",
+            p(&csr),
+            "-CA",
+            p(&pki.ca_cert),
+            "-CAkey",
+            p(&pki.ca_key),
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-extfile",
+            p(&extensions),
+            "-out",
+            p(&pki.serving_cert),
+        ],
+    )?;
+    openssl(
+        "create service account key",
+        &[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            p(&pki.service_account_key),
+        ],
+    )?;
+    openssl(
+        "derive service account public key",
+        &[
+            "pkey",
+            "-in",
+            p(&pki.service_account_key),
+            "-pubout",
+            "-out",
+            p(&pki.service_account_pub),
+        ],
+    )?;
+    Ok(pki)
+}
+
+fn p(path: &Path) -> &str {
+    // Every path here is built from a UTF-8 temporary directory and ASCII names.
+    path.to_str().expect("control plane paths are UTF-8")
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf, CreatePkiError> {
+    let path = dir.join(name);
+    std::fs::write(&path, text).map_err(|source| CreatePkiError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
+}
+
+fn openssl(step: &'static str, args: &[&str]) -> Result<(), CreatePkiError> {
+    let output = Command::new("openssl")
+        .args(args)
+        .output()
+        .map_err(|source| CreatePkiError::Run { step, source })?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(CreatePkiError::Failed {
+            step,
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        })
+    }
+}

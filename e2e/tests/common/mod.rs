@@ -1,0 +1,94 @@
+//! The e2e harness: one real control plane per test binary, shared by its tests, and a fresh
+//! namespace (and, through `gpu_sandbox::Fleet`, fresh nodes) per test, so tests never see each
+//! other's objects.
+//!
+//! Each `#[tokio::test]` runs its own runtime, so the shared value is the control plane itself
+//! (processes and paths), never a client: call `cluster().await.client()` in each test. The
+//! control plane lives in a static that is never dropped; its components terminate when the test
+//! binary exits, however it exits (see `gpu_sandbox::controlplane`).
+#![allow(dead_code, reason = "each test binary uses a different part of the harness")]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use gpu_sandbox::{ControlPlane, ControlPlaneOptions};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::Api;
+use kube::api::PostParams;
+
+static CLUSTER: tokio::sync::OnceCell<ControlPlane> = tokio::sync::OnceCell::const_new();
+
+/// The test binary's control plane, started by the first test that asks.
+///
+/// # Panics
+/// If the control plane cannot start: no e2e test can run without it.
+pub async fn cluster() -> &'static ControlPlane {
+    CLUSTER
+        .get_or_init(|| async {
+            ControlPlane::start(ControlPlaneOptions::default())
+                .await
+                .unwrap_or_else(|e| panic!("starting the shared control plane: {e}"))
+        })
+        .await
+}
+
+/// A name unique within this test binary's cluster: `<prefix>-<n>`.
+pub fn unique_name(prefix: &str) -> String {
+    static SEQUENCE: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}-{}", SEQUENCE.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Creates a fresh namespace and waits for its `default` service account (pods cannot be created
+/// before it exists). Returns the namespace's name.
+///
+/// # Panics
+/// If the namespace cannot be created or its service account does not appear within 30s.
+pub async fn namespace() -> String {
+    let client = cluster().await.client();
+    let name = unique_name("e2e");
+    let namespace = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+    let service_accounts: Api<ServiceAccount> = Api::namespaced(client, &name);
+    let waited = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Ok(Some(_)) = service_accounts.get_opt("default").await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "the default service account of {name} did not appear"
+    );
+    name
+}
+
+/// Polls `probe` every 100ms until it returns `Some`, or panics after `timeout` naming `what`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
