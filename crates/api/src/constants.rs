@@ -119,7 +119,7 @@ pub mod reasons {
     pub const ATTEMPTS_EXHAUSTED: &str = "AttemptsExhausted";
     /// A phase changed.
     pub const PHASE_CHANGED: &str = "PhaseChanged";
-    /// An eviction was refused by a PodDisruptionBudget.
+    /// An eviction was refused by a `PodDisruptionBudget`.
     pub const EVICTION_BLOCKED: &str = "EvictionBlocked";
     /// The drain passed its timeout.
     pub const DRAIN_TIMEOUT: &str = "DrainTimeout";

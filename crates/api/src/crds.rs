@@ -1,4 +1,4 @@
-//! Renders the CustomResourceDefinitions, one YAML file per kind, for `crdgen` and the drift test.
+//! Renders the `CustomResourceDefinitions`, one YAML file per kind, for `crdgen` and the drift test.
 
 use kube::CustomResourceExt;
 
@@ -8,7 +8,10 @@ use crate::{GpuRemediation, GpuRemediationPolicy};
 #[must_use]
 pub fn render_all() -> Vec<(&'static str, String)> {
     vec![
-        ("gpuremediationpolicies.yaml", render(&GpuRemediationPolicy::crd())),
+        (
+            "gpuremediationpolicies.yaml",
+            render(&GpuRemediationPolicy::crd()),
+        ),
         ("gpuremediations.yaml", render(&GpuRemediation::crd())),
     ]
 }

@@ -6,7 +6,7 @@
 
 use std::{borrow::Cow, fmt, str::FromStr};
 
-use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A non-negative Go-style duration such as `30s`, `2m`, `1h30m` or `1.5h`.
@@ -35,8 +35,9 @@ pub enum ParseDurationError {
     Negative(String),
 }
 
-/// The pattern the CRD schema uses; CEL rules add `> 0s` where zero makes no sense.
-pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$";
+/// The grammar the CRD schema accepts (see `crate::schema`); CEL rules add `> 0s` where zero makes
+/// no sense.
+pub const DURATION_PATTERN: &str = crate::schema::DURATION_REGEX;
 
 impl Duration {
     /// A duration of `secs` seconds.
@@ -99,14 +100,20 @@ impl FromStr for Duration {
         let mut total_nanos: f64 = 0.0;
         let mut rest = body;
         while !rest.is_empty() {
-            let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+            let number_len = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .unwrap_or(rest.len());
             let number = &rest[..number_len];
             if number.is_empty() || number == "." || number.matches('.').count() > 1 {
                 return Err(ParseDurationError::Malformed(input.to_owned()));
             }
-            let value: f64 = number.parse().map_err(|_| ParseDurationError::Malformed(input.to_owned()))?;
+            let value: f64 = number
+                .parse()
+                .map_err(|_| ParseDurationError::Malformed(input.to_owned()))?;
             rest = &rest[number_len..];
-            let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+            let unit_len = rest
+                .find(|c: char| c.is_ascii_digit() || c == '.')
+                .unwrap_or(rest.len());
             let unit = &rest[..unit_len];
             let nanos_per_unit = match unit {
                 "ns" => 1.0,
@@ -117,14 +124,21 @@ impl FromStr for Duration {
                 "h" => 3600e9,
                 "" => return Err(ParseDurationError::Malformed(input.to_owned())),
                 other => {
-                    return Err(ParseDurationError::UnknownUnit { input: input.to_owned(), unit: other.to_owned() });
+                    return Err(ParseDurationError::UnknownUnit {
+                        input: input.to_owned(),
+                        unit: other.to_owned(),
+                    });
                 }
             };
             total_nanos += value * nanos_per_unit;
             rest = &rest[unit_len..];
         }
         // Durations here are seconds to days; f64 holds them to well under a nanosecond per second.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "checked non-negative above")]
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "checked non-negative above"
+        )]
         let nanos = total_nanos.round() as u64;
         Ok(Self(std::time::Duration::from_nanos(nanos)))
     }
@@ -174,12 +188,8 @@ impl JsonSchema for Duration {
         "Duration".into()
     }
 
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "pattern": DURATION_PATTERN,
-            "description": "A duration such as 30s, 2m or 1h30m (Go syntax: units ns, us, ms, s, m, h).",
-        })
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        crate::schema::duration(generator)
     }
 
     fn inline_schema() -> bool {

@@ -10,6 +10,7 @@ pub mod crds;
 pub mod duration;
 pub mod policy;
 pub mod remediation;
+pub mod schema;
 pub mod selector;
 
 pub use duration::Duration;

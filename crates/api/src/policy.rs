@@ -23,6 +23,8 @@ use crate::{
     shortname = "gpupolicy",
     category = "gpu",
     status = "GpuRemediationPolicyStatus",
+    doc = "A GpuRemediationPolicy says which GPU nodes the controller governs, which node conditions mean a GPU is broken, and how such nodes are cordoned, drained and replaced, within limits on concurrency, rate and the unhealthy share of the fleet.",
+    validation = crate::schema::policy_name_rule(),
     printcolumn = r#"{"name":"SELECTED","type":"integer","jsonPath":".status.selectedNodes"}"#,
     printcolumn = r#"{"name":"UNHEALTHY","type":"integer","jsonPath":".status.unhealthyNodes"}"#,
     printcolumn = r#"{"name":"IN-FLIGHT","type":"integer","jsonPath":".status.inFlight"}"#,
@@ -30,6 +32,7 @@ use crate::{
     printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::policy_spec)]
 pub struct GpuRemediationPolicySpec {
     /// Nodes this policy governs. Nodes labelled `gpuremediation.dev/exclude=true` are never
     /// touched, whatever the selector says.
@@ -71,6 +74,7 @@ pub struct GpuRemediationPolicySpec {
 /// A node condition that marks a GPU node as broken once it has held for `for`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::trigger)]
 pub struct Trigger {
     /// The node condition type, e.g. `GpuHealthy`. Any writer works: this project's agent,
     /// node-problem-detector, a DCGM exporter, the EKS node monitoring agent.
@@ -131,6 +135,7 @@ pub enum Action {
 /// How a replacement is triggered.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::replacement)]
 pub struct Replacement {
     /// The mechanism.
     #[serde(default)]
@@ -141,7 +146,7 @@ pub struct Replacement {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "embedded_object_schema")]
     pub template: Option<serde_json::Value>,
-    /// How long to wait for the node (or its Machine or NodeClaim) to go and a replacement to be
+    /// How long to wait for the node (or its `Machine` or `NodeClaim`) to go and a replacement to be
     /// Ready before the remediation fails.
     #[serde(default = "default_replacement_timeout")]
     pub timeout: Duration,
@@ -149,7 +154,11 @@ pub struct Replacement {
 
 impl Default for Replacement {
     fn default() -> Self {
-        Self { strategy: Strategy::default(), template: None, timeout: default_replacement_timeout() }
+        Self {
+            strategy: Strategy::default(),
+            template: None,
+            timeout: default_replacement_timeout(),
+        }
     }
 }
 
@@ -171,9 +180,9 @@ pub enum Strategy {
     /// Delete the Node object; the cloud provider or node group brings a new one.
     #[default]
     DeleteNode,
-    /// Delete the node's Cluster API Machine; its MachineSet brings a new one.
+    /// Delete the node's Cluster API `Machine`; its `MachineSet` brings a new one.
     DeleteMachine,
-    /// Delete the Karpenter NodeClaim whose status names the node.
+    /// Delete the Karpenter `NodeClaim` whose status names the node.
     DeleteNodeClaim,
     /// Create `template` and follow it until it reports done.
     Template,
@@ -183,6 +192,7 @@ pub enum Strategy {
 /// restarts and leader changes neither reset nor repeat them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::safety)]
 pub struct Safety {
     /// Remediations in flight at once: a count, or a share of selected nodes (rounded up).
     #[serde(default = "default_max_concurrent")]
@@ -222,6 +232,7 @@ fn default_max_unhealthy() -> IntOrPercent {
 /// A rolling-window rate limit.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::rate)]
 pub struct Rate {
     /// Remediations allowed to start in any window.
     pub limit: u32,
@@ -231,13 +242,17 @@ pub struct Rate {
 
 impl Default for Rate {
     fn default() -> Self {
-        Self { limit: 4, per: Duration::from_hours(1) }
+        Self {
+            limit: 4,
+            per: Duration::from_hours(1),
+        }
     }
 }
 
 /// A per-node attempts limit.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::attempts)]
 pub struct Attempts {
     /// Remediations of one node allowed in any window.
     pub count: u32,
@@ -247,7 +262,10 @@ pub struct Attempts {
 
 impl Default for Attempts {
     fn default() -> Self {
-        Self { count: 2, per: Duration::from_hours(24) }
+        Self {
+            count: 2,
+            per: Duration::from_hours(24),
+        }
     }
 }
 
@@ -268,6 +286,7 @@ pub enum Mode {
 /// How pods leave a node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::drain)]
 pub struct Drain {
     /// How long evictions may keep being refused before `onTimeout` applies.
     #[serde(default = "default_drain_timeout")]
@@ -282,7 +301,11 @@ pub struct Drain {
 
 impl Default for Drain {
     fn default() -> Self {
-        Self { timeout: default_drain_timeout(), on_timeout: OnDrainTimeout::default(), grace_period_seconds: None }
+        Self {
+            timeout: default_drain_timeout(),
+            on_timeout: OnDrainTimeout::default(),
+            grace_period_seconds: None,
+        }
     }
 }
 
@@ -296,7 +319,7 @@ pub enum OnDrainTimeout {
     /// Phase `Blocked`: the node stays cordoned, evictions keep being retried, a person decides.
     #[default]
     Block,
-    /// Delete the remaining pods directly, bypassing their PodDisruptionBudgets.
+    /// Delete the remaining pods directly, bypassing their `PodDisruptionBudgets`.
     ForceDelete,
     /// Go on to replacement with the remaining pods still there.
     Proceed,
@@ -305,6 +328,7 @@ pub enum OnDrainTimeout {
 /// When a node that recovered is released.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::release)]
 pub struct Release {
     /// A node whose trigger clears and stays clear this long before replacement is uncordoned
     /// (if we cordoned it) and its remediation cancelled.
@@ -314,7 +338,9 @@ pub struct Release {
 
 impl Default for Release {
     fn default() -> Self {
-        Self { healthy_for: default_healthy_for() }
+        Self {
+            healthy_for: default_healthy_for(),
+        }
     }
 }
 
@@ -325,6 +351,7 @@ fn default_healthy_for() -> Duration {
 /// How long finished remediations are kept.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::history)]
 pub struct History {
     /// Finished remediations older than this are deleted. Must be longer than `rate.per` and
     /// `maxAttemptsPerNode.per`, or the limits would forget what they count.
@@ -334,7 +361,9 @@ pub struct History {
 
 impl Default for History {
     fn default() -> Self {
-        Self { ttl: default_history_ttl() }
+        Self {
+            ttl: default_history_ttl(),
+        }
     }
 }
 

@@ -21,6 +21,7 @@ use crate::policy::{Action, ConditionStatus, Mode};
     shortname = "gpur",
     category = "gpu",
     status = "GpuRemediationStatus",
+    doc = "A GpuRemediation records one recycle of one GPU node under one policy: the condition that triggered it, the phase it is in, the drain's progress and blockers, and the object that replaces the node. `kubectl get gpuremediations` is the audit trail.",
     printcolumn = r#"{"name":"NODE","type":"string","jsonPath":".spec.nodeName"}"#,
     printcolumn = r#"{"name":"POLICY","type":"string","jsonPath":".spec.policyName"}"#,
     printcolumn = r#"{"name":"PHASE","type":"string","jsonPath":".status.phase"}"#,
@@ -29,6 +30,7 @@ use crate::policy::{Action, ConditionStatus, Mode};
     printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::remediation_spec)]
 pub struct GpuRemediationSpec {
     /// The node being remediated.
     pub node_name: String,
@@ -63,7 +65,9 @@ pub struct TriggerRecord {
 }
 
 /// Where a remediation stands.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 pub enum Phase {
     /// Admitted, nothing done yet.
     #[default]
@@ -97,7 +101,10 @@ impl Phase {
     /// Whether the remediation is finished: nothing more will happen to the node.
     #[must_use]
     pub const fn is_terminal(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled | Self::DryRun | Self::ManualRequired)
+        matches!(
+            self,
+            Self::Succeeded | Self::Failed | Self::Cancelled | Self::DryRun | Self::ManualRequired
+        )
     }
 
     /// The phase's name as it appears in the API.
@@ -142,7 +149,7 @@ pub struct GpuRemediationStatus {
     /// Drain progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainStatus>,
-    /// The object that carries out the replacement (Node, Machine, NodeClaim or the template's
+    /// The object that carries out the replacement (`Node`, `Machine`, `NodeClaim` or the template's
     /// object).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replacement: Option<ObjectReference>,
@@ -191,7 +198,7 @@ pub struct DrainStatus {
 pub struct Blocker {
     /// The pod, as `namespace/name`.
     pub pod: String,
-    /// The PodDisruptionBudget that refuses, as `namespace/name`, when the server names one.
+    /// The `PodDisruptionBudget` that refuses, as `namespace/name`, when the server names one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pdb: Option<String>,
     /// The HTTP status the server answered (429: budget exhausted; 500: several PDBs).

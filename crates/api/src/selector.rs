@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 /// empty selector selects every node.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::node_selector)]
 pub struct NodeSelector {
     /// Labels a node must carry with exactly these values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -25,6 +26,7 @@ pub struct NodeSelector {
 /// One set-based requirement, as in a Kubernetes label selector.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::selector_requirement)]
 pub struct SelectorRequirement {
     /// The label key.
     pub key: String,
@@ -125,11 +127,8 @@ impl JsonSchema for IntOrPercent {
         "IntOrPercent".into()
     }
 
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::json_schema!({
-            "x-kubernetes-int-or-string": true,
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-        })
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        crate::schema::int_or_percent(generator)
     }
 
     fn inline_schema() -> bool {
@@ -142,7 +141,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
     }
 
     #[test]
@@ -160,14 +162,24 @@ mod tests {
                 values: vec!["H100".into()],
             }],
         };
-        assert!(selector.matches(&labels(&[("nvidia.com/gpu.present", "true"), ("nvidia.com/gpu.product", "H100")])));
-        assert!(!selector.matches(&labels(&[("nvidia.com/gpu.present", "true"), ("nvidia.com/gpu.product", "A100")])));
+        assert!(selector.matches(&labels(&[
+            ("nvidia.com/gpu.present", "true"),
+            ("nvidia.com/gpu.product", "H100")
+        ])));
+        assert!(!selector.matches(&labels(&[
+            ("nvidia.com/gpu.present", "true"),
+            ("nvidia.com/gpu.product", "A100")
+        ])));
         assert!(!selector.matches(&labels(&[("nvidia.com/gpu.product", "H100")])));
     }
 
     #[test]
     fn not_in_and_does_not_exist_accept_a_missing_label() {
-        let req = |operator| SelectorRequirement { key: "k".into(), operator, values: vec!["v".into()] };
+        let req = |operator| SelectorRequirement {
+            key: "k".into(),
+            operator,
+            values: vec!["v".into()],
+        };
         assert!(req(SelectorOperator::NotIn).matches(&labels(&[])));
         assert!(req(SelectorOperator::DoesNotExist).matches(&labels(&[])));
         assert!(!req(SelectorOperator::Exists).matches(&labels(&[])));

@@ -1,4 +1,4 @@
-//! Prints the CustomResourceDefinitions as YAML (`crdgen`) or writes them into a directory
+//! Prints the `CustomResourceDefinitions` as YAML (`crdgen`) or writes them into a directory
 //! (`crdgen DIR`); `make crds` runs the latter for `crds/`.
 
 use std::{env, fs, path::Path, process::ExitCode};

@@ -1,0 +1,382 @@
+//! What the CRD schema itself refuses: the CEL rules (`x-kubernetes-validations`), length and size
+//! bounds, and list semantics that the API server enforces when a policy is applied.
+//!
+//! Every rule lives here, attached to the generated schema through `#[schemars(transform = ..)]` on
+//! the type it guards, so `kubectl apply` of a bad policy fails with a sentence a person can act on
+//! instead of the controller finding out later. The bounds (`maxLength`, `maxItems`,
+//! `maxProperties`) exist so the API server can prove each rule's cost is within its budget; they
+//! are far above anything a real policy needs.
+//!
+//! `crate::validate` repeats these checks in Rust (for files that never met a server) and adds
+//! the ones CEL cannot express.
+
+use kube::core::{Reason, Rule};
+use schemars::{Schema, SchemaGenerator, json_schema};
+use serde_json::{Map, Value};
+
+/// A Go duration (`time.ParseDuration`, which CEL's `duration()` uses), restricted to what people
+/// write: no sign, no bare `0`, no leading or trailing dot.
+pub const DURATION_REGEX: &str = "^([0-9]+([.][0-9]+)?(ns|us|µs|μs|ms|s|m|h))+$";
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters.
+pub const LABEL_KEY_REGEX: &str = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+/// A label value: empty, or at most 63 characters starting and ending with a letter or digit.
+pub const LABEL_VALUE_REGEX: &str = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+/// A whole percentage from 1% to 100%.
+pub const PERCENT_REGEX: &str = "^(100|[1-9][0-9]?)%$";
+
+/// The longest duration string accepted; `1h30m` needs 5.
+pub const DURATION_MAX_LENGTH: u64 = 32;
+/// A label key: 253 for the prefix, 1 for `/`, 63 for the name.
+pub const LABEL_KEY_MAX_LENGTH: u64 = 317;
+/// A label value.
+pub const LABEL_VALUE_MAX_LENGTH: u64 = 63;
+/// A policy name, because it becomes the `gpuremediation.dev/policy` label value of its remediations.
+pub const POLICY_NAME_MAX_LENGTH: usize = 63;
+
+/// Messages of the rules, shared with `crate::validate` so both say the same thing.
+pub mod messages {
+    /// A duration that does not parse.
+    pub const DURATION_FORMAT: &str = "must be a duration such as 90s, 5m or 1h30m: numbers each followed by a unit (ns, us, ms, s, m or h)";
+    /// A zero duration where zero means nothing.
+    pub const DURATION_POSITIVE: &str = "must be longer than zero";
+    /// An int-or-percent count below 1.
+    pub const COUNT_AT_LEAST_ONE: &str = "a count must be at least 1 (to stop remediating, set paused: true)";
+    /// An int-or-percent share outside 1%..100%.
+    pub const PERCENT_RANGE: &str = "a share must be a whole percentage from 1% to 100%, such as 10%";
+    /// `rate.limit` of 0.
+    pub const RATE_LIMIT: &str = "rate.limit must be at least 1: a limit of 0 would never remediate (to stop remediating, set paused: true)";
+    /// `maxAttemptsPerNode.count` of 0.
+    pub const ATTEMPTS_COUNT: &str = "maxAttemptsPerNode.count must be at least 1: it is how many remediations of one node may start before a person must step in";
+    /// A negative grace period.
+    pub const GRACE_PERIOD: &str =
+        "gracePeriodSeconds must be zero or more (leave it unset to use each pod's own grace period)";
+    /// Template strategy without a template.
+    pub const TEMPLATE_REQUIRED: &str = "replacement.template is required when replacement.strategy is Template: it is the object created for each remediation";
+    /// A template with another strategy.
+    pub const TEMPLATE_FORBIDDEN: &str = "replacement.template is only used by strategy Template: set replacement.strategy: Template or remove the template";
+    /// A template without apiVersion or kind. The server's embedded-resource check refuses those
+    /// before CEL runs (`spec.replacement.template.kind: Required value`); `crate::validate` says it
+    /// in these words.
+    pub const TEMPLATE_KIND: &str = "replacement.template must name the object's apiVersion and kind";
+    /// Reboot without a template to carry it out.
+    pub const REBOOT_NEEDS_TEMPLATE: &str = "action Reboot is carried out by creating replacement.template (such as a SelfNodeRemediation): set replacement.strategy: Template";
+    /// No triggers.
+    pub const TRIGGERS_REQUIRED: &str = "at least one trigger is required: the node condition that marks a GPU node as broken, such as conditionType: GpuHealthy with status: \"False\"";
+    /// A malformed condition type.
+    pub const CONDITION_TYPE: &str = "conditionType must be a node condition type such as GpuHealthy: letters, digits, '-', '_' or '.', optionally after a DNS prefix and '/'";
+    /// An empty reason in a trigger's filter.
+    pub const REASON_EMPTY: &str =
+        "reasons must not contain an empty string; leave reasons out to match every reason";
+    /// `In`/`NotIn` without values.
+    pub const SELECTOR_VALUES_REQUIRED: &str = "operators In and NotIn need at least one value";
+    /// `Exists`/`DoesNotExist` with values.
+    pub const SELECTOR_VALUES_FORBIDDEN: &str = "operators Exists and DoesNotExist take no values";
+    /// A malformed label key.
+    pub const LABEL_KEY: &str = "must be a label key such as nvidia.com/gpu.product: an optional DNS prefix and '/', then up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit";
+    /// A malformed label value.
+    pub const LABEL_VALUE: &str = "must be a label value: empty, or up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit";
+    /// `history.ttl` not longer than `rate.per`.
+    pub const TTL_VS_RATE: &str = "history.ttl must be longer than safety.rate.per, or finished remediations would be deleted while the rate limit still counts them";
+    /// `history.ttl` not longer than `maxAttemptsPerNode.per`.
+    pub const TTL_VS_ATTEMPTS: &str = "history.ttl must be longer than safety.maxAttemptsPerNode.per, or finished remediations would be deleted while the attempts limit still counts them";
+    /// A policy name too long to be a label value.
+    pub const POLICY_NAME: &str = "a policy name must be at most 63 characters: it is the gpuremediation.dev/policy label value of its remediations";
+    /// A change to a remediation's spec.
+    pub const REMEDIATION_SPEC_IMMUTABLE: &str =
+        "a remediation's spec is its audit record and cannot change; delete the remediation instead";
+}
+
+/// The root rule of `GpuRemediationPolicy` (the only one that needs `metadata`).
+#[must_use]
+pub fn policy_name_rule() -> Rule {
+    Rule::new(format!("size(self.metadata.name) <= {POLICY_NAME_MAX_LENGTH}")).message(messages::POLICY_NAME)
+}
+
+fn rule(expression: impl Into<String>, message: &str) -> Rule {
+    Rule::new(expression).message(message)
+}
+
+/// `self` (a duration string) matches the duration grammar.
+fn duration_ok(path: &str) -> String {
+    format!("{path}.matches('{DURATION_REGEX}')")
+}
+
+fn add_rules(schema: &mut Map<String, Value>, rules: impl IntoIterator<Item = Rule>) {
+    let list = schema
+        .entry("x-kubernetes-validations")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    let Value::Array(list) = list else {
+        unreachable!("x-kubernetes-validations is always a list")
+    };
+    list.extend(
+        rules
+            .into_iter()
+            .map(|r| serde_json::to_value(r).expect("a rule serialises to JSON")),
+    );
+}
+
+fn object(schema: &mut Schema) -> &mut Map<String, Value> {
+    schema.as_object_mut().expect("a struct's schema is an object")
+}
+
+fn property<'a>(schema: &'a mut Schema, name: &str) -> &'a mut Map<String, Value> {
+    object(schema)
+        .get_mut("properties")
+        .and_then(|p| p.get_mut(name))
+        .and_then(Value::as_object_mut)
+        .unwrap_or_else(|| panic!("the schema has a property {name:?}"))
+}
+
+fn make_positive(schema: &mut Schema, duration_field: &str) {
+    add_rules(
+        property(schema, duration_field),
+        [rule(
+            format!("!{} || duration(self) > duration('0s')", duration_ok("self")),
+            messages::DURATION_POSITIVE,
+        )],
+    );
+}
+
+/// The schema of every duration field: a bounded string in Go's grammar.
+pub(crate) fn duration(_: &mut SchemaGenerator) -> Schema {
+    let mut schema = json_schema!({
+        "type": "string",
+        "maxLength": DURATION_MAX_LENGTH,
+        "description": "A duration such as 30s, 2m or 1h30m (Go syntax: units ns, us, ms, s, m, h).",
+    });
+    add_rules(
+        object(&mut schema),
+        [rule(duration_ok("self"), messages::DURATION_FORMAT)],
+    );
+    schema
+}
+
+/// The schema of `maxConcurrent` and `maxUnhealthy`: an integer of at least 1 or `"1%"`..`"100%"`.
+pub(crate) fn int_or_percent(_: &mut SchemaGenerator) -> Schema {
+    let mut schema = json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+    });
+    add_rules(
+        object(&mut schema),
+        [
+            rule("type(self) != int || self >= 1", messages::COUNT_AT_LEAST_ONE),
+            rule(
+                format!("type(self) != string || self.matches('{PERCENT_REGEX}')"),
+                messages::PERCENT_RANGE,
+            ),
+        ],
+    );
+    schema
+}
+
+/// `spec`: triggers present, Reboot only with a template, history outliving the limits' windows.
+pub(crate) fn policy_spec(schema: &mut Schema) {
+    let triggers = property(schema, "triggers");
+    triggers.insert("maxItems".into(), 32.into());
+    add_rules(
+        triggers,
+        [rule("size(self) > 0", messages::TRIGGERS_REQUIRED).reason(Reason::FieldValueRequired)],
+    );
+    let ttl_longer_than = |per: &str, message: &str| {
+        rule(
+            format!(
+                "!({} && {}) || duration(self.history.ttl) > duration({per})",
+                duration_ok("self.history.ttl"),
+                duration_ok(per),
+            ),
+            message,
+        )
+        .field_path(".history.ttl")
+    };
+    add_rules(
+        object(schema),
+        [
+            rule(
+                "(self.action != 'Reboot' && !self.triggers.exists(t, has(t.action) && t.action == 'Reboot')) \
+                 || self.replacement.strategy == 'Template'",
+                messages::REBOOT_NEEDS_TEMPLATE,
+            )
+            .field_path(".replacement.strategy"),
+            ttl_longer_than("self.safety.rate.per", messages::TTL_VS_RATE),
+            ttl_longer_than("self.safety.maxAttemptsPerNode.per", messages::TTL_VS_ATTEMPTS),
+        ],
+    );
+}
+
+/// A trigger: a well-formed condition type, non-empty distinct reasons.
+pub(crate) fn trigger(schema: &mut Schema) {
+    let condition_type = property(schema, "conditionType");
+    condition_type.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
+    add_rules(
+        condition_type,
+        [rule(
+            format!("self.matches('{LABEL_KEY_REGEX}')"),
+            messages::CONDITION_TYPE,
+        )],
+    );
+    let reasons = property(schema, "reasons");
+    reasons.insert("maxItems".into(), 32.into());
+    reasons.insert("x-kubernetes-list-type".into(), "set".into());
+    reasons
+        .get_mut("items")
+        .and_then(Value::as_object_mut)
+        .expect("reasons has items")
+        .insert("maxLength".into(), 128.into());
+    add_rules(
+        reasons,
+        [rule("self.all(r, size(r) > 0)", messages::REASON_EMPTY)],
+    );
+}
+
+/// `replacement`: a template exactly when the strategy is `Template`. That the template names its
+/// `apiVersion` and `kind` needs no rule: `x-kubernetes-embedded-resource` makes the server require both.
+pub(crate) fn replacement(schema: &mut Schema) {
+    make_positive(schema, "timeout");
+    add_rules(
+        object(schema),
+        [
+            rule(
+                "self.strategy != 'Template' || has(self.template)",
+                messages::TEMPLATE_REQUIRED,
+            )
+            .field_path(".template")
+            .reason(Reason::FieldValueRequired),
+            rule(
+                "!has(self.template) || self.strategy == 'Template'",
+                messages::TEMPLATE_FORBIDDEN,
+            )
+            .field_path(".template")
+            .reason(Reason::FieldValueForbidden),
+        ],
+    );
+}
+
+/// `safety`: the two int-or-percent limits are always present (defaulted), never null.
+///
+/// Marking them required is what keeps kube's schema transform from making them `nullable`: a
+/// stored `null` would break every reader of the policy, while a required field with a default
+/// is simply defaulted when omitted.
+pub(crate) fn safety(schema: &mut Schema) {
+    let required = object(schema)
+        .entry("required")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    let Value::Array(required) = required else {
+        unreachable!("required is always a list")
+    };
+    required.extend(["maxConcurrent".into(), "maxUnhealthy".into()]);
+}
+
+/// `safety.rate`: at least one per window, a positive window.
+pub(crate) fn rate(schema: &mut Schema) {
+    make_positive(schema, "per");
+    add_rules(
+        property(schema, "limit"),
+        [rule("self >= 1", messages::RATE_LIMIT)],
+    );
+}
+
+/// `safety.maxAttemptsPerNode`: at least one attempt, a positive window.
+pub(crate) fn attempts(schema: &mut Schema) {
+    make_positive(schema, "per");
+    add_rules(
+        property(schema, "count"),
+        [rule("self >= 1", messages::ATTEMPTS_COUNT)],
+    );
+}
+
+/// `drain`: a positive timeout, a non-negative grace period.
+pub(crate) fn drain(schema: &mut Schema) {
+    make_positive(schema, "timeout");
+    add_rules(
+        property(schema, "gracePeriodSeconds"),
+        [rule("self >= 0", messages::GRACE_PERIOD)],
+    );
+}
+
+/// `release`: a positive healthy period.
+pub(crate) fn release(schema: &mut Schema) {
+    make_positive(schema, "healthyFor");
+}
+
+/// `history`: a positive time to live.
+pub(crate) fn history(schema: &mut Schema) {
+    make_positive(schema, "ttl");
+}
+
+/// `nodeSelector`: label keys and values well formed.
+pub(crate) fn node_selector(schema: &mut Schema) {
+    let labels = property(schema, "matchLabels");
+    labels.insert("maxProperties".into(), 32.into());
+    labels
+        .get_mut("additionalProperties")
+        .and_then(Value::as_object_mut)
+        .expect("matchLabels has additionalProperties")
+        .insert("maxLength".into(), LABEL_VALUE_MAX_LENGTH.into());
+    add_rules(
+        labels,
+        [
+            rule(
+                format!("self.all(k, size(k) <= {LABEL_KEY_MAX_LENGTH} && k.matches('{LABEL_KEY_REGEX}'))"),
+                &format!("every key {}", messages::LABEL_KEY),
+            ),
+            rule(
+                format!("self.all(k, self[k].matches('{LABEL_VALUE_REGEX}'))"),
+                &format!("every value {}", messages::LABEL_VALUE),
+            ),
+        ],
+    );
+    property(schema, "matchExpressions").insert("maxItems".into(), 16.into());
+}
+
+/// A `matchExpressions` entry: a valid key, values exactly when the operator takes them.
+pub(crate) fn selector_requirement(schema: &mut Schema) {
+    let key = property(schema, "key");
+    key.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
+    add_rules(
+        key,
+        [rule(
+            format!("self.matches('{LABEL_KEY_REGEX}')"),
+            messages::LABEL_KEY,
+        )],
+    );
+    let values = property(schema, "values");
+    values.insert("maxItems".into(), 64.into());
+    values
+        .get_mut("items")
+        .and_then(Value::as_object_mut)
+        .expect("values has items")
+        .insert("maxLength".into(), LABEL_VALUE_MAX_LENGTH.into());
+    add_rules(
+        values,
+        [rule(
+            format!("self.all(v, v.matches('{LABEL_VALUE_REGEX}'))"),
+            &format!("every value {}", messages::LABEL_VALUE),
+        )],
+    );
+    add_rules(
+        object(schema),
+        [
+            rule(
+                "!(self.operator in ['In', 'NotIn']) || (has(self.values) && size(self.values) > 0)",
+                messages::SELECTOR_VALUES_REQUIRED,
+            )
+            .field_path(".values")
+            .reason(Reason::FieldValueRequired),
+            rule(
+                "!(self.operator in ['Exists', 'DoesNotExist']) || !has(self.values) || size(self.values) == 0",
+                messages::SELECTOR_VALUES_FORBIDDEN,
+            )
+            .field_path(".values")
+            .reason(Reason::FieldValueForbidden),
+        ],
+    );
+}
+
+/// `GpuRemediation.spec`: written once by the controller, then the audit record.
+pub(crate) fn remediation_spec(schema: &mut Schema) {
+    add_rules(
+        object(schema),
+        [rule("self == oldSelf", messages::REMEDIATION_SPEC_IMMUTABLE)],
+    );
+}
