@@ -13,9 +13,9 @@ use crate::{
 
 /// Warning reason: the GPU reached its hardware slowdown temperature.
 pub const REASON_TEMPERATURE: &str = "GpuTemperatureHigh";
-/// Warning reason: the PCIe link trained at fewer lanes than the GPU supports.
+/// Warning reason: the PCI Express link trained at fewer lanes than the GPU supports.
 pub const REASON_PCIE_DOWNGRADED: &str = "PcieLinkDowngraded";
-/// Warning reason: the PCIe replay counter grew (link errors the link layer retried).
+/// Warning reason: the PCI Express replay counter grew (link errors the link layer retried).
 pub const REASON_PCIE_REPLAYS: &str = "PcieReplays";
 
 /// How serious a signal is.
@@ -55,7 +55,7 @@ impl Signal {
 }
 
 /// What earlier snapshots showed: every GPU ever seen (to name one that vanished) and the last
-/// PCIe replay counters (to see them grow).
+/// PCI Express replay counters (to see them grow).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Memory {
     known: BTreeMap<String, GpuReading>,
@@ -239,7 +239,7 @@ fn memory_signals(gpu: &GpuReading) -> Vec<Signal> {
     signals
 }
 
-/// Thermals and the PCIe link: degraded, not broken.
+/// Thermals and the PCI Express link: degraded, not broken.
 fn warning_signals(gpu: &GpuReading, memory: &Memory) -> Vec<Signal> {
     let mut signals = Vec::new();
     let mut warn = |reason: &str, what: String| {

@@ -116,9 +116,9 @@ impl XidCatalog {
             origin: origin.to_owned(),
             source,
         })?;
-        let mut seen = BTreeMap::new();
+        let mut seen = std::collections::BTreeSet::new();
         for entry in file.xids {
-            if seen.insert(entry.xid, ()).is_some() {
+            if !seen.insert(entry.xid) {
                 return Err(LoadCatalogError::Duplicate {
                     origin: origin.to_owned(),
                     xid: entry.xid,

@@ -409,7 +409,7 @@ mod tests {
             ..warning("PcieReplays")
         };
         state.observe(&[warning("PcieReplays")], at(0), "ok");
-        state.observe(&[other.clone()], at(1), "ok");
+        state.observe(std::slice::from_ref(&other), at(1), "ok");
         let verdict = state.observe(&[warning("PcieReplays")], at(2), "ok");
         assert!(verdict.warnings.is_empty());
     }

@@ -2,11 +2,16 @@
 //! decides whether they are healthy, and publishes the `GpuHealthy` node condition.
 //!
 //! Readings flow one way: a [`probe`] produces a [`readings::Snapshot`], [`assess`] turns it into
-//! signals using the [`catalog`], [`health`] latches fatal ones and counts warnings, and
-//! [`publish`] writes the condition and Events to the API server.
+//! signals using the [`catalog`], [`health`] latches fatal ones and counts warnings, [`condition`]
+//! shapes what goes on the Node, and [`publish`] writes it. [`agent`] runs that loop.
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod assess;
+pub mod boot_time;
 pub mod catalog;
+pub mod condition;
 pub mod health;
+pub mod probe;
+pub mod publish;
 pub mod readings;

@@ -58,7 +58,7 @@ pub struct GpuReading {
     /// Temperature at which the GPU starts hardware slowdown, in °C.
     #[serde(default)]
     pub slowdown_threshold_c: Option<u32>,
-    /// PCIe link state.
+    /// PCI Express link state.
     #[serde(default)]
     pub pcie: Option<PcieLink>,
 }
@@ -73,7 +73,7 @@ pub struct RowRemap {
     pub failed: bool,
 }
 
-/// PCIe link generation and width, current against maximum, and the replay counter.
+/// PCI Express link generation and width, current against maximum, and the replay counter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PcieLink {
@@ -85,7 +85,7 @@ pub struct PcieLink {
     pub current_width: u32,
     /// Maximum link width.
     pub max_width: u32,
-    /// Cumulative PCIe replay counter.
+    /// Cumulative PCI Express replay counter.
     pub replay_counter: u32,
 }
 

@@ -1,0 +1,216 @@
+//! The agent's loop: read the GPUs, decide, publish. Every tick reads once (under the probe's
+//! deadline), turns the reading into signals and a verdict, and applies the condition when it
+//! changed (or when the periodic resync is due). The node itself is re-read on a slower period for
+//! the expected GPU count and a person's clear.
+
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+
+use crate::{
+    assess::{Memory, Signal, assess},
+    catalog::XidCatalog,
+    condition::{NodeView, PublishedCondition},
+    health::{DesiredCondition, HealthState, WarningPolicy, detector_fault},
+    probe::{ReadGpusError, deadline::DeadlineReader},
+    publish::NodePublisher,
+    readings::Snapshot,
+};
+
+/// How the loop runs.
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    /// Time between reads.
+    pub interval: Duration,
+    /// Time between reads of the Node (expected count, clear annotation).
+    pub node_refresh: Duration,
+    /// Time after which the condition is applied again even if unchanged (heartbeat, and repair
+    /// of a condition someone else overwrote).
+    pub resync: Duration,
+    /// The expected GPU count from the command line; overrides the node label.
+    pub expected_gpus: Option<u32>,
+    /// Warning hysteresis.
+    pub warning_policy: WarningPolicy,
+    /// When the host booted.
+    pub booted_at: Option<Timestamp>,
+}
+
+/// Everything one read means: the signals and the message a healthy condition would carry.
+#[must_use]
+pub fn signals_of(
+    read: &Result<Snapshot, ReadGpusError>,
+    memory: &Memory,
+    expected: Option<u32>,
+    catalog: &XidCatalog,
+) -> (Vec<Signal>, String) {
+    match read {
+        Ok(snapshot) => {
+            let healthy = match expected {
+                Some(expected) => format!(
+                    "{} of {expected} expected GPUs present and healthy",
+                    snapshot.gpus.len()
+                ),
+                None => format!(
+                    "{} GPUs present and healthy (no expected count)",
+                    snapshot.gpus.len()
+                ),
+            };
+            (assess(snapshot, memory, expected, catalog), healthy)
+        }
+        Err(err) => (vec![detector_fault(err.to_string())], String::new()),
+    }
+}
+
+/// Whole seconds: the API server stores condition times at that precision, so comparisons with
+/// what it returns hold.
+fn now() -> Timestamp {
+    Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// The running agent for one node.
+pub struct Agent {
+    settings: AgentSettings,
+    catalog: XidCatalog,
+    reader: DeadlineReader,
+    publisher: NodePublisher,
+    health: HealthState,
+    memory: Memory,
+    view: NodeView,
+    published: Option<PublishedCondition>,
+    applied_at: Option<Instant>,
+    node_read_at: Instant,
+}
+
+impl Agent {
+    /// Reads the node (retrying until the API server answers), restores a latch it carries, and
+    /// returns the agent ready to run.
+    pub async fn start(
+        settings: AgentSettings,
+        catalog: XidCatalog,
+        reader: DeadlineReader,
+        publisher: NodePublisher,
+    ) -> Self {
+        let node = loop {
+            match publisher.fetch().await {
+                Ok(node) => break node,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot read my node yet; retrying");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+        };
+        let view = NodeView::of(&node);
+        for problem in &view.problems {
+            tracing::warn!(%problem, "ignoring a node field");
+        }
+        let mut health = HealthState::new(settings.warning_policy);
+        if let Some(latch) = view.latch_to_restore(settings.booted_at) {
+            tracing::info!(reason = %latch.reason, since = %latch.since, "restoring latched fault from the node");
+            health.restore(latch);
+        }
+        Self {
+            published: view.condition.clone(),
+            view,
+            settings,
+            catalog,
+            reader,
+            publisher,
+            health,
+            memory: Memory::default(),
+            applied_at: None,
+            node_read_at: Instant::now(),
+        }
+    }
+
+    /// The GPU count the node should have: the flag, else the node's label.
+    fn expected(&self) -> Option<u32> {
+        self.settings.expected_gpus.or(self.view.expected_gpus)
+    }
+
+    /// Runs until `shutdown` completes.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tracing::info!(probe = self.reader.name(), expected = ?self.expected(), "agent running");
+        let mut ticks = tokio::time::interval(self.settings.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                _ = ticks.tick() => self.tick().await,
+            }
+        }
+        tracing::info!("agent stopped");
+    }
+
+    /// One read, decision and publication.
+    pub async fn tick(&mut self) {
+        if self.node_read_at.elapsed() >= self.settings.node_refresh {
+            self.refresh_node().await;
+        }
+        let read = self.reader.read().await;
+        let (signals, healthy_message) = signals_of(&read, &self.memory, self.expected(), &self.catalog);
+        if let Ok(snapshot) = &read {
+            self.memory.remember(snapshot);
+        }
+        let now = now();
+        let verdict = self.health.observe(&signals, now, &healthy_message);
+        self.publish(&verdict.condition, now).await;
+        for warning in &verdict.warnings {
+            tracing::warn!(reason = %warning.reason, message = %warning.message, "GPU warning");
+            if let Err(err) = self.publisher.warn(warning).await {
+                tracing::warn!(error = %err, "warning event not published");
+            }
+        }
+    }
+
+    async fn refresh_node(&mut self) {
+        match self.publisher.fetch().await {
+            Ok(node) => {
+                self.node_read_at = Instant::now();
+                let view = NodeView::of(&node);
+                for problem in view
+                    .problems
+                    .iter()
+                    .filter(|problem| !self.view.problems.contains(problem))
+                {
+                    tracing::warn!(%problem, "ignoring a node field");
+                }
+                if let Some(cleared_at) = view.cleared_at
+                    && self.health.clear_if_before(cleared_at)
+                {
+                    tracing::info!(%cleared_at, "latched fault cleared by annotation");
+                }
+                // Someone else rewrote our condition: apply ours again now.
+                if view.condition != self.published {
+                    self.applied_at = None;
+                }
+                self.view = view;
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot re-read my node"),
+        }
+    }
+
+    async fn publish(&mut self, desired: &DesiredCondition, now: Timestamp) {
+        let next = PublishedCondition::next(desired, self.published.as_ref(), self.health.latch(), now);
+        let resync_due = self
+            .applied_at
+            .is_none_or(|at| at.elapsed() >= self.settings.resync);
+        if !next.differs_from(self.published.as_ref()) && !resync_due {
+            return;
+        }
+        match self.publisher.apply(&next, now).await {
+            Ok(()) => {
+                if next.differs_from(self.published.as_ref()) {
+                    tracing::info!(
+                        status = %next.status, reason = %next.reason, message = %next.message,
+                        "GpuHealthy condition changed"
+                    );
+                }
+                self.published = Some(next);
+                self.applied_at = Some(Instant::now());
+            }
+            // Left unpublished: the next tick tries again.
+            Err(err) => tracing::warn!(error = %err, "condition not applied"),
+        }
+    }
+}

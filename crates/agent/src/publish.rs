@@ -1,0 +1,134 @@
+//! The agent's only API server traffic: read its Node, apply the `GpuHealthy` condition on
+//! `nodes/status` by server-side apply under the agent's own field manager, and publish warnings as
+//! Events regarding the Node. Thin IO; every decision is made before this is called.
+
+use gpu_remediation_api::constants::field_managers;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+    runtime::events::{Event, EventType, Recorder, Reporter},
+};
+
+use crate::{condition::PublishedCondition, health::WarningEvent};
+
+/// Reading the node failed.
+#[derive(Debug, thiserror::Error)]
+#[error("reading node {node}: {source}")]
+pub struct FetchNodeError {
+    node: String,
+    source: kube::Error,
+}
+
+/// Applying the condition failed.
+#[derive(Debug, thiserror::Error)]
+#[error("applying condition GpuHealthy on node {node}: {source}")]
+pub struct ApplyConditionError {
+    node: String,
+    source: kube::Error,
+}
+
+/// Publishing a warning Event failed.
+#[derive(Debug, thiserror::Error)]
+#[error("publishing event {reason} for node {node}: {source}")]
+pub struct PublishEventError {
+    node: String,
+    reason: String,
+    source: kube::Error,
+}
+
+/// Writes one node's condition and Events.
+pub struct NodePublisher {
+    nodes: Api<Node>,
+    node_name: String,
+    recorder: Recorder,
+    reference: ObjectReference,
+}
+
+impl NodePublisher {
+    /// A publisher for `node_name`; `instance` names this agent in Events (its pod name).
+    #[must_use]
+    pub fn new(client: Client, node_name: &str, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: field_managers::AGENT.to_owned(),
+            instance,
+        };
+        // Events about a Node are found by kind and name, and by uid: the kubelet uses the node
+        // name as the uid of its references, and so do we.
+        let reference = ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Node".to_owned()),
+            name: Some(node_name.to_owned()),
+            uid: Some(node_name.to_owned()),
+            ..ObjectReference::default()
+        };
+        Self {
+            nodes: Api::all(client.clone()),
+            node_name: node_name.to_owned(),
+            recorder: Recorder::new(client, reporter),
+            reference,
+        }
+    }
+
+    /// The node, as it is now.
+    pub async fn fetch(&self) -> Result<Node, FetchNodeError> {
+        self.nodes
+            .get(&self.node_name)
+            .await
+            .map_err(|source| FetchNodeError {
+                node: self.node_name.clone(),
+                source,
+            })
+    }
+
+    /// Writes the condition. `force`: the agent owns `GpuHealthy` on its node, even if another
+    /// writer set it before.
+    pub async fn apply(
+        &self,
+        condition: &PublishedCondition,
+        now: Timestamp,
+    ) -> Result<(), ApplyConditionError> {
+        let body = condition.apply_body(&self.node_name, now);
+        let params = PatchParams::apply(field_managers::AGENT).force();
+        self.nodes
+            .patch_status(&self.node_name, &params, &Patch::Apply(&body))
+            .await
+            .map(drop)
+            .map_err(|source| ApplyConditionError {
+                node: self.node_name.clone(),
+                source,
+            })
+    }
+
+    /// Publishes a warning as a `Warning` Event on the node.
+    pub async fn warn(&self, warning: &WarningEvent) -> Result<(), PublishEventError> {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: warning.reason.clone(),
+            note: Some(truncate(&warning.message, 1000)),
+            action: "ProbeGpus".to_owned(),
+            secondary: None,
+        };
+        self.recorder
+            .publish(&event, &self.reference)
+            .await
+            .map_err(|source| PublishEventError {
+                node: self.node_name.clone(),
+                reason: warning.reason.clone(),
+                source,
+            })
+    }
+}
+
+/// Cuts a note to the Events API's size limit, on a character boundary.
+fn truncate(text: &str, max_bytes: usize) -> String {
+    if text.len() <= max_bytes {
+        return text.to_owned();
+    }
+    let mut end = max_bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
