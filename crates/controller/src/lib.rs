@@ -15,3 +15,4 @@ pub mod governance;
 pub mod phase;
 pub mod time;
 pub mod telemetry;
+pub mod replace;

@@ -1,0 +1,111 @@
+//! `DeleteNode`: delete the Node object. The pod garbage collector then removes its pods, and the
+//! cloud provider or node group brings a new machine on its own schedule (not one-to-one, so no
+//! replacement is awaited).
+
+use futures::{FutureExt as _, future::BoxFuture};
+use gpu_remediation_api::{GpuRemediation, policy::Replacement, remediation::ObjectReference};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api,
+    api::{DeleteParams, Preconditions},
+};
+
+use super::{Kube, ObserveReplacementError, Replace, TriggerReplacementError, node_presence, presence};
+use crate::replace::verify::{Observation, ReplacementNode, Reported};
+
+/// The `DeleteNode` strategy.
+pub struct DeleteNode {
+    kube: Kube,
+}
+
+impl DeleteNode {
+    pub(crate) fn new(kube: Kube) -> Self {
+        Self { kube }
+    }
+
+    async fn delete(&self, remediation: &GpuRemediation) -> Result<ObjectReference, TriggerReplacementError> {
+        let node_name = &remediation.spec.node_name;
+        let nodes: Api<Node> = Api::all(self.kube.client.clone());
+        let action = |verb: &str| format!("{verb} node {node_name}");
+        let node = nodes
+            .get_opt(node_name)
+            .await
+            .map_err(|source| TriggerReplacementError::Api {
+                action: action("reading"),
+                source,
+            })?;
+        let uid = node.as_ref().and_then(|node| node.metadata.uid.clone());
+        if let Some(uid) = &uid {
+            // The UID precondition makes sure a node re-registered under the same name between
+            // the read and the delete is not deleted in its place.
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            self.kube.fence.check()?;
+            match nodes.delete(node_name, &params).await {
+                Ok(_) => {}
+                // Gone already, or replaced by another node of the same name: ours is gone.
+                Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => {}
+                Err(source) => {
+                    return Err(TriggerReplacementError::Api {
+                        action: action("deleting"),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(ObjectReference {
+            api_version: "v1".to_owned(),
+            kind: "Node".to_owned(),
+            name: node_name.clone(),
+            namespace: None,
+            uid,
+        })
+    }
+
+    async fn look(
+        &self,
+        reference: &ObjectReference,
+        triggered_at: Timestamp,
+    ) -> Result<Observation, ObserveReplacementError> {
+        let nodes: Api<Node> = Api::all(self.kube.client.clone());
+        let node = nodes
+            .get_opt(&reference.name)
+            .await
+            .map_err(|source| ObserveReplacementError::Api {
+                action: format!("reading node {}", reference.name),
+                source,
+            })?;
+        let meta = node.as_ref().map(|node| &node.metadata);
+        Ok(Observation {
+            target: presence(meta, reference.uid.as_deref()),
+            node: node_presence(meta, triggered_at),
+            reported: Reported::Nothing,
+            replacement: ReplacementNode::NotExpected,
+        })
+    }
+}
+
+impl Replace for DeleteNode {
+    fn trigger<'a>(
+        &'a self,
+        remediation: &'a GpuRemediation,
+        _replacement: &'a Replacement,
+    ) -> BoxFuture<'a, Result<ObjectReference, TriggerReplacementError>> {
+        self.delete(remediation).boxed()
+    }
+
+    fn observe<'a>(
+        &'a self,
+        _remediation: &'a GpuRemediation,
+        reference: &'a ObjectReference,
+        triggered_at: Timestamp,
+    ) -> BoxFuture<'a, Result<Observation, ObserveReplacementError>> {
+        self.look(reference, triggered_at).boxed()
+    }
+}
