@@ -3,16 +3,27 @@
 //!
 //! Decisions are pure modules (`detect`, `governance`, `budget`, `drain`, `cordon`, `phase`);
 //! `observe` keeps the caches, `kubeops` makes every mutating call (each behind the leader fence),
-//! `fleet` and `remediation` carry decisions out, `report` writes Events.
+//! `fleet` plans every policy, `admit` and `remediation` carry plans out and report them in status
+//! and Events, and `controller` runs the loop.
 #![forbid(unsafe_code)]
 pub mod leader;
+pub mod replace;
+pub mod telemetry;
 
+pub mod admit;
 pub mod budget;
+pub mod context;
+pub mod controller;
 pub mod cordon;
 pub mod detect;
 pub mod drain;
+pub mod fleet;
 pub mod governance;
+pub mod kubeops;
+pub mod observe;
 pub mod phase;
+pub mod remediation;
 pub mod time;
-pub mod telemetry;
-pub mod replace;
+
+pub use context::{Context, Settings};
+pub use controller::{RunControllerError, run};

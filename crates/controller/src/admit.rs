@@ -1,0 +1,100 @@
+//! Carries out the fleet plan for one policy: creates the admitted remediations, writes the
+//! policy's status when it changed, and publishes one Event per change (a remediation started, a
+//! node newly held back or held back for another reason, the circuit breaker opening or closing),
+//! never one per pass.
+
+use gpu_remediation_api::constants::reasons;
+use kube::{
+    ResourceExt,
+    runtime::events::{Event, EventType},
+};
+
+use crate::{
+    context::Context,
+    fleet::PolicyPlan,
+    kubeops::{CreateRemediationError, WriteStatusError},
+};
+
+/// Why a policy's plan could not be carried out (it is planned again in the next pass).
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyPolicyPlanError {
+    /// Creating a remediation failed.
+    #[error(transparent)]
+    Create(#[from] CreateRemediationError),
+    /// Writing the policy's status failed.
+    #[error(transparent)]
+    WriteStatus(#[from] WriteStatusError),
+}
+
+/// Carries out one policy's plan.
+pub async fn apply(ctx: &Context, plan: PolicyPlan) -> Result<(), ApplyPolicyPlanError> {
+    let policy = plan.policy.as_ref();
+    for remediation in &plan.create {
+        let mut created = ctx.ops.create_remediation(remediation).await?;
+        created.managed_fields_mut().clear();
+        ctx.caches.written_remediations.record(created.clone());
+        let trigger = &created.spec.trigger;
+        let note = format!(
+            "node {} has had {}={} reason {} since {}: remediation {} started (action {:?}, mode {:?})",
+            created.spec.node_name,
+            trigger.condition_type,
+            trigger.status.as_str(),
+            trigger.reason,
+            trigger
+                .since
+                .as_ref()
+                .map_or_else(String::new, |t| t.0.to_string()),
+            created.name_any(),
+            created.spec.action,
+            created.spec.mode,
+        );
+        tracing::info!(remediation = %created.name_any(), node = %created.spec.node_name, "remediation started");
+        ctx.ops
+            .publish(&created, event(reasons::STARTED, &note, EventType::Normal))
+            .await;
+        ctx.ops
+            .publish(policy, event(reasons::STARTED, &note, EventType::Normal))
+            .await;
+    }
+    if policy.status.as_ref() != Some(&plan.status) {
+        ctx.ops
+            .write_policy_status(&policy.name_any(), &plan.status)
+            .await?;
+    }
+    for waiting in &plan.newly_waiting {
+        let note = format!("node {} waits: {}", waiting.node, waiting.message);
+        tracing::info!(policy = %policy.name_any(), node = %waiting.node, reason = %waiting.reason, "node held back");
+        ctx.ops
+            .publish(policy, event(&waiting.reason, &note, EventType::Normal))
+            .await;
+    }
+    match plan.circuit_change {
+        Some(true) => {
+            let note = format!(
+                "{} of {} governed nodes are unhealthy, above maxUnhealthy {}: no new remediation starts",
+                plan.status.unhealthy_nodes, plan.status.selected_nodes, policy.spec.safety.max_unhealthy
+            );
+            ctx.ops
+                .publish(policy, event(reasons::CIRCUIT_OPEN, &note, EventType::Warning))
+                .await;
+        }
+        Some(false) => {
+            let note = "the unhealthy share is back within maxUnhealthy: remediations may start again";
+            ctx.ops
+                .publish(policy, event("CircuitClosed", note, EventType::Normal))
+                .await;
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+fn event(reason: &str, note: &str, type_: EventType) -> Event {
+    Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note.to_owned()),
+        action: "Admit".to_owned(),
+        secondary: None,
+    }
+}

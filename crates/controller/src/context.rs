@@ -1,0 +1,99 @@
+//! What every step of the controller shares: the settings, the caches, the writer, and the
+//! eviction backoff memory.
+
+use std::{
+    collections::HashMap,
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
+
+use jiff::Timestamp;
+
+use crate::{kubeops::KubeOps, observe::Caches};
+
+/// How the controller runs. `Default` is what production uses.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Only policies matching this label selector are enforced (and only their remediations are
+    /// touched). `None`: every policy. Lets several controllers share a cluster, as the e2e tests
+    /// do, one per test.
+    pub policy_selector: Option<String>,
+    /// Evictions in flight at once for one node.
+    pub eviction_concurrency: usize,
+    /// How long a refused eviction waits before it is asked again, unless its budget's status
+    /// shows room first.
+    pub eviction_backoff: Duration,
+    /// How often a draining node's pods are listed while some are still terminating (pods are not
+    /// watched, so that the cost grows with faults and not with the fleet).
+    pub pod_poll: Duration,
+    /// The longest the controller sleeps without a pass, whatever the watches say.
+    pub resync: Duration,
+    /// How long a pass waits after an error before trying again.
+    pub error_backoff: Duration,
+    /// Remediations carried forward at once.
+    pub remediation_concurrency: usize,
+    /// This replica's name in Events (`reportingInstance`), e.g. the pod name.
+    pub instance: Option<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            policy_selector: None,
+            eviction_concurrency: 8,
+            eviction_backoff: Duration::from_secs(5),
+            pod_poll: Duration::from_secs(1),
+            resync: Duration::from_secs(60),
+            error_backoff: Duration::from_secs(2),
+            remediation_concurrency: 16,
+            instance: None,
+        }
+    }
+}
+
+/// Shared by every pass.
+pub struct Context {
+    /// How the controller runs.
+    pub settings: Settings,
+    /// Every write, behind the leader fence.
+    pub ops: KubeOps,
+    /// The watch caches and our recent writes.
+    pub caches: Caches,
+    /// When each pod (by UID) was last asked to leave. Only paces retries: losing it on a restart
+    /// costs one early retry, never a wrong decision.
+    eviction_attempts: Mutex<HashMap<String, Timestamp>>,
+}
+
+impl Context {
+    /// A context over these parts.
+    #[must_use]
+    pub fn new(settings: Settings, ops: KubeOps, caches: Caches) -> Self {
+        Self {
+            settings,
+            ops,
+            caches,
+            eviction_attempts: Mutex::default(),
+        }
+    }
+
+    /// When the pod with `uid` was last asked to leave by this replica.
+    #[must_use]
+    pub fn last_eviction_attempt(&self, uid: &str) -> Option<Timestamp> {
+        self.eviction_attempts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(uid)
+            .copied()
+    }
+
+    /// Records an eviction attempt, and forgets attempts old enough not to matter any more.
+    pub fn record_eviction_attempt(&self, uid: &str, at: Timestamp) {
+        let mut attempts = self
+            .eviction_attempts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let horizon = crate::time::minus(at, jiff::SignedDuration::from_hours(1));
+        attempts.retain(|_, t| *t > horizon);
+        attempts.insert(uid.to_owned(), at);
+    }
+}

@@ -1,0 +1,719 @@
+//! The fleet plan: for every policy, which nodes it governs, which are unhealthy, which start a
+//! remediation now, which wait and why, and the status that says so. Pure: it reads snapshots of
+//! the caches and the time, and returns what `admit` must write.
+//!
+//! One remediation per node per unhealthy *episode*: an episode is identified by the trigger
+//! condition's `lastTransitionTime`. A node whose remediation ended (cancelled by a person,
+//! recorded as a dry run, failed) is not remediated again until its condition clears and breaks
+//! anew, so the controller never fights a person who uncordoned a node, and a dry run is recorded
+//! once.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy, GpuRemediationSpec,
+    constants::{NODE_LABEL, POLICY_LABEL, REMEDIATION_FINALIZER, policy_conditions, reasons},
+    policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, WaitingNode},
+    remediation::TriggerRecord,
+};
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::Node,
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+};
+use kube::ResourceExt;
+
+use crate::{
+    budget::{self, Candidate, Deferral, Started},
+    detect::{self, Evidence, Verdict},
+    governance::{self, Claimant, Governor},
+};
+
+/// What to do for one policy.
+#[derive(Clone, Debug)]
+pub struct PolicyPlan {
+    /// The policy.
+    pub policy: Arc<GpuRemediationPolicy>,
+    /// Remediations to create now, longest unhealthy first.
+    pub create: Vec<GpuRemediation>,
+    /// The status to write (conditions keep their transition times when unchanged).
+    pub status: GpuRemediationPolicyStatus,
+    /// Nodes that newly wait, or wait for another reason than before: one Event each.
+    pub newly_waiting: Vec<WaitingNode>,
+    /// Whether the circuit breaker just opened (`Some(true)`) or closed (`Some(false)`).
+    pub circuit_change: Option<bool>,
+}
+
+/// The whole fleet's plan.
+#[derive(Clone, Debug, Default)]
+pub struct FleetPlan {
+    /// One plan per policy, by name.
+    pub policies: Vec<PolicyPlan>,
+    /// When the plan should be made again even if nothing changes: the earliest time a pending
+    /// node turns unhealthy or a rate slot frees for a waiting node.
+    pub wake_at: Option<Timestamp>,
+}
+
+/// Plans the fleet at `now`.
+#[must_use]
+pub fn plan(
+    policies: &[Arc<GpuRemediationPolicy>],
+    nodes: &[Arc<Node>],
+    remediations: &[Arc<GpuRemediation>],
+    now: Timestamp,
+) -> FleetPlan {
+    let mut policies: Vec<&Arc<GpuRemediationPolicy>> = policies
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    policies.sort_by_key(|p| p.name_any());
+    let names: Vec<String> = policies.iter().map(|p| p.name_any()).collect();
+    let claimants: Vec<Claimant<'_>> = policies
+        .iter()
+        .zip(&names)
+        .map(|(p, name)| Claimant {
+            name,
+            priority: p.spec.priority,
+            selector: &p.spec.node_selector,
+        })
+        .collect();
+
+    // Which policy governs each node, and which policies lose which nodes to whom.
+    let mut governed: BTreeMap<&str, Vec<&Node>> = BTreeMap::new();
+    let mut overlaps: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for node in nodes {
+        if let Governor::Policy { policy, overlapping } = governance::governor(node.labels(), &claimants) {
+            let Some(winner) = names.iter().find(|n| **n == policy) else {
+                continue;
+            };
+            governed.entry(winner.as_str()).or_default().push(node);
+            for loser in overlapping {
+                if let Some(loser) = names.iter().find(|n| **n == loser) {
+                    overlaps.entry(loser.as_str()).or_default().insert(policy.clone());
+                }
+            }
+        }
+    }
+
+    let mut fleet = FleetPlan::default();
+    for (policy, name) in policies.into_iter().zip(&names) {
+        let nodes = governed.get(name.as_str()).map_or(&[][..], Vec::as_slice);
+        let overlapped_by = overlaps.get(name.as_str());
+        let (plan, wake) = plan_policy(policy, nodes, overlapped_by, remediations, now);
+        fleet.wake_at = earliest(fleet.wake_at, wake);
+        fleet.policies.push(plan);
+    }
+    fleet
+}
+
+fn plan_policy(
+    policy: &Arc<GpuRemediationPolicy>,
+    nodes: &[&Node],
+    overlapped_by: Option<&BTreeSet<String>>,
+    remediations: &[Arc<GpuRemediation>],
+    now: Timestamp,
+) -> (PolicyPlan, Option<Timestamp>) {
+    let name = policy.name_any();
+    let spec = &policy.spec;
+    let mut wake = None;
+    let mut unhealthy: Vec<(&Node, Evidence)> = Vec::new();
+    for node in nodes {
+        let conditions = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
+        match detect::evaluate(conditions, &spec.triggers, now) {
+            Verdict::Unhealthy { evidence } => unhealthy.push((node, evidence)),
+            Verdict::Pending { due, .. } => wake = earliest(wake, Some(due)),
+            Verdict::Healthy { .. } => {}
+        }
+    }
+
+    let mut candidates = Vec::new();
+    let mut evidence_of: BTreeMap<String, (&Node, Evidence)> = BTreeMap::new();
+    for (node, evidence) in &unhealthy {
+        let node_name = node.name_any();
+        let busy = remediations
+            .iter()
+            .filter(|r| r.spec.node_name == node_name)
+            .any(|r| {
+                let phase = r.status.as_ref().map(|s| s.phase).unwrap_or_default();
+                !phase.is_terminal()
+                    || r.spec
+                        .trigger
+                        .since
+                        .as_ref()
+                        .is_some_and(|t| t.0 == evidence.since)
+            });
+        if !busy {
+            candidates.push(Candidate {
+                node: node_name.clone(),
+                since: evidence.since,
+            });
+            evidence_of.insert(node_name, (node, evidence.clone()));
+        }
+    }
+
+    let started: Vec<Started> = remediations
+        .iter()
+        .filter(|r| r.spec.policy_name == name && r.spec.mode != Mode::DryRun)
+        .map(|r| Started {
+            node: r.spec.node_name.clone(),
+            at: r.creation_timestamp().map_or(now, |t| t.0),
+            in_flight: !r
+                .status
+                .as_ref()
+                .map(|s| s.phase)
+                .unwrap_or_default()
+                .is_terminal(),
+        })
+        .collect();
+    let selected = count(nodes.len());
+    let decision = budget::admit(budget::Inputs {
+        safety: &spec.safety,
+        paused: spec.paused,
+        selected,
+        unhealthy: count(unhealthy.len()),
+        started: &started,
+        candidates,
+        now,
+    });
+
+    let create: Vec<GpuRemediation> = decision
+        .admitted
+        .iter()
+        .filter_map(|c| evidence_of.get(&c.node))
+        .map(|(node, evidence)| new_remediation(policy, node, evidence))
+        .collect();
+    let counted = if spec.mode == Mode::DryRun {
+        0
+    } else {
+        count(create.len())
+    };
+    if decision
+        .waiting
+        .iter()
+        .any(|w| matches!(w.deferral, Deferral::Rate { .. }))
+    {
+        wake = earliest(wake, decision.next_slot_at);
+    }
+
+    let waiting: Vec<WaitingNode> = decision
+        .waiting
+        .iter()
+        .map(|w| WaitingNode {
+            node: w.candidate.node.clone(),
+            unhealthy_since: Some(Time(w.candidate.since)),
+            reason: w.deferral.reason().to_owned(),
+            message: w.deferral.message(),
+        })
+        .collect();
+    let previous = policy.status.clone().unwrap_or_default();
+    let newly_waiting = waiting
+        .iter()
+        .filter(|w| {
+            !previous
+                .waiting
+                .iter()
+                .any(|p| p.node == w.node && p.reason == w.reason)
+        })
+        .cloned()
+        .collect();
+    let was_open = has_true_condition(&previous.conditions, policy_conditions::CIRCUIT_OPEN);
+    let circuit_change = (was_open != decision.circuit_open).then_some(decision.circuit_open);
+
+    let unhealthy_count = count(unhealthy.len());
+    let generation = policy.metadata.generation;
+    let conditions = conditions(
+        &previous.conditions,
+        spec.paused,
+        &decision,
+        unhealthy_count,
+        selected,
+        spec,
+        overlapped_by,
+        generation,
+        now,
+    );
+    let status = GpuRemediationPolicyStatus {
+        observed_generation: generation,
+        conditions,
+        selected_nodes: selected,
+        unhealthy_nodes: unhealthy_count,
+        in_flight: decision.in_flight + counted,
+        budget: Some(BudgetStatus {
+            remaining: decision.remaining.saturating_sub(counted),
+            started_in_window: decision.started_in_window + counted,
+            next_slot_at: decision.next_slot_at.map(Time),
+        }),
+        waiting,
+    };
+    (
+        PolicyPlan {
+            policy: policy.clone(),
+            create,
+            status,
+            newly_waiting,
+            circuit_change,
+        },
+        wake,
+    )
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "each input is one fact the conditions report"
+)]
+fn conditions(
+    previous: &[Condition],
+    paused: bool,
+    decision: &budget::Decision,
+    unhealthy: u32,
+    selected: u32,
+    spec: &gpu_remediation_api::GpuRemediationPolicySpec,
+    overlapped_by: Option<&BTreeSet<String>>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    let ready = (
+        true,
+        reasons::VALID.to_owned(),
+        format!("enforcing in mode {:?}", spec.mode),
+    );
+    let circuit = if decision.circuit_open {
+        (
+            true,
+            reasons::CIRCUIT_OPEN.to_owned(),
+            format!(
+                "{unhealthy} of {selected} nodes unhealthy, above maxUnhealthy {}: nothing new starts",
+                spec.safety.max_unhealthy
+            ),
+        )
+    } else {
+        (
+            false,
+            "WithinLimit".to_owned(),
+            format!(
+                "{unhealthy} of {selected} nodes unhealthy, maxUnhealthy {}",
+                spec.safety.max_unhealthy
+            ),
+        )
+    };
+    let paused = if paused {
+        (
+            true,
+            reasons::PAUSED.to_owned(),
+            "spec.paused is set: no new remediation starts".to_owned(),
+        )
+    } else {
+        (false, "Running".to_owned(), "not paused".to_owned())
+    };
+    let overlap = match overlapped_by {
+        Some(winners) if !winners.is_empty() => (
+            true,
+            reasons::OVERLAP.to_owned(),
+            format!(
+                "some selected nodes are governed by {} (higher priority, or same priority and an earlier name)",
+                winners.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        ),
+        _ => (
+            false,
+            "NoOverlap".to_owned(),
+            "every selected node is governed by this policy".to_owned(),
+        ),
+    };
+    [
+        (policy_conditions::READY, ready),
+        (policy_conditions::CIRCUIT_OPEN, circuit),
+        (policy_conditions::PAUSED, paused),
+        (policy_conditions::OVERLAP, overlap),
+    ]
+    .into_iter()
+    .map(|(type_, (status, reason, message))| {
+        condition(previous, type_, status, reason, message, generation, now)
+    })
+    .collect()
+}
+
+/// A condition, keeping the previous transition time when its status did not change.
+#[must_use]
+pub fn condition(
+    previous: &[Condition],
+    type_: &str,
+    status: bool,
+    reason: String,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Condition {
+    let status = if status { "True" } else { "False" }.to_owned();
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or(Time(now), |c| c.last_transition_time.clone());
+    Condition {
+        type_: type_.to_owned(),
+        status,
+        reason,
+        message,
+        last_transition_time,
+        observed_generation: generation,
+    }
+}
+
+fn has_true_condition(conditions: &[Condition], type_: &str) -> bool {
+    conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// The remediation to create for a node admitted under a policy.
+#[must_use]
+pub fn new_remediation(policy: &GpuRemediationPolicy, node: &Node, evidence: &Evidence) -> GpuRemediation {
+    let node_name = node.name_any();
+    let policy_name = policy.name_any();
+    let trigger = &policy.spec.triggers[evidence.trigger];
+    let mut remediation = GpuRemediation::new(
+        &remediation_name(&node_name, &policy_name, evidence.since),
+        GpuRemediationSpec {
+            node_name: node_name.clone(),
+            policy_name: policy_name.clone(),
+            trigger: TriggerRecord {
+                condition_type: evidence.condition_type.clone(),
+                status: trigger.status,
+                reason: evidence.reason.clone(),
+                message: evidence.message.clone(),
+                since: Some(Time(evidence.since)),
+            },
+            action: trigger.action.unwrap_or(policy.spec.action),
+            mode: policy.spec.mode,
+        },
+    );
+    let mut labels = BTreeMap::new();
+    for (key, value) in [(NODE_LABEL, &node_name), (POLICY_LABEL, &policy_name)] {
+        // Label values are limited to 63 characters; longer names are still in the spec.
+        if value.len() <= 63 {
+            labels.insert(key.to_owned(), value.clone());
+        }
+    }
+    remediation.metadata.labels = Some(labels);
+    remediation.metadata.finalizers = Some(vec![REMEDIATION_FINALIZER.to_owned()]);
+    remediation
+}
+
+/// `<node>-<6 hex digits>`: the same node, policy and episode always give the same name, so a
+/// repeated create (a retried pass, a new leader) finds the existing record instead of a second.
+#[must_use]
+pub fn remediation_name(node: &str, policy: &str, since: Timestamp) -> String {
+    // FNV-1a: small, stable across builds and platforms (std's hasher is not).
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in node
+        .bytes()
+        .chain([0])
+        .chain(policy.bytes())
+        .chain([0])
+        .chain(since.as_second().to_be_bytes())
+    {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    let suffix = format!("{:06x}", hash & 0xff_ffff);
+    // Keep the whole name a valid object name (at most 253 characters).
+    let prefix: String = node.chars().take(253 - 7).collect();
+    format!("{prefix}-{suffix}")
+}
+
+fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_remediation_api::{
+        GpuRemediationPolicySpec, GpuRemediationStatus, Phase,
+        policy::{Action, ConditionStatus, Trigger},
+        selector::{IntOrPercent, NodeSelector},
+    };
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn policy(name: &str, group: &str) -> Arc<GpuRemediationPolicy> {
+        let spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({
+            "nodeSelector": {"matchLabels": {"group": group}},
+            "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "60s"}],
+            "action": "None",
+            "safety": {"maxUnhealthy": "100%"},
+        }))
+        .unwrap();
+        let mut p = GpuRemediationPolicy::new(name, spec);
+        p.metadata.generation = Some(1);
+        Arc::new(p)
+    }
+
+    fn node(name: &str, group: &str, broken_since: Option<i64>) -> Arc<Node> {
+        let condition = NodeCondition {
+            type_: "GpuHealthy".into(),
+            status: if broken_since.is_some() { "False" } else { "True" }.into(),
+            reason: Some(
+                if broken_since.is_some() {
+                    "XID79"
+                } else {
+                    "GpusHealthy"
+                }
+                .into(),
+            ),
+            last_transition_time: Some(Time(at(broken_since.unwrap_or(0)))),
+            ..NodeCondition::default()
+        };
+        Arc::new(Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some([("group".to_owned(), group.to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+            status: Some(NodeStatus {
+                conditions: Some(vec![condition]),
+                ..NodeStatus::default()
+            }),
+        })
+    }
+
+    fn existing(node: &str, policy: &str, since: i64, phase: Phase, created: i64) -> Arc<GpuRemediation> {
+        let mut r = GpuRemediation::new(
+            &remediation_name(node, policy, at(since)),
+            GpuRemediationSpec {
+                node_name: node.into(),
+                policy_name: policy.into(),
+                trigger: TriggerRecord {
+                    condition_type: "GpuHealthy".into(),
+                    status: ConditionStatus::False,
+                    reason: "XID79".into(),
+                    message: String::new(),
+                    since: Some(Time(at(since))),
+                },
+                action: Action::None,
+                mode: Mode::Enforce,
+            },
+        );
+        r.metadata.creation_timestamp = Some(Time(at(created)));
+        r.status = Some(GpuRemediationStatus {
+            phase,
+            ..GpuRemediationStatus::default()
+        });
+        Arc::new(r)
+    }
+
+    #[test]
+    fn a_node_broken_for_longer_than_for_gets_a_remediation_with_its_trigger_recorded() {
+        let fleet = plan(
+            &[policy("p", "a")],
+            &[node("n1", "a", Some(0)), node("n2", "a", None)],
+            &[],
+            at(60),
+        );
+        let plan = &fleet.policies[0];
+        assert_eq!(plan.create.len(), 1);
+        let created = &plan.create[0];
+        assert_eq!(created.spec.node_name, "n1");
+        assert_eq!(created.spec.trigger.reason, "XID79");
+        assert_eq!(created.spec.trigger.since, Some(Time(at(0))));
+        assert_eq!(created.spec.action, Action::None);
+        assert_eq!(created.finalizers(), [REMEDIATION_FINALIZER.to_owned()]);
+        assert_eq!(plan.status.selected_nodes, 2);
+        assert_eq!(plan.status.unhealthy_nodes, 1);
+        assert_eq!(plan.status.in_flight, 1);
+    }
+
+    #[test]
+    fn a_node_still_within_for_is_not_remediated_and_the_plan_wakes_when_it_would_be() {
+        let fleet = plan(&[policy("p", "a")], &[node("n1", "a", Some(10))], &[], at(60));
+        assert!(fleet.policies[0].create.is_empty());
+        assert_eq!(fleet.wake_at, Some(at(70)));
+    }
+
+    #[test]
+    fn a_node_with_a_remediation_in_flight_gets_no_second_one() {
+        let rems = [existing("n1", "p", 0, Phase::Draining, 60)];
+        let fleet = plan(&[policy("p", "a")], &[node("n1", "a", Some(0))], &rems, at(100));
+        assert!(fleet.policies[0].create.is_empty());
+        assert_eq!(fleet.policies[0].status.in_flight, 1);
+    }
+
+    #[test]
+    fn a_finished_remediation_is_not_repeated_within_the_same_episode_but_is_in_a_new_one() {
+        let rems = [existing("n1", "p", 0, Phase::Cancelled, 60)];
+        let same = plan(&[policy("p", "a")], &[node("n1", "a", Some(0))], &rems, at(1000));
+        assert!(same.policies[0].create.is_empty());
+        let new_episode = plan(
+            &[policy("p", "a")],
+            &[node("n1", "a", Some(500))],
+            &rems,
+            at(1000),
+        );
+        assert_eq!(new_episode.policies[0].create.len(), 1);
+    }
+
+    #[test]
+    fn the_same_episode_always_gets_the_same_name() {
+        let a = remediation_name("gpu-1", "p", at(0));
+        assert_eq!(a, remediation_name("gpu-1", "p", at(0)));
+        assert_ne!(a, remediation_name("gpu-1", "p", at(1)));
+        assert!(a.starts_with("gpu-1-") && a.len() == "gpu-1-".len() + 6);
+    }
+
+    #[test]
+    fn nodes_of_another_policys_selector_are_not_counted() {
+        let fleet = plan(
+            &[policy("p", "a"), policy("q", "b")],
+            &[node("n1", "a", Some(0)), node("n2", "b", None)],
+            &[],
+            at(60),
+        );
+        assert_eq!(fleet.policies[0].status.selected_nodes, 1);
+        assert_eq!(fleet.policies[1].status.selected_nodes, 1);
+        assert!(fleet.policies[1].create.is_empty());
+    }
+
+    #[test]
+    fn a_losing_policy_reports_overlap_naming_the_winner() {
+        let fleet = plan(
+            &[policy("a-first", "a"), policy("b-second", "a")],
+            &[node("n1", "a", None)],
+            &[],
+            at(60),
+        );
+        let loser = &fleet.policies[1];
+        let overlap = loser
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == policy_conditions::OVERLAP)
+            .unwrap();
+        assert_eq!(overlap.status, "True");
+        assert!(overlap.message.contains("a-first"), "{}", overlap.message);
+        assert_eq!(loser.status.selected_nodes, 0);
+    }
+
+    #[test]
+    fn four_of_ten_failing_under_thirty_percent_opens_the_circuit_and_says_why() {
+        let nodes: Vec<_> = (0..10)
+            .map(|i| node(&format!("n{i}"), "a", (i < 4).then_some(0)))
+            .collect();
+        let mut p = (*policy("p", "a")).clone();
+        p.spec.safety.max_unhealthy = IntOrPercent::Percent("30%".into());
+        p.spec.safety.max_concurrent = IntOrPercent::Int(10);
+        let fleet = plan(&[Arc::new(p)], &nodes, &[], at(60));
+        let plan = &fleet.policies[0];
+        assert!(plan.create.is_empty());
+        assert_eq!(plan.circuit_change, Some(true));
+        assert_eq!(plan.status.waiting.len(), 4);
+        assert!(
+            plan.status
+                .waiting
+                .iter()
+                .all(|w| w.reason == reasons::CIRCUIT_OPEN)
+        );
+        assert_eq!(plan.newly_waiting.len(), 4);
+        let circuit = plan
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == policy_conditions::CIRCUIT_OPEN)
+            .unwrap();
+        assert_eq!(circuit.status, "True");
+        assert!(circuit.message.contains("4 of 10"), "{}", circuit.message);
+    }
+
+    #[test]
+    fn a_node_still_waiting_for_the_same_reason_is_not_announced_again() {
+        let mut p = (*policy("p", "a")).clone();
+        let nodes = [node("n1", "a", Some(0)), node("n2", "a", Some(5))];
+        let first = plan(&[Arc::new(p.clone())], &nodes, &[], at(60));
+        assert_eq!(first.policies[0].newly_waiting.len(), 1);
+        p.status = Some(first.policies[0].status.clone());
+        let rems = [existing("n1", "p", 0, Phase::Draining, 60)];
+        let second = plan(&[Arc::new(p)], &nodes, &rems, at(61));
+        assert!(second.policies[0].newly_waiting.is_empty());
+        assert_eq!(second.policies[0].status.waiting[0].node, "n2");
+    }
+
+    #[test]
+    fn unchanged_conditions_keep_their_transition_time() {
+        let previous = [condition(
+            &[],
+            "Paused",
+            false,
+            "Running".into(),
+            String::new(),
+            None,
+            at(0),
+        )];
+        let again = condition(
+            &previous,
+            "Paused",
+            false,
+            "Running".into(),
+            String::new(),
+            None,
+            at(50),
+        );
+        assert_eq!(again.last_transition_time, Time(at(0)));
+        let flipped = condition(
+            &previous,
+            "Paused",
+            true,
+            "Paused".into(),
+            String::new(),
+            None,
+            at(50),
+        );
+        assert_eq!(flipped.last_transition_time, Time(at(50)));
+    }
+
+    #[test]
+    fn an_unlabelled_node_is_selected_by_an_empty_selector_unless_opted_out() {
+        let mut p = (*policy("p", "a")).clone();
+        p.spec.node_selector = NodeSelector::default();
+        let mut opted = (*node("n2", "b", Some(0))).clone();
+        opted.labels_mut().insert(
+            gpu_remediation_api::constants::OPT_OUT_LABEL.into(),
+            "true".into(),
+        );
+        let fleet = plan(
+            &[Arc::new(p)],
+            &[node("n1", "b", None), Arc::new(opted)],
+            &[],
+            at(60),
+        );
+        assert_eq!(fleet.policies[0].status.selected_nodes, 1);
+        assert!(fleet.policies[0].create.is_empty());
+    }
+
+    #[test]
+    fn a_trigger_action_overrides_the_policy_action() {
+        let mut p = (*policy("p", "a")).clone();
+        p.spec.triggers = vec![Trigger {
+            action: Some(Action::Reboot),
+            ..p.spec.triggers[0].clone()
+        }];
+        let fleet = plan(&[Arc::new(p)], &[node("n1", "a", Some(0))], &[], at(60));
+        assert_eq!(fleet.policies[0].create[0].spec.action, Action::Reboot);
+    }
+}

@@ -1,0 +1,433 @@
+//! Every mutating API call the controller makes, each behind the leader fence: a replica whose
+//! claim on the Lease is not current makes no write at all.
+//!
+//! Two clients: the ordinary one, and one whose config has the default retry layer disabled, used
+//! for evictions so that a 429 from a PodDisruptionBudget comes back to us at once (to be recorded
+//! as a blocker and retried when the budget changes) instead of being retried silently for minutes.
+//!
+//! Nodes are changed by read-modify-replace with the read's resourceVersion, never by patch or
+//! server-side apply: `spec.taints` is an atomic list, so any patch that carries our taint would
+//! overwrite taints others added meanwhile. A conflict means someone else wrote first; we read
+//! again and redo the edit.
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus,
+    constants::{REMEDIATION_FINALIZER, field_managers},
+    policy::GpuRemediationPolicyStatus,
+};
+use k8s_openapi::{
+    api::{
+        core::v1::{Node, Pod},
+        policy::v1::Eviction,
+    },
+    apimachinery::pkg::apis::meta::v1::{DeleteOptions, Preconditions},
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    core::Status,
+    runtime::events::{Event, Recorder, Reporter},
+};
+use serde_json::json;
+
+use crate::{cordon, drain::Leaving, leader::Fence};
+
+/// How many times a node edit is retried after a conflict before giving up for this pass.
+const NODE_CONFLICT_RETRIES: usize = 5;
+
+/// The clients and the fence every write goes through.
+#[derive(Clone)]
+pub struct KubeOps {
+    client: Client,
+    eviction_client: Client,
+    fence: Fence,
+    recorder: Recorder,
+}
+
+/// A write refused by the fence or the API server.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// This replica is not (or no longer) the leader.
+    #[error("not acting: {0}")]
+    Fenced(#[from] crate::leader::FenceError),
+    /// The API server refused or could not be reached.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+}
+
+/// Why creating a remediation failed.
+#[derive(Debug, thiserror::Error)]
+#[error("creating remediation {name} failed: {source}")]
+pub struct CreateRemediationError {
+    /// The remediation's name.
+    pub name: String,
+    /// What went wrong.
+    #[source]
+    pub source: WriteError,
+}
+
+/// Why writing a status failed.
+#[derive(Debug, thiserror::Error)]
+#[error("writing the status of {kind} {name} failed: {source}")]
+pub struct WriteStatusError {
+    /// `GpuRemediation` or `GpuRemediationPolicy`.
+    pub kind: &'static str,
+    /// The object's name.
+    pub name: String,
+    /// What went wrong.
+    #[source]
+    pub source: WriteError,
+}
+
+/// Why cordoning or releasing a node failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EditNodeError {
+    /// The write was refused.
+    #[error("editing node {node} failed: {source}")]
+    Write {
+        /// The node.
+        node: String,
+        /// What went wrong.
+        #[source]
+        source: WriteError,
+    },
+    /// Others kept writing the node between our read and our replace.
+    #[error("editing node {node} kept conflicting with other writers ({NODE_CONFLICT_RETRIES} tries)")]
+    KeptConflicting {
+        /// The node.
+        node: String,
+    },
+}
+
+/// Why removing our finalizer failed.
+#[derive(Debug, thiserror::Error)]
+#[error("removing the finalizer of remediation {name} failed: {source}")]
+pub struct DropFinalizerError {
+    /// The remediation.
+    pub name: String,
+    /// What went wrong.
+    #[source]
+    pub source: WriteError,
+}
+
+/// Why an eviction could not even be asked (a refusal by a budget is an [`Eviction`] outcome, not
+/// an error).
+#[derive(Debug, thiserror::Error)]
+#[error("evicting pod {pod} failed: {source}")]
+pub struct EvictPodError {
+    /// The pod, `namespace/name`.
+    pub pod: String,
+    /// What went wrong.
+    #[source]
+    pub source: WriteError,
+}
+
+/// Why force-deleting a pod failed.
+#[derive(Debug, thiserror::Error)]
+#[error("deleting pod {pod} failed: {source}")]
+pub struct DeletePodError {
+    /// The pod, `namespace/name`.
+    pub pod: String,
+    /// What went wrong.
+    #[source]
+    pub source: WriteError,
+}
+
+/// What the server answered to an eviction.
+#[derive(Debug, Clone)]
+pub enum EvictionOutcome {
+    /// Accepted: the pod is terminating (or, in a dry run, would be).
+    Accepted,
+    /// The pod is already gone, or a new pod took its name (our UID precondition failed).
+    Gone,
+    /// Refused: 429 (a budget has no room, or is not yet observed) or 500 (several budgets).
+    Refused(Box<Status>),
+}
+
+impl KubeOps {
+    /// Builds the two clients from one configuration.
+    pub fn new(config: &kube::Config, fence: Fence, reporter: Reporter) -> Result<Self, kube::Error> {
+        let client = Client::try_from(config.clone())?;
+        let mut no_retry = config.clone();
+        no_retry.default_retry = false;
+        let eviction_client = Client::try_from(no_retry)?;
+        let recorder = Recorder::new(client.clone(), reporter);
+        Ok(Self {
+            client,
+            eviction_client,
+            fence,
+            recorder,
+        })
+    }
+
+    /// The ordinary client, for reads.
+    #[must_use]
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The fence.
+    #[must_use]
+    pub fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// Creates a remediation; an existing one of the same name (a repeated pass) is returned as is.
+    pub async fn create_remediation(
+        &self,
+        remediation: &GpuRemediation,
+    ) -> Result<GpuRemediation, CreateRemediationError> {
+        let name = remediation.name_any();
+        let api = Api::<GpuRemediation>::all(self.client.clone());
+        let attempt = async {
+            self.fence.check()?;
+            match api
+                .create(
+                    &PostParams {
+                        field_manager: Some(field_managers::CONTROLLER.into()),
+                        ..PostParams::default()
+                    },
+                    remediation,
+                )
+                .await
+            {
+                Ok(created) => Ok(created),
+                Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(api.get(&name).await?),
+                Err(error) => Err(WriteError::from(error)),
+            }
+        };
+        attempt
+            .await
+            .map_err(|source| CreateRemediationError { name, source })
+    }
+
+    /// Sets a remediation's status (server-side apply: fields we leave out are removed).
+    pub async fn write_remediation_status(
+        &self,
+        name: &str,
+        status: &GpuRemediationStatus,
+    ) -> Result<GpuRemediation, WriteStatusError> {
+        let api = Api::<GpuRemediation>::all(self.client.clone());
+        let patch = json!({
+            "apiVersion": GpuRemediation::api_version(&()),
+            "kind": GpuRemediation::kind(&()),
+            "status": status,
+        });
+        let attempt = async {
+            self.fence.check()?;
+            Ok(api
+                .patch_status(name, &apply_params(), &Patch::Apply(&patch))
+                .await?)
+        };
+        attempt.await.map_err(|source| WriteStatusError {
+            kind: "GpuRemediation",
+            name: name.to_owned(),
+            source,
+        })
+    }
+
+    /// Sets a policy's status.
+    pub async fn write_policy_status(
+        &self,
+        name: &str,
+        status: &GpuRemediationPolicyStatus,
+    ) -> Result<(), WriteStatusError> {
+        let api = Api::<GpuRemediationPolicy>::all(self.client.clone());
+        let patch = json!({
+            "apiVersion": GpuRemediationPolicy::api_version(&()),
+            "kind": GpuRemediationPolicy::kind(&()),
+            "status": status,
+        });
+        let attempt = async {
+            self.fence.check()?;
+            api.patch_status(name, &apply_params(), &Patch::Apply(&patch))
+                .await?;
+            Ok(())
+        };
+        attempt.await.map_err(|source| WriteStatusError {
+            kind: "GpuRemediationPolicy",
+            name: name.to_owned(),
+            source,
+        })
+    }
+
+    /// Removes our finalizer from a remediation, keeping any others.
+    pub async fn drop_finalizer(
+        &self,
+        remediation: &GpuRemediation,
+    ) -> Result<Option<GpuRemediation>, DropFinalizerError> {
+        let name = remediation.name_any();
+        let api = Api::<GpuRemediation>::all(self.client.clone());
+        let kept: Vec<&String> = remediation
+            .finalizers()
+            .iter()
+            .filter(|f| *f != REMEDIATION_FINALIZER)
+            .collect();
+        // The resourceVersion makes this a compare-and-swap: a finalizer another party added
+        // meanwhile is never dropped by our stale list.
+        let patch = json!({
+            "metadata": {"finalizers": kept, "resourceVersion": remediation.resource_version()},
+        });
+        let attempt = async {
+            self.fence.check()?;
+            match api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(updated) => Ok(Some(updated)),
+                Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+                Err(error) => Err(WriteError::from(error)),
+            }
+        };
+        attempt
+            .await
+            .map_err(|source| DropFinalizerError { name, source })
+    }
+
+    /// Cordons `node` for `remediation` (see `cordon::cordon`). Returns the node as written.
+    pub async fn cordon_node(&self, node: &str, remediation: &str) -> Result<Option<Node>, EditNodeError> {
+        self.edit_node(node, |n| cordon::cordon(n, remediation)).await
+    }
+
+    /// Releases what `remediation` owns on `node` (see `cordon::release`). A node that is gone
+    /// needs no release.
+    pub async fn release_node(&self, node: &str, remediation: &str) -> Result<Option<Node>, EditNodeError> {
+        self.edit_node(node, |n| cordon::release(n, remediation)).await
+    }
+
+    async fn edit_node(
+        &self,
+        name: &str,
+        edit: impl Fn(&mut Node) -> bool,
+    ) -> Result<Option<Node>, EditNodeError> {
+        let api = Api::<Node>::all(self.client.clone());
+        let failed = |source: WriteError| EditNodeError::Write {
+            node: name.to_owned(),
+            source,
+        };
+        for _ in 0..NODE_CONFLICT_RETRIES {
+            let Some(mut node) = api.get_opt(name).await.map_err(|e| failed(e.into()))? else {
+                return Ok(None);
+            };
+            if !edit(&mut node) {
+                return Ok(Some(node));
+            }
+            self.fence.check().map_err(|e| failed(e.into()))?;
+            // `node` carries the resourceVersion of our read: the replace fails on any write since.
+            match api.replace(name, &post_params(), &node).await {
+                Ok(written) => return Ok(Some(written)),
+                Err(kube::Error::Api(status)) if status.is_conflict() => {}
+                Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(None),
+                Err(error) => return Err(failed(error.into())),
+            }
+        }
+        Err(EditNodeError::KeptConflicting {
+            node: name.to_owned(),
+        })
+    }
+
+    /// Asks the server to evict a pod through a typed `policy/v1` Eviction (so the delete options
+    /// are honoured), on the client that does not retry 429. `dry_run` asks the server to check
+    /// the disruption budgets without evicting.
+    pub async fn evict(
+        &self,
+        pod: &Leaving,
+        grace_period_seconds: Option<i64>,
+        dry_run: bool,
+    ) -> Result<EvictionOutcome, EvictPodError> {
+        let api = Api::<Pod>::namespaced(self.eviction_client.clone(), &pod.namespace);
+        let eviction = Eviction {
+            metadata: ObjectMeta {
+                name: Some(pod.name.clone()),
+                namespace: Some(pod.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            delete_options: Some(DeleteOptions {
+                grace_period_seconds,
+                preconditions: Some(Preconditions {
+                    uid: Some(pod.uid.clone()),
+                    resource_version: None,
+                }),
+                dry_run: dry_run.then(|| vec!["All".to_owned()]),
+                ..DeleteOptions::default()
+            }),
+        };
+        let params = PostParams {
+            dry_run,
+            field_manager: None,
+        };
+        let attempt = async {
+            self.fence.check()?;
+            let answer: Result<serde_json::Value, kube::Error> = api
+                .create_subresource("eviction", &pod.name, &params, &eviction)
+                .await;
+            match answer {
+                Ok(_) => Ok(EvictionOutcome::Accepted),
+                Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => {
+                    Ok(EvictionOutcome::Gone)
+                }
+                Err(kube::Error::Api(status)) if status.code == 429 || status.code == 500 => {
+                    Ok(EvictionOutcome::Refused(status))
+                }
+                Err(error) => Err(WriteError::from(error)),
+            }
+        };
+        attempt.await.map_err(|source| EvictPodError {
+            pod: pod.key(),
+            source,
+        })
+    }
+
+    /// Deletes a pod directly, bypassing its budgets: only for `onTimeout: ForceDelete`.
+    pub async fn force_delete(
+        &self,
+        pod: &Leaving,
+        grace_period_seconds: Option<i64>,
+    ) -> Result<(), DeletePodError> {
+        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
+        let params = kube::api::DeleteParams {
+            grace_period_seconds: grace_period_seconds.and_then(|g| u32::try_from(g).ok()),
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(pod.uid.clone()),
+                resource_version: None,
+            }),
+            ..kube::api::DeleteParams::default()
+        };
+        let attempt = async {
+            self.fence.check()?;
+            match api.delete(&pod.name, &params).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => Ok(()),
+                Err(error) => Err(WriteError::from(error)),
+            }
+        };
+        attempt.await.map_err(|source| DeletePodError {
+            pod: pod.key(),
+            source,
+        })
+    }
+
+    /// Publishes an Event about `object`. A failure is logged, not returned: an Event is a report,
+    /// and a lost one must not stop a remediation.
+    pub async fn publish<K: Resource<DynamicType = ()>>(&self, object: &K, event: Event) {
+        if let Err(error) = self.fence.check() {
+            tracing::debug!(%error, reason = %event.reason, "event not published: not the leader");
+            return;
+        }
+        let reference = object.object_ref(&());
+        if let Err(error) = self.recorder.publish(&event, &reference).await {
+            tracing::warn!(%error, reason = %event.reason, object = ?reference.name, "publishing an event failed");
+        }
+    }
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(field_managers::CONTROLLER).force()
+}
+
+fn post_params() -> PostParams {
+    PostParams {
+        dry_run: false,
+        field_manager: Some(field_managers::CONTROLLER.into()),
+    }
+}

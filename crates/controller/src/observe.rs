@@ -1,0 +1,489 @@
+//! Observe: the caches the controller decides from, and the signal that something worth a new
+//! pass changed.
+//!
+//! Four watches feed reflector stores: policies (optionally narrowed by a label selector, so
+//! several controllers can share a cluster in tests), remediations, Nodes and
+//! PodDisruptionBudgets. Nodes and PDBs are pruned as they arrive (no managedFields, images,
+//! heartbeat times, capacity lists), so memory grows with what decisions read, not with what
+//! kubelets write. Pods are never cached: `remediation` lists one node's pods when it drains it.
+//!
+//! A watch event wakes the controller only when something a decision reads changed (a
+//! fingerprint per object), so kubelet status churn does not cause passes.
+//!
+//! Writes the controller makes are visible at once through [`Overlay`]: a remediation created or
+//! updated in one pass is seen by the next even before its watch event arrives, so the budget never
+//! counts a remediation late and a phase is never repeated from a stale cache.
+
+use std::{
+    collections::{HashMap, hash_map::DefaultHasher},
+    hash::{Hash, Hasher},
+    sync::{Arc, Mutex},
+};
+
+use futures::{Stream, StreamExt};
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy};
+use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use serde::Serialize;
+use tokio::sync::Notify;
+
+/// The stores the controller reads, shared by every pass.
+#[derive(Clone)]
+pub struct Caches {
+    /// Policies in scope.
+    pub policies: Store<GpuRemediationPolicy>,
+    /// All remediations (filtered to known policies by the passes).
+    pub remediations: Store<GpuRemediation>,
+    /// All nodes, pruned.
+    pub nodes: Store<Node>,
+    /// All PodDisruptionBudgets, pruned.
+    pub budgets: Store<PodDisruptionBudget>,
+    /// Our own writes to remediations, until their watch catches up.
+    pub written_remediations: Overlay<GpuRemediation>,
+    /// Our own writes to nodes (cordon, release), until their watch catches up.
+    pub written_nodes: Overlay<Node>,
+}
+
+/// Why the caches could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartCachesError {
+    /// A reflector's writer went away before its first list completed.
+    #[error("a watch stopped before its initial list completed")]
+    WriterDropped,
+}
+
+impl Caches {
+    /// Starts the four watches on the runtime and returns their stores once every initial list has
+    /// completed, so no pass decides from a partial view. `wake` is notified on every relevant
+    /// change.
+    pub async fn start(
+        client: &Client,
+        policy_selector: Option<&str>,
+        wake: Arc<Notify>,
+    ) -> Result<Self, StartCachesError> {
+        let mut policy_config = watcher::Config::default().any_semantic();
+        if let Some(selector) = policy_selector {
+            policy_config = policy_config.labels(selector);
+        }
+        let policies = spawn_reflector(
+            Api::<GpuRemediationPolicy>::all(client.clone()),
+            policy_config,
+            |_| {},
+            policy_fingerprint,
+            wake.clone(),
+        );
+        let remediations = spawn_reflector(
+            Api::<GpuRemediation>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+            |r: &mut GpuRemediation| r.managed_fields_mut().clear(),
+            remediation_fingerprint,
+            wake.clone(),
+        );
+        let nodes = spawn_reflector(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+            prune_node,
+            node_fingerprint,
+            wake.clone(),
+        );
+        let budgets = spawn_reflector(
+            Api::<PodDisruptionBudget>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+            prune_budget,
+            budget_fingerprint,
+            wake,
+        );
+        for ready in [
+            policies.wait_until_ready().await,
+            remediations.wait_until_ready().await,
+            nodes.wait_until_ready().await,
+            budgets.wait_until_ready().await,
+        ] {
+            ready.map_err(|_| StartCachesError::WriterDropped)?;
+        }
+        Ok(Self {
+            policies,
+            remediations,
+            nodes,
+            budgets,
+            written_remediations: Overlay::default(),
+            written_nodes: Overlay::default(),
+        })
+    }
+
+    /// Every remediation, with our own recent writes laid over the cache.
+    #[must_use]
+    pub fn remediations(&self) -> Vec<Arc<GpuRemediation>> {
+        self.written_remediations.merge(self.remediations.state())
+    }
+
+    /// The node named `name`, if it exists.
+    #[must_use]
+    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
+        self.written_nodes
+            .pick(name, self.nodes.get(&reflector::ObjectRef::new(name)))
+    }
+
+    /// Every node, with our own recent writes laid over the cache.
+    #[must_use]
+    pub fn all_nodes(&self) -> Vec<Arc<Node>> {
+        self.written_nodes.merge(self.nodes.state())
+    }
+
+    /// The policy named `name`, if it is in scope.
+    #[must_use]
+    pub fn policy(&self, name: &str) -> Option<Arc<GpuRemediationPolicy>> {
+        self.policies.get(&reflector::ObjectRef::new(name))
+    }
+}
+
+/// Runs a watch with its reflector on the runtime; returns its store.
+fn spawn_reflector<K, M, F>(
+    api: Api<K>,
+    config: watcher::Config,
+    prune: M,
+    fingerprint: F,
+    wake: Arc<Notify>,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    M: FnMut(&mut K) + Send + 'static,
+    F: Fn(&K) -> u64 + Send + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = watcher(api, config)
+        .default_backoff()
+        .modify(prune)
+        .reflect(writer);
+    tokio::spawn(wake_on_change(events, fingerprint, wake));
+    store
+}
+
+/// Drives a reflected watch, notifying `wake` when an object appears, goes, or changes what its
+/// fingerprint covers, and when a (re)list completes.
+async fn wake_on_change<K, S, F>(events: S, fingerprint: F, wake: Arc<Notify>)
+where
+    K: Resource<DynamicType = ()>,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    F: Fn(&K) -> u64,
+{
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        let changed = match event {
+            Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                let print = fingerprint(&object);
+                seen.insert(object.name_any(), print) != Some(print)
+            }
+            Ok(watcher::Event::Delete(object)) => {
+                seen.remove(&object.name_any());
+                true
+            }
+            Ok(watcher::Event::InitDone) => true,
+            Ok(watcher::Event::Init) => false,
+            Err(error) => {
+                tracing::warn!(%error, kind = %K::kind(&()), "watch failed; retrying with backoff");
+                false
+            }
+        };
+        if changed {
+            wake.notify_one();
+        }
+    }
+}
+
+/// Keeps what decisions read of a Node: metadata without managedFields, `unschedulable`, taints,
+/// and conditions without heartbeat times.
+pub fn prune_node(node: &mut Node) {
+    node.managed_fields_mut().clear();
+    if let Some(spec) = node.spec.as_mut() {
+        spec.config_source = None;
+        spec.pod_cidrs = None;
+        spec.pod_cidr = None;
+        spec.provider_id = None;
+    }
+    if let Some(status) = node.status.as_mut() {
+        let conditions = status.conditions.take().map(|mut conditions| {
+            for condition in &mut conditions {
+                condition.last_heartbeat_time = None;
+            }
+            conditions
+        });
+        *status = k8s_openapi::api::core::v1::NodeStatus {
+            conditions,
+            ..Default::default()
+        };
+    }
+}
+
+fn prune_budget(budget: &mut PodDisruptionBudget) {
+    budget.managed_fields_mut().clear();
+    budget.annotations_mut().clear();
+    if let Some(status) = budget.status.as_mut() {
+        status.disrupted_pods = None;
+    }
+}
+
+fn hash_of<T: Serialize>(value: &T) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    // Serialising our own in-memory values cannot fail.
+    serde_json::to_vec(value).unwrap_or_default().hash(&mut hasher);
+    hasher.finish()
+}
+
+fn node_fingerprint(node: &Node) -> u64 {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let conditions: Vec<_> = conditions
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            (
+                &c.type_,
+                &c.status,
+                &c.reason,
+                c.last_transition_time.as_ref().map(|t| t.0),
+            )
+        })
+        .collect();
+    hash_of(&(
+        node.labels(),
+        node.annotations(),
+        node.spec.as_ref().map(|s| (&s.unschedulable, &s.taints)),
+        conditions,
+        node.metadata.deletion_timestamp.as_ref().map(|t| t.0),
+    ))
+}
+
+fn policy_fingerprint(policy: &GpuRemediationPolicy) -> u64 {
+    hash_of(&(
+        &policy.spec,
+        policy.labels(),
+        policy.metadata.deletion_timestamp.as_ref().map(|t| t.0),
+    ))
+}
+
+fn remediation_fingerprint(remediation: &GpuRemediation) -> u64 {
+    hash_of(&(
+        remediation.annotations(),
+        remediation.finalizers(),
+        remediation.metadata.deletion_timestamp.as_ref().map(|t| t.0),
+        remediation.status.as_ref().map(|s| s.phase),
+    ))
+}
+
+fn budget_fingerprint(budget: &PodDisruptionBudget) -> u64 {
+    hash_of(&(
+        &budget.spec,
+        budget.status.as_ref().map(|s| {
+            (
+                s.disruptions_allowed,
+                s.current_healthy,
+                s.desired_healthy,
+                s.observed_generation,
+            )
+        }),
+    ))
+}
+
+/// Our own writes, laid over a watch cache until it has caught up with them.
+pub struct Overlay<K> {
+    written: Arc<Mutex<HashMap<String, Arc<K>>>>,
+}
+
+impl<K> Clone for Overlay<K> {
+    fn clone(&self) -> Self {
+        Self {
+            written: self.written.clone(),
+        }
+    }
+}
+
+impl<K> Default for Overlay<K> {
+    fn default() -> Self {
+        Self {
+            written: Arc::default(),
+        }
+    }
+}
+
+impl<K: Resource> Overlay<K> {
+    /// Records the object the API server returned for a create or an update.
+    pub fn record(&self, object: K) {
+        let mut written = self
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        written.insert(object.name_any(), Arc::new(object));
+    }
+
+    /// The newer of the cached object and our last write of it.
+    #[must_use]
+    pub fn pick(&self, name: &str, cached: Option<Arc<K>>) -> Option<Arc<K>> {
+        let mut written = self
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match (written.get(name), cached) {
+            (Some(ours), Some(cached)) if is_newer(ours.as_ref(), &cached) => Some(ours.clone()),
+            (Some(_), Some(cached)) => {
+                written.remove(name);
+                Some(cached)
+            }
+            (Some(ours), None) => Some(ours.clone()),
+            (None, cached) => cached,
+        }
+    }
+
+    /// Forgets our write of an object that is gone.
+    pub fn forget(&self, name: &str) {
+        let mut written = self
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        written.remove(name);
+    }
+
+    /// The cache's objects with newer written versions swapped in and written ones the cache has
+    /// not seen yet added; entries the cache caught up with are dropped.
+    #[must_use]
+    pub fn merge(&self, cached: Vec<Arc<K>>) -> Vec<Arc<K>> {
+        let mut written = self
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut merged: Vec<Arc<K>> = Vec::with_capacity(cached.len() + written.len());
+        let mut seen = std::collections::HashSet::new();
+        for object in cached {
+            let name = object.name_any();
+            match written.get(&name) {
+                Some(ours) if is_newer(ours.as_ref(), &object) => merged.push(ours.clone()),
+                Some(_) => {
+                    written.remove(&name);
+                    merged.push(object);
+                }
+                None => merged.push(object),
+            }
+            seen.insert(name);
+        }
+        for (name, ours) in written.iter() {
+            if !seen.contains(name) {
+                merged.push(ours.clone());
+            }
+        }
+        merged
+    }
+}
+
+/// Whether `ours` is a later version than `cached` of the same object. Resource versions are
+/// opaque in general, but etcd's are increasing integers; when either does not parse, the cache
+/// wins (it is the safe side: at worst one idempotent step repeats).
+fn is_newer<K: Resource>(ours: &K, cached: &K) -> bool {
+    if ours.uid() != cached.uid() {
+        return false;
+    }
+    let version = |r: &K| r.resource_version().and_then(|v| v.parse::<u64>().ok());
+    matches!((version(ours), version(cached)), (Some(a), Some(b)) if a > b)
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_remediation_api::{
+        GpuRemediationSpec,
+        policy::{Action, ConditionStatus, Mode},
+        remediation::TriggerRecord,
+    };
+    use k8s_openapi::{
+        api::core::v1::{NodeCondition, NodeStatus},
+        apimachinery::pkg::apis::meta::v1::Time,
+    };
+
+    use super::*;
+
+    fn remediation(name: &str, version: &str) -> GpuRemediation {
+        let mut r = GpuRemediation::new(
+            name,
+            GpuRemediationSpec {
+                node_name: "gpu-1".into(),
+                policy_name: "p".into(),
+                trigger: TriggerRecord {
+                    condition_type: "GpuHealthy".into(),
+                    status: ConditionStatus::False,
+                    reason: "XID79".into(),
+                    message: String::new(),
+                    since: None,
+                },
+                action: Action::Replace,
+                mode: Mode::Enforce,
+            },
+        );
+        r.metadata.resource_version = Some(version.into());
+        r.metadata.uid = Some(format!("uid-{name}"));
+        r
+    }
+
+    #[test]
+    fn a_remediation_just_created_is_seen_before_its_watch_event() {
+        let overlay = Overlay::<GpuRemediation>::default();
+        overlay.record(remediation("new", "10"));
+        let merged = overlay.merge(vec![Arc::new(remediation("old", "5"))]);
+        let mut names: Vec<_> = merged.iter().map(|r| r.name_any()).collect();
+        names.sort();
+        assert_eq!(names, vec!["new", "old"]);
+    }
+
+    #[test]
+    fn our_newer_write_wins_until_the_cache_catches_up() {
+        let overlay = Overlay::<GpuRemediation>::default();
+        overlay.record(remediation("r", "12"));
+        let merged = overlay.merge(vec![Arc::new(remediation("r", "11"))]);
+        assert_eq!(merged[0].resource_version().as_deref(), Some("12"));
+        let merged = overlay.merge(vec![Arc::new(remediation("r", "12"))]);
+        assert_eq!(merged.len(), 1);
+        assert!(
+            overlay.written.lock().unwrap().is_empty(),
+            "caught up: the overlay entry is dropped"
+        );
+    }
+
+    #[test]
+    fn heartbeats_do_not_change_a_nodes_fingerprint_but_conditions_do() {
+        let condition = |status: &str, heartbeat: i64| NodeCondition {
+            type_: "GpuHealthy".into(),
+            status: status.into(),
+            last_heartbeat_time: Some(Time(jiff::Timestamp::from_second(heartbeat).unwrap())),
+            ..NodeCondition::default()
+        };
+        let node = |status: &str, heartbeat: i64| {
+            let mut n = Node {
+                status: Some(NodeStatus {
+                    conditions: Some(vec![condition(status, heartbeat)]),
+                    ..NodeStatus::default()
+                }),
+                ..Node::default()
+            };
+            prune_node(&mut n);
+            n
+        };
+        assert_eq!(
+            node_fingerprint(&node("True", 1)),
+            node_fingerprint(&node("True", 2))
+        );
+        assert_ne!(
+            node_fingerprint(&node("True", 1)),
+            node_fingerprint(&node("False", 1))
+        );
+    }
+}

@@ -1,0 +1,820 @@
+//! Carries one remediation forward: observes its node and policy, asks the phase machine for the
+//! next step, takes it through `kubeops`, and records the result in the remediation's status
+//! (a timestamp per phase, drain progress, blockers) with one Event per phase change.
+//!
+//! Steps are idempotent and decided from what the API server holds, so a restart, a new leader
+//! or a repeated pass resumes where the record says, without repeating an action.
+
+use std::{collections::HashMap, sync::Arc};
+
+use futures::{StreamExt, stream};
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus, Phase,
+    constants::{APPROVED_ANNOTATION, REMEDIATION_FINALIZER, reasons, remediation_conditions},
+    remediation::{Blocker, DrainStatus, PhaseTransition},
+};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::{
+    api::{core::v1::Pod, policy::v1::PodDisruptionBudget},
+    apimachinery::pkg::apis::meta::v1::Time,
+};
+use kube::{
+    Api, ResourceExt,
+    api::ListParams,
+    runtime::events::{Event, EventType},
+};
+
+use crate::{
+    context::Context,
+    cordon,
+    detect::{self, Verdict},
+    drain::{self, Leaving, Plan},
+    fleet::condition,
+    kubeops::{
+        DeletePodError, DropFinalizerError, EditNodeError, EvictPodError, EvictionOutcome, WriteStatusError,
+    },
+    observe::prune_node,
+    phase::{self, DrainState, DrainVerdict, HandOver, Health, NodeState, Observed, Step},
+    time::{plus, signed},
+};
+
+/// How many steps one call takes at most before handing back to the loop (a step that needs
+/// nothing new from the cluster continues at once: Pending → Cordoned → Draining in one pass).
+const STEPS_PER_PASS: usize = 4;
+
+/// Why a remediation could not be carried forward in this pass (it is retried in the next).
+#[derive(Debug, thiserror::Error)]
+pub enum AdvanceRemediationError {
+    /// Listing the node's pods failed.
+    #[error("listing the pods of node {node} failed: {source}")]
+    ListPods {
+        /// The node.
+        node: String,
+        /// What went wrong.
+        #[source]
+        source: kube::Error,
+    },
+    /// Cordoning or releasing the node failed.
+    #[error(transparent)]
+    EditNode(#[from] EditNodeError),
+    /// Writing the status failed.
+    #[error(transparent)]
+    WriteStatus(#[from] WriteStatusError),
+    /// An eviction could not be asked.
+    #[error(transparent)]
+    Evict(#[from] EvictPodError),
+    /// A forced deletion failed.
+    #[error(transparent)]
+    DeletePod(#[from] DeletePodError),
+    /// Removing the finalizer failed.
+    #[error(transparent)]
+    DropFinalizer(#[from] DropFinalizerError),
+}
+
+/// When the remediation wants another look.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Only when something it watches changes.
+    Idle,
+    /// At this time at the latest.
+    At(Timestamp),
+}
+
+/// Carries `remediation` forward as far as it can go in this pass.
+pub async fn advance(
+    ctx: &Context,
+    remediation: Arc<GpuRemediation>,
+) -> Result<Next, AdvanceRemediationError> {
+    let mut current = remediation;
+    for _ in 0..STEPS_PER_PASS {
+        let now = Timestamp::now();
+        let policy = ctx.caches.policy(&current.spec.policy_name);
+        if policy.is_none() && ctx.settings.policy_selector.is_some() {
+            // Another controller's policy (tests share one cluster): not ours to touch.
+            return Ok(Next::Idle);
+        }
+        let observed = observe(ctx, &current, policy.as_deref(), now);
+        let step = phase::next_step(&observed);
+        tracing::debug!(remediation = %current.name_any(), phase = %observed.phase, ?step, "step");
+        match take(ctx, &current, policy.as_deref(), step, now).await? {
+            Taken::Continue(updated) => current = updated,
+            Taken::Done(next) => return Ok(next),
+        }
+    }
+    Ok(Next::At(Timestamp::now()))
+}
+
+fn observe(
+    ctx: &Context,
+    remediation: &GpuRemediation,
+    policy: Option<&GpuRemediationPolicy>,
+    now: Timestamp,
+) -> Observed {
+    let name = remediation.name_any();
+    let status = remediation.status.clone().unwrap_or_default();
+    let node = ctx.caches.node(&remediation.spec.node_name);
+    let health = match (policy, node.as_deref()) {
+        (None, _) => Health::PolicyGone,
+        (Some(_), None) => Health::Broken,
+        (Some(policy), Some(node)) => {
+            let conditions = node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_deref())
+                .unwrap_or_default();
+            match detect::evaluate(conditions, &policy.spec.triggers, now) {
+                Verdict::Healthy { since } => Health::Recovered(since),
+                Verdict::Pending { .. } | Verdict::Unhealthy { .. } => Health::Broken,
+            }
+        }
+    };
+    Observed {
+        phase: status.phase,
+        mode: remediation.spec.mode,
+        deleting: remediation.metadata.deletion_timestamp.is_some(),
+        has_finalizer: remediation
+            .finalizers()
+            .iter()
+            .any(|f| f == REMEDIATION_FINALIZER),
+        approved: remediation
+            .annotations()
+            .get(APPROVED_ANNOTATION)
+            .is_some_and(|v| v == "true"),
+        node: node.map(|n| NodeState {
+            cordon: cordon::cordon_of(&n, &name),
+        }),
+        health,
+        healthy_for: policy.map_or(SignedDuration::ZERO, |p| {
+            signed(p.spec.release.healthy_for.as_std())
+        }),
+        drained: has_true(&status, remediation_conditions::DRAINED),
+        now,
+    }
+}
+
+enum Taken {
+    /// The step changed the record; take the next step now.
+    Continue(Arc<GpuRemediation>),
+    /// Nothing more this pass.
+    Done(Next),
+}
+
+async fn take(
+    ctx: &Context,
+    remediation: &Arc<GpuRemediation>,
+    policy: Option<&GpuRemediationPolicy>,
+    step: Step,
+    now: Timestamp,
+) -> Result<Taken, AdvanceRemediationError> {
+    let name = remediation.name_any();
+    let node = remediation.spec.node_name.clone();
+    let mut status = remediation.status.clone().unwrap_or_default();
+    match step {
+        Step::Idle => Ok(Taken::Done(Next::Idle)),
+        Step::DropFinalizer => {
+            drop_finalizer(ctx, remediation).await?;
+            Ok(Taken::Done(Next::Idle))
+        }
+        Step::ReleaseForDeletion => {
+            release(ctx, &node, &name).await?;
+            drop_finalizer(ctx, remediation).await?;
+            Ok(Taken::Done(Next::Idle))
+        }
+        Step::Cancel(reason) => {
+            release(ctx, &node, &name).await?;
+            enter(&mut status, Phase::Cancelled, reason.message(), now);
+            set_condition(
+                &mut status,
+                remediation_conditions::COMPLETE,
+                true,
+                reason.reason(),
+                reason.message(),
+                now,
+            );
+            if status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == remediation_conditions::CORDONED)
+            {
+                set_condition(
+                    &mut status,
+                    remediation_conditions::CORDONED,
+                    false,
+                    reason.reason(),
+                    "released",
+                    now,
+                );
+            }
+            let updated = write(ctx, remediation, status, reason.reason(), EventType::Normal).await?;
+            drop_finalizer(ctx, &updated).await?;
+            Ok(Taken::Done(Next::Idle))
+        }
+        Step::RecordDryRun => {
+            record_dry_run(ctx, remediation, policy, status, now).await?;
+            Ok(Taken::Done(Next::At(now)))
+        }
+        Step::AwaitApproval => {
+            let message = format!(
+                "waiting for a person to approve: kubectl annotate gpuremediation {name} {APPROVED_ANNOTATION}=true"
+            );
+            enter(&mut status, Phase::AwaitingApproval, &message, now);
+            write(
+                ctx,
+                remediation,
+                status,
+                reasons::PHASE_CHANGED,
+                EventType::Normal,
+            )
+            .await?;
+            Ok(Taken::Done(Next::Idle))
+        }
+        Step::Cordon => {
+            let Some(written) = ctx.ops.cordon_node(&node, &name).await? else {
+                // The node vanished between the cache and the read: the next step cancels.
+                return Ok(Taken::Done(Next::At(now)));
+            };
+            let message = match cordon::cordon_of(&written, &name) {
+                phase::Cordon::Theirs => {
+                    "the node was already cordoned by someone else; it stays theirs, we added our taint"
+                }
+                _ => "unschedulable and tainted by this remediation",
+            };
+            let mut pruned = written;
+            prune_node(&mut pruned);
+            ctx.caches.written_nodes.record(pruned);
+            enter(&mut status, Phase::Cordoned, message, now);
+            set_condition(
+                &mut status,
+                remediation_conditions::CORDONED,
+                true,
+                "Cordoned",
+                message,
+                now,
+            );
+            let updated = write(
+                ctx,
+                remediation,
+                status,
+                reasons::PHASE_CHANGED,
+                EventType::Normal,
+            )
+            .await?;
+            Ok(Taken::Continue(updated))
+        }
+        Step::Drain | Step::DrainUntilReleased(_) => {
+            let Some(policy) = policy else {
+                return Ok(Taken::Done(Next::At(now)));
+            };
+            let release_at = match step {
+                Step::DrainUntilReleased(at) => Some(at),
+                _ => None,
+            };
+            drain_round(ctx, remediation, policy, status, release_at, now).await
+        }
+        Step::HandOver => hand_over(ctx, remediation, status, now).await,
+    }
+}
+
+/// One round of the drain: list the node's pods, evict those due, record progress, and apply the
+/// timeout policy.
+async fn drain_round(
+    ctx: &Context,
+    remediation: &Arc<GpuRemediation>,
+    policy: &GpuRemediationPolicy,
+    mut status: GpuRemediationStatus,
+    release_at: Option<Timestamp>,
+    now: Timestamp,
+) -> Result<Taken, AdvanceRemediationError> {
+    let entered_draining = status.phase == Phase::Cordoned;
+    if entered_draining {
+        enter(
+            &mut status,
+            Phase::Draining,
+            "evicting pods through the Eviction API",
+            now,
+        );
+    }
+    let plan = list_plan(ctx, &remediation.spec.node_name).await?;
+    let budgets: Vec<PodDisruptionBudget> =
+        ctx.caches.budgets.state().iter().map(|b| (**b).clone()).collect();
+    let grace = policy.spec.drain.grace_period_seconds;
+    let previous = status.drain.clone().unwrap_or_default();
+    let backoff = signed(ctx.settings.eviction_backoff);
+
+    let due: Vec<&Leaving> = plan
+        .to_evict()
+        .filter(|pod| {
+            let last = ctx.last_eviction_attempt(&pod.uid);
+            drain::retry_due(last, budget_allows(pod, &budgets), backoff, now)
+        })
+        .collect();
+    let outcomes: Vec<(&Leaving, Result<EvictionOutcome, EvictPodError>)> = stream::iter(due)
+        .map(|pod| async move { (pod, ctx.ops.evict(pod, grace, false).await) })
+        .buffer_unordered(ctx.settings.eviction_concurrency.max(1))
+        .collect()
+        .await;
+
+    let mut evicted = 0;
+    let mut gone = 0;
+    let mut refused: HashMap<String, Blocker> = HashMap::new();
+    for (pod, outcome) in outcomes {
+        ctx.record_eviction_attempt(&pod.uid, now);
+        match outcome? {
+            EvictionOutcome::Accepted => evicted += 1,
+            EvictionOutcome::Gone => gone += 1,
+            EvictionOutcome::Refused(answer) => {
+                let since = previous
+                    .blockers
+                    .iter()
+                    .find(|b| b.pod == pod.key())
+                    .and_then(|b| b.since.clone());
+                refused.insert(
+                    pod.key(),
+                    blocker(pod, &answer, &budgets, since.unwrap_or(Time(now))),
+                );
+            }
+        }
+    }
+    // Pods refused earlier and not asked again this round keep their blocker.
+    let blockers: Vec<Blocker> = plan
+        .to_evict()
+        .filter_map(|pod| {
+            refused
+                .remove(&pod.key())
+                .or_else(|| previous.blockers.iter().find(|b| b.pod == pod.key()).cloned())
+        })
+        .collect();
+    let remaining = count(plan.leaving.len()).saturating_sub(gone);
+    status.drain = Some(DrainStatus {
+        pods_total: previous.pods_total.max(count(plan.leaving.len())),
+        pods_evicted: previous.pods_evicted + evicted,
+        pods_remaining: remaining,
+        blockers,
+        would_evict: Vec::new(),
+    });
+
+    let started = phase_entered(&status, Phase::Draining).unwrap_or(now);
+    let verdict = phase::drain_verdict(DrainState {
+        remaining,
+        started,
+        timeout: signed(policy.spec.drain.timeout.as_std()),
+        on_timeout: policy.spec.drain.on_timeout,
+        now,
+    });
+    let poll = plus(now, signed(ctx.settings.pod_poll));
+    let retry = plus(now, backoff);
+    let has_blockers = status.drain.as_ref().is_some_and(|d| !d.blockers.is_empty());
+    let waiting_for = |deadline: Option<Timestamp>| {
+        let terminating = remaining > count(plan.to_evict().count());
+        let mut next = if terminating || evicted > 0 {
+            poll
+        } else if has_blockers {
+            retry
+        } else {
+            poll
+        };
+        for at in [deadline, release_at].into_iter().flatten() {
+            next = next.min(at);
+        }
+        Next::At(next)
+    };
+    match verdict {
+        DrainVerdict::Drained => {
+            let message = format!(
+                "all {} pods that had to leave are gone",
+                status.drain.as_ref().map_or(0, |d| d.pods_total)
+            );
+            set_condition(
+                &mut status,
+                remediation_conditions::DRAINED,
+                true,
+                "Drained",
+                &message,
+                now,
+            );
+            status.message = Some(message);
+            let updated = write(
+                ctx,
+                remediation,
+                status,
+                reasons::PHASE_CHANGED,
+                EventType::Normal,
+            )
+            .await?;
+            Ok(Taken::Continue(updated))
+        }
+        DrainVerdict::Continue { deadline } => {
+            write_if_changed(ctx, remediation, status).await?;
+            Ok(Taken::Done(waiting_for(Some(deadline))))
+        }
+        DrainVerdict::Blocked => {
+            if status.phase != Phase::Blocked {
+                let message = format!(
+                    "drain timed out after {} with {remaining} pods left; the node stays cordoned and evictions keep being retried{}",
+                    policy.spec.drain.timeout,
+                    blocked_by(&status)
+                );
+                enter(&mut status, Phase::Blocked, &message, now);
+                write(
+                    ctx,
+                    remediation,
+                    status,
+                    reasons::DRAIN_TIMEOUT,
+                    EventType::Warning,
+                )
+                .await?;
+            } else {
+                write_if_changed(ctx, remediation, status).await?;
+            }
+            Ok(Taken::Done(waiting_for(None)))
+        }
+        DrainVerdict::ForceDelete => {
+            let doomed: Vec<&Leaving> = plan.to_evict().collect();
+            for pod in &doomed {
+                ctx.ops.force_delete(pod, grace).await?;
+            }
+            if !doomed.is_empty() {
+                let pods: Vec<String> = doomed.iter().map(|p| p.key()).collect();
+                let message = format!(
+                    "drain timed out after {}: deleting {} pods directly (onTimeout: ForceDelete): {}",
+                    policy.spec.drain.timeout,
+                    pods.len(),
+                    pods.join(", ")
+                );
+                status.message = Some(message.clone());
+                let updated = write_if_changed(ctx, remediation, status).await?;
+                ctx.ops
+                    .publish(
+                        updated.as_ref(),
+                        event(reasons::DRAIN_TIMEOUT, &message, EventType::Warning),
+                    )
+                    .await;
+            } else {
+                write_if_changed(ctx, remediation, status).await?;
+            }
+            Ok(Taken::Done(Next::At(poll)))
+        }
+        DrainVerdict::Proceed => {
+            let message = format!(
+                "drain timed out after {} with {remaining} pods left; proceeding (onTimeout: Proceed){}",
+                policy.spec.drain.timeout,
+                blocked_by(&status)
+            );
+            set_condition(
+                &mut status,
+                remediation_conditions::DRAINED,
+                true,
+                reasons::DRAIN_TIMEOUT,
+                &message,
+                now,
+            );
+            status.message = Some(message.clone());
+            let updated = write_if_changed(ctx, remediation, status).await?;
+            ctx.ops
+                .publish(
+                    updated.as_ref(),
+                    event(reasons::DRAIN_TIMEOUT, &message, EventType::Warning),
+                )
+                .await;
+            Ok(Taken::Continue(updated))
+        }
+    }
+}
+
+/// After the drain: `action: None` finishes; `Replace`/`Reboot` wait for the replacement step.
+async fn hand_over(
+    ctx: &Context,
+    remediation: &Arc<GpuRemediation>,
+    mut status: GpuRemediationStatus,
+    now: Timestamp,
+) -> Result<Taken, AdvanceRemediationError> {
+    match phase::hand_over(remediation.spec.action) {
+        HandOver::Finish => {
+            let message = "drained; action None: the node stays cordoned until a person acts";
+            enter(&mut status, Phase::Succeeded, message, now);
+            set_condition(
+                &mut status,
+                remediation_conditions::COMPLETE,
+                true,
+                "Succeeded",
+                message,
+                now,
+            );
+            let updated = write(
+                ctx,
+                remediation,
+                status,
+                reasons::PHASE_CHANGED,
+                EventType::Normal,
+            )
+            .await?;
+            Ok(Taken::Continue(updated))
+        }
+        HandOver::Replace => {
+            // The replacement step (crate::replace) is not part of this build yet: say so plainly
+            // rather than pretend. The remediation stays in flight, holding its budget slot.
+            let message =
+                "drained; waiting for the replacement step, which this controller build does not provide yet";
+            set_condition(
+                &mut status,
+                remediation_conditions::REPLACEMENT_TRIGGERED,
+                false,
+                "AwaitingReplacementSupport",
+                message,
+                now,
+            );
+            status.message = Some(message.to_owned());
+            write_if_changed(ctx, remediation, status).await?;
+            Ok(Taken::Done(Next::Idle))
+        }
+    }
+}
+
+/// Mode `DryRun`: lists what would be evicted and asks the server, with dry-run evictions, which
+/// budgets would refuse. Changes nothing.
+async fn record_dry_run(
+    ctx: &Context,
+    remediation: &Arc<GpuRemediation>,
+    policy: Option<&GpuRemediationPolicy>,
+    mut status: GpuRemediationStatus,
+    now: Timestamp,
+) -> Result<(), AdvanceRemediationError> {
+    let plan = list_plan(ctx, &remediation.spec.node_name).await?;
+    let budgets: Vec<PodDisruptionBudget> =
+        ctx.caches.budgets.state().iter().map(|b| (**b).clone()).collect();
+    let grace = policy.and_then(|p| p.spec.drain.grace_period_seconds);
+    let outcomes: Vec<(&Leaving, Result<EvictionOutcome, EvictPodError>)> = stream::iter(plan.to_evict())
+        .map(|pod| async move { (pod, ctx.ops.evict(pod, grace, true).await) })
+        .buffer_unordered(ctx.settings.eviction_concurrency.max(1))
+        .collect()
+        .await;
+    let mut blockers = Vec::new();
+    for (pod, outcome) in outcomes {
+        if let EvictionOutcome::Refused(answer) = outcome? {
+            blockers.push(blocker(pod, &answer, &budgets, Time(now)));
+        }
+    }
+    blockers.sort_by(|a, b| a.pod.cmp(&b.pod));
+    let would_evict: Vec<String> = plan.to_evict().map(Leaving::key).collect();
+    let refusing: Vec<String> = blockers.iter().filter_map(|b| b.pdb.clone()).collect();
+    let message = if blockers.is_empty() {
+        format!(
+            "dry run: {} pods would be evicted; no disruption budget would refuse; nothing was changed",
+            would_evict.len()
+        )
+    } else {
+        format!(
+            "dry run: {} pods would be evicted; {} evictions would be refused now (by {}); nothing was changed",
+            would_evict.len(),
+            blockers.len(),
+            if refusing.is_empty() {
+                "the server".to_owned()
+            } else {
+                refusing.join(", ")
+            }
+        )
+    };
+    status.drain = Some(DrainStatus {
+        pods_total: count(would_evict.len()),
+        pods_evicted: 0,
+        pods_remaining: count(would_evict.len()),
+        blockers,
+        would_evict,
+    });
+    enter(&mut status, Phase::DryRun, &message, now);
+    set_condition(
+        &mut status,
+        remediation_conditions::COMPLETE,
+        true,
+        "DryRun",
+        &message,
+        now,
+    );
+    write(
+        ctx,
+        remediation,
+        status,
+        reasons::PHASE_CHANGED,
+        EventType::Normal,
+    )
+    .await?;
+    Ok(())
+}
+
+async fn list_plan(ctx: &Context, node: &str) -> Result<Plan, AdvanceRemediationError> {
+    let pods = Api::<Pod>::all(ctx.ops.client().clone());
+    let listed = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .map_err(|source| AdvanceRemediationError::ListPods {
+            node: node.to_owned(),
+            source,
+        })?;
+    Ok(drain::plan(&listed.items))
+}
+
+fn budget_allows(pod: &Leaving, budgets: &[PodDisruptionBudget]) -> Option<bool> {
+    let covering = drain::covering_budgets(pod, budgets);
+    let [only] = covering.as_slice() else { return None };
+    let name = only.split_once('/').map_or(only.as_str(), |(_, n)| n);
+    budgets
+        .iter()
+        .find(|b| b.namespace().as_deref() == Some(pod.namespace.as_str()) && b.name_any() == name)
+        .and_then(|b| b.status.as_ref())
+        .map(|s| s.disruptions_allowed > 0)
+}
+
+fn blocker(
+    pod: &Leaving,
+    answer: &kube::core::Status,
+    budgets: &[PodDisruptionBudget],
+    since: Time,
+) -> Blocker {
+    let pdb = drain::budget_named_in(answer)
+        .map(|name| format!("{}/{name}", pod.namespace))
+        .or_else(|| {
+            let covering = drain::covering_budgets(pod, budgets);
+            (!covering.is_empty()).then(|| covering.join(","))
+        });
+    let causes = answer.details.as_ref().map(|d| {
+        d.causes
+            .iter()
+            .map(|c| c.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
+    let message = match causes {
+        Some(causes) if !causes.is_empty() => format!("{} ({causes})", answer.message),
+        _ => answer.message.clone(),
+    };
+    Blocker {
+        pod: pod.key(),
+        pdb,
+        code: answer.code,
+        message,
+        since: Some(since),
+    }
+}
+
+fn blocked_by(status: &GpuRemediationStatus) -> String {
+    let mut budgets: Vec<String> = status
+        .drain
+        .iter()
+        .flat_map(|d| d.blockers.iter().filter_map(|b| b.pdb.clone()))
+        .collect();
+    budgets.sort();
+    budgets.dedup();
+    if budgets.is_empty() {
+        String::new()
+    } else {
+        format!("; refused by {}", budgets.join(", "))
+    }
+}
+
+async fn release(ctx: &Context, node: &str, remediation: &str) -> Result<(), AdvanceRemediationError> {
+    if let Some(mut written) = ctx.ops.release_node(node, remediation).await? {
+        prune_node(&mut written);
+        ctx.caches.written_nodes.record(written);
+    }
+    Ok(())
+}
+
+async fn drop_finalizer(ctx: &Context, remediation: &GpuRemediation) -> Result<(), AdvanceRemediationError> {
+    if !remediation
+        .finalizers()
+        .iter()
+        .any(|f| f == REMEDIATION_FINALIZER)
+    {
+        return Ok(());
+    }
+    match ctx.ops.drop_finalizer(remediation).await? {
+        Some(updated) => ctx.caches.written_remediations.record(updated),
+        None => ctx.caches.written_remediations.forget(&remediation.name_any()),
+    }
+    Ok(())
+}
+
+/// Writes the status and, when the phase changed, publishes one Event saying so.
+async fn write(
+    ctx: &Context,
+    remediation: &GpuRemediation,
+    status: GpuRemediationStatus,
+    reason: &str,
+    type_: EventType,
+) -> Result<Arc<GpuRemediation>, AdvanceRemediationError> {
+    let before = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
+    let after = status.phase;
+    let message = status.message.clone().unwrap_or_default();
+    let updated = write_if_changed(ctx, remediation, status).await?;
+    if before != after || reason != reasons::PHASE_CHANGED {
+        let note = format!("{before} → {after}: {message}");
+        ctx.ops
+            .publish(updated.as_ref(), event(reason, &note, type_))
+            .await;
+    }
+    Ok(updated)
+}
+
+async fn write_if_changed(
+    ctx: &Context,
+    remediation: &GpuRemediation,
+    status: GpuRemediationStatus,
+) -> Result<Arc<GpuRemediation>, AdvanceRemediationError> {
+    if remediation.status.as_ref() == Some(&status) {
+        return Ok(Arc::new(remediation.clone()));
+    }
+    let mut updated = ctx
+        .ops
+        .write_remediation_status(&remediation.name_any(), &status)
+        .await?;
+    updated.managed_fields_mut().clear();
+    ctx.caches.written_remediations.record(updated.clone());
+    Ok(Arc::new(updated))
+}
+
+fn event(reason: &str, note: &str, type_: EventType) -> Event {
+    Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(truncate(note, 1000)),
+        action: "Remediate".to_owned(),
+        secondary: None,
+    }
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// Enters `phase`: records it with its time in the history and as the current message.
+fn enter(status: &mut GpuRemediationStatus, phase: Phase, message: &str, now: Timestamp) {
+    status.phase = phase;
+    status.phase_history.push(PhaseTransition {
+        phase,
+        at: Time(now),
+        message: Some(message.to_owned()),
+    });
+    status.message = Some(message.to_owned());
+}
+
+fn set_condition(
+    status: &mut GpuRemediationStatus,
+    type_: &str,
+    value: bool,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) {
+    let updated = condition(
+        &status.conditions,
+        type_,
+        value,
+        reason.to_owned(),
+        message.to_owned(),
+        None,
+        now,
+    );
+    match status.conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(existing) => *existing = updated,
+        None => status.conditions.push(updated),
+    }
+}
+
+fn has_true(status: &GpuRemediationStatus, type_: &str) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+fn phase_entered(status: &GpuRemediationStatus, phase: Phase) -> Option<Timestamp> {
+    status
+        .phase_history
+        .iter()
+        .rev()
+        .find(|t| t.phase == phase)
+        .map(|t| t.at.0)
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Whether a remediation is still ours to advance (not finished, or
+/// finished but still holding our finalizer).
+#[must_use]
+pub fn needs_attention(remediation: &GpuRemediation) -> bool {
+    let phase = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
+    !phase.is_terminal()
+        || remediation
+            .finalizers()
+            .iter()
+            .any(|f| f == REMEDIATION_FINALIZER)
+}
