@@ -1,0 +1,572 @@
+//! e2e: the real `gpu-health-agent` binary, one per simulated node, driven by the `file` probe and
+//! authenticated as the agent's own service account under the RBAC of `manifests/agent/rbac.yaml`
+//! (so these tests also prove that role is enough).
+//!
+//! The agent binary is built with `cargo build -p gpu-health-agent` on first use (a binary of
+//! another package has no `CARGO_BIN_EXE_` here).
+
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use gpu_remediation_api::constants::{CLEAR_ANNOTATION, gpu_reasons, node_conditions};
+use gpu_sandbox::{Fleet, FleetOptions};
+use k8s_openapi::{
+    api::{
+        authentication::v1::{TokenRequest, TokenRequestSpec},
+        core::v1::{Namespace, Node, NodeCondition, ServiceAccount},
+        events::v1::Event,
+        rbac::v1::{ClusterRole, ClusterRoleBinding},
+    },
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use tokio::{process::Child, sync::OnceCell};
+
+/// Where the agent's role lives, relative to this package.
+const RBAC_YAML: &str = include_str!("../../manifests/agent/rbac.yaml");
+const AGENT_NAMESPACE: &str = "gpu-remediation";
+const AGENT_SERVICE_ACCOUNT: &str = "gpu-health-agent";
+const GPUS: u32 = 4;
+
+/// Builds the agent once per test binary and returns its path.
+async fn agent_binary() -> &'static Path {
+    static BINARY: OnceCell<PathBuf> = OnceCell::const_new();
+    BINARY
+        .get_or_init(|| async {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("e2e sits in the workspace");
+            let status = tokio::process::Command::new(cargo)
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "gpu-health-agent",
+                    "--bin",
+                    "gpu-health-agent",
+                ])
+                .current_dir(workspace)
+                .status()
+                .await
+                .expect("running cargo build");
+            assert!(status.success(), "cargo build -p gpu-health-agent failed");
+            let target =
+                std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace.join("target"), PathBuf::from);
+            let binary = target.join("debug").join("gpu-health-agent");
+            assert!(binary.exists(), "{} not built", binary.display());
+            binary
+        })
+        .await
+}
+
+/// Creates the agent's ServiceAccount and role from the manifest (once; other tests of this binary
+/// may race to do the same) and writes a kubeconfig holding a token of that ServiceAccount.
+async fn agent_kubeconfig(client: &Client, dir: &Path) -> PathBuf {
+    let create = |result: Result<(), kube::Error>| match result {
+        Ok(()) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(err) => panic!("creating agent RBAC: {err}"),
+    };
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": AGENT_NAMESPACE}})).unwrap();
+    create(
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .map(drop),
+    );
+    for document in RBAC_YAML.split("\n---\n") {
+        let object: Value = serde_yaml::from_str(document).expect("rbac.yaml parses");
+        let post = PostParams::default();
+        let result = match object["kind"].as_str() {
+            Some("ServiceAccount") => Api::<ServiceAccount>::namespaced(client.clone(), AGENT_NAMESPACE)
+                .create(&post, &serde_json::from_value(object).unwrap())
+                .await
+                .map(drop),
+            Some("ClusterRole") => Api::<ClusterRole>::all(client.clone())
+                .create(&post, &serde_json::from_value(object).unwrap())
+                .await
+                .map(drop),
+            Some("ClusterRoleBinding") => Api::<ClusterRoleBinding>::all(client.clone())
+                .create(&post, &serde_json::from_value(object).unwrap())
+                .await
+                .map(drop),
+            other => panic!("unexpected kind {other:?} in manifests/agent/rbac.yaml"),
+        };
+        create(result);
+    }
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let token = Api::<ServiceAccount>::namespaced(client.clone(), AGENT_NAMESPACE)
+        .create_token_request(AGENT_SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .expect("token for the agent's service account")
+        .status
+        .expect("token request status")
+        .token;
+    let admin = std::fs::read_to_string(common::cluster().await.kubeconfig_path()).expect("admin kubeconfig");
+    let agent: Vec<String> = admin
+        .lines()
+        .map(|line| match line.split_once("token:") {
+            Some((indent, _)) if indent.trim().is_empty() => format!("{indent}token: {token}"),
+            _ => line.to_owned(),
+        })
+        .collect();
+    assert!(
+        agent.iter().any(|line| line.contains(&token)),
+        "the admin kubeconfig has a token line to replace"
+    );
+    let path = dir.join("agent-kubeconfig");
+    std::fs::write(&path, agent.join("\n")).unwrap();
+    path
+}
+
+/// The GPUs of one simulated node, as the file probe reads them.
+fn gpu(node: &str, index: u32) -> Value {
+    json!({
+        "index": index,
+        "uuid": format!("GPU-{node}-{index:04}"),
+        "pciBusId": format!("00000000:{:02X}:00.0", 0x18 + index * 0x10),
+        "name": "NVIDIA H100 80GB HBM3",
+        "eccVolatileUncorrected": 0,
+        "rowRemap": {"pending": false, "failed": false},
+        "temperatureC": 35,
+        "slowdownThresholdC": 87,
+        "pcie": {"currentGen": 5, "maxGen": 5, "currentWidth": 16, "maxWidth": 16, "replayCounter": 0},
+    })
+}
+
+fn healthy_gpus(node: &str) -> Value {
+    json!({"gpus": (0..GPUS).map(|index| gpu(node, index)).collect::<Vec<_>>()})
+}
+
+/// Replaces the probe file atomically, as the agent expects writers to.
+fn write_probe_file(path: &Path, content: &Value) {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, serde_json::to_vec_pretty(content).unwrap()).unwrap();
+    std::fs::rename(&temporary, path).unwrap();
+}
+
+/// A running agent. Its stdin is a lifeline: dropping this (or this process dying in any way)
+/// closes it, and the wrapping shell terminates the agent, so no agent outlives the test.
+struct AgentProcess {
+    _child: Child,
+    log: PathBuf,
+}
+
+impl AgentProcess {
+    async fn start(node: &str, kubeconfig: &Path, probe_file: &Path, dir: &Path, extra: &[&str]) -> Self {
+        let log = dir.join(format!("{node}.log"));
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut args: Vec<String> = [
+            "--node-name",
+            node,
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+            "--probe",
+            "file",
+            "--probe-file",
+            &probe_file.display().to_string(),
+            "--interval",
+            "1s",
+            "--node-refresh",
+            "1s",
+            "--read-timeout",
+            "2s",
+        ]
+        .iter()
+        .map(|arg| (*arg).to_owned())
+        .collect();
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        let child = tokio::process::Command::new("bash")
+            .arg("-c")
+            .arg(r#""$@" </dev/null & agent=$!; read -r _; kill -TERM "$agent" 2>/dev/null; wait "$agent""#)
+            .arg("agent-lifeline")
+            .arg(agent_binary().await)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
+            .spawn()
+            .expect("starting gpu-health-agent");
+        Self { _child: child, log }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+}
+
+fn gpu_condition(node: &Node) -> Option<NodeCondition> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|condition| condition.type_ == node_conditions::GPU_HEALTHY)
+        .cloned()
+}
+
+/// Waits until the node's `GpuHealthy` condition has `status` and `reason`; returns it.
+async fn wait_for_condition(
+    client: &Client,
+    node: &str,
+    status: &str,
+    reason: &str,
+    timeout: Duration,
+    agent: &AgentProcess,
+) -> NodeCondition {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let deadline = Instant::now() + timeout;
+    loop {
+        let current = nodes.get(node).await.ok().as_ref().and_then(gpu_condition);
+        if let Some(condition) = &current
+            && condition.status == status
+            && condition.reason.as_deref() == Some(reason)
+        {
+            return condition.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {node}: GpuHealthy={status}/{reason} not seen within {timeout:?}; last {current:?}\nagent log:\n{}",
+            agent.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A scratch directory for this test's probe files, kubeconfig and logs.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpu-health-agent-e2e-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn fleet(client: &Client, nodes: usize) -> Fleet {
+    Fleet::start(
+        client.clone(),
+        FleetOptions {
+            nodes,
+            name_prefix: common::unique_name("agent"),
+            gpus_per_node: GPUS,
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .expect("starting the simulated fleet")
+}
+
+#[tokio::test]
+async fn a_gpu_falling_off_one_of_three_nodes_sets_gpu_missing_within_five_seconds_and_latches() {
+    let cluster = common::cluster().await;
+    let client = cluster.client();
+    let dir = scratch("missing");
+    let kubeconfig = agent_kubeconfig(&client, &dir).await;
+    let fleet = fleet(&client, 3).await;
+    let names = fleet.node_names();
+    let mut agents = Vec::new();
+    for name in &names {
+        let probe_file = dir.join(format!("{name}.json"));
+        write_probe_file(&probe_file, &healthy_gpus(name));
+        agents.push((
+            probe_file.clone(),
+            AgentProcess::start(name, &kubeconfig, &probe_file, &dir, &[]).await,
+        ));
+    }
+    for (name, (_, agent)) in names.iter().zip(&agents) {
+        let condition = wait_for_condition(
+            &client,
+            name,
+            "True",
+            gpu_reasons::HEALTHY,
+            Duration::from_secs(60),
+            agent,
+        )
+        .await;
+        assert_eq!(
+            condition.message.as_deref(),
+            Some("4 of 4 expected GPUs present and healthy")
+        );
+    }
+
+    // GPU 2 of the second node falls off the bus: it vanishes from the driver's list, no XID.
+    let (broken, (probe_file, agent)) = (&names[1], &agents[1]);
+    let mut fallen = healthy_gpus(broken);
+    fallen["gpus"].as_array_mut().unwrap().remove(2);
+    let started = Instant::now();
+    write_probe_file(probe_file, &fallen);
+    let condition = wait_for_condition(
+        &client,
+        broken,
+        "False",
+        gpu_reasons::GPU_MISSING,
+        Duration::from_secs(5),
+        agent,
+    )
+    .await;
+    let detected_after = started.elapsed();
+    println!("GpuMissing published {detected_after:?} after the GPU disappeared");
+    let message = condition.message.unwrap_or_default();
+    assert!(
+        message.contains(&format!("GPU-{broken}-0002")),
+        "names the UUID: {message}"
+    );
+    assert!(
+        message.contains("00000000:38:00.0"),
+        "names the PCI address: {message}"
+    );
+
+    // Only the broken node changed, and the agent wrote only its own condition.
+    let nodes: Api<Node> = Api::all(client.clone());
+    for healthy in [&names[0], &names[2]] {
+        let condition = gpu_condition(&nodes.get(healthy).await.unwrap()).unwrap();
+        assert_eq!(condition.status, "True", "{healthy}");
+    }
+    let node = nodes.get(broken).await.unwrap();
+    let ready = node
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .cloned();
+    assert_eq!(
+        ready.map(|ready| ready.status).as_deref(),
+        Some("True"),
+        "Ready is the kubelet's, untouched"
+    );
+    let managers: Vec<String> = node
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|entry| entry.subresource.as_deref() == Some("status"))
+        .filter(|entry| {
+            entry
+                .fields_v1
+                .as_ref()
+                .is_some_and(|fields| fields.0.to_string().contains(r#"{\"type\":\"GpuHealthy\"}"#))
+        })
+        .filter_map(|entry| entry.manager)
+        .collect();
+    assert_eq!(
+        managers,
+        vec!["gpu-health-agent".to_owned()],
+        "only the agent's field manager owns GpuHealthy"
+    );
+
+    // The GPU comes back: the fault stays latched.
+    write_probe_file(probe_file, &healthy_gpus(broken));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let condition = gpu_condition(&nodes.get(broken).await.unwrap()).unwrap();
+    assert_eq!(
+        condition.status, "False",
+        "a fatal fault latches until recycled or cleared"
+    );
+    let since = condition.last_transition_time.unwrap().0;
+
+    // A clear written before the fault does nothing; one written after it releases the latch.
+    let annotate = |at: Timestamp| {
+        Patch::Merge(json!({"metadata": {"annotations": {CLEAR_ANNOTATION: at.to_string()}}}))
+    };
+    let before = since.checked_sub(jiff_seconds(60)).unwrap();
+    nodes
+        .patch(broken, &PatchParams::default(), &annotate(before))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        gpu_condition(&nodes.get(broken).await.unwrap()).unwrap().status,
+        "False"
+    );
+    nodes
+        .patch(broken, &PatchParams::default(), &annotate(Timestamp::now()))
+        .await
+        .unwrap();
+    wait_for_condition(
+        &client,
+        broken,
+        "True",
+        gpu_reasons::HEALTHY,
+        Duration::from_secs(10),
+        agent,
+    )
+    .await;
+    drop(agents);
+    fleet.stop().await.expect("stopping the fleet");
+}
+
+fn jiff_seconds(seconds: i64) -> k8s_openapi::jiff::SignedDuration {
+    k8s_openapi::jiff::SignedDuration::from_secs(seconds)
+}
+
+#[tokio::test]
+async fn a_failing_or_hung_nvml_reads_unknown_never_false() {
+    let cluster = common::cluster().await;
+    let client = cluster.client();
+    let dir = scratch("nvml");
+    let kubeconfig = agent_kubeconfig(&client, &dir).await;
+    let fleet = fleet(&client, 2).await;
+    let names = fleet.node_names();
+    let (failing, hung) = (&names[0], &names[1]);
+    let failing_file = dir.join(format!("{failing}.json"));
+    let hung_file = dir.join(format!("{hung}.json"));
+    write_probe_file(&failing_file, &healthy_gpus(failing));
+    write_probe_file(&hung_file, &healthy_gpus(hung));
+    let failing_agent = AgentProcess::start(failing, &kubeconfig, &failing_file, &dir, &[]).await;
+    let hung_agent = AgentProcess::start(hung, &kubeconfig, &hung_file, &dir, &[]).await;
+    wait_for_condition(
+        &client,
+        failing,
+        "True",
+        gpu_reasons::HEALTHY,
+        Duration::from_secs(60),
+        &failing_agent,
+    )
+    .await;
+    wait_for_condition(
+        &client,
+        hung,
+        "True",
+        gpu_reasons::HEALTHY,
+        Duration::from_secs(60),
+        &hung_agent,
+    )
+    .await;
+
+    write_probe_file(&failing_file, &json!({"nvmlError": "Driver Not Loaded"}));
+    let mut hanging = healthy_gpus(hung);
+    hanging["hangSeconds"] = json!(30);
+    write_probe_file(&hung_file, &hanging);
+
+    let condition = wait_for_condition(
+        &client,
+        failing,
+        "Unknown",
+        gpu_reasons::NVML_UNAVAILABLE,
+        Duration::from_secs(5),
+        &failing_agent,
+    )
+    .await;
+    assert!(
+        condition
+            .message
+            .unwrap_or_default()
+            .contains("Driver Not Loaded")
+    );
+    let condition = wait_for_condition(
+        &client,
+        hung,
+        "Unknown",
+        gpu_reasons::NVML_UNAVAILABLE,
+        Duration::from_secs(8),
+        &hung_agent,
+    )
+    .await;
+    assert!(condition.message.unwrap_or_default().contains("hung"));
+
+    // It stays Unknown: a broken detector never turns into a False that would replace the node.
+    let nodes: Api<Node> = Api::all(client.clone());
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for name in [failing, hung] {
+            let status = gpu_condition(&nodes.get(name).await.unwrap()).unwrap().status;
+            assert_eq!(status, "Unknown", "{name}");
+        }
+    }
+    drop((failing_agent, hung_agent));
+    fleet.stop().await.expect("stopping the fleet");
+}
+
+#[tokio::test]
+async fn a_repeating_warning_becomes_one_warning_event_on_the_node() {
+    let cluster = common::cluster().await;
+    let client = cluster.client();
+    let dir = scratch("warning");
+    let kubeconfig = agent_kubeconfig(&client, &dir).await;
+    let fleet = fleet(&client, 1).await;
+    let node = fleet.node_names().remove(0);
+    let probe_file = dir.join(format!("{node}.json"));
+    let mut hot = healthy_gpus(&node);
+    hot["gpus"][1]["temperatureC"] = json!(91);
+    write_probe_file(&probe_file, &hot);
+    let agent = AgentProcess::start(
+        &node,
+        &kubeconfig,
+        &probe_file,
+        &dir,
+        &["--warning-threshold", "3", "--warning-window", "1m"],
+    )
+    .await;
+    wait_for_condition(
+        &client,
+        &node,
+        "True",
+        gpu_reasons::HEALTHY,
+        Duration::from_secs(60),
+        &agent,
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let params = ListParams::default().fields(&format!("regarding.name={node}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let warning = loop {
+        let list = events.list(&params).await.unwrap();
+        if let Some(event) = list
+            .items
+            .into_iter()
+            .find(|event| event.reason.as_deref() == Some("GpuTemperatureHigh"))
+        {
+            break event;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no GpuTemperatureHigh event\nagent log:\n{}",
+            agent.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    assert_eq!(warning.reporting_controller.as_deref(), Some("gpu-health-agent"));
+    assert!(
+        warning
+            .note
+            .unwrap_or_default()
+            .contains(&format!("GPU-{node}-0001"))
+    );
+    // Once per window: a few more hot reads add no second event.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let count = events
+        .list(&params)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|event| event.reason.as_deref() == Some("GpuTemperatureHigh"))
+        .count();
+    assert_eq!(count, 1);
+    let condition = gpu_condition(&Api::<Node>::all(client.clone()).get(&node).await.unwrap()).unwrap();
+    assert_eq!(condition.status, "True", "warnings never change the condition");
+    drop(agent);
+    fleet.stop().await.expect("stopping the fleet");
+}
