@@ -40,6 +40,16 @@ pub const GPU_PRESENT_LABEL: &str = "nvidia.com/gpu.present";
 /// Extended resource name of a GPU.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
+/// Placeholders the controller substitutes in `spec.replacement.template` before creating it.
+/// They may appear in any string of the template except label keys and values, which the API
+/// server validates as labels even inside a template.
+pub mod template_placeholders {
+    /// Replaced by the node's name.
+    pub const NODE_NAME: &str = "{{nodeName}}";
+    /// Replaced by the `GpuRemediation`'s name (unique per recycle, a valid object name).
+    pub const REMEDIATION_NAME: &str = "{{remediationName}}";
+}
+
 /// Field managers, one per writer, so server-side apply keeps each writer to its own fields.
 pub mod field_managers {
     /// The remediation controller.

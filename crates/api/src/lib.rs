@@ -12,6 +12,7 @@ pub mod policy;
 pub mod remediation;
 pub mod schema;
 pub mod selector;
+pub mod validate;
 
 pub use duration::Duration;
 pub use policy::{GpuRemediationPolicy, GpuRemediationPolicySpec, GpuRemediationPolicyStatus};

@@ -1,0 +1,608 @@
+//! Pure validation of a `GpuRemediationPolicy`, without an API server.
+//!
+//! The CRD schema (`crate::schema`) refuses bad policies at apply time; this module gives the same
+//! verdict, in the same words and with the same field paths, for a policy that never met a server
+//! (`gpu-remediator validate FILE`, a pre-commit check in a `GitOps` repository), and adds what CEL cannot say:
+//! exact label-key lengths, duplicate triggers, template placeholders. The controller runs it too,
+//! and reports `Invalid` in the policy's status instead of acting on a policy stored before the
+//! schema had a rule.
+
+use std::{collections::BTreeSet, fmt};
+
+use kube::CustomResourceExt;
+use serde_json::Value;
+
+use crate::{
+    constants::template_placeholders,
+    duration::Duration,
+    policy::{Action, GpuRemediationPolicy, GpuRemediationPolicySpec, Replacement, Strategy},
+    schema::{POLICY_NAME_MAX_LENGTH, messages},
+    selector::{IntOrPercent, NodeSelector, SelectorOperator},
+};
+
+/// One rule a policy breaks: where, and why, as the API server would say it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The field, written like the API server writes it: `spec.triggers[0].status`.
+    pub field: String,
+    /// What is wrong, for a person.
+    pub message: String,
+}
+
+impl Violation {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+/// Every rule a policy document breaks: fields the schema does not know, a shape that does not
+/// deserialise, then everything `validate_policy` checks. For policies read from files, where no
+/// server pruned or checked anything.
+#[must_use]
+pub fn validate_document(document: &Value) -> Vec<Violation> {
+    let mut violations = unknown_fields(document);
+    match serde_path_to_error::deserialize::<_, GpuRemediationPolicy>(document.clone()) {
+        Ok(policy) => violations.extend(validate_policy(&policy)),
+        Err(err) => {
+            let message = err.inner().to_string();
+            // serde names a missing field at its parent; the server names the field itself.
+            let missing = message
+                .strip_prefix("missing field `")
+                .and_then(|rest| rest.split('`').next());
+            let violation = match missing {
+                Some(field) => Violation::new(format!("{}.{field}", err.path()), "Required value"),
+                None => Violation::new(err.path().to_string(), message),
+            };
+            violations.push(violation);
+        }
+    }
+    violations
+}
+
+/// Every rule a policy breaks, name included; empty when it is valid.
+#[must_use]
+pub fn validate_policy(policy: &GpuRemediationPolicy) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    if let Some(name) = &policy.metadata.name
+        && name.len() > POLICY_NAME_MAX_LENGTH
+    {
+        violations.push(Violation::new("metadata.name", messages::POLICY_NAME));
+    }
+    violations.extend(validate_spec(&policy.spec));
+    violations
+}
+
+/// Every rule a policy's spec breaks; empty when it is valid.
+#[must_use]
+pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
+    let mut out = Vec::new();
+    check_selector(&spec.node_selector, &mut out);
+    check_triggers(spec, &mut out);
+    check_replacement(&spec.replacement, &mut out);
+    let reboots =
+        spec.action == Action::Reboot || spec.triggers.iter().any(|t| t.action == Some(Action::Reboot));
+    if reboots && spec.replacement.strategy != Strategy::Template {
+        out.push(Violation::new(
+            "spec.replacement.strategy",
+            messages::REBOOT_NEEDS_TEMPLATE,
+        ));
+    }
+    let safety = &spec.safety;
+    check_int_or_percent("spec.safety.maxConcurrent", &safety.max_concurrent, &mut out);
+    check_int_or_percent("spec.safety.maxUnhealthy", &safety.max_unhealthy, &mut out);
+    if safety.rate.limit < 1 {
+        out.push(Violation::new("spec.safety.rate.limit", messages::RATE_LIMIT));
+    }
+    if safety.max_attempts_per_node.count < 1 {
+        out.push(Violation::new(
+            "spec.safety.maxAttemptsPerNode.count",
+            messages::ATTEMPTS_COUNT,
+        ));
+    }
+    if spec.drain.grace_period_seconds.is_some_and(|s| s < 0) {
+        out.push(Violation::new(
+            "spec.drain.gracePeriodSeconds",
+            messages::GRACE_PERIOD,
+        ));
+    }
+    for (field, duration) in [
+        ("spec.replacement.timeout", spec.replacement.timeout),
+        ("spec.safety.rate.per", safety.rate.per),
+        (
+            "spec.safety.maxAttemptsPerNode.per",
+            safety.max_attempts_per_node.per,
+        ),
+        ("spec.drain.timeout", spec.drain.timeout),
+        ("spec.release.healthyFor", spec.release.healthy_for),
+        ("spec.history.ttl", spec.history.ttl),
+    ] {
+        check_positive(field, duration, &mut out);
+    }
+    if spec.history.ttl <= safety.rate.per {
+        out.push(Violation::new("spec.history.ttl", messages::TTL_VS_RATE));
+    }
+    if spec.history.ttl <= safety.max_attempts_per_node.per {
+        out.push(Violation::new("spec.history.ttl", messages::TTL_VS_ATTEMPTS));
+    }
+    out
+}
+
+fn check_positive(field: &str, duration: Duration, out: &mut Vec<Violation>) {
+    if duration.is_zero() {
+        out.push(Violation::new(field, messages::DURATION_POSITIVE));
+    }
+}
+
+fn check_int_or_percent(field: &str, value: &IntOrPercent, out: &mut Vec<Violation>) {
+    match value {
+        IntOrPercent::Int(n) if *n < 1 => out.push(Violation::new(field, messages::COUNT_AT_LEAST_ONE)),
+        IntOrPercent::Int(_) => {}
+        IntOrPercent::Percent(p) => {
+            let pct = p
+                .strip_suffix('%')
+                .filter(|d| !d.starts_with('0'))
+                .and_then(|d| d.parse::<u32>().ok());
+            if !pct.is_some_and(|pct| (1..=100).contains(&pct)) {
+                out.push(Violation::new(field, messages::PERCENT_RANGE));
+            }
+        }
+    }
+}
+
+fn check_triggers(spec: &GpuRemediationPolicySpec, out: &mut Vec<Violation>) {
+    if spec.triggers.is_empty() {
+        out.push(Violation::new("spec.triggers", messages::TRIGGERS_REQUIRED));
+    }
+    let mut seen: Vec<(&str, &str, BTreeSet<&str>)> = Vec::new();
+    for (i, trigger) in spec.triggers.iter().enumerate() {
+        let field = format!("spec.triggers[{i}]");
+        if !is_qualified_name(&trigger.condition_type) {
+            out.push(Violation::new(
+                format!("{field}.conditionType"),
+                messages::CONDITION_TYPE,
+            ));
+        }
+        if trigger.reasons.iter().any(String::is_empty) {
+            out.push(Violation::new(format!("{field}.reasons"), messages::REASON_EMPTY));
+        }
+        let mut reasons = BTreeSet::new();
+        for (j, reason) in trigger.reasons.iter().enumerate() {
+            if !reasons.insert(reason.as_str()) {
+                out.push(Violation::new(
+                    format!("{field}.reasons[{j}]"),
+                    format!("Duplicate value: {reason:?}"),
+                ));
+            }
+        }
+        let key = (trigger.condition_type.as_str(), trigger.status.as_str(), reasons);
+        if let Some(first) = seen.iter().position(|s| *s == key) {
+            out.push(Violation::new(
+                field,
+                format!(
+                    "duplicates spec.triggers[{first}]: same conditionType, status and reasons, so only one of them \
+                     could ever decide the action"
+                ),
+            ));
+        }
+        seen.push(key);
+    }
+}
+
+fn check_replacement(replacement: &Replacement, out: &mut Vec<Violation>) {
+    let field = "spec.replacement.template";
+    match (&replacement.template, replacement.strategy == Strategy::Template) {
+        (None, true) => out.push(Violation::new(field, messages::TEMPLATE_REQUIRED)),
+        (Some(_), false) => out.push(Violation::new(field, messages::TEMPLATE_FORBIDDEN)),
+        (None, false) => {}
+        (Some(template), true) => {
+            for key in ["apiVersion", "kind"] {
+                if template
+                    .get(key)
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    out.push(Violation::new(format!("{field}.{key}"), messages::TEMPLATE_KIND));
+                }
+            }
+            let mut unknown = BTreeSet::new();
+            collect_unknown_placeholders(template, &mut unknown);
+            for placeholder in unknown {
+                out.push(Violation::new(
+                    field,
+                    format!(
+                        "unknown placeholder {placeholder}: a template may use {} and {}",
+                        template_placeholders::NODE_NAME,
+                        template_placeholders::REMEDIATION_NAME
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// Every `{{...}}` in the template's strings (keys included) that the controller would not
+/// substitute, so a typo fails here rather than reaching the created object verbatim.
+fn collect_unknown_placeholders(value: &Value, unknown: &mut BTreeSet<String>) {
+    match value {
+        Value::String(s) => scan_placeholders(s, unknown),
+        Value::Array(items) => items
+            .iter()
+            .for_each(|v| collect_unknown_placeholders(v, unknown)),
+        Value::Object(map) => {
+            for (k, v) in map {
+                scan_placeholders(k, unknown);
+                collect_unknown_placeholders(v, unknown);
+            }
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
+}
+
+fn scan_placeholders(s: &str, unknown: &mut BTreeSet<String>) {
+    let mut rest = s;
+    while let Some(start) = rest.find("{{") {
+        let Some(len) = rest[start..].find("}}") else {
+            break;
+        };
+        let placeholder = &rest[start..start + len + 2];
+        if placeholder != template_placeholders::NODE_NAME
+            && placeholder != template_placeholders::REMEDIATION_NAME
+        {
+            unknown.insert(placeholder.to_owned());
+        }
+        rest = &rest[start + len + 2..];
+    }
+}
+
+fn check_selector(selector: &NodeSelector, out: &mut Vec<Violation>) {
+    for (key, value) in &selector.match_labels {
+        if !is_qualified_name(key) {
+            out.push(Violation::new(
+                "spec.nodeSelector.matchLabels",
+                format!("every key {} ({key:?} is not)", messages::LABEL_KEY),
+            ));
+        }
+        if !is_label_value(value) {
+            out.push(Violation::new(
+                "spec.nodeSelector.matchLabels",
+                format!("every value {} ({value:?} is not)", messages::LABEL_VALUE),
+            ));
+        }
+    }
+    for (i, req) in selector.match_expressions.iter().enumerate() {
+        let field = format!("spec.nodeSelector.matchExpressions[{i}]");
+        if !is_qualified_name(&req.key) {
+            out.push(Violation::new(format!("{field}.key"), messages::LABEL_KEY));
+        }
+        if req.values.iter().any(|v| !is_label_value(v)) {
+            out.push(Violation::new(
+                format!("{field}.values"),
+                format!("every value {}", messages::LABEL_VALUE),
+            ));
+        }
+        match req.operator {
+            SelectorOperator::In | SelectorOperator::NotIn if req.values.is_empty() => {
+                out.push(Violation::new(
+                    format!("{field}.values"),
+                    messages::SELECTOR_VALUES_REQUIRED,
+                ));
+            }
+            SelectorOperator::Exists | SelectorOperator::DoesNotExist if !req.values.is_empty() => {
+                out.push(Violation::new(
+                    format!("{field}.values"),
+                    messages::SELECTOR_VALUES_FORBIDDEN,
+                ));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A Kubernetes qualified name (label keys, condition types): an optional DNS-subdomain prefix of at
+/// most 253 characters and `/`, then a name of at most 63 characters.
+#[must_use]
+pub fn is_qualified_name(s: &str) -> bool {
+    let (prefix, name) = match s.rsplit_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, s),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    name_ok && prefix.is_none_or(is_dns_subdomain)
+}
+
+/// A label value: empty, or at most 63 characters starting and ending with a letter or digit.
+#[must_use]
+pub fn is_label_value(s: &str) -> bool {
+    s.is_empty()
+        || (s.len() <= 63
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+}
+
+/// A lowercase RFC 1123 subdomain of at most 253 characters.
+#[must_use]
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && label.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        })
+}
+
+/// Fields of a policy document that the schema does not know, which the server would prune (or,
+/// with strict field validation, as kubectl asks for, refuse). A misspelt `maxConcurent` is the
+/// typical case: pruned silently, the default applies and nobody notices.
+#[must_use]
+pub fn unknown_fields(document: &Value) -> Vec<Violation> {
+    let crd = GpuRemediationPolicy::crd();
+    let schema = crd
+        .spec
+        .versions
+        .first()
+        .and_then(|v| v.schema.as_ref())
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .map(|s| serde_json::to_value(s).expect("a schema serialises to JSON"))
+        .expect("the policy CRD has a schema");
+    let mut out = Vec::new();
+    let Some(root) = document.as_object() else {
+        return out;
+    };
+    for (key, value) in root {
+        match key.as_str() {
+            "apiVersion" | "kind" | "metadata" => {}
+            _ => walk_unknown(
+                value,
+                schema.get("properties").and_then(|p| p.get(key)),
+                key,
+                &mut out,
+            ),
+        }
+    }
+    out
+}
+
+fn walk_unknown(value: &Value, schema: Option<&Value>, path: &str, out: &mut Vec<Violation>) {
+    let Some(schema) = schema else {
+        out.push(Violation::new(path, "unknown field"));
+        return;
+    };
+    if schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true)) {
+        return;
+    }
+    match value {
+        Value::Object(map) => {
+            if let Some(properties) = schema.get("properties") {
+                for (key, child) in map {
+                    walk_unknown(child, properties.get(key), &format!("{path}.{key}"), out);
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                walk_unknown(item, schema.get("items"), &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::{
+        policy::{ConditionStatus, Trigger},
+        selector::SelectorRequirement,
+    };
+
+    fn spec() -> GpuRemediationPolicySpec {
+        serde_json::from_value(json!({"triggers": [{"conditionType": "GpuHealthy", "status": "False"}]}))
+            .unwrap()
+    }
+
+    fn fields(violations: &[Violation]) -> Vec<&str> {
+        violations.iter().map(|v| v.field.as_str()).collect()
+    }
+
+    #[test]
+    fn a_policy_of_defaults_and_one_trigger_is_valid() {
+        assert_eq!(validate_spec(&spec()), vec![]);
+    }
+
+    #[test]
+    fn a_policy_without_triggers_is_refused() {
+        let mut spec = spec();
+        spec.triggers.clear();
+        assert_eq!(fields(&validate_spec(&spec)), ["spec.triggers"]);
+    }
+
+    #[test]
+    fn two_triggers_on_the_same_condition_status_and_reasons_are_refused_as_duplicates() {
+        let mut spec = spec();
+        let trigger = |reasons: &[&str]| Trigger {
+            condition_type: "GpuHealthy".into(),
+            status: ConditionStatus::False,
+            reasons: reasons.iter().map(|r| (*r).to_owned()).collect(),
+            for_: Duration::from_secs(0),
+            action: None,
+        };
+        spec.triggers = vec![
+            trigger(&["XID79", "GpuMissing"]),
+            trigger(&["XID48"]),
+            trigger(&["GpuMissing", "XID79"]),
+        ];
+        let violations = validate_spec(&spec);
+        assert_eq!(fields(&violations), ["spec.triggers[2]"]);
+        assert!(
+            violations[0].message.contains("duplicates spec.triggers[0]"),
+            "{}",
+            violations[0]
+        );
+    }
+
+    #[test]
+    fn zero_counts_and_percentages_outside_one_to_a_hundred_are_refused() {
+        for (value, ok) in [
+            (IntOrPercent::Int(0), false),
+            (IntOrPercent::Int(1), true),
+            (IntOrPercent::Percent("0%".into()), false),
+            (IntOrPercent::Percent("1%".into()), true),
+            (IntOrPercent::Percent("100%".into()), true),
+            (IntOrPercent::Percent("101%".into()), false),
+            (IntOrPercent::Percent("05%".into()), false),
+            (IntOrPercent::Percent("ten".into()), false),
+        ] {
+            let mut out = Vec::new();
+            check_int_or_percent("f", &value, &mut out);
+            assert_eq!(out.is_empty(), ok, "{value}");
+        }
+    }
+
+    #[test]
+    fn a_template_with_an_unknown_placeholder_is_refused_and_the_known_ones_are_not() {
+        let mut spec = spec();
+        spec.replacement.strategy = Strategy::Template;
+        spec.replacement.template = Some(json!({
+            "apiVersion": "remediation.medik8s.io/v1alpha1",
+            "kind": "SelfNodeRemediation",
+            "metadata": {"name": "{{remediationName}}"},
+            "spec": {"node": "{{nodeName}}", "other": "{{node}}"},
+        }));
+        let violations = validate_spec(&spec);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(
+            violations[0].message.contains("unknown placeholder {{node}}"),
+            "{}",
+            violations[0]
+        );
+    }
+
+    #[test]
+    fn a_template_without_a_kind_is_refused() {
+        let mut spec = spec();
+        spec.replacement.strategy = Strategy::Template;
+        spec.replacement.template = Some(json!({"apiVersion": "v1"}));
+        assert_eq!(
+            validate_spec(&spec),
+            vec![Violation::new(
+                "spec.replacement.template.kind",
+                messages::TEMPLATE_KIND
+            )]
+        );
+    }
+
+    #[test]
+    fn history_must_outlive_both_limit_windows() {
+        let mut spec = spec();
+        spec.history.ttl = Duration::from_hours(24);
+        assert_eq!(
+            validate_spec(&spec),
+            vec![Violation::new("spec.history.ttl", messages::TTL_VS_ATTEMPTS)]
+        );
+        spec.history.ttl = Duration::from_hours(1);
+        assert_eq!(validate_spec(&spec).len(), 2);
+    }
+
+    #[test]
+    fn label_keys_follow_the_kubernetes_qualified_name_rules() {
+        for good in [
+            "gpu",
+            "nvidia.com/gpu.product",
+            "a/b",
+            "k8s.io/A_b-c.d",
+            &"x".repeat(63),
+        ] {
+            assert!(is_qualified_name(good), "{good}");
+        }
+        let long_prefix = format!("{}/gpu", vec!["a".repeat(63); 5].join("."));
+        for bad in [
+            "",
+            "-gpu",
+            "gpu-",
+            "gpu product",
+            "Nvidia.com/gpu",
+            "/gpu",
+            "a/",
+            &"x".repeat(64),
+            &long_prefix,
+        ] {
+            assert!(!is_qualified_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn selector_operators_take_values_exactly_when_they_compare_them() {
+        let mut spec = spec();
+        let req = |operator, values: &[&str]| SelectorRequirement {
+            key: "nvidia.com/gpu.product".into(),
+            operator,
+            values: values.iter().map(|v| (*v).to_owned()).collect(),
+        };
+        spec.node_selector.match_expressions = vec![
+            req(SelectorOperator::In, &[]),
+            req(SelectorOperator::Exists, &["x"]),
+            req(SelectorOperator::NotIn, &["A100"]),
+            req(SelectorOperator::DoesNotExist, &[]),
+        ];
+        let violations = validate_spec(&spec);
+        assert_eq!(
+            violations,
+            vec![
+                Violation::new(
+                    "spec.nodeSelector.matchExpressions[0].values",
+                    messages::SELECTOR_VALUES_REQUIRED
+                ),
+                Violation::new(
+                    "spec.nodeSelector.matchExpressions[1].values",
+                    messages::SELECTOR_VALUES_FORBIDDEN
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_misspelt_field_is_reported_with_its_path_and_the_template_may_hold_anything() {
+        let document = json!({
+            "apiVersion": "gpuremediation.dev/v1alpha1",
+            "kind": "GpuRemediationPolicy",
+            "metadata": {"name": "p"},
+            "spec": {
+                "triggers": [{"conditionType": "GpuHealthy", "status": "False", "reason": "XID79"}],
+                "safety": {"maxConcurent": 2},
+                "replacement": {"strategy": "Template", "template": {"apiVersion": "v1", "kind": "X", "anything": 1}},
+            },
+        });
+        assert_eq!(
+            fields(&unknown_fields(&document)),
+            ["spec.safety.maxConcurent", "spec.triggers[0].reason"]
+        );
+    }
+}
