@@ -69,8 +69,8 @@ async fn agent_binary() -> &'static Path {
         .await
 }
 
-/// Creates the agent's ServiceAccount and role from the manifest (once; other tests of this binary
-/// may race to do the same) and writes a kubeconfig holding a token of that ServiceAccount.
+/// Creates the agent's service account and role from the manifest (once; other tests of this
+/// binary may race to do the same) and writes a kubeconfig holding a token of that account.
 async fn agent_kubeconfig(client: &Client, dir: &Path) -> PathBuf {
     let create = |result: Result<(), kube::Error>| match result {
         Ok(()) => {}
@@ -375,7 +375,20 @@ async fn a_gpu_falling_off_one_of_three_nodes_sets_gpu_missing_within_five_secon
         "only the agent's field manager owns GpuHealthy"
     );
 
-    // The GPU comes back: the fault stays latched.
+    assert_latched_until_cleared(&client, broken, probe_file, agent).await;
+    drop(agents);
+    fleet.stop().await.expect("stopping the fleet");
+}
+
+/// The GPU comes back, yet the fault stays latched; a clear written before the fault does
+/// nothing; one written after it releases the latch.
+async fn assert_latched_until_cleared(
+    client: &Client,
+    broken: &str,
+    probe_file: &Path,
+    agent: &AgentProcess,
+) {
+    let nodes: Api<Node> = Api::all(client.clone());
     write_probe_file(probe_file, &healthy_gpus(broken));
     tokio::time::sleep(Duration::from_secs(3)).await;
     let condition = gpu_condition(&nodes.get(broken).await.unwrap()).unwrap();
@@ -404,7 +417,7 @@ async fn a_gpu_falling_off_one_of_three_nodes_sets_gpu_missing_within_five_secon
         .await
         .unwrap();
     wait_for_condition(
-        &client,
+        client,
         broken,
         "True",
         gpu_reasons::HEALTHY,
@@ -412,8 +425,6 @@ async fn a_gpu_falling_off_one_of_three_nodes_sets_gpu_missing_within_five_secon
         agent,
     )
     .await;
-    drop(agents);
-    fleet.stop().await.expect("stopping the fleet");
 }
 
 fn jiff_seconds(seconds: i64) -> k8s_openapi::jiff::SignedDuration {

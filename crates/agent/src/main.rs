@@ -1,4 +1,4 @@
-//! `gpu-health-agent`: the DaemonSet binary. Parses flags, builds the probe and the API client,
+//! `gpu-health-agent`: the `DaemonSet` binary. Parses flags, builds the probe and the API client,
 //! and runs the loop (or one read with `--once`, printing what it saw with `--print`).
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
@@ -30,7 +30,7 @@ enum ProbeKind {
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Flags {
-    /// The node this agent runs on (the DaemonSet passes spec.nodeName).
+    /// The node this agent runs on (the `DaemonSet` passes `spec.nodeName`).
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
     /// A kubeconfig file; without one, the in-cluster or default configuration.
