@@ -3,8 +3,15 @@
 //!
 //! - [`ControlPlane`]: etcd, kube-apiserver, kube-controller-manager and kube-scheduler built from
 //!   the pinned upstream release, on 127.0.0.1, that never outlive the process that started them.
+//! - [`Fleet`]: simulated GPU nodes with heartbeats, and a simulated kubelet for their pods.
+//! - [`fault`]: what a GPU agent would report about a failing GPU.
+//! - [`workload`]: `Deployments`, `StatefulSets`, PDBs, `DaemonSets` and special pods to put on a fleet.
 #![forbid(unsafe_code)]
 
 pub mod controlplane;
+pub mod fault;
+pub mod fleet;
+pub mod workload;
 
 pub use controlplane::{ControlPlane, ControlPlaneOptions, StartControlPlaneError};
+pub use fleet::{Fleet, FleetOptions};

@@ -92,3 +92,21 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A fresh fleet of `nodes` simulated GPU nodes (8 GPUs each) with a unique name, on the shared
+/// cluster, running on the calling test's runtime. Heartbeats every 2s, so a stopped heartbeat
+/// shows within the default 50s grace period plus a little.
+///
+/// # Panics
+/// If the nodes cannot be registered.
+pub async fn fleet(nodes: usize) -> gpu_sandbox::Fleet {
+    let options = gpu_sandbox::FleetOptions {
+        nodes,
+        name_prefix: unique_name("gpu"),
+        heartbeat_interval: Duration::from_secs(2),
+        ..gpu_sandbox::FleetOptions::default()
+    };
+    gpu_sandbox::Fleet::start(cluster().await.client(), options)
+        .await
+        .unwrap_or_else(|e| panic!("starting a fleet: {e}"))
+}

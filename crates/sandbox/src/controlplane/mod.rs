@@ -480,6 +480,18 @@ impl ControlPlane {
             .expect("the admin config built a client during start-up")
     }
 
+    /// A new admin client that never retries by itself: a 429 (an eviction a PDB refuses, a
+    /// throttled request) reaches the caller at once instead of being retried for minutes.
+    ///
+    /// # Panics
+    /// Never in practice: only the retry setting differs from the admin config.
+    #[must_use]
+    pub fn client_without_retry(&self) -> kube::Client {
+        let mut config = self.config();
+        config.default_retry = false;
+        kube::Client::try_from(config).expect("only the retry setting differs from the admin config")
+    }
+
     /// A new client that authenticates with `token`.
     ///
     /// # Panics

@@ -1,0 +1,419 @@
+//! The simulated kubelet of every node in a fleet: one watch over all bound pods (not a watch or a
+//! poll per node, so 20,000 pods on 1,000 nodes cost one stream), filtered to the fleet's nodes.
+//! A pod that arrives is made Running and Ready (Pending pods bypass PDBs, so this matters); a
+//! terminating pod is finalised with a grace-0 delete preconditioned on its UID, after the delay
+//! named by its `gpuremediation.dev/sim-termination` annotation, or never if that says `stall`.
+
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use gpu_remediation_api::constants::SIM_TERMINATION_ANNOTATION;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+use super::registry::NodeRegistry;
+
+/// The annotation value that makes a terminating pod never finish.
+pub const STALL: &str = "stall";
+
+/// What the kubelet does next with a pod bound to one of its nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeletStep {
+    /// Nothing: the pod is Running and Ready, or has finished.
+    Nothing,
+    /// Report it Running with every container ready.
+    MakeRunning,
+    /// Delete it with grace 0 (UID precondition) after this long.
+    Finalise {
+        /// The simulated termination time.
+        after: Duration,
+    },
+    /// It is terminating and its annotation says `stall`: leave it terminating forever.
+    Stall,
+}
+
+/// Decides the next step for `pod`. An unreadable termination annotation finalises at once, and the
+/// second value says what was wrong with it, so the caller can log it.
+#[must_use]
+pub fn next_step(pod: &Pod) -> (KubeletStep, Option<String>) {
+    if pod.metadata.deletion_timestamp.is_some() {
+        let annotation = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SIM_TERMINATION_ANNOTATION));
+        return match annotation.map(String::as_str) {
+            None => (
+                KubeletStep::Finalise {
+                    after: Duration::ZERO,
+                },
+                None,
+            ),
+            Some(STALL) => (KubeletStep::Stall, None),
+            Some(text) => match gpu_remediation_api::Duration::from_str(text) {
+                Ok(after) => (
+                    KubeletStep::Finalise {
+                        after: after.as_std(),
+                    },
+                    None,
+                ),
+                Err(e) => (
+                    KubeletStep::Finalise {
+                        after: Duration::ZERO,
+                    },
+                    Some(format!("{SIM_TERMINATION_ANNOTATION}: {e}")),
+                ),
+            },
+        };
+    }
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Succeeded" | "Failed")) {
+        return (KubeletStep::Nothing, None);
+    }
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        });
+    if phase == Some("Running") && ready {
+        (KubeletStep::Nothing, None)
+    } else {
+        (KubeletStep::MakeRunning, None)
+    }
+}
+
+/// A merge patch for the pod's status: Running, every condition true, every container running and
+/// ready (init containers completed).
+#[must_use]
+pub fn running_status_patch(pod: &Pod, pod_ip: &str, host_ip: &str, now: Timestamp) -> Value {
+    let now = now.to_string();
+    let spec = pod.spec.as_ref();
+    let container = |c: &k8s_openapi::api::core::v1::Container, running: bool| {
+        let state = if running {
+            json!({ "running": { "startedAt": now } })
+        } else {
+            json!({ "terminated": { "exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now } })
+        };
+        json!({
+            "name": c.name,
+            "image": c.image.clone().unwrap_or_default(),
+            "imageID": "",
+            "containerID": format!("sim://{}", c.name),
+            "ready": running,
+            "started": running,
+            "restartCount": 0,
+            "state": state,
+        })
+    };
+    let containers: Vec<Value> = spec
+        .map(|s| s.containers.iter().map(|c| container(c, true)).collect())
+        .unwrap_or_default();
+    let init_containers: Vec<Value> = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .map(|cs| cs.iter().map(|c| container(c, false)).collect())
+        .unwrap_or_default();
+    let condition = |kind: &str| json!({ "type": kind, "status": "True", "lastProbeTime": null, "lastTransitionTime": now });
+    json!({
+        "status": {
+            "phase": "Running",
+            "hostIP": host_ip,
+            "hostIPs": [{ "ip": host_ip }],
+            "podIP": pod_ip,
+            "podIPs": [{ "ip": pod_ip }],
+            "startTime": now,
+            "conditions": [
+                condition("PodReadyToStartContainers"),
+                condition("Initialized"),
+                condition("Ready"),
+                condition("ContainersReady"),
+                condition("PodScheduled"),
+            ],
+            "containerStatuses": containers,
+            "initContainerStatuses": init_containers,
+        }
+    })
+}
+
+/// Which kind of work is in flight for a pod, so a burst of events for one pod does one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Work {
+    Run,
+    Finalise,
+}
+
+/// The kubelet loop's shared state.
+struct Kubelet {
+    pods: Api<Pod>,
+    nodes: Arc<NodeRegistry>,
+    in_flight: Mutex<HashSet<(String, Work)>>,
+    permits: Semaphore,
+    pod_ips: AtomicU64,
+}
+
+/// Runs the kubelet of every node in `nodes` until the task is aborted.
+pub async fn run(client: Client, nodes: Arc<NodeRegistry>, concurrency: usize) {
+    let kubelet = Arc::new(Kubelet {
+        pods: Api::all(client.clone()),
+        nodes,
+        in_flight: Mutex::new(HashSet::new()),
+        permits: Semaphore::new(concurrency.max(1)),
+        pod_ips: AtomicU64::new(0),
+    });
+    let config = watcher::Config::default().fields("spec.nodeName!=");
+    let mut events = watcher(Api::<Pod>::all(client), config).default_backoff().boxed();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                Arc::clone(&kubelet).observe(pod);
+            }
+            Ok(watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitDone) => {}
+            Err(e) => tracing::warn!(error = %e, "simulated kubelet: pod watch failed; retrying"),
+        }
+    }
+}
+
+impl Kubelet {
+    fn observe(self: Arc<Self>, pod: Pod) {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            return;
+        };
+        let Some(host_ip) = self.nodes.kubelet_ip(&node) else {
+            return;
+        };
+        let (step, problem) = next_step(&pod);
+        if let Some(problem) = problem {
+            tracing::warn!(pod = %pod.name_any(), %problem, "simulated kubelet: finalising at once");
+        }
+        let work = match step {
+            KubeletStep::Nothing | KubeletStep::Stall => return,
+            KubeletStep::MakeRunning => Work::Run,
+            KubeletStep::Finalise { .. } => Work::Finalise,
+        };
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        if !self
+            .in_flight
+            .lock()
+            .expect("in-flight set lock")
+            .insert((uid.clone(), work))
+        {
+            return;
+        }
+        tokio::spawn(async move {
+            match step {
+                KubeletStep::MakeRunning => self.make_running(&pod, &host_ip).await,
+                KubeletStep::Finalise { after } => self.finalise(&pod, &uid, after).await,
+                KubeletStep::Nothing | KubeletStep::Stall => {}
+            }
+            self.in_flight
+                .lock()
+                .expect("in-flight set lock")
+                .remove(&(uid, work));
+        });
+    }
+
+    async fn make_running(&self, pod: &Pod, host_ip: &str) {
+        let n = self.pod_ips.fetch_add(1, Ordering::Relaxed);
+        let pod_ip = format!("10.{}.{}.{}", 128 + (n >> 16) % 64, (n >> 8) % 256, n % 256);
+        let patch = running_status_patch(pod, &pod_ip, host_ip, Timestamp::now());
+        let namespace = pod.namespace().unwrap_or_default();
+        let name = pod.name_any();
+        let pods: Api<Pod> = Api::namespaced(self.pods.clone().into_client(), &namespace);
+        for attempt in 1..=5 {
+            let result = {
+                let _permit = self.permits.acquire().await.expect("semaphore open");
+                pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+            };
+            match result {
+                Ok(_) => return,
+                Err(kube::Error::Api(status)) if status.code == 404 => return,
+                Err(e) => {
+                    tracing::warn!(%namespace, pod = %name, attempt, error = %e, "simulated kubelet: reporting Running failed");
+                    tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
+                }
+            }
+        }
+    }
+
+    async fn finalise(&self, pod: &Pod, uid: &str, after: Duration) {
+        if !after.is_zero() {
+            tokio::time::sleep(after).await;
+        }
+        let namespace = pod.namespace().unwrap_or_default();
+        let name = pod.name_any();
+        let pods: Api<Pod> = Api::namespaced(self.pods.clone().into_client(), &namespace);
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        for attempt in 1..=5 {
+            let result = {
+                let _permit = self.permits.acquire().await.expect("semaphore open");
+                pods.delete(&name, &params).await
+            };
+            match result {
+                // Gone already, or a new pod took the name (its UID differs): either way done.
+                Ok(_) => return,
+                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => return,
+                Err(e) => {
+                    tracing::warn!(%namespace, pod = %name, attempt, error = %e, "simulated kubelet: finalising failed");
+                    tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    fn pod(json: Value) -> Pod {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn terminating(annotation: Option<&str>) -> Pod {
+        let mut pod = pod(json!({
+            "metadata": { "name": "p", "uid": "u" },
+            "spec": { "nodeName": "n", "containers": [{ "name": "c" }] },
+            "status": { "phase": "Running" },
+        }));
+        pod.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        if let Some(value) = annotation {
+            pod.metadata.annotations = Some(BTreeMap::from([(
+                SIM_TERMINATION_ANNOTATION.to_owned(),
+                value.to_owned(),
+            )]));
+        }
+        pod
+    }
+
+    #[test]
+    fn a_pending_pod_is_made_running() {
+        let pending = pod(json!({
+            "metadata": { "name": "p" },
+            "spec": { "nodeName": "n", "containers": [{ "name": "c" }] },
+            "status": { "phase": "Pending" },
+        }));
+        assert_eq!(next_step(&pending).0, KubeletStep::MakeRunning);
+    }
+
+    #[test]
+    fn a_running_pod_that_is_not_ready_is_made_ready() {
+        let unready = pod(json!({
+            "metadata": { "name": "p" },
+            "spec": { "containers": [{ "name": "c" }] },
+            "status": { "phase": "Running", "conditions": [{ "type": "Ready", "status": "False" }] },
+        }));
+        assert_eq!(next_step(&unready).0, KubeletStep::MakeRunning);
+    }
+
+    #[test]
+    fn a_running_ready_pod_is_left_alone() {
+        let running = pod(json!({
+            "metadata": { "name": "p" },
+            "spec": { "containers": [{ "name": "c" }] },
+            "status": { "phase": "Running", "conditions": [{ "type": "Ready", "status": "True" }] },
+        }));
+        assert_eq!(next_step(&running).0, KubeletStep::Nothing);
+    }
+
+    #[test]
+    fn a_finished_pod_is_left_alone() {
+        let done = pod(json!({
+            "metadata": { "name": "p" },
+            "spec": { "containers": [{ "name": "c" }] },
+            "status": { "phase": "Succeeded" },
+        }));
+        assert_eq!(next_step(&done).0, KubeletStep::Nothing);
+    }
+
+    #[test]
+    fn a_terminating_pod_is_finalised_at_once_by_default() {
+        assert_eq!(
+            next_step(&terminating(None)),
+            (
+                KubeletStep::Finalise {
+                    after: Duration::ZERO
+                },
+                None
+            )
+        );
+    }
+
+    #[test]
+    fn the_termination_annotation_delays_finalisation() {
+        assert_eq!(
+            next_step(&terminating(Some("1m30s"))).0,
+            KubeletStep::Finalise {
+                after: Duration::from_secs(90)
+            }
+        );
+    }
+
+    #[test]
+    fn the_termination_annotation_can_stall_a_pod_forever() {
+        assert_eq!(next_step(&terminating(Some("stall"))).0, KubeletStep::Stall);
+    }
+
+    #[test]
+    fn an_unreadable_termination_annotation_finalises_at_once_and_says_why() {
+        let (step, problem) = next_step(&terminating(Some("soon")));
+        assert_eq!(
+            step,
+            KubeletStep::Finalise {
+                after: Duration::ZERO
+            }
+        );
+        assert!(problem.unwrap().contains("soon"));
+    }
+
+    #[test]
+    fn the_running_status_covers_every_container_and_completes_init_containers() {
+        let two = pod(json!({
+            "metadata": { "name": "p" },
+            "spec": {
+                "initContainers": [{ "name": "init" }],
+                "containers": [{ "name": "a" }, { "name": "b" }],
+            },
+        }));
+        let patch = running_status_patch(&two, "10.128.0.1", "10.64.0.1", Timestamp::UNIX_EPOCH);
+        let status = &patch["status"];
+        assert_eq!(status["phase"], "Running");
+        assert_eq!(status["containerStatuses"].as_array().unwrap().len(), 2);
+        assert_eq!(status["containerStatuses"][1]["ready"], true);
+        assert_eq!(
+            status["initContainerStatuses"][0]["state"]["terminated"]["exitCode"],
+            0
+        );
+        assert!(
+            status["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        );
+    }
+}

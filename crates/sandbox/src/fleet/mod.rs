@@ -1,0 +1,365 @@
+//! A simulated GPU fleet: nodes registered as a kubelet registers them (GPU labels and capacity,
+//! `Ready=True`), each with a heartbeat Lease, and a simulated kubelet for the pods bound to them.
+//! Everything runs as tasks on the caller's tokio runtime; dropping the fleet stops them, and
+//! [`Fleet::stop`] also deletes its nodes (their Leases follow through owner references, their
+//! pods through the pod garbage collector).
+
+mod heartbeat;
+pub mod kubelet;
+pub mod node;
+mod registry;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use tokio::task::JoinHandle;
+
+pub use node::{FLEET_LABEL, NODE_LEASE_NAMESPACE, NodeShape};
+use registry::NodeRegistry;
+
+/// How to build a [`Fleet`].
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// How many nodes to register at start.
+    pub nodes: usize,
+    /// The fleet's name: node names are `<prefix>-0000`, ... and every node carries
+    /// [`FLEET_LABEL`]`=<prefix>`. Make it unique per test.
+    pub name_prefix: String,
+    /// GPUs per node (`nvidia.com/gpu` capacity and the `nvidia.com/gpu.count` label).
+    pub gpus_per_node: u32,
+    /// The `nvidia.com/gpu.product` label.
+    pub product: String,
+    /// Extra labels on every node.
+    pub labels: BTreeMap<String, String>,
+    /// How often each node renews its Lease (kubelet default: 10s).
+    pub heartbeat_interval: Duration,
+    /// The Lease's `leaseDurationSeconds` (kubelet default: 40).
+    pub lease_duration_seconds: i32,
+    /// How many API requests the simulated kubelets make at once.
+    pub kubelet_concurrency: usize,
+    /// How many nodes are registered at once.
+    pub registration_concurrency: usize,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        Self {
+            nodes: 3,
+            name_prefix: "gpu-node".to_owned(),
+            gpus_per_node: 8,
+            product: "NVIDIA-H100-80GB-HBM3".to_owned(),
+            labels: BTreeMap::new(),
+            heartbeat_interval: Duration::from_secs(10),
+            lease_duration_seconds: 40,
+            kubelet_concurrency: 32,
+            registration_concurrency: 16,
+        }
+    }
+}
+
+/// Failure to register nodes.
+#[derive(Debug, thiserror::Error)]
+pub enum AddNodesError {
+    /// The Node could not be created.
+    #[error("creating node {node}: {source}")]
+    CreateNode {
+        /// The node.
+        node: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// The Node's status could not be reported.
+    #[error("reporting the status of node {node}: {source}")]
+    ReportStatus {
+        /// The node.
+        node: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// The fleet's nodes could not be listed.
+    #[error("listing the fleet's nodes: {source}")]
+    ListNodes {
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Nodes kept their `node.kubernetes.io/not-ready` taint.
+    #[error("nodes still not schedulable after {waited:?}: {nodes:?}")]
+    NotSchedulable {
+        /// How long was waited.
+        waited: Duration,
+        /// The nodes still tainted (or not yet listed).
+        nodes: Vec<String>,
+    },
+    /// The Node's heartbeat Lease could not be created.
+    #[error("creating the heartbeat lease of node {node}: {source}")]
+    CreateLease {
+        /// The node.
+        node: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+/// How long new nodes may take to lose their `not-ready` taint.
+const NODE_READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn has_not_ready_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == "node.kubernetes.io/not-ready"))
+}
+
+/// Failure to restart a node's heartbeat.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeHeartbeatError {
+    /// The node is not part of this fleet.
+    #[error("node {0} is not part of this fleet")]
+    UnknownNode(String),
+    /// Its `Ready` condition could not be reported.
+    #[error("reporting node {node} Ready: {source}")]
+    ReportReady {
+        /// The node.
+        node: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+/// Failure to delete a fleet's nodes.
+#[derive(Debug, thiserror::Error)]
+#[error("deleting the nodes of fleet {fleet}: {source}")]
+pub struct DeleteFleetError {
+    /// The fleet.
+    pub fleet: String,
+    /// The API error.
+    pub source: kube::Error,
+}
+
+/// A running simulated fleet.
+pub struct Fleet {
+    client: Client,
+    shape: NodeShape,
+    options: FleetOptions,
+    registry: Arc<NodeRegistry>,
+    next_index: AtomicUsize,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("fleet", &self.shape.fleet)
+            .field("nodes", &self.registry.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Fleet {
+    /// Starts the simulated kubelet, then registers `options.nodes` nodes and starts their
+    /// heartbeats.
+    pub async fn start(client: Client, options: FleetOptions) -> Result<Self, AddNodesError> {
+        let shape = NodeShape {
+            fleet: options.name_prefix.clone(),
+            gpus: options.gpus_per_node,
+            product: options.product.clone(),
+            labels: options.labels.clone(),
+        };
+        let registry = Arc::new(NodeRegistry::default());
+        let kubelet = tokio::spawn(kubelet::run(
+            client.clone(),
+            Arc::clone(&registry),
+            options.kubelet_concurrency,
+        ));
+        let fleet = Self {
+            client,
+            shape,
+            options,
+            registry,
+            next_index: AtomicUsize::new(0),
+            tasks: Mutex::new(vec![kubelet]),
+        };
+        fleet.add_nodes(fleet.options.nodes).await?;
+        Ok(fleet)
+    }
+
+    /// Registers `count` more nodes and starts their heartbeats; returns their names.
+    pub async fn add_nodes(&self, count: usize) -> Result<Vec<String>, AddNodesError> {
+        let first = self.next_index.fetch_add(count, Ordering::Relaxed);
+        let names = futures::stream::iter(first..first + count)
+            .map(|index| self.register(index, first + count))
+            .buffer_unordered(self.options.registration_concurrency.max(1))
+            .try_collect::<Vec<_>>()
+            .await?;
+        let mut names = names;
+        names.sort();
+        self.wait_schedulable(&names).await?;
+        Ok(names)
+    }
+
+    /// The `TaintNodesByCondition` admission plugin taints every new node
+    /// `node.kubernetes.io/not-ready`; the node-lifecycle controller lifts it once it sees
+    /// `Ready=True` (it looks every 5s). Until then nothing schedules there, so wait.
+    async fn wait_schedulable(&self, names: &[String]) -> Result<(), AddNodesError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let params = ListParams::default().labels(&self.selector());
+        let deadline = tokio::time::Instant::now() + NODE_READY_TIMEOUT;
+        loop {
+            let listed = nodes
+                .list(&params)
+                .await
+                .map_err(|source| AddNodesError::ListNodes { source })?;
+            let mut missing: std::collections::BTreeSet<&str> = names.iter().map(String::as_str).collect();
+            let mut tainted = Vec::new();
+            for node in &listed.items {
+                let name = node.metadata.name.as_deref().unwrap_or_default();
+                if missing.remove(name) && has_not_ready_taint(node) {
+                    tainted.push(name.to_owned());
+                }
+            }
+            tainted.extend(missing.into_iter().map(str::to_owned));
+            if tainted.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(AddNodesError::NotSchedulable {
+                    waited: NODE_READY_TIMEOUT,
+                    nodes: tainted,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    async fn register(&self, index: usize, total: usize) -> Result<String, AddNodesError> {
+        let now = Timestamp::now();
+        let node = node::simulated_node(&self.shape, index, now);
+        let name = node::node_name(&self.shape.fleet, index);
+        // Known to the kubelet before the scheduler can bind anything to it.
+        let entry = self.registry.insert(&name, &node::node_ip(index));
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let created = nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .map_err(|source| AddNodesError::CreateNode {
+                node: name.clone(),
+                source,
+            })?;
+        // The create keeps the status a kubelet registers with on some versions and drops it on
+        // others; report it explicitly so the node is Ready either way.
+        nodes
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "status": node.status })),
+            )
+            .await
+            .map_err(|source| AddNodesError::ReportStatus {
+                node: name.clone(),
+                source,
+            })?;
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), NODE_LEASE_NAMESPACE);
+        let uid = created.metadata.uid.unwrap_or_default();
+        leases
+            .create(
+                &PostParams::default(),
+                &node::heartbeat_lease(&name, &uid, self.options.lease_duration_seconds, now),
+            )
+            .await
+            .map_err(|source| AddNodesError::CreateLease {
+                node: name.clone(),
+                source,
+            })?;
+        let interval = self.options.heartbeat_interval;
+        let task = tokio::spawn(heartbeat::run(
+            leases,
+            name.clone(),
+            entry.heartbeat,
+            interval,
+            heartbeat::stagger(index, total, interval),
+        ));
+        self.tasks.lock().expect("fleet task list lock").push(task);
+        Ok(name)
+    }
+
+    /// The fleet's nodes, sorted by name.
+    #[must_use]
+    pub fn node_names(&self) -> Vec<String> {
+        self.registry.names()
+    }
+
+    /// The fleet's name (node name prefix and [`FLEET_LABEL`] value).
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.shape.fleet
+    }
+
+    /// A label selector matching exactly this fleet's nodes.
+    #[must_use]
+    pub fn selector(&self) -> String {
+        format!("{FLEET_LABEL}={}", self.shape.fleet)
+    }
+
+    /// Fault: node `node` stops renewing its Lease, as when its kubelet or host dies. Its pods'
+    /// kubelet keeps working; kube-controller-manager marks the node `Unknown` after its grace
+    /// period. Returns `false` if the node is not in this fleet.
+    pub fn stop_heartbeat(&self, node: &str) -> bool {
+        self.registry.set_heartbeat(node, false)
+    }
+
+    /// Restarts node `node`'s heartbeat and reports it `Ready` again, as a kubelet that comes back.
+    pub async fn resume_heartbeat(&self, node: &str) -> Result<(), ResumeHeartbeatError> {
+        if !self.registry.set_heartbeat(node, true) {
+            return Err(ResumeHeartbeatError::UnknownNode(node.to_owned()));
+        }
+        Api::<Node>::all(self.client.clone())
+            .patch_status(
+                node,
+                &PatchParams::default(),
+                &Patch::Strategic(node::ready_status_patch(Timestamp::now())),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|source| ResumeHeartbeatError::ReportReady {
+                node: node.to_owned(),
+                source,
+            })
+    }
+
+    /// Stops every heartbeat and kubelet task and deletes the fleet's nodes.
+    pub async fn stop(self) -> Result<(), DeleteFleetError> {
+        self.abort_tasks();
+        Api::<Node>::all(self.client.clone())
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels(&self.selector()),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|source| DeleteFleetError {
+                fleet: self.shape.fleet.clone(),
+                source,
+            })
+    }
+
+    fn abort_tasks(&self) {
+        for task in self.tasks.lock().expect("fleet task list lock").drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.abort_tasks();
+    }
+}
