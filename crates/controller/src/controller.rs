@@ -98,11 +98,9 @@ pub async fn pass(ctx: &Context) -> Timestamp {
         .into_iter()
         .filter(|r| remediation::needs_attention(r))
         .collect();
-    let results: Vec<_> = stream::iter(pending)
-        .map(|r| async move {
-            let name = r.metadata.name.clone().unwrap_or_default();
-            (name, remediation::advance(ctx, r).await)
-        })
+    // Futures built before they enter the stream (see `remediation::evict_all`).
+    let advances: Vec<_> = pending.into_iter().map(|r| advance_named(ctx, r)).collect();
+    let results: Vec<_> = stream::iter(advances)
         .buffer_unordered(ctx.settings.remediation_concurrency.max(1))
         .collect()
         .await;
@@ -117,6 +115,14 @@ pub async fn pass(ctx: &Context) -> Timestamp {
         }
     }
     next
+}
+
+async fn advance_named(
+    ctx: &Context,
+    remediation: Arc<gpu_remediation_api::GpuRemediation>,
+) -> (String, Result<Next, remediation::AdvanceRemediationError>) {
+    let name = remediation.metadata.name.clone().unwrap_or_default();
+    (name, remediation::advance(ctx, remediation).await)
 }
 
 /// How long to sleep until `next`, at most `resync`.

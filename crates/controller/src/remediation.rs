@@ -96,9 +96,16 @@ pub async fn advance(
         let observed = observe(ctx, &current, policy.as_deref(), now);
         let step = phase::next_step(&observed);
         tracing::debug!(remediation = %current.name_any(), phase = %observed.phase, ?step, "step");
+        // A recovered node is released once it has stayed healthy long enough: look again then.
+        let release_at = match observed.health {
+            Health::Recovered(Some(since)) if phase::is_before_hand_over(observed.phase) => {
+                Some(plus(since, observed.healthy_for))
+            }
+            _ => None,
+        };
         match take(ctx, &current, policy.as_deref(), step, now).await? {
             Taken::Continue(updated) => current = updated,
-            Taken::Done(next) => return Ok(next),
+            Taken::Done(next) => return Ok(earliest(next, release_at)),
         }
     }
     Ok(Next::At(Timestamp::now()))
@@ -308,11 +315,7 @@ async fn drain_round(
             drain::retry_due(last, budget_allows(pod, &budgets), backoff, now)
         })
         .collect();
-    let outcomes: Vec<(&Leaving, Result<EvictionOutcome, EvictPodError>)> = stream::iter(due)
-        .map(|pod| async move { (pod, ctx.ops.evict(pod, grace, false).await) })
-        .buffer_unordered(ctx.settings.eviction_concurrency.max(1))
-        .collect()
-        .await;
+    let outcomes = evict_all(ctx, due, grace, false).await;
 
     let mut evicted = 0;
     let mut gone = 0;
@@ -543,11 +546,7 @@ async fn record_dry_run(
     let budgets: Vec<PodDisruptionBudget> =
         ctx.caches.budgets.state().iter().map(|b| (**b).clone()).collect();
     let grace = policy.and_then(|p| p.spec.drain.grace_period_seconds);
-    let outcomes: Vec<(&Leaving, Result<EvictionOutcome, EvictPodError>)> = stream::iter(plan.to_evict())
-        .map(|pod| async move { (pod, ctx.ops.evict(pod, grace, true).await) })
-        .buffer_unordered(ctx.settings.eviction_concurrency.max(1))
-        .collect()
-        .await;
+    let outcomes = evict_all(ctx, plan.to_evict().collect(), grace, true).await;
     let mut blockers = Vec::new();
     for (pod, outcome) in outcomes {
         if let EvictionOutcome::Refused(answer) = outcome? {
@@ -599,6 +598,34 @@ async fn record_dry_run(
     )
     .await?;
     Ok(())
+}
+
+/// Asks for every eviction in `pods`, at most `eviction_concurrency` at once.
+async fn evict_all<'a>(
+    ctx: &Context,
+    pods: Vec<&'a Leaving>,
+    grace: Option<i64>,
+    dry_run: bool,
+) -> Vec<(&'a Leaving, Result<EvictionOutcome, EvictPodError>)> {
+    // The futures are built before they enter the stream: a closure producing them inside the
+    // stream would make the whole controller future lose `Send` (a rustc limitation).
+    let asks: Vec<_> = pods
+        .into_iter()
+        .map(|pod| evict_one(ctx, pod, grace, dry_run))
+        .collect();
+    stream::iter(asks)
+        .buffer_unordered(ctx.settings.eviction_concurrency.max(1))
+        .collect()
+        .await
+}
+
+async fn evict_one<'a>(
+    ctx: &Context,
+    pod: &'a Leaving,
+    grace: Option<i64>,
+    dry_run: bool,
+) -> (&'a Leaving, Result<EvictionOutcome, EvictPodError>) {
+    (pod, ctx.ops.evict(pod, grace, dry_run).await)
 }
 
 async fn list_plan(ctx: &Context, node: &str) -> Result<Plan, AdvanceRemediationError> {
@@ -801,6 +828,14 @@ fn phase_entered(status: &GpuRemediationStatus, phase: Phase) -> Option<Timestam
         .rev()
         .find(|t| t.phase == phase)
         .map(|t| t.at.0)
+}
+
+fn earliest(next: Next, at: Option<Timestamp>) -> Next {
+    match (next, at) {
+        (Next::Idle, None) => Next::Idle,
+        (Next::Idle, Some(at)) => Next::At(at),
+        (Next::At(next), at) => Next::At(at.map_or(next, |at| next.min(at))),
+    }
 }
 
 fn count(n: usize) -> u32 {

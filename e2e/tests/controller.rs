@@ -1,0 +1,988 @@
+//! The remediation controller against the real control plane: each test runs its own controller
+//! in-process, scoped to its own policy (by label), on its own simulated nodes and namespace.
+//!
+//! A PDB watcher (`BudgetWatch`) follows every pod of a protected workload through a pod watch and
+//! fails the test if the healthy count ever drops below the budget, and records whether each pod
+//! that left carried the `DisruptionTarget` condition the Eviction API sets.
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use common::eventually;
+use futures::StreamExt;
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy, Phase,
+    constants::{
+        APPROVED_ANNOTATION, CORDONED_BY_ANNOTATION, NODE_LABEL, REMEDIATION_TAINT_KEY, policy_conditions,
+    },
+    crds,
+};
+use gpu_remediator::{Settings, leader::Fence};
+use gpu_sandbox::{
+    fault,
+    fleet::FLEET_LABEL,
+    workload::{self, Budget, Workload},
+};
+use k8s_openapi::{
+    api::core::v1::{Node, Pod},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use tokio::sync::OnceCell;
+
+/// Label on test policies; each test's controller enforces only policies with its own value.
+const SCOPE_LABEL: &str = "e2e.gpuremediation.dev/scope";
+
+static CRDS: OnceCell<()> = OnceCell::const_new();
+
+/// Installs the generated CRDs once per test binary and waits until they are served.
+async fn install_crds(client: &Client) {
+    CRDS.get_or_init(|| async {
+        let api = Api::<CustomResourceDefinition>::all(client.clone());
+        for (file, yaml) in crds::render_all() {
+            let crd: CustomResourceDefinition =
+                serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("parsing {file}: {e}"));
+            match api.create(&PostParams::default(), &crd).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+                Err(e) => panic!("creating the CRD from {file}: {e}"),
+            }
+            let name = crd.name_any();
+            eventually(
+                &format!("CRD {name} established"),
+                Duration::from_secs(30),
+                || {
+                    let api = api.clone();
+                    let name = name.clone();
+                    async move {
+                        let crd = api.get(&name).await.ok()?;
+                        let established = crd
+                            .status?
+                            .conditions?
+                            .iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True");
+                        established.then_some(())
+                    }
+                },
+            )
+            .await;
+        }
+        // The API server needs a moment after Established before the new kinds are discoverable
+        // by every client; list once per kind to be sure.
+        eventually("the new kinds to be served", Duration::from_secs(30), || {
+            let client = client.clone();
+            async move {
+                let policies = Api::<GpuRemediationPolicy>::all(client.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?;
+                let _ = Api::<GpuRemediation>::all(client)
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?;
+                Some(policies)
+            }
+        })
+        .await;
+    })
+    .await;
+}
+
+fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "gpu_remediator=info".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A controller running in-process on the test's runtime, enforcing only `scope`'s policies.
+struct RunningController {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), gpu_remediator::RunControllerError>>,
+}
+
+impl RunningController {
+    async fn start(scope: &str) -> Self {
+        let config = common::cluster().await.config();
+        let settings = Settings {
+            policy_selector: Some(format!("{SCOPE_LABEL}={scope}")),
+            eviction_backoff: Duration::from_secs(1),
+            pod_poll: Duration::from_millis(250),
+            instance: Some(format!("e2e-{scope}")),
+            ..Settings::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(gpu_remediator::run(
+            config,
+            settings,
+            Fence::standalone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Stops the controller and waits for it to end, as a process exit would.
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let ended = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+        let result = ended
+            .expect("the controller stops within 10s")
+            .expect("the controller task did not panic");
+        result.expect("the controller ended without error");
+    }
+}
+
+impl Drop for RunningController {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One test's world: a namespace, a fleet, a scope for its policy and its controller.
+struct Scenario {
+    client: Client,
+    namespace: String,
+    fleet: gpu_sandbox::Fleet,
+    scope: String,
+}
+
+impl Scenario {
+    async fn new(nodes: usize) -> Self {
+        init_logs();
+        let client = common::cluster().await.client();
+        install_crds(&client).await;
+        let namespace = common::namespace().await;
+        let fleet = common::fleet(nodes).await;
+        let scope = fleet.name().to_owned();
+        Self {
+            client,
+            namespace,
+            fleet,
+            scope,
+        }
+    }
+
+    fn nodes(&self) -> Vec<String> {
+        let mut names = self.fleet.node_names();
+        names.sort();
+        names
+    }
+
+    /// Creates this scenario's policy: it selects exactly this fleet's nodes. `spec` is merged
+    /// over a base with one `GpuHealthy=False` trigger.
+    async fn policy(&self, spec: serde_json::Value) -> GpuRemediationPolicy {
+        let mut full = serde_json::json!({
+            "nodeSelector": {"matchLabels": {FLEET_LABEL: self.fleet.name()}},
+            "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "3s"}],
+            "action": "None",
+            "safety": {"maxConcurrent": 1, "maxUnhealthy": "50%", "rate": {"limit": 10, "per": "1h"}},
+            "drain": {"timeout": "2m"},
+            "release": {"healthyFor": "5s"},
+        });
+        merge(&mut full, spec);
+        let policy: GpuRemediationPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpuremediation.dev/v1alpha1",
+            "kind": "GpuRemediationPolicy",
+            "metadata": {"name": self.scope, "labels": {SCOPE_LABEL: self.scope}},
+            "spec": full,
+        }))
+        .expect("a valid policy");
+        Api::<GpuRemediationPolicy>::all(self.client.clone())
+            .create(&PostParams::default(), &policy)
+            .await
+            .unwrap_or_else(|e| panic!("creating policy {}: {e}", self.scope))
+    }
+
+    async fn remediations(&self) -> Vec<GpuRemediation> {
+        let all = Api::<GpuRemediation>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        all.items
+            .into_iter()
+            .filter(|r| r.spec.policy_name == self.scope)
+            .collect()
+    }
+
+    async fn remediation_of(&self, node: &str) -> Option<GpuRemediation> {
+        self.remediations()
+            .await
+            .into_iter()
+            .find(|r| r.spec.node_name == node)
+    }
+
+    async fn wait_phase(&self, node: &str, phase: Phase, timeout: Duration) -> GpuRemediation {
+        eventually(
+            &format!("the remediation of {node} in phase {phase}"),
+            timeout,
+            || async {
+                self.remediation_of(node)
+                    .await
+                    .filter(|r| r.status.as_ref().is_some_and(|s| s.phase == phase))
+            },
+        )
+        .await
+    }
+
+    async fn node(&self, name: &str) -> Node {
+        Api::<Node>::all(self.client.clone()).get(name).await.unwrap()
+    }
+
+    async fn set_unschedulable(&self, name: &str, unschedulable: bool) {
+        let patch = serde_json::json!({"spec": {"unschedulable": unschedulable}});
+        Api::<Node>::all(self.client.clone())
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    async fn break_gpu(&self, node: &str) {
+        fault::set_gpu_condition(&self.client, node, "False", "XID79", "GPU 3 fell off the bus")
+            .await
+            .unwrap();
+    }
+
+    async fn heal_gpu(&self, node: &str) {
+        fault::set_gpu_condition(&self.client, node, "True", "GpusHealthy", "all GPUs healthy")
+            .await
+            .unwrap();
+    }
+
+    /// A Deployment of `replicas` pods all on `node` (the other `spare` nodes are cordoned while
+    /// it starts, then opened, so evicted pods have somewhere to go), behind a PDB.
+    async fn protected_workload(
+        &self,
+        name: &str,
+        node: &str,
+        spare: &[String],
+        replicas: i32,
+        budget: &Budget,
+    ) -> Workload {
+        let mut allowed: Vec<String> = vec![node.to_owned()];
+        allowed.extend(spare.iter().cloned());
+        let app = Workload::new(&self.namespace, name)
+            .replicas(replicas)
+            .on_nodes(&allowed);
+        for other in spare {
+            self.set_unschedulable(other, true).await;
+        }
+        workload::create(&self.client, &app.deployment()).await.unwrap();
+        workload::wait_ready_pods(
+            &self.client,
+            &self.namespace,
+            &app.selector(),
+            replicas as usize,
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+        for other in spare {
+            self.set_unschedulable(other, false).await;
+        }
+        workload::create(&self.client, &app.pdb(budget)).await.unwrap();
+        app
+    }
+
+    async fn pods_on(&self, node: &str) -> Vec<Pod> {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .unwrap();
+        pods.items
+    }
+}
+
+fn merge(base: &mut serde_json::Value, over: serde_json::Value) {
+    match (base, over) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(over)) => {
+            for (key, value) in over {
+                merge(base.entry(key).or_insert(serde_json::Value::Null), value);
+            }
+        }
+        (base, over) => *base = over,
+    }
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn evicted_through_the_api(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.type_ == "DisruptionTarget" && c.reason.as_deref() == Some("EvictionByEvictionAPI")
+            })
+        })
+}
+
+/// Follows every pod of a workload through a watch: the fewest healthy pods seen at any instant,
+/// and, for each pod that started terminating, whether the Eviction API put it there.
+#[derive(Default)]
+struct BudgetRecord {
+    /// Whether the initial list is complete (before that, counts are partial).
+    listed: bool,
+    fewest_healthy: Option<usize>,
+    healthy: BTreeMap<String, bool>,
+    left: BTreeMap<String, bool>,
+}
+
+struct BudgetWatch {
+    record: Arc<Mutex<BudgetRecord>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BudgetWatch {
+    fn start(client: &Client, namespace: &str, selector: &str) -> Self {
+        let record = Arc::new(Mutex::new(BudgetRecord::default()));
+        let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+        let config = watcher::Config::default().labels(selector);
+        let shared = record.clone();
+        let task = tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(pods, config).default_backoff());
+            while let Some(event) = events.next().await {
+                let Ok(event) = event else { continue };
+                let mut record = shared.lock().unwrap();
+                let mut see = |pod: &Pod, gone: bool| {
+                    let name = pod.name_any();
+                    if pod.metadata.deletion_timestamp.is_some() || gone {
+                        record
+                            .left
+                            .entry(name.clone())
+                            .or_insert_with(|| evicted_through_the_api(pod));
+                        if evicted_through_the_api(pod) {
+                            record.left.insert(name.clone(), true);
+                        }
+                    }
+                    record.healthy.insert(name, !gone && is_ready(pod));
+                };
+                match event {
+                    watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => see(&pod, false),
+                    watcher::Event::Delete(pod) => see(&pod, true),
+                    watcher::Event::Init => record.listed = false,
+                    watcher::Event::InitDone => record.listed = true,
+                }
+                if !record.listed {
+                    continue;
+                }
+                let healthy = record.healthy.values().filter(|h| **h).count();
+                record.fewest_healthy = Some(record.fewest_healthy.map_or(healthy, |f| f.min(healthy)));
+            }
+        });
+        Self { record, task }
+    }
+
+    /// The fewest healthy pods seen at any instant since the watch's first complete list.
+    fn fewest_healthy(&self) -> usize {
+        let record = self.record.lock().unwrap();
+        assert!(record.listed, "the budget watch never completed its first list");
+        record.fewest_healthy.expect("the budget watch saw the workload")
+    }
+
+    fn left(&self) -> BTreeMap<String, bool> {
+        self.record.lock().unwrap().left.clone()
+    }
+}
+
+impl Drop for BudgetWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn phase_at(remediation: &GpuRemediation, phase: Phase) -> Option<Timestamp> {
+    remediation
+        .status
+        .as_ref()?
+        .phase_history
+        .iter()
+        .find(|t| t.phase == phase)
+        .map(|t| t.at.0)
+}
+
+fn has_our_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == REMEDIATION_TAINT_KEY))
+}
+
+fn is_unschedulable(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+}
+
+fn gpu_condition_since(node: &Node) -> Timestamp {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "GpuHealthy"))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0)
+        .expect("the GpuHealthy condition has a transition time")
+}
+
+#[tokio::test]
+async fn an_unhealthy_node_is_cordoned_within_a_second_and_drained_through_evictions_without_breaking_its_budget()
+ {
+    let s = Scenario::new(8).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..3].to_vec());
+    let web = s
+        .protected_workload("web", &broken, &spares, 4, &Budget::min_available(3))
+        .await;
+    workload::wait_pdb_allows(&s.client, &s.namespace, "web", 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let solo = Workload::new(&s.namespace, "solo");
+    workload::create(&s.client, &solo.bare_pod("solo", &broken))
+        .await
+        .unwrap();
+    let agent = Workload::new(&s.namespace, "agent").on_nodes(&[broken.clone()]);
+    workload::create(&s.client, &agent.daemon_set()).await.unwrap();
+    let mirror = Workload::new(&s.namespace, "static");
+    workload::create(&s.client, &mirror.mirror_pod("static-gpu", &broken))
+        .await
+        .unwrap();
+    workload::wait_ready_pods(
+        &s.client,
+        &s.namespace,
+        &agent.selector(),
+        1,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    workload::wait_ready_pods(
+        &s.client,
+        &s.namespace,
+        &solo.selector(),
+        1,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let budget = BudgetWatch::start(&s.client, &s.namespace, &web.selector());
+
+    s.policy(serde_json::json!({})).await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let due = {
+        let since = gpu_condition_since(&s.node(&broken).await);
+        since
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3))
+            .unwrap()
+    };
+
+    // Before `for` elapses nothing happens; within a second after, the node is cordoned and tainted.
+    let cordoned_at = eventually(
+        "the broken node to be cordoned and tainted",
+        Duration::from_secs(20),
+        || async {
+            let node = s.node(&broken).await;
+            (is_unschedulable(&node) && has_our_taint(&node)).then(Timestamp::now)
+        },
+    )
+    .await;
+    let late = cordoned_at.duration_since(due);
+    assert!(late.as_secs_f64() >= 0.0, "cordoned {late} before `for` elapsed");
+    assert!(
+        late.as_secs_f64() <= 1.0,
+        "cordoned {late} after `for` elapsed (must be within 1s)"
+    );
+    eprintln!("figure: cordoned {:.3}s after `for` elapsed", late.as_secs_f64());
+
+    let done = s
+        .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(90))
+        .await;
+    let status = done.status.clone().unwrap();
+    let drain = status.drain.clone().unwrap();
+    assert_eq!(
+        (drain.pods_total, drain.pods_evicted, drain.pods_remaining),
+        (5, 5, 0),
+        "{drain:?}"
+    );
+    let (cordoned, draining, succeeded) = (
+        phase_at(&done, Phase::Cordoned).unwrap(),
+        phase_at(&done, Phase::Draining).unwrap(),
+        phase_at(&done, Phase::Succeeded).unwrap(),
+    );
+    assert!(
+        cordoned <= draining && draining <= succeeded,
+        "{:?}",
+        status.phase_history
+    );
+    assert_eq!(done.spec.trigger.reason, "XID79");
+    assert_eq!(done.labels().get(NODE_LABEL), Some(&broken));
+    eprintln!(
+        "figure: drain of 5 pods took {}",
+        succeeded.duration_since(draining)
+    );
+
+    // What had to leave left through evictions; what had to stay stayed.
+    let remaining: Vec<String> = s
+        .pods_on(&broken)
+        .await
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    assert!(
+        remaining.iter().any(|n| n.starts_with("agent-")),
+        "the DaemonSet pod stays: {remaining:?}"
+    );
+    assert!(
+        remaining.contains(&"static-gpu".to_owned()),
+        "the mirror pod stays: {remaining:?}"
+    );
+    assert!(
+        !remaining.contains(&"solo".to_owned()) && !remaining.iter().any(|n| n.starts_with("web-")),
+        "{remaining:?}"
+    );
+    let left = budget.left();
+    assert_eq!(left.len(), 4, "every web pod on the node left: {left:?}");
+    assert!(
+        left.values().all(|evicted| *evicted),
+        "each left through the Eviction API: {left:?}"
+    );
+    assert!(
+        budget.fewest_healthy() >= 3,
+        "the budget (minAvailable 3) was violated: {} healthy",
+        budget.fewest_healthy()
+    );
+
+    let node = s.node(&broken).await;
+    assert!(
+        is_unschedulable(&node) && has_our_taint(&node),
+        "action None keeps the node cordoned"
+    );
+    assert_eq!(
+        node.annotations().get(CORDONED_BY_ANNOTATION),
+        Some(&done.name_any())
+    );
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_budget_that_allows_nothing_blocks_the_drain_and_names_itself() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    let web = s
+        .protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    let budget = BudgetWatch::start(&s.client, &s.namespace, &web.selector());
+    s.policy(serde_json::json!({"drain": {"timeout": "4s", "onTimeout": "Block"}, "safety": {"maxUnhealthy": "100%"}})).await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+
+    let blocked = s
+        .wait_phase(&broken, Phase::Blocked, Duration::from_secs(40))
+        .await;
+    let drain = blocked.status.clone().unwrap().drain.unwrap();
+    assert_eq!(drain.pods_remaining, 2);
+    assert!(!drain.blockers.is_empty());
+    let expected = format!("{}/pinned", s.namespace);
+    assert!(
+        drain
+            .blockers
+            .iter()
+            .all(|b| b.pdb.as_deref() == Some(expected.as_str()) && b.code == 429),
+        "{:?}",
+        drain.blockers
+    );
+    assert!(blocked.status.unwrap().message.unwrap().contains(&expected));
+    let node = s.node(&broken).await;
+    assert!(is_unschedulable(&node), "a blocked node stays cordoned");
+    assert!(budget.fewest_healthy() >= 2);
+    assert!(budget.left().is_empty(), "nothing left: {:?}", budget.left());
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn force_delete_removes_what_the_budget_protects_after_the_timeout() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    s.policy(serde_json::json!({"drain": {"timeout": "3s", "onTimeout": "ForceDelete"}, "safety": {"maxUnhealthy": "100%"}})).await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let done = s
+        .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(60))
+        .await;
+    assert!(
+        s.pods_on(&broken)
+            .await
+            .iter()
+            .all(|p| !p.name_any().starts_with("pinned-"))
+    );
+    let history = &done.status.unwrap().phase_history;
+    assert!(!history.iter().any(|t| t.phase == Phase::Blocked), "{history:?}");
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn proceed_hands_over_with_the_protected_pods_still_there() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    s.policy(serde_json::json!({"drain": {"timeout": "3s", "onTimeout": "Proceed"}, "safety": {"maxUnhealthy": "100%"}})).await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let done = s
+        .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(60))
+        .await;
+    let still: Vec<_> = s
+        .pods_on(&broken)
+        .await
+        .into_iter()
+        .filter(|p| p.name_any().starts_with("pinned-"))
+        .collect();
+    assert_eq!(still.len(), 2, "Proceed leaves the refused pods in place");
+    let drained = done
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Drained")
+        .unwrap();
+    assert_eq!(drained.reason, "DrainTimeout");
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn four_of_ten_failing_at_once_opens_the_circuit_and_the_policy_says_why() {
+    let s = Scenario::new(10).await;
+    let nodes = s.nodes();
+    s.policy(serde_json::json!({"safety": {"maxUnhealthy": "30%", "maxConcurrent": 5}}))
+        .await;
+    for node in &nodes[..4] {
+        s.break_gpu(node).await;
+    }
+    let controller = RunningController::start(&s.scope).await;
+    let policies = Api::<GpuRemediationPolicy>::all(s.client.clone());
+    let status = eventually(
+        "the policy to report the open circuit",
+        Duration::from_secs(30),
+        || async {
+            let status = policies.get(&s.scope).await.ok()?.status?;
+            let open = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == policy_conditions::CIRCUIT_OPEN && c.status == "True");
+            (open && status.waiting.len() == 4).then_some(status)
+        },
+    )
+    .await;
+    assert_eq!(
+        (status.selected_nodes, status.unhealthy_nodes, status.in_flight),
+        (10, 4, 0)
+    );
+    assert!(
+        status
+            .waiting
+            .iter()
+            .all(|w| w.reason == "CircuitOpen" && w.message.contains("4 of 10")),
+        "{:?}",
+        status.waiting
+    );
+    assert_eq!(status.budget.unwrap().remaining, 0);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        s.remediations().await.is_empty(),
+        "nothing new starts while the circuit is open"
+    );
+    for node in &nodes[..4] {
+        assert!(!is_unschedulable(&s.node(node).await));
+    }
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn one_at_a_time_and_two_per_hour_starts_exactly_two_of_three_and_reports_the_next_slot() {
+    let s = Scenario::new(10).await;
+    let nodes = s.nodes();
+    s.policy(serde_json::json!({"safety": {"maxConcurrent": 1, "maxUnhealthy": "50%", "rate": {"limit": 2, "per": "1h"}}})).await;
+    let controller = RunningController::start(&s.scope).await;
+    for node in &nodes[..3] {
+        s.break_gpu(node).await;
+    }
+    // Sample in-flight remediations throughout: never more than one at any instant.
+    let started = Instant::now();
+    let mut most_in_flight = 0;
+    let status = loop {
+        let remediations = s.remediations().await;
+        let in_flight = remediations
+            .iter()
+            .filter(|r| {
+                !r.status
+                    .as_ref()
+                    .map(|st| st.phase)
+                    .unwrap_or_default()
+                    .is_terminal()
+            })
+            .count();
+        most_in_flight = most_in_flight.max(in_flight);
+        let finished = remediations
+            .iter()
+            .filter(|r| r.status.as_ref().is_some_and(|st| st.phase == Phase::Succeeded))
+            .count();
+        let policy = Api::<GpuRemediationPolicy>::all(s.client.clone())
+            .get(&s.scope)
+            .await
+            .unwrap();
+        if finished == 2
+            && let Some(status) = policy
+                .status
+                .filter(|st| st.budget.as_ref().is_some_and(|b| b.next_slot_at.is_some()))
+        {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "two remediations did not finish: {remediations:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(most_in_flight, 1);
+    assert_eq!(s.remediations().await.len(), 2);
+    let budget = status.budget.unwrap();
+    assert_eq!((budget.started_in_window, budget.remaining), (2, 0));
+    assert_eq!(status.waiting.len(), 1);
+    assert_eq!(status.waiting[0].reason, "DeferredByRate");
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_condition_flapping_faster_than_for_starts_nothing() {
+    let s = Scenario::new(2).await;
+    let nodes = s.nodes();
+    s.policy(
+        serde_json::json!({"triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "4s"}]}),
+    )
+    .await;
+    let controller = RunningController::start(&s.scope).await;
+    fault::flap(&s.client, &nodes[0], "XID79", 4, Duration::from_millis(1500))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(s.remediations().await.is_empty());
+    assert!(!is_unschedulable(&s.node(&nodes[0]).await));
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_a_person_cordoned_stays_cordoned_after_its_remediation_is_cancelled() {
+    let s = Scenario::new(2).await;
+    let nodes = s.nodes();
+    let broken = nodes[0].clone();
+    s.set_unschedulable(&broken, true).await;
+    s.policy(serde_json::json!({"action": "Replace"})).await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let drained = eventually("the remediation to drain", Duration::from_secs(30), || async {
+        s.remediation_of(&broken).await.filter(|r| {
+            r.status.as_ref().is_some_and(|st| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Drained" && c.status == "True")
+            })
+        })
+    })
+    .await;
+    assert!(has_our_taint(&s.node(&broken).await));
+    s.heal_gpu(&broken).await;
+    let cancelled = s
+        .wait_phase(&broken, Phase::Cancelled, Duration::from_secs(30))
+        .await;
+    assert_eq!(cancelled.name_any(), drained.name_any());
+    let node = s.node(&broken).await;
+    assert!(is_unschedulable(&node), "the person's cordon stays");
+    assert!(!has_our_taint(&node), "our taint is gone");
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_person_uncordoning_the_node_cancels_and_the_controller_does_not_fight_back() {
+    let s = Scenario::new(2).await;
+    let nodes = s.nodes();
+    let broken = nodes[0].clone();
+    s.policy(serde_json::json!({"action": "Replace"})).await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    eventually("the node to be cordoned", Duration::from_secs(30), || async {
+        is_unschedulable(&s.node(&broken).await).then_some(())
+    })
+    .await;
+    s.set_unschedulable(&broken, false).await;
+    s.wait_phase(&broken, Phase::Cancelled, Duration::from_secs(30))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let node = s.node(&broken).await;
+    assert!(!is_unschedulable(&node) && !has_our_taint(&node));
+    assert_eq!(
+        s.remediations().await.len(),
+        1,
+        "no second remediation for the same episode"
+    );
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn dry_run_changes_nothing_and_names_the_budget_that_would_refuse() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    workload::create(
+        &s.client,
+        &Workload::new(&s.namespace, "solo").bare_pod("solo", &broken),
+    )
+    .await
+    .unwrap();
+    s.policy(serde_json::json!({"mode": "DryRun", "safety": {"maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let recorded = s
+        .wait_phase(&broken, Phase::DryRun, Duration::from_secs(30))
+        .await;
+    let drain = recorded.status.unwrap().drain.unwrap();
+    assert_eq!(drain.would_evict.len(), 3, "{:?}", drain.would_evict);
+    let expected = format!("{}/pinned", s.namespace);
+    assert_eq!(drain.blockers.len(), 2, "{:?}", drain.blockers);
+    assert!(
+        drain
+            .blockers
+            .iter()
+            .all(|b| b.pdb.as_deref() == Some(expected.as_str()))
+    );
+    let node = s.node(&broken).await;
+    assert!(
+        !is_unschedulable(&node) && !has_our_taint(&node),
+        "a dry run changes nothing"
+    );
+    assert_eq!(s.pods_on(&broken).await.len(), 3, "every pod is still there");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        s.remediations().await.len(),
+        1,
+        "a dry run is recorded once per episode"
+    );
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn manual_mode_waits_for_approval_and_then_proceeds() {
+    let s = Scenario::new(2).await;
+    let nodes = s.nodes();
+    let broken = nodes[0].clone();
+    s.policy(serde_json::json!({"mode": "Manual"})).await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let waiting = s
+        .wait_phase(&broken, Phase::AwaitingApproval, Duration::from_secs(30))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !is_unschedulable(&s.node(&broken).await),
+        "nothing happens before approval"
+    );
+    let patch = serde_json::json!({"metadata": {"annotations": {APPROVED_ANNOTATION: "true"}}});
+    Api::<GpuRemediation>::all(s.client.clone())
+        .patch(
+            &waiting.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
+        .await;
+    assert!(is_unschedulable(&s.node(&broken).await));
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_restart_mid_drain_resumes_the_same_remediation_without_resetting_the_rate_window() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    s.policy(serde_json::json!({"drain": {"timeout": "6s", "onTimeout": "ForceDelete"}, "safety": {"maxUnhealthy": "100%", "rate": {"limit": 1, "per": "1h"}}})).await;
+    let first = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let draining = s
+        .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
+        .await;
+    first.stop().await;
+
+    // A second node breaks while no controller runs; the rate window (1 per hour) is full.
+    s.break_gpu(&nodes[1]).await;
+    let second = RunningController::start(&s.scope).await;
+    let done = s
+        .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        done.name_any(),
+        draining.name_any(),
+        "the same remediation resumed"
+    );
+    let history = done.status.unwrap().phase_history;
+    assert_eq!(
+        history.iter().filter(|t| t.phase == Phase::Draining).count(),
+        1,
+        "{history:?}"
+    );
+    assert_eq!(
+        history.iter().filter(|t| t.phase == Phase::Cordoned).count(),
+        1,
+        "{history:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        s.remediations().await.len(),
+        1,
+        "the rate window still counts the first remediation"
+    );
+    let status = Api::<GpuRemediationPolicy>::all(s.client.clone())
+        .get(&s.scope)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(status.budget.unwrap().started_in_window, 1);
+    assert_eq!(status.waiting[0].reason, "DeferredByRate");
+    second.stop().await;
+}
