@@ -11,6 +11,7 @@
 pub mod controlplane;
 pub mod fault;
 pub mod fleet;
+pub mod provider;
 pub mod workload;
 
 pub use controlplane::{ControlPlane, ControlPlaneOptions, StartControlPlaneError};
