@@ -443,6 +443,33 @@ pub async fn wait_pdb_allows(
     .await
 }
 
+/// Waits until the disruption controller has observed the current generation of PDB `name`,
+/// whatever it allows; returns it.
+pub async fn wait_pdb_observed(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<PodDisruptionBudget, WaitError> {
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
+    poll(format!("PDB {namespace}/{name} observed"), timeout, || {
+        let pdbs = pdbs.clone();
+        async move {
+            let pdb = pdbs.get(name).await.map_err(|e| e.to_string())?;
+            let observed = pdb.status.as_ref().and_then(|s| s.observed_generation);
+            if observed.is_some() && observed == pdb.metadata.generation {
+                Ok(pdb)
+            } else {
+                Err(format!(
+                    "generation {:?}, observed {observed:?}",
+                    pdb.metadata.generation
+                ))
+            }
+        }
+    })
+    .await
+}
+
 /// Waits until pod `name` no longer exists.
 pub async fn wait_pod_gone(
     client: &Client,
