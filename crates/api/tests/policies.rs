@@ -322,3 +322,18 @@ fn a_policy_of_defaults_passes_the_cel_rules_so_every_default_is_valid() {
     }
     assert_eq!(validate_document(&document), vec![]);
 }
+
+#[test]
+fn every_cel_rule_of_the_policy_crd_has_a_fixture_that_breaks_it() {
+    let mut rules = Vec::new();
+    cel_rules(&policy_schema(), &mut rules);
+    let fixtures = fixtures();
+    let untested: Vec<_> = rules
+        .into_iter()
+        .filter(|(_, message)| !fixtures.iter().any(|f| message.contains(&f.expect)))
+        .collect();
+    assert!(
+        untested.is_empty(),
+        "rules without a fixture in tests/fixtures/invalid/: {untested:#?}"
+    );
+}
