@@ -6,11 +6,13 @@
 //! - [`Fleet`]: simulated GPU nodes with heartbeats, and a simulated kubelet for their pods.
 //! - [`fault`]: what a GPU agent would report about a failing GPU.
 //! - [`workload`]: `Deployments`, `StatefulSets`, PDBs, `DaemonSets` and special pods to put on a fleet.
+//! - [`population`]: many Deployments behind PDBs spread over a whole fleet.
 #![forbid(unsafe_code)]
 
 pub mod controlplane;
 pub mod fault;
 pub mod fleet;
+pub mod population;
 pub mod provider;
 pub mod workload;
 

@@ -76,6 +76,8 @@ pub struct Workload {
     pub termination: Option<String>,
     /// The pods' `terminationGracePeriodSeconds`; `None`: the server default (30).
     pub grace_period_seconds: Option<i64>,
+    /// The pods' `nodeSelector` (e.g. a fleet's label, to spread over a whole fleet).
+    pub node_selector: BTreeMap<String, String>,
 }
 
 impl Workload {
@@ -90,7 +92,15 @@ impl Workload {
             gpus: 0,
             termination: None,
             grace_period_seconds: None,
+            node_selector: BTreeMap::new(),
         }
+    }
+
+    /// Restricts the pods to nodes labelled `key=value` (e.g. one fleet's nodes).
+    #[must_use]
+    pub fn node_selector(mut self, key: &str, value: &str) -> Self {
+        self.node_selector.insert(key.to_owned(), value.to_owned());
+        self
     }
 
     /// Sets the replica count.
@@ -163,6 +173,9 @@ impl Workload {
                     }
                 }
             });
+        }
+        if !self.node_selector.is_empty() {
+            spec["nodeSelector"] = json!(self.node_selector);
         }
         if let Some(seconds) = self.grace_period_seconds {
             spec["terminationGracePeriodSeconds"] = json!(seconds);

@@ -6,6 +6,7 @@
 mod binaries;
 mod pki;
 mod process;
+pub mod usage;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -441,6 +442,16 @@ impl ControlPlane {
         self.processes
             .iter()
             .map(|p| (p.name().to_owned(), p.pid()))
+            .collect()
+    }
+
+    /// Memory and CPU time of each running component, in start order.
+    #[must_use]
+    pub fn usage(&self) -> Vec<usage::ComponentUsage> {
+        let ticks = usage::ticks_per_second();
+        self.processes
+            .iter()
+            .filter_map(|p| usage::read(p.name(), p.pid(), ticks))
             .collect()
     }
 

@@ -1,0 +1,227 @@
+//! `gpu-sandbox`: a real local control plane with a simulated GPU fleet, for trying the operator
+//! by hand, `make demo` and `make bench`. `gpu-sandbox up` prints `export KUBECONFIG=...` and runs
+//! until Ctrl-C (or SIGTERM), then tears everything down.
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use gpu_sandbox::controlplane::usage::ComponentUsage;
+use gpu_sandbox::fleet::FLEET_LABEL;
+use gpu_sandbox::population::{self, PopulationOptions};
+use gpu_sandbox::{ControlPlane, ControlPlaneOptions, Fleet, FleetOptions};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "A real local Kubernetes control plane with a simulated GPU fleet"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a control plane and a fleet, print `export KUBECONFIG=...`, run until Ctrl-C.
+    Up(UpArgs),
+}
+
+#[derive(clap::Args)]
+struct UpArgs {
+    /// Simulated GPU nodes.
+    #[arg(long, default_value_t = 10)]
+    nodes: usize,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 8)]
+    gpus_per_node: u32,
+    /// The `nvidia.com/gpu.product` label.
+    #[arg(long, default_value = "NVIDIA-H100-80GB-HBM3")]
+    product: String,
+    /// Node name prefix and fleet label value.
+    #[arg(long, default_value = "gpu")]
+    fleet: String,
+    /// Pods to run across the fleet (Deployments behind PDBs in namespace `population`).
+    #[arg(long, default_value_t = 0)]
+    pods: usize,
+    /// Replicas per Deployment.
+    #[arg(long, default_value_t = 100)]
+    pods_per_deployment: usize,
+    /// Every n-th Deployment requests one GPU per pod (0: none).
+    #[arg(long, default_value_t = 4)]
+    gpu_every: usize,
+    /// Seconds between a node's Lease renewals.
+    #[arg(long, default_value_t = 10)]
+    heartbeat_seconds: u64,
+    /// After every pod is Ready, measure the control plane's CPU use over this many seconds.
+    #[arg(long, default_value_t = 0)]
+    measure_seconds: u64,
+    /// Exit after start-up (and measurement) instead of waiting for Ctrl-C.
+    #[arg(long)]
+    exit: bool,
+    /// Keep the data directory (etcd data, logs, certificates) after exit.
+    #[arg(long)]
+    keep_data: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube_client::client::builder=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Up(args) => up(args).await,
+    }
+}
+
+async fn up(args: UpArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let control_plane = ControlPlane::start(ControlPlaneOptions {
+        keep_data_dir: args.keep_data,
+        ..ControlPlaneOptions::default()
+    })
+    .await
+    .context("starting the control plane")?;
+    eprintln!(
+        "control plane ready in {:.1}s; logs in {}",
+        started.elapsed().as_secs_f64(),
+        control_plane.data_dir().join("logs").display()
+    );
+    let result = run(&control_plane, &args, started).await;
+    eprintln!("stopping");
+    control_plane.stop().await;
+    result
+}
+
+async fn run(control_plane: &ControlPlane, args: &UpArgs, started: Instant) -> anyhow::Result<()> {
+    let client = control_plane.client();
+    let fleet = Fleet::start(
+        client.clone(),
+        FleetOptions {
+            nodes: args.nodes,
+            name_prefix: args.fleet.clone(),
+            gpus_per_node: args.gpus_per_node,
+            product: args.product.clone(),
+            heartbeat_interval: Duration::from_secs(args.heartbeat_seconds),
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .context("starting the fleet")?;
+    eprintln!(
+        "{} nodes Ready at {:.1}s",
+        fleet.node_names().len(),
+        started.elapsed().as_secs_f64()
+    );
+    println!("export KUBECONFIG={}", control_plane.kubeconfig_path().display());
+    if args.pods > 0 {
+        populate(control_plane, args, started).await?;
+    }
+    report_memory(&control_plane.usage());
+    if args.measure_seconds > 0 {
+        measure_cpu(control_plane, Duration::from_secs(args.measure_seconds)).await;
+    }
+    if !args.exit {
+        eprintln!("running; Ctrl-C to stop");
+        wait_for_signal().await?;
+    }
+    drop(fleet);
+    Ok(())
+}
+
+async fn populate(control_plane: &ControlPlane, args: &UpArgs, started: Instant) -> anyhow::Result<()> {
+    let client = control_plane.client();
+    let options = PopulationOptions {
+        namespace: "population".to_owned(),
+        pods: args.pods,
+        pods_per_deployment: args.pods_per_deployment,
+        gpu_every: args.gpu_every,
+        node_selector: (FLEET_LABEL.to_owned(), args.fleet.clone()),
+    };
+    let workloads = population::create(&client, &options)
+        .await
+        .context("creating the pod population")?;
+    eprintln!(
+        "{} Deployments created at {:.1}s",
+        workloads.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    let mut last_report = Instant::now();
+    loop {
+        let ready = population::ready_pods(&client, &options.namespace)
+            .await
+            .context("counting ready pods")?;
+        if ready >= args.pods {
+            eprintln!("{ready} pods Ready at {:.1}s", started.elapsed().as_secs_f64());
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {ready}/{} pods Ready after an hour",
+            args.pods
+        );
+        if last_report.elapsed() > Duration::from_secs(15) {
+            eprintln!(
+                "{ready}/{} pods Ready at {:.1}s",
+                args.pods,
+                started.elapsed().as_secs_f64()
+            );
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "byte counts shown in MiB with one decimal"
+)]
+fn report_memory(usage: &[ComponentUsage]) {
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    for u in usage {
+        eprintln!(
+            "{:<24} RSS {:>8.1} MiB  peak {:>8.1} MiB  CPU so far {:>8.1}s",
+            u.name,
+            mib(u.rss_bytes),
+            mib(u.peak_rss_bytes),
+            u.cpu_seconds
+        );
+    }
+    let total: u64 = usage.iter().map(|u| u.rss_bytes).sum();
+    eprintln!("{:<24} RSS {:>8.1} MiB", "control plane total", mib(total));
+}
+
+async fn measure_cpu(control_plane: &ControlPlane, window: Duration) {
+    let before = control_plane.usage();
+    tokio::time::sleep(window).await;
+    let after = control_plane.usage();
+    let mut total = 0.0;
+    for a in &after {
+        if let Some(b) = before.iter().find(|b| b.name == a.name) {
+            let cores = (a.cpu_seconds - b.cpu_seconds) / window.as_secs_f64();
+            total += cores;
+            eprintln!(
+                "{:<24} CPU {:>6.2} cores (steady state over {}s)",
+                a.name,
+                cores,
+                window.as_secs()
+            );
+        }
+    }
+    eprintln!("{:<24} CPU {total:>6.2} cores", "control plane total");
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result.context("listening for Ctrl-C"),
+        _ = terminate.recv() => Ok(()),
+    }
+}
