@@ -355,3 +355,40 @@ async fn a_leader_that_cannot_renew_stops_acting_at_its_deadline_and_exits_befor
     );
     b.kill();
 }
+
+#[tokio::test]
+async fn a_leader_whose_lease_was_overwritten_steps_down_instead_of_overwriting_it_back() {
+    let namespace = common::namespace().await;
+    let a = Replica::start(admin_lease_client().await, &namespace, "replica-a");
+    until_current(&a.fence, Duration::from_secs(10)).await;
+    let a_fence = a.fence.clone();
+
+    // Another writer claims the Lease (a split brain, or a person): the leader's next renewal
+    // carries a stale resourceVersion, is refused with 409, and the leader reads the new holder.
+    let leases: Api<Lease> = Api::namespaced(common::cluster().await.client(), &namespace);
+    let mut lease = leases.get("gpu-remediator").await.expect("lease");
+    lease.spec.as_mut().expect("spec").holder_identity = Some("intruder".to_owned());
+    leases
+        .replace("gpu-remediator", &PostParams::default(), &lease)
+        .await
+        .expect("overwriting the lease");
+    let ended = tokio::time::timeout(Duration::from_secs(5), a.task)
+        .await
+        .expect("the leader to step down")
+        .expect("task");
+
+    assert!(
+        matches!(
+            ended,
+            Err(RunElectionError::LostLease(StepDownReason::LeaseTakenOver))
+        ),
+        "{ended:?}"
+    );
+    assert!(!a_fence.is_current());
+    assert_eq!(
+        holder(&common::cluster().await.client(), &namespace)
+            .await
+            .as_deref(),
+        Some("intruder")
+    );
+}

@@ -53,8 +53,9 @@ pub struct ElectionConfig {
     pub namespace: String,
     /// Name of the Lease.
     pub lease_name: String,
-    /// This replica's identity, unique per process (e.g. the pod name plus a random suffix):
-    /// a restarted replica must not mistake its predecessor's claim for its own.
+    /// This replica's identity, unique among live replicas (the pod name). A replica that finds
+    /// its own identity on the Lease takes it at once: that claim was left by an earlier process
+    /// of the same pod, which is dead (a container restarts only after its process exited).
     pub identity: String,
     /// Lease duration, renew deadline and retry period.
     pub timings: ElectionTimings,
