@@ -16,7 +16,7 @@ use common::{cluster, eventually};
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, schema::messages};
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
+    api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 use tokio::sync::OnceCell;
@@ -74,7 +74,7 @@ async fn install_crds() -> Client {
         let client = cluster().await.client();
         eventually("the policy kind is served", Duration::from_secs(30), || {
             let api = Api::<GpuRemediationPolicy>::all(client.clone());
-            async move { api.list(&Default::default()).await.ok().map(|_| ()) }
+            async move { api.list(&ListParams::default()).await.ok().map(|_| ()) }
         })
         .await;
     })
