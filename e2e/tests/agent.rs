@@ -2,6 +2,9 @@
 //! authenticated as the agent's own service account under the RBAC of `manifests/agent/rbac.yaml`
 //! (so these tests also prove that role is enough).
 //!
+//! The last test closes the loop: the remediation controller, running in-process under the policy
+//! shipped in `config/`, replaces the node the agent reported.
+//!
 //! The agent binary is built with `cargo build -p gpu-health-agent` on first use (a binary of
 //! another package has no `CARGO_BIN_EXE_` here).
 
@@ -13,8 +16,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpu_remediation_api::constants::{CLEAR_ANNOTATION, gpu_reasons, node_conditions};
-use gpu_sandbox::{Fleet, FleetOptions};
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy,
+    constants::{
+        CLEAR_ANNOTATION, CORDONED_BY_ANNOTATION, gpu_reasons, node_conditions, remediation_conditions,
+    },
+    crds,
+};
+use gpu_remediator::{Settings, leader::Fence};
+use gpu_sandbox::{Fleet, FleetOptions, fleet::FLEET_LABEL};
 use k8s_openapi::{
     api::{
         authentication::v1::{TokenRequest, TokenRequestSpec},
@@ -22,6 +32,7 @@ use k8s_openapi::{
         events::v1::Event,
         rbac::v1::{ClusterRole, ClusterRoleBinding},
     },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     jiff::Timestamp,
 };
 use kube::{
@@ -579,5 +590,225 @@ async fn a_repeating_warning_becomes_one_warning_event_on_the_node() {
     let condition = gpu_condition(&Api::<Node>::all(client.clone()).get(&node).await.unwrap()).unwrap();
     assert_eq!(condition.status, "True", "warnings never change the condition");
     drop(agent);
+    fleet.stop().await.expect("stopping the fleet");
+}
+
+/// Label on this file's policies; the controller of a test enforces only its own.
+const SCOPE_LABEL: &str = "e2e.gpuremediation.dev/scope";
+
+/// Installs the generated CRDs once per test binary and waits until both kinds are served.
+async fn install_crds(client: &Client) {
+    static CRDS: OnceCell<()> = OnceCell::const_new();
+    CRDS.get_or_init(|| async {
+        let api = Api::<CustomResourceDefinition>::all(client.clone());
+        for (file, yaml) in crds::render_all() {
+            let crd: CustomResourceDefinition =
+                serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("parsing {file}: {e}"));
+            match api.create(&PostParams::default(), &crd).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+                Err(e) => panic!("creating the CRD from {file}: {e}"),
+            }
+        }
+        common::eventually(
+            "the remediation kinds to be served",
+            Duration::from_secs(30),
+            || async {
+                let policies = Api::<GpuRemediationPolicy>::all(client.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?;
+                Api::<GpuRemediation>::all(client.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?;
+                Some(policies)
+            },
+        )
+        .await;
+    })
+    .await;
+}
+
+/// `config/policy-h100-replace.yaml` as shipped, narrowed to one fleet: its name and scope label
+/// are the fleet's, its node selector also requires the fleet's label, and its trigger's `for` is
+/// 3s instead of 2m so the test does not wait minutes. Every safety limit stays as shipped.
+fn shipped_replace_policy(fleet: &str) -> GpuRemediationPolicy {
+    let mut policy: Value =
+        serde_yaml::from_str(include_str!("../../config/policy-h100-replace.yaml")).unwrap();
+    policy["metadata"]["name"] = json!(fleet);
+    policy["metadata"]["labels"] = json!({SCOPE_LABEL: fleet});
+    policy["spec"]["nodeSelector"]["matchLabels"][FLEET_LABEL] = json!(fleet);
+    let triggers = policy["spec"]["triggers"].as_array_mut().unwrap();
+    assert_eq!(triggers.len(), 1, "the shipped policy has one trigger");
+    assert_eq!(triggers[0]["reasons"], json!(["XID79", "GpuMissing"]));
+    triggers[0]["for"] = json!("3s");
+    serde_json::from_value(policy).expect("the shipped policy parses")
+}
+
+async fn remediation_of(client: &Client, policy: &str, node: &str) -> Option<GpuRemediation> {
+    Api::<GpuRemediation>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|r| r.spec.policy_name == policy && r.spec.node_name == node)
+}
+
+/// Waits until `policy`'s remediation of `node` has drained the node. How far it goes after that
+/// depends on the replacement step of the controller build, so the drain is what is awaited.
+async fn wait_until_drained(client: &Client, policy: &str, node: &str) -> GpuRemediation {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let current = remediation_of(client, policy, node).await;
+        if let Some(drained) = current.as_ref().filter(|r| {
+            r.status.as_ref().is_some_and(|status| {
+                status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == remediation_conditions::DRAINED && c.status == "True")
+            })
+        }) {
+            return drained.clone();
+        }
+        if Instant::now() > deadline {
+            let policy = Api::<GpuRemediationPolicy>::all(client.clone())
+                .get(policy)
+                .await
+                .ok();
+            panic!(
+                "the remediation of {node} was not drained within 60s\nremediation: {:#?}\npolicy status: {:#?}",
+                current.map(|r| r.status),
+                policy.map(|p| p.status)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_controller_remediates_a_node_the_agent_reports_missing_a_gpu_but_not_one_whose_nvml_failed() {
+    let cluster = common::cluster().await;
+    let client = cluster.client();
+    install_crds(&client).await;
+    let dir = scratch("remediation");
+    let kubeconfig = agent_kubeconfig(&client, &dir).await;
+    // Ten nodes, so one broken node is 10% of the fleet: within the shipped maxUnhealthy.
+    let fleet = fleet(&client, 10).await;
+    let mut names = fleet.node_names();
+    names.sort();
+    let (broken, blind, healthy) = (&names[0], &names[1], &names[2]);
+    let mut agents = Vec::new();
+    for name in [broken, blind, healthy] {
+        let probe_file = dir.join(format!("{name}.json"));
+        write_probe_file(&probe_file, &healthy_gpus(name));
+        let agent = AgentProcess::start(name, &kubeconfig, &probe_file, &dir, &[]).await;
+        wait_for_condition(
+            &client,
+            name,
+            "True",
+            gpu_reasons::HEALTHY,
+            Duration::from_secs(60),
+            &agent,
+        )
+        .await;
+        agents.push((probe_file, agent));
+    }
+    let policy = shipped_replace_policy(fleet.name());
+    Api::<GpuRemediationPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let controller = tokio::spawn(gpu_remediator::run(
+        cluster.config(),
+        Settings {
+            policy_selector: Some(format!("{SCOPE_LABEL}={}", fleet.name())),
+            ..Settings::default()
+        },
+        Fence::standalone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    // NVML fails on one node: Unknown, and well past the trigger's `for` nothing happens to it,
+    // while the controller is running with its whole budget free.
+    write_probe_file(&agents[1].0, &json!({"nvmlError": "Driver Not Loaded"}));
+    wait_for_condition(
+        &client,
+        blind,
+        "Unknown",
+        gpu_reasons::NVML_UNAVAILABLE,
+        Duration::from_secs(5),
+        &agents[1].1,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(
+        remediation_of(&client, fleet.name(), blind).await.is_none(),
+        "a broken detector started a remediation"
+    );
+    let node = Api::<Node>::all(client.clone()).get(blind).await.unwrap();
+    assert_ne!(
+        node.spec.and_then(|spec| spec.unschedulable),
+        Some(true),
+        "a broken detector cordoned the node"
+    );
+
+    // A GPU falls off another node: the agent says GpuMissing, the controller replaces the node.
+    let mut fallen = healthy_gpus(broken);
+    fallen["gpus"].as_array_mut().unwrap().remove(3);
+    write_probe_file(&agents[0].0, &fallen);
+    wait_for_condition(
+        &client,
+        broken,
+        "False",
+        gpu_reasons::GPU_MISSING,
+        Duration::from_secs(5),
+        &agents[0].1,
+    )
+    .await;
+    let remediation = wait_until_drained(&client, fleet.name(), broken).await;
+    assert_eq!(remediation.spec.trigger.reason, gpu_reasons::GPU_MISSING);
+    assert!(
+        remediation
+            .spec
+            .trigger
+            .message
+            .contains(&format!("GPU-{broken}-0003"))
+    );
+    let phase = remediation.status.as_ref().map(|status| status.phase);
+    println!("the remediation of {broken} reached phase {phase:?}");
+    if let Some(node) = Api::<Node>::all(client.clone()).get_opt(broken).await.unwrap() {
+        // Still there (the replacement has not deleted it yet): cordoned by this remediation.
+        assert_eq!(
+            node.spec.and_then(|spec| spec.unschedulable),
+            Some(true),
+            "the broken node is cordoned"
+        );
+        assert_eq!(
+            node.metadata
+                .annotations
+                .unwrap_or_default()
+                .get(CORDONED_BY_ANNOTATION),
+            remediation.metadata.name.as_ref()
+        );
+    }
+    for quiet in [blind, healthy] {
+        assert!(
+            remediation_of(&client, fleet.name(), quiet).await.is_none(),
+            "{quiet} was remediated"
+        );
+    }
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), controller)
+        .await
+        .expect("the controller stops")
+        .expect("the controller did not panic")
+        .expect("the controller ended without error");
+    drop(agents);
     fleet.stop().await.expect("stopping the fleet");
 }
