@@ -16,7 +16,8 @@
 //!    &policy.spec.replacement)`; record the returned reference in `status.replacement` and move
 //!    to `Verifying`. `trigger` is idempotent: calling it again after a crash finds the same object
 //!    (or finds it gone) instead of acting twice.
-//! 2. `Verifying`, on every reconcile: `observe(&remediation, &reference, triggered_at)` then
+//! 2. `Verifying`, on every reconcile: `observe(&remediation, &reference, triggered_at)` (with
+//!    `triggered_at` = [`replacing_since`] of the status) then
 //!    [`verify::judge`] with whether the node's triggers cleared, the trigger time and the policy's
 //!    timeout: `Waiting` (requeue), `Succeeded` or `Failed { reason }`.
 //!

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use gpu_remediation_api::policy::Strategy;
+use gpu_remediation_api::{GpuRemediationStatus, Phase, policy::Strategy};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
@@ -213,6 +213,18 @@ fn judge_deletion(observation: &Observation) -> Progress {
     }
 }
 
+/// When the replacement was triggered: the last entry into `Replacing` in the phase history (the
+/// `triggered_at` that [`Verification`] and `Replace::observe` take).
+#[must_use]
+pub fn replacing_since(status: &GpuRemediationStatus) -> Option<Timestamp> {
+    status
+        .phase_history
+        .iter()
+        .rev()
+        .find(|transition| transition.phase == Phase::Replacing)
+        .map(|transition| transition.at.0)
+}
+
 /// Whether a node's `Ready` condition is `True`.
 #[must_use]
 pub fn node_is_ready(node: &Node) -> bool {
@@ -404,6 +416,25 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn the_trigger_time_is_the_last_entry_into_replacing() {
+        use gpu_remediation_api::remediation::PhaseTransition;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let entered = |phase, seconds| PhaseTransition {
+            phase,
+            at: Time(at(seconds)),
+            message: None,
+        };
+        let mut status = GpuRemediationStatus {
+            phase_history: vec![entered(Phase::Cordoned, 1), entered(Phase::Draining, 2)],
+            ..GpuRemediationStatus::default()
+        };
+        assert_eq!(replacing_since(&status), None);
+        status.phase_history.push(entered(Phase::Replacing, 30));
+        status.phase_history.push(entered(Phase::Verifying, 31));
+        assert_eq!(replacing_since(&status), Some(at(30)));
     }
 
     #[test]
