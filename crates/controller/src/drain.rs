@@ -2,9 +2,9 @@
 //! refused eviction is worth asking again. Pure.
 //!
 //! A pod stays when it is a mirror pod (the kubelet owns it; the API cannot remove it), is owned
-//! by a DaemonSet (its controller would put it straight back, and it tolerates our taint anyway),
+//! by a `DaemonSet` (its controller would put it straight back, and it tolerates our taint anyway),
 //! or has finished (phase `Succeeded` or `Failed`: it holds nothing). Every other pod leaves
-//! through the Eviction API, so its PodDisruptionBudgets are honoured.
+//! through the Eviction API, so its disruption budgets are honoured.
 
 use std::collections::BTreeMap;
 
@@ -23,7 +23,7 @@ const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 pub enum KeepReason {
     /// A mirror pod of a static pod.
     Mirror,
-    /// Owned by a DaemonSet.
+    /// Owned by a `DaemonSet`.
     DaemonSet,
     /// Already `Succeeded` or `Failed`.
     Terminal,
@@ -121,7 +121,7 @@ pub fn plan(pods: &[Pod]) -> Plan {
     plan
 }
 
-/// The PodDisruptionBudgets (as `namespace/name`) that cover a pod: same namespace, selector
+/// The disruption budgets (as `namespace/name`) that cover a pod: same namespace, selector
 /// matches its labels. A budget without a selector covers nothing; an empty one covers every pod
 /// of its namespace, as in `policy/v1`.
 #[must_use]

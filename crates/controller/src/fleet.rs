@@ -133,45 +133,8 @@ fn plan_policy(
         }
     }
 
-    let mut candidates = Vec::new();
-    let mut evidence_of: BTreeMap<String, (&Node, Evidence)> = BTreeMap::new();
-    for (node, evidence) in &unhealthy {
-        let node_name = node.name_any();
-        let busy = remediations
-            .iter()
-            .filter(|r| r.spec.node_name == node_name)
-            .any(|r| {
-                let phase = r.status.as_ref().map(|s| s.phase).unwrap_or_default();
-                !phase.is_terminal()
-                    || r.spec
-                        .trigger
-                        .since
-                        .as_ref()
-                        .is_some_and(|t| t.0 == evidence.since)
-            });
-        if !busy {
-            candidates.push(Candidate {
-                node: node_name.clone(),
-                since: evidence.since,
-            });
-            evidence_of.insert(node_name, (node, evidence.clone()));
-        }
-    }
-
-    let started: Vec<Started> = remediations
-        .iter()
-        .filter(|r| r.spec.policy_name == name && r.spec.mode != Mode::DryRun)
-        .map(|r| Started {
-            node: r.spec.node_name.clone(),
-            at: r.creation_timestamp().map_or(now, |t| t.0),
-            in_flight: !r
-                .status
-                .as_ref()
-                .map(|s| s.phase)
-                .unwrap_or_default()
-                .is_terminal(),
-        })
-        .collect();
+    let (candidates, evidence_of) = candidates(&unhealthy, remediations);
+    let started = started(&name, remediations, now);
     let selected = count(nodes.len());
     let decision = budget::admit(budget::Inputs {
         safety: &spec.safety,
@@ -262,6 +225,58 @@ fn plan_policy(
         },
         wake,
     )
+}
+
+/// Unhealthy nodes free to start a remediation: none in flight for the node, and none yet for
+/// this episode. Returns them with the evidence each was found unhealthy on.
+fn candidates<'n>(
+    unhealthy: &[(&'n Node, Evidence)],
+    remediations: &[Arc<GpuRemediation>],
+) -> (Vec<Candidate>, BTreeMap<String, (&'n Node, Evidence)>) {
+    let mut candidates = Vec::new();
+    let mut evidence_of: BTreeMap<String, (&Node, Evidence)> = BTreeMap::new();
+    for (node, evidence) in unhealthy {
+        let node_name = node.name_any();
+        let busy = remediations
+            .iter()
+            .filter(|r| r.spec.node_name == node_name)
+            .any(|r| {
+                let phase = r.status.as_ref().map(|s| s.phase).unwrap_or_default();
+                !phase.is_terminal()
+                    || r.spec
+                        .trigger
+                        .since
+                        .as_ref()
+                        .is_some_and(|t| t.0 == evidence.since)
+            });
+        if !busy {
+            candidates.push(Candidate {
+                node: node_name.clone(),
+                since: evidence.since,
+            });
+            evidence_of.insert(node_name, (node, evidence.clone()));
+        }
+    }
+
+    (candidates, evidence_of)
+}
+
+/// The policy's remediations that count against its budget (dry runs do not).
+fn started(name: &str, remediations: &[Arc<GpuRemediation>], now: Timestamp) -> Vec<Started> {
+    remediations
+        .iter()
+        .filter(|r| r.spec.policy_name == name && r.spec.mode != Mode::DryRun)
+        .map(|r| Started {
+            node: r.spec.node_name.clone(),
+            at: r.creation_timestamp().map_or(now, |t| t.0),
+            in_flight: !r
+                .status
+                .as_ref()
+                .map(|s| s.phase)
+                .unwrap_or_default()
+                .is_terminal(),
+        })
+        .collect()
 }
 
 #[allow(
@@ -645,11 +660,11 @@ mod tests {
     fn a_node_still_waiting_for_the_same_reason_is_not_announced_again() {
         let mut p = (*policy("p", "a")).clone();
         let nodes = [node("n1", "a", Some(0)), node("n2", "a", Some(5))];
-        let first = plan(&[Arc::new(p.clone())], &nodes, &[], at(60));
+        let first = plan(&[Arc::new(p.clone())], &nodes, &[], at(70));
         assert_eq!(first.policies[0].newly_waiting.len(), 1);
         p.status = Some(first.policies[0].status.clone());
-        let rems = [existing("n1", "p", 0, Phase::Draining, 60)];
-        let second = plan(&[Arc::new(p)], &nodes, &rems, at(61));
+        let rems = [existing("n1", "p", 0, Phase::Draining, 70)];
+        let second = plan(&[Arc::new(p)], &nodes, &rems, at(71));
         assert!(second.policies[0].newly_waiting.is_empty());
         assert_eq!(second.policies[0].status.waiting[0].node, "n2");
     }

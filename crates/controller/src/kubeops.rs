@@ -2,7 +2,7 @@
 //! claim on the Lease is not current makes no write at all.
 //!
 //! Two clients: the ordinary one, and one whose config has the default retry layer disabled, used
-//! for evictions so that a 429 from a PodDisruptionBudget comes back to us at once (to be recorded
+//! for evictions so that a 429 from a disruption budget comes back to us at once (to be recorded
 //! as a blocker and retried when the budget changes) instead of being retried silently for minutes.
 //!
 //! Nodes are changed by read-modify-replace with the read's resourceVersion, never by patch or

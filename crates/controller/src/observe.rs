@@ -3,7 +3,7 @@
 //!
 //! Four watches feed reflector stores: policies (optionally narrowed by a label selector, so
 //! several controllers can share a cluster in tests), remediations, Nodes and
-//! PodDisruptionBudgets. Nodes and PDBs are pruned as they arrive (no managedFields, images,
+//! disruption budgets. Nodes and PDBs are pruned as they arrive (no managedFields, images,
 //! heartbeat times, capacity lists), so memory grows with what decisions read, not with what
 //! kubelets write. Pods are never cached: `remediation` lists one node's pods when it drains it.
 //!
@@ -43,7 +43,7 @@ pub struct Caches {
     pub remediations: Store<GpuRemediation>,
     /// All nodes, pruned.
     pub nodes: Store<Node>,
-    /// All PodDisruptionBudgets, pruned.
+    /// All disruption budgets, pruned.
     pub budgets: Store<PodDisruptionBudget>,
     /// Our own writes to remediations, until their watch catches up.
     pub written_remediations: Overlay<GpuRemediation>,

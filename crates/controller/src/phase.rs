@@ -49,6 +49,10 @@ pub enum Health {
 
 /// Everything the next step depends on.
 #[derive(Clone, Debug)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "each flag is one independent observed fact"
+)]
 pub struct Observed {
     /// The recorded phase.
     pub phase: Phase,

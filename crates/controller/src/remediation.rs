@@ -308,51 +308,14 @@ async fn drain_round(
     let previous = status.drain.clone().unwrap_or_default();
     let backoff = signed(ctx.settings.eviction_backoff);
 
-    let due: Vec<&Leaving> = plan
-        .to_evict()
-        .filter(|pod| {
-            let last = ctx.last_eviction_attempt(&pod.uid);
-            drain::retry_due(last, budget_allows(pod, &budgets), backoff, now)
-        })
-        .collect();
-    let outcomes = evict_all(ctx, due, grace, false).await;
-
-    let mut evicted = 0;
-    let mut gone = 0;
-    let mut refused: HashMap<String, Blocker> = HashMap::new();
-    for (pod, outcome) in outcomes {
-        ctx.record_eviction_attempt(&pod.uid, now);
-        match outcome? {
-            EvictionOutcome::Accepted => evicted += 1,
-            EvictionOutcome::Gone => gone += 1,
-            EvictionOutcome::Refused(answer) => {
-                let since = previous
-                    .blockers
-                    .iter()
-                    .find(|b| b.pod == pod.key())
-                    .and_then(|b| b.since.clone());
-                refused.insert(
-                    pod.key(),
-                    blocker(pod, &answer, &budgets, since.unwrap_or(Time(now))),
-                );
-            }
-        }
-    }
-    // Pods refused earlier and not asked again this round keep their blocker.
-    let blockers: Vec<Blocker> = plan
-        .to_evict()
-        .filter_map(|pod| {
-            refused
-                .remove(&pod.key())
-                .or_else(|| previous.blockers.iter().find(|b| b.pod == pod.key()).cloned())
-        })
-        .collect();
+    let round = evict_round(ctx, &plan, &budgets, &previous, grace, now).await?;
+    let (evicted, gone) = (round.evicted, round.gone);
     let remaining = count(plan.leaving.len()).saturating_sub(gone);
     status.drain = Some(DrainStatus {
         pods_total: previous.pods_total.max(count(plan.leaving.len())),
         pods_evicted: previous.pods_evicted + evicted,
         pods_remaining: remaining,
-        blockers,
+        blockers: round.blockers,
         would_evict: Vec::new(),
     });
 
@@ -364,23 +327,60 @@ async fn drain_round(
         on_timeout: policy.spec.drain.on_timeout,
         now,
     });
-    let poll = plus(now, signed(ctx.settings.pod_poll));
-    let retry = plus(now, backoff);
+    // Pods are not watched: look again soon while some are terminating, after the backoff while
+    // the only thing left is refusals (a budget's change wakes the loop earlier), and never later
+    // than the drain deadline or the release time.
+    let terminating = remaining > count(plan.to_evict().count());
     let has_blockers = status.drain.as_ref().is_some_and(|d| !d.blockers.is_empty());
-    let waiting_for = |deadline: Option<Timestamp>| {
-        let terminating = remaining > count(plan.to_evict().count());
-        let mut next = if terminating || evicted > 0 {
-            poll
-        } else if has_blockers {
-            retry
-        } else {
-            poll
-        };
-        for at in [deadline, release_at].into_iter().flatten() {
+    let look_again = if has_blockers && !terminating && evicted == 0 {
+        plus(now, backoff)
+    } else {
+        plus(now, signed(ctx.settings.pod_poll))
+    };
+    let look = Look {
+        at: look_again,
+        release_at,
+    };
+    follow_verdict(ctx, remediation, policy, status, verdict, &plan, look, now).await
+}
+
+/// When a drain that is not finished wants another look.
+#[derive(Clone, Copy)]
+struct Look {
+    /// For its pods.
+    at: Timestamp,
+    /// For a recovered node's release, if pending.
+    release_at: Option<Timestamp>,
+}
+
+impl Look {
+    fn until(self, deadline: Option<Timestamp>) -> Next {
+        let mut next = self.at;
+        for at in [deadline, self.release_at].into_iter().flatten() {
             next = next.min(at);
         }
         Next::At(next)
-    };
+    }
+}
+
+/// Acts on the drain's verdict: hand over when drained, keep going, or apply `onTimeout`.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the round's observations, passed on as they are"
+)]
+async fn follow_verdict(
+    ctx: &Context,
+    remediation: &Arc<GpuRemediation>,
+    policy: &GpuRemediationPolicy,
+    mut status: GpuRemediationStatus,
+    verdict: DrainVerdict,
+    plan: &Plan,
+    look: Look,
+    now: Timestamp,
+) -> Result<Taken, AdvanceRemediationError> {
+    let grace = policy.spec.drain.grace_period_seconds;
+    let remaining = status.drain.as_ref().map_or(0, |d| d.pods_remaining);
+    let poll = plus(now, signed(ctx.settings.pod_poll));
     match verdict {
         DrainVerdict::Drained => {
             let message = format!(
@@ -408,10 +408,12 @@ async fn drain_round(
         }
         DrainVerdict::Continue { deadline } => {
             write_if_changed(ctx, remediation, status).await?;
-            Ok(Taken::Done(waiting_for(Some(deadline))))
+            Ok(Taken::Done(look.until(Some(deadline))))
         }
         DrainVerdict::Blocked => {
-            if status.phase != Phase::Blocked {
+            if status.phase == Phase::Blocked {
+                write_if_changed(ctx, remediation, status).await?;
+            } else {
                 let message = format!(
                     "drain timed out after {} with {remaining} pods left; the node stays cordoned and evictions keep being retried{}",
                     policy.spec.drain.timeout,
@@ -426,17 +428,18 @@ async fn drain_round(
                     EventType::Warning,
                 )
                 .await?;
-            } else {
-                write_if_changed(ctx, remediation, status).await?;
             }
-            Ok(Taken::Done(waiting_for(None)))
+            Ok(Taken::Done(look.until(None)))
         }
         DrainVerdict::ForceDelete => {
             let doomed: Vec<&Leaving> = plan.to_evict().collect();
             for pod in &doomed {
+                tracing::warn!(pod = %pod.key(), "drain timed out: deleting the pod (onTimeout: ForceDelete)");
                 ctx.ops.force_delete(pod, grace).await?;
             }
-            if !doomed.is_empty() {
+            if doomed.is_empty() {
+                write_if_changed(ctx, remediation, status).await?;
+            } else {
                 let pods: Vec<String> = doomed.iter().map(|p| p.key()).collect();
                 let message = format!(
                     "drain timed out after {}: deleting {} pods directly (onTimeout: ForceDelete): {}",
@@ -452,8 +455,6 @@ async fn drain_round(
                         event(reasons::DRAIN_TIMEOUT, &message, EventType::Warning),
                     )
                     .await;
-            } else {
-                write_if_changed(ctx, remediation, status).await?;
             }
             Ok(Taken::Done(Next::At(poll)))
         }
@@ -482,6 +483,69 @@ async fn drain_round(
             Ok(Taken::Continue(updated))
         }
     }
+}
+
+/// What one round of evictions did.
+struct EvictionRound {
+    /// Evictions the server accepted.
+    evicted: u32,
+    /// Pods found gone (or replaced by a new pod of the same name) when asked.
+    gone: u32,
+    /// Pods refused now, or refused earlier and not asked again yet.
+    blockers: Vec<Blocker>,
+}
+
+/// Asks every pod that is due (never asked, its budget shows room, or its backoff passed) to
+/// leave, and collects what the server said.
+async fn evict_round(
+    ctx: &Context,
+    plan: &Plan,
+    budgets: &[PodDisruptionBudget],
+    previous: &DrainStatus,
+    grace: Option<i64>,
+    now: Timestamp,
+) -> Result<EvictionRound, AdvanceRemediationError> {
+    let backoff = signed(ctx.settings.eviction_backoff);
+    let due: Vec<&Leaving> = plan
+        .to_evict()
+        .filter(|pod| {
+            let last = ctx.last_eviction_attempt(&pod.uid);
+            drain::retry_due(last, budget_allows(pod, budgets), backoff, now)
+        })
+        .collect();
+    let outcomes = evict_all(ctx, due, grace, false).await;
+    let earlier = |pod: &Leaving| previous.blockers.iter().find(|b| b.pod == pod.key()).cloned();
+    let mut round = EvictionRound {
+        evicted: 0,
+        gone: 0,
+        blockers: Vec::new(),
+    };
+    let mut asked: HashMap<String, Option<Blocker>> = HashMap::new();
+    for (pod, outcome) in outcomes {
+        ctx.record_eviction_attempt(&pod.uid, now);
+        let refusal = match outcome? {
+            EvictionOutcome::Accepted => {
+                tracing::info!(pod = %pod.key(), "eviction accepted");
+                round.evicted += 1;
+                None
+            }
+            EvictionOutcome::Gone => {
+                round.gone += 1;
+                None
+            }
+            EvictionOutcome::Refused(answer) => {
+                let since = earlier(pod).and_then(|b| b.since).unwrap_or(Time(now));
+                Some(blocker(pod, &answer, budgets, since))
+            }
+        };
+        asked.insert(pod.key(), refusal);
+    }
+    // A pod asked this round has its new answer; one not asked keeps its earlier blocker.
+    round.blockers = plan
+        .to_evict()
+        .filter_map(|pod| asked.remove(&pod.key()).unwrap_or_else(|| earlier(pod)))
+        .collect();
+    Ok(round)
 }
 
 /// After the drain: `action: None` finishes; `Replace`/`Reboot` wait for the replacement step.
