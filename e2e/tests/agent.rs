@@ -812,3 +812,48 @@ async fn the_controller_remediates_a_node_the_agent_reports_missing_a_gpu_but_no
     drop(agents);
     fleet.stop().await.expect("stopping the fleet");
 }
+
+#[tokio::test]
+async fn a_latched_fault_survives_an_agent_restart() {
+    let cluster = common::cluster().await;
+    let client = cluster.client();
+    let dir = scratch("restart");
+    let kubeconfig = agent_kubeconfig(&client, &dir).await;
+    let fleet = fleet(&client, 1).await;
+    let node = fleet.node_names().remove(0);
+    let probe_file = dir.join(format!("{node}.json"));
+    let mut faulty = healthy_gpus(&node);
+    faulty["xidEvents"] = json!([{"id": 1, "xid": 79, "gpuUuid": format!("GPU-{node}-0001")}]);
+    write_probe_file(&probe_file, &faulty);
+    let agent = AgentProcess::start(&node, &kubeconfig, &probe_file, &dir, &[]).await;
+    let latched = wait_for_condition(&client, &node, "False", "XID79", Duration::from_secs(60), &agent).await;
+    assert!(
+        latched
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("RESTART_BM"),
+        "{latched:?}"
+    );
+    drop(agent);
+
+    // A new agent finds no XID (events are not replayed) and healthy GPUs, yet keeps the latch.
+    write_probe_file(&probe_file, &healthy_gpus(&node));
+    let agent = AgentProcess::start(&node, &kubeconfig, &probe_file, &dir, &[]).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = gpu_condition(&Api::<Node>::all(client.clone()).get(&node).await.unwrap()).unwrap();
+    assert_eq!(after.status, "False", "agent log:\n{}", agent.log_tail());
+    assert_eq!(after.reason, latched.reason);
+    assert_eq!(after.message, latched.message);
+    assert_eq!(
+        after.last_transition_time, latched.last_transition_time,
+        "still dated from the fault"
+    );
+    assert!(
+        agent.log_tail().contains("restoring latched fault"),
+        "{}",
+        agent.log_tail()
+    );
+    drop(agent);
+    fleet.stop().await.expect("stopping the fleet");
+}

@@ -412,3 +412,45 @@ fn register_xid_events(nvml: &'static Nvml) -> Result<nvml_wrapper::EventSet<'st
     }
     Ok(set)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unsupported_feature_reads_as_absent_and_is_no_fault() {
+        let mut failed = Vec::new();
+        assert!(matches!(optional::<u32>(Err(NvmlError::NotSupported), 0, "call", &mut failed), Ok(None)));
+        assert!(failed.is_empty());
+    }
+
+    #[test]
+    fn a_lost_gpu_ends_the_device_read_without_a_detector_fault() {
+        let mut failed = Vec::new();
+        assert!(matches!(optional::<u32>(Err(NvmlError::GpuLost), 3, "call", &mut failed), Err(CallError::Lost)));
+        assert!(failed.is_empty());
+    }
+
+    #[test]
+    fn any_other_failure_is_recorded_naming_the_device_and_the_call() {
+        let mut failed = Vec::new();
+        let result = optional::<u32>(Err(NvmlError::Unknown), 2, "nvmlDeviceGetTemperature", &mut failed);
+        assert!(matches!(result, Err(CallError::Failed)));
+        assert_eq!(failed.len(), 1);
+        assert!(failed[0].starts_with("device 2: nvmlDeviceGetTemperature: "), "{}", failed[0]);
+    }
+
+    #[test]
+    fn a_value_read_is_passed_through() {
+        let mut failed = Vec::new();
+        assert!(matches!(optional(Ok(87_u32), 0, "call", &mut failed), Ok(Some(87))));
+    }
+
+    #[test]
+    fn a_host_without_nvml_gets_a_read_error_not_a_crash() {
+        let probe = NvmlProbe::new(Some("/nonexistent/libnvidia-ml.so.1".into()), false);
+        let err = probe.read().unwrap_err();
+        assert!(matches!(err, ReadGpusError::NvmlUnavailable(_)), "{err}");
+        assert!(probe.read().is_err(), "and retries on the next read");
+    }
+}
