@@ -7,9 +7,11 @@
 //! - [`fault`]: what a GPU agent would report about a failing GPU.
 //! - [`workload`]: `Deployments`, `StatefulSets`, PDBs, `DaemonSets` and special pods to put on a fleet.
 //! - [`population`]: many Deployments behind PDBs spread over a whole fleet.
+//! - [`demo`]: `make demo`, and installing `manifests/` on a sandbox.
 #![forbid(unsafe_code)]
 
 pub mod controlplane;
+pub mod demo;
 pub mod fault;
 pub mod fleet;
 pub mod population;

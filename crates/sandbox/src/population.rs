@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{ListParams, ObjectMeta, PostParams};
@@ -74,22 +76,31 @@ pub async fn create(
     wait_default_service_account(client, &options.namespace)
         .await
         .map_err(CreatePopulationError::ServiceAccount)?;
-    let mut workloads = Vec::new();
-    for (i, size) in deployment_sizes(options.pods, options.pods_per_deployment)
+    let workloads: Vec<Workload> = deployment_sizes(options.pods, options.pods_per_deployment)
         .into_iter()
         .enumerate()
-    {
-        let (key, value) = &options.node_selector;
-        let mut app = Workload::new(&options.namespace, &format!("app-{i:04}"))
-            .replicas(i32::try_from(size).unwrap_or(i32::MAX))
-            .node_selector(key, value);
-        if options.gpu_every > 0 && i % options.gpu_every == 0 {
-            app = app.gpus(1);
-        }
-        workload::create(client, &app.deployment()).await?;
-        workload::create(client, &app.pdb(&Budget::max_unavailable_percent(10))).await?;
-        workloads.push(app);
-    }
+        .map(|(i, size)| {
+            let (key, value) = &options.node_selector;
+            let app = Workload::new(&options.namespace, &format!("app-{i:04}"))
+                .replicas(i32::try_from(size).unwrap_or(i32::MAX))
+                .node_selector(key, value);
+            if options.gpu_every > 0 && i % options.gpu_every == 0 {
+                app.gpus(1)
+            } else {
+                app
+            }
+        })
+        .collect();
+    // A few at a time: one by one takes minutes on a loaded server, all at once floods it.
+    futures::stream::iter(&workloads)
+        .map(|app| async move {
+            workload::create(client, &app.deployment()).await?;
+            workload::create(client, &app.pdb(&Budget::max_unavailable_percent(10))).await?;
+            Ok::<_, CreateWorkloadError>(())
+        })
+        .buffer_unordered(8)
+        .try_collect::<Vec<()>>()
+        .await?;
     Ok(workloads)
 }
 

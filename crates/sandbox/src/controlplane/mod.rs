@@ -3,6 +3,7 @@
 //! order, waited on until ready, and stopped in reverse order. See [`process`] for why no component
 //! can outlive the process that started it.
 
+pub mod chaos;
 mod binaries;
 mod pki;
 mod process;
@@ -250,6 +251,14 @@ impl ControlPlane {
             ),
             "--service-cluster-ip-range=10.0.0.0/24".into(),
             "--allow-privileged=true".into(),
+            // Without a front-proxy CA, kube-controller-manager and kube-scheduler log an error
+            // about the missing request-header bundle every few seconds. Nothing here holds a
+            // client certificate named front-proxy-client, so this trusts no one new.
+            format!("--requestheader-client-ca-file={}", display(&pki.ca_cert)),
+            "--requestheader-allowed-names=front-proxy-client".into(),
+            "--requestheader-username-headers=X-Remote-User".into(),
+            "--requestheader-group-headers=X-Remote-Group".into(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
             // Nobody dials the advertised address, and a loopback endpoint only produces warnings.
             "--endpoint-reconciler-type=none".into(),
         ];

@@ -1,0 +1,168 @@
+//! Faults of the control plane itself, for the fault suite and the benchmarks: pausing a component
+//! (`SIGSTOP`/`SIGCONT`, e.g. etcd freezing) and killing one with `SIGKILL` and starting it again
+//! on the same port, certificates and data (e.g. an API server restart).
+//!
+//! A restarted component is started from the command line the kernel recorded for the old process
+//! (`/proc/<pid>/cmdline`), so it comes back exactly as `ControlPlane::start` made it, and it keeps
+//! its place in the stop order.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{ControlPlane, StartControlPlaneError, process::OwnedProcess};
+
+/// Failure to signal a component.
+#[derive(Debug, thiserror::Error)]
+pub enum SignalComponentError {
+    /// No running component has this name.
+    #[error("no running component named {0}")]
+    Unknown(String),
+    /// `kill` could not be run or refused.
+    #[error("sending {signal} to {name} (pid {pid}): {detail}")]
+    Kill {
+        /// The signal.
+        signal: &'static str,
+        /// The component.
+        name: String,
+        /// Its pid.
+        pid: u32,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+/// Failure to restart a component.
+#[derive(Debug, thiserror::Error)]
+pub enum RestartComponentError {
+    /// It could not be killed.
+    #[error(transparent)]
+    Signal(#[from] SignalComponentError),
+    /// Its command line could not be read.
+    #[error("reading the command line of {name} (pid {pid}): {source}")]
+    CommandLine {
+        /// The component.
+        name: String,
+        /// Its pid.
+        pid: u32,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// The new process could not be started.
+    #[error(transparent)]
+    Spawn(#[from] super::SpawnComponentError),
+    /// The new process did not become ready.
+    #[error(transparent)]
+    NotReady(#[from] StartControlPlaneError),
+}
+
+impl ControlPlane {
+    /// Freezes component `name` (`SIGSTOP`): it holds its connections open and answers nothing,
+    /// as a hung etcd does. Undo with [`ControlPlane::resume`].
+    pub fn pause(&self, name: &str) -> Result<(), SignalComponentError> {
+        self.signal(name, "STOP")
+    }
+
+    /// Lets a paused component run again (`SIGCONT`).
+    pub fn resume(&self, name: &str) -> Result<(), SignalComponentError> {
+        self.signal(name, "CONT")
+    }
+
+    /// Kills component `name` with `SIGKILL`, waits `down_for`, starts it again with the same
+    /// command line and, for the API server, waits until it answers `/readyz` again.
+    pub async fn restart(
+        &mut self,
+        name: &str,
+        down_for: Duration,
+    ) -> Result<(), RestartComponentError> {
+        let index = self
+            .processes
+            .iter()
+            .position(|p| p.name() == name)
+            .ok_or_else(|| SignalComponentError::Unknown(name.to_owned()))?;
+        let pid = self.processes[index].pid();
+        let command_line = std::fs::read(format!("/proc/{pid}/cmdline")).map_err(|source| {
+            RestartComponentError::CommandLine {
+                name: name.to_owned(),
+                pid,
+                source,
+            }
+        })?;
+        let mut words = command_line
+            .split(|b| *b == 0)
+            .filter(|w| !w.is_empty())
+            .map(|w| String::from_utf8_lossy(w).into_owned());
+        let binary = words.next().unwrap_or_default();
+        let args: Vec<String> = words.collect();
+        self.signal(name, "KILL")?;
+        // Already gone: `terminate` only reaps it and closes its watchdog, so the port is free.
+        self.processes.remove(index).terminate().await;
+        tokio::time::sleep(down_for).await;
+        let restarted = self.respawn(name, &binary, &args)?;
+        self.processes.insert(index, restarted);
+        if name == "kube-apiserver" {
+            let started = Instant::now();
+            let admin = self
+                .try_client()
+                .map_err(StartControlPlaneError::Client)?;
+            self.wait_for(
+                "kube-apiserver /readyz after a restart",
+                started + Duration::from_secs(120),
+                started,
+                || {
+                    let client = admin.clone();
+                    async move {
+                        let request = http::Request::get("/readyz")
+                            .body(Vec::new())
+                            .map_err(|e| e.to_string())?;
+                        match client.request_text(request).await {
+                            Ok(body) if body.trim() == "ok" => Ok(()),
+                            Ok(body) => Err(body),
+                            Err(e) => Err(e.to_string()),
+                        }
+                    }
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Starts `binary args` as component `name`, logging to a file of its own per restart.
+    fn respawn(
+        &self,
+        name: &str,
+        binary: &str,
+        args: &[String],
+    ) -> Result<OwnedProcess, super::SpawnComponentError> {
+        static RESTARTS: AtomicU32 = AtomicU32::new(0);
+        let n = RESTARTS.fetch_add(1, Ordering::Relaxed);
+        let log = self.data_dir.join("logs").join(format!("{name}.restart-{n}.log"));
+        OwnedProcess::spawn(name, Path::new(binary), args, &log)
+    }
+
+    fn signal(&self, name: &str, signal: &'static str) -> Result<(), SignalComponentError> {
+        let process = self
+            .processes
+            .iter()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| SignalComponentError::Unknown(name.to_owned()))?;
+        let pid = process.pid();
+        let error = |detail: String| SignalComponentError::Kill {
+            signal,
+            name: name.to_owned(),
+            pid,
+            detail,
+        };
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .map_err(|e| error(e.to_string()))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(error(format!("kill exited with {status}")))
+        }
+    }
+}
