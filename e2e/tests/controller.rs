@@ -802,29 +802,32 @@ async fn a_condition_flapping_faster_than_for_starts_nothing() {
 
 #[tokio::test]
 async fn a_node_a_person_cordoned_stays_cordoned_after_its_remediation_is_cancelled() {
-    let s = Scenario::new(2).await;
+    let s = Scenario::new(3).await;
     let nodes = s.nodes();
-    let broken = nodes[0].clone();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    // A budget that allows nothing keeps the remediation in flight until the node recovers.
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
     s.set_unschedulable(&broken, true).await;
-    s.policy(serde_json::json!({"action": "Replace"})).await;
+    s.policy(serde_json::json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
+        .await;
     let controller = RunningController::start(&s.scope).await;
     s.break_gpu(&broken).await;
-    let drained = eventually("the remediation to drain", Duration::from_secs(30), || async {
-        s.remediation_of(&broken).await.filter(|r| {
-            r.status.as_ref().is_some_and(|st| {
-                st.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Drained" && c.status == "True")
-            })
-        })
-    })
-    .await;
-    assert!(has_our_taint(&s.node(&broken).await));
+    let draining = s
+        .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
+        .await;
+    let node = s.node(&broken).await;
+    assert!(has_our_taint(&node));
+    assert_eq!(
+        node.annotations().get(CORDONED_BY_ANNOTATION),
+        None,
+        "the cordon is not recorded as ours"
+    );
     s.heal_gpu(&broken).await;
     let cancelled = s
         .wait_phase(&broken, Phase::Cancelled, Duration::from_secs(30))
         .await;
-    assert_eq!(cancelled.name_any(), drained.name_any());
+    assert_eq!(cancelled.name_any(), draining.name_any());
     let node = s.node(&broken).await;
     assert!(is_unschedulable(&node), "the person's cordon stays");
     assert!(!has_our_taint(&node), "our taint is gone");
@@ -833,26 +836,79 @@ async fn a_node_a_person_cordoned_stays_cordoned_after_its_remediation_is_cancel
 
 #[tokio::test]
 async fn a_person_uncordoning_the_node_cancels_and_the_controller_does_not_fight_back() {
-    let s = Scenario::new(2).await;
+    let s = Scenario::new(3).await;
     let nodes = s.nodes();
-    let broken = nodes[0].clone();
-    s.policy(serde_json::json!({"action": "Replace"})).await;
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    s.policy(serde_json::json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
+        .await;
     let controller = RunningController::start(&s.scope).await;
     s.break_gpu(&broken).await;
-    eventually("the node to be cordoned", Duration::from_secs(30), || async {
-        is_unschedulable(&s.node(&broken).await).then_some(())
-    })
-    .await;
+    s.wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
+        .await;
     s.set_unschedulable(&broken, false).await;
     s.wait_phase(&broken, Phase::Cancelled, Duration::from_secs(30))
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let node = s.node(&broken).await;
     assert!(!is_unschedulable(&node) && !has_our_taint(&node));
+    assert_eq!(node.annotations().get(CORDONED_BY_ANNOTATION), None);
     assert_eq!(
         s.remediations().await.len(),
         1,
         "no second remediation for the same episode"
+    );
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_drained_node_is_replaced_by_deleting_it() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let broken = nodes[0].clone();
+    let solo = Workload::new(&s.namespace, "solo");
+    workload::create(&s.client, &solo.bare_pod("solo", &broken))
+        .await
+        .unwrap();
+    s.policy(serde_json::json!({
+        "action": "Replace",
+        "replacement": {"strategy": "DeleteNode", "timeout": "1m"},
+        "safety": {"maxUnhealthy": "100%"},
+    }))
+    .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let done = s
+        .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(60))
+        .await;
+    let status = done.status.unwrap();
+    let replacement = status.replacement.expect("the replacement's object is recorded");
+    assert_eq!(
+        (replacement.kind.as_str(), replacement.name.as_str()),
+        ("Node", broken.as_str())
+    );
+    for phase in [
+        Phase::Cordoned,
+        Phase::Draining,
+        Phase::Replacing,
+        Phase::Verifying,
+        Phase::Succeeded,
+    ] {
+        assert!(
+            status.phase_history.iter().any(|t| t.phase == phase),
+            "{phase} missing: {:?}",
+            status.phase_history
+        );
+    }
+    assert_eq!(status.drain.unwrap().pods_evicted, 1);
+    assert!(
+        Api::<Node>::all(s.client.clone())
+            .get_opt(&broken)
+            .await
+            .unwrap()
+            .is_none(),
+        "the node is gone"
     );
     controller.stop().await;
 }

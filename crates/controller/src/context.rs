@@ -9,7 +9,7 @@ use std::{
 
 use jiff::Timestamp;
 
-use crate::{kubeops::KubeOps, observe::Caches};
+use crate::{kubeops::KubeOps, observe::Caches, replace::Replacers, telemetry::Metrics};
 
 /// How the controller runs. `Default` is what production uses.
 #[derive(Clone, Debug)]
@@ -30,6 +30,8 @@ pub struct Settings {
     pub resync: Duration,
     /// How long a pass waits after an error before trying again.
     pub error_backoff: Duration,
+    /// How often a triggered replacement is looked at while it is under way.
+    pub replacement_poll: Duration,
     /// Remediations carried forward at once.
     pub remediation_concurrency: usize,
     /// This replica's name in Events (`reportingInstance`), e.g. the pod name.
@@ -45,6 +47,7 @@ impl Default for Settings {
             pod_poll: Duration::from_secs(1),
             resync: Duration::from_secs(60),
             error_backoff: Duration::from_secs(2),
+            replacement_poll: Duration::from_secs(5),
             remediation_concurrency: 16,
             instance: None,
         }
@@ -59,6 +62,10 @@ pub struct Context {
     pub ops: KubeOps,
     /// The watch caches and our recent writes.
     pub caches: Caches,
+    /// The replacement strategies (each write behind the same fence).
+    pub replacers: Replacers,
+    /// Metrics.
+    pub metrics: Metrics,
     /// When each pod (by UID) was last asked to leave. Only paces retries: losing it on a restart
     /// costs one early retry, never a wrong decision.
     eviction_attempts: Mutex<HashMap<String, Timestamp>>,
@@ -67,11 +74,14 @@ pub struct Context {
 impl Context {
     /// A context over these parts.
     #[must_use]
-    pub fn new(settings: Settings, ops: KubeOps, caches: Caches) -> Self {
+    pub fn new(settings: Settings, ops: KubeOps, caches: Caches, metrics: Metrics) -> Self {
+        let replacers = Replacers::new(ops.client().clone(), ops.fence().clone());
         Self {
             settings,
             ops,
             caches,
+            replacers,
+            metrics,
             eviction_attempts: Mutex::default(),
         }
     }

@@ -49,7 +49,7 @@ pub async fn run(
     let ops = KubeOps::new(&config, fence.clone(), reporter).map_err(RunControllerError::Client)?;
     let wake = Arc::new(Notify::new());
     let caches = Caches::start(ops.client(), settings.policy_selector.as_deref(), wake.clone()).await?;
-    let ctx = Context::new(settings, ops, caches);
+    let ctx = Context::new(settings, ops, caches, crate::telemetry::Metrics::new());
     tracing::info!(policy_selector = ?ctx.settings.policy_selector, "caches ready; controller running");
     let mut shutdown = std::pin::pin!(shutdown);
     loop {

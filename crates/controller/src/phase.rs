@@ -137,6 +137,11 @@ pub enum Step {
     Drain,
     /// The drain finished: hand over to the action.
     HandOver,
+    /// Phase `Replacing`: trigger the replacement (idempotent), record its object, enter
+    /// `Verifying`.
+    TriggerReplacement,
+    /// Phase `Verifying`: look at the replacement and judge it.
+    VerifyReplacement,
     /// Nothing to do until this time (a healthy node waiting out `release.healthyFor`) unless
     /// something changes first; the drain continues meanwhile.
     DrainUntilReleased(Timestamp),
@@ -168,8 +173,14 @@ pub fn next_step(observed: &Observed) -> Step {
         };
     }
     if !is_before_hand_over(phase) {
-        // Replacing and Verifying belong to the replacement module.
-        return Step::Idle;
+        // Replacing and Verifying: the node is meant to go now, so neither its absence nor a
+        // deleted record cancels anything; the replacement module carries it to the end.
+        return match (observed.deleting, observed.health, phase) {
+            (true, _, _) => Step::DropFinalizer,
+            (false, Health::PolicyGone, _) => Step::Idle,
+            (false, _, Phase::Replacing) => Step::TriggerReplacement,
+            (false, _, _) => Step::VerifyReplacement,
+        };
     }
     if observed.deleting {
         return Step::ReleaseForDeletion;
@@ -422,12 +433,26 @@ mod tests {
     }
 
     #[test]
-    fn the_replacement_phases_are_not_ours() {
+    fn a_replacement_continues_when_the_node_goes_as_it_is_meant_to() {
         let o = Observed {
             node: None,
             ..observed(Phase::Replacing)
         };
-        assert_eq!(next_step(&o), Step::Idle);
+        assert_eq!(next_step(&o), Step::TriggerReplacement);
+        let o = Observed {
+            node: None,
+            ..observed(Phase::Verifying)
+        };
+        assert_eq!(next_step(&o), Step::VerifyReplacement);
+    }
+
+    #[test]
+    fn a_record_deleted_during_the_replacement_only_drops_its_finalizer() {
+        let o = Observed {
+            deleting: true,
+            ..observed(Phase::Verifying)
+        };
+        assert_eq!(next_step(&o), Step::DropFinalizer);
     }
 
     fn drain(remaining: u32, now: i64, on_timeout: OnDrainTimeout) -> DrainState {

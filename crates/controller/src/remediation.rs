@@ -35,6 +35,7 @@ use crate::{
     },
     observe::prune_node,
     phase::{self, DrainState, DrainVerdict, HandOver, Health, NodeState, Observed, Step},
+    replace,
     time::{plus, signed},
 };
 
@@ -69,6 +70,12 @@ pub enum AdvanceRemediationError {
     /// Removing the finalizer failed.
     #[error(transparent)]
     DropFinalizer(#[from] DropFinalizerError),
+    /// Triggering the replacement failed.
+    #[error(transparent)]
+    TriggerReplacement(#[from] replace::TriggerReplacementError),
+    /// Looking at the replacement failed.
+    #[error(transparent)]
+    ObserveReplacement(#[from] replace::ObserveReplacementError),
 }
 
 /// When the remediation wants another look.
@@ -279,7 +286,38 @@ async fn take(
             drain_round(ctx, remediation, policy, status, release_at, now).await
         }
         Step::HandOver => hand_over(ctx, remediation, status, now).await,
+        Step::TriggerReplacement | Step::VerifyReplacement => {
+            let Some(policy) = policy else {
+                return Ok(Taken::Done(Next::Idle));
+            };
+            if step == Step::TriggerReplacement {
+                trigger_replacement(ctx, remediation, policy, status, now).await
+            } else {
+                let node_healthy = node_recovered(ctx, remediation, policy, now);
+                verify_replacement(ctx, remediation, policy, node_healthy, status, now).await
+            }
+        }
     }
+}
+
+/// Whether the node's triggers have cleared (for a `Template` replacement such as a reboot).
+fn node_recovered(
+    ctx: &Context,
+    remediation: &GpuRemediation,
+    policy: &GpuRemediationPolicy,
+    now: Timestamp,
+) -> bool {
+    ctx.caches.node(&remediation.spec.node_name).is_some_and(|node| {
+        let conditions = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
+        matches!(
+            detect::evaluate(conditions, &policy.spec.triggers, now),
+            Verdict::Healthy { .. }
+        )
+    })
 }
 
 /// One round of the drain: list the node's pods, evict those due, record progress, and apply the
@@ -578,21 +616,135 @@ async fn hand_over(
             Ok(Taken::Continue(updated))
         }
         HandOver::Replace => {
-            // The replacement step (crate::replace) is not part of this build yet: say so plainly
-            // rather than pretend. The remediation stays in flight, holding its budget slot.
-            let message =
-                "drained; waiting for the replacement step, which this controller build does not provide yet";
+            let message = format!("drained; replacing the node ({:?})", remediation.spec.action);
+            enter(&mut status, Phase::Replacing, &message, now);
+            let updated = write(
+                ctx,
+                remediation,
+                status,
+                reasons::PHASE_CHANGED,
+                EventType::Normal,
+            )
+            .await?;
+            Ok(Taken::Continue(updated))
+        }
+    }
+}
+
+/// Phase `Replacing`: triggers the policy's replacement strategy (idempotent: a retry after a
+/// crash finds the same object), records the object that carries it out, enters `Verifying`.
+async fn trigger_replacement(
+    ctx: &Context,
+    remediation: &Arc<GpuRemediation>,
+    policy: &GpuRemediationPolicy,
+    mut status: GpuRemediationStatus,
+    now: Timestamp,
+) -> Result<Taken, AdvanceRemediationError> {
+    let strategy = policy.spec.replacement.strategy;
+    let reference = ctx
+        .replacers
+        .for_strategy(strategy)
+        .trigger(remediation, &policy.spec.replacement)
+        .await?;
+    let message = format!(
+        "replacement triggered ({strategy:?}): {} {}",
+        reference.kind,
+        reference
+            .namespace
+            .as_ref()
+            .map_or_else(|| reference.name.clone(), |ns| format!("{ns}/{}", reference.name))
+    );
+    status.replacement = Some(reference);
+    set_condition(
+        &mut status,
+        remediation_conditions::REPLACEMENT_TRIGGERED,
+        true,
+        "Triggered",
+        &message,
+        now,
+    );
+    enter(&mut status, Phase::Verifying, &message, now);
+    let updated = write(
+        ctx,
+        remediation,
+        status,
+        reasons::PHASE_CHANGED,
+        EventType::Normal,
+    )
+    .await?;
+    Ok(Taken::Continue(updated))
+}
+
+/// Phase `Verifying`: looks at the replacement and ends the remediation when it is judged done
+/// (or failed, or timed out).
+async fn verify_replacement(
+    ctx: &Context,
+    remediation: &Arc<GpuRemediation>,
+    policy: &GpuRemediationPolicy,
+    node_healthy: bool,
+    mut status: GpuRemediationStatus,
+    now: Timestamp,
+) -> Result<Taken, AdvanceRemediationError> {
+    let Some(reference) = status.replacement.clone() else {
+        // Verifying without a recorded object (written by hand?): trigger again, idempotently.
+        return trigger_replacement(ctx, remediation, policy, status, now).await;
+    };
+    let strategy = policy.spec.replacement.strategy;
+    let triggered_at = replace::verify::replacing_since(&status).unwrap_or(now);
+    let observation = ctx
+        .replacers
+        .for_strategy(strategy)
+        .observe(remediation, &reference, triggered_at)
+        .await?;
+    let progress = replace::judge(&replace::Verification {
+        strategy,
+        observation: &observation,
+        node_healthy,
+        triggered_at,
+        timeout: policy.spec.replacement.timeout.as_std(),
+        now,
+    });
+    match progress {
+        replace::Progress::Waiting { message } => {
+            status.message = Some(message);
+            write_if_changed(ctx, remediation, status).await?;
+            Ok(Taken::Done(Next::At(plus(
+                now,
+                signed(ctx.settings.replacement_poll),
+            ))))
+        }
+        replace::Progress::Succeeded { message } => {
+            enter(&mut status, Phase::Succeeded, &message, now);
             set_condition(
                 &mut status,
-                remediation_conditions::REPLACEMENT_TRIGGERED,
-                false,
-                "AwaitingReplacementSupport",
-                message,
+                remediation_conditions::COMPLETE,
+                true,
+                replace::verify::REPLACED,
+                &message,
                 now,
             );
-            status.message = Some(message.to_owned());
-            write_if_changed(ctx, remediation, status).await?;
-            Ok(Taken::Done(Next::Idle))
+            let updated = write(
+                ctx,
+                remediation,
+                status,
+                reasons::PHASE_CHANGED,
+                EventType::Normal,
+            )
+            .await?;
+            Ok(Taken::Continue(updated))
+        }
+        replace::Progress::Failed { reason, message } => {
+            enter(&mut status, Phase::Failed, &message, now);
+            set_condition(
+                &mut status,
+                remediation_conditions::COMPLETE,
+                true,
+                reason,
+                &message,
+                now,
+            );
+            let updated = write(ctx, remediation, status, reason, EventType::Warning).await?;
+            Ok(Taken::Continue(updated))
         }
     }
 }
