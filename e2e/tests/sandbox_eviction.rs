@@ -14,7 +14,7 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-/// Posts a typed `policy/v1` Eviction (so DeleteOptions would be honoured) with a client that does
+/// Posts a typed `policy/v1` Eviction (so `DeleteOptions` would be honoured) with a client that does
 /// not retry 429 by itself.
 async fn evict(client: &Client, namespace: &str, pod: &str) -> Result<(), Box<kube::core::Status>> {
     let eviction = Eviction {
@@ -174,4 +174,32 @@ async fn a_pending_pod_is_evicted_even_when_its_budget_is_spent() {
     evict(&cluster.client_without_retry(), &namespace, &pending.name_any())
         .await
         .expect("a Pending pod bypasses its budget");
+}
+
+#[tokio::test]
+async fn a_bare_pod_under_a_max_unavailable_budget_cannot_be_evicted() {
+    let cluster = common::cluster().await;
+    let client = cluster.client();
+    let namespace = common::namespace().await;
+    let fleet = common::fleet(1).await;
+    let node = &fleet.node_names()[0];
+    // No controller owns the pod, so the disruption controller cannot tell how many pods the
+    // budget expects and allows no disruption at all.
+    let app = Workload::new(&namespace, "lonely");
+    workload::create(&client, &app.bare_pod("lonely", node))
+        .await
+        .unwrap();
+    workload::create(&client, &app.pdb(&Budget::max_unavailable(1)))
+        .await
+        .unwrap();
+    workload::wait_ready_pods(&client, &namespace, &app.selector(), 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    workload::wait_pdb_observed(&client, &namespace, "lonely", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let refusal = evict(&cluster.client_without_retry(), &namespace, "lonely")
+        .await
+        .expect_err("the budget allows nothing for a pod without a controller");
+    assert_eq!(refusal.code, 429, "{refusal:?}");
 }

@@ -97,6 +97,11 @@ where
 /// cluster, running on the calling test's runtime. Heartbeats every 2s, so a stopped heartbeat
 /// shows within the default 50s grace period plus a little.
 ///
+/// Other tests' fleets share the cluster, and a fleet dropped without `stop().await` leaves its
+/// nodes behind (they go `Unknown` once their heartbeats stop): select nodes by
+/// `fleet.selector()` (or a label of your own via `FleetOptions::labels`), never by the GPU labels
+/// alone.
+///
 /// # Panics
 /// If the nodes cannot be registered.
 pub async fn fleet(nodes: usize) -> gpu_sandbox::Fleet {
