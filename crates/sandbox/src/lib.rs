@@ -10,6 +10,7 @@
 //! - [`demo`]: `make demo`, and installing `manifests/` on a sandbox.
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod controlplane;
 pub mod demo;
 pub mod fault;

@@ -1,0 +1,180 @@
+//! The API server's own record of who asked for what: an audit policy that logs, at `Metadata`
+//! level, every request of the identities being measured (and nothing else, so the log stays
+//! small), and the reader that counts them by verb and resource between two moments.
+//!
+//! `apiserver_request_total` on `/metrics` has no label naming the client, so it cannot separate
+//! the controller's requests from the scheduler's, the kubelets' or the controller-manager's; the
+//! audit log can, by username.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The audit policy: every stage but `ResponseStarted` of every request `users` make.
+#[must_use]
+pub fn policy(users: &[&str]) -> String {
+    let users = users
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [\"ResponseStarted\", \"Panic\"]
+rules:
+  - level: Metadata
+    users: [{users}]
+  - level: None
+"
+    )
+}
+
+/// The API server flags that turn auditing on with `policy_file`, logging to `log_file`.
+#[must_use]
+pub fn apiserver_args(policy_file: &Path, log_file: &Path) -> Vec<String> {
+    vec![
+        format!("--audit-policy-file={}", policy_file.display()),
+        format!("--audit-log-path={}", log_file.display()),
+        // Written before the response, so the log is complete the moment a scenario ends.
+        "--audit-log-mode=blocking".to_owned(),
+    ]
+}
+
+/// One request, as counted: `verb resource[/subresource]`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct RequestKind {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`.
+    pub verb: String,
+    /// `nodes`, `pods/eviction`, `gpuremediations/status`, ...
+    pub resource: String,
+}
+
+/// Requests of one user, by kind, and how many the server refused with 429.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RequestCounts {
+    /// Requests received, by kind.
+    pub by_kind: BTreeMap<String, u64>,
+    /// Requests answered 429 (a PDB refusing an eviction, or throttling), by kind.
+    pub refused_429: BTreeMap<String, u64>,
+    /// All requests received.
+    pub total: u64,
+}
+
+/// Counts the requests `username` made that the server received at or after byte `from` of the
+/// log (take the log's length before a scenario, count after it).
+#[must_use]
+pub fn count(log: &str, username: &str) -> RequestCounts {
+    let mut counts = RequestCounts::default();
+    for line in log.lines() {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let text = |pointer: &str| event.pointer(pointer).and_then(serde_json::Value::as_str);
+        if text("/user/username") != Some(username) {
+            continue;
+        }
+        let resource = match (text("/objectRef/resource"), text("/objectRef/subresource")) {
+            (Some(r), Some(s)) => format!("{r}/{s}"),
+            (Some(r), None) => r.to_owned(),
+            (None, _) => text("/requestURI").unwrap_or("?").split('?').next().unwrap_or("?").to_owned(),
+        };
+        let kind = format!("{} {resource}", text("/verb").unwrap_or("?"));
+        match text("/stage") {
+            Some("RequestReceived") => {
+                counts.total += 1;
+                *counts.by_kind.entry(kind).or_default() += 1;
+            }
+            Some("ResponseComplete")
+                if event.pointer("/responseStatus/code").and_then(serde_json::Value::as_u64) == Some(429) =>
+            {
+                *counts.refused_429.entry(kind).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    counts
+}
+
+/// An audit log being read in slices: each [`AuditLog::since_mark`] reads what was appended after
+/// the last [`AuditLog::mark`].
+#[derive(Debug, Clone)]
+pub struct AuditLog {
+    path: PathBuf,
+    mark: u64,
+}
+
+impl AuditLog {
+    /// The log at `path`, marked at its current end.
+    #[must_use]
+    pub fn new(path: &Path) -> Self {
+        let mut log = Self {
+            path: path.to_owned(),
+            mark: 0,
+        };
+        log.mark();
+        log
+    }
+
+    /// Remembers the log's current end.
+    pub fn mark(&mut self) {
+        self.mark = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+    }
+
+    /// What was appended since the mark (empty if the log does not exist).
+    #[must_use]
+    pub fn since_mark(&self) -> String {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut file) = std::fs::File::open(&self.path) else {
+            return String::new();
+        };
+        let mut text = String::new();
+        if file.seek(SeekFrom::Start(self.mark)).is_ok() {
+            let _ = file.read_to_string(&mut text);
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(stage: &str, user: &str, verb: &str, resource: &str, sub: Option<&str>, code: u64) -> String {
+        let mut object = serde_json::json!({"resource": resource});
+        if let Some(sub) = sub {
+            object["subresource"] = serde_json::json!(sub);
+        }
+        serde_json::json!({
+            "stage": stage, "verb": verb, "user": {"username": user},
+            "objectRef": object, "responseStatus": {"code": code},
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn requests_are_counted_once_by_verb_and_resource_and_429s_apart() {
+        let me = "system:serviceaccount:bench:gpu-remediator";
+        let log = [
+            event("RequestReceived", me, "create", "pods", Some("eviction"), 0),
+            event("ResponseComplete", me, "create", "pods", Some("eviction"), 429),
+            event("RequestReceived", me, "create", "pods", Some("eviction"), 0),
+            event("ResponseComplete", me, "create", "pods", Some("eviction"), 201),
+            event("RequestReceived", me, "update", "nodes", None, 0),
+            event("RequestReceived", "someone-else", "update", "nodes", None, 0),
+            "not json".to_owned(),
+        ]
+        .join("\n");
+        let counts = count(&log, me);
+        assert_eq!(counts.total, 3);
+        assert_eq!(counts.by_kind["create pods/eviction"], 2);
+        assert_eq!(counts.by_kind["update nodes"], 1);
+        assert_eq!(counts.refused_429["create pods/eviction"], 1);
+    }
+
+    #[test]
+    fn the_policy_names_only_the_measured_users() {
+        let text = policy(&["a", "b"]);
+        assert!(text.contains("users: [\"a\", \"b\"]"), "{text}");
+        assert!(text.trim_end().ends_with("- level: None"), "{text}");
+    }
+}

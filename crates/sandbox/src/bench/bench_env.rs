@@ -1,0 +1,340 @@
+//! The sandbox one benchmark run shares: a control plane whose API server audits the two peers'
+//! requests, the project's CRDs, an identity per peer, and the helpers every scenario uses to
+//! write a policy, break a node at a chosen instant and clean up.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, constants::node_conditions, crds};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+
+use super::actor::{self, ControllerOptions, ControllerProcess, Identity};
+use super::audit::{self, AuditLog};
+use crate::fault;
+use crate::fleet::FLEET_LABEL;
+use crate::{ControlPlane, ControlPlaneOptions};
+
+/// Label on bench policies; each controller process enforces only its scenario's.
+pub const SCOPE_LABEL: &str = "bench.gpuremediation.dev/scope";
+/// Namespace of the peers' service accounts and the controller's Lease.
+pub const BENCH_NAMESPACE: &str = "gpu-bench";
+
+/// Failure to set the bench up or to run a step of it.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchSetupError {
+    /// The control plane did not start.
+    #[error(transparent)]
+    ControlPlane(#[from] crate::StartControlPlaneError),
+    /// A file could not be written.
+    #[error("writing {path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// An identity could not be created.
+    #[error(transparent)]
+    Identity(#[from] actor::CreateIdentityError),
+    /// An API call failed.
+    #[error("{what}: {source}")]
+    Api {
+        /// What was being done.
+        what: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// The controller process could not be started.
+    #[error(transparent)]
+    Controller(#[from] actor::StartControllerError),
+    /// A sandbox step (fleet, workloads, watches) failed.
+    #[error("{0}")]
+    Step(String),
+    /// Something did not happen in time.
+    #[error("timed out after {waited:?} waiting for {what}")]
+    Timeout {
+        /// What.
+        what: String,
+        /// How long.
+        waited: Duration,
+    },
+}
+
+/// Wraps an API error with what was being done.
+pub fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> BenchSetupError {
+    let what = what.into();
+    move |source| BenchSetupError::Api { what, source }
+}
+
+/// The shared sandbox.
+pub struct BenchEnv {
+    /// The control plane.
+    pub control_plane: ControlPlane,
+    /// Admin client.
+    pub client: Client,
+    /// Scratch files: kubeconfigs, logs, the audit log.
+    pub scratch: PathBuf,
+    /// The API server's audit log of the peers' requests.
+    pub audit_log: PathBuf,
+    /// The controller's identity.
+    pub controller: Identity,
+    /// kubectl's identity.
+    pub kubectl: Identity,
+    /// The `gpu-remediator` binary.
+    pub controller_binary: PathBuf,
+}
+
+fn username(name: &str) -> String {
+    format!("system:serviceaccount:{BENCH_NAMESPACE}:{name}")
+}
+
+impl BenchEnv {
+    /// Starts the audited control plane, installs the CRDs and creates both identities.
+    pub async fn start(controller_binary: &Path, mut options: ControlPlaneOptions) -> Result<Self, BenchSetupError> {
+        let scratch = std::env::temp_dir().join(format!("gpu-bench-{}", std::process::id()));
+        let file_error = |path: &Path| {
+            let path = path.to_owned();
+            move |source| BenchSetupError::File { path, source }
+        };
+        std::fs::create_dir_all(&scratch).map_err(file_error(&scratch))?;
+        let policy_file = scratch.join("audit-policy.yaml");
+        let audit_log = scratch.join("audit.log");
+        let policy = audit::policy(&[&username("gpu-remediator"), &username("kubectl")]);
+        std::fs::write(&policy_file, policy).map_err(file_error(&policy_file))?;
+        options
+            .extra_apiserver_args
+            .extend(audit::apiserver_args(&policy_file, &audit_log));
+        let control_plane = ControlPlane::start(options).await?;
+        let client = control_plane.client();
+        install_crds(&client).await?;
+        let server = control_plane.server_url().to_owned();
+        let controller =
+            actor::create_identity(&control_plane, BENCH_NAMESPACE, "gpu-remediator", &server, &scratch).await?;
+        let kubectl = actor::create_identity(&control_plane, BENCH_NAMESPACE, "kubectl", &server, &scratch).await?;
+        Ok(Self {
+            control_plane,
+            client,
+            scratch,
+            audit_log,
+            controller,
+            kubectl,
+            controller_binary: controller_binary.to_owned(),
+        })
+    }
+
+    /// The audit log, marked at its current end.
+    #[must_use]
+    pub fn audit(&self) -> AuditLog {
+        AuditLog::new(&self.audit_log)
+    }
+
+    /// Starts a controller enforcing only `scope`'s policies, alone (no election), as the
+    /// controller identity, talking to `kubeconfig` (default: its own, straight to the server).
+    pub fn start_controller(
+        &self,
+        scope: &str,
+        kubeconfig: Option<&Path>,
+    ) -> Result<ControllerProcess, actor::StartControllerError> {
+        ControllerProcess::start(&ControllerOptions {
+            binary: self.controller_binary.clone(),
+            kubeconfig: kubeconfig.map_or_else(|| self.controller.kubeconfig.clone(), Path::to_owned),
+            policy_selector: format!("{SCOPE_LABEL}={scope}"),
+            identity: format!("controller-{scope}"),
+            lease_namespace: None,
+            log_dir: self.scratch.clone(),
+            extra_args: Vec::new(),
+        })
+    }
+
+    /// Creates policy `scope` over fleet `fleet`'s nodes: one `GpuHealthy=False` trigger held
+    /// `for`, `action: None`, and `spec` merged over that.
+    pub async fn create_policy(
+        &self,
+        scope: &str,
+        fleet: &str,
+        trigger_for: &str,
+        spec: serde_json::Value,
+    ) -> Result<GpuRemediationPolicy, BenchSetupError> {
+        let mut full = serde_json::json!({
+            "nodeSelector": {"matchLabels": {FLEET_LABEL: fleet}},
+            "triggers": [{"conditionType": node_conditions::GPU_HEALTHY, "status": "False", "for": trigger_for}],
+            "action": "None",
+            "safety": {"maxConcurrent": "100%", "maxUnhealthy": "100%", "rate": {"limit": 10000, "per": "1h"},
+                       "maxAttemptsPerNode": {"count": 100, "per": "1h"}},
+            "drain": {"timeout": "10m"},
+            "release": {"healthyFor": "1s"},
+        });
+        merge(&mut full, spec);
+        let policy: GpuRemediationPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpuremediation.dev/v1alpha1",
+            "kind": "GpuRemediationPolicy",
+            "metadata": {"name": scope, "labels": {SCOPE_LABEL: scope}},
+            "spec": full,
+        }))
+        .map_err(|e| BenchSetupError::Api {
+            what: format!("building policy {scope}"),
+            source: kube::Error::SerdeError(e),
+        })?;
+        Api::<GpuRemediationPolicy>::all(self.client.clone())
+            .create(&PostParams::default(), &policy)
+            .await
+            .map_err(api_error(format!("creating policy {scope}")))
+    }
+
+    /// The remediations policy `scope` made.
+    pub async fn remediations(&self, scope: &str) -> Result<Vec<GpuRemediation>, BenchSetupError> {
+        Ok(Api::<GpuRemediation>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(api_error("listing remediations"))?
+            .items
+            .into_iter()
+            .filter(|r| r.spec.policy_name == scope)
+            .collect())
+    }
+
+    /// Deletes namespace `name` without waiting.
+    pub async fn delete_namespace(&self, name: &str) -> Result<(), BenchSetupError> {
+        match Api::<Namespace>::all(self.client.clone())
+            .delete(name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+            Err(source) => Err(api_error(format!("deleting namespace {name}"))(source)),
+        }
+    }
+
+    /// Deletes policy `scope`.
+    pub async fn delete_policy(&self, scope: &str) -> Result<(), BenchSetupError> {
+        Api::<GpuRemediationPolicy>::all(self.client.clone())
+            .delete(scope, &DeleteParams::default())
+            .await
+            .map(|_| ())
+            .map_err(api_error(format!("deleting policy {scope}")))
+    }
+}
+
+/// Sets `GpuHealthy` on every node of `nodes` with the same `lastTransitionTime` `at` (so every
+/// trigger's `for` elapses at the same instant), a few nodes at a time.
+pub async fn set_condition_at(
+    client: &Client,
+    nodes: &[String],
+    status: &str,
+    reason: &str,
+    at: Timestamp,
+) -> Result<(), BenchSetupError> {
+    use futures::{StreamExt, TryStreamExt};
+    let api: Api<Node> = Api::all(client.clone());
+    futures::stream::iter(nodes)
+        .map(|node| {
+            let api = api.clone();
+            async move {
+                let patch = fault::condition_patch(
+                    None,
+                    node_conditions::GPU_HEALTHY,
+                    status,
+                    reason,
+                    "set by gpu-bench",
+                    at,
+                );
+                api.patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
+                    .await
+                    .map(|_| ())
+                    .map_err(api_error(format!("setting GpuHealthy={status} on {node}")))
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await
+        .map(|_| ())
+}
+
+/// The next whole second after now (plus `margin`): condition times are stored to the second.
+#[must_use]
+pub fn next_whole_second(margin: Duration) -> Timestamp {
+    let at = Timestamp::now()
+        .checked_add(jiff::SignedDuration::try_from(margin).unwrap_or_default())
+        .unwrap_or_else(|_| Timestamp::now());
+    let whole = at.as_second() + 1;
+    Timestamp::from_second(whole).unwrap_or(at)
+}
+
+/// Polls `probe` every 200 ms until it yields, or fails after `within`.
+pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> Result<T, BenchSetupError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(value) = probe().await {
+            return Ok(value);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(BenchSetupError::Timeout {
+                what: what.to_owned(),
+                waited: within,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn install_crds(client: &Client) -> Result<(), BenchSetupError> {
+    let api = Api::<CustomResourceDefinition>::all(client.clone());
+    for (file, yaml) in crds::render_all() {
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml).map_err(|e| BenchSetupError::Api {
+            what: format!("parsing {file}"),
+            source: kube::Error::Service(Box::new(e)),
+        })?;
+        let name = crd.name_any();
+        match api.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+            Err(source) => return Err(api_error(format!("creating CRD {name}"))(source)),
+        }
+        eventually(&format!("CRD {name} established"), Duration::from_secs(60), || {
+            let (api, name) = (api.clone(), name.clone());
+            async move {
+                let crd = api.get(&name).await.ok()?;
+                crd.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            }
+        })
+        .await?;
+    }
+    eventually("the new kinds to be served", Duration::from_secs(60), || {
+        let client = client.clone();
+        async move {
+            Api::<GpuRemediationPolicy>::all(client.clone())
+                .list(&ListParams::default().limit(1))
+                .await
+                .ok()?;
+            Api::<GpuRemediation>::all(client)
+                .list(&ListParams::default().limit(1))
+                .await
+                .ok()
+        }
+    })
+    .await
+    .map(|_| ())
+}
+
+fn merge(base: &mut serde_json::Value, over: serde_json::Value) {
+    match (base, over) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(over)) => {
+            for (key, value) in over {
+                merge(base.entry(key).or_insert(serde_json::Value::Null), value);
+            }
+        }
+        (base, over) => *base = over,
+    }
+}

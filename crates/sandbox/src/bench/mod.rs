@@ -1,0 +1,21 @@
+//! `make bench` and the fault suite's instruments: the controller and its peer (`kubectl drain`
+//! from the pinned release) measured on the same sandbox in one run.
+//!
+//! - [`bench_env`]: one audited control plane with the CRDs and an identity per peer.
+//! - [`actor`]: the controller as a child process (RSS and CPU from `/proc`), and identities.
+//! - [`audit`]: requests per peer by verb and resource, from the API server's audit log.
+//! - [`budget_sampler`]: the PDB violation sampler both peers and every fault are judged by.
+//! - [`cordon_watch`]: when each node was first held by the controller, and how many at once.
+//! - [`proxy`]: a loopback TCP proxy that adds latency and cuts connections.
+//! - [`latency`], [`drain`], [`footprint`]: the scenarios; [`report`]: percentiles and the table.
+
+pub mod actor;
+pub mod audit;
+pub mod bench_env;
+pub mod budget_sampler;
+pub mod cordon_watch;
+pub mod drain;
+pub mod footprint;
+pub mod latency;
+pub mod proxy;
+pub mod report;

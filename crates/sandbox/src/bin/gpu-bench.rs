@@ -1,0 +1,144 @@
+//! `gpu-bench` (`make bench`): puts numbers on the project's claims on the sandbox, the controller
+//! and `kubectl drain` side by side in one run. Prints Markdown tables and writes JSON.
+//!
+//! The sizes (`--full`) do not fit a 2-core machine in reasonable time; the defaults are
+//! the largest that do, and the table says which sizes ran.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use gpu_sandbox::ControlPlaneOptions;
+use gpu_sandbox::bench::bench_env::BenchEnv;
+use gpu_sandbox::bench::latency::LatencyOptions;
+use gpu_sandbox::bench::report::{self, BenchResults};
+use gpu_sandbox::bench::{drain, footprint, latency};
+
+#[derive(Parser)]
+#[command(version, about = "Benchmarks of gpu-remediator against kubectl drain on the sandbox")]
+struct Cli {
+    /// The `gpu-remediator` binary (default: next to this one).
+    #[arg(long)]
+    controller_bin: Option<PathBuf>,
+    /// Where to write the JSON results.
+    #[arg(long, default_value = "target/bench/results.json")]
+    out: PathBuf,
+    /// Scenarios to run (default: all): latency, drain, footprint.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Fleet sizes of the latency scenario.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    latency_nodes: Vec<usize>,
+    /// Pods per node in the latency scenario, one value per fleet size (or one for all).
+    #[arg(long, value_delimiter = ',', default_value = "20,2")]
+    latency_pods_per_node: Vec<usize>,
+    /// Simultaneous faults per latency round.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    faults: Vec<usize>,
+    /// The trigger's `for`, seconds (long enough to set every fault before it elapses).
+    #[arg(long, default_value_t = 5)]
+    trigger_for_seconds: u64,
+    /// Fleet sizes of the footprint scenario, as `nodes` or `nodes:pods_per_node`.
+    #[arg(long, value_delimiter = ',', default_value = "100,100:20,1000,5000")]
+    footprint: Vec<String>,
+    /// The full sizes: 20 pods per node on every latency fleet.
+    #[arg(long)]
+    full: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,kube_client::client::builder=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let controller_bin = match &cli.controller_bin {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()
+            .context("locating gpu-bench")?
+            .with_file_name("gpu-remediator"),
+    };
+    anyhow::ensure!(
+        controller_bin.exists(),
+        "{} does not exist: build it (cargo build --release -p gpu-remediator --bin gpu-remediator) or pass --controller-bin",
+        controller_bin.display()
+    );
+    let wants = |name: &str| cli.only.is_empty() || cli.only.iter().any(|o| o == name);
+    let options = ControlPlaneOptions {
+        // Bench fleets renew their Leases every 30 s (see `latency::fleet_options`).
+        node_monitor_grace_period: Some(Duration::from_secs(180)),
+        ..ControlPlaneOptions::default()
+    };
+    let env = BenchEnv::start(&controller_bin, options)
+        .await
+        .context("starting the bench sandbox")?;
+    eprintln!("sandbox ready; scratch files in {}", env.scratch.display());
+    let mut results = BenchResults {
+        started: jiff::Timestamp::now().to_string(),
+        controller_binary: controller_bin.display().to_string(),
+        ..BenchResults::default()
+    };
+    let outcome = run(&env, &cli, wants, &mut results).await;
+    let json = serde_json::to_string_pretty(&results).context("serialising results")?;
+    if let Some(dir) = cli.out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&cli.out, json).with_context(|| format!("writing {}", cli.out.display()))?;
+    println!("{}", report::markdown(&results));
+    eprintln!("results written to {}", cli.out.display());
+    env.control_plane.stop().await;
+    outcome
+}
+
+async fn run(
+    env: &BenchEnv,
+    cli: &Cli,
+    wants: impl Fn(&str) -> bool,
+    results: &mut BenchResults,
+) -> anyhow::Result<()> {
+    if wants("drain") {
+        results.drain = Some(drain::run(env).await.context("the drain scenario")?);
+    }
+    if wants("latency") {
+        for (i, &nodes) in cli.latency_nodes.iter().enumerate() {
+            let pods_per_node = if cli.full {
+                20
+            } else {
+                cli.latency_pods_per_node
+                    .get(i)
+                    .or(cli.latency_pods_per_node.last())
+                    .copied()
+                    .unwrap_or(0)
+            };
+            let options = LatencyOptions {
+                nodes,
+                pods_per_node,
+                faults: cli.faults.iter().copied().filter(|&f| f <= nodes).collect(),
+                trigger_for: Duration::from_secs(cli.trigger_for_seconds),
+            };
+            let rounds = latency::run(env, &options)
+                .await
+                .with_context(|| format!("the latency scenario on {nodes} nodes"))?;
+            results.latency.extend(rounds);
+        }
+    }
+    if wants("footprint") {
+        for size in &cli.footprint {
+            let (nodes, pods_per_node) = match size.split_once(':') {
+                Some((n, p)) => (n.parse()?, p.parse()?),
+                None => (size.parse()?, 0),
+            };
+            let result = footprint::run(env, nodes, pods_per_node, 10)
+                .await
+                .with_context(|| format!("the footprint scenario on {nodes} nodes"))?;
+            results.footprint.push(result);
+        }
+    }
+    Ok(())
+}
