@@ -857,3 +857,68 @@ async fn a_latched_fault_survives_an_agent_restart() {
     drop(agent);
     fleet.stop().await.expect("stopping the fleet");
 }
+
+/// A client authenticated as the agent, from the kubeconfig the agents use.
+async fn client_from(kubeconfig: &Path) -> Client {
+    let file = kube::config::Kubeconfig::read_from(kubeconfig).expect("agent kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+        .await
+        .expect("agent client config");
+    Client::try_from(config).expect("agent client")
+}
+
+fn is_forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> bool {
+    matches!(result, Err(kube::Error::Api(status)) if status.code == 403)
+}
+
+#[tokio::test]
+async fn the_agents_role_writes_node_status_and_nothing_else() {
+    let cluster = common::cluster().await;
+    let admin = cluster.client();
+    let dir = scratch("rbac");
+    let agent = client_from(&agent_kubeconfig(&admin, &dir).await).await;
+    let fleet = fleet(&admin, 1).await;
+    let node = fleet.node_names().remove(0);
+    let nodes: Api<Node> = Api::all(agent.clone());
+
+    nodes.get(&node).await.expect("the agent reads its node");
+    let condition = json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+        "status": {"conditions": [{"type": "GpuHealthy", "status": "True", "reason": "GpusHealthy", "message": "ok"}]},
+    });
+    nodes
+        .patch_status(
+            &node,
+            &PatchParams::apply("gpu-health-agent").force(),
+            &Patch::Apply(&condition),
+        )
+        .await
+        .expect("the agent applies its condition");
+
+    let cordon = Patch::Merge(json!({"spec": {"unschedulable": true}}));
+    assert!(
+        is_forbidden(nodes.patch(&node, &PatchParams::default(), &cordon).await),
+        "cordon"
+    );
+    let relabel = Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}));
+    assert!(
+        is_forbidden(nodes.patch(&node, &PatchParams::default(), &relabel).await),
+        "node metadata"
+    );
+    assert!(
+        is_forbidden(nodes.delete(&node, &kube::api::DeleteParams::default()).await),
+        "delete node"
+    );
+    assert!(
+        is_forbidden(nodes.list(&ListParams::default()).await),
+        "list nodes"
+    );
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(agent.clone());
+    assert!(is_forbidden(pods.list(&ListParams::default()).await), "list pods");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(agent, AGENT_NAMESPACE);
+    assert!(
+        is_forbidden(secrets.list(&ListParams::default()).await),
+        "read secrets"
+    );
+    fleet.stop().await.expect("stopping the fleet");
+}
