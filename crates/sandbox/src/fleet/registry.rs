@@ -43,11 +43,6 @@ impl NodeRegistry {
             .map(|e| e.ip.clone())
     }
 
-    /// Whether node `name` belongs to the fleet.
-    pub fn contains(&self, name: &str) -> bool {
-        self.nodes.read().expect("node registry lock").contains_key(name)
-    }
-
     /// Every node name, sorted.
     pub fn names(&self) -> Vec<String> {
         self.nodes
