@@ -29,10 +29,21 @@ pub enum ApplyPolicyPlanError {
 /// Carries out one policy's plan.
 pub async fn apply(ctx: &Context, plan: PolicyPlan) -> Result<(), ApplyPolicyPlanError> {
     let policy = plan.policy.as_ref();
+    let name = policy.name_any();
+    ctx.metrics.set_in_flight(&name, plan.status.in_flight);
+    ctx.metrics
+        .set_budget_remaining(&name, plan.status.budget.as_ref().map_or(0, |b| b.remaining));
+    ctx.metrics.set_circuit_open(
+        &name,
+        plan.status.conditions.iter().any(|c| {
+            c.type_ == gpu_remediation_api::constants::policy_conditions::CIRCUIT_OPEN && c.status == "True"
+        }),
+    );
     for remediation in &plan.create {
         let mut created = ctx.ops.create_remediation(remediation).await?;
         created.managed_fields_mut().clear();
         ctx.caches.written_remediations.record(created.clone());
+        ctx.metrics.remediation_started(&name, created.spec.action);
         let trigger = &created.spec.trigger;
         let note = format!(
             "node {} has had {}={} reason {} since {}: remediation {} started (action {:?}, mode {:?})",

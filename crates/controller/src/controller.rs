@@ -21,6 +21,7 @@ use crate::{
     leader::Fence,
     observe::{Caches, StartCachesError},
     remediation::{self, Next},
+    telemetry::{Health, Metrics},
 };
 
 /// Why the controller stopped.
@@ -34,12 +35,32 @@ pub enum RunControllerError {
     Caches(#[from] StartCachesError),
 }
 
+/// Where the controller reports besides the API: metrics, and the health the HTTP server serves.
+#[derive(Clone, Debug, Default)]
+pub struct Telemetry {
+    /// The metrics registry the passes update.
+    pub metrics: Metrics,
+    /// Readiness: marked once every watch has listed.
+    pub health: Option<Health>,
+}
+
 /// Runs the controller until `shutdown` completes. Every write is checked against `fence`
 /// (use `Fence::standalone()` for a single replica).
 pub async fn run(
     config: kube::Config,
     settings: Settings,
     fence: Fence,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunControllerError> {
+    run_with_telemetry(config, settings, fence, Telemetry::default(), shutdown).await
+}
+
+/// [`run`], reporting to `telemetry`.
+pub async fn run_with_telemetry(
+    config: kube::Config,
+    settings: Settings,
+    fence: Fence,
+    telemetry: Telemetry,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunControllerError> {
     let reporter = Reporter {
@@ -49,7 +70,10 @@ pub async fn run(
     let ops = KubeOps::new(&config, fence.clone(), reporter).map_err(RunControllerError::Client)?;
     let wake = Arc::new(Notify::new());
     let caches = Caches::start(ops.client(), settings.policy_selector.as_deref(), wake.clone()).await?;
-    let ctx = Context::new(settings, ops, caches, crate::telemetry::Metrics::new());
+    if let Some(health) = &telemetry.health {
+        health.mark_caches_synced();
+    }
+    let ctx = Context::new(settings, ops, caches, telemetry.metrics);
     tracing::info!(policy_selector = ?ctx.settings.policy_selector, "caches ready; controller running");
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -88,6 +112,7 @@ pub async fn pass(ctx: &Context) -> Timestamp {
         let policy = policy_plan.policy.metadata.name.clone().unwrap_or_default();
         if let Err(error) = admit::apply(ctx, policy_plan).await {
             tracing::warn!(%policy, error = %error, "carrying out the policy's plan failed; retrying");
+            ctx.metrics.reconcile_error("policy");
             next = next.min(error_retry);
         }
     }
@@ -110,6 +135,7 @@ pub async fn pass(ctx: &Context) -> Timestamp {
             Ok(Next::At(at)) => next = next.min(at),
             Err(error) => {
                 tracing::warn!(remediation = %name, error = %error, "advancing the remediation failed; retrying");
+                ctx.metrics.reconcile_error("remediation");
                 next = next.min(error_retry);
             }
         }

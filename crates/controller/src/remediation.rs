@@ -36,6 +36,7 @@ use crate::{
     observe::prune_node,
     phase::{self, DrainState, DrainVerdict, HandOver, Health, NodeState, Observed, Step},
     replace,
+    telemetry::EvictionResult,
     time::{plus, signed},
 };
 
@@ -242,39 +243,7 @@ async fn take(
             .await?;
             Ok(Taken::Done(Next::Idle))
         }
-        Step::Cordon => {
-            let Some(written) = ctx.ops.cordon_node(&node, &name).await? else {
-                // The node vanished between the cache and the read: the next step cancels.
-                return Ok(Taken::Done(Next::At(now)));
-            };
-            let message = match cordon::cordon_of(&written, &name) {
-                phase::Cordon::Theirs => {
-                    "the node was already cordoned by someone else; it stays theirs, we added our taint"
-                }
-                _ => "unschedulable and tainted by this remediation",
-            };
-            let mut pruned = written;
-            prune_node(&mut pruned);
-            ctx.caches.written_nodes.record(pruned);
-            enter(&mut status, Phase::Cordoned, message, now);
-            set_condition(
-                &mut status,
-                remediation_conditions::CORDONED,
-                true,
-                "Cordoned",
-                message,
-                now,
-            );
-            let updated = write(
-                ctx,
-                remediation,
-                status,
-                reasons::PHASE_CHANGED,
-                EventType::Normal,
-            )
-            .await?;
-            Ok(Taken::Continue(updated))
-        }
+        Step::Cordon => cordon_node(ctx, remediation, status, now).await,
         Step::Drain | Step::DrainUntilReleased(_) => {
             let Some(policy) = policy else {
                 return Ok(Taken::Done(Next::At(now)));
@@ -298,6 +267,53 @@ async fn take(
             }
         }
     }
+}
+
+/// Cordons and taints the node for this remediation and records who owns the cordon.
+async fn cordon_node(
+    ctx: &Context,
+    remediation: &Arc<GpuRemediation>,
+    mut status: GpuRemediationStatus,
+    now: Timestamp,
+) -> Result<Taken, AdvanceRemediationError> {
+    let name = remediation.name_any();
+    let node = &remediation.spec.node_name;
+    let Some(written) = ctx.ops.cordon_node(node, &name).await? else {
+        // The node vanished between the cache and the read: the next step cancels.
+        return Ok(Taken::Done(Next::At(now)));
+    };
+    let message = match cordon::cordon_of(&written, &name) {
+        phase::Cordon::Theirs => {
+            "the node was already cordoned by someone else; it stays theirs, we added our taint"
+        }
+        _ => "unschedulable and tainted by this remediation",
+    };
+    if let Some(since) = &remediation.spec.trigger.since {
+        let elapsed = std::time::Duration::try_from(now.duration_since(since.0)).unwrap_or_default();
+        ctx.metrics
+            .detected_to_cordoned(&remediation.spec.policy_name, elapsed);
+    }
+    let mut pruned = written;
+    prune_node(&mut pruned);
+    ctx.caches.written_nodes.record(pruned);
+    enter(&mut status, Phase::Cordoned, message, now);
+    set_condition(
+        &mut status,
+        remediation_conditions::CORDONED,
+        true,
+        "Cordoned",
+        message,
+        now,
+    );
+    let updated = write(
+        ctx,
+        remediation,
+        status,
+        reasons::PHASE_CHANGED,
+        EventType::Normal,
+    )
+    .await?;
+    Ok(Taken::Continue(updated))
 }
 
 /// Whether the node's triggers have cleared (for a `Template` replacement such as a reboot).
@@ -474,6 +490,7 @@ async fn follow_verdict(
             for pod in &doomed {
                 tracing::warn!(pod = %pod.key(), "drain timed out: deleting the pod (onTimeout: ForceDelete)");
                 ctx.ops.force_delete(pod, grace).await?;
+                ctx.metrics.eviction(EvictionResult::ForceDeleted);
             }
             if doomed.is_empty() {
                 write_if_changed(ctx, remediation, status).await?;
@@ -841,7 +858,15 @@ async fn evict_one<'a>(
     grace: Option<i64>,
     dry_run: bool,
 ) -> (&'a Leaving, Result<EvictionOutcome, EvictPodError>) {
-    (pod, ctx.ops.evict(pod, grace, dry_run).await)
+    let outcome = ctx.ops.evict(pod, grace, dry_run).await;
+    ctx.metrics.eviction(match &outcome {
+        Ok(_) if dry_run => EvictionResult::DryRun,
+        Ok(EvictionOutcome::Accepted) => EvictionResult::Evicted,
+        Ok(EvictionOutcome::Gone) => EvictionResult::Gone,
+        Ok(EvictionOutcome::Refused(answer)) if answer.code == 429 => EvictionResult::Blocked,
+        Ok(EvictionOutcome::Refused(_)) | Err(_) => EvictionResult::Failed,
+    });
+    (pod, outcome)
 }
 
 async fn list_plan(ctx: &Context, node: &str) -> Result<Plan, AdvanceRemediationError> {
@@ -948,7 +973,24 @@ async fn write(
     let before = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
     let after = status.phase;
     let message = status.message.clone().unwrap_or_default();
+    let entered_before = remediation
+        .status
+        .as_ref()
+        .and_then(|s| phase_entered(s, before))
+        .or_else(|| remediation.creation_timestamp().map(|t| t.0));
     let updated = write_if_changed(ctx, remediation, status).await?;
+    if before != after {
+        let policy = &remediation.spec.policy_name;
+        let now = Timestamp::now();
+        if let Some(entered) = entered_before {
+            let spent = std::time::Duration::try_from(now.duration_since(entered)).unwrap_or_default();
+            ctx.metrics.phase_finished(policy, before, spent);
+        }
+        if after.is_terminal() {
+            ctx.metrics
+                .remediation_finished(policy, remediation.spec.action, after);
+        }
+    }
     if before != after || reason != reasons::PHASE_CHANGED {
         let note = format!("{before} → {after}: {message}");
         ctx.ops

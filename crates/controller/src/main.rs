@@ -1,0 +1,182 @@
+//! `gpu-remediator`: the operator's binary. `run` starts the controller (leader-elected when
+//! `--leader-elect` is given), with JSON logs and `/metrics`, `/healthz`, `/readyz` on `--listen`.
+#![forbid(unsafe_code)]
+
+use std::{net::SocketAddr, time::Duration};
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use gpu_remediator::{
+    Settings,
+    controller::{Telemetry, run_with_telemetry},
+    leader::{ElectionConfig, Elector, Fence, lease_client},
+    telemetry::{self, Health, Metrics},
+};
+use tokio::sync::watch;
+
+/// Self-healing for Kubernetes GPU nodes: cordon, drain and replace nodes whose GPUs failed.
+#[derive(Parser, Debug)]
+#[command(name = "gpu-remediator", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the controller against the cluster of the in-cluster or kubeconfig credentials.
+    Run(RunArgs),
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Elect a leader through a Lease, so several replicas can run and only one acts.
+    #[arg(long, env = "GPU_REMEDIATOR_LEADER_ELECT")]
+    leader_elect: bool,
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-remediator")]
+    lease_namespace: String,
+    /// This replica's identity in the Lease and in Events (default: the host name and process).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` server.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// Enforce only the policies matching this label selector (default: every policy).
+    #[arg(long)]
+    policy_selector: Option<String>,
+    /// How often to look at the cluster even when no watch event arrives.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    resync: Duration,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    text.parse::<gpu_remediation_api::Duration>()
+        .map(gpu_remediation_api::Duration::as_std)
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    telemetry::init_json_logs().context("setting up logs")?;
+    match Cli::parse().command {
+        Command::Run(args) => run(args).await,
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let config = kube::Config::infer()
+        .await
+        .context("loading Kubernetes credentials")?;
+    // A per-process suffix: a restarted replica must not mistake its predecessor's claim for its
+    // own (see `leader::ElectionConfig::identity`).
+    let identity = format!(
+        "{}-{}",
+        args.identity
+            .clone()
+            .unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "gpu-remediator".into())),
+        std::process::id()
+    );
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        let _ = stop.send(true);
+    });
+    let until_stopped = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+
+    let (fence, election) = if args.leader_elect {
+        let (fence, keeper) = Fence::keeper();
+        let elector = Elector::new(
+            lease_client(config.clone()).context("building the Lease client")?,
+            ElectionConfig::new(&args.lease_namespace, &identity),
+            keeper,
+        );
+        (fence, Some(tokio::spawn(elector.run(until_stopped()))))
+    } else {
+        (Fence::standalone(), None)
+    };
+
+    let metrics = Metrics::new();
+    let health = Health::new(fence.clone());
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let server = tokio::spawn(telemetry::serve(
+        listener,
+        metrics.clone(),
+        health.clone(),
+        until_stopped(),
+    ));
+    let settings = Settings {
+        policy_selector: args.policy_selector,
+        resync: args.resync,
+        instance: Some(identity.clone()),
+        ..Settings::default()
+    };
+    tracing::info!(%identity, leader_elect = args.leader_elect, listen = %args.listen, "starting");
+    let telemetry = Telemetry {
+        metrics,
+        health: Some(health),
+    };
+    let mut controller = tokio::spawn(run_with_telemetry(
+        config,
+        settings,
+        fence,
+        telemetry,
+        until_stopped(),
+    ));
+
+    match election {
+        None => controller
+            .await
+            .context("the controller task panicked")?
+            .context("the controller stopped")?,
+        Some(mut election) => {
+            tokio::select! {
+                result = &mut controller => {
+                    result.context("the controller task panicked")?.context("the controller stopped")?;
+                    // Let the elector release the Lease, so a follower takes over at once.
+                    let ended = election.await.context("the election task panicked")?;
+                    tracing::info!(?ended, "leader election ended");
+                }
+                ended = &mut election => match ended.context("the election task panicked")? {
+                    // Losing the Lease ends the process (non-zero): state built while leading
+                    // cannot be trusted once another replica may act.
+                    Err(error) => return Err(error).context("leader election"),
+                    Ok(ended) => {
+                        tracing::info!(?ended, "leader election ended");
+                        controller.await.context("the controller task panicked")?.context("the controller stopped")?;
+                    }
+                },
+            }
+        }
+    }
+    server
+        .await
+        .context("the HTTP server task panicked")?
+        .context("the HTTP server failed")?;
+    Ok(())
+}
+
+/// SIGTERM (the kubelet stopping the pod) or Ctrl-C.
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
