@@ -1,0 +1,562 @@
+//! `gpu-remediator explain NODE`: why a node is or is not being remediated. Pure.
+//!
+//! It asks the controller's own decision modules, on a snapshot of the cluster, the questions the
+//! controller asks: who governs the node (`governance`), what its triggers say (`detect`),
+//! whether a remediation already exists for it, and, when it is unhealthy and free, what the
+//! fleet plan (`fleet`, through `budget`) decides: start now, or wait for a named limit. Nothing
+//! is re-implemented here, so the answer cannot drift from what the controller does.
+
+use std::{fmt, sync::Arc};
+
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, validate::validate_policy};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+use crate::{
+    detect::{self, Evidence, Verdict},
+    fleet,
+    governance::{self, Claimant, Governor},
+};
+
+/// The answer, in one word.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// No node by that name.
+    NoSuchNode,
+    /// The node carries the opt-out label.
+    OptedOut,
+    /// No policy selects the node.
+    Unselected,
+    /// No trigger holds.
+    Healthy,
+    /// A trigger holds but not yet for its `for`.
+    Pending {
+        /// When the node turns unhealthy if nothing changes.
+        due: Timestamp,
+    },
+    /// A remediation of the node is under way.
+    InFlight {
+        /// The remediation.
+        remediation: String,
+        /// Its phase.
+        phase: Phase,
+    },
+    /// This unhealthy episode was already handled (a finished remediation, or a dry run): the
+    /// condition must clear and break again for a new one.
+    AlreadyHandled {
+        /// The remediation.
+        remediation: String,
+        /// Its final phase.
+        phase: Phase,
+    },
+    /// Unhealthy and admitted: the controller starts a remediation on its next pass.
+    StartsNow,
+    /// Unhealthy and held back by a limit.
+    Waiting {
+        /// The reason, as the policy status spells it.
+        reason: String,
+        /// The limit, with numbers.
+        message: String,
+    },
+}
+
+/// An outcome and the facts behind it.
+#[derive(Clone, Debug)]
+pub struct Explanation {
+    /// The node.
+    pub node: String,
+    /// The answer.
+    pub outcome: Outcome,
+    /// One line per fact: the governing policy, the trigger, the remediation, the limit.
+    pub facts: Vec<String>,
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headline = match &self.outcome {
+            Outcome::NoSuchNode => "not remediated: no such node".to_owned(),
+            Outcome::OptedOut => "not remediated: the node opted out".to_owned(),
+            Outcome::Unselected => "not remediated: no policy selects it".to_owned(),
+            Outcome::Healthy => "not remediated: healthy (no trigger holds)".to_owned(),
+            Outcome::Pending { due } => {
+                format!("not remediated yet: a trigger holds, and the node counts as unhealthy at {due}")
+            }
+            Outcome::InFlight { remediation, phase } => {
+                format!("being remediated: {remediation} is {phase}")
+            }
+            Outcome::AlreadyHandled { remediation, phase } => format!(
+                "not remediated again: {remediation} ({phase}) already handled this episode; the condition must clear \
+                 and break again"
+            ),
+            Outcome::StartsNow => {
+                "unhealthy and admitted: a remediation starts on the controller's next pass".to_owned()
+            }
+            Outcome::Waiting { reason, message } => format!("unhealthy but held back ({reason}): {message}"),
+        };
+        writeln!(f, "node {}: {headline}", self.node)?;
+        for fact in &self.facts {
+            writeln!(f, "  {fact}")?;
+        }
+        Ok(())
+    }
+}
+
+fn describe_evidence(policy: &GpuRemediationPolicy, evidence: &Evidence) -> String {
+    let trigger = &policy.spec.triggers[evidence.trigger];
+    let reason = if evidence.reason.is_empty() {
+        String::new()
+    } else {
+        format!(" reason {}", evidence.reason)
+    };
+    format!(
+        "trigger spec.triggers[{}]: {}={}{reason} since {} (for {}): {:?}",
+        evidence.trigger,
+        evidence.condition_type,
+        trigger.status.as_str(),
+        evidence.since,
+        trigger.for_,
+        evidence.message
+    )
+}
+
+/// Explains `node_name` against a snapshot of the cluster at `now`, as the controller would see
+/// it (with `policies` being the policies this controller enforces).
+#[must_use]
+pub fn explain(
+    node_name: &str,
+    nodes: &[Arc<Node>],
+    policies: &[Arc<GpuRemediationPolicy>],
+    remediations: &[Arc<GpuRemediation>],
+    now: Timestamp,
+) -> Explanation {
+    let mut explanation = Explanation {
+        node: node_name.to_owned(),
+        outcome: Outcome::NoSuchNode,
+        facts: Vec::new(),
+    };
+    let Some(node) = nodes.iter().find(|n| n.name_any() == node_name) else {
+        return explanation;
+    };
+    let Some(governing) = governing_policy(node, policies, &mut explanation) else {
+        return explanation;
+    };
+    let mine: Vec<&Arc<GpuRemediation>> = remediations
+        .iter()
+        .filter(|r| r.spec.node_name == node_name)
+        .collect();
+    if let Some(current) = mine.iter().find(|r| {
+        !r.status
+            .as_ref()
+            .map(|s| s.phase)
+            .unwrap_or_default()
+            .is_terminal()
+    }) {
+        describe_in_flight(current, &mut explanation);
+        return explanation;
+    }
+    let Some(evidence) = unhealthy_evidence(node, &governing, now, &mut explanation) else {
+        return explanation;
+    };
+    if let Some(done) = mine.iter().find(|r| {
+        r.spec
+            .trigger
+            .since
+            .as_ref()
+            .is_some_and(|t| t.0 == evidence.since)
+    }) {
+        explanation.outcome = Outcome::AlreadyHandled {
+            remediation: done.name_any(),
+            phase: done.status.as_ref().map(|s| s.phase).unwrap_or_default(),
+        };
+        return explanation;
+    }
+    admission(
+        node_name,
+        &governing,
+        nodes,
+        policies,
+        remediations,
+        now,
+        &mut explanation,
+    );
+    explanation
+}
+
+/// Who governs the node (`governance`), with the policy's mode and validity as facts. `None`
+/// (with the outcome set) when nobody does.
+fn governing_policy(
+    node: &Node,
+    policies: &[Arc<GpuRemediationPolicy>],
+    explanation: &mut Explanation,
+) -> Option<Arc<GpuRemediationPolicy>> {
+    let live: Vec<&Arc<GpuRemediationPolicy>> = policies
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    let names: Vec<String> = live.iter().map(|p| p.name_any()).collect();
+    let claimants: Vec<Claimant<'_>> = live
+        .iter()
+        .zip(&names)
+        .map(|(p, name)| Claimant {
+            name,
+            priority: p.spec.priority,
+            selector: &p.spec.node_selector,
+        })
+        .collect();
+    let governing = match governance::governor(node.labels(), &claimants) {
+        Governor::OptedOut => {
+            explanation.outcome = Outcome::OptedOut;
+            explanation.facts.push(format!(
+                "label {}=true: no policy touches this node",
+                gpu_remediation_api::constants::OPT_OUT_LABEL
+            ));
+            return None;
+        }
+        Governor::Unselected => {
+            explanation.outcome = Outcome::Unselected;
+            explanation.facts.push(format!(
+                "{} policies checked; none of their nodeSelectors matches the node's labels",
+                live.len()
+            ));
+            return None;
+        }
+        Governor::Policy { policy, overlapping } => {
+            let fact = if overlapping.is_empty() {
+                format!("policy {policy} governs the node")
+            } else {
+                format!(
+                    "policy {policy} governs the node; {} also select it and yield (lower priority, or same priority \
+                     and a later name)",
+                    overlapping.join(", ")
+                )
+            };
+            explanation.facts.push(fact);
+            live.iter()
+                .find(|p| p.name_any() == policy)
+                .map(|p| (*p).clone())
+                .expect("the governor is one of the policies")
+        }
+    };
+    let spec = &governing.spec;
+    explanation.facts.push(format!(
+        "mode {:?}, action {:?}{}",
+        spec.mode,
+        spec.action,
+        if spec.paused { ", paused" } else { "" }
+    ));
+    let broken_rules = validate_policy(&governing);
+    if let Some(first) = broken_rules.first() {
+        explanation.facts.push(format!(
+            "the policy breaks {} rules (`gpu-remediator validate` lists them), first: {first}",
+            broken_rules.len()
+        ));
+    }
+    Some(governing)
+}
+
+/// A remediation under way: its phase, message, drain progress and blockers.
+fn describe_in_flight(current: &GpuRemediation, explanation: &mut Explanation) {
+    let status = current.status.clone().unwrap_or_default();
+    explanation.outcome = Outcome::InFlight {
+        remediation: current.name_any(),
+        phase: status.phase,
+    };
+    explanation.facts.push(format!(
+        "remediation {} (policy {}, trigger {} reason {})",
+        current.name_any(),
+        current.spec.policy_name,
+        current.spec.trigger.condition_type,
+        current.spec.trigger.reason
+    ));
+    if let Some(message) = status.message {
+        explanation.facts.push(format!("status: {message}"));
+    }
+    if let Some(drain) = status.drain {
+        explanation.facts.push(format!(
+            "drain: {} of {} pods evicted, {} remaining",
+            drain.pods_evicted, drain.pods_total, drain.pods_remaining
+        ));
+        for blocker in drain.blockers {
+            explanation.facts.push(format!(
+                "blocked: pod {} by {}: {}",
+                blocker.pod,
+                blocker.pdb.as_deref().unwrap_or("(no PDB named)"),
+                blocker.message
+            ));
+        }
+    }
+}
+
+/// What the triggers say (`detect`). `None` (with the outcome set) unless the node is unhealthy.
+fn unhealthy_evidence(
+    node: &Node,
+    governing: &GpuRemediationPolicy,
+    now: Timestamp,
+    explanation: &mut Explanation,
+) -> Option<Evidence> {
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    match detect::evaluate(conditions, &governing.spec.triggers, now) {
+        Verdict::Healthy { since } => {
+            explanation.outcome = Outcome::Healthy;
+            let since = since.map_or_else(
+                || "no trigger condition present".to_owned(),
+                |t| format!("since {t}"),
+            );
+            explanation
+                .facts
+                .push(format!("no trigger's condition holds ({since})"));
+            None
+        }
+        Verdict::Pending { evidence, due } => {
+            explanation.facts.push(describe_evidence(governing, &evidence));
+            explanation.outcome = Outcome::Pending { due };
+            None
+        }
+        Verdict::Unhealthy { evidence } => {
+            explanation.facts.push(describe_evidence(governing, &evidence));
+            Some(evidence)
+        }
+    }
+}
+
+/// What the fleet plan (`fleet`, through `budget`) decides for an unhealthy, free node.
+fn admission(
+    node_name: &str,
+    governing: &GpuRemediationPolicy,
+    nodes: &[Arc<Node>],
+    policies: &[Arc<GpuRemediationPolicy>],
+    remediations: &[Arc<GpuRemediation>],
+    now: Timestamp,
+    explanation: &mut Explanation,
+) {
+    let plan = fleet::plan(policies, nodes, remediations, now);
+    let policy_plan = plan
+        .policies
+        .iter()
+        .find(|p| p.policy.name_any() == governing.name_any())
+        .expect("the fleet plan covers every live policy");
+    let status = &policy_plan.status;
+    explanation.facts.push(format!(
+        "policy counts: {} selected, {} unhealthy, {} in flight, budget {} left in the rate window",
+        status.selected_nodes,
+        status.unhealthy_nodes,
+        status.in_flight,
+        status.budget.as_ref().map_or(0, |b| b.remaining)
+    ));
+    explanation.outcome = if policy_plan.create.iter().any(|r| r.spec.node_name == node_name) {
+        Outcome::StartsNow
+    } else if let Some(waiting) = status.waiting.iter().find(|w| w.node == node_name) {
+        Outcome::Waiting {
+            reason: waiting.reason.clone(),
+            message: waiting.message.clone(),
+        }
+    } else {
+        // The plan neither starts nor defers an unhealthy, free node only if this explanation
+        // disagrees with the controller: say so rather than guess.
+        Outcome::Waiting {
+            reason: "Unknown".to_owned(),
+            message: "the fleet plan neither starts nor defers this node; please report this".to_owned(),
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_remediation_api::GpuRemediationStatus;
+    use serde_json::json;
+
+    use super::*;
+
+    fn now() -> Timestamp {
+        "2026-06-01T12:00:00Z".parse().unwrap()
+    }
+
+    fn node(name: &str, labels: &serde_json::Value, gpu: Option<(&str, &str, &str)>) -> Arc<Node> {
+        let conditions = gpu.map_or_else(Vec::new, |(status, reason, since)| {
+            vec![json!({"type": "GpuHealthy", "status": status, "reason": reason,
+                        "message": "GPU 3 fell off the bus", "lastTransitionTime": since})]
+        });
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": labels},
+                "status": {"conditions": conditions},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn policy(name: &str, spec: &serde_json::Value) -> Arc<GpuRemediationPolicy> {
+        let mut full = json!({
+            "nodeSelector": {"matchLabels": {"gpu": "true"}},
+            "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "2m"}],
+            "safety": {"maxConcurrent": 1, "maxUnhealthy": "100%"},
+        });
+        for (k, v) in spec.as_object().unwrap() {
+            full[k] = v.clone();
+        }
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "gpuremediation.dev/v1alpha1", "kind": "GpuRemediationPolicy",
+                "metadata": {"name": name}, "spec": full,
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn remediation(node: &str, since: &str, phase: Phase) -> Arc<GpuRemediation> {
+        let mut r: GpuRemediation = serde_json::from_value(json!({
+            "apiVersion": "gpuremediation.dev/v1alpha1", "kind": "GpuRemediation",
+            "metadata": {"name": format!("{node}-abc"), "creationTimestamp": "2026-06-01T11:59:00Z"},
+            "spec": {"nodeName": node, "policyName": "gpus", "action": "Replace", "mode": "Enforce",
+                     "trigger": {"conditionType": "GpuHealthy", "status": "False", "reason": "XID79",
+                                 "message": "", "since": since}},
+        }))
+        .unwrap();
+        r.status = Some(GpuRemediationStatus {
+            phase,
+            ..GpuRemediationStatus::default()
+        });
+        Arc::new(r)
+    }
+
+    const LONG_AGO: &str = "2026-06-01T11:00:00Z";
+    const JUST_NOW: &str = "2026-06-01T11:59:30Z";
+
+    #[test]
+    fn a_node_no_policy_selects_is_explained_as_unselected() {
+        let nodes = [node("cpu-1", &json!({}), None)];
+        let e = explain("cpu-1", &nodes, &[policy("gpus", &json!({}))], &[], now());
+        assert_eq!(e.outcome, Outcome::Unselected);
+    }
+
+    #[test]
+    fn an_unknown_node_is_said_to_be_unknown() {
+        assert_eq!(explain("nope", &[], &[], &[], now()).outcome, Outcome::NoSuchNode);
+    }
+
+    #[test]
+    fn an_opted_out_node_is_left_alone_whatever_its_gpus_say() {
+        let nodes = [node(
+            "gpu-1",
+            &json!({"gpu": "true", "gpuremediation.dev/exclude": "true"}),
+            Some(("False", "XID79", LONG_AGO)),
+        )];
+        let e = explain("gpu-1", &nodes, &[policy("gpus", &json!({}))], &[], now());
+        assert_eq!(e.outcome, Outcome::OptedOut);
+    }
+
+    #[test]
+    fn a_trigger_that_has_not_held_for_its_duration_says_when_it_will() {
+        let nodes = [node(
+            "gpu-1",
+            &json!({"gpu": "true"}),
+            Some(("False", "XID79", JUST_NOW)),
+        )];
+        let e = explain("gpu-1", &nodes, &[policy("gpus", &json!({}))], &[], now());
+        assert_eq!(
+            e.outcome,
+            Outcome::Pending {
+                due: "2026-06-01T12:01:30Z".parse().unwrap()
+            }
+        );
+        assert!(
+            e.to_string()
+                .contains("trigger spec.triggers[0]: GpuHealthy=False reason XID79"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unhealthy_node_within_budget_starts_now() {
+        let nodes = [node(
+            "gpu-1",
+            &json!({"gpu": "true"}),
+            Some(("False", "XID79", LONG_AGO)),
+        )];
+        let e = explain("gpu-1", &nodes, &[policy("gpus", &json!({}))], &[], now());
+        assert_eq!(e.outcome, Outcome::StartsNow, "{e}");
+    }
+
+    #[test]
+    fn an_unhealthy_node_behind_a_busy_concurrency_slot_names_the_limit() {
+        let nodes = [
+            node(
+                "gpu-1",
+                &json!({"gpu": "true"}),
+                Some(("False", "XID79", LONG_AGO)),
+            ),
+            node(
+                "gpu-2",
+                &json!({"gpu": "true"}),
+                Some(("False", "XID79", LONG_AGO)),
+            ),
+        ];
+        let busy = remediation("gpu-1", LONG_AGO, Phase::Draining);
+        let e = explain("gpu-2", &nodes, &[policy("gpus", &json!({}))], &[busy], now());
+        let Outcome::Waiting { reason, message } = &e.outcome else {
+            panic!("{e}");
+        };
+        assert_eq!(
+            reason,
+            gpu_remediation_api::constants::reasons::DEFERRED_CONCURRENCY
+        );
+        assert!(message.contains("maxConcurrent is 1"), "{message}");
+    }
+
+    #[test]
+    fn a_node_under_remediation_names_the_remediation_and_its_phase() {
+        let nodes = [node(
+            "gpu-1",
+            &json!({"gpu": "true"}),
+            Some(("False", "XID79", LONG_AGO)),
+        )];
+        let busy = remediation("gpu-1", LONG_AGO, Phase::Draining);
+        let e = explain("gpu-1", &nodes, &[policy("gpus", &json!({}))], &[busy], now());
+        assert_eq!(
+            e.outcome,
+            Outcome::InFlight {
+                remediation: "gpu-1-abc".into(),
+                phase: Phase::Draining
+            }
+        );
+    }
+
+    #[test]
+    fn a_finished_remediation_of_the_same_episode_is_not_repeated() {
+        let nodes = [node(
+            "gpu-1",
+            &json!({"gpu": "true"}),
+            Some(("False", "XID79", LONG_AGO)),
+        )];
+        let done = remediation("gpu-1", LONG_AGO, Phase::Cancelled);
+        let e = explain("gpu-1", &nodes, &[policy("gpus", &json!({}))], &[done], now());
+        assert!(matches!(e.outcome, Outcome::AlreadyHandled { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_paused_policy_holds_an_unhealthy_node_and_the_overlapping_policy_is_named() {
+        let nodes = [node(
+            "gpu-1",
+            &json!({"gpu": "true"}),
+            Some(("False", "XID79", LONG_AGO)),
+        )];
+        let policies = [
+            policy("a-paused", &json!({"paused": true, "priority": 5})),
+            policy("b-other", &json!({})),
+        ];
+        let e = explain("gpu-1", &nodes, &policies, &[], now());
+        assert!(
+            matches!(&e.outcome, Outcome::Waiting { reason, .. } if reason == gpu_remediation_api::constants::reasons::PAUSED),
+            "{e}"
+        );
+        assert!(
+            e.facts[0].contains("policy a-paused governs the node; b-other also select it"),
+            "{e}"
+        );
+    }
+}
