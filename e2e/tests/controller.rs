@@ -287,15 +287,32 @@ impl Scenario {
             self.set_unschedulable(other, true).await;
         }
         workload::create(&self.client, &app.deployment()).await.unwrap();
-        workload::wait_ready_pods(
-            &self.client,
-            &self.namespace,
-            &app.selector(),
-            replicas as usize,
+        // The scheduler may not have seen a cordon yet when the first pods are placed: move any
+        // pod that landed on a spare node (its ReplicaSet recreates it on `node`).
+        let pods = Api::<Pod>::namespaced(self.client.clone(), &self.namespace);
+        eventually(
+            &format!("{replicas} ready {name} pods on {node}"),
             Duration::from_secs(60),
+            || async {
+                let listed = pods
+                    .list(&ListParams::default().labels(&app.selector()))
+                    .await
+                    .ok()?;
+                let mut ready_here = 0;
+                for pod in &listed.items {
+                    let here = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+                    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some() && !here {
+                        let _ = pods
+                            .delete(&pod.name_any(), &kube::api::DeleteParams::default())
+                            .await;
+                    } else if here && is_ready(pod) {
+                        ready_here += 1;
+                    }
+                }
+                (ready_here == replicas && listed.items.len() == replicas as usize).then_some(())
+            },
         )
-        .await
-        .unwrap();
+        .await;
         for other in spare {
             self.set_unschedulable(other, false).await;
         }
@@ -1041,4 +1058,85 @@ async fn a_restart_mid_drain_resumes_the_same_remediation_without_resetting_the_
     assert_eq!(status.budget.unwrap().started_in_window, 1);
     assert_eq!(status.waiting[0].reason, "DeferredByRate");
     second.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_a_remediation_before_the_replacement_releases_the_cordon() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    s.policy(serde_json::json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let draining = s
+        .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
+        .await;
+    assert!(is_unschedulable(&s.node(&broken).await));
+    // Opt the node out first, or the controller would rightly start over on a still-broken node.
+    let patch =
+        serde_json::json!({"metadata": {"labels": {gpu_remediation_api::constants::OPT_OUT_LABEL: "true"}}});
+    Api::<Node>::all(s.client.clone())
+        .patch(&broken, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let remediations = Api::<GpuRemediation>::all(s.client.clone());
+    remediations
+        .delete(&draining.name_any(), &Default::default())
+        .await
+        .unwrap();
+    eventually("the record to be gone", Duration::from_secs(30), || async {
+        remediations
+            .get_opt(&draining.name_any())
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let node = s.node(&broken).await;
+    assert!(
+        !is_unschedulable(&node) && !has_our_taint(&node),
+        "our cordon was released"
+    );
+    assert_eq!(node.annotations().get(CORDONED_BY_ANNOTATION), None);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        s.remediations().await.is_empty(),
+        "an opted-out node gets no new remediation"
+    );
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_that_vanishes_mid_drain_cancels_its_remediation() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    s.policy(serde_json::json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    s.wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
+        .await;
+    Api::<Node>::all(s.client.clone())
+        .delete(&broken, &Default::default())
+        .await
+        .unwrap();
+    let cancelled = s
+        .wait_phase(&broken, Phase::Cancelled, Duration::from_secs(30))
+        .await;
+    assert!(
+        cancelled
+            .status
+            .unwrap()
+            .message
+            .unwrap()
+            .contains("no longer exists")
+    );
+    controller.stop().await;
 }
