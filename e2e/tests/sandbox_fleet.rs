@@ -292,3 +292,28 @@ async fn a_node_whose_heartbeat_stops_goes_unknown_and_comes_back_when_it_resume
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_pod_on_a_downed_node_stays_terminating_until_its_kubelet_comes_back() {
+    let client = common::cluster().await.client();
+    let namespace = common::namespace().await;
+    let fleet = common::fleet(1).await;
+    let node = &fleet.node_names()[0];
+    let app = Workload::new(&namespace, "orphaned");
+    workload::create(&client, &app.bare_pod("orphaned", node))
+        .await
+        .unwrap();
+    workload::wait_ready_pods(&client, &namespace, &app.selector(), 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(fleet.stop_kubelet(node));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    pods.delete("orphaned", &DeleteParams::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stuck = pods.get("orphaned").await.expect("nobody finalises it");
+    assert!(stuck.metadata.deletion_timestamp.is_some());
+    fleet.start_kubelet(node).await.unwrap();
+    workload::wait_pod_gone(&client, &namespace, "orphaned", Duration::from_secs(10))
+        .await
+        .unwrap();
+}

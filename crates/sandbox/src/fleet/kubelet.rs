@@ -14,7 +14,7 @@ use futures::StreamExt;
 use gpu_remediation_api::constants::SIM_TERMINATION_ANNOTATION;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
@@ -153,38 +153,59 @@ enum Work {
     Finalise,
 }
 
-/// The kubelet loop's shared state.
-struct Kubelet {
-    pods: Api<Pod>,
+/// The simulated kubelet of every node in a fleet.
+pub struct Kubelet {
+    client: Client,
     nodes: Arc<NodeRegistry>,
     in_flight: Mutex<HashSet<(String, Work)>>,
     permits: Semaphore,
     pod_ips: AtomicU64,
 }
 
-/// Runs the kubelet of every node in `nodes` until the task is aborted.
-pub async fn run(client: Client, nodes: Arc<NodeRegistry>, concurrency: usize) {
-    let kubelet = Arc::new(Kubelet {
-        pods: Api::all(client.clone()),
-        nodes,
-        in_flight: Mutex::new(HashSet::new()),
-        permits: Semaphore::new(concurrency.max(1)),
-        pod_ips: AtomicU64::new(0),
-    });
-    let config = watcher::Config::default().fields("spec.nodeName!=");
-    let mut events = watcher(Api::<Pod>::all(client), config).default_backoff().boxed();
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
-                Arc::clone(&kubelet).observe(pod);
-            }
-            Ok(watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitDone) => {}
-            Err(e) => tracing::warn!(error = %e, "simulated kubelet: pod watch failed; retrying"),
+impl Kubelet {
+    /// A kubelet for the nodes in `nodes`, making at most `concurrency` API requests at once.
+    pub fn new(client: Client, nodes: Arc<NodeRegistry>, concurrency: usize) -> Self {
+        Self {
+            client,
+            nodes,
+            in_flight: Mutex::new(HashSet::new()),
+            permits: Semaphore::new(concurrency.max(1)),
+            pod_ips: AtomicU64::new(0),
         }
     }
-}
 
-impl Kubelet {
+    /// Watches every bound pod and acts on those of the fleet's nodes, until the task is aborted.
+    pub async fn run(self: Arc<Self>) {
+        let config = watcher::Config::default().fields("spec.nodeName!=");
+        let mut events = watcher(Api::<Pod>::all(self.client.clone()), config)
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                    Arc::clone(&self).observe(pod);
+                }
+                Ok(watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitDone) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "simulated kubelet: pod watch failed; retrying");
+                }
+            }
+        }
+    }
+
+    /// Looks again at every pod of `node`, as a restarted kubelet does: pods that changed while
+    /// it was down produced no new events.
+    pub async fn resync_node(self: &Arc<Self>, node: &str) -> Result<(), kube::Error> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let list = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await?;
+        for pod in list.items {
+            Arc::clone(self).observe(pod);
+        }
+        Ok(())
+    }
+
     fn observe(self: Arc<Self>, pod: Pod) {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
             return;
@@ -231,7 +252,7 @@ impl Kubelet {
         let patch = running_status_patch(pod, &pod_ip, host_ip, Timestamp::now());
         let namespace = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
-        let pods: Api<Pod> = Api::namespaced(self.pods.clone().into_client(), &namespace);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
         for attempt in 1..=5 {
             let result = {
                 let _permit = self.permits.acquire().await.expect("semaphore open");
@@ -255,7 +276,7 @@ impl Kubelet {
         }
         let namespace = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
-        let pods: Api<Pod> = Api::namespaced(self.pods.clone().into_client(), &namespace);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             preconditions: Some(Preconditions {

@@ -135,6 +135,22 @@ pub enum ResumeHeartbeatError {
     },
 }
 
+/// Failure to bring a stopped node back.
+#[derive(Debug, thiserror::Error)]
+pub enum StartKubeletError {
+    /// Its heartbeat could not be resumed.
+    #[error(transparent)]
+    Resume(#[from] ResumeHeartbeatError),
+    /// Its pods could not be listed.
+    #[error("listing the pods of node {node}: {source}")]
+    ListPods {
+        /// The node.
+        node: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
 /// Failure to delete a fleet's nodes.
 #[derive(Debug, thiserror::Error)]
 #[error("deleting the nodes of fleet {fleet}: {source}")]
@@ -151,6 +167,7 @@ pub struct Fleet {
     shape: NodeShape,
     options: FleetOptions,
     registry: Arc<NodeRegistry>,
+    kubelet: Arc<kubelet::Kubelet>,
     next_index: AtomicUsize,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -175,18 +192,20 @@ impl Fleet {
             labels: options.labels.clone(),
         };
         let registry = Arc::new(NodeRegistry::default());
-        let kubelet = tokio::spawn(kubelet::run(
+        let kubelet = Arc::new(kubelet::Kubelet::new(
             client.clone(),
             Arc::clone(&registry),
             options.kubelet_concurrency,
         ));
+        let kubelet_task = tokio::spawn(Arc::clone(&kubelet).run());
         let fleet = Self {
             client,
             shape,
             options,
             registry,
+            kubelet,
             next_index: AtomicUsize::new(0),
-            tasks: Mutex::new(vec![kubelet]),
+            tasks: Mutex::new(vec![kubelet_task]),
         };
         fleet.add_nodes(fleet.options.nodes).await?;
         Ok(fleet)
@@ -330,6 +349,31 @@ impl Fleet {
             .await
             .map(|_| ())
             .map_err(|source| ResumeHeartbeatError::ReportReady {
+                node: node.to_owned(),
+                source,
+            })
+    }
+
+    /// Fault: node `node` goes down entirely. Its heartbeat stops and its kubelet no longer runs
+    /// pods nor finalises terminating ones (they stay terminating, as on a dead host). Returns
+    /// `false` if the node is not in this fleet.
+    pub fn stop_kubelet(&self, node: &str) -> bool {
+        self.registry.set_kubelet(node, false) && self.registry.set_heartbeat(node, false)
+    }
+
+    /// Brings a node stopped by [`Fleet::stop_kubelet`] back: heartbeat, `Ready`, and a fresh look
+    /// at every pod bound to it.
+    pub async fn start_kubelet(&self, node: &str) -> Result<(), StartKubeletError> {
+        if !self.registry.set_kubelet(node, true) {
+            return Err(StartKubeletError::Resume(ResumeHeartbeatError::UnknownNode(
+                node.to_owned(),
+            )));
+        }
+        self.resume_heartbeat(node).await?;
+        self.kubelet
+            .resync_node(node)
+            .await
+            .map_err(|source| StartKubeletError::ListPods {
                 node: node.to_owned(),
                 source,
             })

@@ -1,5 +1,6 @@
 //! The fleet's nodes as its simulated kubelets and heartbeats see them: which nodes belong to the
-//! fleet, their IPs, and whether each one's heartbeat is running. Shared between tasks.
+//! fleet, their IPs, and whether each one's heartbeat and kubelet are running. Shared between
+//! tasks.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +13,8 @@ pub struct NodeEntry {
     pub ip: String,
     /// Whether its heartbeat Lease is being renewed.
     pub heartbeat: Arc<AtomicBool>,
+    /// Whether its kubelet handles its pods.
+    pub kubelet: Arc<AtomicBool>,
 }
 
 /// Every node of a fleet, by name.
@@ -26,6 +29,7 @@ impl NodeRegistry {
         let entry = NodeEntry {
             ip: ip.to_owned(),
             heartbeat: Arc::new(AtomicBool::new(true)),
+            kubelet: Arc::new(AtomicBool::new(true)),
         };
         self.nodes
             .write()
@@ -34,12 +38,13 @@ impl NodeRegistry {
         entry
     }
 
-    /// The `hostIP` of node `name`, if it belongs to the fleet.
+    /// The `hostIP` of node `name`, if it belongs to the fleet and its kubelet runs.
     pub fn kubelet_ip(&self, name: &str) -> Option<String> {
         self.nodes
             .read()
             .expect("node registry lock")
             .get(name)
+            .filter(|e| e.kubelet.load(Ordering::Relaxed))
             .map(|e| e.ip.clone())
     }
 
@@ -63,6 +68,17 @@ impl NodeRegistry {
         match self.nodes.read().expect("node registry lock").get(name) {
             Some(entry) => {
                 entry.heartbeat.store(running, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Starts or stops node `name`'s kubelet; `false` if the node is not in the fleet.
+    pub fn set_kubelet(&self, name: &str, running: bool) -> bool {
+        match self.nodes.read().expect("node registry lock").get(name) {
+            Some(entry) => {
+                entry.kubelet.store(running, Ordering::Relaxed);
                 true
             }
             None => false,
