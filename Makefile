@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Builds (once, then cached outside the repo) and locates the pinned control plane binaries.
 CONTROLPLANE_BIN = $(shell e2e/controlplane/build.sh)
 
-.PHONY: help build test unit e2e crds crds-check lint fmt controlplane demo bench
+.PHONY: help build test unit e2e crds crds-check lint fmt controlplane demo bench chaos
 
 help:
 	@echo "make build         build every crate"
@@ -17,7 +17,8 @@ help:
 	@echo "make lint          rustfmt check and clippy (pedantic, warnings are errors)"
 	@echo "make controlplane  build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (cached)"
 	@echo "make demo          run a remediation on a local control plane with a simulated GPU fleet"
-	@echo "make bench         benchmarks against peers on the sandbox"
+	@echo "make bench         benchmarks against kubectl drain on the sandbox (BENCH_ARGS=--full for the issue's sizes)"
+	@echo "make chaos         the fault suite: API server restart, etcd pause, leader kill -9, flaky network, flaps, 30% down, nonsense edits"
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -47,5 +48,12 @@ test: lint
 demo:
 	@echo "make demo: not built yet (issue: Ship it)"; exit 1
 
+# Release builds of the controller and the harness; the controller runs as its own process.
 bench:
-	@echo "make bench: not built yet (issue: Benchmarks and a fault suite)"; exit 1
+	$(CARGO) build --release -p gpu-remediator --bin gpu-remediator -p gpu-sandbox --bin gpu-bench
+	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" target/release/gpu-bench $(BENCH_ARGS)
+
+# Each fault test starts a control plane of its own and breaks it; minutes each, so not in `test`.
+CHAOS_TESTS = --test chaos_control_plane --test chaos_leader --test chaos_network --test chaos_load
+chaos:
+	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test -p e2e $(CHAOS_TESTS) -- --ignored --test-threads=2

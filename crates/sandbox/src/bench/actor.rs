@@ -132,8 +132,8 @@ pub async fn create_identity(
     })
 }
 
-/// Writes the admin kubeconfig with another server and token.
-fn write_kubeconfig(
+/// Writes the admin kubeconfig with another server (e.g. a proxy) and token.
+pub fn write_kubeconfig(
     control_plane: &ControlPlane,
     server: &str,
     token: &str,
@@ -167,7 +167,11 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), super::
     {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.is_already_exists() => {}
-        Err(source) => return Err(super::bench_env::api_error(format!("creating namespace {name}"))(source)),
+        Err(source) => {
+            return Err(super::bench_env::api_error(format!("creating namespace {name}"))(
+                source,
+            ));
+        }
     }
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
     super::bench_env::eventually(
@@ -192,7 +196,9 @@ pub fn client_for(control_plane: &ControlPlane, identity: &Identity) -> Client {
 #[derive(Debug, thiserror::Error)]
 pub enum StartControllerError {
     /// The binary is not there.
-    #[error("the controller binary {0} does not exist (build it: cargo build --release -p gpu-remediator --bin gpu-remediator, or pass its path)")]
+    #[error(
+        "the controller binary {0} does not exist (build it: cargo build --release -p gpu-remediator --bin gpu-remediator, or pass its path)"
+    )]
     Missing(PathBuf),
     /// It could not be started.
     #[error("starting {binary}: {source}")]
@@ -306,12 +312,11 @@ impl ControllerProcess {
         let _ = std::process::Command::new("kill")
             .args(["-TERM", &self.pid.to_string()])
             .status();
-        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
-            Ok(status) => status.ok(),
-            Err(_) => {
-                self.kill_9().await;
-                None
-            }
+        if let Ok(status) = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+            status.ok()
+        } else {
+            self.kill_9().await;
+            None
         }
     }
 

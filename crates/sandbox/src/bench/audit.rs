@@ -76,7 +76,12 @@ pub fn count(log: &str, username: &str) -> RequestCounts {
         let resource = match (text("/objectRef/resource"), text("/objectRef/subresource")) {
             (Some(r), Some(s)) => format!("{r}/{s}"),
             (Some(r), None) => r.to_owned(),
-            (None, _) => text("/requestURI").unwrap_or("?").split('?').next().unwrap_or("?").to_owned(),
+            (None, _) => text("/requestURI")
+                .unwrap_or("?")
+                .split('?')
+                .next()
+                .unwrap_or("?")
+                .to_owned(),
         };
         let kind = format!("{} {resource}", text("/verb").unwrap_or("?"));
         match text("/stage") {
@@ -85,7 +90,10 @@ pub fn count(log: &str, username: &str) -> RequestCounts {
                 *counts.by_kind.entry(kind).or_default() += 1;
             }
             Some("ResponseComplete")
-                if event.pointer("/responseStatus/code").and_then(serde_json::Value::as_u64) == Some(429) =>
+                if event
+                    .pointer("/responseStatus/code")
+                    .and_then(serde_json::Value::as_u64)
+                    == Some(429) =>
             {
                 *counts.refused_429.entry(kind).or_default() += 1;
             }

@@ -94,7 +94,10 @@ fn username(name: &str) -> String {
 
 impl BenchEnv {
     /// Starts the audited control plane, installs the CRDs and creates both identities.
-    pub async fn start(controller_binary: &Path, mut options: ControlPlaneOptions) -> Result<Self, BenchSetupError> {
+    pub async fn start(
+        controller_binary: &Path,
+        mut options: ControlPlaneOptions,
+    ) -> Result<Self, BenchSetupError> {
         let scratch = std::env::temp_dir().join(format!("gpu-bench-{}", std::process::id()));
         let file_error = |path: &Path| {
             let path = path.to_owned();
@@ -112,9 +115,16 @@ impl BenchEnv {
         let client = control_plane.client();
         install_crds(&client).await?;
         let server = control_plane.server_url().to_owned();
-        let controller =
-            actor::create_identity(&control_plane, BENCH_NAMESPACE, "gpu-remediator", &server, &scratch).await?;
-        let kubectl = actor::create_identity(&control_plane, BENCH_NAMESPACE, "kubectl", &server, &scratch).await?;
+        let controller = actor::create_identity(
+            &control_plane,
+            BENCH_NAMESPACE,
+            "gpu-remediator",
+            &server,
+            &scratch,
+        )
+        .await?;
+        let kubectl =
+            actor::create_identity(&control_plane, BENCH_NAMESPACE, "kubectl", &server, &scratch).await?;
         Ok(Self {
             control_plane,
             client,
@@ -288,27 +298,32 @@ where
 async fn install_crds(client: &Client) -> Result<(), BenchSetupError> {
     let api = Api::<CustomResourceDefinition>::all(client.clone());
     for (file, yaml) in crds::render_all() {
-        let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml).map_err(|e| BenchSetupError::Api {
-            what: format!("parsing {file}"),
-            source: kube::Error::Service(Box::new(e)),
-        })?;
+        let crd: CustomResourceDefinition =
+            serde_yaml::from_str(&yaml).map_err(|e| BenchSetupError::Api {
+                what: format!("parsing {file}"),
+                source: kube::Error::Service(Box::new(e)),
+            })?;
         let name = crd.name_any();
         match api.create(&PostParams::default(), &crd).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.is_already_exists() => {}
             Err(source) => return Err(api_error(format!("creating CRD {name}"))(source)),
         }
-        eventually(&format!("CRD {name} established"), Duration::from_secs(60), || {
-            let (api, name) = (api.clone(), name.clone());
-            async move {
-                let crd = api.get(&name).await.ok()?;
-                crd.status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            }
-        })
+        eventually(
+            &format!("CRD {name} established"),
+            Duration::from_secs(60),
+            || {
+                let (api, name) = (api.clone(), name.clone());
+                async move {
+                    let crd = api.get(&name).await.ok()?;
+                    crd.status?
+                        .conditions?
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                        .then_some(())
+                }
+            },
+        )
         .await?;
     }
     eventually("the new kinds to be served", Duration::from_secs(60), || {

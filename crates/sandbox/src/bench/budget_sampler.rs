@@ -113,7 +113,11 @@ pub fn floor_of(pdb: &PodDisruptionBudget) -> Result<Floor, String> {
                     .map_err(|_| format!("not a percentage: {s}"))?;
                 let expected = expected()?;
                 let scaled = expected * percent;
-                Ok(if round_up { scaled.div_ceil(100) } else { scaled / 100 })
+                Ok(if round_up {
+                    scaled.div_ceil(100)
+                } else {
+                    scaled / 100
+                })
             }
         }
     };
@@ -142,20 +146,13 @@ pub fn is_healthy(pod: &Pod) -> bool {
 
 /// The healthy pods each floor counts, given each pod's labels and health.
 #[must_use]
-pub fn healthy_counts<'a>(
-    floors: &[Floor],
-    pods: impl Iterator<Item = (&'a BTreeMap<String, String>, bool)> + Clone,
-) -> Vec<usize> {
+pub fn healthy_counts(floors: &[Floor], pods: &[(&BTreeMap<String, String>, bool)]) -> Vec<usize> {
     floors
         .iter()
         .map(|floor| {
-            pods.clone()
+            pods.iter()
                 .filter(|(labels, healthy)| {
-                    *healthy
-                        && floor
-                            .match_labels
-                            .iter()
-                            .all(|(k, v)| labels.get(k) == Some(v))
+                    *healthy && floor.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
                 })
                 .count()
         })
@@ -173,7 +170,8 @@ struct State {
 impl State {
     fn evaluate(&mut self, floors: &[Floor]) {
         self.report.samples += 1;
-        let counts = healthy_counts(floors, self.pods.values().map(|(l, h)| (l, *h)));
+        let pods: Vec<_> = self.pods.values().map(|(l, h)| (l, *h)).collect();
+        let counts = healthy_counts(floors, &pods);
         for (floor, healthy) in floors.iter().zip(counts) {
             let margin = i64::try_from(healthy).unwrap_or(i64::MAX)
                 - i64::try_from(floor.min_healthy).unwrap_or(i64::MAX);
@@ -300,7 +298,7 @@ impl Drop for BudgetSampler {
 mod tests {
     use super::*;
 
-    fn pdb(spec: serde_json::Value, expected_pods: i32) -> PodDisruptionBudget {
+    fn pdb(spec: &serde_json::Value, expected_pods: i32) -> PodDisruptionBudget {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "web", "namespace": "ns", "generation": 1},
             "spec": spec,
@@ -317,7 +315,7 @@ mod tests {
     #[test]
     fn max_unavailable_one_of_five_promises_four_healthy() {
         let floor = floor_of(&pdb(
-            serde_json::json!({"selector": selector(), "maxUnavailable": 1}),
+            &serde_json::json!({"selector": selector(), "maxUnavailable": 1}),
             5,
         ))
         .unwrap();
@@ -327,13 +325,13 @@ mod tests {
     #[test]
     fn percentages_round_up_like_the_disruption_controller() {
         let min = floor_of(&pdb(
-            serde_json::json!({"selector": selector(), "minAvailable": "50%"}),
+            &serde_json::json!({"selector": selector(), "minAvailable": "50%"}),
             5,
         ))
         .unwrap();
         assert_eq!(min.min_healthy, 3);
         let max = floor_of(&pdb(
-            serde_json::json!({"selector": selector(), "maxUnavailable": "10%"}),
+            &serde_json::json!({"selector": selector(), "maxUnavailable": "10%"}),
             7,
         ))
         .unwrap();
@@ -342,7 +340,10 @@ mod tests {
 
     #[test]
     fn a_budget_the_disruption_controller_has_not_observed_has_no_floor_yet() {
-        let mut unobserved = pdb(serde_json::json!({"selector": selector(), "maxUnavailable": 1}), 5);
+        let mut unobserved = pdb(
+            &serde_json::json!({"selector": selector(), "maxUnavailable": 1}),
+            5,
+        );
         unobserved.status.as_mut().unwrap().observed_generation = None;
         assert!(floor_of(&unobserved).is_err());
     }
@@ -357,7 +358,7 @@ mod tests {
         let web: BTreeMap<String, String> = [("app".to_owned(), "web".to_owned())].into();
         let other: BTreeMap<String, String> = [("app".to_owned(), "db".to_owned())].into();
         let pods = [(&web, true), (&web, false), (&other, true), (&web, true)];
-        assert_eq!(healthy_counts(&floors, pods.iter().copied()), vec![2]);
+        assert_eq!(healthy_counts(&floors, &pods), vec![2]);
     }
 
     #[test]

@@ -19,8 +19,8 @@ use super::audit::{self, RequestCounts};
 use super::bench_env::{self, BenchEnv, BenchSetupError, api_error, eventually};
 use super::budget_sampler::BudgetSampler;
 use super::latency::{fleet_options, wait_policy_observed};
-use crate::workload::{self, Budget, Workload};
 use crate::Fleet;
+use crate::workload::{self, Budget, Workload};
 
 /// Deployment sizes: 3 to 10 replicas, 100 pods in all.
 pub const DEPLOYMENT_SIZES: [i32; 16] = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 6, 7, 8, 9, 6];
@@ -69,7 +69,9 @@ async fn set_unschedulable(env: &BenchEnv, node: &str, unschedulable: bool) -> R
         )
         .await
         .map(|_| ())
-        .map_err(api_error(format!("setting unschedulable={unschedulable} on {node}")))
+        .map_err(api_error(format!(
+            "setting unschedulable={unschedulable} on {node}"
+        )))
 }
 
 async fn stage(env: &BenchEnv, name: &str) -> Result<Stage, BenchSetupError> {
@@ -140,7 +142,8 @@ impl DrainClock {
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node}"));
         let pod_config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let task = tokio::spawn(async move {
-            let mut node_events = std::pin::pin!(watcher(nodes, node_config).default_backoff().applied_objects());
+            let mut node_events =
+                std::pin::pin!(watcher(nodes, node_config).default_backoff().applied_objects());
             let mut pod_events = std::pin::pin!(watcher(pods, pod_config).default_backoff());
             let mut on_node: BTreeSet<String> = BTreeSet::new();
             let mut ever: BTreeSet<String> = BTreeSet::new();
@@ -188,7 +191,8 @@ impl DrainClock {
 
 async fn controller_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResult, BenchSetupError> {
     let scope = stage.namespace.clone();
-    env.create_policy(&scope, stage.fleet.name(), "1s", serde_json::json!({})).await?;
+    env.create_policy(&scope, stage.fleet.name(), "1s", serde_json::json!({}))
+        .await?;
     let mut controller = env.start_controller(&scope, None)?;
     wait_policy_observed(env, &scope).await?;
     let sampler = BudgetSampler::start(&env.client, &stage.namespace)
@@ -210,7 +214,11 @@ async fn controller_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResu
     eventually("the remediation to succeed", Duration::from_secs(60), || async {
         let all = env.remediations(&scope).await.ok()?;
         all.iter()
-            .any(|r| r.status.as_ref().is_some_and(|s| s.phase == gpu_remediation_api::Phase::Succeeded))
+            .any(|r| {
+                r.status
+                    .as_ref()
+                    .is_some_and(|s| s.phase == gpu_remediation_api::Phase::Succeeded)
+            })
             .then_some(())
     })
     .await?;
@@ -237,7 +245,13 @@ async fn kubectl_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResult,
     log.mark();
     let output = tokio::process::Command::new(env.control_plane.kubectl())
         .arg(format!("--kubeconfig={}", env.kubectl.kubeconfig.display()))
-        .args(["drain", &stage.target, "--ignore-daemonsets", "--delete-emptydir-data", "--force"])
+        .args([
+            "drain",
+            &stage.target,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--force",
+        ])
         .arg("--timeout=10m")
         .output()
         .await
@@ -273,7 +287,11 @@ pub async fn run(env: &BenchEnv) -> Result<DrainComparison, BenchSetupError> {
     eprintln!("drain: kubectl drain {:.1} s", kubectl.seconds);
     for stage in [ours, theirs] {
         let namespace = stage.namespace.clone();
-        stage.fleet.stop().await.map_err(|e| BenchSetupError::Step(e.to_string()))?;
+        stage
+            .fleet
+            .stop()
+            .await
+            .map_err(|e| BenchSetupError::Step(e.to_string()))?;
         env.delete_namespace(&namespace).await?;
     }
     let ratio = kubectl.seconds / controller.seconds;

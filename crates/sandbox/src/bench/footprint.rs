@@ -56,13 +56,14 @@ pub async fn run(
         .await
         .map_err(|e| BenchSetupError::Step(format!("starting fleet {scope}: {e}")))?;
     populate(env, &scope, &scope, pods).await?;
-    env.create_policy(&scope, &scope, "2s", serde_json::json!({})).await?;
+    env.create_policy(&scope, &scope, "2s", serde_json::json!({}))
+        .await?;
     let mut controller = env.start_controller(&scope, None)?;
     wait_policy_observed(env, &scope).await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let idle = controller
-        .usage()
-        .ok_or_else(|| BenchSetupError::Step(format!("the controller exited:\n{}", controller.log_tail(30))))?;
+    let idle = controller.usage().ok_or_else(|| {
+        BenchSetupError::Step(format!("the controller exited:\n{}", controller.log_tail(30)))
+    })?;
     let mut names = fleet.node_names();
     names.sort();
     let broken: Vec<String> = names.into_iter().take(faults).collect();
@@ -70,23 +71,30 @@ pub async fn run(
     log.mark();
     let started = Timestamp::now();
     bench_env::set_condition_at(&env.client, &broken, "False", "XID79", started).await?;
-    eventually(&format!("{faults} remediations to succeed"), Duration::from_secs(600), || async {
-        let all = env.remediations(&scope).await.ok()?;
-        let done = all
-            .iter()
-            .filter(|r| r.status.as_ref().is_some_and(|s| s.phase == Phase::Succeeded))
-            .count();
-        (done >= faults).then_some(())
-    })
+    eventually(
+        &format!("{faults} remediations to succeed"),
+        Duration::from_secs(600),
+        || async {
+            let all = env.remediations(&scope).await.ok()?;
+            let done = all
+                .iter()
+                .filter(|r| r.status.as_ref().is_some_and(|s| s.phase == Phase::Succeeded))
+                .count();
+            (done >= faults).then_some(())
+        },
+    )
     .await?;
     let remediation_seconds = Timestamp::now().duration_since(started).as_secs_f64();
-    let after = controller
-        .usage()
-        .ok_or_else(|| BenchSetupError::Step(format!("the controller exited:\n{}", controller.log_tail(30))))?;
+    let after = controller.usage().ok_or_else(|| {
+        BenchSetupError::Step(format!("the controller exited:\n{}", controller.log_tail(30)))
+    })?;
     let requests = audit::count(&log.since_mark(), &env.controller.username);
     controller.terminate().await;
     env.delete_policy(&scope).await?;
-    fleet.stop().await.map_err(|e| BenchSetupError::Step(e.to_string()))?;
+    fleet
+        .stop()
+        .await
+        .map_err(|e| BenchSetupError::Step(e.to_string()))?;
     env.delete_namespace(&scope).await?;
     #[allow(clippy::cast_precision_loss, reason = "request counts are small")]
     let per = requests.total as f64 / faults.max(1) as f64;

@@ -70,7 +70,12 @@ pub fn fleet_options(name: &str, nodes: usize) -> FleetOptions {
 
 /// Creates `pods` pods (Deployments of 20 behind `maxUnavailable: 10%` PDBs) on fleet `fleet` in
 /// namespace `namespace` and waits until they are Ready.
-pub async fn populate(env: &BenchEnv, namespace: &str, fleet: &str, pods: usize) -> Result<(), BenchSetupError> {
+pub async fn populate(
+    env: &BenchEnv,
+    namespace: &str,
+    fleet: &str,
+    pods: usize,
+) -> Result<(), BenchSetupError> {
     if pods == 0 {
         return Ok(());
     }
@@ -95,17 +100,26 @@ pub async fn populate(env: &BenchEnv, namespace: &str, fleet: &str, pods: usize)
 /// Waits until the controller has written policy `scope`'s status for its current generation.
 pub async fn wait_policy_observed(env: &BenchEnv, scope: &str) -> Result<(), BenchSetupError> {
     let api: Api<gpu_remediation_api::GpuRemediationPolicy> = Api::all(env.client.clone());
-    eventually(&format!("the controller to report on policy {scope}"), Duration::from_secs(120), || async {
-        let policy = api.get(scope).await.ok()?;
-        let observed = policy.status.as_ref()?.observed_generation;
-        (observed.is_some() && observed == policy.metadata.generation).then_some(())
-    })
+    eventually(
+        &format!("the controller to report on policy {scope}"),
+        Duration::from_secs(120),
+        || async {
+            let policy = api.get(scope).await.ok()?;
+            let observed = policy.status.as_ref()?.observed_generation;
+            (observed.is_some() && observed == policy.metadata.generation).then_some(())
+        },
+    )
     .await
 }
 
 /// Heals `nodes`, deletes policy `scope`'s remediations and waits until the controller has
 /// released every node.
-pub async fn reset(env: &BenchEnv, scope: &str, watch: &CordonWatch, nodes: &[String]) -> Result<(), BenchSetupError> {
+pub async fn reset(
+    env: &BenchEnv,
+    scope: &str,
+    watch: &CordonWatch,
+    nodes: &[String],
+) -> Result<(), BenchSetupError> {
     bench_env::set_condition_at(&env.client, nodes, "True", "GpusHealthy", Timestamp::now()).await?;
     let api: Api<gpu_remediation_api::GpuRemediation> = Api::all(env.client.clone());
     for remediation in env.remediations(scope).await? {
@@ -116,10 +130,14 @@ pub async fn reset(env: &BenchEnv, scope: &str, watch: &CordonWatch, nodes: &[St
             Err(source) => return Err(api_error(format!("deleting remediation {name}"))(source)),
         }
     }
-    eventually("every node released and every remediation gone", Duration::from_secs(180), || async {
-        let left = env.remediations(scope).await.ok()?;
-        (left.is_empty() && watch.held().is_empty()).then_some(())
-    })
+    eventually(
+        "every node released and every remediation gone",
+        Duration::from_secs(180),
+        || async {
+            let left = env.remediations(scope).await.ok()?;
+            (left.is_empty() && watch.held().is_empty()).then_some(())
+        },
+    )
     .await
 }
 
@@ -132,13 +150,17 @@ fn mib(bytes: u64) -> f64 {
 pub async fn run(env: &BenchEnv, options: &LatencyOptions) -> Result<Vec<LatencyResult>, BenchSetupError> {
     let scope = format!("lat-{}-{}", options.nodes, options.pods_per_node);
     let pods = options.nodes * options.pods_per_node;
-    eprintln!("latency: {} nodes, {pods} pods: starting the fleet", options.nodes);
+    eprintln!(
+        "latency: {} nodes, {pods} pods: starting the fleet",
+        options.nodes
+    );
     let fleet = Fleet::start(env.client.clone(), fleet_options(&scope, options.nodes))
         .await
         .map_err(|e| BenchSetupError::Step(format!("starting fleet {scope}: {e}")))?;
     populate(env, &scope, &scope, pods).await?;
     let for_text = format!("{}s", options.trigger_for.as_secs());
-    env.create_policy(&scope, &scope, &for_text, serde_json::json!({})).await?;
+    env.create_policy(&scope, &scope, &for_text, serde_json::json!({}))
+        .await?;
     let mut controller = env.start_controller(&scope, None)?;
     wait_policy_observed(env, &scope).await?;
     let watch = CordonWatch::start(&env.client, &fleet.selector())
@@ -189,12 +211,18 @@ pub async fn run(env: &BenchEnv, options: &LatencyOptions) -> Result<Vec<Latency
         reset(env, &scope, &watch, &broken).await?;
     }
     if controller.exited().is_some() {
-        eprintln!("latency: the controller exited early:\n{}", controller.log_tail(30));
+        eprintln!(
+            "latency: the controller exited early:\n{}",
+            controller.log_tail(30)
+        );
     }
     controller.terminate().await;
     env.delete_policy(&scope).await?;
     drop(watch);
-    fleet.stop().await.map_err(|e| BenchSetupError::Step(e.to_string()))?;
+    fleet
+        .stop()
+        .await
+        .map_err(|e| BenchSetupError::Step(e.to_string()))?;
     env.delete_namespace(&scope).await?;
     Ok(results)
 }

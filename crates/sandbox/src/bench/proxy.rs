@@ -159,7 +159,11 @@ mod tests {
         let mut answer = [0u8; 4];
         client.read_exact(&mut answer).await.unwrap();
         assert_eq!(&answer, b"ping");
-        assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() >= Duration::from_millis(200),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test]
@@ -172,7 +176,7 @@ mod tests {
         proxy.cut_connections();
         let mut rest = Vec::new();
         let closed = tokio::time::timeout(Duration::from_secs(5), old.read_to_end(&mut rest)).await;
-        assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+        assert!(matches!(closed, Ok(Ok(0) | Err(_))), "{closed:?}");
         let mut new = TcpStream::connect(proxy.address()).await.unwrap();
         new.write_all(b"b").await.unwrap();
         new.read_exact(&mut one).await.unwrap();

@@ -46,24 +46,46 @@ pub fn markdown(results: &BenchResults) -> String {
     let mut out = String::new();
     if !results.latency.is_empty() {
         out.push_str("### Detection to cordon (from the moment `for` elapses)\n\n");
-        out.push_str("| nodes | pods | simultaneous faults | cordoned | p50 | p99 | max | controller peak RSS |\n");
+        out.push_str(
+            "| nodes | pods | simultaneous faults | cordoned | p50 | p99 | max | controller peak RSS |\n",
+        );
         out.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for r in &results.latency {
             let _ = writeln!(
                 out,
                 "| {} | {} | {} | {}/{} | {:.0} ms | {:.0} ms | {:.0} ms | {:.1} MiB |",
-                r.nodes, r.pods, r.faults, r.cordoned, r.faults, r.p50_ms, r.p99_ms, r.max_ms, r.controller_peak_rss_mib
+                r.nodes,
+                r.pods,
+                r.faults,
+                r.cordoned,
+                r.faults,
+                r.p50_ms,
+                r.p99_ms,
+                r.max_ms,
+                r.controller_peak_rss_mib
             );
         }
         out.push('\n');
     }
     if let Some(d) = &results.drain {
-        out.push_str("### Drain of one node holding 100 pods (Deployments of 3-10 replicas, PDB maxUnavailable 1)\n\n");
+        out.push_str(
+            "### Drain of one node holding 100 pods (Deployments of 3-10 replicas, PDB maxUnavailable 1)\n\n",
+        );
         out.push_str("| peer | cordon to empty | pods evicted | PDB violations (least margin) | requests | evictions (429) |\n");
         out.push_str("|---|---:|---:|---:|---:|---:|\n");
         for p in [&d.controller, &d.kubectl] {
-            let evictions = p.requests.by_kind.get("create pods/eviction").copied().unwrap_or(0);
-            let refused = p.requests.refused_429.get("create pods/eviction").copied().unwrap_or(0);
+            let evictions = p
+                .requests
+                .by_kind
+                .get("create pods/eviction")
+                .copied()
+                .unwrap_or(0);
+            let refused = p
+                .requests
+                .refused_429
+                .get("create pods/eviction")
+                .copied()
+                .unwrap_or(0);
             let _ = writeln!(
                 out,
                 "| {} | {:.1} s | {} | {} ({}) | {} | {} ({}) |",

@@ -1,0 +1,86 @@
+//! Fault suite, the control plane itself failing under a drain: the API server killed and
+//! restarted, and etcd frozen. Each test has a control plane of its own (these faults would break
+//! every other test sharing it), and asserts the suite's invariants (see `chaos_support`).
+
+mod chaos_support;
+
+use std::time::Duration;
+
+use chaos_support::{World, assert_running};
+use gpu_remediation_api::Phase;
+
+/// Deployments of these sizes on the broken node: ten evictions in a row for the largest, each
+/// waiting for a replacement (PDB `maxUnavailable: 1`), and each evicted pod taking 3 s to
+/// terminate, so the drain lasts long enough to be hit in the middle.
+const SIZES: [i32; 3] = [10, 6, 4];
+
+/// Waits until the drain of `node` is under way: some pods evicted, some still to go.
+async fn mid_drain(world: &World, node: &str) {
+    gpu_sandbox::bench::bench_env::eventually(
+        "the drain to be under way",
+        Duration::from_secs(120),
+        || async {
+            let all = world.env.remediations(&world.scope).await.ok()?;
+            let remediation = all.into_iter().find(|r| r.spec.node_name == node)?;
+            let status = remediation.status?;
+            let drain = status.drain?;
+            (status.phase == Phase::Draining && drain.pods_evicted >= 1 && drain.pods_remaining >= 1)
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test]
+#[ignore = "fault suite (minutes, own control plane per test): make chaos"]
+async fn an_api_server_restart_mid_drain_loses_nothing_and_breaks_no_budget() {
+    let mut world = World::start("api-restart", 4).await;
+    let broken = vec![world.nodes()[0].clone()];
+    world.apps_on(&broken[0], "app", &SIZES, Some("3s")).await;
+    let invariants = world.invariants().await;
+    world.policy(serde_json::json!({})).await;
+    let mut controller = world.controller("solo", false, None);
+    world.break_nodes(&broken).await;
+    mid_drain(&world, &broken[0]).await;
+
+    world
+        .env
+        .control_plane
+        .restart("kube-apiserver", Duration::from_secs(3))
+        .await
+        .expect("restarting the API server");
+
+    world
+        .wait_all(&broken, Phase::Succeeded, Duration::from_secs(240))
+        .await;
+    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    assert_running(&mut controller);
+    controller.terminate().await;
+    world.env.control_plane.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "fault suite (minutes, own control plane per test): make chaos"]
+async fn etcd_frozen_for_fifteen_seconds_mid_drain_loses_nothing_and_breaks_no_budget() {
+    let world = World::start("etcd-pause", 4).await;
+    let broken = vec![world.nodes()[0].clone()];
+    world.apps_on(&broken[0], "app", &SIZES, Some("3s")).await;
+    let invariants = world.invariants().await;
+    world.policy(serde_json::json!({})).await;
+    let mut controller = world.controller("solo", false, None);
+    world.break_nodes(&broken).await;
+    mid_drain(&world, &broken[0]).await;
+
+    world.env.control_plane.pause("etcd").expect("pausing etcd");
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    world.env.control_plane.resume("etcd").expect("resuming etcd");
+
+    world
+        .wait_all(&broken, Phase::Succeeded, Duration::from_secs(240))
+        .await;
+    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    assert_running(&mut controller);
+    controller.terminate().await;
+    world.env.control_plane.stop().await;
+}

@@ -1,0 +1,145 @@
+//! Fault suite, the leader dying: two replicas elect a leader on the Lease, and the leader is
+//! killed with `SIGKILL` (no shutdown, no release) in the middle of a cordon, and in the middle of
+//! a replacement. The follower takes over once the lease expires and finishes the same
+//! remediation: none lost, none repeated, no PDB violated (see `chaos_support`).
+
+mod chaos_support;
+
+use std::time::Duration;
+
+use chaos_support::{World, assert_running, leader};
+use gpu_remediation_api::Phase;
+use gpu_sandbox::bench::{actor::ControllerProcess, bench_env::eventually};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+
+/// Starts replicas `a` and `b` and waits for one to lead; returns (leader, follower).
+async fn elect(world: &World) -> (ControllerProcess, ControllerProcess, String) {
+    let a = world.controller("replica-a", true, None);
+    let b = world.controller("replica-b", true, None);
+    let holder = eventually("a leader", Duration::from_secs(60), || leader(&world.env))
+        .await
+        .expect("one replica leads");
+    if holder == "replica-a" {
+        (a, b, holder)
+    } else {
+        (b, a, holder)
+    }
+}
+
+/// Waits until the Lease names a holder other than `old`.
+async fn new_leader(world: &World, old: &str) -> String {
+    eventually("a new leader", Duration::from_secs(60), || async {
+        leader(&world.env).await.filter(|holder| holder != old)
+    })
+    .await
+    .expect("the follower takes the Lease")
+}
+
+#[tokio::test]
+#[ignore = "fault suite (minutes, own control plane per test): make chaos"]
+async fn the_leader_killed_during_the_cordon_is_replaced_and_the_remediation_finishes_once() {
+    let world = World::start("kill-cordon", 4).await;
+    let broken = vec![world.nodes()[0].clone()];
+    world.apps_on(&broken[0], "app", &[5, 3], None).await;
+    let invariants = world.invariants().await;
+    world.policy(serde_json::json!({})).await;
+    let (mut leader_process, mut follower, holder) = elect(&world).await;
+
+    world.break_nodes(&broken).await;
+    // The instant the leader has recorded the remediation (its first act), before the drain.
+    eventually(
+        "the remediation to be recorded",
+        Duration::from_secs(60),
+        || async {
+            let all = world.env.remediations(&world.scope).await.ok()?;
+            all.iter()
+                .any(|r| {
+                    r.status
+                        .as_ref()
+                        .is_none_or(|s| matches!(s.phase, Phase::Pending | Phase::Cordoned))
+                })
+                .then_some(())
+        },
+    )
+    .await
+    .expect("the leader starts the remediation");
+    leader_process.kill_9().await;
+
+    new_leader(&world, &holder).await;
+    world
+        .wait_all(&broken, Phase::Succeeded, Duration::from_secs(180))
+        .await;
+    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    assert_running(&mut follower);
+    follower.terminate().await;
+    world.env.control_plane.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "fault suite (minutes, own control plane per test): make chaos"]
+async fn the_leader_killed_during_the_replacement_is_replaced_and_the_node_is_replaced_once() {
+    let world = World::start("kill-replace", 4).await;
+    let broken = vec![world.nodes()[0].clone()];
+    world.apps_on(&broken[0], "app", &[4], None).await;
+    // A finalizer holds the Node object after its deletion, so the replacement stays under way
+    // (Replacing/Verifying) until the test lets it go.
+    let nodes: Api<Node> = Api::all(world.env.client.clone());
+    let hold = serde_json::json!({"metadata": {"finalizers": ["chaos.gpuremediation.dev/hold"]}});
+    nodes
+        .patch(&broken[0], &PatchParams::default(), &Patch::Merge(&hold))
+        .await
+        .expect("adding the finalizer");
+    let invariants = world.invariants().await;
+    world
+        .policy(serde_json::json!({"action": "Replace", "replacement": {"strategy": "DeleteNode", "timeout": "5m"}}))
+        .await;
+    let (mut leader_process, mut follower, holder) = elect(&world).await;
+
+    world.break_nodes(&broken).await;
+    eventually(
+        "the replacement to be under way",
+        Duration::from_secs(120),
+        || async {
+            let all = world.env.remediations(&world.scope).await.ok()?;
+            all.iter()
+                .any(|r| {
+                    r.status
+                        .as_ref()
+                        .is_some_and(|s| matches!(s.phase, Phase::Replacing | Phase::Verifying))
+                })
+                .then_some(())
+        },
+    )
+    .await
+    .expect("the leader triggers the replacement");
+    leader_process.kill_9().await;
+    new_leader(&world, &holder).await;
+    nodes
+        .patch(
+            &broken[0],
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("releasing the finalizer");
+
+    world
+        .wait_all(&broken, Phase::Succeeded, Duration::from_secs(180))
+        .await;
+    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    assert!(
+        nodes
+            .get_opt(&broken[0])
+            .await
+            .expect("reading the node")
+            .is_none(),
+        "the replaced node is gone"
+    );
+    assert_running(&mut follower);
+    follower.terminate().await;
+    world.env.control_plane.stop().await;
+}

@@ -1,0 +1,69 @@
+//! Fault suite, a bad network: the controller reaches the API server only through a loopback
+//! proxy that adds 150 ms to every chunk each way and cuts every open connection every few
+//! seconds, while it drains two nodes one at a time. Nothing is lost or repeated, no PDB is
+//! violated, and the controller carries on by itself (see `chaos_support`).
+
+mod chaos_support;
+
+use std::time::Duration;
+
+use chaos_support::{World, assert_running};
+use gpu_remediation_api::Phase;
+use gpu_sandbox::bench::{actor::write_kubeconfig, proxy::FaultyProxy};
+
+#[tokio::test]
+#[ignore = "fault suite (minutes, own control plane per test): make chaos"]
+async fn latency_and_cut_connections_between_controller_and_api_server_lose_nothing() {
+    let world = World::start("flaky-net", 6).await;
+    let nodes = world.nodes();
+    let broken = vec![nodes[0].clone(), nodes[1].clone()];
+    world.apps_on(&broken[0], "first", &[5, 3], None).await;
+    world.apps_on(&broken[1], "second", &[4], None).await;
+    let upstream = world
+        .env
+        .control_plane
+        .server_url()
+        .trim_start_matches("https://")
+        .parse()
+        .expect("the server URL is host:port");
+    let proxy = FaultyProxy::start(upstream).await.expect("starting the proxy");
+    proxy.set_latency(Duration::from_millis(150));
+    let kubeconfig = world.env.scratch.join("through-proxy.kubeconfig");
+    write_kubeconfig(
+        &world.env.control_plane,
+        &proxy.url(),
+        &world.env.controller.token,
+        &kubeconfig,
+    )
+    .expect("writing the proxy kubeconfig");
+    let invariants = world.invariants().await;
+    world.policy(serde_json::json!({})).await;
+    let mut controller = world.controller("behind-proxy", false, Some(&kubeconfig));
+    world.break_nodes(&broken).await;
+
+    let done = async {
+        world
+            .wait_all(&broken, Phase::Succeeded, Duration::from_secs(300))
+            .await;
+    };
+    let cuts = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            proxy.cut_connections();
+        }
+    };
+    tokio::select! {
+        () = done => {}
+        () = cuts => unreachable!("the cuts never end by themselves"),
+    }
+
+    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    assert!(
+        proxy.connections() > 2,
+        "the controller reconnected after the cuts ({} connections)",
+        proxy.connections()
+    );
+    assert_running(&mut controller);
+    controller.terminate().await;
+    world.env.control_plane.stop().await;
+}
