@@ -26,6 +26,29 @@ struct Cli {
 enum Command {
     /// Run the controller against the cluster of the in-cluster or kubeconfig credentials.
     Run(RunArgs),
+    /// Check policy files offline (schema, rules, duplicates, overlapping selectors); exits 1 on errors.
+    Validate(ValidateArgs),
+    /// Say why a node is or is not being remediated: which policy, which trigger, which limit.
+    Explain(ExplainArgs),
+}
+
+#[derive(Args, Debug)]
+struct ValidateArgs {
+    /// Policy files, or directories of `*.yaml` files; documents of other kinds are skipped.
+    #[arg(required = true)]
+    paths: Vec<std::path::PathBuf>,
+    /// Fail on warnings too.
+    #[arg(long)]
+    strict: bool,
+}
+
+#[derive(Args, Debug)]
+struct ExplainArgs {
+    /// The node.
+    node: String,
+    /// Consider only the policies matching this label selector, as a controller started with it.
+    #[arg(long)]
+    policy_selector: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -58,9 +81,24 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    telemetry::init_json_logs().context("setting up logs")?;
-    match Cli::parse().command {
-        Command::Run(args) => run(args).await,
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => {
+            telemetry::init_json_logs().context("setting up logs")?;
+            run(args).await
+        }
+        Command::Validate(args) => {
+            if !gpu_remediator::cli::validate_files(&args.paths, args.strict)? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Explain(args) => {
+            let explanation =
+                gpu_remediator::cli::explain_node(&args.node, args.policy_selector.as_deref()).await?;
+            print!("{explanation}");
+            Ok(())
+        }
     }
 }
 

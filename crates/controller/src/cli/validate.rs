@@ -155,6 +155,9 @@ fn documents(file: &PolicyFile) -> Vec<Document<'_>> {
 
 /// A policy that parsed, for the checks across files.
 struct Parsed {
+    /// No errors of its own: only such policies are compared for overlaps (an invalid one
+    /// already fails, and its selector may be what is wrong).
+    valid: bool,
     policy: GpuRemediationPolicy,
     path: String,
     line: usize,
@@ -222,6 +225,7 @@ fn check_document(document: &Document<'_>, report: &mut Report, parsed: &mut Vec
         ));
     }
     let violations = validate_document(&value);
+    let valid = named && violations.is_empty() && api_version == Some(API_VERSION);
     report.findings.extend(
         violations
             .iter()
@@ -229,6 +233,7 @@ fn check_document(document: &Document<'_>, report: &mut Report, parsed: &mut Vec
     );
     if let (true, Ok(policy)) = (named, serde_json::from_value::<GpuRemediationPolicy>(value)) {
         parsed.push(Parsed {
+            valid,
             line: line_of(&document.text, document.first_line, "metadata.name")
                 .unwrap_or(document.first_line),
             path: document.path.to_owned(),
@@ -262,7 +267,8 @@ fn check_across(parsed: &[Parsed], report: &mut Report) {
             continue;
         }
         for other in earlier {
-            if name(other) == name(later)
+            if !(other.valid && later.valid)
+                || name(other) == name(later)
                 || other.policy.spec.priority != later.policy.spec.priority
                 || !can_select_the_same_node(
                     &other.policy.spec.node_selector,
