@@ -17,10 +17,8 @@ use std::{
 };
 
 use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy,
-    constants::{
-        CLEAR_ANNOTATION, CORDONED_BY_ANNOTATION, gpu_reasons, node_conditions, remediation_conditions,
-    },
+    GpuRemediation, GpuRemediationPolicy, Phase,
+    constants::{CLEAR_ANNOTATION, gpu_reasons, node_conditions},
     crds,
 };
 use gpu_remediator::{Settings, leader::Fence};
@@ -656,21 +654,17 @@ async fn remediation_of(client: &Client, policy: &str, node: &str) -> Option<Gpu
         .find(|r| r.spec.policy_name == policy && r.spec.node_name == node)
 }
 
-/// Waits until `policy`'s remediation of `node` has drained the node. How far it goes after that
-/// depends on the replacement step of the controller build, so the drain is what is awaited.
-async fn wait_until_drained(client: &Client, policy: &str, node: &str) -> GpuRemediation {
+/// Waits until `policy`'s remediation of `node` has succeeded.
+async fn wait_until_succeeded(client: &Client, policy: &str, node: &str) -> GpuRemediation {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let current = remediation_of(client, policy, node).await;
-        if let Some(drained) = current.as_ref().filter(|r| {
-            r.status.as_ref().is_some_and(|status| {
-                status
-                    .conditions
-                    .iter()
-                    .any(|c| c.type_ == remediation_conditions::DRAINED && c.status == "True")
-            })
+        if let Some(done) = current.as_ref().filter(|r| {
+            r.status
+                .as_ref()
+                .is_some_and(|status| status.phase == Phase::Succeeded)
         }) {
-            return drained.clone();
+            return done.clone();
         }
         if Instant::now() > deadline {
             let policy = Api::<GpuRemediationPolicy>::all(client.clone())
@@ -678,12 +672,46 @@ async fn wait_until_drained(client: &Client, policy: &str, node: &str) -> GpuRem
                 .await
                 .ok();
             panic!(
-                "the remediation of {node} was not drained within 60s\nremediation: {:#?}\npolicy status: {:#?}",
+                "the remediation of {node} did not succeed within 60s\nremediation: {:#?}\npolicy status: {:#?}",
                 current.map(|r| r.status),
                 policy.map(|p| p.status)
             );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The remediation controller, in-process, enforcing only the policies labelled with `scope`.
+struct InProcessController {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), gpu_remediator::RunControllerError>>,
+}
+
+impl InProcessController {
+    async fn start(scope: &str) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let settings = Settings {
+            policy_selector: Some(format!("{SCOPE_LABEL}={scope}")),
+            ..Settings::default()
+        };
+        let task = tokio::spawn(gpu_remediator::run(
+            common::cluster().await.config(),
+            settings,
+            Fence::standalone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self { stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("the controller stops")
+            .expect("the controller did not panic")
+            .expect("the controller ended without error");
     }
 }
 
@@ -720,18 +748,7 @@ async fn the_controller_remediates_a_node_the_agent_reports_missing_a_gpu_but_no
         .create(&PostParams::default(), &policy)
         .await
         .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let controller = tokio::spawn(gpu_remediator::run(
-        cluster.config(),
-        Settings {
-            policy_selector: Some(format!("{SCOPE_LABEL}={}", fleet.name())),
-            ..Settings::default()
-        },
-        Fence::standalone(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let controller = InProcessController::start(fleet.name()).await;
 
     // NVML fails on one node: Unknown, and well past the trigger's `for` nothing happens to it,
     // while the controller is running with its whole budget free.
@@ -770,7 +787,7 @@ async fn the_controller_remediates_a_node_the_agent_reports_missing_a_gpu_but_no
         &agents[0].1,
     )
     .await;
-    let remediation = wait_until_drained(&client, fleet.name(), broken).await;
+    let remediation = wait_until_succeeded(&client, fleet.name(), broken).await;
     assert_eq!(remediation.spec.trigger.reason, gpu_reasons::GPU_MISSING);
     assert!(
         remediation
@@ -779,23 +796,30 @@ async fn the_controller_remediates_a_node_the_agent_reports_missing_a_gpu_but_no
             .message
             .contains(&format!("GPU-{broken}-0003"))
     );
-    let phase = remediation.status.as_ref().map(|status| status.phase);
-    println!("the remediation of {broken} reached phase {phase:?}");
-    if let Some(node) = Api::<Node>::all(client.clone()).get_opt(broken).await.unwrap() {
-        // Still there (the replacement has not deleted it yet): cordoned by this remediation.
-        assert_eq!(
-            node.spec.and_then(|spec| spec.unschedulable),
-            Some(true),
-            "the broken node is cordoned"
-        );
-        assert_eq!(
-            node.metadata
-                .annotations
-                .unwrap_or_default()
-                .get(CORDONED_BY_ANNOTATION),
-            remediation.metadata.name.as_ref()
-        );
+    let history: Vec<Phase> = remediation
+        .status
+        .as_ref()
+        .unwrap()
+        .phase_history
+        .iter()
+        .map(|step| step.phase)
+        .collect();
+    for phase in [
+        Phase::Cordoned,
+        Phase::Draining,
+        Phase::Replacing,
+        Phase::Succeeded,
+    ] {
+        assert!(history.contains(&phase), "{phase:?} missing from {history:?}");
     }
+    assert!(
+        Api::<Node>::all(client.clone())
+            .get_opt(broken)
+            .await
+            .unwrap()
+            .is_none(),
+        "the shipped policy's DeleteNode replacement deleted the broken node"
+    );
     for quiet in [blind, healthy] {
         assert!(
             remediation_of(&client, fleet.name(), quiet).await.is_none(),
@@ -803,12 +827,7 @@ async fn the_controller_remediates_a_node_the_agent_reports_missing_a_gpu_but_no
         );
     }
 
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(10), controller)
-        .await
-        .expect("the controller stops")
-        .expect("the controller did not panic")
-        .expect("the controller ended without error");
+    controller.stop().await;
     drop(agents);
     fleet.stop().await.expect("stopping the fleet");
 }

@@ -1,7 +1,7 @@
 //! The agent's loop: read the GPUs, decide, publish. Every tick reads once (under the probe's
 //! deadline), turns the reading into signals and a verdict, and applies the condition when it
-//! changed (or when the periodic resync is due). The node itself is re-read on a slower period for
-//! the expected GPU count and a person's clear.
+//! changed (or when the periodic resync is due). The node itself is re-read at the resync period
+//! for the expected GPU count, and more often while a fault is latched, for a person's clear.
 
 use std::time::{Duration, Instant};
 
@@ -22,10 +22,10 @@ use crate::{
 pub struct AgentSettings {
     /// Time between reads.
     pub interval: Duration,
-    /// Time between reads of the Node (expected count, clear annotation).
+    /// Time between reads of the Node while a fault is latched (for the clear annotation).
     pub node_refresh: Duration,
     /// Time after which the condition is applied again even if unchanged (heartbeat, and repair
-    /// of a condition someone else overwrote).
+    /// of a condition someone else overwrote), and the Node re-read when nothing is latched.
     pub resync: Duration,
     /// The expected GPU count from the command line; overrides the node label.
     pub expected_gpus: Option<u32>,
@@ -144,7 +144,15 @@ impl Agent {
 
     /// One read, decision and publication.
     pub async fn tick(&mut self) {
-        if self.node_read_at.elapsed() >= self.settings.node_refresh {
+        // Only a latch waits on a person (the clear annotation); otherwise the node is re-read at
+        // the resync period, for a changed expected count: steady-state cost stays one read and
+        // one write per node per resync, whatever the fleet size.
+        let refresh = if self.health.latch().is_some() {
+            self.settings.node_refresh
+        } else {
+            self.settings.resync
+        };
+        if self.node_read_at.elapsed() >= refresh {
             self.refresh_node().await;
         }
         let read = self.reader.read().await;
@@ -179,6 +187,9 @@ impl Agent {
                     && self.health.clear_if_before(cleared_at)
                 {
                     tracing::info!(%cleared_at, "latched fault cleared by annotation");
+                    // The person accepted the node as it is now: GPUs gone before the clear are no
+                    // longer looked for (the expected count still is).
+                    self.memory = Memory::default();
                 }
                 // Someone else rewrote our condition: apply ours again now.
                 if view.condition != self.published {

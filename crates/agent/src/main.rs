@@ -54,10 +54,10 @@ struct Flags {
     /// How long one read may take before NVML counts as hung.
     #[arg(long, default_value = "10s")]
     read_timeout: ApiDuration,
-    /// Time between reads of the node (expected count, clear annotation).
+    /// Time between reads of the node while a fault is latched (for the clear annotation).
     #[arg(long, default_value = "30s")]
     node_refresh: ApiDuration,
-    /// Time after which an unchanged condition is applied again.
+    /// Time after which an unchanged condition is applied again, and the node re-read.
     #[arg(long, default_value = "5m")]
     resync: ApiDuration,
     /// Occurrences of a warning needed within the window before it becomes an Event.

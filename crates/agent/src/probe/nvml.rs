@@ -420,30 +420,48 @@ mod tests {
     #[test]
     fn an_unsupported_feature_reads_as_absent_and_is_no_fault() {
         let mut failed = Vec::new();
-        assert!(matches!(optional::<u32>(Err(NvmlError::NotSupported), 0, "call", &mut failed), Ok(None)));
+        assert!(matches!(
+            optional::<u32>(Err(NvmlError::NotSupported), 0, "call", &mut failed),
+            Ok(None)
+        ));
         assert!(failed.is_empty());
     }
 
     #[test]
     fn a_lost_gpu_ends_the_device_read_without_a_detector_fault() {
         let mut failed = Vec::new();
-        assert!(matches!(optional::<u32>(Err(NvmlError::GpuLost), 3, "call", &mut failed), Err(CallError::Lost)));
+        assert!(matches!(
+            optional::<u32>(Err(NvmlError::GpuLost), 3, "call", &mut failed),
+            Err(CallError::Lost)
+        ));
         assert!(failed.is_empty());
     }
 
     #[test]
     fn any_other_failure_is_recorded_naming_the_device_and_the_call() {
         let mut failed = Vec::new();
-        let result = optional::<u32>(Err(NvmlError::Unknown), 2, "nvmlDeviceGetTemperature", &mut failed);
+        let result = optional::<u32>(
+            Err(NvmlError::Unknown),
+            2,
+            "nvmlDeviceGetTemperature",
+            &mut failed,
+        );
         assert!(matches!(result, Err(CallError::Failed)));
         assert_eq!(failed.len(), 1);
-        assert!(failed[0].starts_with("device 2: nvmlDeviceGetTemperature: "), "{}", failed[0]);
+        assert!(
+            failed[0].starts_with("device 2: nvmlDeviceGetTemperature: "),
+            "{}",
+            failed[0]
+        );
     }
 
     #[test]
     fn a_value_read_is_passed_through() {
         let mut failed = Vec::new();
-        assert!(matches!(optional(Ok(87_u32), 0, "call", &mut failed), Ok(Some(87))));
+        assert!(matches!(
+            optional(Ok(87_u32), 0, "call", &mut failed),
+            Ok(Some(87))
+        ));
     }
 
     #[test]
