@@ -317,3 +317,58 @@ async fn a_pod_on_a_downed_node_stays_terminating_until_its_kubelet_comes_back()
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn the_garbage_collector_and_namespace_controller_clean_up_after_workloads() {
+    use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+    use k8s_openapi::api::core::v1::Namespace;
+
+    let client = common::cluster().await.client();
+    let namespace = common::namespace().await;
+    let fleet = common::fleet(1).await;
+    let app = Workload::new(&namespace, "gc")
+        .replicas(2)
+        .on_nodes(&fleet.node_names());
+    workload::create(&client, &app.deployment()).await.unwrap();
+    workload::wait_ready_pods(&client, &namespace, &app.selector(), 2, Duration::from_secs(60))
+        .await
+        .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), &namespace)
+        .delete("gc", &DeleteParams::background())
+        .await
+        .unwrap();
+    let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    eventually(
+        "the garbage collector to remove the ReplicaSet and its pods",
+        Duration::from_secs(60),
+        || {
+            let (replica_sets, pods) = (replica_sets.clone(), pods.clone());
+            async move {
+                let sets = replica_sets.list(&ListParams::default()).await.ok()?;
+                let left = pods.list(&ListParams::default()).await.ok()?;
+                (sets.items.is_empty() && left.items.is_empty()).then_some(())
+            }
+        },
+    )
+    .await;
+
+    let leftover = Workload::new(&namespace, "leftover");
+    workload::create(&client, &leftover.bare_pod("leftover", &fleet.node_names()[0]))
+        .await
+        .unwrap();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .delete(&namespace, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the namespace controller to empty and remove the namespace",
+        Duration::from_secs(90),
+        || {
+            let (namespaces, namespace) = (namespaces.clone(), namespace.clone());
+            async move { matches!(namespaces.get_opt(&namespace).await, Ok(None)).then_some(()) }
+        },
+    )
+    .await;
+}
