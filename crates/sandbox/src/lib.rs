@@ -8,6 +8,27 @@
 //! - [`workload`]: `Deployments`, `StatefulSets`, PDBs, `DaemonSets` and special pods to put on a fleet.
 //! - [`population`]: many Deployments behind PDBs spread over a whole fleet.
 //! - [`demo`]: `make demo`, and installing `manifests/` on a sandbox.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use gpu_sandbox::workload::{self, Budget, Workload};
+//! use gpu_sandbox::{ControlPlane, ControlPlaneOptions, Fleet, FleetOptions, fault};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let control_plane = ControlPlane::start(ControlPlaneOptions::default()).await?;
+//! let client = control_plane.client();
+//! let fleet = Fleet::start(client.clone(), FleetOptions { nodes: 3, ..FleetOptions::default() }).await?;
+//! let app = Workload::new("default", "train").replicas(3).gpus(8).on_nodes(&fleet.node_names());
+//! workload::create(&client, &app.deployment()).await?;
+//! workload::create(&client, &app.pdb(&Budget::max_unavailable(1))).await?;
+//! workload::wait_ready_pods(&client, "default", &app.selector(), 3, Duration::from_secs(60)).await?;
+//! fault::set_gpu_condition(&client, &fleet.node_names()[0], "False", "XID79", "fell off the bus").await?;
+//! // Evict with `control_plane.client_without_retry()`, so a 429 reaches you at once.
+//! fleet.stop().await?;
+//! control_plane.stop().await;
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod bench;
