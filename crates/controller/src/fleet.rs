@@ -18,6 +18,7 @@ use gpu_remediation_api::{
     constants::{NODE_LABEL, POLICY_LABEL, REMEDIATION_FINALIZER, policy_conditions, reasons},
     policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, WaitingNode},
     remediation::TriggerRecord,
+    validate,
 };
 use jiff::Timestamp;
 use k8s_openapi::{
@@ -118,20 +119,7 @@ fn plan_policy(
 ) -> (PolicyPlan, Option<Timestamp>) {
     let name = policy.name_any();
     let spec = &policy.spec;
-    let mut wake = None;
-    let mut unhealthy: Vec<(&Node, Evidence)> = Vec::new();
-    for node in nodes {
-        let conditions = node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default();
-        match detect::evaluate(conditions, &spec.triggers, now) {
-            Verdict::Unhealthy { evidence } => unhealthy.push((node, evidence)),
-            Verdict::Pending { due, .. } => wake = earliest(wake, Some(due)),
-            Verdict::Healthy { .. } => {}
-        }
-    }
+    let (unhealthy, mut wake) = detect_all(nodes, spec, now);
 
     let (candidates, evidence_of) = candidates(&unhealthy, remediations);
     let started = started(&name, remediations, now);
@@ -146,9 +134,20 @@ fn plan_policy(
         now,
     });
 
+    // A policy stored before the schema had a rule, or breaking one CEL cannot say, starts nothing
+    // (it keeps its nodes, so a lower priority does not take them by surprise) and says why.
+    let violations = validate::validate_spec(spec);
+    let invalid = (!violations.is_empty()).then(|| {
+        violations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
     let create: Vec<GpuRemediation> = decision
         .admitted
         .iter()
+        .filter(|_| invalid.is_none())
         .filter_map(|c| evidence_of.get(&c.node))
         .map(|(node, evidence)| new_remediation(policy, node, evidence))
         .collect();
@@ -168,6 +167,7 @@ fn plan_policy(
     let waiting: Vec<WaitingNode> = decision
         .waiting
         .iter()
+        .filter(|_| invalid.is_none())
         .map(|w| WaitingNode {
             node: w.candidate.node.clone(),
             unhealthy_since: Some(Time(w.candidate.since)),
@@ -191,7 +191,7 @@ fn plan_policy(
 
     let unhealthy_count = count(unhealthy.len());
     let generation = policy.metadata.generation;
-    let conditions = conditions(
+    let mut conditions = conditions(
         &previous.conditions,
         spec.paused,
         &decision,
@@ -199,6 +199,13 @@ fn plan_policy(
         selected,
         spec,
         overlapped_by,
+        generation,
+        now,
+    );
+    report_validity(
+        &mut conditions,
+        &previous.conditions,
+        invalid.as_deref(),
         generation,
         now,
     );
@@ -225,6 +232,70 @@ fn plan_policy(
         },
         wake,
     )
+}
+
+/// Sets `Ready` and `Invalid` from the policy's violations (`None`: valid).
+fn report_validity(
+    conditions: &mut Vec<Condition>,
+    previous: &[Condition],
+    invalid: Option<&str>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    if let Some(why) = invalid {
+        let message = format!("not enforced: {why}");
+        conditions[0] = condition(
+            previous,
+            policy_conditions::READY,
+            false,
+            reasons::INVALID.to_owned(),
+            message.clone(),
+            generation,
+            now,
+        );
+        conditions.push(condition(
+            previous,
+            policy_conditions::INVALID,
+            true,
+            reasons::INVALID.to_owned(),
+            message,
+            generation,
+            now,
+        ));
+    } else {
+        conditions.push(condition(
+            previous,
+            policy_conditions::INVALID,
+            false,
+            reasons::VALID.to_owned(),
+            "the policy passes every check".to_owned(),
+            generation,
+            now,
+        ));
+    }
+}
+
+/// The governed nodes that are unhealthy now, and when the first pending one turns unhealthy.
+fn detect_all<'n>(
+    nodes: &[&'n Node],
+    spec: &gpu_remediation_api::GpuRemediationPolicySpec,
+    now: Timestamp,
+) -> (Vec<(&'n Node, Evidence)>, Option<Timestamp>) {
+    let mut wake = None;
+    let mut unhealthy = Vec::new();
+    for node in nodes {
+        let conditions = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
+        match detect::evaluate(conditions, &spec.triggers, now) {
+            Verdict::Unhealthy { evidence } => unhealthy.push((*node, evidence)),
+            Verdict::Pending { due, .. } => wake = earliest(wake, Some(due)),
+            Verdict::Healthy { .. } => {}
+        }
+    }
+    (unhealthy, wake)
 }
 
 /// Unhealthy nodes free to start a remediation: none in flight for the node, and none yet for
@@ -722,13 +793,40 @@ mod tests {
     }
 
     #[test]
+    fn an_invalid_policy_starts_nothing_and_says_why() {
+        let mut p = (*policy("p", "a")).clone();
+        p.spec.triggers.clear();
+        let fleet = plan(&[Arc::new(p)], &[node("n1", "a", Some(0))], &[], at(60));
+        let plan = &fleet.policies[0];
+        assert!(plan.create.is_empty());
+        let ready = plan
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == policy_conditions::READY)
+            .unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", reasons::INVALID)
+        );
+        let invalid = plan
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == policy_conditions::INVALID)
+            .unwrap();
+        assert_eq!(invalid.status, "True");
+        assert!(invalid.message.contains("spec.triggers"), "{}", invalid.message);
+    }
+
+    #[test]
     fn a_trigger_action_overrides_the_policy_action() {
         let mut p = (*policy("p", "a")).clone();
         p.spec.triggers = vec![Trigger {
-            action: Some(Action::Reboot),
+            action: Some(Action::Replace),
             ..p.spec.triggers[0].clone()
         }];
         let fleet = plan(&[Arc::new(p)], &[node("n1", "a", Some(0))], &[], at(60));
-        assert_eq!(fleet.policies[0].create[0].spec.action, Action::Reboot);
+        assert_eq!(fleet.policies[0].create[0].spec.action, Action::Replace);
     }
 }
