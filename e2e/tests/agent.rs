@@ -941,3 +941,96 @@ async fn the_agents_role_writes_node_status_and_nothing_else() {
     );
     fleet.stop().await.expect("stopping the fleet");
 }
+
+#[tokio::test]
+async fn the_agent_manifests_are_accepted_by_the_api_server() {
+    let admin = common::cluster().await.client();
+    agent_kubeconfig(&admin, &scratch("manifests")).await;
+    let strict = PatchParams::apply("e2e")
+        .dry_run()
+        .validation(kube::api::ValidationDirective::Strict);
+    for (file, yaml) in [
+        (
+            "daemonset.yaml",
+            include_str!("../../manifests/agent/daemonset.yaml"),
+        ),
+        (
+            "xid-catalog-override.yaml",
+            include_str!("../../manifests/agent/xid-catalog-override.yaml"),
+        ),
+    ] {
+        let object: Value = serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let name = object["metadata"]["name"].as_str().unwrap().to_owned();
+        let result = match object["kind"].as_str() {
+            Some("DaemonSet") => {
+                let tolerations = &object["spec"]["template"]["spec"]["tolerations"];
+                assert_eq!(
+                    tolerations,
+                    &json!([{"operator": "Exists"}]),
+                    "tolerates every taint"
+                );
+                Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(admin.clone(), AGENT_NAMESPACE)
+                    .patch(&name, &strict, &Patch::Apply(&object))
+                    .await
+                    .map(drop)
+            }
+            Some("ConfigMap") => {
+                Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(admin.clone(), AGENT_NAMESPACE)
+                    .patch(&name, &strict, &Patch::Apply(&object))
+                    .await
+                    .map(drop)
+            }
+            other => panic!("unexpected kind {other:?} in {file}"),
+        };
+        result.unwrap_or_else(|e| panic!("the API server refused {file}: {e}"));
+    }
+}
+
+#[tokio::test]
+async fn a_cluster_override_makes_an_application_xid_fatal() {
+    let cluster = common::cluster().await;
+    let client = cluster.client();
+    let dir = scratch("override");
+    let kubeconfig = agent_kubeconfig(&client, &dir).await;
+    let fleet = fleet(&client, 2).await;
+    let names = fleet.node_names();
+    let override_file = dir.join("xid-override.yaml");
+    std::fs::write(
+        &override_file,
+        "xids:\n  - {xid: 13, severity: fatal, action: RESET_GPU}\n",
+    )
+    .unwrap();
+    let mut agents = Vec::new();
+    for (name, extra) in names.iter().zip([
+        vec!["--xid-catalog-override", override_file.to_str().unwrap()],
+        vec![],
+    ]) {
+        let probe_file = dir.join(format!("{name}.json"));
+        let mut gpus = healthy_gpus(name);
+        gpus["xidEvents"] = json!([{"id": 1, "xid": 13, "gpuUuid": format!("GPU-{name}-0000")}]);
+        write_probe_file(&probe_file, &gpus);
+        agents.push(AgentProcess::start(name, &kubeconfig, &probe_file, &dir, &extra).await);
+    }
+    let fatal = wait_for_condition(
+        &client,
+        &names[0],
+        "False",
+        "XID13",
+        Duration::from_secs(60),
+        &agents[0],
+    )
+    .await;
+    assert!(fatal.message.unwrap_or_default().contains("RESET_GPU"));
+    // The same XID under the shipped catalog is an application fault: a warning, the node stays healthy.
+    wait_for_condition(
+        &client,
+        &names[1],
+        "True",
+        gpu_reasons::HEALTHY,
+        Duration::from_secs(60),
+        &agents[1],
+    )
+    .await;
+    drop(agents);
+    fleet.stop().await.expect("stopping the fleet");
+}
