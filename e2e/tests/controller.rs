@@ -1140,3 +1140,83 @@ async fn a_node_that_vanishes_mid_drain_cancels_its_remediation() {
     );
     controller.stop().await;
 }
+
+#[tokio::test]
+async fn a_pod_under_two_budgets_is_a_500_blocker_naming_both() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    let app = s
+        .protected_workload("doubled", &broken, &spares, 2, &Budget::min_available(1))
+        .await;
+    workload::create(
+        &s.client,
+        &app.pdb_named("doubled-too", &Budget::min_available(1)),
+    )
+    .await
+    .unwrap();
+    s.policy(serde_json::json!({"drain": {"timeout": "4s", "onTimeout": "Block"}, "safety": {"maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let blocked = s
+        .wait_phase(&broken, Phase::Blocked, Duration::from_secs(40))
+        .await;
+    let drain = blocked.status.unwrap().drain.unwrap();
+    let both = format!("{ns}/doubled,{ns}/doubled-too", ns = s.namespace);
+    assert_eq!(drain.blockers.len(), 2, "{:?}", drain.blockers);
+    assert!(
+        drain
+            .blockers
+            .iter()
+            .all(|b| b.code == 500 && b.pdb.as_deref() == Some(both.as_str())),
+        "{:?}",
+        drain.blockers
+    );
+    assert_eq!(s.pods_on(&broken).await.len(), 2, "nothing left");
+    controller.stop().await;
+}
+
+/// The Events the controller published about `name` (of any kind), by reason, with their counts
+/// (an Event repeated by the recorder becomes a series with a count).
+async fn events_about(client: &Client, name: &str) -> BTreeMap<String, i32> {
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let mut by_reason = BTreeMap::new();
+    for event in events.items {
+        if event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) {
+            let count = event.series.as_ref().map_or(1, |s| s.count);
+            *by_reason.entry(event.reason.unwrap_or_default()).or_insert(0) += count;
+        }
+    }
+    by_reason
+}
+
+#[tokio::test]
+async fn each_change_is_announced_by_one_event_not_one_per_pass() {
+    let s = Scenario::new(10).await;
+    let nodes = s.nodes();
+    s.policy(serde_json::json!({"safety": {"maxUnhealthy": "30%", "maxConcurrent": 5}}))
+        .await;
+    // Broken before the controller starts, so its first look sees all four at once.
+    for node in &nodes[..4] {
+        s.break_gpu(node).await;
+    }
+    let controller = RunningController::start(&s.scope).await;
+    eventually("the circuit to open", Duration::from_secs(30), || async {
+        let events = events_about(&s.client, &s.scope).await;
+        (events.get("CircuitOpen").copied().unwrap_or(0) >= 1).then_some(())
+    })
+    .await;
+    // Passes keep running (pod polls, resyncs, other tests' events): the announcements must not.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let events = events_about(&s.client, &s.scope).await;
+    assert_eq!(
+        events.get("CircuitOpen"),
+        Some(&5),
+        "one for the breaker, one per held-back node: {events:?}"
+    );
+    controller.stop().await;
+}
