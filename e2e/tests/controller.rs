@@ -705,6 +705,9 @@ async fn four_of_ten_failing_at_once_opens_the_circuit_and_the_policy_says_why()
     for node in &nodes[..4] {
         s.break_gpu(node).await;
     }
+    // Let `for` (3s) pass for all four, whose transition seconds may differ, before the
+    // controller's first look: it must see the fault at its full extent, not half of it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
     let controller = RunningController::start(&s.scope).await;
     let policies = Api::<GpuRemediationPolicy>::all(s.client.clone());
     let status = eventually(
@@ -1204,6 +1207,9 @@ async fn each_change_is_announced_by_one_event_not_one_per_pass() {
     for node in &nodes[..4] {
         s.break_gpu(node).await;
     }
+    // Let `for` (3s) pass for all four, whose transition seconds may differ, before the
+    // controller's first look: it must see the fault at its full extent, not half of it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
     let controller = RunningController::start(&s.scope).await;
     eventually("the circuit to open", Duration::from_secs(30), || async {
         let events = events_about(&s.client, &s.scope).await;
