@@ -1,6 +1,531 @@
 //! `make demo`: one GPU node recycled live on a local control plane, by the real controller
 //! binary running under the real manifests' service account and RBAC.
 //!
+//! The story, step by step: a control plane; a fleet of H100 nodes with a node-group provider
+//! that replaces deleted nodes; GPU workloads behind PDBs; `manifests/` applied (CRDs, namespace,
+//! RBAC); `config/policy-h100-replace.yaml` applied with its trigger's `for` shortened so nobody
+//! waits two minutes; the controller started as a process with only its service account's token;
+//! a GPU falls off the bus on the busiest node; the remediation is followed phase by phase; a
+//! summary. Then the cluster stays up (the `KUBECONFIG` line is printed) until Ctrl-C, unless
+//! `exit_after` is set (CI, the e2e test).
+//!
 //! - [`install`]: applies `manifests/` and speaks as one of its service accounts.
+//! - [`controller_process`]: the controller binary as a child that never outlives the demo.
+//! - [`progress`]: what is printed (pure).
 
+pub mod controller_process;
 pub mod install;
+pub mod progress;
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase};
+use k8s_openapi::api::{core::v1::Pod, policy::v1::PodDisruptionBudget};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, PostParams},
+};
+use serde_json::Value;
+
+use crate::{
+    ControlPlane, ControlPlaneOptions, Fleet, FleetOptions, fault,
+    fleet::FLEET_LABEL,
+    population::{self, PopulationOptions},
+    provider::{Provider, ProviderKind},
+};
+
+/// The manifests' namespace and the controller's service account in it.
+pub const NAMESPACE: &str = "gpu-remediation";
+/// The controller's service account.
+pub const SERVICE_ACCOUNT: &str = "gpu-remediator";
+/// The sample policy the demo applies.
+pub const POLICY_FILE: &str = "config/policy-h100-replace.yaml";
+/// Where the demo's GPU workloads run.
+pub const WORKLOAD_NAMESPACE: &str = "training";
+
+/// How to run the demo.
+#[derive(Clone, Debug)]
+pub struct DemoOptions {
+    /// The repository root (for `manifests/` and `config/`).
+    pub repo: PathBuf,
+    /// The `gpu-remediator` binary.
+    pub controller: PathBuf,
+    /// GPU nodes. The sample policy's `maxUnhealthy: 10%` lets one node of ten be recycled; with
+    /// fewer, one broken node already opens the circuit breaker.
+    pub nodes: usize,
+    /// GPU pods (one GPU each) across the fleet, in Deployments of `pods_per_deployment`.
+    pub pods: usize,
+    /// Replicas per Deployment.
+    pub pods_per_deployment: usize,
+    /// The trigger's `for`, replacing the sample's 2m.
+    pub trigger_for: Duration,
+    /// Longest wait for the remediation to finish.
+    pub timeout: Duration,
+    /// End after the summary instead of waiting for Ctrl-C.
+    pub exit_after: bool,
+    /// Keep the control plane's data directory.
+    pub keep_data: bool,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        Self {
+            repo: PathBuf::from("."),
+            controller: PathBuf::from("target/debug/gpu-remediator"),
+            nodes: 10,
+            pods: 48,
+            pods_per_deployment: 16,
+            trigger_for: Duration::from_secs(5),
+            timeout: Duration::from_secs(300),
+            exit_after: false,
+            keep_data: false,
+        }
+    }
+}
+
+/// Why the demo stopped short.
+#[derive(Debug, thiserror::Error)]
+pub enum RunDemoError {
+    /// The control plane did not start.
+    #[error("starting the control plane: {0}")]
+    ControlPlane(#[from] crate::StartControlPlaneError),
+    /// A step failed.
+    #[error("{step}: {message}")]
+    Step {
+        /// What was being done.
+        step: &'static str,
+        /// What went wrong.
+        message: String,
+    },
+    /// The remediation did not finish in time, or ended otherwise than `Succeeded`.
+    #[error("the remediation did not succeed: {0}")]
+    NotSucceeded(String),
+}
+
+fn step<E: std::fmt::Display>(step: &'static str) -> impl FnOnce(E) -> RunDemoError {
+    move |error| RunDemoError::Step {
+        step,
+        message: error.to_string(),
+    }
+}
+
+/// Prints a line with the time since the demo started.
+struct Clock(Instant);
+
+impl Clock {
+    fn say(&self, text: &str) {
+        println!("[{:>6.1}s] {text}", self.0.elapsed().as_secs_f64());
+    }
+}
+
+/// Runs the demo; returns its figures after tearing everything down.
+pub async fn run(options: &DemoOptions) -> Result<progress::Figures, RunDemoError> {
+    let clock = Clock(Instant::now());
+    clock
+        .say("starting a local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler");
+    let control_plane = ControlPlane::start(ControlPlaneOptions {
+        keep_data_dir: options.keep_data,
+        ..ControlPlaneOptions::default()
+    })
+    .await?;
+    clock.say(&format!(
+        "control plane ready at {} (logs in {})",
+        control_plane.server_url(),
+        control_plane.data_dir().join("logs").display()
+    ));
+    let result = run_on(&control_plane, options, &clock).await;
+    control_plane.stop().await;
+    clock.say("torn down: controller, fleet and control plane stopped");
+    result
+}
+
+/// Everything after the control plane is up; the caller stops it whatever happens here.
+async fn run_on(
+    control_plane: &ControlPlane,
+    options: &DemoOptions,
+    clock: &Clock,
+) -> Result<progress::Figures, RunDemoError> {
+    let admin = control_plane.client();
+    let fleet = Arc::new(
+        Fleet::start(
+            admin.clone(),
+            FleetOptions {
+                nodes: options.nodes,
+                name_prefix: "gpu".to_owned(),
+                heartbeat_interval: Duration::from_secs(5),
+                ..FleetOptions::default()
+            },
+        )
+        .await
+        .map_err(step("starting the GPU fleet"))?,
+    );
+    let provider = Provider::start(admin.clone(), fleet.clone(), ProviderKind::NodeGroup)
+        .await
+        .map_err(step("starting the node group provider"))?;
+    clock.say(&format!(
+        "{} GPU nodes Ready (8x NVIDIA-H100-80GB-HBM3 each); a node group replaces deleted nodes",
+        fleet.node_names().len()
+    ));
+
+    populate(&admin, options, clock).await?;
+    install_manifests(control_plane, &admin, &options.repo, clock).await?;
+    let policy = apply_policy(&admin, &options.repo, options.trigger_for, clock).await?;
+
+    let kubeconfig = controller_kubeconfig(control_plane, &admin).await?;
+    let controller = controller_process::start(
+        &options.controller,
+        &kubeconfig,
+        NAMESPACE,
+        &control_plane.data_dir().join("logs/gpu-remediator.log"),
+    )
+    .map_err(step("starting the controller"))?;
+    clock.say(&format!(
+        "controller running as system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT} (leader-elected, \
+         /metrics on {}; JSON log {})",
+        controller.listen,
+        controller.log.display()
+    ));
+    println!(
+        "           follow along: KUBECONFIG={} kubectl get gpuremediations -w",
+        control_plane.kubeconfig_path().display()
+    );
+    wait_leader(&admin).await?;
+
+    let broken = busiest_node(&admin).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let fault_at = Instant::now();
+    let gpus_left = fault::drop_gpu(&admin, &broken)
+        .await
+        .map_err(step("dropping a GPU"))?;
+    fault::set_gpu_condition(
+        &admin,
+        &broken,
+        "False",
+        "XID79",
+        "GPU 00000000:3B:00.0 has fallen off the bus (Xid 79)",
+    )
+    .await
+    .map_err(step("reporting the GPU fault"))?;
+    clock.say(&format!(
+        "FAULT on {broken}: GPU 3 fell off the bus (XID79); nvidia.com/gpu capacity now {gpus_left}; the node \
+         itself stays Ready"
+    ));
+
+    let followed = follow(&admin, &broken, &policy, fault_at, options.timeout, clock).await;
+    let mut figures = followed?;
+    figures.trigger_for = options.trigger_for;
+    figures.evictions = controller
+        .metrics()
+        .await
+        .map(|m| progress::evictions_by_result(&m))
+        .unwrap_or_default();
+    // The node group brings a fresh node once the old one is gone, as a cloud would.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while figures.replacement_node.is_none() && Instant::now() < deadline {
+        figures.replacement_node = provider
+            .replacements()
+            .into_iter()
+            .find(|r| r.old_node == broken)
+            .map(|r| r.new_node);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    match &figures.replacement_node {
+        Some(new_node) => clock.say(&format!(
+            "the node group brought up {new_node} in place of {broken}"
+        )),
+        None => clock.say("the node group has not replaced the node within 30s"),
+    }
+    figures.wall = clock.0.elapsed();
+    println!();
+    print!("{}", progress::summary(&figures));
+
+    if !options.exit_after {
+        println!();
+        println!("export KUBECONFIG={}", control_plane.kubeconfig_path().display());
+        println!("the cluster stays up until Ctrl-C");
+        wait_for_signal().await;
+    }
+    if !controller.stop(Duration::from_secs(15)).await {
+        clock.say("the controller did not exit within 15s of SIGTERM");
+    }
+    drop(provider);
+    match Arc::try_unwrap(fleet) {
+        Ok(fleet) => {
+            let _ = fleet.stop().await;
+        }
+        Err(fleet) => drop(fleet),
+    }
+    Ok(figures)
+}
+
+async fn populate(admin: &Client, options: &DemoOptions, clock: &Clock) -> Result<(), RunDemoError> {
+    let population = PopulationOptions {
+        namespace: WORKLOAD_NAMESPACE.to_owned(),
+        pods: options.pods,
+        pods_per_deployment: options.pods_per_deployment,
+        gpu_every: 1,
+        node_selector: (FLEET_LABEL.to_owned(), "gpu".to_owned()),
+    };
+    let workloads = population::create(admin, &population)
+        .await
+        .map_err(step("creating the GPU workloads"))?;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let ready = population::ready_pods(admin, WORKLOAD_NAMESPACE)
+            .await
+            .map_err(step("counting ready pods"))?;
+        if ready >= options.pods {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(RunDemoError::Step {
+                step: "waiting for the GPU workloads",
+                message: format!("{ready}/{} pods Ready after 180s", options.pods),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for app in &workloads {
+        crate::workload::wait_pdb_observed(admin, WORKLOAD_NAMESPACE, &app.name, Duration::from_secs(60))
+            .await
+            .map_err(step("waiting for the PDBs"))?;
+    }
+    clock.say(&format!(
+        "{} GPU pods Ready in {} Deployments, each behind a PDB (maxUnavailable 10%)",
+        options.pods,
+        workloads.len()
+    ));
+    Ok(())
+}
+
+async fn install_manifests(
+    control_plane: &ControlPlane,
+    admin: &Client,
+    repo: &Path,
+    clock: &Clock,
+) -> Result<(), RunDemoError> {
+    let rendered = install::render(&control_plane.kubectl(), &repo.join("manifests"))
+        .await
+        .map_err(step("rendering manifests/"))?;
+    let (applied, left_out): (Vec<Value>, Vec<Value>) =
+        rendered.into_iter().partition(install::is_applied_in_sandbox);
+    install::apply(admin, &applied)
+        .await
+        .map_err(step("applying manifests/"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Api::<GpuRemediationPolicy>::all(admin.clone())
+        .list(&ListParams::default())
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            return Err(RunDemoError::Step {
+                step: "waiting for the CRDs",
+                message: "not served after 30s".to_owned(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let left_out: Vec<String> = left_out.iter().map(install::describe).collect();
+    clock.say(&format!(
+        "kubectl apply -k manifests/: {} objects (CRDs, namespace, RBAC, Service, PDB); left out: {} (the controller \
+         runs here as a process, and no real kubelet would run the agent)",
+        applied.len(),
+        left_out.join(", ")
+    ));
+    Ok(())
+}
+
+async fn apply_policy(
+    admin: &Client,
+    repo: &Path,
+    trigger_for: Duration,
+    clock: &Clock,
+) -> Result<String, RunDemoError> {
+    let path = repo.join(POLICY_FILE);
+    let text = std::fs::read_to_string(&path).map_err(step("reading the sample policy"))?;
+    let mut document: Value = serde_yaml::from_str(&text).map_err(step("parsing the sample policy"))?;
+    let shortened = format!("{}s", trigger_for.as_secs());
+    if let Some(triggers) = document
+        .pointer_mut("/spec/triggers")
+        .and_then(Value::as_array_mut)
+    {
+        for trigger in triggers {
+            trigger["for"] = Value::String(shortened.clone());
+        }
+    }
+    let policy: GpuRemediationPolicy =
+        serde_json::from_value(document).map_err(step("reading the sample policy"))?;
+    let name = policy.name_any();
+    Api::<GpuRemediationPolicy>::all(admin.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .map_err(step("creating the policy"))?;
+    clock.say(&format!(
+        "policy {name} from {POLICY_FILE} (XID79/GpuMissing -> cordon, drain, DeleteNode; 1 at a time, maxUnhealthy \
+         10%); trigger `for` shortened from 2m to {shortened} for the demo"
+    ));
+    Ok(name)
+}
+
+/// A kubeconfig for the controller: the admin one's server and CA, the service account's token.
+async fn controller_kubeconfig(
+    control_plane: &ControlPlane,
+    admin: &Client,
+) -> Result<PathBuf, RunDemoError> {
+    let token = install::service_account_token(admin, NAMESPACE, SERVICE_ACCOUNT, 24 * 3600)
+        .await
+        .map_err(step("requesting the controller's token"))?;
+    let admin_config = std::fs::read_to_string(control_plane.kubeconfig_path())
+        .map_err(step("reading the admin kubeconfig"))?;
+    let text = install::kubeconfig_with_token(&admin_config, &token).ok_or_else(|| RunDemoError::Step {
+        step: "writing the controller's kubeconfig",
+        message: "the admin kubeconfig has no token line".to_owned(),
+    })?;
+    let path = control_plane.data_dir().join("gpu-remediator.kubeconfig");
+    std::fs::write(&path, text).map_err(step("writing the controller's kubeconfig"))?;
+    Ok(path)
+}
+
+/// Waits until the controller holds its Lease.
+async fn wait_leader(admin: &Client) -> Result<(), RunDemoError> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(admin.clone(), NAMESPACE);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let held = leases
+            .get_opt(SERVICE_ACCOUNT)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+            .is_some();
+        if held {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(RunDemoError::Step {
+                step: "waiting for the controller to lead",
+                message: "no holder on Lease gpu-remediation/gpu-remediator after 60s (see its log)"
+                    .to_owned(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The node running the most workload pods (the most interesting drain).
+async fn busiest_node(admin: &Client) -> Result<String, RunDemoError> {
+    let pods = Api::<Pod>::namespaced(admin.clone(), WORKLOAD_NAMESPACE)
+        .list(&ListParams::default())
+        .await
+        .map_err(step("listing the workload pods"))?;
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for pod in pods.items {
+        if let Some(node) = pod.spec.and_then(|s| s.node_name) {
+            *per_node.entry(node).or_default() += 1;
+        }
+    }
+    per_node
+        .into_iter()
+        .max_by_key(|(node, count)| (*count, std::cmp::Reverse(node.clone())))
+        .map(|(node, _)| node)
+        .ok_or_else(|| RunDemoError::Step {
+            step: "choosing a node to break",
+            message: "no workload pod is scheduled".to_owned(),
+        })
+}
+
+/// Follows the node's remediation until it ends, printing each change, sampling every PDB.
+async fn follow(
+    admin: &Client,
+    node: &str,
+    policy: &str,
+    fault_at: Instant,
+    timeout: Duration,
+    clock: &Clock,
+) -> Result<progress::Figures, RunDemoError> {
+    let remediations = Api::<GpuRemediation>::all(admin.clone());
+    let budgets = Api::<PodDisruptionBudget>::namespaced(admin.clone(), WORKLOAD_NAMESPACE);
+    let mut figures = progress::Figures {
+        node: node.to_owned(),
+        ..progress::Figures::default()
+    };
+    let mut shown: Option<progress::Seen> = None;
+    println!(
+        "           {:<28} {:<12} {:<16} (as `kubectl get gpuremediations -w` shows it)",
+        "REMEDIATION", "NODE", "PHASE"
+    );
+    loop {
+        if let Ok(list) = budgets.list(&ListParams::default()).await {
+            figures.budgets.sample(&list.items);
+        }
+        let mine = remediations
+            .list(&ListParams::default())
+            .await
+            .map_err(step("listing remediations"))?
+            .items
+            .into_iter()
+            .find(|r| r.spec.node_name == node && r.spec.policy_name == policy);
+        if let Some(remediation) = mine {
+            let now = progress::seen(&remediation);
+            figures.remediation = remediation.name_any();
+            let elapsed = fault_at.elapsed();
+            let phase = now.phase;
+            figures.phase_seen.entry(phase.to_string()).or_insert(elapsed);
+            // A phase passed between two looks is in the history: count it as seen now.
+            for transition in remediation.status.iter().flat_map(|s| &s.phase_history) {
+                figures
+                    .phase_seen
+                    .entry(transition.phase.to_string())
+                    .or_insert(elapsed);
+            }
+            figures.pods_evicted = now.evicted;
+            if let Some(text) = progress::line(
+                clock.0.elapsed(),
+                &figures.remediation,
+                node,
+                &now,
+                shown.as_ref(),
+            ) {
+                println!("{text}");
+            }
+            shown = Some(now);
+            if phase.is_terminal() {
+                return if phase == Phase::Succeeded {
+                    Ok(figures)
+                } else {
+                    let message = remediation.status.and_then(|s| s.message).unwrap_or_default();
+                    Err(RunDemoError::NotSucceeded(format!("ended {phase}: {message}")))
+                };
+            }
+        }
+        if fault_at.elapsed() > timeout {
+            return Err(RunDemoError::NotSucceeded(format!(
+                "still {} after {}s",
+                shown.map_or_else(|| "not created".to_owned(), |s| s.phase.to_string()),
+                timeout.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_for_signal() {
+    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    match terminate {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

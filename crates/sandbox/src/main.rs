@@ -26,6 +26,33 @@ struct Cli {
 enum Command {
     /// Start a control plane and a fleet, print `export KUBECONFIG=...`, run until Ctrl-C.
     Up(UpArgs),
+    /// `make demo`: recycle one GPU node live with the real controller under its own RBAC.
+    Demo(DemoArgs),
+}
+
+#[derive(clap::Args)]
+struct DemoArgs {
+    /// The gpu-remediator binary to run.
+    #[arg(long, default_value = "target/debug/gpu-remediator")]
+    controller: std::path::PathBuf,
+    /// The repository root (manifests/ and config/).
+    #[arg(long, default_value = ".")]
+    repo: std::path::PathBuf,
+    /// GPU nodes (the sample policy's maxUnhealthy 10% needs at least 10 to recycle one).
+    #[arg(long, default_value_t = 10)]
+    nodes: usize,
+    /// GPU pods across the fleet, one GPU each, 16 per Deployment behind a PDB.
+    #[arg(long, default_value_t = 48)]
+    pods: usize,
+    /// Seconds the fault must hold before the node counts as broken (the sample says 120).
+    #[arg(long, default_value_t = 5)]
+    trigger_for_seconds: u64,
+    /// End after the summary instead of keeping the cluster up until Ctrl-C.
+    #[arg(long)]
+    exit_after: bool,
+    /// Keep the data directory (etcd data, logs, certificates) after exit.
+    #[arg(long)]
+    keep_data: bool,
 }
 
 #[derive(clap::Args)]
@@ -76,6 +103,19 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Up(args) => up(args).await,
+        Command::Demo(args) => {
+            let options = gpu_sandbox::demo::DemoOptions {
+                repo: args.repo,
+                controller: args.controller,
+                nodes: args.nodes,
+                pods: args.pods,
+                trigger_for: Duration::from_secs(args.trigger_for_seconds),
+                exit_after: args.exit_after,
+                keep_data: args.keep_data,
+                ..gpu_sandbox::demo::DemoOptions::default()
+            };
+            gpu_sandbox::demo::run(&options).await.map(drop).context("demo")
+        }
     }
 }
 
