@@ -9,7 +9,7 @@
 //! | `phase_duration_seconds` | histogram | `policy`, `phase` (time spent in the phase) |
 //! | `detection_to_cordon_seconds` | histogram | `policy` (trigger condition's transition to cordon) |
 //! | `evictions_total` | counter | `result` |
-//! | `budget_remaining` | gauge | `policy` (remediations that may still start in the rate window) |
+//! | `budget_remaining` | gauge | `policy` (remediations that may start now: the smallest of the limits, as `status.budget.remaining`) |
 //! | `circuit_open` | gauge | `policy` (1 while `maxUnhealthy` is exceeded) |
 //! | `leader` | gauge | (1 while this replica's fence is current) |
 //! | `reconcile_errors_total` | counter | `reconciler` |
@@ -54,6 +54,22 @@ pub enum EvictionResult {
     /// A server-side dry-run eviction (mode `DryRun`).
     DryRun,
 }
+
+impl EvictionResult {
+    /// Every result, for initialising the series.
+    pub const ALL: [Self; 6] = [
+        Self::Evicted,
+        Self::Blocked,
+        Self::Gone,
+        Self::Failed,
+        Self::ForceDeleted,
+        Self::DryRun,
+    ];
+}
+
+/// The reconcilers whose errors are counted, initialised to 0: `policy` (a policy's plan) and
+/// `remediation` (advancing one remediation).
+pub const RECONCILERS: [&str; 2] = ["policy", "remediation"];
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct PolicyLabels {
@@ -190,7 +206,7 @@ impl Metrics {
         );
         registry.register(
             "budget_remaining",
-            "Remediations that may still start within the policy's rate window",
+            "Remediations the policy's budget lets start now (the smallest of its limits)",
             series.budget_remaining.clone(),
         );
         registry.register(
@@ -208,6 +224,16 @@ impl Metrics {
             "Reconcile attempts that failed, by reconciler",
             series.reconcile_errors.clone(),
         );
+        // Counters that exist from the start read 0 rather than absent, so `rate()` and alerts on
+        // them work before the first event.
+        for reconciler in RECONCILERS {
+            series.reconcile_errors.get_or_create(&ReconcilerLabels {
+                reconciler: reconciler.to_owned(),
+            });
+        }
+        for result in EvictionResult::ALL {
+            series.evictions.get_or_create(&EvictionLabels { result });
+        }
         Self {
             series: Arc::new(series),
             registry: Arc::new(Mutex::new(registry)),
@@ -277,7 +303,7 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets how many remediations the policy's rate window still admits.
+    /// Sets how many remediations the policy's budget lets start now (`status.budget.remaining`).
     pub fn set_budget_remaining(&self, policy: &str, remaining: u32) {
         self.series
             .budget_remaining
@@ -454,6 +480,29 @@ mod tests {
                 r#"gpu_remediator_reconcile_errors_total{reconciler="remediation"}"#
             ),
             Some(1.0)
+        );
+    }
+
+    #[test]
+    fn error_and_eviction_counters_read_zero_before_anything_happens() {
+        let text = Metrics::new().encode();
+        assert_eq!(
+            line_value(
+                &text,
+                r#"gpu_remediator_reconcile_errors_total{reconciler="remediation"}"#
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            line_value(
+                &text,
+                r#"gpu_remediator_reconcile_errors_total{reconciler="policy"}"#
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            line_value(&text, r#"gpu_remediator_evictions_total{result="Blocked"}"#),
+            Some(0.0)
         );
     }
 
