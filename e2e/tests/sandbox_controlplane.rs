@@ -210,3 +210,64 @@ async fn owner_process_for_orphan_tests() {
         _ => tokio::time::sleep(Duration::from_secs(600)).await,
     }
 }
+
+/// Command lines of running processes that mention `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+        .filter(|cmdline| cmdline.contains(needle))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_component_that_cannot_start_fails_the_start_with_its_log_and_leaves_nothing_behind() {
+    // A flag no kube-apiserver knows, carrying a marker to find stray processes by.
+    let marker = format!("--gpu-sandbox-test-marker-{}", std::process::id());
+    let error = ControlPlane::start(ControlPlaneOptions {
+        extra_apiserver_args: vec![format!("{marker}=1")],
+        ..ControlPlaneOptions::default()
+    })
+    .await
+    .expect_err("an unknown flag must fail the start");
+    match &error {
+        gpu_sandbox::StartControlPlaneError::ComponentExited { name, log_tail, .. } => {
+            assert_eq!(name, "kube-apiserver");
+            assert!(log_tail.contains("unknown flag"), "{log_tail}");
+        }
+        other => panic!("expected kube-apiserver to exit, got {other}"),
+    }
+    // etcd started before the API server failed; the failed start stopped it again.
+    assert!(processes_mentioning(&marker).is_empty());
+    // Other tests' control planes may run meanwhile, but a stop removes the data directory only
+    // after every component has exited: a component whose directory is gone was left behind.
+    // Their watchdogs (`bash -c`) notice within a second that there is nothing left to guard.
+    let root = std::env::temp_dir().join("gpu-sandbox");
+    let mine = format!("{}/cp-{}-", root.display(), std::process::id());
+    let orphaned = || {
+        processes_mentioning(&mine)
+            .into_iter()
+            .filter(|cmdline| {
+                let start = cmdline.find(&mine).expect("mentions the prefix") + mine.len();
+                let sequence: String = cmdline[start..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                !std::path::Path::new(&format!("{mine}{sequence}")).exists()
+            })
+            .collect::<Vec<String>>()
+    };
+    let components: Vec<String> = orphaned()
+        .into_iter()
+        .filter(|cmdline| !cmdline.starts_with("bash"))
+        .collect();
+    assert!(components.is_empty(), "components left running: {components:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let strays = orphaned();
+    assert!(strays.is_empty(), "left running: {strays:?}");
+}

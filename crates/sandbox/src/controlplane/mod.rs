@@ -3,8 +3,8 @@
 //! order, waited on until ready, and stopped in reverse order. See [`process`] for why no component
 //! can outlive the process that started it.
 
-pub mod chaos;
 mod binaries;
+pub mod chaos;
 mod pki;
 mod process;
 pub mod usage;
@@ -131,6 +131,14 @@ pub enum StartControlPlaneError {
     Client(#[source] kube::Error),
 }
 
+impl StartControlPlaneError {
+    /// Whether a component exited because its port was already in use.
+    #[must_use]
+    pub fn is_port_taken(&self) -> bool {
+        matches!(self, Self::ComponentExited { log_tail, .. } if log_tail.contains("address already in use"))
+    }
+}
+
 /// A running control plane. Stop it with [`ControlPlane::stop`]; if it is dropped or leaked
 /// instead (a static, a panic, a killed process), its components still terminate.
 #[derive(Debug)]
@@ -156,7 +164,23 @@ impl ControlPlane {
     /// Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler and waits until the
     /// API answers `/readyz`, both controllers hold their leader leases, and the `default`
     /// service account exists (so pods can be created).
+    ///
+    /// Ports are picked free but released before the components bind them, so another process can
+    /// take one in between; a start that fails that way is retried on new ports (twice at most).
     pub async fn start(options: ControlPlaneOptions) -> Result<Self, StartControlPlaneError> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(&options).await {
+                Err(e) if attempt < 3 && e.is_port_taken() => {
+                    tracing::warn!(attempt, error = %e, "a control plane port was taken; retrying");
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn start_once(options: &ControlPlaneOptions) -> Result<Self, StartControlPlaneError> {
         let started = Instant::now();
         let deadline = started + options.start_timeout;
         let bin_dir = match &options.bin_dir {
@@ -176,13 +200,14 @@ impl ControlPlane {
             processes: Vec::new(),
             keep_data_dir: options.keep_data_dir,
         };
-        // Whatever fails from here on, dropping `control_plane` terminates what already runs.
-        control_plane.start_etcd(&layout, deadline, started).await?;
-        control_plane
-            .start_apiserver(&layout, &options, deadline, started)
-            .await?;
-        control_plane.start_controllers(&layout, &options)?;
-        control_plane.wait_for_controllers(deadline, started).await?;
+        if let Err(e) = control_plane
+            .start_components(&layout, options, deadline, started)
+            .await
+        {
+            // Terminates what already runs and removes the data directory.
+            control_plane.stop().await;
+            return Err(e);
+        }
         tracing::info!(
             server = %layout.server_url,
             kubeconfig = %layout.kubeconfig.display(),
@@ -190,6 +215,19 @@ impl ControlPlane {
             "control plane ready"
         );
         Ok(control_plane)
+    }
+
+    async fn start_components(
+        &mut self,
+        layout: &Layout,
+        options: &ControlPlaneOptions,
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<(), StartControlPlaneError> {
+        self.start_etcd(layout, deadline, started).await?;
+        self.start_apiserver(layout, options, deadline, started).await?;
+        self.start_controllers(layout, options)?;
+        self.wait_for_controllers(deadline, started).await
     }
 
     async fn start_etcd(
