@@ -14,7 +14,9 @@ pub const PRE_CORDONED_ANNOTATION: &str = "gpuremediation.dev/pre-cordoned";
 /// Annotation a person sets to `"true"` on a `GpuRemediation` waiting in `AwaitingApproval`.
 pub const APPROVED_ANNOTATION: &str = "gpuremediation.dev/approved";
 /// Annotation a person sets on a `ManualRequired` node's remediation, or on a node, to clear a
-/// latched fatal signal or the attempts limit.
+/// latched fatal signal or the attempts limit. Its value is the time of the clear (RFC 3339, e.g.
+/// `$(date -u +%FT%TZ)`): what began at or before that time is cleared, a later fault is not (the
+/// agent ignores any other value, so a leftover annotation never silences new faults).
 pub const CLEAR_ANNOTATION: &str = "gpuremediation.dev/clear";
 /// Pod annotation read by the sandbox's simulated kubelet: how long a terminating pod takes to go
 /// (a duration such as `30s`), or `stall` to never finish.
