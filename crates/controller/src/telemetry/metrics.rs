@@ -227,12 +227,18 @@ impl Metrics {
         // Counters that exist from the start read 0 rather than absent, so `rate()` and alerts on
         // them work before the first event.
         for reconciler in RECONCILERS {
-            series.reconcile_errors.get_or_create(&ReconcilerLabels {
-                reconciler: reconciler.to_owned(),
-            });
+            series
+                .reconcile_errors
+                .get_or_create(&ReconcilerLabels {
+                    reconciler: reconciler.to_owned(),
+                })
+                .inc_by(0);
         }
         for result in EvictionResult::ALL {
-            series.evictions.get_or_create(&EvictionLabels { result });
+            series
+                .evictions
+                .get_or_create(&EvictionLabels { result })
+                .inc_by(0);
         }
         Self {
             series: Arc::new(series),
