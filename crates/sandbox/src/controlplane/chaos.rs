@@ -56,6 +56,31 @@ pub enum RestartComponentError {
     NotReady(#[from] StartControlPlaneError),
 }
 
+/// Each component's binary and arguments, by name (see [`ControlPlane::command_lines`]).
+#[derive(Debug, Clone)]
+pub struct CommandLines(Vec<(String, (String, Vec<String>))>);
+
+/// The binary and arguments of process `pid` (component `name`) as the kernel recorded them.
+fn read_command_line(name: &str, pid: u32) -> Result<(String, Vec<String>), RestartComponentError> {
+    let command_line = std::fs::read(format!("/proc/{pid}/cmdline")).map_err(|source| {
+        RestartComponentError::CommandLine {
+            name: name.to_owned(),
+            pid,
+            source,
+        }
+    })?;
+    let mut words = command_line
+        .split(|b| *b == 0)
+        .filter(|w| !w.is_empty())
+        .map(|w| String::from_utf8_lossy(w).into_owned());
+    let binary = words.next().ok_or_else(|| RestartComponentError::CommandLine {
+        name: name.to_owned(),
+        pid,
+        source: std::io::Error::other("empty command line (the process has exited)"),
+    })?;
+    Ok((binary, words.collect()))
+}
+
 impl ControlPlane {
     /// Freezes component `name` (`SIGSTOP`): it holds its connections open and answers nothing,
     /// as a hung etcd does. Undo with [`ControlPlane::resume`].
@@ -70,30 +95,14 @@ impl ControlPlane {
 
     /// Kills component `name` with `SIGKILL`, waits `down_for`, starts it again with the same
     /// command line and, for the API server, waits until it answers `/readyz` again.
-    pub async fn restart(
-        &mut self,
-        name: &str,
-        down_for: Duration,
-    ) -> Result<(), RestartComponentError> {
+    pub async fn restart(&mut self, name: &str, down_for: Duration) -> Result<(), RestartComponentError> {
         let index = self
             .processes
             .iter()
             .position(|p| p.name() == name)
             .ok_or_else(|| SignalComponentError::Unknown(name.to_owned()))?;
         let pid = self.processes[index].pid();
-        let command_line = std::fs::read(format!("/proc/{pid}/cmdline")).map_err(|source| {
-            RestartComponentError::CommandLine {
-                name: name.to_owned(),
-                pid,
-                source,
-            }
-        })?;
-        let mut words = command_line
-            .split(|b| *b == 0)
-            .filter(|w| !w.is_empty())
-            .map(|w| String::from_utf8_lossy(w).into_owned());
-        let binary = words.next().unwrap_or_default();
-        let args: Vec<String> = words.collect();
+        let (binary, args) = read_command_line(name, pid)?;
         self.signal(name, "KILL")?;
         // Already gone: `terminate` only reaps it and closes its watchdog, so the port is free.
         self.processes.remove(index).terminate().await;
@@ -102,9 +111,7 @@ impl ControlPlane {
         self.processes.insert(index, restarted);
         if name == "kube-apiserver" {
             let started = Instant::now();
-            let admin = self
-                .try_client()
-                .map_err(StartControlPlaneError::Client)?;
+            let admin = self.try_client().map_err(StartControlPlaneError::Client)?;
             self.wait_for(
                 "kube-apiserver /readyz after a restart",
                 started + Duration::from_secs(120),
@@ -126,6 +133,43 @@ impl ControlPlane {
             .await?;
         }
         Ok(())
+    }
+
+    /// The command line of every running component, so that one that exits (kube-controller-manager
+    /// and kube-scheduler exit when they lose their leader lease, e.g. while etcd is frozen) can be
+    /// started again with [`ControlPlane::respawn_exited`]: once a process has exited, the kernel
+    /// no longer knows its command line.
+    pub fn command_lines(&self) -> Result<CommandLines, RestartComponentError> {
+        self.processes
+            .iter()
+            .map(|p| Ok((p.name().to_owned(), read_command_line(p.name(), p.pid())?)))
+            .collect::<Result<_, _>>()
+            .map(CommandLines)
+    }
+
+    /// Starts again, from `saved`, every component that has exited, as a kubelet restarts a
+    /// crashed static pod; returns their names.
+    pub async fn respawn_exited(
+        &mut self,
+        saved: &CommandLines,
+    ) -> Result<Vec<String>, RestartComponentError> {
+        let mut restarted = Vec::new();
+        for index in 0..self.processes.len() {
+            if self.processes[index].exited().is_none() {
+                continue;
+            }
+            let name = self.processes[index].name().to_owned();
+            let Some((_, (binary, args))) = saved.0.iter().find(|(n, _)| *n == name) else {
+                continue;
+            };
+            let replacement = self.respawn(&name, binary, args)?;
+            // The old one has exited: this only reaps it and closes its watchdog's pipe.
+            std::mem::replace(&mut self.processes[index], replacement)
+                .terminate()
+                .await;
+            restarted.push(name);
+        }
+        Ok(restarted)
     }
 
     /// Starts `binary args` as component `name`, logging to a file of its own per restart.
