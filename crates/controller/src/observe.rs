@@ -72,12 +72,15 @@ impl Caches {
         if let Some(selector) = policy_selector {
             policy_config = policy_config.labels(selector);
         }
+        let written_remediations = Overlay::default();
+        let written_nodes = Overlay::default();
         let policies = spawn_reflector(
             Api::<GpuRemediationPolicy>::all(client.clone()),
             policy_config,
             |_| {},
             policy_fingerprint,
             wake.clone(),
+            None,
         );
         let remediations = spawn_reflector(
             Api::<GpuRemediation>::all(client.clone()),
@@ -85,6 +88,7 @@ impl Caches {
             |r: &mut GpuRemediation| r.managed_fields_mut().clear(),
             remediation_fingerprint,
             wake.clone(),
+            Some(written_remediations.clone()),
         );
         let nodes = spawn_reflector(
             Api::<Node>::all(client.clone()),
@@ -92,6 +96,7 @@ impl Caches {
             prune_node,
             node_fingerprint,
             wake.clone(),
+            Some(written_nodes.clone()),
         );
         let budgets = spawn_reflector(
             Api::<PodDisruptionBudget>::all(client.clone()),
@@ -99,6 +104,7 @@ impl Caches {
             prune_budget,
             budget_fingerprint,
             wake,
+            None,
         );
         for ready in [
             policies.wait_until_ready().await,
@@ -113,8 +119,8 @@ impl Caches {
             remediations,
             nodes,
             budgets,
-            written_remediations: Overlay::default(),
-            written_nodes: Overlay::default(),
+            written_remediations,
+            written_nodes,
         })
     }
 
@@ -151,6 +157,7 @@ fn spawn_reflector<K, M, F>(
     prune: M,
     fingerprint: F,
     wake: Arc<Notify>,
+    written: Option<Overlay<K>>,
 ) -> Store<K>
 where
     K: Resource<DynamicType = ()>
@@ -168,13 +175,13 @@ where
         .default_backoff()
         .modify(prune)
         .reflect(writer);
-    tokio::spawn(wake_on_change(events, fingerprint, wake));
+    tokio::spawn(wake_on_change(events, fingerprint, wake, written));
     store
 }
 
 /// Drives a reflected watch, notifying `wake` when an object appears, goes, or changes what its
 /// fingerprint covers, and when a (re)list completes.
-async fn wake_on_change<K, S, F>(events: S, fingerprint: F, wake: Arc<Notify>)
+async fn wake_on_change<K, S, F>(events: S, fingerprint: F, wake: Arc<Notify>, written: Option<Overlay<K>>)
 where
     K: Resource<DynamicType = ()>,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
@@ -190,6 +197,9 @@ where
             }
             Ok(watcher::Event::Delete(object)) => {
                 seen.remove(&object.name_any());
+                if let Some(written) = &written {
+                    written.forget(&object.name_any());
+                }
                 true
             }
             Ok(watcher::Event::InitDone) => true,
@@ -298,9 +308,17 @@ fn budget_fingerprint(budget: &PodDisruptionBudget) -> u64 {
     ))
 }
 
+/// How long a write the cache has never shown stays laid over it. A watch delivers our own write
+/// within milliseconds; a write still missing after this is of an object deleted since, and must
+/// not haunt the view (a ghost remediation would hold a budget slot forever).
+const UNSEEN_WRITE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A write we made, and when.
+type Written<K> = (Arc<K>, std::time::Instant);
+
 /// Our own writes, laid over a watch cache until it has caught up with them.
 pub struct Overlay<K> {
-    written: Arc<Mutex<HashMap<String, Arc<K>>>>,
+    written: Arc<Mutex<HashMap<String, Written<K>>>>,
 }
 
 impl<K> Clone for Overlay<K> {
@@ -326,7 +344,7 @@ impl<K: Resource> Overlay<K> {
             .written
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        written.insert(object.name_any(), Arc::new(object));
+        written.insert(object.name_any(), (Arc::new(object), std::time::Instant::now()));
     }
 
     /// The newer of the cached object and our last write of it.
@@ -337,12 +355,16 @@ impl<K: Resource> Overlay<K> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match (written.get(name), cached) {
-            (Some(ours), Some(cached)) if is_newer(ours.as_ref(), &cached) => Some(ours.clone()),
+            (Some((ours, _)), Some(cached)) if is_newer(ours.as_ref(), &cached) => Some(ours.clone()),
             (Some(_), Some(cached)) => {
                 written.remove(name);
                 Some(cached)
             }
-            (Some(ours), None) => Some(ours.clone()),
+            (Some((_, at)), None) if at.elapsed() > UNSEEN_WRITE_GRACE => {
+                written.remove(name);
+                None
+            }
+            (Some((ours, _)), None) => Some(ours.clone()),
             (None, cached) => cached,
         }
     }
@@ -357,7 +379,8 @@ impl<K: Resource> Overlay<K> {
     }
 
     /// The cache's objects with newer written versions swapped in and written ones the cache has
-    /// not seen yet added; entries the cache caught up with are dropped.
+    /// not seen yet added; entries the cache caught up with, or never showed within the grace
+    /// period, are dropped.
     #[must_use]
     pub fn merge(&self, cached: Vec<Arc<K>>) -> Vec<Arc<K>> {
         let mut written = self
@@ -369,7 +392,7 @@ impl<K: Resource> Overlay<K> {
         for object in cached {
             let name = object.name_any();
             match written.get(&name) {
-                Some(ours) if is_newer(ours.as_ref(), &object) => merged.push(ours.clone()),
+                Some((ours, _)) if is_newer(ours.as_ref(), &object) => merged.push(ours.clone()),
                 Some(_) => {
                     written.remove(&name);
                     merged.push(object);
@@ -378,7 +401,8 @@ impl<K: Resource> Overlay<K> {
             }
             seen.insert(name);
         }
-        for (name, ours) in written.iter() {
+        written.retain(|name, (_, at)| seen.contains(name) || at.elapsed() <= UNSEEN_WRITE_GRACE);
+        for (name, (ours, _)) in written.iter() {
             if !seen.contains(name) {
                 merged.push(ours.clone());
             }
@@ -456,6 +480,24 @@ mod tests {
             overlay.written.lock().unwrap().is_empty(),
             "caught up: the overlay entry is dropped"
         );
+    }
+
+    #[test]
+    fn a_write_the_cache_never_shows_stops_haunting_the_view() {
+        let overlay = Overlay::<GpuRemediation>::default();
+        overlay.record(remediation("deleted-since", "10"));
+        let backdated = std::time::Instant::now()
+            .checked_sub(UNSEEN_WRITE_GRACE * 2)
+            .unwrap();
+        overlay
+            .written
+            .lock()
+            .unwrap()
+            .get_mut("deleted-since")
+            .unwrap()
+            .1 = backdated;
+        assert!(overlay.merge(vec![]).is_empty());
+        assert!(overlay.pick("deleted-since", None).is_none());
     }
 
     #[test]

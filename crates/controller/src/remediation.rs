@@ -956,8 +956,14 @@ async fn drop_finalizer(ctx: &Context, remediation: &GpuRemediation) -> Result<(
         return Ok(());
     }
     match ctx.ops.drop_finalizer(remediation).await? {
-        Some(updated) => ctx.caches.written_remediations.record(updated),
-        None => ctx.caches.written_remediations.forget(&remediation.name_any()),
+        // A record being deleted goes once its last finalizer is dropped: never lay it over the
+        // cache, or it would linger in the view.
+        Some(updated)
+            if updated.metadata.deletion_timestamp.is_none() || !updated.finalizers().is_empty() =>
+        {
+            ctx.caches.written_remediations.record(updated);
+        }
+        Some(_) | None => ctx.caches.written_remediations.forget(&remediation.name_any()),
     }
     Ok(())
 }
