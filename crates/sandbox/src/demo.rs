@@ -456,6 +456,7 @@ async fn follow(
         ..progress::Figures::default()
     };
     let mut shown: Option<progress::Seen> = None;
+    let mut printed = std::collections::BTreeSet::new();
     println!(
         "           {:<28} {:<12} {:<16} (as `kubectl get gpuremediations -w` shows it)",
         "REMEDIATION", "NODE", "PHASE"
@@ -485,6 +486,18 @@ async fn follow(
                     .or_insert(elapsed);
             }
             figures.pods_evicted = now.evicted;
+            // Phases passed between two looks are shown too, from the history, in order.
+            for transition in remediation.status.iter().flat_map(|s| &s.phase_history) {
+                if transition.phase != phase && printed.insert(transition.phase.to_string()) {
+                    let passed = progress::Seen {
+                        phase: transition.phase,
+                        ..now.clone()
+                    };
+                    let text = progress::line(clock.0.elapsed(), &figures.remediation, node, &passed, None);
+                    println!("{}", text.unwrap_or_default());
+                }
+            }
+            printed.insert(phase.to_string());
             if let Some(text) = progress::line(
                 clock.0.elapsed(),
                 &figures.remediation,
