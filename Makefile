@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Builds (once, then cached outside the repo) and locates the pinned control plane binaries.
 CONTROLPLANE_BIN = $(shell e2e/controlplane/build.sh)
 
-.PHONY: help build test unit e2e crds crds-check lint fmt controlplane demo bench chaos images
+.PHONY: help build test unit e2e crds crds-check lint fmt controlplane demo bench chaos images argocd-health-test
 
 help:
 	@echo "make build         build every crate"
@@ -43,8 +43,13 @@ controlplane:
 e2e:
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test -p e2e -- --test-threads=2
 
-test: lint
+test: lint argocd-health-test
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test --workspace
+
+# The Argo CD health check (docs/argocd/health.lua) against sample policy statuses.
+argocd-health-test:
+	@command -v lua5.4 >/dev/null || { echo "lua5.4 is required (apt-get install lua5.4)" >&2; exit 1; }
+	lua5.4 docs/argocd/health_test.lua
 
 # Where cargo puts builds (honours CARGO_TARGET_DIR).
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
