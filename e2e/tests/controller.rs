@@ -545,6 +545,12 @@ async fn an_unhealthy_node_is_cordoned_within_a_second_and_drained_through_evict
         (5, 5, 0),
         "{drain:?}"
     );
+    assert_eq!(
+        status.phase_history.first().map(|t| t.phase),
+        Some(Phase::Pending),
+        "{:?}",
+        status.phase_history
+    );
     let (cordoned, draining, succeeded) = (
         phase_at(&done, Phase::Cordoned).unwrap(),
         phase_at(&done, Phase::Draining).unwrap(),

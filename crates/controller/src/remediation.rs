@@ -976,6 +976,21 @@ async fn write(
     reason: &str,
     type_: EventType,
 ) -> Result<Arc<GpuRemediation>, AdvanceRemediationError> {
+    let mut status = status;
+    // `Pending` is entered by creation, which cannot set a status: date it from the record.
+    if status
+        .phase_history
+        .first()
+        .is_none_or(|t| t.phase != Phase::Pending)
+        && let Some(created) = remediation.creation_timestamp()
+    {
+        let admitted = PhaseTransition {
+            phase: Phase::Pending,
+            at: created,
+            message: Some("admitted by the budget".to_owned()),
+        };
+        status.phase_history.insert(0, admitted);
+    }
     let before = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
     let after = status.phase;
     let message = status.message.clone().unwrap_or_default();
