@@ -93,15 +93,6 @@ pub struct World {
     pub scope: String,
 }
 
-/// Leader election timings short enough for a test: a lease of 6 s.
-pub fn fast_election() -> Vec<String> {
-    vec![
-        "--lease-duration-seconds=6".to_owned(),
-        "--renew-deadline-seconds=4".to_owned(),
-        "--retry-period-ms=500".to_owned(),
-    ]
-}
-
 impl World {
     /// Starts a control plane of this test's own and a fleet of `nodes` nodes.
     pub async fn start(scope: &str, nodes: usize) -> Self {
@@ -154,7 +145,7 @@ impl World {
             identity: identity.to_owned(),
             lease_namespace: elect.then(|| BENCH_NAMESPACE.to_owned()),
             log_dir: self.env.scratch.clone(),
-            extra_args: if elect { fast_election() } else { Vec::new() },
+            extra_args: Vec::new(),
         })
         .expect("starting the controller")
     }

@@ -98,7 +98,10 @@ impl BenchEnv {
         controller_binary: &Path,
         mut options: ControlPlaneOptions,
     ) -> Result<Self, BenchSetupError> {
-        let scratch = std::env::temp_dir().join(format!("gpu-bench-{}", std::process::id()));
+        // One per environment: several tests of one binary may each start their own.
+        static SEQUENCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let scratch = std::env::temp_dir().join(format!("gpu-bench-{}-{n}", std::process::id()));
         let file_error = |path: &Path| {
             let path = path.to_owned();
             move |source| BenchSetupError::File { path, source }
