@@ -261,6 +261,29 @@ async fn wait_for_condition(
     }
 }
 
+/// Waits for an Event about `node` with `reason` (Node events live in `default`, as the kubelet's).
+async fn wait_for_event(client: &Client, node: &str, reason: &str, agent: &AgentProcess) -> Event {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let params = ListParams::default().fields(&format!("regarding.name={node}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = events.list(&params).await.unwrap();
+        if let Some(event) = list
+            .items
+            .into_iter()
+            .find(|event| event.reason.as_deref() == Some(reason))
+        {
+            return event;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {reason} event for {node}\nagent log:\n{}",
+            agent.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A scratch directory for this test's probe files, kubeconfig and logs.
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("gpu-health-agent-e2e-{}-{name}", std::process::id()));
@@ -382,6 +405,12 @@ async fn a_gpu_falling_off_one_of_three_nodes_sets_gpu_missing_within_five_secon
         managers,
         vec!["gpu-health-agent".to_owned()],
         "only the agent's field manager owns GpuHealthy"
+    );
+    let event = wait_for_event(&client, broken, gpu_reasons::GPU_MISSING, agent).await;
+    assert_eq!(
+        event.type_.as_deref(),
+        Some("Warning"),
+        "the failure is on record in the node's events"
     );
 
     assert_latched_until_cleared(&client, broken, probe_file, agent).await;
@@ -547,25 +576,7 @@ async fn a_repeating_warning_becomes_one_warning_event_on_the_node() {
         &agent,
     )
     .await;
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let params = ListParams::default().fields(&format!("regarding.name={node}"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let warning = loop {
-        let list = events.list(&params).await.unwrap();
-        if let Some(event) = list
-            .items
-            .into_iter()
-            .find(|event| event.reason.as_deref() == Some("GpuTemperatureHigh"))
-        {
-            break event;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no GpuTemperatureHigh event\nagent log:\n{}",
-            agent.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let warning = wait_for_event(&client, &node, "GpuTemperatureHigh", &agent).await;
     assert_eq!(warning.type_.as_deref(), Some("Warning"));
     assert_eq!(warning.reporting_controller.as_deref(), Some("gpu-health-agent"));
     assert!(
@@ -576,6 +587,8 @@ async fn a_repeating_warning_becomes_one_warning_event_on_the_node() {
     );
     // Once per window: a few more hot reads add no second event.
     tokio::time::sleep(Duration::from_secs(4)).await;
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let params = ListParams::default().fields(&format!("regarding.name={node}"));
     let count = events
         .list(&params)
         .await

@@ -217,6 +217,14 @@ impl Agent {
                         "GpuHealthy condition changed"
                     );
                 }
+                // The first publication on a fresh node is no news; a status change is.
+                let status_changed = self
+                    .published
+                    .as_ref()
+                    .is_some_and(|previous| previous.status != next.status);
+                if status_changed && let Err(err) = self.publisher.status_changed(&next).await {
+                    tracing::warn!(error = %err, "condition change event not published");
+                }
                 self.published = Some(next);
                 self.applied_at = Some(Instant::now());
             }

@@ -103,11 +103,35 @@ impl NodePublisher {
 
     /// Publishes a warning as a `Warning` Event on the node.
     pub async fn warn(&self, warning: &WarningEvent) -> Result<(), PublishEventError> {
+        self.publish(EventType::Warning, &warning.reason, &warning.message, "ProbeGpus")
+            .await
+    }
+
+    /// Records a change of the condition's status as an Event on the node, so `kubectl describe
+    /// node` shows when the GPUs failed or recovered: `Warning` unless the new status is `True`.
+    pub async fn status_changed(&self, condition: &PublishedCondition) -> Result<(), PublishEventError> {
+        let type_ = if condition.status == "True" {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        let note = format!("GpuHealthy={}: {}", condition.status, condition.message);
+        self.publish(type_, &condition.reason, &note, "PublishCondition")
+            .await
+    }
+
+    async fn publish(
+        &self,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+        action: &str,
+    ) -> Result<(), PublishEventError> {
         let event = Event {
-            type_: EventType::Warning,
-            reason: warning.reason.clone(),
-            note: Some(truncate(&warning.message, 1000)),
-            action: "ProbeGpus".to_owned(),
+            type_,
+            reason: reason.to_owned(),
+            note: Some(truncate(note, 1000)),
+            action: action.to_owned(),
             secondary: None,
         };
         self.recorder
@@ -115,7 +139,7 @@ impl NodePublisher {
             .await
             .map_err(|source| PublishEventError {
                 node: self.node_name.clone(),
-                reason: warning.reason.clone(),
+                reason: reason.to_owned(),
                 source,
             })
     }
