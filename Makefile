@@ -41,10 +41,10 @@ controlplane:
 	@e2e/controlplane/build.sh
 
 e2e:
-	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test -p e2e -- --test-threads=2
+	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test --no-fail-fast -p e2e -- --test-threads=2
 
 test: lint argocd-health-test
-	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test --workspace
+	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test --workspace --no-fail-fast
 
 # The Argo CD health check (docs/argocd/health.lua) against sample policy statuses.
 argocd-health-test:
