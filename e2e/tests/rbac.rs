@@ -210,7 +210,8 @@ async fn the_controller_with_only_its_service_account_token_completes_a_remediat
         "spec": {
             "nodeSelector": {"matchLabels": {FLEET_LABEL: scope}},
             "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s"}],
-            "action": "None",
+            "action": "Replace",
+            "replacement": {"strategy": "DeleteNode", "timeout": "1m"},
             "safety": {"maxConcurrent": 1, "maxUnhealthy": "50%"},
             "drain": {"timeout": "2m"},
         },
@@ -242,11 +243,27 @@ async fn the_controller_with_only_its_service_account_token_completes_a_remediat
     .await;
     let drain = done.status.as_ref().and_then(|s| s.drain.clone()).unwrap();
     assert_eq!((drain.pods_total, drain.pods_evicted), (3, 3), "{drain:?}");
-    let node = Api::<Node>::all(admin.clone()).get(&broken).await.unwrap();
-    assert_eq!(
-        node.spec.as_ref().and_then(|s| s.unschedulable),
-        Some(true),
-        "cordoned by a replace of the Node, which the role's update verb allows"
+    // Cordoned by a replace of the Node (the role's update verb), then deleted (its delete verb).
+    let history: Vec<Phase> = done
+        .status
+        .as_ref()
+        .map(|s| s.phase_history.iter().map(|t| t.phase).collect())
+        .unwrap_or_default();
+    for phase in [
+        Phase::Cordoned,
+        Phase::Draining,
+        Phase::Replacing,
+        Phase::Succeeded,
+    ] {
+        assert!(history.contains(&phase), "{phase} missing from {history:?}");
+    }
+    assert!(
+        Api::<Node>::all(admin.clone())
+            .get_opt(&broken)
+            .await
+            .unwrap()
+            .is_none(),
+        "the node was deleted under the service account's RBAC"
     );
     let left_on_node = Api::<Pod>::namespaced(admin.clone(), &namespace)
         .list(&ListParams::default().fields(&format!("spec.nodeName={broken}")))

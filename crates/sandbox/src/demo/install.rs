@@ -14,7 +14,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client,
-    api::{DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
+    api::{DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams, ValidationDirective},
     discovery::{self, Scope},
 };
 use serde_json::Value;
@@ -151,13 +151,28 @@ pub fn describe(object: &Value) -> String {
 /// Server-side applies each object in order (namespaces and CRDs come first in kustomize's
 /// output). A CRD is applied but not waited for: callers that create its kinds wait themselves.
 pub async fn apply(client: &Client, objects: &[Value]) -> Result<(), ApplyManifestsError> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
     for object in objects {
-        apply_one(client, object).await?;
+        apply_one(client, object, &params).await?;
     }
     Ok(())
 }
 
-async fn apply_one(client: &Client, object: &Value) -> Result<(), ApplyManifestsError> {
+/// Asks the server to apply each object with strict field validation as a dry run: what
+/// `kubectl apply --server-side --dry-run=server` checks (schema, unknown fields, admission),
+/// without changing anything. The namespaces the objects live in must exist.
+pub async fn check_strictly(client: &Client, objects: &[Value]) -> Result<(), ApplyManifestsError> {
+    let params = PatchParams::apply(FIELD_MANAGER)
+        .force()
+        .dry_run()
+        .validation(ValidationDirective::Strict);
+    for object in objects {
+        apply_one(client, object, &params).await?;
+    }
+    Ok(())
+}
+
+async fn apply_one(client: &Client, object: &Value, params: &PatchParams) -> Result<(), ApplyManifestsError> {
     let malformed = || ApplyManifestsError::Malformed(object.to_string());
     let api_version = object["apiVersion"].as_str().ok_or_else(malformed)?;
     let kind = object["kind"].as_str().ok_or_else(malformed)?;
@@ -178,17 +193,13 @@ async fn apply_one(client: &Client, object: &Value) -> Result<(), ApplyManifests
     } else {
         Api::all_with(client.clone(), &resource)
     };
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(object),
-    )
-    .await
-    .map_err(|source| ApplyManifestsError::Apply {
-        kind: described,
-        name: name.to_owned(),
-        source,
-    })?;
+    api.patch(name, params, &Patch::Apply(object))
+        .await
+        .map_err(|source| ApplyManifestsError::Apply {
+            kind: described,
+            name: name.to_owned(),
+            source,
+        })?;
     Ok(())
 }
 
