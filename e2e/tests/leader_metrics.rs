@@ -1,0 +1,327 @@
+//! `/metrics`, `/healthz` and `/readyz` of the controller binary after a real remediation, on a
+//! leader and on a follower, and `/readyz` before the caches can sync.
+
+mod leader_support;
+
+use std::{sync::Arc, time::Duration};
+
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
+use gpu_sandbox::{
+    Fleet, FleetOptions,
+    fleet::FLEET_LABEL,
+    provider::{Provider, ProviderKind},
+    workload::{self, Workload},
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{
+    Api, Client,
+    api::{ListParams, PostParams},
+};
+use leader_support::{
+    ReplicaOptions, ReplicaProcess, cluster, controller_account, create_namespace, free_port,
+    kubeconfig_with_token, sample,
+};
+use serde_json::json;
+
+async fn eventually<T, Fut: Future<Output = Option<T>>>(
+    what: &str,
+    within: Duration,
+    mut probe: impl FnMut() -> Fut,
+) -> T {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The Lease's holder. The binary makes its identity unique per process (`<--identity>-<pid>`), so
+/// tests compare prefixes.
+async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
+    let lease = Api::<Lease>::namespaced(client.clone(), namespace)
+        .get_opt("gpu-remediator")
+        .await
+        .ok()??;
+    lease.spec?.holder_identity.filter(|holder| !holder.is_empty())
+}
+
+/// Two nodes, two pods on the first, a policy allowing three recycles an hour, and two replicas:
+/// `leader` (started first and waited for) and `follower`.
+struct Scenario {
+    admin: Client,
+    test: String,
+    broken: String,
+    leader: ReplicaProcess,
+    follower: ReplicaProcess,
+    _provider: Provider,
+}
+
+async fn set_up() -> Scenario {
+    let cluster = cluster().await;
+    let admin = cluster.control_plane.client();
+    let test = format!("metrics-{}", std::process::id());
+    let controller_namespace = format!("{test}-ctrl");
+    let workload_namespace = format!("{test}-work");
+    create_namespace(&admin, &controller_namespace).await;
+    create_namespace(&admin, &workload_namespace).await;
+    let fleet = Arc::new(
+        Fleet::start(
+            admin.clone(),
+            FleetOptions {
+                nodes: 2,
+                name_prefix: test.clone(),
+                ..FleetOptions::default()
+            },
+        )
+        .await
+        .expect("fleet"),
+    );
+    let provider = Provider::start(admin.clone(), Arc::clone(&fleet), ProviderKind::NodeGroup)
+        .await
+        .expect("provider");
+    let broken = fleet.node_names()[0].clone();
+    let app = Workload::new(&workload_namespace, "inference")
+        .replicas(2)
+        .on_nodes(&[broken.as_str()]);
+    workload::create(&admin, &app.deployment())
+        .await
+        .expect("deployment");
+    workload::wait_ready_pods(
+        &admin,
+        &workload_namespace,
+        &app.selector(),
+        2,
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("pods");
+    let policy: GpuRemediationPolicy = serde_json::from_value(json!({
+        "apiVersion": "gpuremediation.dev/v1alpha1",
+        "kind": "GpuRemediationPolicy",
+        "metadata": {"name": test, "labels": {"e2e": test}},
+        "spec": {
+            "nodeSelector": {"matchLabels": {FLEET_LABEL: test}},
+            "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s"}],
+            "action": "Replace",
+            "replacement": {"strategy": "DeleteNode", "timeout": "5m"},
+            "safety": {"maxConcurrent": 1, "maxUnhealthy": "100%", "rate": {"limit": 3, "per": "1h"}},
+        },
+    }))
+    .expect("a policy");
+    Api::<GpuRemediationPolicy>::all(admin.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("policy");
+    let selector = format!("e2e={test}");
+    let mut replicas = Vec::new();
+    for identity in ["leader", "follower"] {
+        let token = controller_account(&admin, &controller_namespace, identity).await;
+        let kubeconfig = kubeconfig_with_token(cluster, identity, &token);
+        let options = ReplicaOptions {
+            identity,
+            lease_namespace: &controller_namespace,
+            kubeconfig: &kubeconfig,
+            policy_selector: &selector,
+            extra_args: Vec::new(),
+        };
+        replicas.push(ReplicaProcess::start(cluster, options).await);
+        if identity == "leader" {
+            eventually("the first replica to lead", Duration::from_secs(60), || async {
+                lease_holder(&admin, &controller_namespace)
+                    .await
+                    .is_some_and(|h| h.starts_with("leader-"))
+                    .then_some(())
+            })
+            .await;
+        }
+    }
+    let follower = replicas.pop().expect("follower");
+    let leader = replicas.pop().expect("leader");
+    Scenario {
+        admin,
+        test,
+        broken,
+        leader,
+        follower,
+        _provider: provider,
+    }
+}
+
+#[tokio::test]
+async fn metrics_after_a_remediation_carry_its_counts_and_only_the_leader_says_it_leads() {
+    let Scenario {
+        admin,
+        test,
+        broken,
+        leader,
+        follower,
+        ..
+    } = &set_up().await;
+    let (admin, test, broken) = (admin.clone(), test.clone(), broken.clone());
+
+    gpu_sandbox::fault::set_gpu_condition(&admin, &broken, "False", "XID79", "GPU fell off the bus")
+        .await
+        .expect("fault");
+    let remediations: Api<GpuRemediation> = Api::all(admin.clone());
+    eventually("the remediation to succeed", Duration::from_secs(120), || async {
+        let list = remediations
+            .list(&ListParams::default().labels(&format!("{NODE_LABEL}={broken}")))
+            .await
+            .ok()?;
+        let phase = list.items.first()?.status.as_ref()?.phase;
+        assert_ne!(phase, Phase::Failed, "--- leader log ---\n{}", leader.log_tail());
+        (phase == Phase::Succeeded).then_some(())
+    })
+    .await;
+    // Gauges are set by the pass after the status write: give it a moment.
+    let metrics = eventually("the leader's metrics to show the finished remediation", Duration::from_secs(30), || async {
+        let (status, body) = leader.get("/metrics").await?;
+        assert_eq!(status, 200);
+        let finished = format!(r#"gpu_remediator_remediations_finished_total{{policy="{test}",action="Replace",outcome="Succeeded"}}"#);
+        let in_flight = format!(r#"gpu_remediator_remediations_in_flight{{policy="{test}"}}"#);
+        (sample(&body, &finished) == Some(1.0) && sample(&body, &in_flight) == Some(0.0)).then_some(body)
+    })
+    .await;
+
+    let policy_series = |name: &str| format!(r#"gpu_remediator_{name}{{policy="{test}"}}"#);
+    assert_eq!(sample(&metrics, "gpu_remediator_leader"), Some(1.0), "{metrics}");
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!(r#"gpu_remediator_remediations_started_total{{policy="{test}",action="Replace"}}"#)
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, r#"gpu_remediator_evictions_total{result="Evicted"}"#),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, &policy_series("detection_to_cordon_seconds_count")),
+        Some(1.0),
+        "{metrics}"
+    );
+    let detection_seconds =
+        sample(&metrics, &policy_series("detection_to_cordon_seconds_sum")).expect("detection sum");
+    assert!(
+        (1.0..30.0).contains(&detection_seconds),
+        "detection to cordon took {detection_seconds}s (trigger `for` is 1s)"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!(r#"gpu_remediator_phase_duration_seconds_count{{policy="{test}",phase="Draining"}}"#)
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    // The budget as the policy's status reports it: min(maxConcurrent 1 - 0 in flight, rate 3 - 1 used).
+    let status = Api::<GpuRemediationPolicy>::all(admin.clone())
+        .get(&test)
+        .await
+        .expect("policy")
+        .status;
+    let remaining = status
+        .and_then(|status| status.budget)
+        .map(|budget| f64::from(budget.remaining));
+    assert_eq!(remaining, Some(1.0));
+    assert_eq!(
+        sample(&metrics, &policy_series("budget_remaining")),
+        remaining,
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, &policy_series("circuit_open")),
+        Some(0.0),
+        "{metrics}"
+    );
+    for reconciler in ["policy", "remediation"] {
+        let errors = format!(r#"gpu_remediator_reconcile_errors_total{{reconciler="{reconciler}"}}"#);
+        assert_eq!(sample(&metrics, &errors), Some(0.0), "{metrics}");
+    }
+    assert_eq!(
+        sample(&metrics, r#"gpu_remediator_evictions_total{result="Blocked"}"#),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert!(metrics.ends_with("# EOF\n"), "OpenMetrics text ends with # EOF");
+
+    let (status, follower_metrics) = follower.get("/metrics").await.expect("follower metrics");
+    assert_eq!(status, 200);
+    assert_eq!(
+        sample(&follower_metrics, "gpu_remediator_leader"),
+        Some(0.0),
+        "{follower_metrics}"
+    );
+    assert_eq!(leader.get("/readyz").await.map(|(status, _)| status), Some(200));
+    assert_eq!(
+        follower.get("/readyz").await.map(|(status, _)| status),
+        Some(200),
+        "a synced follower is ready to take over"
+    );
+    assert_eq!(
+        follower.get("/healthz").await.map(|(status, _)| status),
+        Some(200)
+    );
+    eprintln!("detection to cordon: {detection_seconds:.2}s");
+}
+
+#[tokio::test]
+async fn a_replica_that_cannot_sync_its_caches_is_alive_but_not_ready() {
+    let cluster = cluster().await;
+    let admin = cluster.control_plane.client();
+    let namespace = format!("unready-{}", std::process::id());
+    create_namespace(&admin, &namespace).await;
+    let token = controller_account(&admin, &namespace, "unready").await;
+    let kubeconfig = kubeconfig_with_token(cluster, "unready", &token);
+    // The same kubeconfig, pointed at a port nothing listens on.
+    let text = std::fs::read_to_string(&kubeconfig).expect("kubeconfig");
+    let server = url_of(&text);
+    std::fs::write(
+        &kubeconfig,
+        text.replace(&server, &format!("https://127.0.0.1:{}", free_port())),
+    )
+    .expect("kubeconfig");
+    let options = ReplicaOptions {
+        identity: "unready",
+        lease_namespace: &namespace,
+        kubeconfig: &kubeconfig,
+        policy_selector: "e2e=nothing",
+        extra_args: Vec::new(),
+    };
+    let mut replica = ReplicaProcess::start(cluster, options).await;
+
+    let (health, _) = eventually("the HTTP server to answer", Duration::from_secs(30), || {
+        replica.get("/healthz")
+    })
+    .await;
+    let (ready, body) = replica.get("/readyz").await.expect("readyz answers");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (still, _) = replica.get("/readyz").await.expect("readyz answers");
+
+    assert_eq!(health, 200);
+    assert_eq!((ready, body.as_str()), (503, "caches not synced"));
+    assert_eq!(still, 503);
+    assert!(
+        replica.exited().is_none(),
+        "it keeps trying:\n{}",
+        replica.log_tail()
+    );
+}
+
+fn url_of(kubeconfig: &str) -> String {
+    kubeconfig
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("server: "))
+        .expect("a server line")
+        .trim()
+        .to_owned()
+}
