@@ -90,4 +90,4 @@ bench:
 # Each fault test starts a control plane of its own and breaks it; minutes each, so not in `test`.
 CHAOS_TESTS = --test chaos_control_plane --test chaos_leader --test chaos_network --test chaos_load
 chaos:
-	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test -p e2e $(CHAOS_TESTS) -- --ignored --test-threads=2
+	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test -p e2e --no-fail-fast $(CHAOS_TESTS) -- --ignored --test-threads=2
