@@ -284,6 +284,23 @@ async fn wait_for_event(client: &Client, node: &str, reason: &str, agent: &Agent
     }
 }
 
+/// The HTTP status of a GET on `path`.
+async fn http_status(address: std::net::SocketAddr, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connecting to the agent");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A scratch directory for this test's probe files, kubeconfig and logs.
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("gpu-health-agent-e2e-{}-{name}", std::process::id()));
@@ -556,6 +573,10 @@ async fn a_repeating_warning_becomes_one_warning_event_on_the_node() {
     let fleet = fleet(&client, 1).await;
     let node = fleet.node_names().remove(0);
     let probe_file = dir.join(format!("{node}.json"));
+    let health = {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        free.local_addr().unwrap()
+    };
     let mut hot = healthy_gpus(&node);
     hot["gpus"][1]["temperatureC"] = json!(91);
     write_probe_file(&probe_file, &hot);
@@ -564,7 +585,14 @@ async fn a_repeating_warning_becomes_one_warning_event_on_the_node() {
         &kubeconfig,
         &probe_file,
         &dir,
-        &["--warning-threshold", "3", "--warning-window", "1m"],
+        &[
+            "--warning-threshold",
+            "3",
+            "--warning-window",
+            "1m",
+            "--health-listen",
+            &health.to_string(),
+        ],
     )
     .await;
     wait_for_condition(
@@ -577,6 +605,11 @@ async fn a_repeating_warning_becomes_one_warning_event_on_the_node() {
     )
     .await;
     let warning = wait_for_event(&client, &node, "GpuTemperatureHigh", &agent).await;
+    assert_eq!(
+        http_status(health, "/healthz").await,
+        200,
+        "the liveness endpoint answers"
+    );
     assert_eq!(warning.type_.as_deref(), Some("Warning"));
     assert_eq!(warning.reporting_controller.as_deref(), Some("gpu-health-agent"));
     assert!(

@@ -12,6 +12,7 @@ use crate::{
     catalog::XidCatalog,
     condition::{NodeView, PublishedCondition},
     health::{DesiredCondition, HealthState, WarningPolicy, detector_fault},
+    liveness::Liveness,
     probe::{ReadGpusError, deadline::DeadlineReader},
     publish::NodePublisher,
     readings::Snapshot,
@@ -79,6 +80,7 @@ pub struct Agent {
     published: Option<PublishedCondition>,
     applied_at: Option<Instant>,
     node_read_at: Instant,
+    liveness: Option<Liveness>,
 }
 
 impl Agent {
@@ -119,7 +121,15 @@ impl Agent {
             memory: Memory::default(),
             applied_at: None,
             node_read_at: Instant::now(),
+            liveness: None,
         }
+    }
+
+    /// Reports each completed tick to `liveness` (the `/healthz` endpoint).
+    #[must_use]
+    pub fn with_liveness(mut self, liveness: Liveness) -> Self {
+        self.liveness = Some(liveness);
+        self
     }
 
     /// The GPU count the node should have: the flag, else the node's label.
@@ -168,6 +178,9 @@ impl Agent {
             if let Err(err) = self.publisher.warn(warning).await {
                 tracing::warn!(error = %err, "warning event not published");
             }
+        }
+        if let Some(liveness) = &self.liveness {
+            liveness.beat();
         }
     }
 

@@ -12,6 +12,7 @@ pub mod boot_time;
 pub mod catalog;
 pub mod condition;
 pub mod health;
+pub mod liveness;
 pub mod probe;
 pub mod publish;
 pub mod readings;

@@ -11,6 +11,7 @@ use gpu_health_agent::{
     boot_time::host_boot_time,
     catalog::XidCatalog,
     health::{HealthState, WarningPolicy},
+    liveness::{self, Liveness},
     probe::{Probe, deadline::DeadlineReader, file::FileProbe, nvml::NvmlProbe},
     publish::NodePublisher,
 };
@@ -72,6 +73,9 @@ struct Flags {
     /// Merge this file over the catalog, one XID at a time (per-cluster overrides).
     #[arg(long)]
     xid_catalog_override: Option<PathBuf>,
+    /// Serve `/healthz` (liveness: the loop keeps ticking) on this address, e.g. `0.0.0.0:8081`.
+    #[arg(long)]
+    health_listen: Option<std::net::SocketAddr>,
     /// Read once and exit.
     #[arg(long)]
     once: bool,
@@ -123,10 +127,26 @@ async fn main() -> anyhow::Result<()> {
         warning_policy,
         booted_at: host_boot_time(),
     };
+    // A tick may take a read timeout plus API calls; three missed intervals (at least a minute)
+    // mean the loop is stuck.
+    let stale_after = (settings.interval * 3).max(Duration::from_secs(60)) + flags.read_timeout.as_std();
     let mut agent = Agent::start(settings, catalog, reader, publisher).await;
     if flags.once {
         agent.tick().await;
         return Ok(());
+    }
+    if let Some(address) = flags.health_listen {
+        let liveness = Liveness::new(stale_after);
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("listening on {address}"))?;
+        let served = liveness.clone();
+        tokio::spawn(async move {
+            if let Err(err) = liveness::serve(listener, served, shutdown()).await {
+                tracing::error!(error = %err, "the /healthz server stopped");
+            }
+        });
+        agent = agent.with_liveness(liveness);
     }
     agent.run(shutdown()).await;
     Ok(())
