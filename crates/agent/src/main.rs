@@ -50,7 +50,7 @@ struct Flags {
     #[arg(long)]
     expected_gpus: Option<u32>,
     /// Time between reads.
-    #[arg(long, default_value = "10s")]
+    #[arg(long, default_value = "2s")]
     interval: ApiDuration,
     /// How long one read may take before NVML counts as hung.
     #[arg(long, default_value = "10s")]
