@@ -12,7 +12,7 @@ use kube::{
 use crate::{
     context::Context,
     fleet::PolicyPlan,
-    kubeops::{CreateRemediationError, WriteStatusError},
+    kubeops::{CreateRemediationError, DeleteRemediationError, WriteStatusError},
 };
 
 /// Why a policy's plan could not be carried out (it is planned again in the next pass).
@@ -24,6 +24,9 @@ pub enum ApplyPolicyPlanError {
     /// Writing the policy's status failed.
     #[error(transparent)]
     WriteStatus(#[from] WriteStatusError),
+    /// Deleting an expired remediation failed.
+    #[error(transparent)]
+    DeleteExpired(#[from] DeleteRemediationError),
 }
 
 /// Carries out one policy's plan.
@@ -78,6 +81,10 @@ pub async fn apply(ctx: &Context, plan: PolicyPlan) -> Result<(), ApplyPolicyPla
         ctx.ops
             .publish(policy, event(&waiting.reason, &note, EventType::Normal))
             .await;
+    }
+    for expired in &plan.expired {
+        tracing::info!(policy = %name, remediation = %expired, "deleting a finished remediation past history.ttl");
+        ctx.ops.delete_remediation(expired).await?;
     }
     match plan.circuit_change {
         Some(true) => {

@@ -46,6 +46,8 @@ pub struct PolicyPlan {
     pub newly_waiting: Vec<WaitingNode>,
     /// Whether the circuit breaker just opened (`Some(true)`) or closed (`Some(false)`).
     pub circuit_change: Option<bool>,
+    /// Finished remediations older than `history.ttl`, to delete.
+    pub expired: Vec<String>,
 }
 
 /// The whole fleet's plan.
@@ -229,6 +231,7 @@ fn plan_policy(
             status,
             newly_waiting,
             circuit_change,
+            expired: expired(&name, remediations, spec.history.ttl, now),
         },
         wake,
     )
@@ -296,6 +299,32 @@ fn detect_all<'n>(
         }
     }
     (unhealthy, wake)
+}
+
+/// The policy's finished remediations whose last phase change is older than `ttl`: the audit
+/// trail keeps them that long (validation makes it longer than the rate and attempts windows, which
+/// count them), then they go.
+fn expired(
+    name: &str,
+    remediations: &[Arc<GpuRemediation>],
+    ttl: gpu_remediation_api::Duration,
+    now: Timestamp,
+) -> Vec<String> {
+    let horizon = crate::time::minus(now, crate::time::signed(ttl.as_std()));
+    remediations
+        .iter()
+        .filter(|r| r.spec.policy_name == name && r.metadata.deletion_timestamp.is_none())
+        .filter(|r| {
+            let status = r.status.as_ref();
+            let finished = status.is_some_and(|s| s.phase.is_terminal());
+            let last = status
+                .and_then(|s| s.phase_history.last())
+                .map(|t| t.at.0)
+                .or_else(|| r.creation_timestamp().map(|t| t.0));
+            finished && last.is_some_and(|at| at < horizon)
+        })
+        .map(|r| r.name_any())
+        .collect()
 }
 
 /// Unhealthy nodes free to start a remediation: none in flight for the node, and none yet for
@@ -790,6 +819,32 @@ mod tests {
         );
         assert_eq!(fleet.policies[0].status.selected_nodes, 1);
         assert!(fleet.policies[0].create.is_empty());
+    }
+
+    #[test]
+    fn finished_remediations_older_than_the_history_ttl_are_expired_and_others_kept() {
+        let mut p = (*policy("p", "a")).clone();
+        p.spec.history.ttl = gpu_remediation_api::Duration::from_secs(3600);
+        let with_history = |r: Arc<GpuRemediation>, at_secs: i64| {
+            let mut r = (*r).clone();
+            let status = r.status.as_mut().unwrap();
+            status
+                .phase_history
+                .push(gpu_remediation_api::remediation::PhaseTransition {
+                    phase: status.phase,
+                    at: Time(at(at_secs)),
+                    message: None,
+                });
+            Arc::new(r)
+        };
+        let rems = [
+            with_history(existing("old", "p", 0, Phase::Succeeded, 0), 100),
+            with_history(existing("recent", "p", 0, Phase::Cancelled, 0), 4000),
+            with_history(existing("running", "p", 0, Phase::Draining, 0), 100),
+            with_history(existing("other", "q", 0, Phase::Succeeded, 0), 100),
+        ];
+        let fleet = plan(&[Arc::new(p)], &[], &rems, at(5000));
+        assert_eq!(fleet.policies[0].expired, vec![rems[0].name_any()]);
     }
 
     #[test]

@@ -99,6 +99,17 @@ pub enum EditNodeError {
     },
 }
 
+/// Why deleting an expired remediation failed.
+#[derive(Debug, thiserror::Error)]
+#[error("deleting expired remediation {name} failed: {source}")]
+pub struct DeleteRemediationError {
+    /// The remediation.
+    pub name: String,
+    /// What went wrong.
+    #[source]
+    pub source: WriteError,
+}
+
 /// Why removing our finalizer failed.
 #[derive(Debug, thiserror::Error)]
 #[error("removing the finalizer of remediation {name} failed: {source}")]
@@ -258,6 +269,23 @@ impl KubeOps {
         };
         attempt.await.map_err(|source| WriteStatusError {
             kind: "GpuRemediationPolicy",
+            name: name.to_owned(),
+            source,
+        })
+    }
+
+    /// Deletes a finished remediation whose history has expired (gone already is fine).
+    pub async fn delete_remediation(&self, name: &str) -> Result<(), DeleteRemediationError> {
+        let api = Api::<GpuRemediation>::all(self.client.clone());
+        let attempt = async {
+            self.fence.check()?;
+            match api.delete(name, &kube::api::DeleteParams::default()).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+                Err(error) => Err(WriteError::from(error)),
+            }
+        };
+        attempt.await.map_err(|source| DeleteRemediationError {
             name: name.to_owned(),
             source,
         })
