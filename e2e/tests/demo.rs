@@ -67,6 +67,8 @@ fn the_demo_recycles_a_node_and_prints_its_summary_with_budgets_honoured() {
     );
     for expected in [
         "FAULT on gpu-",
+        "not remediated yet: a trigger holds",
+        "policy h100-replace-on-gpu-loss governs the node",
         " Cordoned",
         " Draining",
         " Succeeded",

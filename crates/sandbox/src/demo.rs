@@ -79,7 +79,7 @@ impl Default for DemoOptions {
             controller: PathBuf::from("target/debug/gpu-remediator"),
             nodes: 10,
             pods: 48,
-            pods_per_deployment: 16,
+            pods_per_deployment: 8,
             trigger_for: Duration::from_secs(5),
             timeout: Duration::from_secs(300),
             exit_after: false,
@@ -215,6 +215,14 @@ async fn run_on(
         "FAULT on {broken}: GPU 3 fell off the bus (XID79); nvidia.com/gpu capacity now {gpus_left}; the node \
          itself stays Ready"
     ));
+
+    explain(
+        &options.controller,
+        control_plane.kubeconfig_path(),
+        &broken,
+        clock,
+    )
+    .await;
 
     let followed = follow(&admin, &broken, &policy, fault_at, options.timeout, clock).await;
     let mut figures = followed?;
@@ -418,26 +426,42 @@ async fn wait_leader(admin: &Client) -> Result<(), RunDemoError> {
     }
 }
 
-/// The node running the most workload pods (the most interesting drain).
+/// The node to break: the one holding the most pods of a single Deployment (so that its PDB
+/// has to refuse an eviction and the drain waits for a replacement pod), then the most pods.
 async fn busiest_node(admin: &Client) -> Result<String, RunDemoError> {
     let pods = Api::<Pod>::namespaced(admin.clone(), WORKLOAD_NAMESPACE)
         .list(&ListParams::default())
         .await
         .map_err(step("listing the workload pods"))?;
-    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
-    for pod in pods.items {
-        if let Some(node) = pod.spec.and_then(|s| s.node_name) {
-            *per_node.entry(node).or_default() += 1;
-        }
+    let placed: Vec<(String, String)> = pods
+        .items
+        .into_iter()
+        .filter_map(|pod| {
+            let owner = pod.owner_references().first()?.name.clone();
+            Some((pod.spec?.node_name?, owner))
+        })
+        .collect();
+    node_to_break(&placed).ok_or_else(|| RunDemoError::Step {
+        step: "choosing a node to break",
+        message: "no workload pod is scheduled".to_owned(),
+    })
+}
+
+/// Of pods placed as `(node, owner)`, the node with the most pods of one owner, then the most
+/// pods, then the first name. Pure.
+fn node_to_break(placed: &[(String, String)]) -> Option<String> {
+    let mut per_node: BTreeMap<&str, BTreeMap<&str, usize>> = BTreeMap::new();
+    for (node, owner) in placed {
+        *per_node.entry(node).or_default().entry(owner).or_default() += 1;
     }
     per_node
         .into_iter()
-        .max_by_key(|(node, count)| (*count, std::cmp::Reverse(node.clone())))
-        .map(|(node, _)| node)
-        .ok_or_else(|| RunDemoError::Step {
-            step: "choosing a node to break",
-            message: "no workload pod is scheduled".to_owned(),
+        .max_by_key(|(node, owners)| {
+            let same_owner = owners.values().copied().max().unwrap_or(0);
+            let total: usize = owners.values().sum();
+            (same_owner, total, std::cmp::Reverse(*node))
         })
+        .map(|(node, _)| node.to_owned())
 }
 
 /// Follows the node's remediation until it ends, printing each change, sampling every PDB.
@@ -528,6 +552,32 @@ async fn follow(
     }
 }
 
+/// Shows `gpu-remediator explain NODE` while the trigger's `for` runs: which policy governs the
+/// node, which trigger holds and when the node counts as unhealthy.
+async fn explain(controller: &Path, kubeconfig: &Path, node: &str, clock: &Clock) {
+    clock.say(&format!("$ gpu-remediator explain {node}"));
+    let output = tokio::process::Command::new(controller)
+        .args(["explain", node])
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .await;
+    match output {
+        Ok(output) => {
+            let text = String::from_utf8_lossy(&output.stdout);
+            for line in text.lines() {
+                println!("           {line}");
+            }
+            if !output.status.success() {
+                println!(
+                    "           (explain failed: {})",
+                    String::from_utf8_lossy(&output.stderr).trim()
+                );
+            }
+        }
+        Err(error) => println!("           (explain could not run: {error})"),
+    }
+}
+
 async fn wait_for_signal() {
     let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
     match terminate {
@@ -540,5 +590,30 @@ async fn wait_for_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placed(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(n, o)| ((*n).to_owned(), (*o).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_node_with_most_pods_of_one_deployment_is_broken_so_a_budget_must_refuse() {
+        let pods = placed(&[("a", "x"), ("a", "y"), ("a", "z"), ("b", "x"), ("b", "x")]);
+        assert_eq!(node_to_break(&pods).as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn ties_go_to_more_pods_then_to_the_first_name() {
+        let pods = placed(&[("b", "x"), ("b", "y"), ("a", "x"), ("a", "y"), ("c", "x")]);
+        assert_eq!(node_to_break(&pods).as_deref(), Some("a"));
+        assert_eq!(node_to_break(&[]), None);
     }
 }

@@ -41,7 +41,7 @@ struct DemoArgs {
     /// GPU nodes (the sample policy's maxUnhealthy 10% needs at least 10 to recycle one).
     #[arg(long, default_value_t = 10)]
     nodes: usize,
-    /// GPU pods across the fleet, one GPU each, 16 per Deployment behind a PDB.
+    /// GPU pods across the fleet, one GPU each, 8 per Deployment behind a PDB.
     #[arg(long, default_value_t = 48)]
     pods: usize,
     /// Seconds the fault must hold before the node counts as broken (the sample says 120).
