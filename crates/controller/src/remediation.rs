@@ -1132,3 +1132,118 @@ pub fn needs_attention(remediation: &GpuRemediation) -> bool {
             .iter()
             .any(|f| f == REMEDIATION_FINALIZER)
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus},
+        apimachinery::pkg::apis::meta::v1::LabelSelector,
+    };
+    use kube::{api::ObjectMeta, core::Status};
+
+    use super::*;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn pod() -> Leaving {
+        Leaving {
+            namespace: "work".into(),
+            name: "web-0".into(),
+            uid: "u".into(),
+            terminating: false,
+            labels: [("app".to_owned(), "web".to_owned())].into(),
+        }
+    }
+
+    fn budget(name: &str, allowed: i32) -> PodDisruptionBudget {
+        PodDisruptionBudget {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("work".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodDisruptionBudgetSpec {
+                selector: Some(LabelSelector {
+                    match_labels: Some([("app".to_owned(), "web".to_owned())].into()),
+                    ..LabelSelector::default()
+                }),
+                ..PodDisruptionBudgetSpec::default()
+            }),
+            status: Some(PodDisruptionBudgetStatus {
+                disruptions_allowed: allowed,
+                ..PodDisruptionBudgetStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn the_one_budget_covering_a_pod_says_whether_it_has_room() {
+        assert_eq!(budget_allows(&pod(), &[budget("web", 1)]), Some(true));
+        assert_eq!(budget_allows(&pod(), &[budget("web", 0)]), Some(false));
+        assert_eq!(budget_allows(&pod(), &[]), None, "no budget: nothing to wait for");
+        assert_eq!(
+            budget_allows(&pod(), &[budget("a", 1), budget("b", 1)]),
+            None,
+            "two budgets: the server decides"
+        );
+    }
+
+    #[test]
+    fn a_blocker_names_the_budget_the_server_names_or_those_that_cover_the_pod() {
+        let named = Status {
+            code: 429,
+            message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+            ..Status::default()
+        };
+        let b = blocker(&pod(), &named, &[budget("web", 0)], Time(at(0)));
+        assert_eq!(
+            (b.pod.as_str(), b.pdb.as_deref(), b.code),
+            ("work/web-0", Some("work/web"), 429)
+        );
+        let several = Status {
+            code: 500,
+            message: "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+                .into(),
+            ..Status::default()
+        };
+        let b = blocker(&pod(), &several, &[budget("a", 1), budget("b", 1)], Time(at(0)));
+        assert_eq!(b.pdb.as_deref(), Some("work/a,work/b"));
+        assert_eq!(b.code, 500);
+    }
+
+    #[test]
+    fn a_drain_looks_again_at_the_earliest_of_its_pods_its_deadline_and_the_release() {
+        let look = Look {
+            at: at(10),
+            release_at: None,
+        };
+        assert_eq!(look.until(Some(at(5))), Next::At(at(5)));
+        assert_eq!(look.until(None), Next::At(at(10)));
+        let look = Look {
+            at: at(10),
+            release_at: Some(at(3)),
+        };
+        assert_eq!(look.until(Some(at(5))), Next::At(at(3)));
+        assert_eq!(earliest(Next::Idle, Some(at(7))), Next::At(at(7)));
+        assert_eq!(earliest(Next::Idle, None), Next::Idle);
+    }
+
+    #[test]
+    fn entering_a_phase_records_it_with_its_time_and_message() {
+        let mut status = GpuRemediationStatus::default();
+        enter(&mut status, Phase::Cordoned, "cordoned", at(1));
+        enter(&mut status, Phase::Draining, "draining", at(2));
+        assert_eq!(status.phase, Phase::Draining);
+        assert_eq!(status.message.as_deref(), Some("draining"));
+        assert_eq!(phase_entered(&status, Phase::Cordoned), Some(at(1)));
+        assert_eq!(phase_entered(&status, Phase::Draining), Some(at(2)));
+    }
+
+    #[test]
+    fn long_event_notes_are_cut_on_a_character_boundary() {
+        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(truncate("short", 100), "short");
+    }
+}
