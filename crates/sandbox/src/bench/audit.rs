@@ -60,8 +60,8 @@ pub struct RequestCounts {
     pub total: u64,
 }
 
-/// Counts the requests `username` made that the server received at or after byte `from` of the
-/// log (take the log's length before a scenario, count after it).
+/// Counts the requests `username` made in `log` (a slice of the audit log, e.g. what
+/// [`AuditLog::since_mark`] returns for one scenario).
 #[must_use]
 pub fn count(log: &str, username: &str) -> RequestCounts {
     let mut counts = RequestCounts::default();

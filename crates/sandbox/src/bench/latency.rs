@@ -130,7 +130,7 @@ pub async fn reset(
             Err(source) => return Err(api_error(format!("deleting remediation {name}"))(source)),
         }
     }
-    eventually(
+    let released = eventually(
         "every node released and every remediation gone",
         Duration::from_secs(180),
         || async {
@@ -138,7 +138,25 @@ pub async fn reset(
             (left.is_empty() && watch.held().is_empty()).then_some(())
         },
     )
-    .await
+    .await;
+    if released.is_err() {
+        let left: Vec<String> = env
+            .remediations(scope)
+            .await?
+            .iter()
+            .map(|r| {
+                let phase = r.status.as_ref().map(|s| s.phase.to_string()).unwrap_or_default();
+                let deleting = r.metadata.deletion_timestamp.is_some();
+                format!("{} {phase} deleting={deleting}", r.spec.node_name)
+            })
+            .collect();
+        return Err(BenchSetupError::Step(format!(
+            "the controller did not release the nodes within 180s of their remediations being \
+             deleted; remediations left: {left:?}; nodes still held: {:?}",
+            watch.held()
+        )));
+    }
+    Ok(())
 }
 
 #[allow(clippy::cast_precision_loss, reason = "bytes shown in MiB")]

@@ -17,7 +17,10 @@ use gpu_sandbox::bench::report::{self, BenchResults};
 use gpu_sandbox::bench::{drain, footprint, latency};
 
 #[derive(Parser)]
-#[command(version, about = "Benchmarks of gpu-remediator against kubectl drain on the sandbox")]
+#[command(
+    version,
+    about = "Benchmarks of gpu-remediator against kubectl drain on the sandbox"
+)]
 struct Cli {
     /// The `gpu-remediator` binary (default: next to this one).
     #[arg(long)]
