@@ -506,6 +506,7 @@ async fn an_unhealthy_node_is_cordoned_within_a_second_and_drained_through_evict
     .await
     .unwrap();
     let budget = BudgetWatch::start(&s.client, &s.namespace, &web.selector());
+    let solo_watch = BudgetWatch::start(&s.client, &s.namespace, &solo.selector());
 
     s.policy(serde_json::json!({})).await;
     let controller = RunningController::start(&s.scope).await;
@@ -592,6 +593,12 @@ async fn an_unhealthy_node_is_cordoned_within_a_second_and_drained_through_evict
     assert!(
         left.values().all(|evicted| *evicted),
         "each left through the Eviction API: {left:?}"
+    );
+    let solo_left = solo_watch.left();
+    assert_eq!(
+        solo_left.get("solo"),
+        Some(&true),
+        "the bare pod left through the Eviction API too: {solo_left:?}"
     );
     assert!(
         budget.fewest_healthy() >= 3,
