@@ -77,6 +77,8 @@ fn the_demo_recycles_a_node_and_prints_its_summary_with_budgets_honoured() {
         "time to drained:   ",
         "time to replaced:  ",
         "through the Eviction API",
+        "attempts refused by a PDB (429)",
+        "training job llm-train: 2 pods on gpu-",
         "PDBs honoured:     yes",
         "the node group brought up gpu-",
         "torn down",

@@ -197,7 +197,7 @@ async fn run_on(
     wait_leader(&admin).await?;
 
     let broken = busiest_node(&admin).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    training_job(&admin, &broken, &fleet.node_names(), clock).await?;
     let fault_at = Instant::now();
     let gpus_left = fault::drop_gpu(&admin, &broken)
         .await
@@ -230,8 +230,7 @@ async fn run_on(
     figures.evictions = controller
         .metrics()
         .await
-        .map(|m| progress::evictions_by_result(&m))
-        .unwrap_or_default();
+        .map(|m| progress::evictions_by_result(&m));
     // The node group brings a fresh node once the old one is gone, as a cloud would.
     let deadline = Instant::now() + Duration::from_secs(30);
     while figures.replacement_node.is_none() && Instant::now() < deadline {
@@ -424,6 +423,69 @@ async fn wait_leader(admin: &Client) -> Result<(), RunDemoError> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A training job with 2 replicas (one GPU each) on the node about to break, behind a PDB with
+/// `minAvailable: 1`: the second eviction is refused (429) until the first pod's replacement runs elsewhere, so
+/// the drain has to wait for the budget, as real drains do. Two other nodes are cordoned while
+/// it starts so that every replica lands on `node`, then opened for the replacements.
+async fn training_job(
+    admin: &Client,
+    node: &str,
+    nodes: &[String],
+    clock: &Clock,
+) -> Result<(), RunDemoError> {
+    use crate::workload::{self, Budget, Workload};
+    let spares: Vec<String> = nodes.iter().filter(|n| *n != node).take(2).cloned().collect();
+    let mut allowed = vec![node.to_owned()];
+    allowed.extend(spares.iter().cloned());
+    let job = Workload::new(WORKLOAD_NAMESPACE, "llm-train")
+        .replicas(2)
+        .gpus(1)
+        .on_nodes(&allowed);
+    let nodes_api = Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone());
+    let cordon = |unschedulable: bool| {
+        let nodes_api = nodes_api.clone();
+        let spares = spares.clone();
+        async move {
+            let patch = serde_json::json!({"spec": {"unschedulable": unschedulable}});
+            for spare in &spares {
+                nodes_api
+                    .patch(
+                        spare,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await
+                    .map_err(step("cordoning the spare nodes while the training job starts"))?;
+            }
+            Ok::<(), RunDemoError>(())
+        }
+    };
+    cordon(true).await?;
+    workload::create(admin, &job.deployment())
+        .await
+        .map_err(step("creating the training job"))?;
+    workload::wait_ready_pods(
+        admin,
+        WORKLOAD_NAMESPACE,
+        &job.selector(),
+        2,
+        Duration::from_secs(60),
+    )
+    .await
+    .map_err(step("waiting for the training job"))?;
+    cordon(false).await?;
+    workload::create(admin, &job.pdb(&Budget::min_available(1)))
+        .await
+        .map_err(step("creating the training job's PDB"))?;
+    workload::wait_pdb_allows(admin, WORKLOAD_NAMESPACE, "llm-train", 1, Duration::from_secs(60))
+        .await
+        .map_err(step("waiting for the training job's PDB"))?;
+    clock.say(&format!(
+        "training job llm-train: 2 pods on {node}, PDB minAvailable 1 (only one may be away at a time)"
+    ));
+    Ok(())
 }
 
 /// The node to break: the one holding the most pods of a single Deployment (so that its PDB

@@ -117,19 +117,21 @@ impl ControllerProcess {
         self.child.id()
     }
 
-    /// The body of `GET /metrics`, or `None` if it cannot be read. A plain HTTP/1.0 request: the
+    /// The body of `GET /metrics`, or `None` if it cannot be read. A plain HTTP/1.1 request: the
     /// demo needs nothing more, and no HTTP client is worth a dependency for it.
     pub async fn metrics(&self) -> Option<String> {
         let read = async {
             let mut stream = tokio::net::TcpStream::connect(self.listen).await.ok()?;
             stream
-                .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
                 .await
                 .ok()?;
             let mut response = String::new();
             stream.read_to_string(&mut response).await.ok()?;
             let (head, body) = response.split_once("\r\n\r\n")?;
-            head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+            let ok = head.split_whitespace().nth(1) == Some("200");
+            let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+            ok.then(|| if chunked { dechunk(body) } else { body.to_owned() })
         };
         tokio::time::timeout(Duration::from_secs(5), read)
             .await
@@ -147,5 +149,32 @@ impl ControllerProcess {
     pub async fn stop(mut self, grace: Duration) -> bool {
         drop(self.child.stdin.take());
         tokio::time::timeout(grace, self.child.wait()).await.is_ok()
+    }
+}
+
+/// The body of a chunked HTTP/1.1 response.
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if size == 0 || after.len() < size {
+            break;
+        }
+        out.push_str(&after[..size]);
+        rest = after[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dechunk;
+
+    #[test]
+    fn a_chunked_body_is_joined_and_its_sizes_dropped() {
+        assert_eq!(dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"), "hello world");
     }
 }

@@ -161,8 +161,8 @@ pub struct Figures {
     pub phase_seen: BTreeMap<String, Duration>,
     /// Pods the drain moved.
     pub pods_evicted: u32,
-    /// Eviction attempts by result, from the controller's metrics (empty if unreadable).
-    pub evictions: BTreeMap<String, u64>,
+    /// Eviction attempts by result, from the controller's metrics (`None`: unreadable).
+    pub evictions: Option<BTreeMap<String, u64>>,
     /// The node that replaced the broken one, if it came.
     pub replacement_node: Option<String>,
     /// The PDB watch.
@@ -208,14 +208,21 @@ pub fn summary(figures: &Figures) -> String {
         "  time to replaced:  {} (node deleted{replaced})",
         at(figures, Phase::Succeeded)
     );
-    let count = |result: &str| figures.evictions.get(result).copied().unwrap_or(0);
+    let attempts = figures.evictions.as_ref().map_or_else(
+        || "the controller's /metrics could not be read for the attempts".to_owned(),
+        |counts| {
+            let count = |result: &str| counts.get(result).copied().unwrap_or(0);
+            format!(
+                "{} attempts refused by a PDB (429) and retried; {} force-deleted",
+                count("Blocked"),
+                count("ForceDeleted")
+            )
+        },
+    );
     let _ = writeln!(
         text,
-        "  pods evicted:      {} through the Eviction API; {} attempts refused by a PDB (429) and retried; {} \
-         force-deleted",
-        figures.pods_evicted,
-        count("Blocked"),
-        count("ForceDeleted")
+        "  pods evicted:      {} through the Eviction API; {attempts}",
+        figures.pods_evicted
     );
     let budgets = &figures.budgets;
     let verdict = if budgets.honoured() {
@@ -322,7 +329,7 @@ mod tests {
             .into_iter()
             .collect(),
             pods_evicted: 4,
-            evictions: [("Blocked".to_owned(), 2)].into_iter().collect(),
+            evictions: Some([("Blocked".to_owned(), 2)].into_iter().collect()),
             replacement_node: None,
             budgets,
             wall: Duration::from_secs(40),
