@@ -1,8 +1,9 @@
 //! Detection-to-cordon latency: on a fleet of `nodes` nodes carrying `pods_per_node` pods each,
 //! `k` nodes report `GpuHealthy=False` with one shared transition time; the latency of each is
 //! from the instant its trigger's `for` elapses to the instant a node watch sees it cordoned and
-//! tainted. Rounds of 1, 10, 100 faults run on the same fleet and controller, each cleaned up
-//! (healed, remediations deleted, nodes released) before the next.
+//! tainted. Rounds of 1, 10, 100 faults run on the same fleet and controller, on nodes no earlier
+//! round broke while the fleet has enough (earlier rounds' drains still run in the background);
+//! otherwise the broken nodes are healed, their remediations deleted and the nodes released first.
 
 use std::time::Duration;
 
@@ -186,9 +187,45 @@ pub async fn run(env: &BenchEnv, options: &LatencyOptions) -> Result<Vec<Latency
         .map_err(|e| BenchSetupError::Step(e.to_string()))?;
     let mut names = fleet.node_names();
     names.sort();
+    let rounds = run_rounds(env, options, &scope, &names, &watch, &controller).await;
+    if controller.exited().is_some() {
+        eprintln!(
+            "latency: the controller exited early:\n{}",
+            controller.log_tail(30)
+        );
+    }
+    controller.terminate().await;
+    env.delete_policy(&scope).await?;
+    drop(watch);
+    fleet
+        .stop()
+        .await
+        .map_err(|e| BenchSetupError::Step(e.to_string()))?;
+    env.delete_namespace(&scope).await?;
+    rounds
+}
+
+/// The rounds themselves; the caller cleans up whatever they return.
+async fn run_rounds(
+    env: &BenchEnv,
+    options: &LatencyOptions,
+    scope: &str,
+    names: &[String],
+    watch: &CordonWatch,
+    controller: &super::actor::ControllerProcess,
+) -> Result<Vec<LatencyResult>, BenchSetupError> {
+    let pods = options.nodes * options.pods_per_node;
     let mut results = Vec::new();
+    // Each round breaks nodes no earlier round broke while the fleet has enough; only then are
+    // the broken nodes healed, their remediations deleted and the nodes released for reuse.
+    let mut next = 0;
     for &faults in &options.faults {
-        let broken: Vec<String> = names.iter().take(faults).cloned().collect();
+        if next + faults > names.len() {
+            reset(env, scope, watch, &names[..next]).await?;
+            next = 0;
+        }
+        let broken: Vec<String> = names[next..next + faults].to_vec();
+        next += faults;
         let at = bench_env::next_whole_second(Duration::from_millis(300));
         let wait = at.duration_since(Timestamp::now());
         tokio::time::sleep(Duration::try_from(wait).unwrap_or_default()).await;
@@ -226,21 +263,6 @@ pub async fn run(env: &BenchEnv, options: &LatencyOptions) -> Result<Vec<Latency
             result.nodes, faults, result.cordoned, faults, result.p50_ms, result.p99_ms
         );
         results.push(result);
-        reset(env, &scope, &watch, &broken).await?;
     }
-    if controller.exited().is_some() {
-        eprintln!(
-            "latency: the controller exited early:\n{}",
-            controller.log_tail(30)
-        );
-    }
-    controller.terminate().await;
-    env.delete_policy(&scope).await?;
-    drop(watch);
-    fleet
-        .stop()
-        .await
-        .map_err(|e| BenchSetupError::Step(e.to_string()))?;
-    env.delete_namespace(&scope).await?;
     Ok(results)
 }

@@ -38,12 +38,17 @@ pub struct BenchResults {
     pub drain: Option<DrainComparison>,
     /// RSS and CPU by fleet size.
     pub footprint: Vec<FootprintResult>,
+    /// Scenarios that failed, with why (the others still ran).
+    pub failures: Vec<String>,
 }
 
 /// The tables, in Markdown.
 #[must_use]
 pub fn markdown(results: &BenchResults) -> String {
     let mut out = String::new();
+    for failure in &results.failures {
+        let _ = writeln!(out, "**Failed:** {failure}\n");
+    }
     if !results.latency.is_empty() {
         out.push_str("### Detection to cordon (from the moment `for` elapses)\n\n");
         out.push_str(

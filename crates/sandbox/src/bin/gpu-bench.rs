@@ -87,7 +87,7 @@ async fn main() -> anyhow::Result<()> {
         controller_binary: controller_bin.display().to_string(),
         ..BenchResults::default()
     };
-    let outcome = run(&env, &cli, wants, &mut results).await;
+    run(&env, &cli, wants, &mut results).await;
     let json = serde_json::to_string_pretty(&results).context("serialising results")?;
     if let Some(dir) = cli.out.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -96,17 +96,23 @@ async fn main() -> anyhow::Result<()> {
     println!("{}", report::markdown(&results));
     eprintln!("results written to {}", cli.out.display());
     env.control_plane.stop().await;
-    outcome
+    anyhow::ensure!(
+        results.failures.is_empty(),
+        "{} scenario(s) failed: {:?}",
+        results.failures.len(),
+        results.failures
+    );
+    Ok(())
 }
 
-async fn run(
-    env: &BenchEnv,
-    cli: &Cli,
-    wants: impl Fn(&str) -> bool,
-    results: &mut BenchResults,
-) -> anyhow::Result<()> {
+/// Runs every wanted scenario; one that fails is recorded in `results.failures` (and fails the
+/// run at the end) without keeping the others from running.
+async fn run(env: &BenchEnv, cli: &Cli, wants: impl Fn(&str) -> bool, results: &mut BenchResults) {
     if wants("drain") {
-        results.drain = Some(drain::run(env).await.context("the drain scenario")?);
+        match drain::run(env).await {
+            Ok(drain) => results.drain = Some(drain),
+            Err(e) => results.failures.push(format!("the drain scenario: {e}")),
+        }
     }
     if wants("latency") {
         for (i, &nodes) in cli.latency_nodes.iter().enumerate() {
@@ -125,23 +131,32 @@ async fn run(
                 faults: cli.faults.iter().copied().filter(|&f| f <= nodes).collect(),
                 trigger_for: Duration::from_secs(cli.trigger_for_seconds),
             };
-            let rounds = latency::run(env, &options)
-                .await
-                .with_context(|| format!("the latency scenario on {nodes} nodes"))?;
-            results.latency.extend(rounds);
+            match latency::run(env, &options).await {
+                Ok(rounds) => results.latency.extend(rounds),
+                Err(e) => results
+                    .failures
+                    .push(format!("the latency scenario on {nodes} nodes: {e}")),
+            }
         }
     }
     if wants("footprint") {
         for size in &cli.footprint {
-            let (nodes, pods_per_node) = match size.split_once(':') {
-                Some((n, p)) => (n.parse()?, p.parse()?),
-                None => (size.parse()?, 0),
+            let parsed = match size.split_once(':') {
+                Some((n, p)) => n.parse().ok().zip(p.parse().ok()),
+                None => size.parse().ok().map(|n| (n, 0)),
             };
-            let result = footprint::run(env, nodes, pods_per_node, 10)
-                .await
-                .with_context(|| format!("the footprint scenario on {nodes} nodes"))?;
-            results.footprint.push(result);
+            let Some((nodes, pods_per_node)) = parsed else {
+                results
+                    .failures
+                    .push(format!("--footprint {size}: not NODES or NODES:PODS_PER_NODE"));
+                continue;
+            };
+            match footprint::run(env, nodes, pods_per_node, 10).await {
+                Ok(result) => results.footprint.push(result),
+                Err(e) => results
+                    .failures
+                    .push(format!("the footprint scenario on {nodes} nodes: {e}")),
+            }
         }
     }
-    Ok(())
 }
