@@ -536,8 +536,9 @@ async fn an_unhealthy_node_is_cordoned_within_a_second_and_drained_through_evict
     );
     eprintln!("figure: cordoned {:.3}s after `for` elapsed", late.as_secs_f64());
 
+    // Action None: drained, the node is held cordoned (Verifying) for a person or for recovery.
     let done = s
-        .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(90))
+        .wait_phase(&broken, Phase::Verifying, Duration::from_secs(90))
         .await;
     let status = done.status.clone().unwrap();
     let drain = status.drain.clone().unwrap();
@@ -552,22 +553,19 @@ async fn an_unhealthy_node_is_cordoned_within_a_second_and_drained_through_evict
         "{:?}",
         status.phase_history
     );
-    let (cordoned, draining, succeeded) = (
+    let (cordoned, draining, held) = (
         phase_at(&done, Phase::Cordoned).unwrap(),
         phase_at(&done, Phase::Draining).unwrap(),
-        phase_at(&done, Phase::Succeeded).unwrap(),
+        phase_at(&done, Phase::Verifying).unwrap(),
     );
     assert!(
-        cordoned <= draining && draining <= succeeded,
+        cordoned <= draining && draining <= held,
         "{:?}",
         status.phase_history
     );
     assert_eq!(done.spec.trigger.reason, "XID79");
     assert_eq!(done.labels().get(NODE_LABEL), Some(&broken));
-    eprintln!(
-        "figure: drain of 5 pods took {}",
-        succeeded.duration_since(draining)
-    );
+    eprintln!("figure: drain of 5 pods took {}", held.duration_since(draining));
 
     // What had to leave left through evictions; what had to stay stayed.
     let remaining: Vec<String> = s
@@ -665,7 +663,7 @@ async fn force_delete_removes_what_the_budget_protects_after_the_timeout() {
     let controller = RunningController::start(&s.scope).await;
     s.break_gpu(&broken).await;
     let done = s
-        .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(60))
+        .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
         .await;
     assert!(
         s.pods_on(&broken)
@@ -689,7 +687,7 @@ async fn proceed_hands_over_with_the_protected_pods_still_there() {
     let controller = RunningController::start(&s.scope).await;
     s.break_gpu(&broken).await;
     let done = s
-        .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(60))
+        .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
         .await;
     let still: Vec<_> = s
         .pods_on(&broken)
@@ -785,6 +783,13 @@ async fn one_at_a_time_and_two_per_hour_starts_exactly_two_of_three_and_reports_
             })
             .count();
         most_in_flight = most_in_flight.max(in_flight);
+        // Action None holds each drained node (and its concurrency slot) for a person: be one.
+        for held in remediations
+            .iter()
+            .filter(|r| r.status.as_ref().is_some_and(|st| st.phase == Phase::Verifying))
+        {
+            s.set_unschedulable(&held.spec.node_name, false).await;
+        }
         let finished = remediations
             .iter()
             .filter(|r| r.status.as_ref().is_some_and(|st| st.phase == Phase::Succeeded))
@@ -1016,9 +1021,134 @@ async fn manual_mode_waits_for_approval_and_then_proceeds() {
         )
         .await
         .unwrap();
-    s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
+    s.wait_phase(&broken, Phase::Verifying, Duration::from_secs(30))
         .await;
     assert!(is_unschedulable(&s.node(&broken).await));
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_failing_again_past_one_attempt_per_hour_requires_a_person_and_proceeds_once_approved() {
+    let s = Scenario::new(2).await;
+    let broken = s.nodes()[0].clone();
+    s.policy(serde_json::json!({"safety": {"maxUnhealthy": "100%", "maxAttemptsPerNode": {"count": 1, "per": "1h"}}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+
+    // The first episode is remediated (action None holds the node) and recovers.
+    s.break_gpu(&broken).await;
+    let first = s
+        .wait_phase(&broken, Phase::Verifying, Duration::from_secs(30))
+        .await;
+    s.heal_gpu(&broken).await;
+    s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
+        .await;
+    assert!(
+        !is_unschedulable(&s.node(&broken).await),
+        "recovery uncordoned it"
+    );
+
+    // The second episode within the hour is one recycle too many.
+    s.break_gpu(&broken).await;
+    let second = eventually(
+        "the second episode's remediation in ManualRequired",
+        Duration::from_secs(30),
+        || async {
+            s.remediations().await.into_iter().find(|r| {
+                r.spec.node_name == broken
+                    && r.name_any() != first.name_any()
+                    && r.status
+                        .as_ref()
+                        .is_some_and(|st| st.phase == Phase::ManualRequired)
+            })
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let node = s.node(&broken).await;
+    assert!(
+        !is_unschedulable(&node) && !has_our_taint(&node),
+        "nothing is touched before a person acts"
+    );
+    let message = second
+        .status
+        .as_ref()
+        .and_then(|st| st.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains("within 1h")
+            && message.contains("maxAttemptsPerNode 1")
+            && message.contains(&format!("{APPROVED_ANNOTATION}=true")),
+        "{message}"
+    );
+    let policy = Api::<GpuRemediationPolicy>::all(s.client.clone())
+        .get(&s.scope)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(policy.in_flight, 0, "ManualRequired is not in flight");
+    assert_eq!(
+        policy.budget.unwrap().started_in_window,
+        1,
+        "nor counted against the rate"
+    );
+    assert_eq!(
+        events_about(&s.client, &second.name_any())
+            .await
+            .get("AttemptsExhausted"),
+        Some(&1),
+        "one Event"
+    );
+    let still = s
+        .remediations()
+        .await
+        .into_iter()
+        .find(|r| r.name_any() == second.name_any())
+        .and_then(|r| r.status)
+        .map(|st| st.phase);
+    assert_eq!(still, Some(Phase::ManualRequired), "left alone");
+
+    // A person approves: it proceeds like an admitted remediation.
+    let patch = serde_json::json!({"metadata": {"annotations": {APPROVED_ANNOTATION: "true"}}});
+    Api::<GpuRemediation>::all(s.client.clone())
+        .patch(&second.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let approved = eventually(
+        "the approved remediation to cordon",
+        Duration::from_secs(30),
+        || async {
+            s.remediations().await.into_iter().find(|r| {
+                r.name_any() == second.name_any()
+                    && r.status
+                        .as_ref()
+                        .is_some_and(|st| st.phase_history.iter().any(|t| t.phase == Phase::Cordoned))
+            })
+        },
+    )
+    .await;
+    assert!(
+        is_unschedulable(&s.node(&broken).await),
+        "cordoned after approval"
+    );
+    let history: Vec<Phase> = approved
+        .status
+        .unwrap()
+        .phase_history
+        .iter()
+        .map(|t| t.phase)
+        .collect();
+    assert_eq!(
+        &history[..4],
+        &[
+            Phase::Pending,
+            Phase::ManualRequired,
+            Phase::Pending,
+            Phase::Cordoned
+        ],
+        "{history:?}"
+    );
     controller.stop().await;
 }
 
@@ -1041,7 +1171,7 @@ async fn a_restart_mid_drain_resumes_the_same_remediation_without_resetting_the_
     s.break_gpu(&nodes[1]).await;
     let second = RunningController::start(&s.scope).await;
     let done = s
-        .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(60))
+        .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
         .await;
     assert_eq!(
         done.name_any(),
@@ -1059,6 +1189,11 @@ async fn a_restart_mid_drain_resumes_the_same_remediation_without_resetting_the_
         1,
         "{history:?}"
     );
+    // A person releases the held node (action None), freeing its concurrency slot: only the
+    // rate window holds the second node back now.
+    s.set_unschedulable(&broken, false).await;
+    s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
+        .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         s.remediations().await.len(),

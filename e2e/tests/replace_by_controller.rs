@@ -2,7 +2,7 @@
 //! test's policy), end to end: a broken node is cordoned, drained and replaced through its Cluster
 //! API Machine, its Karpenter `NodeClaim`, or a template object, with the sandbox's fake provider
 //! playing Cluster API and Karpenter against their real CRDs; and action `None` stops after the
-//! drain with the node left cordoned for a person.
+//! drain, holds the node cordoned for a person or for recovery, and uncordons it once it recovers.
 
 mod common;
 
@@ -372,19 +372,19 @@ async fn the_controller_reboots_through_a_template_and_finishes_when_the_object_
 }
 
 #[tokio::test]
-async fn action_none_stops_after_the_drain_and_leaves_the_node_cordoned_for_a_person() {
-    let spec = json!({"action": "None"});
+async fn action_none_holds_the_drained_node_cordoned_until_it_recovers_then_uncordons_and_succeeds() {
+    let spec = json!({"action": "None", "release": {"healthyFor": "2s"}});
     let mut s = Scenario::new(1, spec).await;
     let broken = s.fleet.node_names()[0].clone();
     s.start_controller().await;
 
     s.break_node(&broken).await;
-    let done = s
-        .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(60))
+    let held = s
+        .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let status = done.status.expect("status");
+    let status = held.status.expect("status");
     assert!(
         status.replacement.is_none(),
         "nothing replaces the node: {:?}",
@@ -395,11 +395,59 @@ async fn action_none_stops_after_the_drain_and_leaves_the_node_cordoned_for_a_pe
         "{:?}",
         status.phase_history
     );
+    assert!(
+        status
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("waits for a person") && m.contains("recovery")),
+        "{:?}",
+        status.message
+    );
     assert_eq!(status.drain.map(|d| d.pods_remaining), Some(0), "drained");
+    let still = s
+        .remediation(&broken)
+        .await
+        .and_then(|r| r.status)
+        .map(|st| st.phase);
+    assert_eq!(
+        still,
+        Some(Phase::Verifying),
+        "it keeps waiting while the node is broken"
+    );
     let node = s.node(&broken).await.expect("the node stays");
     assert_eq!(
         node.spec.and_then(|spec| spec.unschedulable),
         Some(true),
-        "still cordoned, waiting for a person"
+        "still cordoned, waiting for a person or for recovery"
+    );
+
+    // The trigger clears and stays clear for release.healthyFor: uncordoned, Succeeded.
+    gpu_sandbox::fault::set_gpu_condition(&s.client, &broken, "True", "GpusHealthy", "all GPUs healthy")
+        .await
+        .expect("heal");
+    let done = s
+        .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
+        .await;
+    assert!(
+        done.status
+            .as_ref()
+            .and_then(|st| st.message.as_deref())
+            .is_some_and(|m| m.contains("recovered")),
+        "{:?}",
+        done.status
+    );
+    let node = s.node(&broken).await.expect("the node stays");
+    assert_ne!(
+        node.spec.as_ref().and_then(|spec| spec.unschedulable),
+        Some(true),
+        "recovery uncordons the node we cordoned"
+    );
+    assert!(
+        node.spec
+            .and_then(|spec| spec.taints)
+            .unwrap_or_default()
+            .iter()
+            .all(|t| !t.key.starts_with("gpuremediation.dev")),
+        "our taint is gone"
     );
 }

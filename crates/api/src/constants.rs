@@ -13,6 +13,10 @@ pub const CORDONED_BY_ANNOTATION: &str = "gpuremediation.dev/cordoned-by";
 pub const PRE_CORDONED_ANNOTATION: &str = "gpuremediation.dev/pre-cordoned";
 /// Annotation a person sets to `"true"` on a `GpuRemediation` waiting in `AwaitingApproval`.
 pub const APPROVED_ANNOTATION: &str = "gpuremediation.dev/approved";
+/// Annotation the controller sets on a `GpuRemediation` it creates for a node that used up
+/// `maxAttemptsPerNode`: the record enters `ManualRequired` and touches nothing until a person
+/// sets `APPROVED_ANNOTATION`. Its value says how many attempts in which window.
+pub const ATTEMPTS_EXHAUSTED_ANNOTATION: &str = "gpuremediation.dev/attempts-exhausted";
 /// Annotation a person sets on a `ManualRequired` node's remediation, or on a node, to clear a
 /// latched fatal signal or the attempts limit. Its value is the time of the clear (RFC 3339, e.g.
 /// `$(date -u +%FT%TZ)`): what began at or before that time is cleared, a later fault is not (the

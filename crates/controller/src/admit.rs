@@ -1,7 +1,8 @@
 //! Carries out the fleet plan for one policy: creates the admitted remediations, writes the
 //! policy's status when it changed, and publishes one Event per change (a remediation started, a
 //! node newly held back or held back for another reason, the circuit breaker opening or closing),
-//! never one per pass.
+//! never one per pass. A record for a node past `maxAttemptsPerNode` is created silently: its
+//! one Event comes when it enters `ManualRequired`.
 
 use gpu_remediation_api::constants::reasons;
 use kube::{
@@ -21,6 +22,15 @@ pub enum ApplyPolicyPlanError {
     /// Creating a remediation failed.
     #[error(transparent)]
     Create(#[from] CreateRemediationError),
+    /// Bringing an approved `ManualRequired` remediation back to `Pending` failed.
+    #[error("re-admitting remediation {name} failed: {source}")]
+    Readmit {
+        /// The remediation.
+        name: String,
+        /// What went wrong.
+        #[source]
+        source: WriteStatusError,
+    },
     /// Writing the policy's status failed.
     #[error(transparent)]
     WriteStatus(#[from] WriteStatusError),
@@ -68,6 +78,33 @@ pub async fn apply(ctx: &Context, plan: PolicyPlan) -> Result<(), ApplyPolicyPla
             .await;
         ctx.ops
             .publish(policy, event(reasons::STARTED, &note, EventType::Normal))
+            .await;
+    }
+    for record in &plan.manual_required {
+        let mut created = ctx.ops.create_remediation(record).await?;
+        created.managed_fields_mut().clear();
+        ctx.caches.written_remediations.record(created.clone());
+        tracing::info!(remediation = %created.name_any(), node = %created.spec.node_name, "node past maxAttemptsPerNode: a person must act");
+    }
+    for (record, status) in &plan.readmit {
+        let mut updated = ctx
+            .ops
+            .write_remediation_status(record, status)
+            .await
+            .map_err(|source| ApplyPolicyPlanError::Readmit {
+                name: record.clone(),
+                source,
+            })?;
+        updated.managed_fields_mut().clear();
+        ctx.caches.written_remediations.record(updated.clone());
+        ctx.metrics.remediation_started(&name, updated.spec.action);
+        let note = format!(
+            "remediation {record} of node {}: approved past maxAttemptsPerNode and admitted by the budget; proceeding",
+            updated.spec.node_name
+        );
+        tracing::info!(remediation = %record, "approved past maxAttemptsPerNode: re-admitted");
+        ctx.ops
+            .publish(&updated, event(reasons::STARTED, &note, EventType::Normal))
             .await;
     }
     if policy.status.as_ref() != Some(&plan.status) {

@@ -29,6 +29,10 @@ pub struct Candidate {
     pub node: String,
     /// Since when its trigger has held.
     pub since: Timestamp,
+    /// Whether a person approved going past `maxAttemptsPerNode` (its `ManualRequired` record
+    /// carries `gpuremediation.dev/approved=true`): the attempts limit no longer holds it back,
+    /// every other limit still does.
+    pub approved_past_attempts: bool,
 }
 
 /// What the budget is computed from.
@@ -218,7 +222,8 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
                 .iter()
                 .filter(|s| s.node == candidate.node && s.at > attempts_window),
         );
-        let deferral = if attempts >= safety.max_attempts_per_node.count {
+        let deferral = if attempts >= safety.max_attempts_per_node.count && !candidate.approved_past_attempts
+        {
             Some(Deferral::AttemptsExhausted {
                 attempts,
                 limit: safety.max_attempts_per_node.count,
@@ -300,6 +305,7 @@ mod tests {
         Candidate {
             node: node.into(),
             since: at(since),
+            approved_past_attempts: false,
         }
     }
 
@@ -465,6 +471,29 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_person_approving_past_the_attempts_limit_still_waits_for_a_slot() {
+        let safety = safety(1, "100%", (10, 3600));
+        let history = [
+            started("a", 10, false),
+            started("a", 20, false),
+            started("b", 30, true),
+        ];
+        let approved = Candidate {
+            approved_past_attempts: true,
+            ..candidate("a", 1)
+        };
+        let decision = admit(inputs(&safety, &history, vec![approved.clone()]));
+        assert!(decision.admitted.is_empty());
+        assert!(
+            matches!(decision.waiting[0].deferral, Deferral::Concurrency { .. }),
+            "{:?}",
+            decision.waiting
+        );
+        let decision = admit(inputs(&safety, &history[..2], vec![approved.clone()]));
+        assert_eq!(decision.admitted, vec![approved]);
     }
 
     #[test]

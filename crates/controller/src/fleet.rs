@@ -7,6 +7,13 @@
 //! recorded as a dry run, failed) is not remediated again until its condition clears and breaks
 //! anew, so the controller never fights a person who uncordoned a node, and a dry run is recorded
 //! once.
+//!
+//! A node due for one recycle too many (`maxAttemptsPerNode` used up in its window) gets its
+//! episode's record all the same, marked `gpuremediation.dev/attempts-exhausted`: it enters
+//! `ManualRequired`, touches nothing and counts against neither concurrency nor rate. When a
+//! person annotates that record `gpuremediation.dev/approved=true`, the record becomes a
+//! candidate again, free of the attempts limit but still subject to pause, the circuit breaker,
+//! concurrency and rate; once admitted it goes back to `Pending` and proceeds like any other.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -14,10 +21,13 @@ use std::{
 };
 
 use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, GpuRemediationSpec,
-    constants::{NODE_LABEL, POLICY_LABEL, REMEDIATION_FINALIZER, policy_conditions, reasons},
+    GpuRemediation, GpuRemediationPolicy, GpuRemediationSpec, GpuRemediationStatus, Phase,
+    constants::{
+        APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, NODE_LABEL, POLICY_LABEL, REMEDIATION_FINALIZER,
+        policy_conditions, reasons,
+    },
     policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, WaitingNode},
-    remediation::TriggerRecord,
+    remediation::{PhaseTransition, TriggerRecord},
     validate,
 };
 use jiff::Timestamp;
@@ -40,6 +50,11 @@ pub struct PolicyPlan {
     pub policy: Arc<GpuRemediationPolicy>,
     /// Remediations to create now, longest unhealthy first.
     pub create: Vec<GpuRemediation>,
+    /// Records to create for nodes past `maxAttemptsPerNode` (they enter `ManualRequired`).
+    pub manual_required: Vec<GpuRemediation>,
+    /// `ManualRequired` records a person approved and the budget admitted now: the status to
+    /// write to each (back in `Pending`), by record name.
+    pub readmit: Vec<(String, GpuRemediationStatus)>,
     /// The status to write (conditions keep their transition times when unchanged).
     pub status: GpuRemediationPolicyStatus,
     /// Nodes that newly wait, or wait for another reason than before: one Event each.
@@ -123,7 +138,7 @@ fn plan_policy(
     let spec = &policy.spec;
     let (unhealthy, mut wake) = detect_all(nodes, spec, now);
 
-    let (candidates, evidence_of) = candidates(&unhealthy, remediations);
+    let found = candidates(&unhealthy, remediations);
     let started = started(&name, remediations, now);
     let selected = count(nodes.len());
     let decision = budget::admit(budget::Inputs {
@@ -132,7 +147,7 @@ fn plan_policy(
         selected,
         unhealthy: count(unhealthy.len()),
         started: &started,
-        candidates,
+        candidates: found.candidates.clone(),
         now,
     });
 
@@ -146,17 +161,15 @@ fn plan_policy(
             .collect::<Vec<_>>()
             .join("; ")
     });
-    let create: Vec<GpuRemediation> = decision
-        .admitted
-        .iter()
-        .filter(|_| invalid.is_none())
-        .filter_map(|c| evidence_of.get(&c.node))
-        .map(|(node, evidence)| new_remediation(policy, node, evidence))
-        .collect();
+    let Records {
+        create,
+        readmit,
+        manual_required,
+    } = records(policy, &decision, &found, invalid.is_none(), now);
     let counted = if spec.mode == Mode::DryRun {
         0
     } else {
-        count(create.len())
+        count(create.len() + readmit.len())
     };
     if decision
         .waiting
@@ -166,10 +179,16 @@ fn plan_policy(
         wake = earliest(wake, decision.next_slot_at);
     }
 
+    // A node past its attempts is not waiting: its `ManualRequired` record says why, once.
     let waiting: Vec<WaitingNode> = decision
         .waiting
         .iter()
         .filter(|_| invalid.is_none())
+        .filter(|w| {
+            !manual_required
+                .iter()
+                .any(|r| r.spec.node_name == w.candidate.node)
+        })
         .map(|w| WaitingNode {
             node: w.candidate.node.clone(),
             unhealthy_since: Some(Time(w.candidate.since)),
@@ -228,6 +247,8 @@ fn plan_policy(
         PolicyPlan {
             policy: policy.clone(),
             create,
+            manual_required,
+            readmit,
             status,
             newly_waiting,
             circuit_change,
@@ -327,16 +348,140 @@ fn expired(
         .collect()
 }
 
+/// The records a policy's decision writes.
+struct Records {
+    /// New remediations the budget admitted.
+    create: Vec<GpuRemediation>,
+    /// Approved `ManualRequired` records the budget admitted, with their status back in `Pending`.
+    readmit: Vec<(String, GpuRemediationStatus)>,
+    /// New records for nodes past `maxAttemptsPerNode`, marked to enter `ManualRequired`.
+    manual_required: Vec<GpuRemediation>,
+}
+
+/// The records to write for `decision` (none for an invalid policy).
+fn records(
+    policy: &GpuRemediationPolicy,
+    decision: &budget::Decision,
+    found: &Found<'_, '_>,
+    valid: bool,
+    now: Timestamp,
+) -> Records {
+    if !valid {
+        return Records {
+            create: Vec::new(),
+            readmit: Vec::new(),
+            manual_required: Vec::new(),
+        };
+    }
+    let create = decision
+        .admitted
+        .iter()
+        .filter(|c| !found.approved_records.contains_key(&c.node))
+        .filter_map(|c| found.evidence_of.get(&c.node))
+        .map(|(node, evidence)| new_remediation(policy, node, evidence))
+        .collect();
+    let readmit = decision
+        .admitted
+        .iter()
+        .filter_map(|c| found.approved_records.get(&c.node))
+        .map(|record| (record.name_any(), readmitted_status(record, now)))
+        .collect();
+    let manual_required = decision
+        .waiting
+        .iter()
+        .filter(|_| policy.spec.mode != Mode::DryRun)
+        .filter(|w| matches!(w.deferral, Deferral::AttemptsExhausted { .. }))
+        .filter_map(|w| {
+            let (node, evidence) = found.evidence_of.get(&w.candidate.node)?;
+            let mut record = new_remediation(policy, node, evidence);
+            record
+                .annotations_mut()
+                .insert(ATTEMPTS_EXHAUSTED_ANNOTATION.to_owned(), w.deferral.message());
+            Some(record)
+        })
+        .collect();
+    Records {
+        create,
+        readmit,
+        manual_required,
+    }
+}
+
+/// Whether `remediation` was created past `maxAttemptsPerNode` and has not been admitted since:
+/// it waits for a person (in `ManualRequired`, or in `Pending` on its way there) and counts
+/// against neither concurrency, rate nor attempts.
+#[must_use]
+pub fn awaits_person_past_attempts(remediation: &GpuRemediation) -> bool {
+    remediation
+        .annotations()
+        .contains_key(ATTEMPTS_EXHAUSTED_ANNOTATION)
+        && !remediation.status.as_ref().is_some_and(|s| {
+            s.phase_history
+                .iter()
+                .skip_while(|t| t.phase != Phase::ManualRequired)
+                .any(|t| t.phase == Phase::Pending)
+        })
+}
+
+/// The status of an approved `ManualRequired` record the budget admitted: back in `Pending`.
+fn readmitted_status(record: &GpuRemediation, now: Timestamp) -> GpuRemediationStatus {
+    let mut status = record.status.clone().unwrap_or_default();
+    let message = "a person approved going past maxAttemptsPerNode and the budget admitted it: proceeding";
+    status.phase = Phase::Pending;
+    status.message = Some(message.to_owned());
+    status.phase_history.push(PhaseTransition {
+        phase: Phase::Pending,
+        at: Time(now),
+        message: Some(message.to_owned()),
+    });
+    status
+}
+
+/// The candidates of one policy, with what admitting each needs.
+struct Found<'n, 'r> {
+    /// Nodes that may start (or, approved, resume) a remediation.
+    candidates: Vec<Candidate>,
+    /// The evidence each new candidate was found unhealthy on.
+    evidence_of: BTreeMap<String, (&'n Node, Evidence)>,
+    /// This episode's `ManualRequired` record a person approved, by node.
+    approved_records: BTreeMap<String, &'r GpuRemediation>,
+}
+
 /// Unhealthy nodes free to start a remediation: none in flight for the node, and none yet for
-/// this episode. Returns them with the evidence each was found unhealthy on.
-fn candidates<'n>(
+/// this episode, or this episode's `ManualRequired` record approved by a person.
+fn candidates<'n, 'r>(
     unhealthy: &[(&'n Node, Evidence)],
-    remediations: &[Arc<GpuRemediation>],
-) -> (Vec<Candidate>, BTreeMap<String, (&'n Node, Evidence)>) {
+    remediations: &'r [Arc<GpuRemediation>],
+) -> Found<'n, 'r> {
     let mut candidates = Vec::new();
     let mut evidence_of: BTreeMap<String, (&Node, Evidence)> = BTreeMap::new();
+    let mut approved_records = BTreeMap::new();
     for (node, evidence) in unhealthy {
         let node_name = node.name_any();
+        let approved = remediations.iter().find(|r| {
+            r.spec.node_name == node_name
+                && r.metadata.deletion_timestamp.is_none()
+                && r.status
+                    .as_ref()
+                    .is_some_and(|s| s.phase == Phase::ManualRequired)
+                && r.spec
+                    .trigger
+                    .since
+                    .as_ref()
+                    .is_some_and(|t| t.0 == evidence.since)
+                && r.annotations()
+                    .get(APPROVED_ANNOTATION)
+                    .is_some_and(|v| v == "true")
+        });
+        if let Some(record) = approved {
+            candidates.push(Candidate {
+                node: node_name.clone(),
+                since: evidence.since,
+                approved_past_attempts: true,
+            });
+            approved_records.insert(node_name.clone(), record.as_ref());
+            continue;
+        }
         let busy = remediations
             .iter()
             .filter(|r| r.spec.node_name == node_name)
@@ -353,12 +498,17 @@ fn candidates<'n>(
             candidates.push(Candidate {
                 node: node_name.clone(),
                 since: evidence.since,
+                approved_past_attempts: false,
             });
             evidence_of.insert(node_name, (node, evidence.clone()));
         }
     }
 
-    (candidates, evidence_of)
+    Found {
+        candidates,
+        evidence_of,
+        approved_records,
+    }
 }
 
 /// The policy's remediations that count against its budget (dry runs do not).
@@ -366,6 +516,7 @@ fn started(name: &str, remediations: &[Arc<GpuRemediation>], now: Timestamp) -> 
     remediations
         .iter()
         .filter(|r| r.spec.policy_name == name && r.spec.mode != Mode::DryRun)
+        .filter(|r| !awaits_person_past_attempts(r))
         .map(|r| Started {
             node: r.spec.node_name.clone(),
             at: r.creation_timestamp().map_or(now, |t| t.0),
@@ -683,6 +834,134 @@ mod tests {
             at(1000),
         );
         assert_eq!(new_episode.policies[0].create.len(), 1);
+    }
+
+    fn one_attempt_per_day(name: &str, group: &str) -> Arc<GpuRemediationPolicy> {
+        let mut p = (*policy(name, group)).clone();
+        p.spec.safety.max_attempts_per_node.count = 1;
+        p.spec.safety.max_concurrent = IntOrPercent::Int(1);
+        Arc::new(p)
+    }
+
+    fn manual_required(node: &str, since: i64, created: i64, approved: bool) -> Arc<GpuRemediation> {
+        let mut r = (*existing(node, "p", since, Phase::ManualRequired, created)).clone();
+        r.annotations_mut().insert(
+            ATTEMPTS_EXHAUSTED_ANNOTATION.to_owned(),
+            "1 remediations of this node within 24h reach maxAttemptsPerNode 1".to_owned(),
+        );
+        r.status.as_mut().unwrap().phase_history.push(PhaseTransition {
+            phase: Phase::ManualRequired,
+            at: Time(at(created)),
+            message: None,
+        });
+        if approved {
+            r.annotations_mut()
+                .insert(APPROVED_ANNOTATION.to_owned(), "true".to_owned());
+        }
+        Arc::new(r)
+    }
+
+    #[test]
+    fn a_node_due_one_recycle_too_many_gets_a_manual_required_record_that_counts_nowhere() {
+        let rems = [existing("n1", "p", 0, Phase::Succeeded, 60)];
+        let fleet = plan(
+            &[one_attempt_per_day("p", "a")],
+            &[node("n1", "a", Some(500))],
+            &rems,
+            at(1000),
+        );
+        let plan = &fleet.policies[0];
+        assert!(plan.create.is_empty());
+        assert_eq!(plan.manual_required.len(), 1);
+        let record = &plan.manual_required[0];
+        assert_eq!(record.spec.node_name, "n1");
+        assert_eq!(record.name_any(), remediation_name("n1", "p", at(500)));
+        assert!(
+            record
+                .annotations()
+                .get(ATTEMPTS_EXHAUSTED_ANNOTATION)
+                .is_some_and(|m| m.contains("maxAttemptsPerNode 1")),
+            "{:?}",
+            record.annotations()
+        );
+        assert!(
+            plan.status.waiting.is_empty(),
+            "its record says why, not the waiting list"
+        );
+        assert_eq!(plan.status.in_flight, 0);
+        assert_eq!(plan.status.budget.as_ref().unwrap().started_in_window, 1);
+    }
+
+    #[test]
+    fn a_manual_required_record_waits_for_a_person_and_is_not_repeated() {
+        let rems = [
+            existing("n1", "p", 0, Phase::Succeeded, 60),
+            manual_required("n1", 500, 900, false),
+        ];
+        let fleet = plan(
+            &[one_attempt_per_day("p", "a")],
+            &[node("n1", "a", Some(500))],
+            &rems,
+            at(1000),
+        );
+        let plan = &fleet.policies[0];
+        assert!(plan.create.is_empty() && plan.manual_required.is_empty() && plan.readmit.is_empty());
+        assert_eq!(plan.status.in_flight, 0);
+        assert_eq!(
+            plan.status.budget.as_ref().unwrap().started_in_window,
+            1,
+            "the ManualRequired record does not count against the rate"
+        );
+    }
+
+    #[test]
+    fn an_approved_manual_required_record_goes_back_to_pending_when_the_budget_has_room() {
+        let rems = [
+            existing("n1", "p", 0, Phase::Succeeded, 60),
+            manual_required("n1", 500, 900, true),
+        ];
+        let fleet = plan(
+            &[one_attempt_per_day("p", "a")],
+            &[node("n1", "a", Some(500))],
+            &rems,
+            at(1000),
+        );
+        let plan = &fleet.policies[0];
+        assert!(plan.create.is_empty() && plan.manual_required.is_empty());
+        assert_eq!(plan.readmit.len(), 1);
+        let (name, status) = &plan.readmit[0];
+        assert_eq!(name, &remediation_name("n1", "p", at(500)));
+        assert_eq!(status.phase, Phase::Pending);
+        assert_eq!(status.phase_history.last().map(|t| t.at.0), Some(at(1000)));
+        assert_eq!(plan.status.in_flight, 1);
+    }
+
+    #[test]
+    fn an_approved_manual_required_record_still_waits_for_a_concurrency_slot() {
+        let rems = [
+            existing("n1", "p", 0, Phase::Succeeded, 60),
+            manual_required("n1", 500, 900, true),
+            existing("n2", "p", 800, Phase::Draining, 850),
+        ];
+        let fleet = plan(
+            &[one_attempt_per_day("p", "a")],
+            &[node("n1", "a", Some(500)), node("n2", "a", Some(800))],
+            &rems,
+            at(1000),
+        );
+        let plan = &fleet.policies[0];
+        assert!(plan.readmit.is_empty() && plan.create.is_empty() && plan.manual_required.is_empty());
+        assert_eq!(plan.status.waiting.len(), 1);
+        assert_eq!(plan.status.waiting[0].reason, reasons::DEFERRED_CONCURRENCY);
+    }
+
+    #[test]
+    fn a_record_admitted_after_approval_counts_like_any_other() {
+        let mut r = (*manual_required("n1", 500, 900, true)).clone();
+        assert!(awaits_person_past_attempts(&r));
+        let status = readmitted_status(&r, at(1000));
+        r.status = Some(status);
+        assert!(!awaits_person_past_attempts(&r));
     }
 
     #[test]

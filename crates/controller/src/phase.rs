@@ -7,6 +7,11 @@
 //!          └──────────────────────────────────────────────┴─► Cordoned ─► Draining ─┬─► (Blocked) ─┐
 //!                                                                                    └─────────────┴─► hand-over
 //! before hand-over: node gone, uncordoned by a person, recovered for release.healthyFor ─► Cancelled
+//! born past maxAttemptsPerNode: Pending ─► ManualRequired (nothing touched) ─ approved, then
+//!                                 admitted by the budget (fleet) ─► Pending ─► Cordoned ─► ...
+//! hand-over, action None: ─► Verifying (holds the node cordoned) ─┬─ recovered for release.healthyFor:
+//!                                                                 │  uncordon what we own ─► Succeeded
+//!                                                                 └─ a person uncordons ─► Succeeded
 //! ```
 
 use gpu_remediation_api::{
@@ -58,12 +63,17 @@ pub struct Observed {
     pub phase: Phase,
     /// The remediation's mode.
     pub mode: Mode,
+    /// The remediation's action (`None` holds the drained node in `Verifying`).
+    pub action: Action,
     /// Whether the record is being deleted.
     pub deleting: bool,
     /// Whether the record still carries our finalizer.
     pub has_finalizer: bool,
     /// Whether a person approved it (`gpuremediation.dev/approved=true`).
     pub approved: bool,
+    /// Whether it was created for a node past `maxAttemptsPerNode` and has not been admitted
+    /// since (after a person's approval): it must enter `ManualRequired` and touch nothing.
+    pub attempts_exhausted: bool,
     /// The node, `None` when it no longer exists.
     pub node: Option<NodeState>,
     /// The node's health under the policy.
@@ -115,6 +125,37 @@ impl CancelReason {
     }
 }
 
+/// Why a held `action: None` remediation ends `Succeeded`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The node recovered and stayed healthy for `release.healthyFor`: we uncordon what we own.
+    Recovered,
+    /// A person made the node schedulable again.
+    ReleasedByPerson,
+}
+
+impl FinishReason {
+    /// The Event and condition reason.
+    #[must_use]
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Self::Recovered => reasons::NODE_RECOVERED,
+            Self::ReleasedByPerson => reasons::UNCORDONED_BY_PERSON,
+        }
+    }
+
+    /// A sentence for the status.
+    #[must_use]
+    pub const fn message(self) -> &'static str {
+        match self {
+            Self::Recovered => {
+                "action None: the node recovered and stayed healthy for release.healthyFor; released what we held"
+            }
+            Self::ReleasedByPerson => "action None: a person released the node (uncordoned it); finished",
+        }
+    }
+}
+
 /// The one next step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
@@ -131,6 +172,8 @@ pub enum Step {
     RecordDryRun,
     /// Mode `Manual`: enter `AwaitingApproval`.
     AwaitApproval,
+    /// The node used up `maxAttemptsPerNode`: enter `ManualRequired`, touching nothing.
+    RequireManual,
     /// Make the node unschedulable, taint it, record ownership; enter `Cordoned`.
     Cordon,
     /// Enter or continue `Draining` (or `Blocked`).
@@ -145,6 +188,11 @@ pub enum Step {
     /// Nothing to do until this time (a healthy node waiting out `release.healthyFor`) unless
     /// something changes first; the drain continues meanwhile.
     DrainUntilReleased(Timestamp),
+    /// `action: None` after the drain: hold the node cordoned and wait for a person or for
+    /// recovery (look again at the time given, when the node is healthy but not for long enough).
+    HoldForPerson(Option<Timestamp>),
+    /// Release what we own and end in `Succeeded`.
+    Finish(FinishReason),
 }
 
 /// Whether `phase` comes before the hand-over, when cancelling still makes sense.
@@ -165,12 +213,24 @@ const fn is_cordoned_phase(phase: Phase) -> bool {
 #[must_use]
 pub fn next_step(observed: &Observed) -> Step {
     let phase = observed.phase;
+    if phase == Phase::ManualRequired {
+        // Not finished for good: a person's approval brings it back to `Pending` through the
+        // budget (fleet), so it keeps its finalizer until it is deleted.
+        return if observed.deleting && observed.has_finalizer {
+            Step::DropFinalizer
+        } else {
+            Step::Idle
+        };
+    }
     if phase.is_terminal() {
         return if observed.has_finalizer {
             Step::DropFinalizer
         } else {
             Step::Idle
         };
+    }
+    if is_held(phase, observed.action) {
+        return next_held_step(observed);
     }
     if !is_before_hand_over(phase) {
         // Replacing and Verifying: the node is meant to go now, so neither its absence nor a
@@ -205,6 +265,7 @@ pub fn next_step(observed: &Observed) -> Step {
         Health::Broken => {}
     }
     match phase {
+        Phase::Pending if observed.attempts_exhausted => Step::RequireManual,
         Phase::Pending => match observed.mode {
             Mode::DryRun => Step::RecordDryRun,
             Mode::Manual if !observed.approved => Step::AwaitApproval,
@@ -214,6 +275,40 @@ pub fn next_step(observed: &Observed) -> Step {
         Phase::AwaitingApproval => Step::Idle,
         _ if observed.drained => Step::HandOver,
         _ => release_at.map_or(Step::Drain, Step::DrainUntilReleased),
+    }
+}
+
+/// Whether `phase` is a drained `action: None` remediation holding its node for a person or for
+/// recovery. It is not terminal, so it counts as in flight.
+#[must_use]
+pub fn is_held(phase: Phase, action: Action) -> bool {
+    phase == Phase::Verifying && action == Action::None
+}
+
+/// The next step of a held `action: None` remediation: it ends `Succeeded` when the node
+/// recovers for `release.healthyFor` or a person uncordons it, and waits otherwise.
+fn next_held_step(observed: &Observed) -> Step {
+    if observed.deleting {
+        return Step::ReleaseForDeletion;
+    }
+    let Some(node) = observed.node else {
+        return Step::Cancel(CancelReason::NodeGone);
+    };
+    if node.cordon == Cordon::None {
+        return Step::Finish(FinishReason::ReleasedByPerson);
+    }
+    match observed.health {
+        Health::PolicyGone => Step::Cancel(CancelReason::PolicyGone),
+        Health::Recovered(None) => Step::Finish(FinishReason::Recovered),
+        Health::Recovered(Some(since)) => {
+            let at = plus(since, observed.healthy_for);
+            if at <= observed.now {
+                Step::Finish(FinishReason::Recovered)
+            } else {
+                Step::HoldForPerson(Some(at))
+            }
+        }
+        Health::Broken => Step::HoldForPerson(None),
     }
 }
 
@@ -270,8 +365,9 @@ pub fn drain_verdict(state: DrainState) -> DrainVerdict {
 /// What the hand-over does with a drained node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HandOver {
-    /// `action: None`: finished; the node stays cordoned for a person.
-    Finish,
+    /// `action: None`: hold the node cordoned (phase `Verifying`) until a person acts or it
+    /// recovers.
+    Hold,
     /// `Replace` or `Reboot`: the replacement module takes over.
     Replace,
 }
@@ -280,7 +376,7 @@ pub enum HandOver {
 #[must_use]
 pub const fn hand_over(action: Action) -> HandOver {
     match action {
-        Action::None => HandOver::Finish,
+        Action::None => HandOver::Hold,
         Action::Replace | Action::Reboot => HandOver::Replace,
     }
 }
@@ -297,9 +393,11 @@ mod tests {
         Observed {
             phase,
             mode: Mode::Enforce,
+            action: Action::Replace,
             deleting: false,
             has_finalizer: true,
             approved: false,
+            attempts_exhausted: false,
             node: Some(NodeState {
                 cordon: if is_cordoned_phase(phase) {
                     Cordon::Ours
@@ -347,6 +445,48 @@ mod tests {
             mode: Mode::Manual,
             approved: true,
             ..observed(Phase::AwaitingApproval)
+        };
+        assert_eq!(next_step(&o), Step::Cordon);
+    }
+
+    #[test]
+    fn a_remediation_born_past_its_attempts_requires_a_person_and_touches_nothing() {
+        let o = Observed {
+            attempts_exhausted: true,
+            ..observed(Phase::Pending)
+        };
+        assert_eq!(next_step(&o), Step::RequireManual);
+        let o = Observed {
+            attempts_exhausted: true,
+            approved: true,
+            ..observed(Phase::Pending)
+        };
+        assert_eq!(
+            next_step(&o),
+            Step::RequireManual,
+            "approval alone does not bypass the budget: the fleet admits it first"
+        );
+    }
+
+    #[test]
+    fn a_manual_required_remediation_waits_and_keeps_its_finalizer_until_deleted() {
+        let o = Observed {
+            approved: true,
+            ..observed(Phase::ManualRequired)
+        };
+        assert_eq!(next_step(&o), Step::Idle);
+        let o = Observed {
+            deleting: true,
+            ..observed(Phase::ManualRequired)
+        };
+        assert_eq!(next_step(&o), Step::DropFinalizer);
+    }
+
+    #[test]
+    fn a_remediation_admitted_after_approval_cordons() {
+        let o = Observed {
+            approved: true,
+            ..observed(Phase::Pending)
         };
         assert_eq!(next_step(&o), Step::Cordon);
     }
@@ -498,8 +638,70 @@ mod tests {
     }
 
     #[test]
-    fn action_none_finishes_after_the_drain_and_replace_hands_over() {
-        assert_eq!(hand_over(Action::None), HandOver::Finish);
+    fn action_none_holds_after_the_drain_and_replace_hands_over() {
+        assert_eq!(hand_over(Action::None), HandOver::Hold);
         assert_eq!(hand_over(Action::Replace), HandOver::Replace);
+    }
+
+    fn held() -> Observed {
+        Observed {
+            action: Action::None,
+            drained: true,
+            node: Some(NodeState { cordon: Cordon::Ours }),
+            ..observed(Phase::Verifying)
+        }
+    }
+
+    #[test]
+    fn a_drained_action_none_remediation_waits_while_the_node_is_broken() {
+        assert_eq!(next_step(&held()), Step::HoldForPerson(None));
+    }
+
+    #[test]
+    fn a_held_node_healthy_for_less_than_healthy_for_is_looked_at_again_then() {
+        let o = Observed {
+            health: Health::Recovered(Some(at(990))),
+            ..held()
+        };
+        assert_eq!(next_step(&o), Step::HoldForPerson(Some(at(1050))));
+    }
+
+    #[test]
+    fn a_held_node_that_recovered_for_healthy_for_is_released_and_succeeds() {
+        let o = Observed {
+            health: Health::Recovered(Some(at(940))),
+            ..held()
+        };
+        assert_eq!(next_step(&o), Step::Finish(FinishReason::Recovered));
+        let o = Observed {
+            health: Health::Recovered(Some(at(940))),
+            node: Some(NodeState {
+                cordon: Cordon::Theirs,
+            }),
+            ..held()
+        };
+        assert_eq!(
+            next_step(&o),
+            Step::Finish(FinishReason::Recovered),
+            "a person's cordon is left in place by the release, but we finish"
+        );
+    }
+
+    #[test]
+    fn a_held_node_a_person_uncordons_succeeds_as_released_by_a_person() {
+        let o = Observed {
+            node: Some(NodeState { cordon: Cordon::None }),
+            ..held()
+        };
+        assert_eq!(next_step(&o), Step::Finish(FinishReason::ReleasedByPerson));
+    }
+
+    #[test]
+    fn a_replacement_in_verifying_is_not_held() {
+        let o = Observed {
+            drained: true,
+            ..observed(Phase::Verifying)
+        };
+        assert_eq!(next_step(&o), Step::VerifyReplacement);
     }
 }

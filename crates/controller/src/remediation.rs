@@ -10,7 +10,10 @@ use std::{collections::HashMap, sync::Arc};
 use futures::{StreamExt, stream};
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus, Phase,
-    constants::{APPROVED_ANNOTATION, REMEDIATION_FINALIZER, reasons, remediation_conditions},
+    constants::{
+        APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, REMEDIATION_FINALIZER, reasons,
+        remediation_conditions,
+    },
     remediation::{Blocker, DrainStatus, PhaseTransition},
 };
 use jiff::{SignedDuration, Timestamp};
@@ -29,12 +32,12 @@ use crate::{
     cordon,
     detect::{self, Verdict},
     drain::{self, Leaving, Plan},
-    fleet::condition,
+    fleet::{awaits_person_past_attempts, condition},
     kubeops::{
         DeletePodError, DropFinalizerError, EditNodeError, EvictPodError, EvictionOutcome, WriteStatusError,
     },
     observe::prune_node,
-    phase::{self, DrainState, DrainVerdict, HandOver, Health, NodeState, Observed, Step},
+    phase::{self, DrainState, DrainVerdict, FinishReason, HandOver, Health, NodeState, Observed, Step},
     replace,
     telemetry::EvictionResult,
     time::{plus, signed},
@@ -146,6 +149,7 @@ fn observe(
     Observed {
         phase: status.phase,
         mode: remediation.spec.mode,
+        action: remediation.spec.action,
         deleting: remediation.metadata.deletion_timestamp.is_some(),
         has_finalizer: remediation
             .finalizers()
@@ -155,6 +159,7 @@ fn observe(
             .annotations()
             .get(APPROVED_ANNOTATION)
             .is_some_and(|v| v == "true"),
+        attempts_exhausted: awaits_person_past_attempts(remediation),
         node: node.map(|n| NodeState {
             cordon: cordon::cordon_of(&n, &name),
         }),
@@ -224,6 +229,11 @@ async fn take(
             drop_finalizer(ctx, &updated).await?;
             Ok(Taken::Done(Next::Idle))
         }
+        Step::HoldForPerson(look_at) => Ok(Taken::Done(look_at.map_or(Next::Idle, Next::At))),
+        Step::Finish(reason) => {
+            finish_held(ctx, remediation, status, reason, now).await?;
+            Ok(Taken::Done(Next::Idle))
+        }
         Step::RecordDryRun => {
             record_dry_run(ctx, remediation, policy, status, now).await?;
             Ok(Taken::Done(Next::At(now)))
@@ -239,6 +249,19 @@ async fn take(
                 status,
                 reasons::PHASE_CHANGED,
                 EventType::Normal,
+            )
+            .await?;
+            Ok(Taken::Done(Next::Idle))
+        }
+        Step::RequireManual => {
+            let message = manual_required_message(remediation);
+            enter(&mut status, Phase::ManualRequired, &message, now);
+            write(
+                ctx,
+                remediation,
+                status,
+                reasons::ATTEMPTS_EXHAUSTED,
+                EventType::Warning,
             )
             .await?;
             Ok(Taken::Done(Next::Idle))
@@ -267,6 +290,21 @@ async fn take(
             }
         }
     }
+}
+
+/// The status of a record created past `maxAttemptsPerNode`: how many attempts in which window
+/// (as the fleet recorded them at creation), and how a person lets it proceed.
+fn manual_required_message(remediation: &GpuRemediation) -> String {
+    let why = remediation
+        .annotations()
+        .get(ATTEMPTS_EXHAUSTED_ANNOTATION)
+        .map_or("this node used up maxAttemptsPerNode", String::as_str);
+    format!(
+        "{why}. Nothing was touched. To proceed: kubectl annotate gpuremediation {} {APPROVED_ANNOTATION}=true \
+         (it then starts like an admitted remediation, within maxConcurrent, rate and maxUnhealthy); \
+         or fix the node and leave this record",
+        remediation.name_any()
+    )
 }
 
 /// Cordons and taints the node for this remediation and records who owns the cordon.
@@ -603,7 +641,41 @@ async fn evict_round(
     Ok(round)
 }
 
-/// After the drain: `action: None` finishes; `Replace`/`Reboot` wait for the replacement step.
+/// Ends a held `action: None` remediation `Succeeded`: lifts our cordon and taint (a person's
+/// pre-existing cordon stays, `release` never lifts what is not ours).
+async fn finish_held(
+    ctx: &Context,
+    remediation: &Arc<GpuRemediation>,
+    mut status: GpuRemediationStatus,
+    reason: FinishReason,
+    now: Timestamp,
+) -> Result<(), AdvanceRemediationError> {
+    let name = remediation.name_any();
+    release(ctx, &remediation.spec.node_name, &name).await?;
+    enter(&mut status, Phase::Succeeded, reason.message(), now);
+    set_condition(
+        &mut status,
+        remediation_conditions::COMPLETE,
+        true,
+        "Succeeded",
+        reason.message(),
+        now,
+    );
+    set_condition(
+        &mut status,
+        remediation_conditions::CORDONED,
+        false,
+        reason.reason(),
+        "released",
+        now,
+    );
+    let updated = write(ctx, remediation, status, reason.reason(), EventType::Normal).await?;
+    drop_finalizer(ctx, &updated).await?;
+    Ok(())
+}
+
+/// After the drain: `action: None` holds the node in `Verifying`; `Replace`/`Reboot` wait for the
+/// replacement step.
 async fn hand_over(
     ctx: &Context,
     remediation: &Arc<GpuRemediation>,
@@ -611,17 +683,9 @@ async fn hand_over(
     now: Timestamp,
 ) -> Result<Taken, AdvanceRemediationError> {
     match phase::hand_over(remediation.spec.action) {
-        HandOver::Finish => {
-            let message = "drained; action None: the node stays cordoned until a person acts";
-            enter(&mut status, Phase::Succeeded, message, now);
-            set_condition(
-                &mut status,
-                remediation_conditions::COMPLETE,
-                true,
-                "Succeeded",
-                message,
-                now,
-            );
+        HandOver::Hold => {
+            let message = "drained; action None: the node stays cordoned and waits for a person (uncordon it) or for recovery (its trigger clears for release.healthyFor)";
+            enter(&mut status, Phase::Verifying, message, now);
             let updated = write(
                 ctx,
                 remediation,
