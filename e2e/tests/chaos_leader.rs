@@ -96,9 +96,7 @@ async fn the_leader_killed_during_the_replacement_is_replaced_and_the_node_is_re
         .await
         .expect("adding the finalizer");
     let invariants = world.invariants().await;
-    world
-        .policy(serde_json::json!({"action": "Replace", "replacement": {"strategy": "DeleteNode", "timeout": "5m"}}))
-        .await;
+    world.policy(serde_json::json!({})).await;
     let (mut leader_process, mut follower, holder) = elect(&world).await;
 
     world.break_nodes(&broken).await;

@@ -125,10 +125,15 @@ impl World {
         names
     }
 
-    /// Creates the policy over this fleet: `for: 2s`, `action: None`, one node at a time unless
+    /// Creates the policy over this fleet: `for: 2s`, replace by deleting the Node (so every
+    /// remediation has an end: `Succeeded` once the node is gone), one node at a time unless
     /// `spec` says otherwise (merged over this base).
     pub async fn policy(&self, spec: serde_json::Value) {
-        let mut base = serde_json::json!({"safety": {"maxConcurrent": 1, "maxUnhealthy": "50%"}});
+        let mut base = serde_json::json!({
+            "action": "Replace",
+            "replacement": {"strategy": "DeleteNode", "timeout": "5m"},
+            "safety": {"maxConcurrent": 1, "maxUnhealthy": "50%"},
+        });
         merge(&mut base, spec);
         self.env
             .create_policy(&self.scope, self.fleet.name(), "2s", base)

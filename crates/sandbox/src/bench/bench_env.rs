@@ -232,6 +232,17 @@ impl BenchEnv {
     }
 }
 
+/// Whether a remediation under an `action: None` policy (the bench's) has finished its drain: it
+/// then holds the node cordoned in `Verifying` until a person or a recovery releases it (earlier
+/// controller builds went straight to `Succeeded`).
+#[must_use]
+pub fn drained(phase: gpu_remediation_api::Phase) -> bool {
+    matches!(
+        phase,
+        gpu_remediation_api::Phase::Verifying | gpu_remediation_api::Phase::Succeeded
+    )
+}
+
 /// Sets `GpuHealthy` on every node of `nodes` with the same `lastTransitionTime` `at` (so every
 /// trigger's `for` elapses at the same instant), a few nodes at a time.
 pub async fn set_condition_at(

@@ -211,16 +211,20 @@ async fn controller_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResu
     .await?;
     let (seconds, pods) = clock.wait(Duration::from_secs(600)).await?;
     // Let the controller record the end of the drain before counting its requests.
-    eventually("the remediation to succeed", Duration::from_secs(60), || async {
-        let all = env.remediations(&scope).await.ok()?;
-        all.iter()
-            .any(|r| {
-                r.status
-                    .as_ref()
-                    .is_some_and(|s| s.phase == gpu_remediation_api::Phase::Succeeded)
-            })
-            .then_some(())
-    })
+    eventually(
+        "the remediation to finish its drain",
+        Duration::from_secs(60),
+        || async {
+            let all = env.remediations(&scope).await.ok()?;
+            all.iter()
+                .any(|r| {
+                    r.status
+                        .as_ref()
+                        .is_some_and(|s| super::bench_env::drained(s.phase))
+                })
+                .then_some(())
+        },
+    )
     .await?;
     let requests = audit::count(&log.since_mark(), &env.controller.username);
     let budget = sampler.finish();

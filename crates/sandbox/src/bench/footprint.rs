@@ -10,7 +10,10 @@ use super::audit::{self, RequestCounts};
 use super::bench_env::{self, BenchEnv, BenchSetupError, eventually};
 use super::latency::{fleet_options, populate, wait_policy_observed};
 use crate::Fleet;
-use gpu_remediation_api::Phase;
+
+/// Nodes registered at a time: the fleet waits for each batch to be schedulable, and thousands at
+/// once do not make it within that wait on two cores.
+const BATCH: usize = 1000;
 
 /// One fleet size's figures.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -52,9 +55,16 @@ pub async fn run(
     let scope = format!("fp-{nodes}-{pods_per_node}");
     let pods = nodes * pods_per_node;
     eprintln!("footprint: {nodes} nodes, {pods} pods: starting the fleet");
-    let fleet = Fleet::start(env.client.clone(), fleet_options(&scope, nodes))
+    let fleet = Fleet::start(env.client.clone(), fleet_options(&scope, nodes.min(BATCH)))
         .await
         .map_err(|e| BenchSetupError::Step(format!("starting fleet {scope}: {e}")))?;
+    while fleet.node_names().len() < nodes {
+        let more = (nodes - fleet.node_names().len()).min(BATCH);
+        fleet
+            .add_nodes(more)
+            .await
+            .map_err(|e| BenchSetupError::Step(format!("growing fleet {scope}: {e}")))?;
+    }
     populate(env, &scope, &scope, pods).await?;
     env.create_policy(&scope, &scope, "2s", serde_json::json!({}))
         .await?;
@@ -72,13 +82,17 @@ pub async fn run(
     let started = Timestamp::now();
     bench_env::set_condition_at(&env.client, &broken, "False", "XID79", started).await?;
     eventually(
-        &format!("{faults} remediations to succeed"),
+        &format!("{faults} remediations to finish their drains"),
         Duration::from_secs(600),
         || async {
             let all = env.remediations(&scope).await.ok()?;
             let done = all
                 .iter()
-                .filter(|r| r.status.as_ref().is_some_and(|s| s.phase == Phase::Succeeded))
+                .filter(|r| {
+                    r.status
+                        .as_ref()
+                        .is_some_and(|s| super::bench_env::drained(s.phase))
+                })
                 .count();
             (done >= faults).then_some(())
         },
