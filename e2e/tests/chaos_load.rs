@@ -96,8 +96,19 @@ async fn a_remediation_hand_edited_into_nonsense_is_carried_to_the_end_once() {
             .expect("patching the PDB");
         }
     };
-    set_budget(0).await;
+    // The sampler holds the budget to `maxUnavailable: 1`, the one it ends with; while the test
+    // blocks the drain with `maxUnavailable: 0` the real budget is only stricter.
     let invariants = world.invariants().await;
+    set_budget(0).await;
+    gpu_sandbox::workload::wait_pdb_allows(
+        &world.env.client,
+        &world.scope,
+        &apps[0].name,
+        0,
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("the disruption controller observes the blocking budget");
     world.policy(serde_json::json!({})).await;
     let mut controller = world.controller("solo", false, None);
     world.break_nodes(&broken).await;
