@@ -309,7 +309,8 @@ impl Scenario {
                         ready_here += 1;
                     }
                 }
-                (ready_here == replicas && listed.items.len() == replicas as usize).then_some(())
+                (ready_here == replicas && usize::try_from(replicas).is_ok_and(|r| listed.items.len() == r))
+                    .then_some(())
             },
         )
         .await;
@@ -466,6 +467,10 @@ fn gpu_condition_since(node: &Node) -> Timestamp {
 }
 
 #[tokio::test]
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario, asserted step by step as it unfolds"
+)]
 async fn an_unhealthy_node_is_cordoned_within_a_second_and_drained_through_evictions_without_breaking_its_budget()
  {
     let s = Scenario::new(8).await;
@@ -481,7 +486,7 @@ async fn an_unhealthy_node_is_cordoned_within_a_second_and_drained_through_evict
     workload::create(&s.client, &solo.bare_pod("solo", &broken))
         .await
         .unwrap();
-    let agent = Workload::new(&s.namespace, "agent").on_nodes(&[broken.clone()]);
+    let agent = Workload::new(&s.namespace, "agent").on_nodes(std::slice::from_ref(&broken));
     workload::create(&s.client, &agent.daemon_set()).await.unwrap();
     let mirror = Workload::new(&s.namespace, "static");
     workload::create(&s.client, &mirror.mirror_pod("static-gpu", &broken))
@@ -1235,7 +1240,7 @@ async fn deleting_a_remediation_before_the_replacement_releases_the_cordon() {
         .unwrap();
     let remediations = Api::<GpuRemediation>::all(s.client.clone());
     remediations
-        .delete(&draining.name_any(), &Default::default())
+        .delete(&draining.name_any(), &kube::api::DeleteParams::default())
         .await
         .unwrap();
     eventually("the record to be gone", Duration::from_secs(30), || async {
@@ -1275,7 +1280,7 @@ async fn a_node_that_vanishes_mid_drain_cancels_its_remediation() {
     s.wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
         .await;
     Api::<Node>::all(s.client.clone())
-        .delete(&broken, &Default::default())
+        .delete(&broken, &kube::api::DeleteParams::default())
         .await
         .unwrap();
     let cancelled = s

@@ -267,7 +267,7 @@ impl World {
             cordons: CordonWatch::start(&self.env.client, &self.fleet.selector())
                 .await
                 .expect("node watch"),
-            remediations: RemediationWatch::start(&self.env, &self.scope).await,
+            remediations: RemediationWatch::start(&self.env, &self.scope),
         }
     }
 
@@ -347,7 +347,7 @@ pub struct RemediationWatch {
 }
 
 impl RemediationWatch {
-    async fn start(env: &BenchEnv, scope: &str) -> Self {
+    fn start(env: &BenchEnv, scope: &str) -> Self {
         let record = Arc::new(Mutex::new(RemediationRecord::default()));
         let shared = record.clone();
         let api: Api<GpuRemediation> = Api::all(env.client.clone());
