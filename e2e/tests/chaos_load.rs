@@ -23,8 +23,11 @@ async fn a_flood_of_flaps_faster_than_for_starts_nothing_and_a_real_fault_after_
     let nodes = world.nodes();
     world.apps_spread("web", &[10]).await;
     let invariants = world.invariants().await;
-    // `for: 2s`; every node flaps with 1 s holds for 20 s, all at once.
-    world.policy(serde_json::json!({})).await;
+    // `for: 5s`; every node flaps with 1 s holds for 20 s, all at once. (With a `for` of 2 s a
+    // loaded machine can delay a flap's return to True past it, which is a real fault.)
+    world
+        .policy(serde_json::json!({"triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "5s"}]}))
+        .await;
     let mut controller = world.controller("solo", false, None);
     let client = world.env.client.clone();
     let flaps = nodes.iter().map(|node| {
