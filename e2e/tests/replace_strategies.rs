@@ -123,6 +123,17 @@ async fn fleet(client: &Client, nodes: usize) -> Arc<Fleet> {
 }
 
 /// Creates the remediation of `node` as the controller would have, and returns it as read back.
+/// The instant a test triggers a replacement: the start of the next whole second. Creation
+/// timestamps have whole seconds, and a node created in the trigger's own second counts as a
+/// replacement (`replace::node_presence`); in a cluster a GPU node is never created in the second
+/// its fault triggers, but a test's fresh node can be, so the trigger waits for the next second.
+async fn trigger_instant() -> Timestamp {
+    let now = Timestamp::now();
+    let next_second = Timestamp::from_second(now.as_second() + 1).expect("a representable second");
+    tokio::time::sleep(next_second.duration_since(now).unsigned_abs()).await;
+    Timestamp::now()
+}
+
 async fn remediation(client: &Client, node: &str, action: Action) -> GpuRemediation {
     let spec = GpuRemediationSpec {
         node_name: node.to_owned(),
@@ -232,7 +243,7 @@ async fn delete_node_removes_the_node_then_its_pods_and_a_new_node_joins() {
     let replacers = Replacers::new(client.clone(), Fence::standalone());
     let policy = replacement(Strategy::DeleteNode, None, Duration::from_secs(120));
 
-    let triggered_at = Timestamp::now();
+    let triggered_at = trigger_instant().await;
     let reference = replacers
         .for_strategy(Strategy::DeleteNode)
         .trigger(&remediation, &policy)
@@ -300,7 +311,7 @@ async fn delete_machine_deletes_the_cluster_api_machine_and_waits_for_the_machin
     let replacers = Replacers::new(client.clone(), Fence::standalone());
     let policy = replacement(Strategy::DeleteMachine, None, Duration::from_secs(120));
 
-    let triggered_at = Timestamp::now();
+    let triggered_at = trigger_instant().await;
     let reference = replacers
         .for_strategy(Strategy::DeleteMachine)
         .trigger(&remediation, &policy)
@@ -389,7 +400,7 @@ async fn delete_node_claim_deletes_the_karpenter_claim_naming_the_node_and_the_n
     let replacers = Replacers::new(client.clone(), Fence::standalone());
     let policy = replacement(Strategy::DeleteNodeClaim, None, Duration::from_secs(120));
 
-    let triggered_at = Timestamp::now();
+    let triggered_at = trigger_instant().await;
     let reference = replacers
         .for_strategy(Strategy::DeleteNodeClaim)
         .trigger(&remediation, &policy)
@@ -465,7 +476,7 @@ async fn a_template_object_is_created_owned_by_the_remediation_and_followed_unti
         Duration::from_secs(120),
     );
 
-    let triggered_at = Timestamp::now();
+    let triggered_at = trigger_instant().await;
     let reference = replacers
         .for_strategy(Strategy::Template)
         .trigger(&remediation, &policy)
@@ -556,7 +567,7 @@ async fn a_template_object_that_never_reports_done_fails_the_replacement_at_its_
         Duration::from_secs(3),
     );
 
-    let triggered_at = Timestamp::now();
+    let triggered_at = trigger_instant().await;
     let reference = replacers
         .for_strategy(Strategy::Template)
         .trigger(&remediation, &policy)
@@ -597,7 +608,7 @@ async fn a_template_object_reporting_failure_fails_the_replacement() {
         Duration::from_secs(120),
     );
 
-    let triggered_at = Timestamp::now();
+    let triggered_at = trigger_instant().await;
     let reference = replacers
         .for_strategy(Strategy::Template)
         .trigger(&remediation, &policy)

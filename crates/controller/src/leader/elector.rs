@@ -160,7 +160,7 @@ impl Elector {
                 Decision::Wait { until } => {
                     tokio::select! {
                         () = sleep_until(until) => {}
-                        () = &mut shutdown => return Ok(self.shut_down(role, &known).await),
+                        () = &mut shutdown => return Ok(self.shut_down(role).await),
                     }
                     // A leader renews from what it wrote last; a follower must look again.
                     role == Role::Follower
@@ -174,7 +174,7 @@ impl Elector {
                     let write = self.write(decision, &mut known, &mut role);
                     tokio::select! {
                         read_again = write => read_again,
-                        () = &mut shutdown => return Ok(self.shut_down(role, &known).await),
+                        () = &mut shutdown => return Ok(self.shut_down(role).await),
                     }
                 }
             };
@@ -305,14 +305,28 @@ impl Elector {
 
     /// Stops acting, then (if leading) releases the Lease so a follower need not wait out the
     /// lease duration.
-    async fn shut_down(&self, role: Role, known: &Known) -> ElectionEnd {
+    async fn shut_down(&self, role: Role) -> ElectionEnd {
         self.keeper.revoke();
         let Role::Leader { .. } = role else {
             info!("shutting down as a follower");
             return ElectionEnd::Followed;
         };
-        let Some(mut lease) = known.lease.clone() else {
-            return ElectionEnd::ReleaseFailed;
+        // Read the Lease afresh: shutdown may have cancelled a renewal the server had already
+        // applied, and releasing with the resourceVersion from before it would get a 409.
+        let deadline = self.config.timings.renew_deadline;
+        let mut lease = match timeout(deadline, self.leases.get_opt(&self.config.lease_name)).await {
+            Ok(Ok(Some(lease))) => lease,
+            Ok(Ok(None)) => return ElectionEnd::ReleaseFailed,
+            Ok(Err(error)) => {
+                warn!(%error, "reading the leader Lease to release it failed; followers take over after the lease duration");
+                return ElectionEnd::ReleaseFailed;
+            }
+            Err(_) => {
+                warn!(
+                    "reading the leader Lease to release it timed out; followers take over after the lease duration"
+                );
+                return ElectionEnd::ReleaseFailed;
+            }
         };
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
@@ -324,7 +338,9 @@ impl Elector {
         spec.renew_time = Some(MicroTime(Timestamp::now()));
         let params = PostParams::default();
         let release = self.leases.replace(&self.config.lease_name, &params, &lease);
-        match timeout(self.config.timings.retry_period, release).await {
+        // The renew deadline, not the retry period: a loaded API server may take longer than one retry
+        // to answer, and a release that lands spares followers the whole lease duration.
+        match timeout(deadline, release).await {
             Ok(Ok(_)) => {
                 info!(identity = %self.config.identity, "released the leader Lease");
                 ElectionEnd::Released
