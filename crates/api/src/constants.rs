@@ -26,6 +26,10 @@ pub const CLEAR_ANNOTATION: &str = "gpuremediation.dev/clear";
 /// (a duration such as `30s`), or `stall` to never finish.
 pub const SIM_TERMINATION_ANNOTATION: &str = "gpuremediation.dev/sim-termination";
 
+/// Annotation on a `GpuRemediation` of strategy `DeleteMachine`: the label selector of the
+/// deleted Machine's `MachineSet`, so verification can recognise the replacement Machine.
+pub const REPLACEMENT_SELECTOR_ANNOTATION: &str = "gpuremediation.dev/replacement-selector";
+
 /// Taint the controller adds while it remediates a node, on top of `unschedulable`.
 pub const REMEDIATION_TAINT_KEY: &str = "gpuremediation.dev/remediating";
 

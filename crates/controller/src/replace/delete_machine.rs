@@ -80,27 +80,6 @@ impl DeleteMachine {
         Self { kube }
     }
 
-    async fn machine_resource(&self) -> Result<ApiResource, TriggerReplacementError> {
-        let not_served = || TriggerReplacementError::KindNotServed {
-            group: GROUP.to_owned(),
-            kind: "Machine".to_owned(),
-        };
-        let group = match kube::discovery::group(&self.kube.client, GROUP).await {
-            Ok(group) => group,
-            Err(kube::Error::Discovery(_)) => return Err(not_served()),
-            Err(source) => {
-                return Err(TriggerReplacementError::Api {
-                    action: format!("discovering API group {GROUP}"),
-                    source,
-                });
-            }
-        };
-        group
-            .recommended_kind("Machine")
-            .map(|(resource, _)| resource)
-            .ok_or_else(not_served)
-    }
-
     async fn delete(&self, remediation: &GpuRemediation) -> Result<ObjectReference, TriggerReplacementError> {
         let node_name = &remediation.spec.node_name;
         let nodes: Api<Node> = Api::all(self.kube.client.clone());
@@ -135,7 +114,7 @@ impl DeleteMachine {
         };
         let machine_name = annotation(MACHINE_ANNOTATION)?;
         let namespace = annotation(CLUSTER_NAMESPACE_ANNOTATION)?;
-        let resource = self.machine_resource().await?;
+        let resource = self.kube.served_resource(GROUP, "Machine").await?;
         let machines: Api<DynamicObject> =
             Api::namespaced_with(self.kube.client.clone(), &namespace, &resource);
         let action = |verb: &str| format!("{verb} Machine {namespace}/{machine_name}");

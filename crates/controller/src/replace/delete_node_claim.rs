@@ -40,30 +40,9 @@ impl DeleteNodeClaim {
         Self { kube }
     }
 
-    async fn claim_resource(&self) -> Result<ApiResource, TriggerReplacementError> {
-        let not_served = || TriggerReplacementError::KindNotServed {
-            group: GROUP.to_owned(),
-            kind: "NodeClaim".to_owned(),
-        };
-        let group = match kube::discovery::group(&self.kube.client, GROUP).await {
-            Ok(group) => group,
-            Err(kube::Error::Discovery(_)) => return Err(not_served()),
-            Err(source) => {
-                return Err(TriggerReplacementError::Api {
-                    action: format!("discovering API group {GROUP}"),
-                    source,
-                });
-            }
-        };
-        group
-            .recommended_kind("NodeClaim")
-            .map(|(resource, _)| resource)
-            .ok_or_else(not_served)
-    }
-
     async fn delete(&self, remediation: &GpuRemediation) -> Result<ObjectReference, TriggerReplacementError> {
         let node_name = &remediation.spec.node_name;
-        let resource = self.claim_resource().await?;
+        let resource = self.kube.served_resource(GROUP, "NodeClaim").await?;
         let claims: Api<DynamicObject> = Api::all_with(self.kube.client.clone(), &resource);
         // NodeClaims offer no field selector on status.nodeName; their number is the number of
         // Karpenter nodes, and this runs once per replacement.

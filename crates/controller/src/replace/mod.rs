@@ -46,11 +46,7 @@ pub use verify::{Observation, Presence, Progress, ReplacementNode, Reported, Ver
 
 use crate::leader::{Fence, FenceError};
 
-/// `GpuRemediation` annotation written by a strategy before it deletes, recording a label selector
-/// for the objects among which a replacement is expected (e.g. `cluster.x-k8s.io/set-name=pool-a`
-/// for a `MachineSet`-owned Machine). Verification needs it after the deleted object is gone.
-// TODO(api): move to `gpu_remediation_api::constants` with the other keys once that file settles.
-pub const REPLACEMENT_SELECTOR_ANNOTATION: &str = "gpuremediation.dev/replacement-selector";
+pub use gpu_remediation_api::constants::REPLACEMENT_SELECTOR_ANNOTATION;
 
 /// Why a replacement could not be triggered.
 #[derive(Debug, thiserror::Error)]
@@ -192,6 +188,36 @@ impl Replacers {
 pub(crate) struct Kube {
     pub(crate) client: Client,
     pub(crate) fence: Fence,
+}
+
+impl Kube {
+    /// The version of `group`'s `kind` the API server prefers, found by discovery: the
+    /// Cluster API and Karpenter CRDs move between versions, so none is hard-coded. A group or
+    /// kind the server does not serve is `KindNotServed`, any other failure an API error.
+    pub(crate) async fn served_resource(
+        &self,
+        group: &str,
+        kind: &str,
+    ) -> Result<kube::api::ApiResource, TriggerReplacementError> {
+        let not_served = || TriggerReplacementError::KindNotServed {
+            group: group.to_owned(),
+            kind: kind.to_owned(),
+        };
+        let served = match kube::discovery::group(&self.client, group).await {
+            Ok(served) => served,
+            Err(kube::Error::Discovery(_)) => return Err(not_served()),
+            Err(source) => {
+                return Err(TriggerReplacementError::Api {
+                    action: format!("discovering API group {group}"),
+                    source,
+                });
+            }
+        };
+        served
+            .recommended_kind(kind)
+            .map(|(resource, _)| resource)
+            .ok_or_else(not_served)
+    }
 }
 
 /// Whether the object whose metadata was read (if any) is the one recorded with `uid`.
