@@ -29,7 +29,10 @@ use gpu_sandbox::{
     workload::{self, Budget, Workload},
 };
 use k8s_openapi::{
-    api::core::v1::{Node, Pod},
+    api::{
+        admissionregistration::v1::ValidatingWebhookConfiguration,
+        core::v1::{Node, Pod},
+    },
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     jiff::Timestamp,
 };
@@ -803,10 +806,12 @@ async fn one_at_a_time_and_two_per_hour_starts_exactly_two_of_three_and_reports_
             .get(&s.scope)
             .await
             .unwrap();
+        // The third node's `for` may elapse after the first two have finished (they have no pods):
+        // wait until the policy also lists it as waiting.
         if finished == 2
-            && let Some(status) = policy
-                .status
-                .filter(|st| st.budget.as_ref().is_some_and(|b| b.next_slot_at.is_some()))
+            && let Some(status) = policy.status.filter(|st| {
+                st.budget.as_ref().is_some_and(|b| b.next_slot_at.is_some()) && !st.waiting.is_empty()
+            })
         {
             break status;
         }
@@ -1377,5 +1382,106 @@ async fn each_change_is_announced_by_one_event_not_one_per_pass() {
         Some(&5),
         "one for the breaker, one per held-back node: {events:?}"
     );
+    controller.stop().await;
+}
+
+/// A validating webhook on the evictions of one namespace whose endpoint accepts connections and
+/// never answers: each eviction there waits the webhook's `timeoutSeconds`, then goes through
+/// (`failurePolicy: Ignore`), as behind a slow policy engine.
+struct SilentEvictionWebhook {
+    name: String,
+    held: tokio::task::JoinHandle<()>,
+}
+
+impl SilentEvictionWebhook {
+    async fn install(client: &Client, namespace: &str, timeout_seconds: i32) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Accept and hold every connection, answering nothing (not even the TLS handshake).
+        let held = tokio::spawn(async move {
+            let mut sockets = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                sockets.push(socket);
+            }
+        });
+        let name = format!("silent-evictions-{namespace}");
+        let config: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "webhooks": [{
+                "name": "silent-evictions.e2e.gpuremediation.dev",
+                "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate")},
+                "rules": [{
+                    "operations": ["CREATE"],
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": ["pods/eviction"],
+                }],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "failurePolicy": "Ignore",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": timeout_seconds,
+            }],
+        }))
+        .expect("a valid webhook configuration");
+        Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .create(&PostParams::default(), &config)
+            .await
+            .expect("creating the webhook configuration");
+        Self { name, held }
+    }
+
+    async fn remove(self, client: &Client) {
+        Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .delete(&self.name, &kube::api::DeleteParams::default())
+            .await
+            .expect("deleting the webhook configuration");
+        self.held.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_node_failing_while_another_drain_round_hangs_is_cordoned_without_waiting_for_it() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (first, second, spare) = (nodes[0].clone(), nodes[1].clone(), nodes[2].clone());
+    s.protected_workload(
+        "held",
+        &first,
+        std::slice::from_ref(&spare),
+        2,
+        &Budget::max_unavailable(2),
+    )
+    .await;
+    // Every eviction of the first node's pods hangs 15 s in the webhook before it goes through.
+    let webhook = SilentEvictionWebhook::install(&s.client, &s.namespace, 15).await;
+    s.policy(serde_json::json!({"safety": {"maxConcurrent": 2, "maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&first).await;
+    eventually(&format!("{first} cordoned"), Duration::from_secs(20), || async {
+        is_unschedulable(&s.node(&first).await).then_some(())
+    })
+    .await;
+    // The first node's drain round is now waiting on the webhook.
+    s.break_gpu(&second).await;
+    eventually(&format!("{second} cordoned"), Duration::from_secs(30), || async {
+        is_unschedulable(&s.node(&second).await).then_some(())
+    })
+    .await;
+    let first_pods = s.pods_on(&first).await;
+    assert_eq!(
+        first_pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .count(),
+        2,
+        "the second node was cordoned only after the first node's evictions came back: {:?}",
+        first_pods.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+    );
+    // And the hung evictions do go through once the webhook times out.
+    s.wait_phase(&first, Phase::Verifying, Duration::from_secs(60))
+        .await;
+    webhook.remove(&s.client).await;
     controller.stop().await;
 }

@@ -1,17 +1,32 @@
-//! The loop: observe → plan → act → report, one pass at a time, woken by a relevant watch event,
-//! by the earliest time a decision asked to be made again (a trigger's `for` elapsing, a rate
-//! slot freeing, a drain timeout, a pod poll), or by the resync period.
+//! The loop: observe → plan → act → report. A pass plans the fleet, carries out each policy's
+//! plan, and starts an advance for every remediation that is due; it is woken by a relevant watch
+//! event, by an advance ending, by the earliest time a decision asked to be made again (a
+//! trigger's `for` elapsing, a rate slot freeing, a drain timeout, a pod poll), or by the resync
+//! period.
+//!
+//! Advances run as tasks of their own, at most one per remediation, so that one slow drain round
+//! (a PDB refusing, an API server answering slowly) never holds up another node's cordon. They
+//! run in two lanes with a concurrency limit each: remediations that are still starting (their
+//! next step is the cordon) never wait behind remediations that are draining or being replaced.
 //!
 //! A pass runs only while this replica's leader claim is current; a follower keeps its caches
-//! warm and waits. Passes are level-triggered from the API server's state, so a pass that fails
+//! warm and waits. Passes are level-triggered from the API server's state, so an advance that fails
 //! halfway is simply made again.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    future::Future,
+    sync::Arc,
+    time::Duration,
+};
 
-use futures::{StreamExt, stream};
+use gpu_remediation_api::{GpuRemediation, Phase};
 use jiff::Timestamp;
-use kube::runtime::events::Reporter;
-use tokio::sync::Notify;
+use kube::{ResourceExt as _, runtime::events::Reporter};
+use tokio::{
+    sync::{Notify, Semaphore},
+    task::{JoinError, JoinSet},
+};
 
 use crate::{
     admit,
@@ -20,9 +35,14 @@ use crate::{
     kubeops::KubeOps,
     leader::Fence,
     observe::{Caches, StartCachesError},
-    remediation::{self, Next},
+    remediation::{self, AdvanceRemediationError, Next},
     telemetry::{Health, Metrics},
 };
+
+/// How long a stopping controller waits for the advances under way to end. An advance cut short
+/// can leave an eviction half done on the API server (its PDB charged, the pod not deleted, until
+/// the disruption controller gives the charge back two minutes later), so they are let finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Why the controller stopped.
 #[derive(Debug, thiserror::Error)]
@@ -73,27 +93,53 @@ pub async fn run_with_telemetry(
     if let Some(health) = &telemetry.health {
         health.mark_caches_synced();
     }
-    let ctx = Context::new(settings, ops, caches, telemetry.metrics);
+    let ctx = Arc::new(Context::new(settings, ops, caches, telemetry.metrics));
     tracing::info!(policy_selector = ?ctx.settings.policy_selector, "caches ready; controller running");
+    let mut advances = Advances::new(&ctx.settings);
+    // The first pass, and every pass a watch event or the resync starts, looks at every
+    // remediation; a pass started by an advance ending or by a timer looks at those due.
+    let mut look_at_all = true;
+    let mut last_full_pass = tokio::time::Instant::now();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {
             () = fence.acquired() => {}
-            () = &mut shutdown => return Ok(()),
+            () = &mut shutdown => break,
         }
-        let next = pass(&ctx).await;
+        if last_full_pass.elapsed() >= ctx.settings.resync {
+            look_at_all = true;
+        }
+        if look_at_all {
+            last_full_pass = tokio::time::Instant::now();
+        }
+        let next = pass(&ctx, &mut advances, look_at_all).await;
+        look_at_all = false;
         let sleep = until(next, ctx.settings.resync);
         tokio::select! {
-            () = wake.notified() => {}
+            () = wake.notified() => {
+                look_at_all = true;
+                advances.touch_running();
+            }
+            Some(joined) = advances.running.join_next_with_id() => {
+                advances.ended(&ctx, joined);
+                // Collect every other advance that has ended too, so they share one pass.
+                while let Some(joined) = advances.running.try_join_next_with_id() {
+                    advances.ended(&ctx, joined);
+                }
+            }
             () = tokio::time::sleep(sleep) => {}
             () = fence.lost() => tracing::warn!("leader claim lost: acting stops until it is current again"),
-            () = &mut shutdown => return Ok(()),
+            () = &mut shutdown => break,
         }
     }
+    advances.wind_down(&ctx).await;
+    Ok(())
 }
 
-/// One pass over the fleet. Returns when the next pass is due at the latest.
-pub async fn pass(ctx: &Context) -> Timestamp {
+/// One pass over the fleet: plans it, carries out each policy's plan, and starts an advance for
+/// every remediation that needs one and is due (all of them when `look_at_all`). Returns when the
+/// next pass is due at the latest.
+async fn pass(ctx: &Arc<Context>, advances: &mut Advances, look_at_all: bool) -> Timestamp {
     let now = Timestamp::now();
     let error_retry = crate::time::plus(now, crate::time::signed(ctx.settings.error_backoff));
     let mut next = crate::time::plus(now, crate::time::signed(ctx.settings.resync));
@@ -117,38 +163,167 @@ pub async fn pass(ctx: &Context) -> Timestamp {
         }
     }
 
-    let pending: Vec<_> = ctx
+    let mut pending: Vec<Arc<GpuRemediation>> = ctx
         .caches
         .remediations()
         .into_iter()
         .filter(|r| remediation::needs_attention(r))
         .collect();
-    // Futures built before they enter the stream (see `remediation::evict_all`).
-    let advances: Vec<_> = pending.into_iter().map(|r| advance_named(ctx, r)).collect();
-    let results: Vec<_> = stream::iter(advances)
-        .buffer_unordered(ctx.settings.remediation_concurrency.max(1))
-        .collect()
-        .await;
-    for (name, result) in results {
-        match result {
-            Ok(Next::Idle) => {}
-            Ok(Next::At(at)) => next = next.min(at),
-            Err(error) => {
-                tracing::warn!(remediation = %name, error = %error, "advancing the remediation failed; retrying");
-                ctx.metrics.reconcile_error("remediation");
-                next = next.min(error_retry);
-            }
+    advances.forget_all_but(&pending);
+    // Starting remediations first: their cordon is what a fault waits for.
+    pending.sort_by_key(|r| !is_starting(r));
+    for remediation in pending {
+        let name = remediation.name_any();
+        if advances.is_running(&name) {
+            continue;
+        }
+        match advances.due(&name) {
+            Due::Now => advances.start(ctx, name, remediation),
+            Due::At(at) if look_at_all || at <= now => advances.start(ctx, name, remediation),
+            Due::At(at) => next = next.min(at),
+            Due::OnChange if look_at_all => advances.start(ctx, name, remediation),
+            Due::OnChange => {}
         }
     }
     next
 }
 
-async fn advance_named(
-    ctx: &Context,
-    remediation: Arc<gpu_remediation_api::GpuRemediation>,
-) -> (String, Result<Next, remediation::AdvanceRemediationError>) {
-    let name = remediation.metadata.name.clone().unwrap_or_default();
-    (name, remediation::advance(ctx, remediation).await)
+/// Whether the remediation's next step is the cordon (or before it): it advances in the
+/// starting lane.
+fn is_starting(remediation: &GpuRemediation) -> bool {
+    let phase = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
+    matches!(phase, Phase::Pending | Phase::AwaitingApproval)
+}
+
+/// When a remediation wants its next advance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Due {
+    /// Never advanced by this replica, or something it watches changed while it ran.
+    Now,
+    /// At this time, or on the next look at all.
+    At(Timestamp),
+    /// On the next look at all.
+    OnChange,
+}
+
+/// The advances under way (at most one per remediation), the lanes they run in, and when each
+/// remediation wants its next one.
+struct Advances {
+    /// The running advances.
+    running: JoinSet<Result<Next, AdvanceRemediationError>>,
+    /// Which remediation each running task advances.
+    names: HashMap<tokio::task::Id, String>,
+    /// Remediations with an advance running.
+    in_flight: HashSet<String>,
+    /// Running ones a watch event came for: they are due again as soon as they end.
+    touched: HashSet<String>,
+    /// When each remediation that has been advanced wants the next advance.
+    due: HashMap<String, Due>,
+    /// Permits for advances of starting remediations (up to the cordon).
+    starting: Arc<Semaphore>,
+    /// Permits for every other advance (drains, replacements, releases).
+    carrying: Arc<Semaphore>,
+}
+
+impl Advances {
+    fn new(settings: &Settings) -> Self {
+        let permits = settings.remediation_concurrency.max(1);
+        Self {
+            running: JoinSet::new(),
+            names: HashMap::new(),
+            in_flight: HashSet::new(),
+            touched: HashSet::new(),
+            due: HashMap::new(),
+            starting: Arc::new(Semaphore::new(permits)),
+            carrying: Arc::new(Semaphore::new(permits)),
+        }
+    }
+
+    fn is_running(&self, name: &str) -> bool {
+        self.in_flight.contains(name)
+    }
+
+    fn due(&self, name: &str) -> Due {
+        self.due.get(name).copied().unwrap_or(Due::Now)
+    }
+
+    /// Forgets the due times of remediations no longer needing attention (finished or gone).
+    fn forget_all_but(&mut self, pending: &[Arc<GpuRemediation>]) {
+        let names: HashSet<String> = pending.iter().map(|r| r.name_any()).collect();
+        self.due.retain(|name, _| names.contains(name));
+    }
+
+    /// Starts an advance of `remediation` in its lane.
+    fn start(&mut self, ctx: &Arc<Context>, name: String, remediation: Arc<GpuRemediation>) {
+        let lane = if is_starting(&remediation) {
+            self.starting.clone()
+        } else {
+            self.carrying.clone()
+        };
+        let ctx = ctx.clone();
+        let task = self.running.spawn(async move {
+            // The semaphore is never closed, so a permit always comes.
+            let _permit = lane.acquire_owned().await;
+            remediation::advance(&ctx, remediation).await
+        });
+        self.names.insert(task.id(), name.clone());
+        self.due.remove(&name);
+        self.in_flight.insert(name);
+    }
+
+    /// A watch event came: whatever is running may have acted on a view that is now stale.
+    fn touch_running(&mut self) {
+        self.touched.extend(self.in_flight.iter().cloned());
+    }
+
+    /// Records how an advance ended.
+    fn ended(
+        &mut self,
+        ctx: &Context,
+        joined: Result<(tokio::task::Id, Result<Next, AdvanceRemediationError>), JoinError>,
+    ) {
+        let (id, result) = match joined {
+            Ok((id, result)) => (id, Ok(result)),
+            Err(error) => (error.id(), Err(error)),
+        };
+        let Some(name) = self.names.remove(&id) else {
+            return;
+        };
+        self.in_flight.remove(&name);
+        let retry = crate::time::plus(Timestamp::now(), crate::time::signed(ctx.settings.error_backoff));
+        let due = match result {
+            Ok(Ok(Next::Idle)) => Due::OnChange,
+            Ok(Ok(Next::At(at))) => Due::At(at),
+            Ok(Err(error)) => {
+                tracing::warn!(remediation = %name, error = %error, "advancing the remediation failed; retrying");
+                ctx.metrics.reconcile_error("remediation");
+                Due::At(retry)
+            }
+            Err(error) => {
+                tracing::error!(remediation = %name, %error, "advancing the remediation panicked; retrying");
+                ctx.metrics.reconcile_error("remediation");
+                Due::At(retry)
+            }
+        };
+        let due = if self.touched.remove(&name) { Due::Now } else { due };
+        self.due.insert(name, due);
+    }
+
+    /// Lets the running advances end (within [`SHUTDOWN_GRACE`]), then abandons the rest.
+    async fn wind_down(&mut self, ctx: &Context) {
+        let all_ended = async {
+            while let Some(joined) = self.running.join_next_with_id().await {
+                self.ended(ctx, joined);
+            }
+        };
+        if tokio::time::timeout(SHUTDOWN_GRACE, all_ended).await.is_err() {
+            tracing::warn!(
+                still_running = self.in_flight.len(),
+                "advances still running at shutdown were cut short"
+            );
+            self.running.abort_all();
+        }
+    }
 }
 
 /// How long to sleep until `next`, at most `resync`.

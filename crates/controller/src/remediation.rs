@@ -44,7 +44,9 @@ use crate::{
 };
 
 /// How many steps one call takes at most before handing back to the loop (a step that needs
-/// nothing new from the cluster continues at once: Pending → Cordoned → Draining in one pass).
+/// nothing new from the cluster continues at once, e.g. Draining → Replacing when the last pod
+/// has gone). The cordon always hands back: the drain runs in the loop's other lane, so that no
+/// other node's cordon waits behind it.
 const STEPS_PER_PASS: usize = 4;
 
 /// Why a remediation could not be carried forward in this pass (it is retried in the next).
@@ -343,7 +345,7 @@ async fn cordon_node(
         message,
         now,
     );
-    let updated = write(
+    write(
         ctx,
         remediation,
         status,
@@ -351,7 +353,8 @@ async fn cordon_node(
         EventType::Normal,
     )
     .await?;
-    Ok(Taken::Continue(updated))
+    // The drain starts in the next advance, in the loop's carrying lane (see `controller`).
+    Ok(Taken::Done(Next::At(now)))
 }
 
 /// Whether the node's triggers have cleared (for a `Template` replacement such as a reboot).
