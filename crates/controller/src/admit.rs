@@ -6,8 +6,9 @@
 
 use futures::{StreamExt as _, stream};
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, constants::reasons};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
-    ResourceExt,
+    Resource, ResourceExt,
     runtime::events::{Event, EventType},
 };
 
@@ -43,8 +44,31 @@ pub enum ApplyPolicyPlanError {
     DeleteExpired(#[from] DeleteRemediationError),
 }
 
-/// Carries out one policy's plan.
-pub async fn apply(ctx: &Context, plan: PolicyPlan) -> Result<(), ApplyPolicyPlanError> {
+/// Events that carrying out the plans calls for, kept until the pass has started the advances:
+/// a fault's cordon does not wait for the announcements of a hundred others.
+#[derive(Default)]
+pub struct Announcements(Vec<(ObjectReference, Event)>);
+
+impl Announcements {
+    fn add<K: Resource<DynamicType = ()>>(&mut self, object: &K, event: Event) {
+        self.0.push((object.object_ref(&()), event));
+    }
+
+    /// Publishes them, in the order they were made.
+    pub async fn publish(self, ctx: &Context) {
+        for (reference, event) in self.0 {
+            ctx.ops.publish_to(&reference, event).await;
+        }
+    }
+}
+
+/// Carries out one policy's plan, adding the Events it calls for to `announcements` (also those
+/// of the writes made before a failure).
+pub async fn apply(
+    ctx: &Context,
+    plan: PolicyPlan,
+    announcements: &mut Announcements,
+) -> Result<(), ApplyPolicyPlanError> {
     let policy = plan.policy.as_ref();
     let name = policy.name_any();
     ctx.metrics.set_in_flight(&name, plan.status.in_flight);
@@ -60,11 +84,23 @@ pub async fn apply(ctx: &Context, plan: PolicyPlan) -> Result<(), ApplyPolicyPla
     // cordon, and one at a time costs tens of milliseconds per node.
     // Futures built before they enter the stream (see `remediation::evict_all`).
     let starts: Vec<_> = plan.create.iter().map(|r| start(ctx, policy, r)).collect();
-    let created: Vec<Result<(), CreateRemediationError>> = stream::iter(starts)
+    let created: Vec<Result<(GpuRemediation, String), CreateRemediationError>> = stream::iter(starts)
         .buffer_unordered(CREATE_CONCURRENCY)
         .collect()
         .await;
-    created.into_iter().collect::<Result<(), _>>()?;
+    let mut failed = None;
+    for result in created {
+        match result {
+            Ok((created, note)) => {
+                announcements.add(&created, event(reasons::STARTED, &note, EventType::Normal));
+                announcements.add(policy, event(reasons::STARTED, &note, EventType::Normal));
+            }
+            Err(error) => failed = Some(error),
+        }
+    }
+    if let Some(error) = failed {
+        return Err(error.into());
+    }
     for record in &plan.manual_required {
         let mut created = ctx.ops.create_remediation(record).await?;
         created.managed_fields_mut().clear();
@@ -88,9 +124,7 @@ pub async fn apply(ctx: &Context, plan: PolicyPlan) -> Result<(), ApplyPolicyPla
             updated.spec.node_name
         );
         tracing::info!(remediation = %record, "approved past maxAttemptsPerNode: re-admitted");
-        ctx.ops
-            .publish(&updated, event(reasons::STARTED, &note, EventType::Normal))
-            .await;
+        announcements.add(&updated, event(reasons::STARTED, &note, EventType::Normal));
     }
     if policy.status.as_ref() != Some(&plan.status) {
         ctx.ops
@@ -100,9 +134,7 @@ pub async fn apply(ctx: &Context, plan: PolicyPlan) -> Result<(), ApplyPolicyPla
     for waiting in &plan.newly_waiting {
         let note = format!("node {} waits: {}", waiting.node, waiting.message);
         tracing::info!(policy = %policy.name_any(), node = %waiting.node, reason = %waiting.reason, "node held back");
-        ctx.ops
-            .publish(policy, event(&waiting.reason, &note, EventType::Normal))
-            .await;
+        announcements.add(policy, event(&waiting.reason, &note, EventType::Normal));
     }
     for expired in &plan.expired {
         tracing::info!(policy = %name, remediation = %expired, "deleting a finished remediation past history.ttl");
@@ -114,27 +146,24 @@ pub async fn apply(ctx: &Context, plan: PolicyPlan) -> Result<(), ApplyPolicyPla
                 "{} of {} governed nodes are unhealthy, above maxUnhealthy {}: no new remediation starts",
                 plan.status.unhealthy_nodes, plan.status.selected_nodes, policy.spec.safety.max_unhealthy
             );
-            ctx.ops
-                .publish(policy, event(reasons::CIRCUIT_OPEN, &note, EventType::Warning))
-                .await;
+            announcements.add(policy, event(reasons::CIRCUIT_OPEN, &note, EventType::Warning));
         }
         Some(false) => {
             let note = "the unhealthy share is back within maxUnhealthy: remediations may start again";
-            ctx.ops
-                .publish(policy, event("CircuitClosed", note, EventType::Normal))
-                .await;
+            announcements.add(policy, event("CircuitClosed", note, EventType::Normal));
         }
         None => {}
     }
     Ok(())
 }
 
-/// Creates one admitted remediation and announces it on the remediation and on its policy.
+/// Creates one admitted remediation. Returns it with the note of the Event announcing it (on the
+/// remediation and on its policy).
 async fn start(
     ctx: &Context,
     policy: &GpuRemediationPolicy,
     remediation: &GpuRemediation,
-) -> Result<(), CreateRemediationError> {
+) -> Result<(GpuRemediation, String), CreateRemediationError> {
     let mut created = ctx.ops.create_remediation(remediation).await?;
     created.managed_fields_mut().clear();
     ctx.caches.written_remediations.record(created.clone());
@@ -156,13 +185,7 @@ async fn start(
         created.spec.mode,
     );
     tracing::info!(remediation = %created.name_any(), node = %created.spec.node_name, "remediation started");
-    ctx.ops
-        .publish(&created, event(reasons::STARTED, &note, EventType::Normal))
-        .await;
-    ctx.ops
-        .publish(policy, event(reasons::STARTED, &note, EventType::Normal))
-        .await;
-    Ok(())
+    Ok((created, note))
 }
 
 fn event(reason: &str, note: &str, type_: EventType) -> Event {

@@ -154,9 +154,10 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, look_at_all: bool) ->
     if let Some(at) = plan.wake_at {
         next = next.min(at);
     }
+    let mut announcements = admit::Announcements::default();
     for policy_plan in plan.policies {
         let policy = policy_plan.policy.metadata.name.clone().unwrap_or_default();
-        if let Err(error) = admit::apply(ctx, policy_plan).await {
+        if let Err(error) = admit::apply(ctx, policy_plan, &mut announcements).await {
             tracing::warn!(%policy, error = %error, "carrying out the policy's plan failed; retrying");
             ctx.metrics.reconcile_error("policy");
             next = next.min(error_retry);
@@ -185,6 +186,7 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, look_at_all: bool) ->
             Due::OnChange => {}
         }
     }
+    announcements.publish(ctx).await;
     next
 }
 

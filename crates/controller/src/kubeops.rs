@@ -17,7 +17,7 @@ use gpu_remediation_api::{
 };
 use k8s_openapi::{
     api::{
-        core::v1::{Node, Pod},
+        core::v1::{Node, ObjectReference, Pod},
         policy::v1::Eviction,
     },
     apimachinery::pkg::apis::meta::v1::{DeleteOptions, Preconditions},
@@ -450,12 +450,16 @@ impl KubeOps {
     /// Publishes an Event about `object`. A failure is logged, not returned: an Event is a report,
     /// and a lost one must not stop a remediation.
     pub async fn publish<K: Resource<DynamicType = ()>>(&self, object: &K, event: Event) {
+        self.publish_to(&object.object_ref(&()), event).await;
+    }
+
+    /// [`KubeOps::publish`], about the object `reference` names.
+    pub async fn publish_to(&self, reference: &ObjectReference, event: Event) {
         if let Err(error) = self.fence.check() {
             tracing::debug!(%error, reason = %event.reason, "event not published: not the leader");
             return;
         }
-        let reference = object.object_ref(&());
-        if let Err(error) = self.recorder.publish(&event, &reference).await {
+        if let Err(error) = self.recorder.publish(&event, reference).await {
             tracing::warn!(%error, reason = %event.reason, object = ?reference.name, "publishing an event failed");
         }
     }

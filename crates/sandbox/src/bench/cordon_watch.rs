@@ -105,6 +105,15 @@ impl CordonWatch {
         self.lock().first_held.clone()
     }
 
+    /// Forgets when `nodes` were first held, so that the next time each is held counts as its
+    /// first (a benchmark reusing released nodes).
+    pub fn forget_first_held(&self, nodes: &[String]) {
+        let mut state = self.lock();
+        for node in nodes {
+            state.first_held.remove(node);
+        }
+    }
+
     /// The nodes held now.
     #[must_use]
     pub fn held(&self) -> BTreeSet<String> {

@@ -114,7 +114,8 @@ pub async fn wait_policy_observed(env: &BenchEnv, scope: &str) -> Result<(), Ben
 }
 
 /// Heals `nodes`, deletes policy `scope`'s remediations and waits until the controller has
-/// released every node.
+/// released every node; then forgets when they were first held, so that a later round's samples
+/// are of that round's cordons.
 pub async fn reset(
     env: &BenchEnv,
     scope: &str,
@@ -157,6 +158,7 @@ pub async fn reset(
             watch.held()
         )));
     }
+    watch.forget_first_held(nodes);
     Ok(())
 }
 
@@ -240,6 +242,8 @@ async fn run_rounds(
         })
         .await;
         let first = everyone.unwrap_or_else(|_| watch.first_held());
+        // Every node of `broken` was released (or never held) before this round, and `reset`
+        // forgot its earlier cordons: each sample is this round's.
         let mut samples: Vec<f64> = broken
             .iter()
             .filter_map(|n| first.get(n))
