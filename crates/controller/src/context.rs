@@ -32,7 +32,8 @@ pub struct Settings {
     pub error_backoff: Duration,
     /// How often a triggered replacement is looked at while it is under way.
     pub replacement_poll: Duration,
-    /// Remediations carried forward at once.
+    /// Remediations carried forward at once, in each of the loop's two lanes (those about to be
+    /// cordoned, and all others).
     pub remediation_concurrency: usize,
     /// This replica's name in Events (`reportingInstance`), e.g. the pod name.
     pub instance: Option<String>,

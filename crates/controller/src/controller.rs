@@ -20,7 +20,7 @@ use std::{
     time::Duration,
 };
 
-use gpu_remediation_api::{GpuRemediation, Phase};
+use gpu_remediation_api::{GpuRemediation, Phase, policy::Mode};
 use jiff::Timestamp;
 use kube::{ResourceExt as _, runtime::events::Reporter};
 use tokio::{
@@ -34,7 +34,7 @@ use crate::{
     fleet,
     kubeops::KubeOps,
     leader::Fence,
-    observe::{Caches, StartCachesError},
+    observe::{Caches, Changed, StartCachesError},
     remediation::{self, AdvanceRemediationError, Next},
     telemetry::{Health, Metrics},
 };
@@ -96,9 +96,10 @@ pub async fn run_with_telemetry(
     let ctx = Arc::new(Context::new(settings, ops, caches, telemetry.metrics));
     tracing::info!(policy_selector = ?ctx.settings.policy_selector, "caches ready; controller running");
     let mut advances = Advances::new(&ctx.settings);
-    // The first pass, and every pass a watch event or the resync starts, looks at every
-    // remediation; a pass started by an advance ending or by a timer looks at those due.
-    let mut look_at_all = true;
+    // The first pass, and every pass the resync starts, looks at every remediation; a pass a watch
+    // event starts looks at those the change concerns and those due; a pass started by an
+    // advance ending or by a timer looks at those due.
+    let mut changed = Changed::everything();
     let mut last_full_pass = tokio::time::Instant::now();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -107,18 +108,18 @@ pub async fn run_with_telemetry(
             () = &mut shutdown => break,
         }
         if last_full_pass.elapsed() >= ctx.settings.resync {
-            look_at_all = true;
+            changed.anything = true;
         }
-        if look_at_all {
+        if changed.anything {
             last_full_pass = tokio::time::Instant::now();
         }
-        let next = pass(&ctx, &mut advances, look_at_all).await;
-        look_at_all = false;
+        let next = pass(&ctx, &mut advances, &std::mem::take(&mut changed)).await;
         let sleep = until(next, ctx.settings.resync);
         tokio::select! {
             () = wake.notified() => {
-                look_at_all = true;
-                advances.touch_running();
+                let news = ctx.caches.changes.take();
+                advances.touch_running(&ctx, &news);
+                changed.merge(news);
             }
             Some(joined) = advances.running.join_next_with_id() => {
                 advances.ended(&ctx, joined);
@@ -137,9 +138,9 @@ pub async fn run_with_telemetry(
 }
 
 /// One pass over the fleet: plans it, carries out each policy's plan, and starts an advance for
-/// every remediation that needs one and is due (all of them when `look_at_all`). Returns when the
+/// every remediation that needs one and is due or concerned by what `changed`. Returns when the
 /// next pass is due at the latest.
-async fn pass(ctx: &Arc<Context>, advances: &mut Advances, look_at_all: bool) -> Timestamp {
+async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) -> Timestamp {
     let now = Timestamp::now();
     let error_retry = crate::time::plus(now, crate::time::signed(ctx.settings.error_backoff));
     let mut next = crate::time::plus(now, crate::time::signed(ctx.settings.resync));
@@ -178,16 +179,46 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, look_at_all: bool) ->
         if advances.is_running(&name) {
             continue;
         }
+        let concerned = concerns(changed, &remediation);
         match advances.due(&name) {
             Due::Now => advances.start(ctx, name, remediation),
-            Due::At(at) if look_at_all || at <= now => advances.start(ctx, name, remediation),
+            Due::At(at) if concerned || at <= now => advances.start(ctx, name, remediation),
             Due::At(at) => next = next.min(at),
-            Due::OnChange if look_at_all => advances.start(ctx, name, remediation),
+            Due::OnChange if concerned => advances.start(ctx, name, remediation),
             Due::OnChange => {}
         }
     }
     announcements.publish(ctx).await;
     next
+}
+
+/// Whether what `changed` may give `remediation` something to do. A budget's change (its room,
+/// its healthy count) matters to the remediations whose evictions it refuses, and to dry runs,
+/// which report the budgets that would refuse; anything else may matter to all. Waking every
+/// draining remediation on every budget change would list each node's pods after every eviction
+/// anywhere in the cluster.
+fn concerns(changed: &Changed, remediation: &GpuRemediation) -> bool {
+    if changed.anything {
+        return true;
+    }
+    if changed.budgets.is_empty() {
+        return false;
+    }
+    if remediation.spec.mode == Mode::DryRun {
+        return true;
+    }
+    remediation
+        .status
+        .as_ref()
+        .and_then(|s| s.drain.as_ref())
+        .is_some_and(|drain| {
+            drain
+                .blockers
+                .iter()
+                .filter_map(|b| b.pdb.as_deref())
+                .flat_map(|named| named.split(','))
+                .any(|budget| changed.budgets.contains(budget))
+        })
 }
 
 /// Whether the remediation's next step is the cordon (or before it): it advances in the
@@ -273,9 +304,22 @@ impl Advances {
         self.in_flight.insert(name);
     }
 
-    /// A watch event came: whatever is running may have acted on a view that is now stale.
-    fn touch_running(&mut self) {
-        self.touched.extend(self.in_flight.iter().cloned());
+    /// A watch event came: whatever is running and concerned by the change may have acted on a
+    /// view that is now stale.
+    fn touch_running(&mut self, ctx: &Context, changed: &Changed) {
+        if self.in_flight.is_empty() {
+            return;
+        }
+        if changed.anything {
+            self.touched.extend(self.in_flight.iter().cloned());
+            return;
+        }
+        for remediation in ctx.caches.remediations() {
+            let name = remediation.name_any();
+            if self.in_flight.contains(&name) && concerns(changed, &remediation) {
+                self.touched.insert(name);
+            }
+        }
     }
 
     /// Records how an advance ended.
@@ -332,4 +376,74 @@ impl Advances {
 fn until(next: Timestamp, resync: Duration) -> Duration {
     let wait = next.duration_since(Timestamp::now());
     Duration::try_from(wait).unwrap_or(Duration::ZERO).min(resync)
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_remediation_api::remediation::{Blocker, DrainStatus};
+
+    use super::*;
+
+    fn remediation(mode: &str, refused_by: &[&str]) -> GpuRemediation {
+        let mut remediation: GpuRemediation = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpuremediation.dev/v1alpha1",
+            "kind": "GpuRemediation",
+            "metadata": {"name": "n1-abc"},
+            "spec": {
+                "nodeName": "n1",
+                "policyName": "p",
+                "action": "None",
+                "mode": mode,
+                "trigger": {"conditionType": "GpuHealthy", "status": "False", "reason": "XID79"},
+            },
+        }))
+        .expect("a valid remediation");
+        let mut status = remediation.status.take().unwrap_or_default();
+        status.drain = Some(DrainStatus {
+            blockers: refused_by
+                .iter()
+                .map(|pdb| Blocker {
+                    pod: "work/web-0".to_owned(),
+                    pdb: Some((*pdb).to_owned()),
+                    code: 429,
+                    message: String::new(),
+                    since: None,
+                })
+                .collect(),
+            ..DrainStatus::default()
+        });
+        remediation.status = Some(status);
+        remediation
+    }
+
+    fn budgets(changed: &[&str]) -> Changed {
+        Changed {
+            anything: false,
+            budgets: changed.iter().map(|b| (*b).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_budget_change_concerns_only_the_remediations_it_refuses() {
+        let refused = remediation("Enforce", &["work/web"]);
+        let elsewhere = remediation("Enforce", &["other/db"]);
+        let unrefused = remediation("Enforce", &[]);
+        let change = budgets(&["work/web"]);
+        assert!(concerns(&change, &refused));
+        assert!(!concerns(&change, &elsewhere));
+        assert!(!concerns(&change, &unrefused));
+    }
+
+    #[test]
+    fn a_pod_under_several_budgets_is_concerned_by_each() {
+        let refused = remediation("Enforce", &["work/a,work/b"]);
+        assert!(concerns(&budgets(&["work/b"]), &refused));
+    }
+
+    #[test]
+    fn any_budget_change_concerns_a_dry_run_and_any_other_change_concerns_all() {
+        assert!(concerns(&budgets(&["x/y"]), &remediation("DryRun", &[])));
+        assert!(!concerns(&budgets(&[]), &remediation("DryRun", &[])));
+        assert!(concerns(&Changed::everything(), &remediation("Enforce", &[])));
+    }
 }

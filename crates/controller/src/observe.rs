@@ -15,7 +15,7 @@
 //! counts a remediation late and a phase is never repeated from a stale cache.
 
 use std::{
-    collections::{HashMap, hash_map::DefaultHasher},
+    collections::{BTreeSet, HashMap, hash_map::DefaultHasher},
     hash::{Hash, Hasher},
     sync::{Arc, Mutex},
 };
@@ -49,6 +49,64 @@ pub struct Caches {
     pub written_remediations: Overlay<GpuRemediation>,
     /// Our own writes to nodes (cordon, release), until their watch catches up.
     pub written_nodes: Overlay<Node>,
+    /// What changed since the loop last looked.
+    pub changes: Changes,
+}
+
+/// What the watches saw change since the loop last took it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changed {
+    /// A policy, remediation or node changed, or a watch listed afresh: every remediation may
+    /// have something to do.
+    pub anything: bool,
+    /// Disruption budgets that changed, as `namespace/name`: they concern only the remediations
+    /// whose evictions they refuse.
+    pub budgets: BTreeSet<String>,
+}
+
+impl Changed {
+    /// Everything, as after a start or a resync.
+    #[must_use]
+    pub fn everything() -> Self {
+        Self {
+            anything: true,
+            budgets: BTreeSet::new(),
+        }
+    }
+
+    /// Adds `other` to this.
+    pub fn merge(&mut self, other: Self) {
+        self.anything |= other.anything;
+        self.budgets.extend(other.budgets);
+    }
+}
+
+/// The watches' record of what changed, shared with the loop.
+#[derive(Clone, Debug, Default)]
+pub struct Changes {
+    changed: Arc<Mutex<Changed>>,
+}
+
+impl Changes {
+    fn note(&self, edit: impl FnOnce(&mut Changed)) {
+        edit(
+            &mut self
+                .changed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+    }
+
+    /// What changed since the last call.
+    #[must_use]
+    pub fn take(&self) -> Changed {
+        std::mem::take(
+            &mut *self
+                .changed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
 }
 
 /// Why the caches could not start.
@@ -74,12 +132,17 @@ impl Caches {
         }
         let written_remediations = Overlay::default();
         let written_nodes = Overlay::default();
+        let changes = Changes::default();
+        let anything = |changes: &Changes| {
+            let changes = changes.clone();
+            move |_: Option<String>| changes.note(|c| c.anything = true)
+        };
         let policies = spawn_reflector(
             Api::<GpuRemediationPolicy>::all(client.clone()),
             policy_config,
             |_| {},
             policy_fingerprint,
-            wake.clone(),
+            Waker::new(wake.clone(), anything(&changes)),
             None,
         );
         let remediations = spawn_reflector(
@@ -87,7 +150,7 @@ impl Caches {
             watcher::Config::default().any_semantic(),
             |r: &mut GpuRemediation| r.managed_fields_mut().clear(),
             remediation_fingerprint,
-            wake.clone(),
+            Waker::new(wake.clone(), anything(&changes)),
             Some(written_remediations.clone()),
         );
         let nodes = spawn_reflector(
@@ -95,7 +158,7 @@ impl Caches {
             watcher::Config::default().any_semantic(),
             prune_node,
             node_fingerprint,
-            wake.clone(),
+            Waker::new(wake.clone(), anything(&changes)),
             Some(written_nodes.clone()),
         );
         let budgets = spawn_reflector(
@@ -103,7 +166,15 @@ impl Caches {
             watcher::Config::default().any_semantic(),
             prune_budget,
             budget_fingerprint,
-            wake,
+            Waker::new(wake, {
+                let changes = changes.clone();
+                move |key: Option<String>| match key {
+                    Some(key) => changes.note(|c| {
+                        c.budgets.insert(key);
+                    }),
+                    None => changes.note(|c| c.anything = true),
+                }
+            }),
             None,
         );
         for ready in [
@@ -121,6 +192,7 @@ impl Caches {
             budgets,
             written_remediations,
             written_nodes,
+            changes,
         })
     }
 
@@ -156,7 +228,7 @@ fn spawn_reflector<K, M, F>(
     config: watcher::Config,
     prune: M,
     fingerprint: F,
-    wake: Arc<Notify>,
+    wake: Waker,
     written: Option<Overlay<K>>,
 ) -> Store<K>
 where
@@ -179,9 +251,30 @@ where
     store
 }
 
-/// Drives a reflected watch, notifying `wake` when an object appears, goes, or changes what its
+/// Wakes the loop and says what changed: the key (`namespace/name`) of an object that changed,
+/// or `None` after a (re)list.
+struct Waker {
+    wake: Arc<Notify>,
+    note: Box<dyn Fn(Option<String>) + Send>,
+}
+
+impl Waker {
+    fn new(wake: Arc<Notify>, note: impl Fn(Option<String>) + Send + 'static) -> Self {
+        Self {
+            wake,
+            note: Box::new(note),
+        }
+    }
+
+    fn changed(&self, key: Option<String>) {
+        (self.note)(key);
+        self.wake.notify_one();
+    }
+}
+
+/// Drives a reflected watch, waking the loop when an object appears, goes, or changes what its
 /// fingerprint covers, and when a (re)list completes.
-async fn wake_on_change<K, S, F>(events: S, fingerprint: F, wake: Arc<Notify>, written: Option<Overlay<K>>)
+async fn wake_on_change<K, S, F>(events: S, fingerprint: F, wake: Waker, written: Option<Overlay<K>>)
 where
     K: Resource<DynamicType = ()>,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
@@ -193,24 +286,24 @@ where
         let changed = match event {
             Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
                 let print = fingerprint(&object);
-                seen.insert(object.name_any(), print) != Some(print)
+                (seen.insert(object.name_any(), print) != Some(print)).then(|| Some(key_of(&object)))
             }
             Ok(watcher::Event::Delete(object)) => {
                 seen.remove(&object.name_any());
                 if let Some(written) = &written {
                     written.forget(&object.name_any());
                 }
-                true
+                Some(Some(key_of(&object)))
             }
-            Ok(watcher::Event::InitDone) => true,
-            Ok(watcher::Event::Init) => false,
+            Ok(watcher::Event::InitDone) => Some(None),
+            Ok(watcher::Event::Init) => None,
             Err(error) => {
                 tracing::warn!(%error, kind = %K::kind(&()), "watch failed; retrying with backoff");
-                false
+                None
             }
         };
-        if changed {
-            wake.notify_one();
+        if let Some(key) = changed {
+            wake.changed(key);
         }
     }
 }
@@ -239,12 +332,11 @@ pub fn prune_node(node: &mut Node) {
     }
 }
 
+// `status.disruptedPods` stays: it names the pods whose eviction the budget has already granted
+// (a blocker explains a refusal with it), and it holds entries only while evictions settle.
 fn prune_budget(budget: &mut PodDisruptionBudget) {
     budget.managed_fields_mut().clear();
     budget.annotations_mut().clear();
-    if let Some(status) = budget.status.as_mut() {
-        status.disrupted_pods = None;
-    }
 }
 
 fn hash_of<T: Serialize>(value: &T) -> u64 {
@@ -252,6 +344,14 @@ fn hash_of<T: Serialize>(value: &T) -> u64 {
     // Serialising our own in-memory values cannot fail.
     serde_json::to_vec(value).unwrap_or_default().hash(&mut hasher);
     hasher.finish()
+}
+
+/// `namespace/name`, or `name` for a cluster-scoped object.
+fn key_of<K: Resource>(object: &K) -> String {
+    match object.meta().namespace.as_deref() {
+        Some(namespace) => format!("{namespace}/{}", object.name_any()),
+        None => object.name_any(),
+    }
 }
 
 fn node_fingerprint(node: &Node) -> u64 {

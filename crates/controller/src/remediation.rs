@@ -978,10 +978,21 @@ fn blocker(
             .collect::<Vec<_>>()
             .join("; ")
     });
-    let message = match causes {
+    let mut message = match causes {
         Some(causes) if !causes.is_empty() => format!("{} ({causes})", answer.message),
         _ => answer.message.clone(),
     };
+    if let Some(spent) = drain::budget_named_in(answer)
+        .and_then(|name| {
+            budgets.iter().find(|b| {
+                b.metadata.namespace.as_deref() == Some(pod.namespace.as_str())
+                    && b.metadata.name.as_deref() == Some(name.as_str())
+            })
+        })
+        .and_then(spent_on)
+    {
+        message.push_str(&spent);
+    }
     Blocker {
         pod: pod.key(),
         pdb,
@@ -989,6 +1000,22 @@ fn blocker(
         message,
         since: Some(since),
     }
+}
+
+/// What a refusing budget has already granted: the pods its status still counts as evicted. An
+/// eviction the API server granted but whose pod deletion was lost (the client went away between
+/// the two) holds the budget until the disruption controller gives it back, 2 minutes later: the
+/// blocker says so, so that a person reading it knows why nothing moves and that it will.
+fn spent_on(budget: &PodDisruptionBudget) -> Option<String> {
+    let disrupted = budget.status.as_ref()?.disrupted_pods.as_ref()?;
+    let earliest = disrupted.values().map(|t| t.0).min()?;
+    let mut pods: Vec<&str> = disrupted.keys().map(String::as_str).collect();
+    pods.sort_unstable();
+    Some(format!(
+        "; the budget still counts {} as evicted (granted since {earliest}): it is given back once \
+         they are gone, or by the disruption controller 2 minutes after the grant if a deletion was lost",
+        pods.join(", ")
+    ))
 }
 
 fn blocked_by(status: &GpuRemediationStatus) -> String {
@@ -1278,6 +1305,39 @@ mod tests {
         let b = blocker(&pod(), &several, &[budget("a", 1), budget("b", 1)], Time(at(0)));
         assert_eq!(b.pdb.as_deref(), Some("work/a,work/b"));
         assert_eq!(b.code, 500);
+    }
+
+    #[test]
+    fn a_blocker_names_the_pods_its_budget_still_counts_as_evicted() {
+        let refused: Status = serde_json::from_value(serde_json::json!({
+            "code": 429,
+            "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+            "details": {"causes": [{
+                "reason": "DisruptionBudget",
+                "message": "The disruption budget web needs 3 healthy pods and has 3 currently",
+            }]},
+        }))
+        .unwrap();
+        let mut spent = budget("web", 0);
+        spent.status.as_mut().unwrap().disrupted_pods = Some(
+            [
+                ("web-2".to_owned(), Time(at(30))),
+                ("web-1".to_owned(), Time(at(10))),
+            ]
+            .into(),
+        );
+        let b = blocker(&pod(), &refused, &[spent], Time(at(40)));
+        assert!(
+            b.message.ends_with(&format!(
+                "; the budget still counts web-1, web-2 as evicted (granted since {}): it is given back once \
+                 they are gone, or by the disruption controller 2 minutes after the grant if a deletion was lost",
+                at(10)
+            )),
+            "{}",
+            b.message
+        );
+        let b = blocker(&pod(), &refused, &[budget("web", 0)], Time(at(40)));
+        assert!(!b.message.contains("still counts"), "{}", b.message);
     }
 
     #[test]
