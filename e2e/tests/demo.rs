@@ -3,46 +3,15 @@
 //! sample policy, the controller process under its service account). It must reach `Succeeded`,
 //! print its summary with every figure, say the PDBs held, and tear everything down.
 
-use std::{
-    path::{Path, PathBuf},
-    time::{Duration, Instant},
-};
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("e2e sits in the workspace")
-        .to_owned()
-}
-
-/// Builds both binaries as `make demo` does, and returns the debug output directory.
-fn build() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let status = std::process::Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "gpu-remediator",
-            "--bin",
-            "gpu-remediator",
-            "-p",
-            "gpu-sandbox",
-            "--bin",
-            "gpu-sandbox",
-        ])
-        .current_dir(workspace())
-        .status()
-        .expect("running cargo build");
-    assert!(status.success(), "building the demo's binaries failed");
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace().join("target"), PathBuf::from)
-        .join("debug")
-}
+use std::time::{Duration, Instant};
 
 #[test]
 fn the_demo_recycles_a_node_and_prints_its_summary_with_budgets_honoured() {
-    let bin = build();
+    // Both binaries, as `make demo` builds them.
+    let bin = e2e::build_binaries(&[
+        ("gpu-remediator", "gpu-remediator"),
+        ("gpu-sandbox", "gpu-sandbox"),
+    ]);
     let started = Instant::now();
     let output = std::process::Command::new("timeout")
         .arg("600")
@@ -50,7 +19,7 @@ fn the_demo_recycles_a_node_and_prints_its_summary_with_budgets_honoured() {
         .args(["demo", "--exit-after", "--controller"])
         .arg(bin.join("gpu-remediator"))
         .arg("--repo")
-        .arg(workspace())
+        .arg(e2e::WORKSPACE)
         .env(
             "RUST_LOG",
             "warn,kube_client::client::builder=off,gpu_sandbox::fleet::heartbeat=error",

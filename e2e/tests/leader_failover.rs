@@ -8,6 +8,7 @@ mod leader_support;
 
 use std::{sync::Arc, time::Duration};
 
+use e2e::eventually;
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
 use gpu_sandbox::{
     Fleet, FleetOptions,
@@ -16,7 +17,7 @@ use gpu_sandbox::{
     workload::{self, Budget, Workload},
 };
 use k8s_openapi::{
-    api::{coordination::v1::Lease, core::v1::Node, policy::v1::PodDisruptionBudget},
+    api::{core::v1::Node, policy::v1::PodDisruptionBudget},
     jiff::Timestamp,
 };
 use kube::{
@@ -25,40 +26,12 @@ use kube::{
 };
 use leader_support::{
     ReplicaOptions, ReplicaProcess, cluster, controller_account, create_namespace, kubeconfig_with_token,
-    mutating_requests, username,
+    lease_holder, mutating_requests, username,
 };
 use serde_json::json;
 
 /// The controller's default lease duration (`ElectionTimings::default()`).
 const LEASE_DURATION: Duration = Duration::from_secs(15);
-
-async fn eventually<T, Fut: Future<Output = Option<T>>>(
-    what: &str,
-    within: Duration,
-    mut probe: impl FnMut() -> Fut,
-) -> T {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The Lease's holder. The binary makes its identity unique per process (`<--identity>-<pid>`), so
-/// tests compare prefixes.
-async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
-    let lease = Api::<Lease>::namespaced(client.clone(), namespace)
-        .get_opt("gpu-remediator")
-        .await
-        .ok()??;
-    lease.spec?.holder_identity.filter(|holder| !holder.is_empty())
-}
 
 async fn remediations_of(client: &Client, node: &str) -> Vec<GpuRemediation> {
     Api::<GpuRemediation>::all(client.clone())

@@ -5,6 +5,7 @@ mod leader_support;
 
 use std::{sync::Arc, time::Duration};
 
+use e2e::eventually;
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
 use gpu_sandbox::{
     Fleet, FleetOptions,
@@ -12,44 +13,15 @@ use gpu_sandbox::{
     provider::{Provider, ProviderKind},
     workload::{self, Workload},
 };
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::{
     Api, Client,
     api::{ListParams, PostParams},
 };
 use leader_support::{
     ReplicaOptions, ReplicaProcess, cluster, controller_account, create_namespace, free_port,
-    kubeconfig_with_token, sample,
+    kubeconfig_with_token, lease_holder, sample,
 };
 use serde_json::json;
-
-async fn eventually<T, Fut: Future<Output = Option<T>>>(
-    what: &str,
-    within: Duration,
-    mut probe: impl FnMut() -> Fut,
-) -> T {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The Lease's holder. The binary makes its identity unique per process (`<--identity>-<pid>`), so
-/// tests compare prefixes.
-async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
-    let lease = Api::<Lease>::namespaced(client.clone(), namespace)
-        .get_opt("gpu-remediator")
-        .await
-        .ok()??;
-    lease.spec?.holder_identity.filter(|holder| !holder.is_empty())
-}
 
 /// Two nodes, two pods on the first, a policy allowing three recycles an hour, and two replicas:
 /// `leader` (started first and waited for) and `follower`.

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use gpu_sandbox::demo::install;
 use serde_json::Value;
@@ -113,28 +113,6 @@ async fn the_controller_runs_twice_hardened_probed_and_behind_a_budget() {
     );
 }
 
-/// Builds the controller binary and returns its path.
-fn controller_binary() -> PathBuf {
-    let workspace: &Path = &repo();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let status = std::process::Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "gpu-remediator",
-            "--bin",
-            "gpu-remediator",
-        ])
-        .current_dir(workspace)
-        .status()
-        .expect("running cargo build");
-    assert!(status.success(), "cargo build -p gpu-remediator failed");
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), PathBuf::from)
-        .join("debug/gpu-remediator")
-}
-
 #[tokio::test]
 async fn the_deployment_args_are_flags_the_controller_binary_accepts() {
     let objects = rendered().await;
@@ -153,7 +131,7 @@ async fn the_deployment_args_are_flags_the_controller_binary_accepts() {
         .collect();
     // clap parses left to right and stops at --help: it exits 0 only if every earlier argument
     // is one the binary knows.
-    let output = std::process::Command::new(controller_binary())
+    let output = std::process::Command::new(e2e::controller_binary())
         .args(&args)
         .arg("--help")
         .output()
@@ -163,7 +141,7 @@ async fn the_deployment_args_are_flags_the_controller_binary_accepts() {
         "gpu-remediator {args:?} is refused: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let refused = std::process::Command::new(controller_binary())
+    let refused = std::process::Command::new(e2e::controller_binary())
         .args(["run", "--no-such-flag", "--help"])
         .output()
         .unwrap();

@@ -16,9 +16,7 @@ use gpu_sandbox::{
     provider::{Provider, ProviderKind},
     workload::{self, Workload},
 };
-use k8s_openapi::{
-    api::core::v1::Node, apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, ResourceExt as _,
     api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams},
@@ -29,50 +27,6 @@ use tokio::sync::OnceCell;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
 const CRDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds");
-
-/// A stand-in for Self Node Remediation's CRD.
-const REBOOT_CRD: &str = r"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: fakereboots.e2e.gpuremediation.dev}
-spec:
-  group: e2e.gpuremediation.dev
-  scope: Namespaced
-  names: {plural: fakereboots, singular: fakereboot, kind: FakeReboot, listKind: FakeRebootList}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    subresources: {status: {}}
-    schema:
-      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-";
-
-async fn install(client: &Client, yaml: &str) {
-    let crd: CustomResourceDefinition = serde_yaml::from_str(yaml).expect("a CRD manifest");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = crd.name_any();
-    match crds.create(&PostParams::default(), &crd).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.is_already_exists() => {}
-        Err(error) => panic!("installing CRD {name}: {error}"),
-    }
-    common::eventually(
-        &format!("CRD {name} established"),
-        Duration::from_secs(30),
-        || {
-            let (crds, name) = (crds.clone(), name.clone());
-            async move {
-                let conditions = crds.get(&name).await.ok()?.status?.conditions?;
-                conditions
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            }
-        },
-    )
-    .await;
-}
 
 async fn crds_installed() -> Client {
     static INSTALLED: OnceCell<()> = OnceCell::const_new();
@@ -87,9 +41,9 @@ async fn crds_installed() -> Client {
                 format!("{FIXTURES}/cluster.x-k8s.io_machines.yaml"),
                 format!("{FIXTURES}/karpenter.sh_nodeclaims.yaml"),
             ] {
-                install(&client, &read(file)).await;
+                common::install_crd(&client, &read(file)).await;
             }
-            install(&client, REBOOT_CRD).await;
+            common::install_crd(&client, common::REBOOT_CRD).await;
         })
         .await;
     common::cluster().await.client()

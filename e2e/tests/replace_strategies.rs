@@ -26,7 +26,6 @@ use gpu_sandbox::{
 };
 use k8s_openapi::{
     api::core::v1::{Node, Pod},
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     jiff::Timestamp,
 };
 use kube::{
@@ -40,52 +39,6 @@ use tokio::sync::OnceCell;
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
 const CRDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds");
 
-/// A CRD the Template tests create objects of: a stand-in for Self Node Remediation.
-const REBOOT_CRD: &str = r"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: fakereboots.e2e.gpuremediation.dev}
-spec:
-  group: e2e.gpuremediation.dev
-  scope: Namespaced
-  names: {plural: fakereboots, singular: fakereboot, kind: FakeReboot, listKind: FakeRebootList}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    subresources: {status: {}}
-    schema:
-      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-";
-
-async fn install(client: &Client, yaml: &str) {
-    let crd: CustomResourceDefinition = serde_yaml::from_str(yaml).expect("a CRD manifest");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = crd.name_any();
-    match crds.create(&PostParams::default(), &crd).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.is_already_exists() => {}
-        Err(error) => panic!("installing CRD {name}: {error}"),
-    }
-    common::eventually(
-        &format!("CRD {name} established"),
-        Duration::from_secs(30),
-        || {
-            let crds = crds.clone();
-            let name = name.clone();
-            async move {
-                let crd = crds.get(&name).await.ok()?;
-                let conditions = crd.status?.conditions?;
-                conditions
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            }
-        },
-    )
-    .await;
-}
-
 /// Installs every CRD these tests need, once per test binary.
 async fn crds_installed() -> Client {
     static INSTALLED: OnceCell<()> = OnceCell::const_new();
@@ -96,14 +49,14 @@ async fn crds_installed() -> Client {
                 std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
             };
             let client = common::cluster().await.client();
-            install(&client, &read(format!("{CRDS}/gpuremediations.yaml"))).await;
-            install(
+            common::install_crd(&client, &read(format!("{CRDS}/gpuremediations.yaml"))).await;
+            common::install_crd(
                 &client,
                 &read(format!("{FIXTURES}/cluster.x-k8s.io_machines.yaml")),
             )
             .await;
-            install(&client, &read(format!("{FIXTURES}/karpenter.sh_nodeclaims.yaml"))).await;
-            install(&client, REBOOT_CRD).await;
+            common::install_crd(&client, &read(format!("{FIXTURES}/karpenter.sh_nodeclaims.yaml"))).await;
+            common::install_crd(&client, common::REBOOT_CRD).await;
         })
         .await;
     client

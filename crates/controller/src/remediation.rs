@@ -965,7 +965,9 @@ fn blocker(
     budgets: &[PodDisruptionBudget],
     since: Time,
 ) -> Blocker {
-    let pdb = drain::budget_named_in(answer)
+    let named = drain::budget_named_in(answer);
+    let pdb = named
+        .as_ref()
         .map(|name| format!("{}/{name}", pod.namespace))
         .or_else(|| {
             let covering = drain::covering_budgets(pod, budgets);
@@ -982,15 +984,13 @@ fn blocker(
         Some(causes) if !causes.is_empty() => format!("{} ({causes})", answer.message),
         _ => answer.message.clone(),
     };
-    if let Some(spent) = drain::budget_named_in(answer)
-        .and_then(|name| {
-            budgets.iter().find(|b| {
-                b.metadata.namespace.as_deref() == Some(pod.namespace.as_str())
-                    && b.metadata.name.as_deref() == Some(name.as_str())
-            })
+    let refusing = named.and_then(|name| {
+        budgets.iter().find(|b| {
+            b.metadata.namespace.as_deref() == Some(pod.namespace.as_str())
+                && b.metadata.name.as_deref() == Some(name.as_str())
         })
-        .and_then(spent_on)
-    {
+    });
+    if let Some(spent) = refusing.and_then(spent_on) {
         message.push_str(&spent);
     }
     Blocker {

@@ -15,7 +15,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::{Path, PathBuf},
+    path::Path,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -39,38 +39,12 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::{WatchStreamExt, watcher},
 };
-use tokio::sync::OnceCell;
 
-const WORKSPACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-
-/// The controller binary: `GPU_REMEDIATOR_BIN` if set, else built (debug) on first use.
+/// The controller binary (`e2e::controller_binary`), built off the runtime's thread.
 pub async fn controller_binary() -> &'static Path {
-    static BINARY: OnceCell<PathBuf> = OnceCell::const_new();
-    BINARY
-        .get_or_init(|| async {
-            if let Some(path) = std::env::var_os("GPU_REMEDIATOR_BIN") {
-                return PathBuf::from(path);
-            }
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-            let status = tokio::process::Command::new(cargo)
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "gpu-remediator",
-                    "--bin",
-                    "gpu-remediator",
-                ])
-                .current_dir(WORKSPACE)
-                .status()
-                .await
-                .expect("running cargo build");
-            assert!(status.success(), "cargo build -p gpu-remediator failed");
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map_or_else(|| Path::new(WORKSPACE).join("target"), PathBuf::from);
-            target.join("debug").join("gpu-remediator")
-        })
+    tokio::task::spawn_blocking(e2e::controller_binary)
         .await
+        .expect("building the controller binary")
 }
 
 fn init_logs() {

@@ -74,24 +74,8 @@ pub async fn namespace() -> String {
     name
 }
 
-/// Polls `probe` every 100ms until it returns `Some`, or panics after `timeout` naming `what`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+#[allow(unused_imports, reason = "each test binary uses a different part of common")]
+pub use e2e::eventually;
 
 /// A fresh fleet of `nodes` simulated GPU nodes (8 GPUs each) with a unique name, on the shared
 /// cluster, running on the calling test's runtime. Heartbeats every 2s, so a stopped heartbeat
@@ -114,4 +98,52 @@ pub async fn fleet(nodes: usize) -> gpu_sandbox::Fleet {
     gpu_sandbox::Fleet::start(cluster().await.client(), options)
         .await
         .unwrap_or_else(|e| panic!("starting a fleet: {e}"))
+}
+
+/// A stand-in for Self Node Remediation's CRD, for `Template` replacements to create objects of.
+pub const REBOOT_CRD: &str = r"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: fakereboots.e2e.gpuremediation.dev}
+spec:
+  group: e2e.gpuremediation.dev
+  scope: Namespaced
+  names: {plural: fakereboots, singular: fakereboot, kind: FakeReboot, listKind: FakeRebootList}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+";
+
+/// Installs the CRD in `yaml` (if it is not there yet) and waits until it is established.
+pub async fn install_crd(client: &kube::Client, yaml: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::ResourceExt as _;
+
+    let crd: CustomResourceDefinition = serde_yaml::from_str(yaml).expect("a CRD manifest");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.name_any();
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+        Err(error) => panic!("installing CRD {name}: {error}"),
+    }
+    eventually(
+        &format!("CRD {name} established"),
+        Duration::from_secs(30),
+        || {
+            let (crds, name) = (crds.clone(), name.clone());
+            async move {
+                let conditions = crds.get(&name).await.ok()?.status?.conditions?;
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
 }

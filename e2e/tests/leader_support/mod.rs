@@ -27,7 +27,7 @@ use kube::{
 };
 use tokio::{process::Child, sync::OnceCell};
 
-const WORKSPACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+use e2e::WORKSPACE;
 
 /// Every mutating verb, recorded at `Metadata` level once the response is complete.
 const AUDIT_POLICY: &str = r#"
@@ -245,34 +245,21 @@ pub fn kubeconfig_with_token(cluster: &AuditedCluster, name: &str, token: &str) 
     path
 }
 
-/// The controller binary, built on first use (a binary of another package has no
-/// `CARGO_BIN_EXE_` here).
+/// The controller binary (`e2e::controller_binary`), built off the runtime's thread.
 pub async fn controller_binary() -> &'static Path {
-    static BINARY: OnceCell<PathBuf> = OnceCell::const_new();
-    BINARY
-        .get_or_init(|| async {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-            let status = tokio::process::Command::new(cargo)
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "gpu-remediator",
-                    "--bin",
-                    "gpu-remediator",
-                ])
-                .current_dir(WORKSPACE)
-                .status()
-                .await
-                .expect("running cargo build");
-            assert!(status.success(), "cargo build -p gpu-remediator failed");
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map_or_else(|| Path::new(WORKSPACE).join("target"), PathBuf::from);
-            let binary = target.join("debug").join("gpu-remediator");
-            assert!(binary.exists(), "{} not built", binary.display());
-            binary
-        })
+    tokio::task::spawn_blocking(e2e::controller_binary)
         .await
+        .expect("building the controller binary")
+}
+
+/// The Lease's holder. The binary makes its identity unique per process (`<--identity>-<pid>`), so
+/// tests compare prefixes.
+pub async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
+    let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), namespace)
+        .get_opt("gpu-remediator")
+        .await
+        .ok()??;
+    lease.spec?.holder_identity.filter(|holder| !holder.is_empty())
 }
 
 /// A free port on 127.0.0.1.
