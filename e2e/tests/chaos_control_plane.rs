@@ -54,7 +54,7 @@ async fn an_api_server_restart_mid_drain_loses_nothing_and_breaks_no_budget() {
     world
         .wait_all(&broken, Phase::Succeeded, Duration::from_secs(240))
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
     assert_running(&mut controller);
     controller.terminate().await;
     world.env.control_plane.stop().await;
@@ -100,7 +100,7 @@ async fn etcd_frozen_for_fifteen_seconds_mid_drain_loses_nothing_and_breaks_no_b
     world
         .wait_all(&broken, Phase::Succeeded, Duration::from_secs(240))
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
     assert_running(&mut controller);
     controller.terminate().await;
     world.env.control_plane.stop().await;

@@ -75,7 +75,7 @@ async fn the_leader_killed_during_the_cordon_is_replaced_and_the_remediation_fin
     world
         .wait_all(&broken, Phase::Succeeded, Duration::from_secs(180))
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
     assert_running(&mut follower);
     follower.terminate().await;
     world.env.control_plane.stop().await;
@@ -130,7 +130,7 @@ async fn the_leader_killed_during_the_replacement_is_replaced_and_the_node_is_re
     world
         .wait_all(&broken, Phase::Succeeded, Duration::from_secs(180))
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
     assert!(
         nodes
             .get_opt(&broken[0])

@@ -50,7 +50,7 @@ async fn a_flood_of_flaps_faster_than_for_starts_nothing_and_a_real_fault_after_
     world
         .wait_all(&broken, Phase::Succeeded, Duration::from_secs(120))
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
     assert_running(&mut controller);
     controller.terminate().await;
     world.env.control_plane.stop().await;
@@ -72,7 +72,7 @@ async fn thirty_percent_failing_at_once_are_taken_one_at_a_time_and_each_once() 
     world
         .wait_all(&broken, Phase::Succeeded, Duration::from_secs(300))
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
     assert_running(&mut controller);
     controller.terminate().await;
     world.env.control_plane.stop().await;
@@ -167,7 +167,7 @@ async fn a_remediation_hand_edited_into_nonsense_is_carried_to_the_end_once() {
     })
     .await
     .expect("every pod left the broken node");
-    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
     assert_running(&mut controller);
     controller.terminate().await;
     world.env.control_plane.stop().await;

@@ -68,7 +68,7 @@ async fn latency_and_cut_connections_between_controller_and_api_server_lose_noth
         () = cuts => unreachable!("the cuts never end by themselves"),
     }
 
-    invariants.assert_hold(&broken, 1, Phase::Succeeded);
+    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
     assert!(
         proxy.connections() > 2,
         "the controller reconnected after the cuts ({} connections)",

@@ -378,7 +378,28 @@ impl Invariants {
     /// Asserts the invariants: no PDB violated; never more than `max_in_flight` remediations in
     /// flight at once; no node outside `broken` ever held; exactly one remediation per node of
     /// `broken` and none for any other node, each last seen in `phase`.
-    pub fn assert_hold(&self, broken: &[String], max_in_flight: usize, phase: Phase) {
+    ///
+    /// The test's own remediation watch may lag the API (after a restart it reconnects with
+    /// backoff), so it is first given up to 30 s to see what a list already shows; what it then
+    /// holds is asserted.
+    pub async fn assert_hold(&self, broken: &[String], max_in_flight: usize, phase: Phase) {
+        let _ = bench_env::eventually(
+            "the remediation watch to catch up",
+            Duration::from_secs(30),
+            || async {
+                let record = self.remediations.record.lock().unwrap();
+                broken
+                    .iter()
+                    .all(|node| {
+                        record.uids_by_node.get(node).is_some_and(|uids| {
+                            uids.iter()
+                                .all(|uid| record.phase_by_uid.get(uid) == Some(&phase))
+                        })
+                    })
+                    .then_some(())
+            },
+        )
+        .await;
         let budgets = self.budgets.report();
         assert!(
             budgets.violations.is_empty(),
