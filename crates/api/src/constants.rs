@@ -30,6 +30,10 @@ pub const SIM_TERMINATION_ANNOTATION: &str = "gpuremediation.dev/sim-termination
 /// deleted Machine's `MachineSet`, so verification can recognise the replacement Machine.
 pub const REPLACEMENT_SELECTOR_ANNOTATION: &str = "gpuremediation.dev/replacement-selector";
 
+/// Node annotation naming the remediation a person cancelled by deleting its record: the same
+/// episode (same node, policy and trigger time, so the same record name) is not admitted again.
+pub const CANCELLED_ANNOTATION: &str = "gpuremediation.dev/cancelled";
+
 /// Taint the controller adds while it remediates a node, on top of `unschedulable`.
 pub const REMEDIATION_TAINT_KEY: &str = "gpuremediation.dev/remediating";
 

@@ -294,9 +294,14 @@ pub struct Drain {
     /// What happens when the drain times out.
     #[serde(default)]
     pub on_timeout: OnDrainTimeout,
-    /// Grace period for evicted pods; unset means each pod's own.
+    /// Grace period for evicted pods; unset means each pod's own. `0` (delete at once, so a
+    /// `StatefulSet` pod may run twice) needs `allowZeroGracePeriod`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_period_seconds: Option<i64>,
+    /// Allows `gracePeriodSeconds: 0`, and lets `onTimeout: ForceDelete` remove pods stuck
+    /// terminating past their grace period with a grace-0 delete. Off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_zero_grace_period: bool,
 }
 
 impl Default for Drain {
@@ -305,6 +310,7 @@ impl Default for Drain {
             timeout: default_drain_timeout(),
             on_timeout: OnDrainTimeout::default(),
             grace_period_seconds: None,
+            allow_zero_grace_period: false,
         }
     }
 }

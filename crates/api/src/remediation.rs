@@ -8,7 +8,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{Action, ConditionStatus, Mode};
+use crate::policy::{Action, ConditionStatus, Drain, Mode, Release, Replacement, Trigger};
 
 /// One recycle of one node under one policy. Named `<node>-<short hash>`; created by the
 /// controller when the policy's budget admits the node.
@@ -43,6 +43,34 @@ pub struct GpuRemediationSpec {
     /// The policy's mode when the remediation was created.
     #[serde(default)]
     pub mode: Mode,
+    /// The node's UID at admission: every edit of the node is preconditioned on it, and a node
+    /// of the same name with another UID is a different machine, never touched by this record.
+    #[serde(default, rename = "nodeUID", skip_serializing_if = "Option::is_none")]
+    pub node_uid: Option<String>,
+    /// The policy's rules as they were at admission: the recycle follows them to its end, whatever
+    /// happens to the policy meanwhile (edited or deleted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_snapshot: Option<PolicySnapshot>,
+}
+
+/// The parts of a policy that govern one recycle once it is admitted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicySnapshot {
+    /// The policy's `metadata.generation` when the snapshot was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// What counts as broken (for recovery and release).
+    pub triggers: Vec<Trigger>,
+    /// How pods leave the node.
+    #[serde(default)]
+    pub drain: Drain,
+    /// How the node is replaced or rebooted.
+    #[serde(default)]
+    pub replacement: Replacement,
+    /// When a recovered node is released.
+    #[serde(default)]
+    pub release: Release,
 }
 
 /// The node condition that triggered a remediation.
@@ -156,6 +184,28 @@ pub struct GpuRemediationStatus {
     /// A sentence for a person: what is happening or why it stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The policy generation this recycle follows (its snapshot's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_generation: Option<i64>,
+    /// A step the server keeps refusing (a cordon, the replacement's trigger or look): what was
+    /// asked, the server's words and since when. It counts against the step's timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<Refusal>,
+}
+
+/// A request the server refused, in its own words.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Refusal {
+    /// What was asked, e.g. `creating SelfNodeRemediation ns/node-1`.
+    pub action: String,
+    /// The HTTP status, when the server answered at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<u16>,
+    /// The server's message (or the transport error).
+    pub message: String,
+    /// Since when this step has been refused.
+    pub since: Time,
 }
 
 /// A phase entered at a time.

@@ -50,6 +50,9 @@ pub mod messages {
     /// A negative grace period.
     pub const GRACE_PERIOD: &str =
         "gracePeriodSeconds must be zero or more (leave it unset to use each pod's own grace period)";
+    /// A zero grace period without the explicit opt-in.
+    pub const ZERO_GRACE_PERIOD: &str = "gracePeriodSeconds 0 deletes pods at once (a StatefulSet pod may run twice): \
+         set allowZeroGracePeriod: true to mean it";
     /// Template strategy without a template.
     pub const TEMPLATE_REQUIRED: &str = "replacement.template is required when replacement.strategy is Template: it is the object created for each remediation";
     /// A template with another strategy.
@@ -285,12 +288,21 @@ pub(crate) fn attempts(schema: &mut Schema) {
     );
 }
 
-/// `drain`: a positive timeout, a non-negative grace period.
+/// `drain`: a positive timeout, a non-negative grace period, zero only when explicitly allowed.
 pub(crate) fn drain(schema: &mut Schema) {
     make_positive(schema, "timeout");
     add_rules(
         property(schema, "gracePeriodSeconds"),
         [rule("self >= 0", messages::GRACE_PERIOD)],
+    );
+    add_rules(
+        object(schema),
+        [rule(
+            "!has(self.gracePeriodSeconds) || self.gracePeriodSeconds != 0 \
+             || (has(self.allowZeroGracePeriod) && self.allowZeroGracePeriod)",
+            messages::ZERO_GRACE_PERIOD,
+        )
+        .field_path(".gracePeriodSeconds")],
     );
 }
 

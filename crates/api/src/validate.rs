@@ -118,6 +118,12 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
             messages::GRACE_PERIOD,
         ));
     }
+    if spec.drain.grace_period_seconds == Some(0) && !spec.drain.allow_zero_grace_period {
+        out.push(Violation::new(
+            "spec.drain.gracePeriodSeconds",
+            messages::ZERO_GRACE_PERIOD,
+        ));
+    }
     for (field, duration) in [
         ("spec.replacement.timeout", spec.replacement.timeout),
         ("spec.safety.rate.per", safety.rate.per),

@@ -6,12 +6,12 @@
 //! found it already unschedulable (the cordon stays theirs; only our taint and note are ours).
 
 use gpu_remediation_api::constants::{
-    CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, REMEDIATION_TAINT_KEY,
+    CANCELLED_ANNOTATION, CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, REMEDIATION_TAINT_KEY,
 };
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use kube::ResourceExt;
 
-use crate::phase::Cordon;
+use crate::lifecycle::Cordon;
 
 /// Who holds the node's cordon, from the point of view of the remediation `remediation`.
 #[must_use]
@@ -106,6 +106,21 @@ pub fn release(node: &mut Node, remediation: &str) -> bool {
     if let Some(taints) = spec.taints.as_mut() {
         taints.retain(|t| t.key != REMEDIATION_TAINT_KEY);
     }
+    true
+}
+
+/// Notes on the node that a person cancelled `remediation` (deleted its record), so its episode
+/// is not admitted again. Returns whether anything changed.
+pub fn remember_cancelled(node: &mut Node, remediation: &str) -> bool {
+    if node
+        .annotations()
+        .get(CANCELLED_ANNOTATION)
+        .is_some_and(|by| by == remediation)
+    {
+        return false;
+    }
+    node.annotations_mut()
+        .insert(CANCELLED_ANNOTATION.to_owned(), remediation.to_owned());
     true
 }
 

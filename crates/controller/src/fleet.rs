@@ -23,11 +23,11 @@ use std::{
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationSpec, GpuRemediationStatus, Phase,
     constants::{
-        APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, NODE_LABEL, POLICY_LABEL, REMEDIATION_FINALIZER,
+        APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, CANCELLED_ANNOTATION, NODE_LABEL, POLICY_LABEL, REMEDIATION_FINALIZER,
         policy_conditions, reasons,
     },
     policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, WaitingNode},
-    remediation::{PhaseTransition, TriggerRecord},
+    remediation::{PhaseTransition, PolicySnapshot, TriggerRecord},
     validate,
 };
 use jiff::Timestamp;
@@ -138,7 +138,7 @@ fn plan_policy(
     let spec = &policy.spec;
     let (unhealthy, mut wake) = detect_all(nodes, spec, now);
 
-    let found = candidates(&unhealthy, remediations);
+    let found = candidates(&name, &unhealthy, remediations);
     let started = started(&name, remediations, now);
     let selected = count(nodes.len());
     let decision = budget::admit(budget::Inputs {
@@ -450,6 +450,7 @@ struct Found<'n, 'r> {
 /// Unhealthy nodes free to start a remediation: none in flight for the node, and none yet for
 /// this episode, or this episode's `ManualRequired` record approved by a person.
 fn candidates<'n, 'r>(
+    policy: &str,
     unhealthy: &[(&'n Node, Evidence)],
     remediations: &'r [Arc<GpuRemediation>],
 ) -> Found<'n, 'r> {
@@ -494,7 +495,12 @@ fn candidates<'n, 'r>(
                         .as_ref()
                         .is_some_and(|t| t.0 == evidence.since)
             });
-        if !busy {
+        // A person cancelled this episode by deleting its record: not again until it ends.
+        let cancelled = node
+            .annotations()
+            .get(CANCELLED_ANNOTATION)
+            .is_some_and(|n| *n == remediation_name(&node_name, policy, evidence.since));
+        if !busy && !cancelled {
             candidates.push(Candidate {
                 node: node_name.clone(),
                 since: evidence.since,
@@ -656,9 +662,13 @@ pub fn new_remediation(policy: &GpuRemediationPolicy, node: &Node, evidence: &Ev
             },
             action: trigger.action.unwrap_or(policy.spec.action),
             mode: policy.spec.mode,
+            node_uid: node.metadata.uid.clone(),
+            policy_snapshot: Some(snapshot_of(policy)),
         },
     );
-    let mut labels = BTreeMap::new();
+    // The policy's labels travel with the record, so a controller scoped by a policy selector
+    // keeps governing its records after the policy is deleted (and never sees another's).
+    let mut labels: BTreeMap<String, String> = policy.labels().clone();
     for (key, value) in [(NODE_LABEL, &node_name), (POLICY_LABEL, &policy_name)] {
         // Label values are limited to 63 characters; longer names are still in the spec.
         if value.len() <= 63 {
@@ -668,6 +678,18 @@ pub fn new_remediation(policy: &GpuRemediationPolicy, node: &Node, evidence: &Ev
     remediation.metadata.labels = Some(labels);
     remediation.metadata.finalizers = Some(vec![REMEDIATION_FINALIZER.to_owned()]);
     remediation
+}
+
+/// The rules a recycle follows once admitted: the policy as it is now.
+#[must_use]
+pub fn snapshot_of(policy: &GpuRemediationPolicy) -> PolicySnapshot {
+    PolicySnapshot {
+        generation: policy.metadata.generation,
+        triggers: policy.spec.triggers.clone(),
+        drain: policy.spec.drain.clone(),
+        replacement: policy.spec.replacement.clone(),
+        release: policy.spec.release.clone(),
+    }
 }
 
 /// `<node>-<6 hex digits>`: the same node, policy and episode always give the same name, so a
@@ -776,6 +798,8 @@ mod tests {
                 },
                 action: Action::None,
                 mode: Mode::Enforce,
+                node_uid: None,
+                policy_snapshot: None,
             },
         );
         r.metadata.creation_timestamp = Some(Time(at(created)));

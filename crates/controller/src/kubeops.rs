@@ -25,12 +25,16 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ObjectMeta, Patch, PatchParams, PostParams},
-    core::Status,
     runtime::events::{Event, Recorder, Reporter},
 };
 use serde_json::json;
 
-use crate::{cordon, drain::Leaving, leader::Fence};
+use crate::{
+    cordon,
+    drain::Leaving,
+    leader::Fence,
+    lifecycle::{EvictionAnswer, NodeRef, Words},
+};
 
 /// How many times a node edit is retried after a conflict before giving up for this pass.
 const NODE_CONFLICT_RETRIES: usize = 5;
@@ -53,6 +57,24 @@ pub enum WriteError {
     /// The API server refused or could not be reached.
     #[error(transparent)]
     Api(#[from] kube::Error),
+}
+
+impl WriteError {
+    /// Whether the API server answered with a refusal (a status of its own), as opposed to the
+    /// fence stopping the write or no answer at all.
+    #[must_use]
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Self::Api(kube::Error::Api(_)))
+    }
+
+    /// The HTTP status the server answered, if it did.
+    #[must_use]
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Self::Api(kube::Error::Api(status)) => Some(status.code),
+            _ => None,
+        }
+    }
 }
 
 /// Why creating a remediation failed.
@@ -144,15 +166,15 @@ pub struct DeletePodError {
     pub source: WriteError,
 }
 
-/// What the server answered to an eviction.
+/// What a node edit found.
 #[derive(Debug, Clone)]
-pub enum EvictionOutcome {
-    /// Accepted: the pod is terminating (or, in a dry run, would be).
-    Accepted,
-    /// The pod is already gone, or a new pod took its name (our UID precondition failed).
+pub enum NodeEdit {
+    /// The node as written (or as read, when nothing needed to change).
+    Written(Box<Node>),
+    /// No node of that name.
     Gone,
-    /// Refused: 429 (a budget has no room, or is not yet observed) or 500 (several budgets).
-    Refused(Box<Status>),
+    /// A node of that name with another UID: not ours to edit.
+    Replaced,
 }
 
 impl KubeOps {
@@ -324,22 +346,38 @@ impl KubeOps {
             .map_err(|source| DropFinalizerError { name, source })
     }
 
-    /// Cordons `node` for `remediation` (see `cordon::cordon`). Returns the node as written.
-    pub async fn cordon_node(&self, node: &str, remediation: &str) -> Result<Option<Node>, EditNodeError> {
+    /// Cordons `node` for `remediation` (see `cordon::cordon`), only if it is still the node of
+    /// the admitted UID.
+    pub async fn cordon_node(&self, node: &NodeRef, remediation: &str) -> Result<NodeEdit, EditNodeError> {
         self.edit_node(node, |n| cordon::cordon(n, remediation)).await
     }
 
-    /// Releases what `remediation` owns on `node` (see `cordon::release`). A node that is gone
-    /// needs no release.
-    pub async fn release_node(&self, node: &str, remediation: &str) -> Result<Option<Node>, EditNodeError> {
-        self.edit_node(node, |n| cordon::release(n, remediation)).await
+    /// Releases what `remediation` owns on `node` (see `cordon::release`), only if it is still
+    /// the node of the admitted UID; `remember_cancel` also notes a person's cancel on it. A node
+    /// that is gone needs no release.
+    pub async fn release_node(
+        &self,
+        node: &NodeRef,
+        remediation: &str,
+        remember_cancel: bool,
+    ) -> Result<NodeEdit, EditNodeError> {
+        self.edit_node(node, |n| {
+            let released = cordon::release(n, remediation);
+            let remembered = remember_cancel && cordon::remember_cancelled(n, remediation);
+            released || remembered
+        })
+        .await
     }
 
+    /// Read-modify-replace of a node, preconditioned on its resourceVersion (the read's) and its
+    /// UID (the admitted one, carried in the replaced object: the server refuses a replace whose
+    /// UID differs from the stored node's).
     async fn edit_node(
         &self,
-        name: &str,
+        target: &NodeRef,
         edit: impl Fn(&mut Node) -> bool,
-    ) -> Result<Option<Node>, EditNodeError> {
+    ) -> Result<NodeEdit, EditNodeError> {
+        let name = target.name.as_str();
         let api = Api::<Node>::all(self.client.clone());
         let failed = |source: WriteError| EditNodeError::Write {
             node: name.to_owned(),
@@ -347,17 +385,19 @@ impl KubeOps {
         };
         for _ in 0..NODE_CONFLICT_RETRIES {
             let Some(mut node) = api.get_opt(name).await.map_err(|e| failed(e.into()))? else {
-                return Ok(None);
+                return Ok(NodeEdit::Gone);
             };
+            if target.uid.is_some() && node.metadata.uid != target.uid {
+                return Ok(NodeEdit::Replaced);
+            }
             if !edit(&mut node) {
-                return Ok(Some(node));
+                return Ok(NodeEdit::Written(Box::new(node)));
             }
             self.fence.check().map_err(|e| failed(e.into()))?;
-            // `node` carries the resourceVersion of our read: the replace fails on any write since.
             match api.replace(name, &post_params(), &node).await {
-                Ok(written) => return Ok(Some(written)),
+                Ok(written) => return Ok(NodeEdit::Written(Box::new(written))),
                 Err(kube::Error::Api(status)) if status.is_conflict() => {}
-                Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(None),
+                Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(NodeEdit::Gone),
                 Err(error) => return Err(failed(error.into())),
             }
         }
@@ -374,7 +414,7 @@ impl KubeOps {
         pod: &Leaving,
         grace_period_seconds: Option<i64>,
         dry_run: bool,
-    ) -> Result<EvictionOutcome, EvictPodError> {
+    ) -> Result<EvictionAnswer, EvictPodError> {
         let api = Api::<Pod>::namespaced(self.eviction_client.clone(), &pod.namespace);
         let eviction = Eviction {
             metadata: ObjectMeta {
@@ -401,16 +441,17 @@ impl KubeOps {
             let answer: Result<serde_json::Value, kube::Error> = api
                 .create_subresource("eviction", &pod.name, &params, &eviction)
                 .await;
-            match answer {
-                Ok(_) => Ok(EvictionOutcome::Accepted),
+            // Every answer is an outcome the lifecycle records (a blocker in the server's words):
+            // 429 and the two-budget 500 are expected, and so are a webhook's or a terminating
+            // namespace's 403, a 422, or no answer at all.
+            Ok(match answer {
+                Ok(_) => EvictionAnswer::Accepted,
                 Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => {
-                    Ok(EvictionOutcome::Gone)
+                    EvictionAnswer::Gone
                 }
-                Err(kube::Error::Api(status)) if status.code == 429 || status.code == 500 => {
-                    Ok(EvictionOutcome::Refused(status))
-                }
-                Err(error) => Err(WriteError::from(error)),
-            }
+                Err(kube::Error::Api(status)) => EvictionAnswer::Refused(status),
+                Err(error) => EvictionAnswer::Unanswered(error.to_string()),
+            })
         };
         attempt.await.map_err(|source| EvictPodError {
             pod: pod.key(),
@@ -418,12 +459,13 @@ impl KubeOps {
         })
     }
 
-    /// Deletes a pod directly, bypassing its budgets: only for `onTimeout: ForceDelete`.
+    /// Deletes a pod directly, bypassing its budgets: only for `onTimeout: ForceDelete`. A
+    /// refusal (403 without the optional force-delete role) is an answer in the server's words.
     pub async fn force_delete(
         &self,
         pod: &Leaving,
         grace_period_seconds: Option<i64>,
-    ) -> Result<(), DeletePodError> {
+    ) -> Result<Result<(), Words>, DeletePodError> {
         let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
         let params = kube::api::DeleteParams {
             grace_period_seconds: grace_period_seconds.and_then(|g| u32::try_from(g).ok()),
@@ -436,8 +478,13 @@ impl KubeOps {
         let attempt = async {
             self.fence.check()?;
             match api.delete(&pod.name, &params).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => Ok(()),
+                Ok(_) => Ok(Ok(())),
+                Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => Ok(Ok(())),
+                Err(kube::Error::Api(status)) => Ok(Err(Words {
+                    action: format!("deleting pod {}", pod.key()),
+                    code: Some(status.code),
+                    message: status.message,
+                })),
                 Err(error) => Err(WriteError::from(error)),
             }
         };
@@ -556,7 +603,7 @@ mod tests {
             (method, uri, body)
         });
         let outcome = ops.evict(&pod(), Some(15), true).await.unwrap();
-        assert!(matches!(outcome, EvictionOutcome::Accepted));
+        assert!(matches!(outcome, EvictionAnswer::Accepted));
         let (method, uri, body) = server.await.unwrap();
         assert_eq!(method, http::Method::POST);
         assert!(
@@ -589,7 +636,7 @@ mod tests {
                 .is_err()
         });
         let outcome = ops.evict(&pod(), None, false).await.unwrap();
-        let EvictionOutcome::Refused(status) = outcome else {
+        let EvictionAnswer::Refused(status) = outcome else {
             panic!("expected a refusal, got {outcome:?}")
         };
         assert_eq!(status.code, 429);

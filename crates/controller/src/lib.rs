@@ -1,7 +1,7 @@
 //! The remediation controller: detect unhealthy GPU nodes, admit them under a policy's budget,
 //! cordon, drain through the Eviction API and hand them over for replacement.
 //!
-//! Decisions are pure modules (`detect`, `governance`, `budget`, `drain`, `cordon`, `phase`);
+//! Decisions are pure modules (`detect`, `governance`, `budget`, `drain`, `cordon`, `lifecycle`);
 //! `observe` keeps the caches, `kubeops` makes every mutating call (each behind the leader fence),
 //! `fleet` plans every policy, `admit` and `remediation` carry plans out and report them in status
 //! and Events, and `controller` runs the loop.
@@ -21,8 +21,8 @@ pub mod drain;
 pub mod fleet;
 pub mod governance;
 pub mod kubeops;
+pub mod lifecycle;
 pub mod observe;
-pub mod phase;
 pub mod remediation;
 pub mod time;
 

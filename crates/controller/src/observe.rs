@@ -127,8 +127,11 @@ impl Caches {
         wake: Arc<Notify>,
     ) -> Result<Self, StartCachesError> {
         let mut policy_config = watcher::Config::default().any_semantic();
+        let mut remediation_config = watcher::Config::default().any_semantic();
         if let Some(selector) = policy_selector {
+            // Records carry their policy's labels (see `fleet::new_remediation`).
             policy_config = policy_config.labels(selector);
+            remediation_config = remediation_config.labels(selector);
         }
         let written_remediations = Overlay::default();
         let written_nodes = Overlay::default();
@@ -147,7 +150,7 @@ impl Caches {
         );
         let remediations = spawn_reflector(
             Api::<GpuRemediation>::all(client.clone()),
-            watcher::Config::default().any_semantic(),
+            remediation_config,
             |r: &mut GpuRemediation| r.managed_fields_mut().clear(),
             remediation_fingerprint,
             Waker::new(wake.clone(), anything(&changes)),
@@ -551,6 +554,8 @@ mod tests {
                 },
                 action: Action::Replace,
                 mode: Mode::Enforce,
+                node_uid: None,
+                policy_snapshot: None,
             },
         );
         r.metadata.resource_version = Some(version.into());

@@ -151,7 +151,11 @@ impl CreateTemplate {
             .get_opt(&remediation.spec.node_name)
             .await
             .map_err(read_error(format!("reading node {}", remediation.spec.node_name)))?;
-        let node = node_presence(node.as_ref().map(|node| &node.metadata), triggered_at);
+        let node = node_presence(
+            node.as_ref().map(|node| &node.metadata),
+            remediation.spec.node_uid.as_deref(),
+            triggered_at,
+        );
         let (resource, scope) = self
             .resolve(&reference.api_version, &reference.kind)
             .await

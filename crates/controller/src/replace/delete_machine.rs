@@ -206,7 +206,11 @@ impl DeleteMachine {
             .get_opt(&remediation.spec.node_name)
             .await
             .map_err(read_error(format!("reading node {}", remediation.spec.node_name)))?;
-        let node = node_presence(node.as_ref().map(|node| &node.metadata), triggered_at);
+        let node = node_presence(
+            node.as_ref().map(|node| &node.metadata),
+            remediation.spec.node_uid.as_deref(),
+            triggered_at,
+        );
         if reference.kind == "Node" {
             // The node was already gone when the replacement was triggered.
             return Ok(Observation {

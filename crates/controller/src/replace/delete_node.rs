@@ -35,7 +35,13 @@ impl DeleteNode {
                 action: action("reading"),
                 source,
             })?;
-        let uid = node.as_ref().and_then(|node| node.metadata.uid.clone());
+        // Only the node admitted: a node re-registered under the same name since is another
+        // machine, and ours is gone already.
+        let admitted = remediation.spec.node_uid.as_deref();
+        let uid = node
+            .as_ref()
+            .and_then(|node| node.metadata.uid.clone())
+            .filter(|uid| admitted.is_none_or(|admitted| admitted == uid));
         if let Some(uid) = &uid {
             // The UID precondition makes sure a node re-registered under the same name between
             // the read and the delete is not deleted in its place.
@@ -70,6 +76,7 @@ impl DeleteNode {
 
     async fn look(
         &self,
+        remediation: &GpuRemediation,
         reference: &ObjectReference,
         triggered_at: Timestamp,
     ) -> Result<Observation, ObserveReplacementError> {
@@ -84,7 +91,7 @@ impl DeleteNode {
         let meta = node.as_ref().map(|node| &node.metadata);
         Ok(Observation {
             target: presence(meta, reference.uid.as_deref()),
-            node: node_presence(meta, triggered_at),
+            node: node_presence(meta, remediation.spec.node_uid.as_deref(), triggered_at),
             reported: Reported::Nothing,
             replacement: ReplacementNode::NotExpected,
         })
@@ -102,10 +109,10 @@ impl Replace for DeleteNode {
 
     fn observe<'a>(
         &'a self,
-        _remediation: &'a GpuRemediation,
+        remediation: &'a GpuRemediation,
         reference: &'a ObjectReference,
         triggered_at: Timestamp,
     ) -> BoxFuture<'a, Result<Observation, ObserveReplacementError>> {
-        self.look(reference, triggered_at).boxed()
+        self.look(remediation, reference, triggered_at).boxed()
     }
 }

@@ -120,7 +120,11 @@ impl DeleteNodeClaim {
                 action: format!("reading node {}", remediation.spec.node_name),
                 source,
             })?;
-        let node = node_presence(node.as_ref().map(|node| &node.metadata), triggered_at);
+        let node = node_presence(
+            node.as_ref().map(|node| &node.metadata),
+            remediation.spec.node_uid.as_deref(),
+            triggered_at,
+        );
         if reference.kind == "Node" {
             return Ok(Observation {
                 target: node,

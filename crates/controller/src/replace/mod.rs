@@ -109,6 +109,20 @@ pub enum TriggerReplacementError {
     },
 }
 
+impl TriggerReplacementError {
+    /// The HTTP status the server answered, if it did.
+    #[must_use]
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Self::Api {
+                source: kube::Error::Api(status),
+                ..
+            } => Some(status.code),
+            _ => None,
+        }
+    }
+}
+
 /// Why a replacement could not be observed.
 #[derive(Debug, thiserror::Error)]
 pub enum ObserveReplacementError {
@@ -128,6 +142,20 @@ pub enum ObserveReplacementError {
         /// Kind.
         kind: String,
     },
+}
+
+impl ObserveReplacementError {
+    /// The HTTP status the server answered, if it did.
+    #[must_use]
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Self::Api {
+                source: kube::Error::Api(status),
+                ..
+            } => Some(status.code),
+            _ => None,
+        }
+    }
 }
 
 /// One replacement strategy.
@@ -232,9 +260,13 @@ pub fn presence(found: Option<&ObjectMeta>, uid: Option<&str>) -> Presence {
 }
 
 /// Whether the remediated node, read by name, is still the node that was remediated: a node with
-/// the same name created after the trigger is a new machine, and the old one is gone.
+/// another UID than the one admitted is a new machine, and the old one is gone. A record from
+/// before UIDs were kept falls back to the creation time: a node created after the trigger is new.
 #[must_use]
-pub fn node_presence(found: Option<&ObjectMeta>, triggered_at: Timestamp) -> Presence {
+pub fn node_presence(found: Option<&ObjectMeta>, admitted_uid: Option<&str>, triggered_at: Timestamp) -> Presence {
+    if admitted_uid.is_some() {
+        return presence(found, admitted_uid);
+    }
     let Some(meta) = found else {
         return Presence::Gone;
     };
@@ -279,16 +311,29 @@ mod tests {
         let triggered_at =
             Timestamp::from_second(1_000).expect("timestamp") + jiff::SignedDuration::from_millis(400);
         assert_eq!(
-            node_presence(Some(&meta("n", 1_000, false)), triggered_at),
+            node_presence(Some(&meta("n", 1_000, false)), None, triggered_at),
             Presence::Gone
         );
         assert_eq!(
-            node_presence(Some(&meta("n", 999, false)), triggered_at),
+            node_presence(Some(&meta("n", 999, false)), None, triggered_at),
             Presence::Present
         );
         assert_eq!(
-            node_presence(Some(&meta("n", 10, true)), triggered_at),
+            node_presence(Some(&meta("n", 10, true)), None, triggered_at),
             Presence::Deleting
+        );
+    }
+
+    #[test]
+    fn a_node_with_another_uid_than_the_admitted_one_is_gone_whenever_it_was_made() {
+        let triggered_at = Timestamp::from_second(1_000).expect("timestamp");
+        assert_eq!(
+            node_presence(Some(&meta("new", 10, false)), Some("old"), triggered_at),
+            Presence::Gone
+        );
+        assert_eq!(
+            node_presence(Some(&meta("old", 2_000, false)), Some("old"), triggered_at),
+            Presence::Present
         );
     }
 }

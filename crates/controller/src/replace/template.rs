@@ -247,6 +247,8 @@ mod tests {
                 },
                 action: Action::Reboot,
                 mode: Mode::Enforce,
+                node_uid: None,
+                policy_snapshot: None,
             },
         );
         remediation.metadata.uid = Some("uid-1".to_owned());

@@ -1,0 +1,635 @@
+//! The drain's decisions: which pods to ask to leave now, what the server's answers mean for the
+//! status (progress and blockers, in the server's words), the verdict against `drain.timeout`,
+//! `onTimeout`, and the hand-over once the node is empty. Also the dry run's record.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    fmt::Write as _,
+};
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationStatus, Phase,
+    constants::{reasons, remediation_conditions},
+    policy::{Action, OnDrainTimeout, Strategy},
+    remediation::{Blocker, DrainStatus, PolicySnapshot},
+};
+use jiff::Timestamp;
+use k8s_openapi::{api::policy::v1::PodDisruptionBudget, apimachinery::pkg::apis::meta::v1::Time};
+use kube::{ResourceExt, core::Status, runtime::events::EventType};
+
+use super::{
+    Ask, Decision, EvictionAnswer, Facts, Next, Note, Seen, Settlement,
+    status::{self, enter, phase_entered, set_condition},
+};
+use crate::{
+    drain::{self, Leaving, Plan},
+    time::{plus, signed},
+};
+
+/// One step of a drain in `Cordoned`, `Draining` or `Blocked`.
+pub(super) fn advance(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    release_at: Option<Timestamp>,
+) -> Decision {
+    let now = facts.now;
+    if status::has_true(&status, remediation_conditions::DRAINED) {
+        let before = status.phase;
+        return Decision::Settle(hand_over(remediation, facts, status, before, Vec::new()));
+    }
+    let Some(plan) = seen.pods else {
+        // The acting layer lists pods for every draining phase; without them, look again.
+        return Decision::Settle(status::unchanged(status, false, Next::At(now)));
+    };
+    let grace = grace_period(rules);
+    let answered: BTreeSet<&str> = seen.answers.evictions.iter().map(|(p, _)| p.uid.as_str()).collect();
+    let due: Vec<Leaving> = plan
+        .to_evict()
+        .filter(|pod| !answered.contains(pod.uid.as_str()))
+        .filter(|pod| {
+            drain::retry_due(
+                (seen.asked_at)(&pod.uid),
+                budget_allows(pod, seen.budgets),
+                seen.pace.eviction_backoff,
+                now,
+            )
+        })
+        .cloned()
+        .collect();
+    if !due.is_empty() {
+        return Decision::Ask(Ask::Evict { pods: due, grace });
+    }
+
+    let before = status.phase;
+    let mut notes = Vec::new();
+    if before == Phase::Cordoned {
+        enter(&mut status, Phase::Draining, "evicting pods through the Eviction API", now);
+        notes.push(Note::phase(before, &status, reasons::PHASE_CHANGED, EventType::Normal));
+    }
+    let round = record_answers(plan, seen, &status.drain.clone().unwrap_or_default(), now);
+    let remaining = round.pods_remaining;
+    status.drain = Some(round);
+
+    let started = phase_entered(&status, Phase::Draining).unwrap_or(now);
+    let deadline = plus(started, signed(rules.drain.timeout.as_std()));
+    let terminating = plan.leaving.len() > plan.to_evict().count();
+    let evicted_now = seen
+        .answers
+        .evictions
+        .iter()
+        .any(|(_, a)| matches!(a, EvictionAnswer::Accepted));
+    let has_blockers = status.drain.as_ref().is_some_and(|d| !d.blockers.is_empty());
+    let look = if has_blockers && !terminating && !evicted_now {
+        plus(now, seen.pace.eviction_backoff)
+    } else {
+        plus(now, seen.pace.pod_poll)
+    };
+    let next = Next::At(look).or_at(release_at);
+
+    if remaining == 0 {
+        let message = format!(
+            "all {} pods that had to leave are gone",
+            status.drain.as_ref().map_or(0, |d| d.pods_total)
+        );
+        set_condition(&mut status, remediation_conditions::DRAINED, true, "Drained", &message, now);
+        status.message = Some(message);
+        return Decision::Settle(hand_over(remediation, facts, status, before, notes));
+    }
+    if now < deadline {
+        return Decision::Settle(Settlement {
+            release: None,
+            status,
+            notes,
+            drop_finalizer: false,
+            next: next.or_at(Some(deadline)),
+        });
+    }
+    match rules.drain.on_timeout {
+        OnDrainTimeout::Block => {
+            let message = format!(
+                "drain timed out after {} with {remaining} pods left; the node stays cordoned and evictions \
+                 keep being retried{}; a person decides (free the budget, delete the pods, or delete this record)",
+                rules.drain.timeout,
+                blocked_by(&status)
+            );
+            Decision::Settle(block(status, notes, &message, next, now))
+        }
+        OnDrainTimeout::ForceDelete => force_delete(rules, plan, seen, status, notes, next, now),
+        OnDrainTimeout::Proceed
+            if remediation.spec.action == Action::Replace
+                && rules.replacement.strategy == Strategy::DeleteNode =>
+        {
+            let message = format!(
+                "drain timed out after {} with {remaining} pods left; onTimeout Proceed with strategy DeleteNode \
+                 would let the pod garbage collector remove them with no disruption budget, so the node stays \
+                 cordoned{}; remove the pods by hand, or use onTimeout ForceDelete with the optional force-delete role",
+                rules.drain.timeout,
+                blocked_by(&status)
+            );
+            Decision::Settle(block(status, notes, &message, next, now))
+        }
+        OnDrainTimeout::Proceed => {
+            let message = format!(
+                "drain timed out after {} with {remaining} pods left; proceeding (onTimeout: Proceed){}",
+                rules.drain.timeout,
+                blocked_by(&status)
+            );
+            set_condition(
+                &mut status,
+                remediation_conditions::DRAINED,
+                true,
+                reasons::DRAIN_TIMEOUT,
+                &message,
+                now,
+            );
+            status.message = Some(message.clone());
+            notes.push(Note::new(reasons::DRAIN_TIMEOUT, EventType::Warning, &message));
+            Decision::Settle(hand_over(remediation, facts, status, before, notes))
+        }
+    }
+}
+
+/// Enters `Blocked` (once, with an Event) or updates its message; evictions keep being retried.
+fn block(
+    mut status: GpuRemediationStatus,
+    mut notes: Vec<Note>,
+    message: &str,
+    next: Next,
+    now: Timestamp,
+) -> Settlement {
+    let before = status.phase;
+    if before == Phase::Blocked {
+        status.message = Some(message.to_owned());
+    } else {
+        enter(&mut status, Phase::Blocked, message, now);
+        notes.push(Note::phase(before, &status, reasons::DRAIN_TIMEOUT, EventType::Warning));
+    }
+    Settlement {
+        release: None,
+        status,
+        notes,
+        drop_finalizer: false,
+        next,
+    }
+}
+
+/// `onTimeout: ForceDelete`: delete the pods still running with the policy's grace period, and
+/// pods stuck terminating with grace 0 only where the policy allows it. What cannot be removed
+/// (a refused delete, a pod stuck terminating without the opt-in) leaves the drain `Blocked`
+/// with the reason.
+fn force_delete(
+    rules: &PolicySnapshot,
+    plan: &Plan,
+    seen: &Seen<'_>,
+    status: GpuRemediationStatus,
+    notes: Vec<Note>,
+    next: Next,
+    now: Timestamp,
+) -> Decision {
+    let asked: BTreeSet<&str> = seen.answers.deletions.iter().map(|(p, _)| p.uid.as_str()).collect();
+    let running: Vec<Leaving> = plan
+        .to_evict()
+        .filter(|p| !asked.contains(p.uid.as_str()))
+        .cloned()
+        .collect();
+    if !running.is_empty() {
+        return Decision::Ask(Ask::Delete {
+            pods: running,
+            grace: grace_period(rules),
+        });
+    }
+    let stuck: Vec<&Leaving> = plan.leaving.iter().filter(|p| p.terminating).collect();
+    if rules.drain.allow_zero_grace_period {
+        let unasked: Vec<Leaving> = stuck
+            .iter()
+            .filter(|p| !asked.contains(p.uid.as_str()))
+            .map(|p| (*p).clone())
+            .collect();
+        if !unasked.is_empty() {
+            return Decision::Ask(Ask::Delete {
+                pods: unasked,
+                grace: Some(0),
+            });
+        }
+    }
+    let refused: Vec<String> = seen
+        .answers
+        .deletions
+        .iter()
+        .filter_map(|(pod, answer)| answer.as_ref().err().map(|w| format!("{}: {}", pod.key(), w.message)))
+        .collect();
+    let deleted: Vec<String> = seen
+        .answers
+        .deletions
+        .iter()
+        .filter(|(_, answer)| answer.is_ok())
+        .map(|(pod, _)| pod.key())
+        .collect();
+    let mut message = format!(
+        "drain timed out after {} (onTimeout: ForceDelete)",
+        rules.drain.timeout
+    );
+    if !deleted.is_empty() {
+        let _ = write!(message, "; deleted directly: {}", deleted.join(", "));
+    }
+    if !refused.is_empty() {
+        let _ = write!(
+            message,
+            "; the server refused to delete {} (does the controller have the optional force-delete role?)",
+            refused.join("; ")
+        );
+    }
+    if !stuck.is_empty() {
+        let names: Vec<String> = stuck.iter().map(|p| p.key()).collect();
+        let _ = write!(message, "; waiting for terminating pods: {}", names.join(", "));
+        if !rules.drain.allow_zero_grace_period {
+            message.push_str(
+                " (if they stay stuck, drain.allowZeroGracePeriod lets ForceDelete remove them with grace 0)",
+            );
+        }
+    }
+    let mut settled = block(status, notes, &message, next, now);
+    if !deleted.is_empty() {
+        settled
+            .notes
+            .push(Note::new(reasons::DRAIN_TIMEOUT, EventType::Warning, &message));
+    }
+    Decision::Settle(settled)
+}
+
+/// What this round's answers (and the earlier blockers of pods not asked again) make of the
+/// drain's progress.
+fn record_answers(plan: &Plan, seen: &Seen<'_>, previous: &DrainStatus, now: Timestamp) -> DrainStatus {
+    let earlier = |pod: &Leaving| previous.blockers.iter().find(|b| b.pod == pod.key()).cloned();
+    let mut evicted = 0_u32;
+    let mut gone = 0_u32;
+    let mut asked: HashMap<String, Option<Blocker>> = HashMap::new();
+    for (pod, answer) in &seen.answers.evictions {
+        let since = earlier(pod).and_then(|b| b.since).unwrap_or(Time(now));
+        let refusal = match answer {
+            EvictionAnswer::Accepted => {
+                evicted += 1;
+                None
+            }
+            EvictionAnswer::Gone => {
+                gone += 1;
+                None
+            }
+            EvictionAnswer::Refused(answer) => Some(blocker(pod, answer, seen.budgets, since)),
+            EvictionAnswer::Unanswered(error) => Some(Blocker {
+                pod: pod.key(),
+                pdb: None,
+                code: 0,
+                message: format!("the eviction got no answer: {error}"),
+                since: Some(since),
+            }),
+        };
+        asked.insert(pod.key(), refusal);
+    }
+    // A pod asked this round has its new answer; one not asked keeps its earlier blocker.
+    let blockers = plan
+        .to_evict()
+        .filter_map(|pod| asked.remove(&pod.key()).unwrap_or_else(|| earlier(pod)))
+        .collect();
+    let leaving = count(plan.leaving.len());
+    DrainStatus {
+        pods_total: previous.pods_total.max(leaving),
+        pods_evicted: previous.pods_evicted + evicted,
+        pods_remaining: leaving.saturating_sub(gone),
+        blockers,
+        would_evict: Vec::new(),
+    }
+}
+
+/// After the drain: `action: None` holds the node in `Verifying`; `Replace`/`Reboot` go to
+/// `Replacing`, whose trigger follows at once.
+fn hand_over(
+    remediation: &GpuRemediation,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    before: Phase,
+    mut notes: Vec<Note>,
+) -> Settlement {
+    let (phase, message) = match remediation.spec.action {
+        Action::None => (
+            Phase::Verifying,
+            "drained; action None: the node stays cordoned and waits for a person (uncordon it) or for \
+             recovery (its trigger clears for release.healthyFor)"
+                .to_owned(),
+        ),
+        action @ (Action::Replace | Action::Reboot) => {
+            (Phase::Replacing, format!("drained; replacing the node ({action:?})"))
+        }
+    };
+    let from = status.phase;
+    enter(&mut status, phase, &message, facts.now);
+    notes.push(Note::phase(
+        if from == before { before } else { from },
+        &status,
+        reasons::PHASE_CHANGED,
+        EventType::Normal,
+    ));
+    Settlement {
+        release: None,
+        status,
+        notes,
+        drop_finalizer: false,
+        next: if phase == Phase::Replacing {
+            Next::At(facts.now)
+        } else {
+            Next::Idle.or_at(facts.release_at())
+        },
+    }
+}
+
+/// Mode `DryRun`: asks the server which evictions would be refused, records what would happen,
+/// and ends `DryRun` having changed nothing.
+pub(super) fn dry_run(seen: &Seen<'_>, facts: &Facts<'_>, mut status: GpuRemediationStatus) -> Decision {
+    let Some(plan) = seen.pods else {
+        return Decision::Settle(status::unchanged(status, false, Next::At(facts.now)));
+    };
+    let Some(answers) = &seen.answers.dry_run else {
+        return Decision::Ask(Ask::DryRunEvict(plan.to_evict().cloned().collect()));
+    };
+    let mut blockers: Vec<Blocker> = answers
+        .iter()
+        .filter_map(|(pod, answer)| match answer {
+            EvictionAnswer::Refused(answer) => Some(blocker(pod, answer, seen.budgets, Time(facts.now))),
+            EvictionAnswer::Unanswered(error) => Some(Blocker {
+                pod: pod.key(),
+                pdb: None,
+                code: 0,
+                message: format!("the dry-run eviction got no answer: {error}"),
+                since: Some(Time(facts.now)),
+            }),
+            EvictionAnswer::Accepted | EvictionAnswer::Gone => None,
+        })
+        .collect();
+    blockers.sort_by(|a, b| a.pod.cmp(&b.pod));
+    let would_evict: Vec<String> = plan.to_evict().map(Leaving::key).collect();
+    let refusing = budgets_named(&blockers);
+    let message = if blockers.is_empty() {
+        format!(
+            "dry run: {} pods would be evicted; no disruption budget would refuse; nothing was changed",
+            would_evict.len()
+        )
+    } else {
+        format!(
+            "dry run: {} pods would be evicted; {} evictions would be refused now (by {}); nothing was changed",
+            would_evict.len(),
+            blockers.len(),
+            if refusing.is_empty() {
+                "the server".to_owned()
+            } else {
+                refusing.join(", ")
+            }
+        )
+    };
+    status.drain = Some(DrainStatus {
+        pods_total: count(would_evict.len()),
+        pods_evicted: 0,
+        pods_remaining: count(would_evict.len()),
+        blockers,
+        would_evict,
+    });
+    Decision::Settle(status::move_to(
+        status,
+        Phase::DryRun,
+        &message,
+        "DryRun",
+        EventType::Normal,
+        facts.now,
+        Next::Idle,
+    ))
+}
+
+/// The grace period pods leave with: the policy's, except that 0 (an immediate delete) needs the
+/// policy's explicit `allowZeroGracePeriod` (a snapshot from before that rule falls back to each
+/// pod's own).
+pub(super) fn grace_period(rules: &PolicySnapshot) -> Option<i64> {
+    rules
+        .drain
+        .grace_period_seconds
+        .filter(|&g| g != 0 || rules.drain.allow_zero_grace_period)
+}
+
+/// Whether the one budget covering a pod has room (`None`: none, or several, cover it).
+fn budget_allows(pod: &Leaving, budgets: &[PodDisruptionBudget]) -> Option<bool> {
+    let covering = drain::covering_budgets(pod, budgets);
+    let [only] = covering.as_slice() else { return None };
+    let name = only.split_once('/').map_or(only.as_str(), |(_, n)| n);
+    budgets
+        .iter()
+        .find(|b| b.namespace().as_deref() == Some(pod.namespace.as_str()) && b.name_any() == name)
+        .and_then(|b| b.status.as_ref())
+        .map(|s| s.disruptions_allowed > 0)
+}
+
+/// A blocker from a refusal: the budget the server names (or those covering the pod) and the
+/// server's words.
+pub(super) fn blocker(pod: &Leaving, answer: &Status, budgets: &[PodDisruptionBudget], since: Time) -> Blocker {
+    let named = drain::budget_named_in(answer);
+    let pdb = named
+        .as_ref()
+        .map(|name| format!("{}/{name}", pod.namespace))
+        .or_else(|| {
+            let covering = drain::covering_budgets(pod, budgets);
+            (!covering.is_empty()).then(|| covering.join(","))
+        });
+    let causes = answer.details.as_ref().map(|d| {
+        d.causes
+            .iter()
+            .map(|c| c.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
+    let mut message = match causes {
+        Some(causes) if !causes.is_empty() => format!("{} ({causes})", answer.message),
+        _ => answer.message.clone(),
+    };
+    let refusing = named.and_then(|name| {
+        budgets.iter().find(|b| {
+            b.metadata.namespace.as_deref() == Some(pod.namespace.as_str())
+                && b.metadata.name.as_deref() == Some(name.as_str())
+        })
+    });
+    if let Some(spent) = refusing.and_then(spent_on) {
+        message.push_str(&spent);
+    }
+    Blocker {
+        pod: pod.key(),
+        pdb,
+        code: answer.code,
+        message,
+        since: Some(since),
+    }
+}
+
+/// What a refusing budget has already granted: the pods its status still counts as evicted. An
+/// eviction the API server granted but whose pod deletion was lost (the client went away between
+/// the two) holds the budget until the disruption controller gives it back, 2 minutes later.
+fn spent_on(budget: &PodDisruptionBudget) -> Option<String> {
+    let disrupted = budget.status.as_ref()?.disrupted_pods.as_ref()?;
+    let earliest = disrupted.values().map(|t| t.0).min()?;
+    let mut pods: Vec<&str> = disrupted.keys().map(String::as_str).collect();
+    pods.sort_unstable();
+    Some(format!(
+        "; the budget still counts {} as evicted (granted since {earliest}): it is given back once \
+         they are gone, or by the disruption controller 2 minutes after the grant if a deletion was lost",
+        pods.join(", ")
+    ))
+}
+
+/// Each refusing budget once, sorted (a blocker may name several, comma-separated).
+fn budgets_named(blockers: &[Blocker]) -> Vec<String> {
+    let names: BTreeSet<String> = blockers
+        .iter()
+        .filter_map(|b| b.pdb.as_deref())
+        .flat_map(|pdbs| pdbs.split(',').map(str::to_owned))
+        .collect();
+    names.into_iter().collect()
+}
+
+/// "; refused by a, b" for the blockers' budgets, or nothing.
+fn blocked_by(status: &GpuRemediationStatus) -> String {
+    let budgets = budgets_named(status.drain.as_ref().map_or(&[], |d| d.blockers.as_slice()));
+    if budgets.is_empty() {
+        String::new()
+    } else {
+        format!("; refused by {}", budgets.join(", "))
+    }
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus},
+        apimachinery::pkg::apis::meta::v1::LabelSelector,
+    };
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn pod() -> Leaving {
+        Leaving {
+            namespace: "work".into(),
+            name: "web-0".into(),
+            uid: "u".into(),
+            terminating: false,
+            labels: [("app".to_owned(), "web".to_owned())].into(),
+        }
+    }
+
+    fn budget(name: &str, allowed: i32) -> PodDisruptionBudget {
+        PodDisruptionBudget {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("work".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodDisruptionBudgetSpec {
+                selector: Some(LabelSelector {
+                    match_labels: Some([("app".to_owned(), "web".to_owned())].into()),
+                    ..LabelSelector::default()
+                }),
+                ..PodDisruptionBudgetSpec::default()
+            }),
+            status: Some(PodDisruptionBudgetStatus {
+                disruptions_allowed: allowed,
+                ..PodDisruptionBudgetStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn the_one_budget_covering_a_pod_says_whether_it_has_room() {
+        assert_eq!(budget_allows(&pod(), &[budget("web", 1)]), Some(true));
+        assert_eq!(budget_allows(&pod(), &[budget("web", 0)]), Some(false));
+        assert_eq!(budget_allows(&pod(), &[]), None, "no budget: nothing to wait for");
+        assert_eq!(
+            budget_allows(&pod(), &[budget("a", 1), budget("b", 1)]),
+            None,
+            "two budgets: the server decides"
+        );
+    }
+
+    #[test]
+    fn a_blocker_names_the_budget_the_server_names_or_those_that_cover_the_pod() {
+        let named = Status {
+            code: 429,
+            message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+            ..Status::default()
+        };
+        let b = blocker(&pod(), &named, &[budget("web", 0)], Time(at(0)));
+        assert_eq!(
+            (b.pod.as_str(), b.pdb.as_deref(), b.code),
+            ("work/web-0", Some("work/web"), 429)
+        );
+        let several = Status {
+            code: 500,
+            message: "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+                .into(),
+            ..Status::default()
+        };
+        let b = blocker(&pod(), &several, &[budget("a", 1), budget("b", 1)], Time(at(0)));
+        assert_eq!(b.pdb.as_deref(), Some("work/a,work/b"));
+        assert_eq!(b.code, 500);
+    }
+
+    #[test]
+    fn a_blocker_names_the_pods_its_budget_still_counts_as_evicted() {
+        let refused: Status = serde_json::from_value(serde_json::json!({
+            "code": 429,
+            "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+            "details": {"causes": [{
+                "reason": "DisruptionBudget",
+                "message": "The disruption budget web needs 3 healthy pods and has 3 currently",
+            }]},
+        }))
+        .unwrap();
+        let mut spent = budget("web", 0);
+        spent.status.as_mut().unwrap().disrupted_pods = Some(
+            [
+                ("web-2".to_owned(), Time(at(30))),
+                ("web-1".to_owned(), Time(at(10))),
+            ]
+            .into(),
+        );
+        let b = blocker(&pod(), &refused, &[spent], Time(at(40)));
+        assert!(
+            b.message.ends_with(&format!(
+                "; the budget still counts web-1, web-2 as evicted (granted since {}): it is given back once \
+                 they are gone, or by the disruption controller 2 minutes after the grant if a deletion was lost",
+                at(10)
+            )),
+            "{}",
+            b.message
+        );
+    }
+
+    #[test]
+    fn blockers_name_each_budget_once() {
+        let b = |pdb: &str| Blocker {
+            pod: "work/p".into(),
+            pdb: Some(pdb.into()),
+            code: 500,
+            message: String::new(),
+            since: None,
+        };
+        assert_eq!(
+            budgets_named(&[b("work/a,work/b"), b("work/a,work/b"), b("work/c")]),
+            ["work/a", "work/b", "work/c"]
+        );
+    }
+}

@@ -1,0 +1,673 @@
+//! The remediation lifecycle as a pure function: from a `GpuRemediation` (its spec, status and
+//! the person's marks on it), the policy rules it was admitted under, what was seen of its node,
+//! pods, budgets and replacement, the answers the server gave to this pass's requests, and the
+//! time, [`decide`] returns either one more request to put to the server ([`Ask`]) or how the
+//! pass ends ([`Settlement`]: the new status, what to give back, the Events, when to look again).
+//!
+//! No IO here and no clock: `remediation` observes, carries out asks and settlements, and writes.
+//! A request's answer comes back as part of [`Seen::answers`], so the same function decides what
+//! it means; the property test in `lifecycle::paths` drives it through random worlds.
+//!
+//! ```text
+//! Pending ─┬─ DryRun mode ──────────────────────────────► DryRun (terminal, nothing changed)
+//!          ├─ Manual mode ─► AwaitingApproval ─ approved ─┐
+//!          └──────────────────────────────────────────────┴─► Cordoned ─► Draining ─┬─► (Blocked) ─┐
+//!                                                                                    └─────────────┴─► hand-over
+//! before hand-over: node gone or re-created (NodeReplaced), uncordoned by a person, recovered
+//!   for release.healthyFor, record deleted (a person's cancel) ─► Cancelled
+//! born past maxAttemptsPerNode: Pending ─► ManualRequired (nothing touched)
+//! hand-over, action None: ─► Verifying (held) ─► Succeeded (recovered, or a person uncordoned)
+//! hand-over, Replace/Reboot: ─► Replacing ─► Verifying ─► Succeeded (a standing node released) | Failed
+//! ```
+//!
+//! Every phase in flight has a deadline from the policy snapshot: a cordon refused past
+//! `drain.timeout` fails; a drain past `drain.timeout` follows `onTimeout` (and `Blocked` says who
+//! must act); a replacement refused or unfinished past `replacement.timeout` fails.
+
+mod drain;
+#[cfg(test)]
+mod paths;
+mod replacement;
+pub mod status;
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationStatus, Phase,
+    constants::{APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, REMEDIATION_FINALIZER, reasons},
+    policy::Mode,
+    remediation::{ObjectReference, PolicySnapshot, Refusal},
+};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
+use kube::{ResourceExt, core::Status, runtime::events::EventType};
+
+use crate::{
+    cordon,
+    detect::{self, Verdict},
+    drain::{Leaving, Plan},
+    replace::Observation,
+    time::{plus, signed},
+};
+
+pub use status::Note;
+
+/// Who holds the node's cordon, as its annotations and spec say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cordon {
+    /// The node is schedulable.
+    None,
+    /// Unschedulable, and our annotation names this remediation: ours to lift.
+    Ours,
+    /// Unschedulable, but it was before we came (or someone else's): never ours to lift.
+    Theirs,
+}
+
+/// The node a node effect is meant for: its name and, when known, the UID admitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRef {
+    /// The node's name.
+    pub name: String,
+    /// The UID recorded at admission; an edit carries it as a precondition.
+    pub uid: Option<String>,
+}
+
+/// How long the lifecycle waits between looks, from the controller's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pace {
+    /// While pods terminate.
+    pub pod_poll: SignedDuration,
+    /// Before asking a refused eviction again (a budget's change wakes earlier).
+    pub eviction_backoff: SignedDuration,
+    /// Between looks at a replacement, and before asking a refused step again.
+    pub replacement_poll: SignedDuration,
+}
+
+/// What the server answered to one eviction.
+#[derive(Clone, Debug)]
+pub enum EvictionAnswer {
+    /// Accepted: the pod is terminating.
+    Accepted,
+    /// The pod is gone, or a new pod took its name.
+    Gone,
+    /// Refused, in the server's words (429 budget, 500 two budgets, 403 webhook or terminating
+    /// namespace, 422, ...).
+    Refused(Box<Status>),
+    /// No answer (a transport error): asked again after the backoff.
+    Unanswered(String),
+}
+
+/// A refusal as the server worded it, before it is dated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Words {
+    /// What was asked.
+    pub action: String,
+    /// The HTTP status, if the server answered.
+    pub code: Option<u16>,
+    /// The server's message.
+    pub message: String,
+}
+
+/// What the server answered to the cordon.
+#[derive(Clone, Debug)]
+pub enum CordonAnswer {
+    /// Cordoned (or already); whether the cordon was someone else's before us.
+    Cordoned {
+        /// The node was unschedulable before we came: the cordon stays theirs.
+        theirs: bool,
+    },
+    /// The node is gone.
+    NodeGone,
+    /// A node of that name with another UID stands there now.
+    NodeReplaced,
+    /// Refused.
+    Refused(Words),
+}
+
+/// The answers to this pass's asks, fed back into [`decide`].
+#[derive(Clone, Debug, Default)]
+pub struct Answers {
+    /// The cordon's.
+    pub cordon: Option<CordonAnswer>,
+    /// Each eviction asked.
+    pub evictions: Vec<(Leaving, EvictionAnswer)>,
+    /// Each dry-run eviction asked (mode `DryRun`).
+    pub dry_run: Option<Vec<(Leaving, EvictionAnswer)>>,
+    /// Each forced deletion asked.
+    pub deletions: Vec<(Leaving, Result<(), Words>)>,
+    /// The replacement's trigger.
+    pub trigger: Option<Result<ObjectReference, Words>>,
+}
+
+/// What was seen for this pass.
+#[derive(Clone, Copy)]
+pub struct Seen<'a> {
+    /// The node read by name (`None`: no node of that name).
+    pub node: Option<&'a Node>,
+    /// The node's pods, as the drain plans them (listed only in the phases that drain).
+    pub pods: Option<&'a Plan>,
+    /// The disruption budgets.
+    pub budgets: &'a [PodDisruptionBudget],
+    /// When each pod (by UID) was last asked to leave.
+    pub asked_at: &'a (dyn Fn(&str) -> Option<Timestamp> + Sync),
+    /// The replacement, looked at in `Verifying`.
+    pub replacement: Option<&'a Result<Observation, Words>>,
+    /// The answers to the asks of this pass.
+    pub answers: &'a Answers,
+    /// The controller's pace.
+    pub pace: Pace,
+}
+
+/// One request to put to the server; its answer comes back in [`Answers`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ask {
+    /// Make the node unschedulable and taint it, recording that this remediation did.
+    Cordon(NodeRef),
+    /// Evict these pods through the Eviction API.
+    Evict {
+        /// The pods.
+        pods: Vec<Leaving>,
+        /// The policy's grace period.
+        grace: Option<i64>,
+    },
+    /// Ask the server which of these pods' evictions would be refused, changing nothing.
+    DryRunEvict(Vec<Leaving>),
+    /// Delete these pods directly (`onTimeout: ForceDelete`).
+    Delete {
+        /// The pods.
+        pods: Vec<Leaving>,
+        /// The grace period to delete with (`Some(0)` only when the policy allows it).
+        grace: Option<i64>,
+    },
+    /// Trigger the replacement (idempotent: the strategy finds an earlier attempt's object).
+    TriggerReplacement,
+}
+
+/// When the remediation wants another look.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Only when something it watches changes (a person must act, or it is finished).
+    Idle,
+    /// At this time at the latest.
+    At(Timestamp),
+}
+
+impl Next {
+    /// The earlier of two looks.
+    #[must_use]
+    pub fn or_at(self, at: Option<Timestamp>) -> Self {
+        match (self, at) {
+            (Self::Idle, None) => Self::Idle,
+            (Self::Idle, Some(at)) => Self::At(at),
+            (Self::At(next), at) => Self::At(at.map_or(next, |at| next.min(at))),
+        }
+    }
+}
+
+/// Giving back what this remediation holds on its node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Release {
+    /// The node, preconditioned on its admitted UID.
+    pub node: NodeRef,
+    /// A person deleted the record: remember on the node that this episode was cancelled, so it
+    /// is not admitted again.
+    pub remember_cancel: bool,
+}
+
+/// How a pass ends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settlement {
+    /// Give back what this remediation holds on the node, before the status is written.
+    pub release: Option<Release>,
+    /// The new status (written when it differs from the stored one).
+    pub status: GpuRemediationStatus,
+    /// Events to publish, in order.
+    pub notes: Vec<Note>,
+    /// Remove our finalizer after the status is written.
+    pub drop_finalizer: bool,
+    /// When to look again.
+    pub next: Next,
+}
+
+/// What [`decide`] asks of the acting layer.
+#[derive(Clone, Debug, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one decision at a time, consumed at once: boxing would only add an allocation"
+)]
+pub enum Decision {
+    /// Put this to the server and decide again with its answer.
+    Ask(Ask),
+    /// End the pass.
+    Settle(Settlement),
+}
+
+/// Whether the node is still broken under the snapshot's triggers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// A trigger holds (or is pending).
+    Broken,
+    /// No trigger holds, since this time (`None`: the condition is gone altogether).
+    Recovered(Option<Timestamp>),
+}
+
+/// Whether the node seen by name is the node admitted.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Identity<'a> {
+    /// The admitted node (same UID, or no UID was recorded).
+    Same(&'a Node),
+    /// A node of that name with another UID: a different machine, never touched.
+    Replaced,
+    /// No node of that name.
+    Gone,
+}
+
+/// Why a remediation is cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelReason {
+    /// The node recovered and stayed healthy for `release.healthyFor`.
+    Recovered,
+    /// A person made the node schedulable again.
+    UncordonedByPerson,
+    /// The node no longer exists.
+    NodeGone,
+    /// A node of the same name with another UID replaced it.
+    NodeReplaced,
+    /// The policy was deleted and the record has no snapshot to follow.
+    PolicyGone,
+    /// A person deleted the record.
+    DeletedByPerson,
+}
+
+impl CancelReason {
+    /// The Event and condition reason.
+    #[must_use]
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Self::Recovered => reasons::NODE_RECOVERED,
+            Self::UncordonedByPerson => reasons::UNCORDONED_BY_PERSON,
+            Self::NodeGone => reasons::NODE_GONE,
+            Self::NodeReplaced => "NodeReplaced",
+            Self::PolicyGone => "PolicyDeleted",
+            Self::DeletedByPerson => "DeletedByPerson",
+        }
+    }
+
+    /// A sentence for the status.
+    #[must_use]
+    pub const fn message(self) -> &'static str {
+        match self {
+            Self::Recovered => "the node recovered and stayed healthy for release.healthyFor; released",
+            Self::UncordonedByPerson => {
+                "a person uncordoned the node; the remediation stops and leaves it alone"
+            }
+            Self::NodeGone => "the node no longer exists",
+            Self::NodeReplaced => {
+                "a node of the same name with another UID took its place: it is a different machine, \
+                 and this remediation never touches it"
+            }
+            Self::PolicyGone => {
+                "the policy that governed this node was deleted and the record holds no snapshot of it; released"
+            }
+            Self::DeletedByPerson => {
+                "a person deleted this record: the node was released and this episode is not admitted again"
+            }
+        }
+    }
+
+    /// Whether the node still standing under the admitted UID gets back what we hold.
+    const fn releases(self) -> bool {
+        !matches!(self, Self::NodeGone | Self::NodeReplaced)
+    }
+}
+
+/// The facts about the record and its node that every phase reads.
+pub(crate) struct Facts<'a> {
+    pub(crate) name: String,
+    pub(crate) node: NodeRef,
+    pub(crate) identity: Identity<'a>,
+    pub(crate) health: Health,
+    pub(crate) healthy_for: SignedDuration,
+    pub(crate) now: Timestamp,
+}
+
+impl Facts<'_> {
+    /// Who holds the cordon of the admitted node (`None` when it is not standing).
+    pub(crate) fn cordon(&self) -> Option<Cordon> {
+        match self.identity {
+            Identity::Same(node) => Some(cordon::cordon_of(node, &self.name)),
+            Identity::Replaced | Identity::Gone => None,
+        }
+    }
+
+    /// When a recovered node is due for release, if it recovered.
+    pub(crate) fn release_at(&self) -> Option<Timestamp> {
+        match self.health {
+            Health::Recovered(Some(since)) => Some(plus(since, self.healthy_for)),
+            Health::Recovered(None) => Some(self.now),
+            Health::Broken => None,
+        }
+    }
+
+    /// A release of the admitted node.
+    pub(crate) fn release(&self, remember_cancel: bool) -> Option<Release> {
+        matches!(self.identity, Identity::Same(_)).then(|| Release {
+            node: self.node.clone(),
+            remember_cancel,
+        })
+    }
+}
+
+/// The one decision for `remediation` now.
+#[must_use]
+pub fn decide(
+    remediation: &GpuRemediation,
+    rules: Option<&PolicySnapshot>,
+    seen: &Seen<'_>,
+    now: Timestamp,
+) -> Decision {
+    let status = remediation.status.clone().unwrap_or_default();
+    let phase = status.phase;
+    let deleting = remediation.metadata.deletion_timestamp.is_some();
+    let has_finalizer = remediation.finalizers().iter().any(|f| f == REMEDIATION_FINALIZER);
+    let facts = facts(remediation, rules, seen, now);
+    if phase == Phase::Failed {
+        return Decision::Settle(failed(&facts, status, deleting && has_finalizer));
+    }
+    if phase.is_terminal() {
+        // ManualRequired is not finished for good: a person's approval brings it back through the
+        // budget, so it keeps its finalizer until it is deleted.
+        let drop = has_finalizer && (phase != Phase::ManualRequired || deleting);
+        return Decision::Settle(status::unchanged(status, drop, Next::Idle));
+    }
+    if deleting {
+        return cancel(&facts, status, CancelReason::DeletedByPerson);
+    }
+    let Some(rules) = rules else {
+        return cancel(&facts, status, CancelReason::PolicyGone);
+    };
+    match phase {
+        Phase::Pending | Phase::AwaitingApproval | Phase::Cordoned | Phase::Draining | Phase::Blocked => {
+            before_hand_over(remediation, rules, seen, &facts, status)
+        }
+        Phase::Verifying if remediation.spec.action == gpu_remediation_api::policy::Action::None => {
+            held(&facts, status)
+        }
+        Phase::Replacing | Phase::Verifying => replacement::advance(remediation, rules, seen, &facts, status),
+        Phase::DryRun | Phase::Succeeded | Phase::Failed | Phase::ManualRequired | Phase::Cancelled => {
+            unreachable!("terminal phases return above")
+        }
+    }
+}
+
+fn facts<'a>(
+    remediation: &GpuRemediation,
+    rules: Option<&PolicySnapshot>,
+    seen: &Seen<'a>,
+    now: Timestamp,
+) -> Facts<'a> {
+    let uid = remediation.spec.node_uid.clone();
+    let identity = match seen.node {
+        None => Identity::Gone,
+        Some(node) if uid.is_some() && node.metadata.uid != uid => Identity::Replaced,
+        Some(node) => Identity::Same(node),
+    };
+    let health = match (identity, rules) {
+        (Identity::Same(node), Some(rules)) => {
+            let conditions = node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_deref())
+                .unwrap_or_default();
+            match detect::evaluate(conditions, &rules.triggers, now) {
+                Verdict::Healthy { since } => Health::Recovered(since),
+                Verdict::Pending { .. } | Verdict::Unhealthy { .. } => Health::Broken,
+            }
+        }
+        _ => Health::Broken,
+    };
+    Facts {
+        name: remediation.name_any(),
+        node: NodeRef {
+            name: remediation.spec.node_name.clone(),
+            uid,
+        },
+        identity,
+        health,
+        healthy_for: rules.map_or(SignedDuration::ZERO, |r| signed(r.release.healthy_for.as_std())),
+        now,
+    }
+}
+
+/// Ends the remediation `Cancelled`, giving back what it holds on a node still standing.
+pub(crate) fn cancel(facts: &Facts<'_>, mut status: GpuRemediationStatus, why: CancelReason) -> Decision {
+    let before = status.phase;
+    status::enter(&mut status, Phase::Cancelled, why.message(), facts.now);
+    status::set_condition(
+        &mut status,
+        gpu_remediation_api::constants::remediation_conditions::COMPLETE,
+        true,
+        why.reason(),
+        why.message(),
+        facts.now,
+    );
+    if status::has_condition(&status, gpu_remediation_api::constants::remediation_conditions::CORDONED) {
+        status::set_condition(
+            &mut status,
+            gpu_remediation_api::constants::remediation_conditions::CORDONED,
+            false,
+            why.reason(),
+            "released",
+            facts.now,
+        );
+    }
+    status.refusal = None;
+    let release = if why.releases() {
+        facts.release(why == CancelReason::DeletedByPerson)
+    } else {
+        None
+    };
+    Decision::Settle(Settlement {
+        release,
+        notes: vec![Note::phase(before, &status, why.reason(), EventType::Normal)],
+        status,
+        drop_finalizer: true,
+        next: Next::Idle,
+    })
+}
+
+/// Everything before the hand-over: cordon, drain, and the ways it stops early.
+fn before_hand_over(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    status: GpuRemediationStatus,
+) -> Decision {
+    let phase = status.phase;
+    match facts.identity {
+        Identity::Gone => return cancel(facts, status, CancelReason::NodeGone),
+        Identity::Replaced => return cancel(facts, status, CancelReason::NodeReplaced),
+        Identity::Same(_) => {}
+    }
+    let cordoned_phase = matches!(phase, Phase::Cordoned | Phase::Draining | Phase::Blocked);
+    if cordoned_phase && facts.cordon() == Some(Cordon::None) {
+        return cancel(facts, status, CancelReason::UncordonedByPerson);
+    }
+    let release_at = facts.release_at();
+    if release_at.is_some_and(|at| at <= facts.now) {
+        return cancel(facts, status, CancelReason::Recovered);
+    }
+    let approved = remediation
+        .annotations()
+        .get(APPROVED_ANNOTATION)
+        .is_some_and(|v| v == "true");
+    match phase {
+        Phase::Pending if crate::fleet::awaits_person_past_attempts(remediation) => {
+            Decision::Settle(require_manual(remediation, facts, status))
+        }
+        Phase::Pending if remediation.spec.mode == Mode::DryRun => drain::dry_run(seen, facts, status),
+        Phase::Pending if remediation.spec.mode == Mode::Manual && !approved => {
+            let message = format!(
+                "waiting for a person to approve: kubectl annotate gpuremediation {} {APPROVED_ANNOTATION}=true",
+                facts.name
+            );
+            Decision::Settle(status::move_to(
+                status,
+                Phase::AwaitingApproval,
+                &message,
+                reasons::PHASE_CHANGED,
+                EventType::Normal,
+                facts.now,
+                Next::Idle,
+            ))
+        }
+        Phase::AwaitingApproval if !approved => Decision::Settle(status::unchanged(status, false, Next::Idle)),
+        Phase::Pending | Phase::AwaitingApproval => cordon_step(rules, seen, facts, status),
+        _ => drain::advance(remediation, rules, seen, facts, status, release_at),
+    }
+}
+
+/// The status of a record created past `maxAttemptsPerNode`: how many attempts in which window,
+/// and how a person lets it proceed. Nothing is touched.
+fn require_manual(remediation: &GpuRemediation, facts: &Facts<'_>, status: GpuRemediationStatus) -> Settlement {
+    let why = remediation
+        .annotations()
+        .get(ATTEMPTS_EXHAUSTED_ANNOTATION)
+        .map_or("this node used up maxAttemptsPerNode", String::as_str);
+    let message = format!(
+        "{why}. Nothing was touched. To proceed: kubectl annotate gpuremediation {} {APPROVED_ANNOTATION}=true \
+         (it then starts like an admitted remediation, within maxConcurrent, rate and maxUnhealthy); \
+         or fix the node and leave this record",
+        facts.name
+    );
+    status::move_to(
+        status,
+        Phase::ManualRequired,
+        &message,
+        reasons::ATTEMPTS_EXHAUSTED,
+        EventType::Warning,
+        facts.now,
+        Next::Idle,
+    )
+}
+
+/// Asks for the cordon, then records its answer. A refused cordon is retried, shown in status
+/// and an Event, and fails the remediation once `drain.timeout` has passed since admission.
+fn cordon_step(
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+) -> Decision {
+    let Some(answer) = &seen.answers.cordon else {
+        return Decision::Ask(Ask::Cordon(facts.node.clone()));
+    };
+    match answer {
+        CordonAnswer::NodeGone => cancel(facts, status, CancelReason::NodeGone),
+        CordonAnswer::NodeReplaced => cancel(facts, status, CancelReason::NodeReplaced),
+        CordonAnswer::Cordoned { theirs } => {
+            let message = if *theirs {
+                "the node was already cordoned by someone else; it stays theirs, we added our taint"
+            } else {
+                "unschedulable and tainted by this remediation"
+            };
+            status.refusal = None;
+            status::set_condition(
+                &mut status,
+                gpu_remediation_api::constants::remediation_conditions::CORDONED,
+                true,
+                "Cordoned",
+                message,
+                facts.now,
+            );
+            if status.policy_generation.is_none() {
+                status.policy_generation = rules.generation;
+            }
+            // The drain starts in the next advance, in the loop's carrying lane.
+            Decision::Settle(status::move_to(
+                status,
+                Phase::Cordoned,
+                message,
+                reasons::PHASE_CHANGED,
+                EventType::Normal,
+                facts.now,
+                Next::At(facts.now),
+            ))
+        }
+        CordonAnswer::Refused(words) => {
+            let admitted = status::admitted_at(&status).unwrap_or(facts.now);
+            let deadline = plus(admitted, signed(rules.drain.timeout.as_std()));
+            let refusal = status::refusal(&status, words, facts.now);
+            if facts.now >= deadline {
+                let message = format!(
+                    "the node could not be cordoned within drain.timeout ({}): {}; a person must look at it",
+                    rules.drain.timeout, words.message
+                );
+                status.refusal = Some(refusal);
+                return Decision::Settle(status::move_to(
+                    status,
+                    Phase::Failed,
+                    &message,
+                    "CordonRefused",
+                    EventType::Warning,
+                    facts.now,
+                    Next::Idle,
+                ));
+            }
+            let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+            Decision::Settle(status::refused(status, refusal, next))
+        }
+    }
+}
+
+/// A `Failed` remediation keeps the node cordoned for a person. It gives back what it holds when
+/// the person deletes the record, and lifts its taint when the person uncordons the node (they
+/// took it over).
+fn failed(facts: &Facts<'_>, status: GpuRemediationStatus, deleted: bool) -> Settlement {
+    let taken_over = facts.cordon() == Some(Cordon::None)
+        && matches!(facts.identity, Identity::Same(node) if cordon::has_taint(node)
+            && node.annotations().values().any(|by| *by == facts.name));
+    let mut settled = status::unchanged(status, deleted, Next::Idle);
+    if deleted || taken_over {
+        settled.release = facts.release(false);
+    }
+    settled
+}
+
+/// A drained `action: None` remediation holding its node: it ends `Succeeded` when the node
+/// recovers for `release.healthyFor` or a person uncordons it, and waits for them otherwise.
+fn held(facts: &Facts<'_>, status: GpuRemediationStatus) -> Decision {
+    let cordon = match facts.identity {
+        Identity::Gone => return cancel(facts, status, CancelReason::NodeGone),
+        Identity::Replaced => return cancel(facts, status, CancelReason::NodeReplaced),
+        Identity::Same(_) => facts.cordon(),
+    };
+    if cordon == Some(Cordon::None) {
+        return Decision::Settle(status::succeed(
+            status,
+            facts.release(false),
+            "action None: a person released the node (uncordoned it); finished",
+            reasons::UNCORDONED_BY_PERSON,
+            facts.now,
+        ));
+    }
+    match facts.release_at() {
+        Some(at) if at <= facts.now => Decision::Settle(status::succeed(
+            status,
+            facts.release(false),
+            "action None: the node recovered and stayed healthy for release.healthyFor; released what we held",
+            reasons::NODE_RECOVERED,
+            facts.now,
+        )),
+        at => Decision::Settle(status::unchanged(status, false, Next::Idle.or_at(at))),
+    }
+}
+
+/// A [`Refusal`] worded by the server, kept from when it first started.
+pub(crate) fn dated(words: &Words, since: Timestamp) -> Refusal {
+    Refusal {
+        action: words.action.clone(),
+        code: words.code,
+        message: words.message.clone(),
+        since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(since),
+    }
+}

@@ -1,0 +1,1 @@
+//! Random paths through the lifecycle.

@@ -1,0 +1,188 @@
+//! The replacement's decisions (`Replacing`, then `Verifying`): trigger it, record its object or
+//! the server's refusal, judge what is seen of it, and end it. Every refusal counts against
+//! `replacement.timeout` from the entry into `Replacing`; a node still standing when it succeeds
+//! (a reboot) gets back what the remediation held.
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationStatus, Phase,
+    constants::{reasons, remediation_conditions},
+    policy::Strategy,
+    remediation::{ObjectReference, PolicySnapshot},
+};
+use jiff::Timestamp;
+use kube::runtime::events::EventType;
+
+use super::{
+    Ask, CancelReason, Decision, Facts, Health, Identity, Next, Seen, Words, cancel,
+    status::{self, phase_entered, set_condition},
+};
+use crate::{
+    replace::{self, Progress, Verification},
+    time::{plus, signed},
+};
+
+/// One step of `Replacing` or `Verifying` (not the held `action: None`).
+pub(super) fn advance(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    status: GpuRemediationStatus,
+) -> Decision {
+    let triggered_at = phase_entered(&status, Phase::Replacing).unwrap_or(facts.now);
+    let deadline = plus(triggered_at, signed(rules.replacement.timeout.as_std()));
+    if status.phase == Phase::Replacing || status.replacement.is_none() {
+        return trigger(remediation, rules, seen, facts, status, deadline);
+    }
+    verify(rules, seen, facts, status, triggered_at, deadline)
+}
+
+/// Triggers the replacement and records its object, or the refusal.
+fn trigger(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    deadline: Timestamp,
+) -> Decision {
+    let Some(answer) = &seen.answers.trigger else {
+        // Never act on a machine that is not the one admitted; a template acts on the node by
+        // name, so it needs the node itself to be there.
+        match (facts.identity, rules.replacement.strategy) {
+            (Identity::Replaced, _) => return cancel(facts, status, CancelReason::NodeReplaced),
+            (Identity::Gone, Strategy::Template) => return cancel(facts, status, CancelReason::NodeGone),
+            _ => return Decision::Ask(Ask::TriggerReplacement),
+        }
+    };
+    match answer {
+        Ok(reference) => {
+            let message = format!(
+                "replacement triggered ({:?}, {:?}): {}",
+                remediation.spec.action,
+                rules.replacement.strategy,
+                describe(reference)
+            );
+            status.replacement = Some(reference.clone());
+            status.refusal = None;
+            set_condition(
+                &mut status,
+                remediation_conditions::REPLACEMENT_TRIGGERED,
+                true,
+                "Triggered",
+                &message,
+                facts.now,
+            );
+            Decision::Settle(status::move_to(
+                status,
+                Phase::Verifying,
+                &message,
+                reasons::PHASE_CHANGED,
+                EventType::Normal,
+                facts.now,
+                Next::At(facts.now),
+            ))
+        }
+        Err(words) => refused(rules, seen, facts, status, words, deadline),
+    }
+}
+
+/// Judges what was seen of the replacement.
+fn verify(
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    triggered_at: Timestamp,
+    deadline: Timestamp,
+) -> Decision {
+    let Some(observed) = seen.replacement else {
+        // The acting layer looks at the replacement in every `Verifying` pass.
+        return Decision::Settle(status::unchanged(status, false, Next::At(facts.now)));
+    };
+    let observation = match observed {
+        Ok(observation) => observation,
+        Err(words) => return refused(rules, seen, facts, status, words, deadline),
+    };
+    let node_healthy = matches!(facts.identity, Identity::Same(_)) && matches!(facts.health, Health::Recovered(_));
+    let progress = replace::judge(&Verification {
+        strategy: rules.replacement.strategy,
+        observation,
+        node_healthy,
+        triggered_at,
+        timeout: rules.replacement.timeout.as_std(),
+        now: facts.now,
+    });
+    match progress {
+        Progress::Waiting { message } => {
+            status.message = Some(message);
+            status.refusal = None;
+            let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+            Decision::Settle(status::unchanged(status, false, next))
+        }
+        Progress::Succeeded { message } => {
+            let release = facts.release(false);
+            let message = if release.is_some() {
+                format!("{message}; the node stands and was released")
+            } else {
+                message
+            };
+            Decision::Settle(status::succeed(
+                status,
+                release,
+                &message,
+                replace::verify::REPLACED,
+                facts.now,
+            ))
+        }
+        Progress::Failed { reason, message } => Decision::Settle(fail(status, reason, &message, facts.now)),
+    }
+}
+
+/// Records a refused trigger or look; past `replacement.timeout` the remediation fails with the
+/// server's words.
+fn refused(
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    words: &Words,
+    deadline: Timestamp,
+) -> Decision {
+    let refusal = status::refusal(&status, words, facts.now);
+    if facts.now >= deadline {
+        let message = format!(
+            "the replacement did not finish within replacement.timeout ({}): {} was refused since {}: {}",
+            rules.replacement.timeout, words.action, refusal.since.0, words.message
+        );
+        status.refusal = Some(refusal);
+        return Decision::Settle(fail(status, replace::verify::REPLACEMENT_TIMEOUT, &message, facts.now));
+    }
+    let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+    Decision::Settle(status::refused(status, refusal, next))
+}
+
+/// Ends the remediation `Failed`: the node stays cordoned, and the status says who must act.
+fn fail(status: GpuRemediationStatus, reason: &str, message: &str, now: Timestamp) -> super::Settlement {
+    let message = format!(
+        "{message}. The node stays cordoned: a person must look at it (uncordon it once it is fixed, \
+         or remove it); deleting this record also releases it"
+    );
+    status::move_to(
+        status,
+        Phase::Failed,
+        &message,
+        reason,
+        EventType::Warning,
+        now,
+        Next::Idle,
+    )
+}
+
+fn describe(reference: &ObjectReference) -> String {
+    let name = reference
+        .namespace
+        .as_ref()
+        .map_or_else(|| reference.name.clone(), |ns| format!("{ns}/{}", reference.name));
+    format!("{} {name}", reference.kind)
+}
