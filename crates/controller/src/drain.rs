@@ -49,6 +49,9 @@ pub struct Leaving {
     pub uid: String,
     /// Whether it is already terminating (its eviction or deletion was accepted).
     pub terminating: bool,
+    /// When a terminating pod is due to be gone (its `deletionTimestamp`: the deletion time plus
+    /// its grace period); a pod still there after it is stuck.
+    pub gone_by: Option<Timestamp>,
     /// Its labels, to find the budgets covering it.
     pub labels: BTreeMap<String, String>,
 }
@@ -108,6 +111,7 @@ pub fn plan(pods: &[Pod]) -> Plan {
             Fate::Evict => plan.leaving.push(Leaving {
                 uid: pod.uid().unwrap_or_default(),
                 terminating: pod.metadata.deletion_timestamp.is_some(),
+                gone_by: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0),
                 labels: pod.labels().clone(),
                 namespace,
                 name,

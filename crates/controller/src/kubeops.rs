@@ -553,6 +553,7 @@ mod tests {
             name: "train-0".into(),
             uid: "uid-1".into(),
             terminating: false,
+            gone_by: None,
             labels: std::collections::BTreeMap::new(),
         }
     }

@@ -269,7 +269,7 @@ async fn look_at_replacement(
     reference: &gpu_remediation_api::remediation::ObjectReference,
 ) -> Result<Observation, Words> {
     let strategy = rules.replacement.strategy;
-    let triggered_at = lifecycle::status::phase_entered(status, Phase::Replacing).unwrap_or_else(Timestamp::now);
+    let triggered_at = lifecycle::status::deadline_base(status, Phase::Replacing, Timestamp::now());
     ctx.replacers
         .for_strategy(strategy)
         .observe(remediation, reference, triggered_at)

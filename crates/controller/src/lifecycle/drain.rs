@@ -19,7 +19,7 @@ use kube::{ResourceExt, core::Status, runtime::events::EventType};
 
 use super::{
     Ask, Decision, EvictionAnswer, Facts, Next, Note, Seen, Settlement,
-    status::{self, enter, phase_entered, set_condition},
+    status::{self, enter, set_condition},
 };
 use crate::{
     drain::{self, Leaving, Plan},
@@ -73,7 +73,7 @@ pub(super) fn advance(
     let remaining = round.pods_remaining;
     status.drain = Some(round);
 
-    let started = phase_entered(&status, Phase::Draining).unwrap_or(now);
+    let started = status::deadline_base(&status, Phase::Draining, now);
     let deadline = plus(started, signed(rules.drain.timeout.as_std()));
     let terminating = plan.leaving.len() > plan.to_evict().count();
     let evicted_now = seen
@@ -201,7 +201,12 @@ fn force_delete(
             grace: grace_period(rules),
         });
     }
-    let stuck: Vec<&Leaving> = plan.leaving.iter().filter(|p| p.terminating).collect();
+    // A pod still terminating past its own deadline is stuck (its kubelet is gone or hung).
+    let stuck: Vec<&Leaving> = plan
+        .leaving
+        .iter()
+        .filter(|p| p.terminating && p.gone_by.is_none_or(|by| by <= now))
+        .collect();
     if rules.drain.allow_zero_grace_period {
         let unasked: Vec<Leaving> = stuck
             .iter()
@@ -228,10 +233,7 @@ fn force_delete(
         .filter(|(_, answer)| answer.is_ok())
         .map(|(pod, _)| pod.key())
         .collect();
-    let mut message = format!(
-        "drain timed out after {} (onTimeout: ForceDelete)",
-        rules.drain.timeout
-    );
+    let mut message = format!("drain timed out after {} (onTimeout: ForceDelete)", rules.drain.timeout);
     if !deleted.is_empty() {
         let _ = write!(message, "; deleted directly: {}", deleted.join(", "));
     }
@@ -242,22 +244,33 @@ fn force_delete(
             refused.join("; ")
         );
     }
-    if !stuck.is_empty() {
+    let stuck_without_help = !stuck.is_empty() && !rules.drain.allow_zero_grace_period;
+    if stuck_without_help {
         let names: Vec<String> = stuck.iter().map(|p| p.key()).collect();
-        let _ = write!(message, "; waiting for terminating pods: {}", names.join(", "));
-        if !rules.drain.allow_zero_grace_period {
-            message.push_str(
-                " (if they stay stuck, drain.allowZeroGracePeriod lets ForceDelete remove them with grace 0)",
-            );
-        }
+        let _ = write!(
+            message,
+            "; pods stuck terminating past their grace period: {} (drain.allowZeroGracePeriod lets \
+             ForceDelete remove them with grace 0; or remove them by hand)",
+            names.join(", ")
+        );
     }
-    let mut settled = block(status, notes, &message, next, now);
+    let mut notes = notes;
     if !deleted.is_empty() {
-        settled
-            .notes
-            .push(Note::new(reasons::DRAIN_TIMEOUT, EventType::Warning, &message));
+        notes.push(Note::new(reasons::DRAIN_TIMEOUT, EventType::Warning, &message));
     }
-    Decision::Settle(settled)
+    if refused.is_empty() && !stuck_without_help {
+        // Everything asked was granted: the pods are on their way out; look again soon.
+        let mut status = status;
+        status.message = Some(message);
+        return Decision::Settle(Settlement {
+            release: None,
+            status,
+            notes,
+            drop_finalizer: false,
+            next: Next::At(plus(now, seen.pace.pod_poll)),
+        });
+    }
+    Decision::Settle(block(status, notes, &message, next, now))
 }
 
 /// What this round's answers (and the earlier blockers of pods not asked again) make of the
@@ -527,6 +540,7 @@ mod tests {
             name: "web-0".into(),
             uid: "u".into(),
             terminating: false,
+            gone_by: None,
             labels: [("app".to_owned(), "web".to_owned())].into(),
         }
     }

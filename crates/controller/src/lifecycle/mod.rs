@@ -347,6 +347,19 @@ impl Facts<'_> {
         }
     }
 
+    /// Whether a person uncordoned the admitted node while it still carries our taint or notes:
+    /// they took it over, and what we hold on it must go before they cordon it again (or ours
+    /// would read as theirs).
+    pub(crate) fn taken_over(&self) -> bool {
+        match self.identity {
+            Identity::Same(node) => {
+                !cordon::is_unschedulable(node)
+                    && (cordon::has_taint(node) || node.annotations().values().any(|by| *by == self.name))
+            }
+            Identity::Replaced | Identity::Gone => false,
+        }
+    }
+
     /// A release of the admitted node.
     pub(crate) fn release(&self, remember_cancel: bool) -> Option<Release> {
         matches!(self.identity, Identity::Same(_)).then(|| Release {
@@ -391,7 +404,17 @@ pub fn decide(
         Phase::Verifying if remediation.spec.action == gpu_remediation_api::policy::Action::None => {
             held(&facts, status)
         }
-        Phase::Replacing | Phase::Verifying => replacement::advance(remediation, rules, seen, &facts, status),
+        Phase::Replacing | Phase::Verifying => {
+            let decision = replacement::advance(remediation, rules, seen, &facts, status);
+            match decision {
+                // A person uncordoned the node mid-replacement: let go of it at once.
+                Decision::Settle(mut settled) if settled.release.is_none() && facts.taken_over() => {
+                    settled.release = facts.release(false);
+                    Decision::Settle(settled)
+                }
+                other => other,
+            }
+        }
         Phase::DryRun | Phase::Succeeded | Phase::Failed | Phase::ManualRequired | Phase::Cancelled => {
             unreachable!("terminal phases return above")
         }
@@ -623,11 +646,8 @@ fn cordon_step(
 /// the person deletes the record, and lifts its taint when the person uncordons the node (they
 /// took it over).
 fn failed(facts: &Facts<'_>, status: GpuRemediationStatus, deleted: bool) -> Settlement {
-    let taken_over = facts.cordon() == Some(Cordon::None)
-        && matches!(facts.identity, Identity::Same(node) if cordon::has_taint(node)
-            && node.annotations().values().any(|by| *by == facts.name));
     let mut settled = status::unchanged(status, deleted, Next::Idle);
-    if deleted || taken_over {
+    if deleted || facts.taken_over() {
         settled.release = facts.release(false);
     }
     settled

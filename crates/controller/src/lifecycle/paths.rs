@@ -1,1 +1,762 @@
-//! Random paths through the lifecycle.
+//! Random paths through the lifecycle: a small model of the cluster (one node that can recover,
+//! break, vanish or come back under a new UID; pods that leave, get stuck terminating or are
+//! refused with 429, 500, 403, 422 or no answer; a replacement that finishes, fails, vanishes or
+//! is refused; a person who cordons, uncordons, approves, deletes or hand-edits the record; time
+//! that jumps past every timeout) answers [`decide`]'s asks, and after every settlement the
+//! lifecycle's invariants are checked:
+//!
+//! 1. every terminal phase except `Failed` and `ManualRequired` leaves no cordon or taint of ours
+//!    on the admitted node if it still stands;
+//! 2. a cordon we did not make is never lifted;
+//! 3. no node effect targets another UID than the one admitted, and a template (which acts on the
+//!    node by name) is never triggered while another node holds the name;
+//! 4. every phase in flight reaches a terminal phase or a phase a person is asked to act on
+//!    (`Blocked`, `AwaitingApproval`, a held `Verifying`) within its policy's deadlines, and
+//!    nothing in flight waits without a next look;
+//! 5. no pod is deleted except under `onTimeout: ForceDelete` past the drain's timeout, and
+//!    nothing leaves with grace 0 unless the policy allows it;
+//! 6. a record counts from its admission whatever happens later: its phase history only grows.
+//!
+//! `PROPTEST_CASES` sets the number of paths (100,000 by default).
+
+use std::collections::BTreeMap;
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationSpec, GpuRemediationStatus, Phase,
+    constants::{APPROVED_ANNOTATION, CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, REMEDIATION_FINALIZER},
+    policy::{Action, ConditionStatus, Drain, Mode, OnDrainTimeout, Release, Replacement, Strategy, Trigger},
+    remediation::{ObjectReference, PolicySnapshot, TriggerRecord},
+};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::{
+    api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus},
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+};
+use kube::core::Status;
+use proptest::{
+    prelude::{Just, ProptestConfig, any, prop, prop_assert, prop_oneof, proptest},
+    strategy::Strategy as _,
+};
+
+use super::{
+    Answers, Ask, CordonAnswer, Decision, EvictionAnswer, Next, Pace, Seen, Settlement, Words, decide, status,
+};
+use crate::{
+    cordon,
+    drain::{Leaving, Plan},
+    replace::{Observation, Presence, ReplacementNode, Reported},
+};
+
+const NAME: &str = "gpu-1-abc123";
+const NODE: &str = "gpu-1";
+
+/// What happens in the world between two passes.
+#[derive(Clone, Copy, Debug)]
+enum Event {
+    Pass,
+    Time(i64),
+    Recovers,
+    Breaks,
+    NodeDeleted,
+    NodeRecreated,
+    PodsFinish,
+    PersonCordons,
+    PersonUncordons,
+    PersonApproves,
+    RecordDeleted,
+    HandEdit(Phase),
+    PolicyDeleted,
+}
+
+fn event() -> impl proptest::strategy::Strategy<Value = Event> {
+    let in_flight = prop_oneof![
+        Just(Phase::Pending),
+        Just(Phase::Cordoned),
+        Just(Phase::Draining),
+        Just(Phase::Blocked),
+        Just(Phase::Replacing),
+        Just(Phase::Verifying),
+    ];
+    prop_oneof![
+        8 => Just(Event::Pass),
+        4 => prop_oneof![Just(1_i64), Just(30), Just(400), Just(4_000), Just(200_000)].prop_map(Event::Time),
+        2 => Just(Event::Recovers),
+        2 => Just(Event::Breaks),
+        1 => Just(Event::NodeDeleted),
+        1 => Just(Event::NodeRecreated),
+        3 => Just(Event::PodsFinish),
+        1 => Just(Event::PersonCordons),
+        1 => Just(Event::PersonUncordons),
+        1 => Just(Event::PersonApproves),
+        1 => Just(Event::RecordDeleted),
+        1 => in_flight.prop_map(Event::HandEdit),
+        1 => Just(Event::PolicyDeleted),
+    ]
+}
+
+/// The policy and the record's start, drawn per path.
+#[derive(Clone, Debug)]
+struct Setup {
+    action: Action,
+    mode: Mode,
+    strategy: Strategy,
+    on_timeout: OnDrainTimeout,
+    grace: Option<i64>,
+    allow_zero: bool,
+    pods: usize,
+    snapshot: bool,
+    exhausted: bool,
+}
+
+fn setup() -> impl proptest::strategy::Strategy<Value = Setup> {
+    (
+        prop_oneof![Just(Action::Replace), Just(Action::Reboot), Just(Action::None)],
+        prop_oneof![6 => Just(Mode::Enforce), 2 => Just(Mode::Manual), 1 => Just(Mode::DryRun)],
+        prop_oneof![Just(Strategy::DeleteNode), Just(Strategy::Template), Just(Strategy::DeleteMachine)],
+        prop_oneof![Just(OnDrainTimeout::Block), Just(OnDrainTimeout::ForceDelete), Just(OnDrainTimeout::Proceed)],
+        prop_oneof![Just(None), Just(Some(0_i64)), Just(Some(30))],
+        any::<bool>(),
+        0..4_usize,
+        prop::bool::weighted(0.9),
+        prop::bool::weighted(0.05),
+    )
+        .prop_map(
+            |(action, mode, strategy, on_timeout, grace, allow_zero, pods, snapshot, exhausted)| Setup {
+                action,
+                mode,
+                strategy: if action == Action::Reboot {
+                    Strategy::Template
+                } else {
+                    strategy
+                },
+                on_timeout,
+                grace,
+                allow_zero,
+                pods,
+                snapshot,
+                exhausted,
+            },
+        )
+}
+
+/// A pod in the model.
+#[derive(Clone, Debug)]
+struct Pod {
+    uid: String,
+    terminating: bool,
+    gone_by: Option<Timestamp>,
+}
+
+/// The model of the cluster around one remediation.
+struct World {
+    now: Timestamp,
+    record: Option<GpuRemediation>,
+    rules: PolicySnapshot,
+    policy_exists: bool,
+    node: Option<Node>,
+    admitted_uid: String,
+    generation: u32,
+    pods: Vec<Pod>,
+    person_holds: bool,
+    replacement: Option<(bool, Reported)>,
+    dice: u64,
+    asked_at: BTreeMap<String, Timestamp>,
+}
+
+fn at(second: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + second).expect("a valid time")
+}
+
+fn condition(broken: bool, since: Timestamp) -> NodeCondition {
+    NodeCondition {
+        type_: "GpuHealthy".into(),
+        status: if broken { "False" } else { "True" }.into(),
+        reason: Some(if broken { "XID79" } else { "GpusHealthy" }.into()),
+        last_transition_time: Some(Time(since)),
+        ..NodeCondition::default()
+    }
+}
+
+fn node(uid: &str, broken: bool, since: Timestamp) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(NODE.into()),
+            uid: Some(uid.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: Some(NodeStatus {
+            conditions: Some(vec![condition(broken, since)]),
+            ..NodeStatus::default()
+        }),
+    }
+}
+
+fn rules(setup: &Setup) -> PolicySnapshot {
+    PolicySnapshot {
+        generation: Some(1),
+        triggers: vec![Trigger {
+            condition_type: "GpuHealthy".into(),
+            status: ConditionStatus::False,
+            reasons: Vec::new(),
+            for_: gpu_remediation_api::Duration::from_secs(0),
+            action: None,
+        }],
+        drain: Drain {
+            timeout: gpu_remediation_api::Duration::from_mins(30),
+            on_timeout: setup.on_timeout,
+            grace_period_seconds: setup.grace,
+            allow_zero_grace_period: setup.allow_zero,
+        },
+        replacement: Replacement {
+            strategy: setup.strategy,
+            template: None,
+            timeout: gpu_remediation_api::Duration::from_mins(20),
+        },
+        release: Release {
+            healthy_for: gpu_remediation_api::Duration::from_mins(5),
+        },
+    }
+}
+
+fn record(setup: &Setup, rules: &PolicySnapshot, created: Timestamp) -> GpuRemediation {
+    let mut record = GpuRemediation::new(
+        NAME,
+        GpuRemediationSpec {
+            node_name: NODE.into(),
+            policy_name: "p".into(),
+            trigger: TriggerRecord {
+                condition_type: "GpuHealthy".into(),
+                status: ConditionStatus::False,
+                reason: "XID79".into(),
+                message: String::new(),
+                since: Some(Time(created)),
+            },
+            action: setup.action,
+            mode: setup.mode,
+            node_uid: Some("uid-0".into()),
+            policy_snapshot: setup.snapshot.then(|| rules.clone()),
+        },
+    );
+    record.metadata.creation_timestamp = Some(Time(created));
+    record.metadata.finalizers = Some(vec![REMEDIATION_FINALIZER.into()]);
+    if setup.exhausted {
+        record.metadata.annotations = Some(
+            [(
+                gpu_remediation_api::constants::ATTEMPTS_EXHAUSTED_ANNOTATION.to_owned(),
+                "2 attempts in 24h".to_owned(),
+            )]
+            .into(),
+        );
+    }
+    record
+}
+
+impl World {
+    fn new(setup: &Setup, dice: u64) -> Self {
+        let now = at(0);
+        let rules = rules(setup);
+        Self {
+            now,
+            record: Some(record(setup, &rules, now)),
+            rules,
+            policy_exists: true,
+            node: Some(node("uid-0", true, now)),
+            admitted_uid: "uid-0".into(),
+            generation: 0,
+            pods: (0..setup.pods)
+                .map(|i| Pod {
+                    uid: format!("pod-{i}"),
+                    terminating: false,
+                    gone_by: None,
+                })
+                .collect(),
+            person_holds: false,
+            replacement: None,
+            dice: dice | 1,
+            asked_at: BTreeMap::new(),
+        }
+    }
+
+    /// A pseudo-random number in `0..n` (xorshift), from the path's dice.
+    fn roll(&mut self, n: u64) -> u64 {
+        self.dice ^= self.dice << 13;
+        self.dice ^= self.dice >> 7;
+        self.dice ^= self.dice << 17;
+        self.dice % n
+    }
+
+    fn ours(&self) -> Option<&Node> {
+        self.node
+            .as_ref()
+            .filter(|n| n.metadata.uid.as_deref() == Some(self.admitted_uid.as_str()))
+    }
+
+    fn happen(&mut self, event: Event) {
+        match event {
+            Event::Pass => {}
+            Event::Time(seconds) => self.now = self.now + SignedDuration::from_secs(seconds),
+            Event::Recovers | Event::Breaks => {
+                let broken = matches!(event, Event::Breaks);
+                let now = self.now;
+                if let Some(conditions) = self
+                    .node
+                    .as_mut()
+                    .and_then(|n| n.status.as_mut())
+                    .and_then(|s| s.conditions.as_mut())
+                {
+                    conditions[0] = condition(broken, now);
+                }
+            }
+            Event::NodeDeleted => {
+                self.node = None;
+                self.person_holds = false;
+                self.pods.clear();
+            }
+            Event::NodeRecreated => {
+                self.generation += 1;
+                self.node = Some(node(&format!("uid-new-{}", self.generation), self.roll(2) == 0, self.now));
+                self.person_holds = false;
+                self.pods.clear();
+            }
+            Event::PodsFinish => self.pods.retain(|p| !p.terminating),
+            Event::PersonCordons => {
+                if let Some(spec) = self.node.as_mut().and_then(|n| n.spec.as_mut())
+                    && spec.unschedulable != Some(true)
+                {
+                    spec.unschedulable = Some(true);
+                    self.person_holds = true;
+                }
+            }
+            Event::PersonUncordons => {
+                if let Some(spec) = self.node.as_mut().and_then(|n| n.spec.as_mut()) {
+                    spec.unschedulable = None;
+                    self.person_holds = false;
+                }
+            }
+            Event::PersonApproves => {
+                if let Some(record) = self.record.as_mut() {
+                    record
+                        .metadata
+                        .annotations
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(APPROVED_ANNOTATION.into(), "true".into());
+                }
+            }
+            Event::RecordDeleted => {
+                if let Some(record) = self.record.as_mut() {
+                    record.metadata.deletion_timestamp.get_or_insert(Time(self.now));
+                }
+            }
+            Event::HandEdit(phase) => {
+                if let Some(record) = self.record.as_mut()
+                    && let Some(status) = record.status.as_mut()
+                    && !status.phase.is_terminal()
+                {
+                    status.phase = phase;
+                }
+            }
+            Event::PolicyDeleted => self.policy_exists = false,
+        }
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            leaving: self
+                .pods
+                .iter()
+                .map(|p| Leaving {
+                    namespace: "work".into(),
+                    name: p.uid.clone(),
+                    uid: p.uid.clone(),
+                    terminating: p.terminating,
+                    gone_by: p.gone_by,
+                    labels: BTreeMap::new(),
+                })
+                .collect(),
+            staying: Vec::new(),
+        }
+    }
+
+    fn observation(&mut self, record: &GpuRemediation, mood: Mood) -> Result<Observation, Words> {
+        if mood == Mood::Stubborn || (mood == Mood::Random && self.roll(8) == 0) {
+            return Err(words("looking at the replacement", 503));
+        }
+        let node = match self.ours() {
+            Some(_) => Presence::Present,
+            None => Presence::Gone,
+        };
+        let (exists, reported) = self.replacement.clone().unwrap_or((false, Reported::Nothing));
+        let reported = if record.spec.action == Action::Reboot || self.rules.replacement.strategy == Strategy::Template {
+            match if mood == Mood::Calm { 0 } else { self.roll(6) } {
+                0 => Reported::Done("Succeeded".into()),
+                1 => Reported::Failed("Failed".into()),
+                _ => reported,
+            }
+        } else {
+            Reported::Nothing
+        };
+        Ok(Observation {
+            target: if exists { Presence::Present } else { Presence::Gone },
+            node,
+            reported,
+            replacement: ReplacementNode::NotExpected,
+        })
+    }
+}
+
+fn words(action: &str, code: u16) -> Words {
+    Words {
+        action: action.into(),
+        code: Some(code),
+        message: format!("the server refused ({code})"),
+    }
+}
+
+fn refusal(code: u16) -> EvictionAnswer {
+    EvictionAnswer::Refused(Box::new(Status {
+        code,
+        message: format!("refused with {code}"),
+        ..Status::default()
+    }))
+}
+
+/// How the world answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mood {
+    /// Some of everything, by the dice.
+    Random,
+    /// Every request granted, every replacement done.
+    Calm,
+    /// Every request refused, no replacement ever done.
+    Stubborn,
+}
+
+/// A violated invariant, with the path so far.
+type Violation = String;
+
+/// Runs one pass: decide, answer asks from the world, settle, check the invariants.
+fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
+    let Some(record) = world.record.clone() else {
+        return Ok(());
+    };
+    let mut dated = record.clone();
+    dated.status = Some(status::with_admission(
+        record.status.clone().unwrap_or_default(),
+        record.metadata.creation_timestamp.as_ref().map(|t| t.0),
+    ));
+    let before = dated.status.clone().unwrap_or_default();
+    let rules = record
+        .spec
+        .policy_snapshot
+        .clone()
+        .or_else(|| world.policy_exists.then(|| world.rules.clone()));
+    let plan = world.plan();
+    let observed = (before.phase == Phase::Verifying && before.replacement.is_some())
+        .then(|| world.observation(&record, mood));
+    let asked = world.asked_at.clone();
+    let asked_at = move |uid: &str| asked.get(uid).copied();
+    let mut answers = Answers::default();
+    let node = world.node.clone();
+    for _ in 0..6 {
+        let seen = Seen {
+            node: node.as_ref(),
+            pods: Some(&plan),
+            budgets: &[],
+            asked_at: &asked_at,
+            replacement: observed.as_ref(),
+            answers: &answers,
+            pace: Pace {
+                pod_poll: SignedDuration::from_secs(1),
+                eviction_backoff: SignedDuration::from_secs(5),
+                replacement_poll: SignedDuration::from_secs(2),
+            },
+        };
+        match decide(&dated, rules.as_ref(), &seen, world.now) {
+            Decision::Ask(ask) => answer(world, &record, rules.as_ref(), &before, ask, &mut answers, mood)?,
+            Decision::Settle(settlement) => return settle(world, &record, &before, settlement),
+        }
+    }
+    Err("the lifecycle kept asking".into())
+}
+
+fn answer(
+    world: &mut World,
+    record: &GpuRemediation,
+    rules: Option<&PolicySnapshot>,
+    before: &GpuRemediationStatus,
+    ask: Ask,
+    answers: &mut Answers,
+    mood: Mood,
+) -> Result<(), Violation> {
+    let stubborn = mood == Mood::Stubborn;
+    let calm = mood == Mood::Calm;
+    let admitted = record.spec.node_uid.clone();
+    match ask {
+        Ask::Cordon(target) => {
+            if target.uid != admitted {
+                return Err(format!("a cordon targets {:?}, not the admitted {admitted:?}", target.uid));
+            }
+            answers.cordon = Some(if stubborn || (!calm && world.roll(10) == 0) {
+                CordonAnswer::Refused(words("cordoning", 403))
+            } else {
+                match world.node.as_mut() {
+                    None => CordonAnswer::NodeGone,
+                    Some(n) if n.metadata.uid != target.uid => CordonAnswer::NodeReplaced,
+                    Some(n) => {
+                        let theirs = cordon::is_unschedulable(n);
+                        cordon::cordon(n, NAME);
+                        CordonAnswer::Cordoned { theirs }
+                    }
+                }
+            });
+        }
+        Ask::Evict { pods, grace } => {
+            let rules = rules.ok_or("an eviction without rules")?;
+            if grace == Some(0) && !rules.drain.allow_zero_grace_period {
+                return Err("an eviction with grace 0 the policy did not allow".into());
+            }
+            for pod in pods {
+                world.asked_at.insert(pod.uid.clone(), world.now);
+                let answer = match if stubborn {
+                    2 + world.roll(5)
+                } else if calm {
+                    0
+                } else {
+                    world.roll(7)
+                } {
+                    0 => {
+                        let gone_by = world.now + SignedDuration::from_secs(30);
+                        if let Some(p) = world.pods.iter_mut().find(|p| p.uid == pod.uid) {
+                            p.terminating = true;
+                            p.gone_by = Some(gone_by);
+                        }
+                        EvictionAnswer::Accepted
+                    }
+                    1 => {
+                        world.pods.retain(|p| p.uid != pod.uid);
+                        EvictionAnswer::Gone
+                    }
+                    2 => refusal(429),
+                    3 => refusal(500),
+                    4 => refusal(403),
+                    5 => refusal(422),
+                    _ => EvictionAnswer::Unanswered("connection reset".into()),
+                };
+                answers.evictions.push((pod, answer));
+            }
+        }
+        Ask::DryRunEvict(pods) => {
+            let asked = pods.into_iter().map(|p| (p, refusal(429))).collect();
+            answers.dry_run = Some(asked);
+        }
+        Ask::Delete { pods, grace } => {
+            let rules = rules.ok_or("a deletion without rules")?;
+            let started = status::deadline_base(before, Phase::Draining, world.now);
+            let deadline = started + SignedDuration::try_from(rules.drain.timeout.as_std()).expect("a duration");
+            if rules.drain.on_timeout != OnDrainTimeout::ForceDelete || world.now < deadline {
+                return Err(format!(
+                    "pods deleted under onTimeout {:?} at {} (drain deadline {deadline})",
+                    rules.drain.on_timeout, world.now
+                ));
+            }
+            if grace == Some(0) && !rules.drain.allow_zero_grace_period {
+                return Err("a deletion with grace 0 the policy did not allow".into());
+            }
+            for pod in pods {
+                let refused = stubborn || (!calm && world.roll(4) == 0);
+                if !refused {
+                    if grace == Some(0) {
+                        world.pods.retain(|p| p.uid != pod.uid);
+                    } else {
+                        let gone_by = world.now + SignedDuration::from_secs(30);
+                        if let Some(p) = world.pods.iter_mut().find(|p| p.uid == pod.uid) {
+                            p.terminating = true;
+                            p.gone_by = Some(gone_by);
+                        }
+                    }
+                }
+                let answer = if refused { Err(words("deleting a pod", 403)) } else { Ok(()) };
+                answers.deletions.push((pod, answer));
+            }
+        }
+        Ask::TriggerReplacement => {
+            let rules = rules.ok_or("a trigger without rules")?;
+            let someone_else = world.node.as_ref().is_some_and(|n| n.metadata.uid != admitted);
+            if someone_else && rules.replacement.strategy == Strategy::Template {
+                return Err("a template triggered while another node holds the name".into());
+            }
+            answers.trigger = Some(if stubborn || (!calm && world.roll(5) == 0) {
+                Err(words("triggering", 403))
+            } else {
+                if rules.replacement.strategy == Strategy::DeleteNode && world.ours().is_some() {
+                    world.node = None;
+                    world.pods.clear();
+                    world.person_holds = false;
+                }
+                world.replacement = Some((true, Reported::InProgress));
+                Ok(ObjectReference {
+                    api_version: "v1".into(),
+                    kind: "Thing".into(),
+                    name: NAME.into(),
+                    namespace: None,
+                    uid: Some("obj".into()),
+                })
+            });
+        }
+    }
+    Ok(())
+}
+
+fn settle(
+    world: &mut World,
+    record: &GpuRemediation,
+    before: &GpuRemediationStatus,
+    settlement: Settlement,
+) -> Result<(), Violation> {
+    let admitted = record.spec.node_uid.clone();
+    if let Some(release) = &settlement.release {
+        if release.node.uid != admitted {
+            return Err(format!("a release targets {:?}, not {admitted:?}", release.node.uid));
+        }
+        if let Some(n) = world.node.as_mut()
+            && n.metadata.uid == release.node.uid
+        {
+            cordon::release(n, NAME);
+            if release.remember_cancel {
+                cordon::remember_cancelled(n, NAME);
+            }
+        }
+    }
+    let after = &settlement.status;
+    // 6: the history only grows, and the admission stays where it was.
+    if !after.phase_history.starts_with(&before.phase_history) {
+        return Err(format!(
+            "the phase history was rewritten: {:?} → {:?}",
+            before.phase_history, after.phase_history
+        ));
+    }
+    // 4 (silence): a phase in flight that no person is asked to act on always looks again.
+    let held = after.phase == Phase::Verifying && record.spec.action == Action::None;
+    let person_visible = matches!(after.phase, Phase::Blocked | Phase::AwaitingApproval) || held;
+    if !after.phase.is_terminal() && !person_visible && settlement.next == Next::Idle && !settlement.drop_finalizer {
+        return Err(format!("{} waits with no next look", after.phase));
+    }
+    let mut updated = record.clone();
+    updated.status = Some(after.clone());
+    if settlement.drop_finalizer {
+        updated.metadata.finalizers = None;
+    }
+    let gone = updated.metadata.deletion_timestamp.is_some() && updated.metadata.finalizers.is_none();
+    world.record = (!gone).then_some(updated);
+    check_node(world, after.phase)
+}
+
+/// Invariants 1 and 2 on the node as it now stands.
+fn check_node(world: &World, phase: Phase) -> Result<(), Violation> {
+    if let Some(n) = world.node.as_ref() {
+        if world.person_holds && !cordon::is_unschedulable(n) {
+            return Err("a person's cordon was lifted".into());
+        }
+        let ours = n.metadata.uid.as_deref() == Some(world.admitted_uid.as_str());
+        let deleted = world.record.is_none();
+        let finished = (phase.is_terminal() && !matches!(phase, Phase::Failed | Phase::ManualRequired)) || deleted;
+        if ours && finished {
+            let annotations = n.metadata.annotations.clone().unwrap_or_default();
+            let holds = cordon::has_taint(n)
+                || annotations.get(CORDONED_BY_ANNOTATION).is_some_and(|by| by == NAME)
+                || annotations.get(PRE_CORDONED_ANNOTATION).is_some_and(|by| by == NAME);
+            if holds {
+                return Err(format!("{phase} left our cordon or taint on the standing node"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The longest any phase in flight may take under the model's policy, with room for the looks.
+fn horizon() -> i64 {
+    (30 + 20 + 5) * 60 * 2
+}
+
+fn walk(setup: &Setup, events: &[Event], dice: u64) -> Result<(), Violation> {
+    let mut world = World::new(setup, dice);
+    let mut path = Vec::new();
+    for &event in events {
+        world.happen(event);
+        path.push(event);
+        pass(&mut world, Mood::Random).map_err(|v| format!("{v}\n  after {path:?}"))?;
+    }
+    // 4 (deadlines): from here nobody helps and every request is refused; within the policy's
+    // deadlines the remediation ends or asks a person.
+    for _ in 0..6 {
+        world.now = world.now + SignedDuration::from_secs(horizon());
+        pass(&mut world, Mood::Stubborn).map_err(|v| format!("{v}\n  after {path:?} and the stubborn end"))?;
+    }
+    if let Some(record) = &world.record {
+        let status = record.status.clone().unwrap_or_default();
+        let held = status.phase == Phase::Verifying && record.spec.action == Action::None;
+        let person = matches!(status.phase, Phase::Blocked | Phase::AwaitingApproval) || held;
+        if !status.phase.is_terminal() && !person {
+            return Err(format!(
+                "still {} past every deadline ({:?})\n  after {path:?}",
+                status.phase, status.message
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(100_000)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn every_random_path_keeps_the_lifecycle_invariants(
+        setup in setup(),
+        events in prop::collection::vec(event(), 0..16),
+        dice in any::<u64>(),
+    ) {
+        if let Err(violation) = walk(&setup, &events, dice) {
+            prop_assert!(false, "{violation}\n  setup {setup:?}");
+        }
+    }
+}
+
+#[test]
+fn a_reboot_that_succeeds_releases_the_node_it_held() {
+    let setup = Setup {
+        action: Action::Reboot,
+        mode: Mode::Enforce,
+        strategy: Strategy::Template,
+        on_timeout: OnDrainTimeout::Block,
+        grace: None,
+        allow_zero: false,
+        pods: 0,
+        snapshot: true,
+        exhausted: false,
+    };
+    let mut world = World::new(&setup, 7);
+    for _ in 0..4 {
+        pass(&mut world, Mood::Calm).expect("no invariant breaks");
+    }
+    world.happen(Event::Recovers);
+    for _ in 0..20 {
+        world.now = world.now + SignedDuration::from_secs(30);
+        pass(&mut world, Mood::Calm).expect("no invariant breaks");
+    }
+    let record = world.record.as_ref().expect("the record stays");
+    assert_eq!(record.status.as_ref().map(|s| s.phase), Some(Phase::Succeeded));
+    let node = world.node.as_ref().expect("the rebooted node stands");
+    assert!(!cordon::is_unschedulable(node) && !cordon::has_taint(node));
+}

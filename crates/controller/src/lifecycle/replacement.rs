@@ -14,7 +14,7 @@ use kube::runtime::events::EventType;
 
 use super::{
     Ask, CancelReason, Decision, Facts, Health, Identity, Next, Seen, Words, cancel,
-    status::{self, phase_entered, set_condition},
+    status::{self, set_condition},
 };
 use crate::{
     replace::{self, Progress, Verification},
@@ -29,7 +29,7 @@ pub(super) fn advance(
     facts: &Facts<'_>,
     status: GpuRemediationStatus,
 ) -> Decision {
-    let triggered_at = phase_entered(&status, Phase::Replacing).unwrap_or(facts.now);
+    let triggered_at = status::deadline_base(&status, Phase::Replacing, facts.now);
     let deadline = plus(triggered_at, signed(rules.replacement.timeout.as_std()));
     if status.phase == Phase::Replacing || status.replacement.is_none() {
         return trigger(remediation, rules, seen, facts, status, deadline);

@@ -117,6 +117,15 @@ pub fn phase_entered(status: &GpuRemediationStatus, phase: Phase) -> Option<Time
         .map(|t| t.at.0)
 }
 
+/// When `phase` was entered, for its deadline: the latest entry into it, else (a phase written by
+/// hand) the latest transition recorded, else `now`. Never a time that moves on with each look.
+#[must_use]
+pub fn deadline_base(status: &GpuRemediationStatus, phase: Phase, now: Timestamp) -> Timestamp {
+    phase_entered(status, phase)
+        .or_else(|| status.phase_history.last().map(|t| t.at.0))
+        .unwrap_or(now)
+}
+
 /// Sets a condition, moving its transition time only when its status changes.
 pub fn set_condition(
     status: &mut GpuRemediationStatus,

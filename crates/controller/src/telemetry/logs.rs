@@ -15,13 +15,19 @@ pub enum InitLogsError {
     AlreadyInstalled(#[from] tracing_subscriber::util::TryInitError),
 }
 
+/// The default filter. kube's client logs every 5xx answer at ERROR from its trace layer; the
+/// controller meets some on purpose (an eviction of a pod under two budgets answers 500, every
+/// few seconds while it is blocked) and records each one itself, as a blocker or an error of its
+/// own with context, so the client's line is only noise.
+pub const DEFAULT_FILTER: &str = "info,kube_client::client::builder=off";
+
 /// Installs a JSON subscriber on stdout: one object per line, with the current span and the span
-/// list, filtered by `RUST_LOG` (default `info`).
+/// list, filtered by `RUST_LOG` (default [`DEFAULT_FILTER`]).
 pub fn init_json_logs() -> Result<(), InitLogsError> {
     use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
     let filter = match std::env::var("RUST_LOG") {
         Ok(directives) if !directives.is_empty() => EnvFilter::try_new(directives)?,
-        _ => EnvFilter::new("info"),
+        _ => EnvFilter::new(DEFAULT_FILTER),
     };
     let json = tracing_subscriber::fmt::layer()
         .json()

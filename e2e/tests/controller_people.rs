@@ -1,0 +1,176 @@
+//! People and the controller against the real control plane: a person's cordon is never lifted, a
+//! person's uncordon cancels, a deleted record is a person's cancel, and a vanished node ends its
+//! remediation.
+
+mod common;
+mod scenario;
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use common::eventually;
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy, Phase,
+    constants::{APPROVED_ANNOTATION, CORDONED_BY_ANNOTATION, NODE_LABEL, policy_conditions},
+};
+use gpu_sandbox::workload::{self, Budget, Workload};
+use k8s_openapi::api::{
+    admissionregistration::v1::ValidatingWebhookConfiguration,
+    core::v1::{Node, Pod},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+};
+use scenario::{
+    BudgetWatch, RunningController, Scenario, gpu_condition_since, has_our_taint, is_unschedulable, phase_at,
+};
+
+#[tokio::test]
+async fn a_node_a_person_cordoned_stays_cordoned_after_its_remediation_is_cancelled() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    // A budget that allows nothing keeps the remediation in flight until the node recovers.
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    s.set_unschedulable(&broken, true).await;
+    s.policy(serde_json::json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let draining = s
+        .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
+        .await;
+    let node = s.node(&broken).await;
+    assert!(has_our_taint(&node));
+    assert_eq!(
+        node.annotations().get(CORDONED_BY_ANNOTATION),
+        None,
+        "the cordon is not recorded as ours"
+    );
+    s.heal_gpu(&broken).await;
+    let cancelled = s
+        .wait_phase(&broken, Phase::Cancelled, Duration::from_secs(30))
+        .await;
+    assert_eq!(cancelled.name_any(), draining.name_any());
+    let node = s.node(&broken).await;
+    assert!(is_unschedulable(&node), "the person's cordon stays");
+    assert!(!has_our_taint(&node), "our taint is gone");
+    controller.stop().await;
+}
+
+
+#[tokio::test]
+async fn a_person_uncordoning_the_node_cancels_and_the_controller_does_not_fight_back() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    s.policy(serde_json::json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    s.wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
+        .await;
+    s.set_unschedulable(&broken, false).await;
+    s.wait_phase(&broken, Phase::Cancelled, Duration::from_secs(30))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let node = s.node(&broken).await;
+    assert!(!is_unschedulable(&node) && !has_our_taint(&node));
+    assert_eq!(node.annotations().get(CORDONED_BY_ANNOTATION), None);
+    assert_eq!(
+        s.remediations().await.len(),
+        1,
+        "no second remediation for the same episode"
+    );
+    controller.stop().await;
+}
+
+
+#[tokio::test]
+async fn deleting_a_remediation_before_the_replacement_releases_the_cordon() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    s.policy(serde_json::json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let draining = s
+        .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
+        .await;
+    assert!(is_unschedulable(&s.node(&broken).await));
+    // Opt the node out first, or the controller would rightly start over on a still-broken node.
+    let patch =
+        serde_json::json!({"metadata": {"labels": {gpu_remediation_api::constants::OPT_OUT_LABEL: "true"}}});
+    Api::<Node>::all(s.client.clone())
+        .patch(&broken, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let remediations = Api::<GpuRemediation>::all(s.client.clone());
+    remediations
+        .delete(&draining.name_any(), &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the record to be gone", Duration::from_secs(30), || async {
+        remediations
+            .get_opt(&draining.name_any())
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let node = s.node(&broken).await;
+    assert!(
+        !is_unschedulable(&node) && !has_our_taint(&node),
+        "our cordon was released"
+    );
+    assert_eq!(node.annotations().get(CORDONED_BY_ANNOTATION), None);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        s.remediations().await.is_empty(),
+        "an opted-out node gets no new remediation"
+    );
+    controller.stop().await;
+}
+
+
+#[tokio::test]
+async fn a_node_that_vanishes_mid_drain_cancels_its_remediation() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    s.policy(serde_json::json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    s.wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
+        .await;
+    Api::<Node>::all(s.client.clone())
+        .delete(&broken, &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    let cancelled = s
+        .wait_phase(&broken, Phase::Cancelled, Duration::from_secs(30))
+        .await;
+    assert!(
+        cancelled
+            .status
+            .unwrap()
+            .message
+            .unwrap()
+            .contains("no longer exists")
+    );
+    controller.stop().await;
+}
+

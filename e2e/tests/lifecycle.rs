@@ -1,0 +1,353 @@
+//! Every path gives back what it took, on the real control plane: a reboot through a template
+//! releases the node and a second fault is remediated again; a template the server refuses fails
+//! at `replacement.timeout` and frees its slot; evictions refused by an admission policy are
+//! blockers in the server's words under `drain.timeout`; a node re-created under the same name is
+//! never touched; a policy deleted mid-replacement is followed by its snapshot; a deleted record
+//! is a person's cancel.
+
+mod common;
+mod scenario;
+
+use std::time::Duration;
+
+use common::eventually;
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy, Phase,
+    constants::{CANCELLED_ANNOTATION, CORDONED_BY_ANNOTATION},
+};
+use gpu_sandbox::workload::Budget;
+use k8s_openapi::api::{
+    admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
+    core::v1::Node,
+};
+use kube::{
+    Api, ResourceExt,
+    api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+    core::GroupVersionKind,
+};
+use scenario::{RunningController, Scenario, has_our_taint, is_unschedulable};
+use serde_json::json;
+
+/// The stand-in reboot kind (`common::REBOOT_CRD`).
+fn reboots(s: &Scenario) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("e2e.gpuremediation.dev", "v1", "FakeReboot"));
+    Api::namespaced_with(s.client.clone(), &s.namespace, &resource)
+}
+
+/// A reboot policy whose template makes one `FakeReboot` per remediation.
+fn reboot_policy(s: &Scenario, timeout: &str) -> serde_json::Value {
+    json!({
+        "action": "Reboot",
+        "safety": {"maxUnhealthy": "100%", "maxAttemptsPerNode": {"count": 5, "per": "1h"}},
+        "replacement": {
+            "strategy": "Template",
+            "timeout": timeout,
+            "template": {
+                "apiVersion": "e2e.gpuremediation.dev/v1",
+                "kind": "FakeReboot",
+                "metadata": {"name": "{{remediationName}}", "namespace": s.namespace},
+                "spec": {"node": "{{nodeName}}"},
+            },
+        },
+    })
+}
+
+/// Marks the reboot object done, as Self Node Remediation does when the node is back.
+async fn report_rebooted(s: &Scenario, name: &str) {
+    let patch = json!({"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Rebooted"}]}});
+    reboots(s)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("reporting {name} rebooted: {e}"));
+}
+
+fn replacement_name(remediation: &GpuRemediation) -> String {
+    remediation
+        .status
+        .as_ref()
+        .and_then(|s| s.replacement.as_ref())
+        .map(|r| r.name.clone())
+        .expect("a replacement object is recorded")
+}
+
+async fn released(s: &Scenario, node: &str) {
+    eventually(&format!("{node} released"), Duration::from_secs(30), || async {
+        let node = s.node(node).await;
+        (!is_unschedulable(&node) && !has_our_taint(&node) && !node.annotations().contains_key(CORDONED_BY_ANNOTATION))
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_reboot_through_a_template_releases_the_node_and_a_second_fault_is_remediated_again() {
+    let s = Scenario::new(2).await;
+    common::install_crd(&s.client, common::REBOOT_CRD).await;
+    let broken = s.nodes()[0].clone();
+    s.policy(reboot_policy(&s, "5m")).await;
+    let controller = RunningController::start(&s.scope).await;
+
+    s.break_gpu(&broken).await;
+    let first = s.wait_phase(&broken, Phase::Verifying, Duration::from_secs(60)).await;
+    let first_object = replacement_name(&first);
+    assert_eq!(first_object, first.name_any(), "objects are named after the remediation");
+    report_rebooted(&s, &first_object).await;
+    s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30)).await;
+    released(&s, &broken).await;
+
+    // The node comes back healthy, then fails again: a new episode, a new record and object.
+    s.heal_gpu(&broken).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.break_gpu(&broken).await;
+    let second = eventually("a second remediation in Verifying", Duration::from_secs(60), || async {
+        s.remediations().await.into_iter().find(|r| {
+            r.name_any() != first.name_any()
+                && r.spec.node_name == broken
+                && r.status.as_ref().is_some_and(|st| st.phase == Phase::Verifying)
+        })
+    })
+    .await;
+    let second_object = replacement_name(&second);
+    assert_ne!(second_object, first_object);
+    report_rebooted(&s, &second_object).await;
+    eventually("the second remediation Succeeded", Duration::from_secs(30), || async {
+        s.remediations().await.into_iter().find(|r| {
+            r.name_any() == second.name_any() && r.status.as_ref().is_some_and(|st| st.phase == Phase::Succeeded)
+        })
+    })
+    .await;
+    released(&s, &broken).await;
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_template_the_server_refuses_fails_at_the_replacement_timeout_and_frees_its_slot() {
+    let s = Scenario::new(2).await;
+    let broken = s.nodes()[0].clone();
+    let mut spec = reboot_policy(&s, "8s");
+    spec["replacement"]["template"]["apiVersion"] = json!("nothere.e2e.gpuremediation.dev/v1");
+    spec["replacement"]["template"]["kind"] = json!("Missing");
+    s.policy(spec).await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+
+    let refused = eventually("the refusal in status", Duration::from_secs(60), || async {
+        s.remediation_of(&broken)
+            .await
+            .filter(|r| r.status.as_ref().is_some_and(|st| st.refusal.is_some()))
+    })
+    .await;
+    let refusal = refused.status.unwrap().refusal.unwrap();
+    assert!(refusal.message.contains("serves no Missing"), "{refusal:?}");
+    let failed = s.wait_phase(&broken, Phase::Failed, Duration::from_secs(30)).await;
+    let message = failed.status.as_ref().and_then(|st| st.message.clone()).unwrap_or_default();
+    assert!(
+        message.contains("replacement.timeout") && message.contains("serves no Missing"),
+        "{message}"
+    );
+    let events = scenario::events_about(&s.client, &failed.name_any()).await;
+    assert!(events.contains_key("Refused"), "an Event says the server refused: {events:?}");
+    assert!(events.contains_key("ReplacementTimeout"), "{events:?}");
+    eventually("the slot freed", Duration::from_secs(30), || async {
+        let policy = Api::<GpuRemediationPolicy>::all(s.client.clone()).get(&s.scope).await.ok()?;
+        (policy.status?.in_flight == 0).then_some(())
+    })
+    .await;
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn evictions_an_admission_policy_refuses_are_blockers_in_its_words_and_the_drain_times_out() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("frozen", &broken, &spares, 2, &Budget::min_available(0))
+        .await;
+    // An admission policy refusing every eviction in the namespace (as a webhook might), with
+    // reason Forbidden: the server answers 403 with the policy's message.
+    let name = format!("freeze-{}", s.namespace);
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                "resources": ["pods/eviction"],
+            }]},
+            "validations": [{"expression": "false", "reason": "Forbidden",
+                             "message": "evictions are frozen in this namespace"}],
+        },
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": s.namespace}}},
+        },
+    }))
+    .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(s.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(s.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    // The policy takes effect once the API server has loaded it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.policy(json!({"drain": {"timeout": "6s", "onTimeout": "Block"}, "safety": {"maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let blocked = s.wait_phase(&broken, Phase::Blocked, Duration::from_secs(60)).await;
+    let drain = blocked.status.as_ref().and_then(|st| st.drain.clone()).expect("drain status");
+    assert_eq!(drain.blockers.len(), 2, "{drain:?}");
+    for blocker in &drain.blockers {
+        assert_eq!(blocker.code, 403, "{blocker:?}");
+        assert!(blocker.message.contains("evictions are frozen in this namespace"), "{blocker:?}");
+    }
+    assert!(is_unschedulable(&s.node(&broken).await), "Blocked keeps the node cordoned");
+    Api::<ValidatingAdmissionPolicyBinding>::all(s.client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(s.client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    controller.stop().await;
+}
+
+/// Deletes `name` and registers a node of the same name again (a new UID), as a re-imaged
+/// machine would, with its GPU still broken.
+async fn re_register(s: &Scenario, name: &str) -> Node {
+    let nodes = Api::<Node>::all(s.client.clone());
+    let mut old = nodes.get(name).await.unwrap();
+    nodes.delete(name, &DeleteParams::default()).await.unwrap();
+    eventually("the old node gone", Duration::from_secs(30), || async {
+        nodes.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let status = old.status.take();
+    old.metadata = kube::api::ObjectMeta {
+        name: Some(name.to_owned()),
+        labels: old.metadata.labels.clone(),
+        ..kube::api::ObjectMeta::default()
+    };
+    old.spec = Some(k8s_openapi::api::core::v1::NodeSpec::default());
+    let created = nodes.create(&PostParams::default(), &old).await.unwrap();
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+        .await
+        .unwrap();
+    s.break_gpu(name).await;
+    created
+}
+
+#[tokio::test]
+async fn a_node_re_created_under_the_same_name_mid_drain_ends_the_remediation_and_is_never_touched() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    s.policy(json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let draining = s.wait_phase(&broken, Phase::Draining, Duration::from_secs(30)).await;
+    let new = re_register(&s, &broken).await;
+    let ended = eventually("the remediation Cancelled as NodeReplaced", Duration::from_secs(30), || async {
+        s.remediations().await.into_iter().find(|r| {
+            r.name_any() == draining.name_any()
+                && r.status.as_ref().is_some_and(|st| st.phase == Phase::Cancelled)
+        })
+    })
+    .await;
+    let complete = ended
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Complete")
+        .unwrap();
+    assert_eq!(complete.reason, "NodeReplaced");
+    // Whatever the controller does next with the new node (a new record for a new episode), the
+    // old record never edits it: the new node carries no annotation naming it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let node = s.node(&broken).await;
+    assert_eq!(node.metadata.uid, new.metadata.uid);
+    assert!(
+        node.annotations().values().all(|v| *v != draining.name_any()),
+        "the old remediation touched the new node: {:?}",
+        node.annotations()
+    );
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_policy_deleted_while_its_remediation_replaces_the_node_is_followed_to_the_end_by_its_snapshot() {
+    let s = Scenario::new(2).await;
+    common::install_crd(&s.client, common::REBOOT_CRD).await;
+    let broken = s.nodes()[0].clone();
+    s.policy(reboot_policy(&s, "5m")).await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let verifying = s.wait_phase(&broken, Phase::Verifying, Duration::from_secs(60)).await;
+    assert_eq!(
+        verifying.status.as_ref().and_then(|st| st.policy_generation),
+        Some(1),
+        "the status names the policy generation it follows"
+    );
+    Api::<GpuRemediationPolicy>::all(s.client.clone())
+        .delete(&s.scope, &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    report_rebooted(&s, &replacement_name(&verifying)).await;
+    s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30)).await;
+    released(&s, &broken).await;
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_a_record_mid_drain_releases_the_node_and_the_episode_is_not_admitted_again() {
+    let s = Scenario::new(3).await;
+    let nodes = s.nodes();
+    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
+    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
+        .await;
+    s.policy(json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let draining = s.wait_phase(&broken, Phase::Draining, Duration::from_secs(30)).await;
+    let remediations = Api::<GpuRemediation>::all(s.client.clone());
+    remediations
+        .delete(&draining.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the record gone", Duration::from_secs(30), || async {
+        remediations
+            .get_opt(&draining.name_any())
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    released(&s, &broken).await;
+    let node = s.node(&broken).await;
+    assert_eq!(
+        node.annotations().get(CANCELLED_ANNOTATION),
+        Some(&draining.name_any()),
+        "the node remembers the cancelled episode"
+    );
+    // The GPU is still broken: the same episode is not admitted again.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(s.remediations().await.is_empty(), "no new record for the cancelled episode");
+    controller.stop().await;
+}

@@ -1,0 +1,480 @@
+//! The controller scenarios' harness, shared by every test binary that runs the controller
+//! in-process against the shared control plane: the generated CRDs installed once, a controller
+//! scoped to one policy (by label), a fleet and namespace per test, a workload behind a budget, and
+//! a pod watch that proves no budget was broken.
+#![allow(dead_code, reason = "each test binary uses a different part of the harness")]
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy, Phase,
+    constants::REMEDIATION_TAINT_KEY,
+    crds,
+};
+use gpu_remediator::{Settings, leader::Fence};
+use gpu_sandbox::{
+    fault,
+    fleet::FLEET_LABEL,
+    workload::{self, Budget, Workload},
+};
+use k8s_openapi::{
+    api::core::v1::{Node, Pod},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use tokio::sync::OnceCell;
+
+use crate::common::{self, eventually};
+
+/// Label on test policies; each test's controller enforces only policies with its own value.
+pub const SCOPE_LABEL: &str = "e2e.gpuremediation.dev/scope";
+
+pub static CRDS: OnceCell<()> = OnceCell::const_new();
+
+/// Installs the generated CRDs once per test binary and waits until they are served.
+pub async fn install_crds(client: &Client) {
+    CRDS.get_or_init(|| async {
+        let api = Api::<CustomResourceDefinition>::all(client.clone());
+        for (file, yaml) in crds::render_all() {
+            let crd: CustomResourceDefinition =
+                serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("parsing {file}: {e}"));
+            match api.create(&PostParams::default(), &crd).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+                Err(e) => panic!("creating the CRD from {file}: {e}"),
+            }
+            let name = crd.name_any();
+            eventually(
+                &format!("CRD {name} established"),
+                Duration::from_secs(30),
+                || {
+                    let api = api.clone();
+                    let name = name.clone();
+                    async move {
+                        let crd = api.get(&name).await.ok()?;
+                        let established = crd
+                            .status?
+                            .conditions?
+                            .iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True");
+                        established.then_some(())
+                    }
+                },
+            )
+            .await;
+        }
+        // The API server needs a moment after Established before the new kinds are discoverable
+        // by every client; list once per kind to be sure.
+        eventually("the new kinds to be served", Duration::from_secs(30), || {
+            let client = client.clone();
+            async move {
+                let policies = Api::<GpuRemediationPolicy>::all(client.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?;
+                let _ = Api::<GpuRemediation>::all(client)
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?;
+                Some(policies)
+            }
+        })
+        .await;
+    })
+    .await;
+}
+
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "gpu_remediator=info".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A controller running in-process on the test's runtime, enforcing only `scope`'s policies.
+pub struct RunningController {
+    pub stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pub task: tokio::task::JoinHandle<Result<(), gpu_remediator::RunControllerError>>,
+}
+
+impl RunningController {
+    pub async fn start(scope: &str) -> Self {
+        let config = common::cluster().await.config();
+        let settings = Settings {
+            policy_selector: Some(format!("{SCOPE_LABEL}={scope}")),
+            eviction_backoff: Duration::from_secs(1),
+            pod_poll: Duration::from_millis(250),
+            instance: Some(format!("e2e-{scope}")),
+            ..Settings::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(gpu_remediator::run(
+            config,
+            settings,
+            Fence::standalone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Stops the controller and waits for it to end, as a process exit would.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let ended = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+        let result = ended
+            .expect("the controller stops within 10s")
+            .expect("the controller task did not panic");
+        result.expect("the controller ended without error");
+    }
+}
+
+impl Drop for RunningController {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One test's world: a namespace, a fleet, a scope for its policy and its controller.
+pub struct Scenario {
+    pub client: Client,
+    pub namespace: String,
+    pub fleet: gpu_sandbox::Fleet,
+    pub scope: String,
+}
+
+impl Scenario {
+    pub async fn new(nodes: usize) -> Self {
+        init_logs();
+        let client = common::cluster().await.client();
+        install_crds(&client).await;
+        let namespace = common::namespace().await;
+        let fleet = common::fleet(nodes).await;
+        let scope = fleet.name().to_owned();
+        Self {
+            client,
+            namespace,
+            fleet,
+            scope,
+        }
+    }
+
+    pub fn nodes(&self) -> Vec<String> {
+        let mut names = self.fleet.node_names();
+        names.sort();
+        names
+    }
+
+    /// Creates this scenario's policy: it selects exactly this fleet's nodes. `spec` is merged
+    /// over a base with one `GpuHealthy=False` trigger.
+    pub async fn policy(&self, spec: serde_json::Value) -> GpuRemediationPolicy {
+        let mut full = serde_json::json!({
+            "nodeSelector": {"matchLabels": {FLEET_LABEL: self.fleet.name()}},
+            "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "3s"}],
+            "action": "None",
+            "safety": {"maxConcurrent": 1, "maxUnhealthy": "50%", "rate": {"limit": 10, "per": "1h"}},
+            "drain": {"timeout": "2m"},
+            "release": {"healthyFor": "5s"},
+        });
+        merge(&mut full, spec);
+        let policy: GpuRemediationPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpuremediation.dev/v1alpha1",
+            "kind": "GpuRemediationPolicy",
+            "metadata": {"name": self.scope, "labels": {SCOPE_LABEL: self.scope}},
+            "spec": full,
+        }))
+        .expect("a valid policy");
+        Api::<GpuRemediationPolicy>::all(self.client.clone())
+            .create(&PostParams::default(), &policy)
+            .await
+            .unwrap_or_else(|e| panic!("creating policy {}: {e}", self.scope))
+    }
+
+    pub async fn remediations(&self) -> Vec<GpuRemediation> {
+        let all = Api::<GpuRemediation>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        all.items
+            .into_iter()
+            .filter(|r| r.spec.policy_name == self.scope)
+            .collect()
+    }
+
+    pub async fn remediation_of(&self, node: &str) -> Option<GpuRemediation> {
+        self.remediations()
+            .await
+            .into_iter()
+            .find(|r| r.spec.node_name == node)
+    }
+
+    pub async fn wait_phase(&self, node: &str, phase: Phase, timeout: Duration) -> GpuRemediation {
+        eventually(
+            &format!("the remediation of {node} in phase {phase}"),
+            timeout,
+            || async {
+                self.remediation_of(node)
+                    .await
+                    .filter(|r| r.status.as_ref().is_some_and(|s| s.phase == phase))
+            },
+        )
+        .await
+    }
+
+    pub async fn node(&self, name: &str) -> Node {
+        Api::<Node>::all(self.client.clone()).get(name).await.unwrap()
+    }
+
+    pub async fn set_unschedulable(&self, name: &str, unschedulable: bool) {
+        let patch = serde_json::json!({"spec": {"unschedulable": unschedulable}});
+        Api::<Node>::all(self.client.clone())
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    pub async fn break_gpu(&self, node: &str) {
+        fault::set_gpu_condition(&self.client, node, "False", "XID79", "GPU 3 fell off the bus")
+            .await
+            .unwrap();
+    }
+
+    pub async fn heal_gpu(&self, node: &str) {
+        fault::set_gpu_condition(&self.client, node, "True", "GpusHealthy", "all GPUs healthy")
+            .await
+            .unwrap();
+    }
+
+    /// A Deployment of `replicas` pods all on `node` (the other `spare` nodes are cordoned while
+    /// it starts, then opened, so evicted pods have somewhere to go), behind a PDB.
+    pub async fn protected_workload(
+        &self,
+        name: &str,
+        node: &str,
+        spare: &[String],
+        replicas: i32,
+        budget: &Budget,
+    ) -> Workload {
+        let mut allowed: Vec<String> = vec![node.to_owned()];
+        allowed.extend(spare.iter().cloned());
+        let app = Workload::new(&self.namespace, name)
+            .replicas(replicas)
+            .on_nodes(&allowed);
+        for other in spare {
+            self.set_unschedulable(other, true).await;
+        }
+        workload::create(&self.client, &app.deployment()).await.unwrap();
+        // The scheduler may not have seen a cordon yet when the first pods are placed: move any
+        // pod that landed on a spare node (its ReplicaSet recreates it on `node`).
+        let pods = Api::<Pod>::namespaced(self.client.clone(), &self.namespace);
+        eventually(
+            &format!("{replicas} ready {name} pods on {node}"),
+            Duration::from_secs(60),
+            || async {
+                let listed = pods
+                    .list(&ListParams::default().labels(&app.selector()))
+                    .await
+                    .ok()?;
+                let mut ready_here = 0;
+                for pod in &listed.items {
+                    let here = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+                    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some() && !here {
+                        let _ = pods
+                            .delete(&pod.name_any(), &kube::api::DeleteParams::default())
+                            .await;
+                    } else if here && is_ready(pod) {
+                        ready_here += 1;
+                    }
+                }
+                (ready_here == replicas && usize::try_from(replicas).is_ok_and(|r| listed.items.len() == r))
+                    .then_some(())
+            },
+        )
+        .await;
+        for other in spare {
+            self.set_unschedulable(other, false).await;
+        }
+        workload::create(&self.client, &app.pdb(budget)).await.unwrap();
+        app
+    }
+
+    pub async fn pods_on(&self, node: &str) -> Vec<Pod> {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .unwrap();
+        pods.items
+    }
+}
+
+pub fn merge(base: &mut serde_json::Value, over: serde_json::Value) {
+    match (base, over) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(over)) => {
+            for (key, value) in over {
+                merge(base.entry(key).or_insert(serde_json::Value::Null), value);
+            }
+        }
+        (base, over) => *base = over,
+    }
+}
+
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub fn evicted_through_the_api(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.type_ == "DisruptionTarget" && c.reason.as_deref() == Some("EvictionByEvictionAPI")
+            })
+        })
+}
+
+/// Follows every pod of a workload through a watch: the fewest healthy pods seen at any instant,
+/// and, for each pod that started terminating, whether the Eviction API put it there.
+#[derive(Default)]
+pub struct BudgetRecord {
+    /// Whether the initial list is complete (before that, counts are partial).
+    pub listed: bool,
+    pub fewest_healthy: Option<usize>,
+    pub healthy: BTreeMap<String, bool>,
+    pub left: BTreeMap<String, bool>,
+}
+
+pub struct BudgetWatch {
+    pub record: Arc<Mutex<BudgetRecord>>,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl BudgetWatch {
+    pub fn start(client: &Client, namespace: &str, selector: &str) -> Self {
+        let record = Arc::new(Mutex::new(BudgetRecord::default()));
+        let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+        let config = watcher::Config::default().labels(selector);
+        let shared = record.clone();
+        let task = tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(pods, config).default_backoff());
+            while let Some(event) = events.next().await {
+                let Ok(event) = event else { continue };
+                let mut record = shared.lock().unwrap();
+                let mut see = |pod: &Pod, gone: bool| {
+                    let name = pod.name_any();
+                    if pod.metadata.deletion_timestamp.is_some() || gone {
+                        record
+                            .left
+                            .entry(name.clone())
+                            .or_insert_with(|| evicted_through_the_api(pod));
+                        if evicted_through_the_api(pod) {
+                            record.left.insert(name.clone(), true);
+                        }
+                    }
+                    record.healthy.insert(name, !gone && is_ready(pod));
+                };
+                match event {
+                    watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => see(&pod, false),
+                    watcher::Event::Delete(pod) => see(&pod, true),
+                    watcher::Event::Init => record.listed = false,
+                    watcher::Event::InitDone => record.listed = true,
+                }
+                if !record.listed {
+                    continue;
+                }
+                let healthy = record.healthy.values().filter(|h| **h).count();
+                record.fewest_healthy = Some(record.fewest_healthy.map_or(healthy, |f| f.min(healthy)));
+            }
+        });
+        Self { record, task }
+    }
+
+    /// The fewest healthy pods seen at any instant since the watch's first complete list.
+    pub fn fewest_healthy(&self) -> usize {
+        let record = self.record.lock().unwrap();
+        assert!(record.listed, "the budget watch never completed its first list");
+        record.fewest_healthy.expect("the budget watch saw the workload")
+    }
+
+    pub fn left(&self) -> BTreeMap<String, bool> {
+        self.record.lock().unwrap().left.clone()
+    }
+}
+
+impl Drop for BudgetWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub fn phase_at(remediation: &GpuRemediation, phase: Phase) -> Option<Timestamp> {
+    remediation
+        .status
+        .as_ref()?
+        .phase_history
+        .iter()
+        .find(|t| t.phase == phase)
+        .map(|t| t.at.0)
+}
+
+pub fn has_our_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == REMEDIATION_TAINT_KEY))
+}
+
+pub fn is_unschedulable(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+}
+
+pub fn gpu_condition_since(node: &Node) -> Timestamp {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "GpuHealthy"))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0)
+        .expect("the GpuHealthy condition has a transition time")
+}
+
+
+/// The Events about the object `name`, counted by reason.
+pub async fn events_about(client: &Client, name: &str) -> BTreeMap<String, i32> {
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let mut by_reason = BTreeMap::new();
+    for event in events.items {
+        if event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) {
+            let count = event.series.as_ref().map_or(1, |s| s.count);
+            *by_reason.entry(event.reason.unwrap_or_default()).or_insert(0) += count;
+        }
+    }
+    by_reason
+}
