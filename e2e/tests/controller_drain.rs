@@ -1,29 +1,23 @@
 //! The drain against the real control plane: evictions that never break a budget, budgets that
-//! refuse (one, two), `onTimeout` (Block, ForceDelete, Proceed), dry runs, the hand-over to
+//! refuse (one, two), `onTimeout` (`Block`, `ForceDelete`, `Proceed`), dry runs, the hand-over to
 //! `DeleteNode`, and a drain round that hangs without holding other nodes' cordons.
 
 mod common;
 mod scenario;
 
-use std::{
-    collections::BTreeMap,
-    time::{Duration, Instant},
-};
+use std::time::Duration;
 
 use common::eventually;
 use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, Phase,
-    constants::{APPROVED_ANNOTATION, CORDONED_BY_ANNOTATION, NODE_LABEL, policy_conditions},
+    Phase,
+    constants::{CORDONED_BY_ANNOTATION, NODE_LABEL},
 };
 use gpu_sandbox::workload::{self, Budget, Workload};
-use k8s_openapi::api::{
-    admissionregistration::v1::ValidatingWebhookConfiguration,
-    core::v1::{Node, Pod},
+use k8s_openapi::{
+    api::{admissionregistration::v1::ValidatingWebhookConfiguration, core::v1::Node},
+    jiff::Timestamp,
 };
-use kube::{
-    Api, Client, ResourceExt,
-    api::{ListParams, Patch, PatchParams, PostParams},
-};
+use kube::{Api, Client, ResourceExt, api::PostParams};
 use scenario::{
     BudgetWatch, RunningController, Scenario, gpu_condition_since, has_our_taint, is_unschedulable, phase_at,
 };
@@ -183,7 +177,6 @@ async fn an_unhealthy_node_is_cordoned_within_a_second_and_drained_through_evict
     controller.stop().await;
 }
 
-
 #[tokio::test]
 async fn a_budget_that_allows_nothing_blocks_the_drain_and_names_itself() {
     let s = Scenario::new(3).await;
@@ -220,7 +213,6 @@ async fn a_budget_that_allows_nothing_blocks_the_drain_and_names_itself() {
     controller.stop().await;
 }
 
-
 #[tokio::test]
 async fn force_delete_removes_what_the_budget_protects_after_the_timeout() {
     let s = Scenario::new(3).await;
@@ -244,7 +236,6 @@ async fn force_delete_removes_what_the_budget_protects_after_the_timeout() {
     assert!(!history.iter().any(|t| t.phase == Phase::Blocked), "{history:?}");
     controller.stop().await;
 }
-
 
 #[tokio::test]
 async fn proceed_hands_over_with_the_protected_pods_still_there() {
@@ -276,7 +267,6 @@ async fn proceed_hands_over_with_the_protected_pods_still_there() {
     assert_eq!(drained.reason, "DrainTimeout");
     controller.stop().await;
 }
-
 
 #[tokio::test]
 async fn a_pod_under_two_budgets_is_a_500_blocker_naming_both() {
@@ -316,7 +306,6 @@ async fn a_pod_under_two_budgets_is_a_500_blocker_naming_both() {
 
 /// The Events the controller published about `name` (of any kind), by reason, with their counts
 /// (an Event repeated by the recorder becomes a series with a count).
-
 
 #[tokio::test]
 async fn a_drained_node_is_replaced_by_deleting_it() {
@@ -369,7 +358,6 @@ async fn a_drained_node_is_replaced_by_deleting_it() {
     controller.stop().await;
 }
 
-
 #[tokio::test]
 async fn dry_run_changes_nothing_and_names_the_budget_that_would_refuse() {
     let s = Scenario::new(3).await;
@@ -414,7 +402,6 @@ async fn dry_run_changes_nothing_and_names_the_budget_that_would_refuse() {
     );
     controller.stop().await;
 }
-
 
 #[tokio::test]
 async fn a_node_failing_while_another_drain_round_hangs_is_cordoned_without_waiting_for_it() {
@@ -462,3 +449,57 @@ async fn a_node_failing_while_another_drain_round_hangs_is_cordoned_without_wait
     controller.stop().await;
 }
 
+/// A validating webhook on the evictions of one namespace whose endpoint accepts connections and
+/// never answers: each eviction there waits the webhook's `timeoutSeconds`, then goes through
+/// (`failurePolicy: Ignore`), as behind a slow policy engine.
+struct SilentEvictionWebhook {
+    name: String,
+    held: tokio::task::JoinHandle<()>,
+}
+
+impl SilentEvictionWebhook {
+    async fn install(client: &Client, namespace: &str, timeout_seconds: i32) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Accept and hold every connection, answering nothing (not even the TLS handshake).
+        let held = tokio::spawn(async move {
+            let mut sockets = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                sockets.push(socket);
+            }
+        });
+        let name = format!("silent-evictions-{namespace}");
+        let config: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "webhooks": [{
+                "name": "silent-evictions.e2e.gpuremediation.dev",
+                "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate")},
+                "rules": [{
+                    "operations": ["CREATE"],
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": ["pods/eviction"],
+                }],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "failurePolicy": "Ignore",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": timeout_seconds,
+            }],
+        }))
+        .expect("a valid webhook configuration");
+        Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .create(&PostParams::default(), &config)
+            .await
+            .expect("creating the webhook configuration");
+        Self { name, held }
+    }
+
+    async fn remove(self, client: &Client) {
+        Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .delete(&self.name, &kube::api::DeleteParams::default())
+            .await
+            .expect("deleting the webhook configuration");
+        self.held.abort();
+    }
+}

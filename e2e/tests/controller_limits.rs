@@ -5,28 +5,19 @@
 mod common;
 mod scenario;
 
-use std::{
-    collections::BTreeMap,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use common::eventually;
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, Phase,
-    constants::{APPROVED_ANNOTATION, CORDONED_BY_ANNOTATION, NODE_LABEL, policy_conditions},
+    constants::{APPROVED_ANNOTATION, policy_conditions},
 };
-use gpu_sandbox::workload::{self, Budget, Workload};
-use k8s_openapi::api::{
-    admissionregistration::v1::ValidatingWebhookConfiguration,
-    core::v1::{Node, Pod},
-};
+use gpu_sandbox::{fault, workload::Budget};
 use kube::{
-    Api, Client, ResourceExt,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    Api, ResourceExt,
+    api::{Patch, PatchParams},
 };
-use scenario::{
-    BudgetWatch, RunningController, Scenario, gpu_condition_since, has_our_taint, is_unschedulable, phase_at,
-};
+use scenario::{RunningController, Scenario, events_about, has_our_taint, is_unschedulable};
 
 #[tokio::test]
 async fn four_of_ten_failing_at_once_opens_the_circuit_and_the_policy_says_why() {
@@ -78,7 +69,6 @@ async fn four_of_ten_failing_at_once_opens_the_circuit_and_the_policy_says_why()
     }
     controller.stop().await;
 }
-
 
 #[tokio::test]
 async fn one_at_a_time_and_two_per_hour_starts_exactly_two_of_three_and_reports_the_next_slot() {
@@ -144,7 +134,6 @@ async fn one_at_a_time_and_two_per_hour_starts_exactly_two_of_three_and_reports_
     controller.stop().await;
 }
 
-
 #[tokio::test]
 async fn a_condition_flapping_faster_than_for_starts_nothing() {
     let s = Scenario::new(2).await;
@@ -162,7 +151,6 @@ async fn a_condition_flapping_faster_than_for_starts_nothing() {
     assert!(!is_unschedulable(&s.node(&nodes[0]).await));
     controller.stop().await;
 }
-
 
 #[tokio::test]
 async fn manual_mode_waits_for_approval_and_then_proceeds() {
@@ -194,7 +182,6 @@ async fn manual_mode_waits_for_approval_and_then_proceeds() {
     assert!(is_unschedulable(&s.node(&broken).await));
     controller.stop().await;
 }
-
 
 #[tokio::test]
 async fn a_node_failing_again_past_one_attempt_per_hour_requires_a_person_and_proceeds_once_approved() {
@@ -321,7 +308,6 @@ async fn a_node_failing_again_past_one_attempt_per_hour_requires_a_person_and_pr
     controller.stop().await;
 }
 
-
 #[tokio::test]
 async fn a_restart_mid_drain_resumes_the_same_remediation_without_resetting_the_rate_window() {
     let s = Scenario::new(3).await;
@@ -381,7 +367,6 @@ async fn a_restart_mid_drain_resumes_the_same_remediation_without_resetting_the_
     second.stop().await;
 }
 
-
 #[tokio::test]
 async fn each_change_is_announced_by_one_event_not_one_per_pass() {
     let s = Scenario::new(10).await;
@@ -411,59 +396,3 @@ async fn each_change_is_announced_by_one_event_not_one_per_pass() {
     );
     controller.stop().await;
 }
-
-/// A validating webhook on the evictions of one namespace whose endpoint accepts connections and
-/// never answers: each eviction there waits the webhook's `timeoutSeconds`, then goes through
-/// (`failurePolicy: Ignore`), as behind a slow policy engine.
-struct SilentEvictionWebhook {
-    name: String,
-    held: tokio::task::JoinHandle<()>,
-}
-
-impl SilentEvictionWebhook {
-    async fn install(client: &Client, namespace: &str, timeout_seconds: i32) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        // Accept and hold every connection, answering nothing (not even the TLS handshake).
-        let held = tokio::spawn(async move {
-            let mut sockets = Vec::new();
-            while let Ok((socket, _)) = listener.accept().await {
-                sockets.push(socket);
-            }
-        });
-        let name = format!("silent-evictions-{namespace}");
-        let config: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name},
-            "webhooks": [{
-                "name": "silent-evictions.e2e.gpuremediation.dev",
-                "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate")},
-                "rules": [{
-                    "operations": ["CREATE"],
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "resources": ["pods/eviction"],
-                }],
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                "failurePolicy": "Ignore",
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": timeout_seconds,
-            }],
-        }))
-        .expect("a valid webhook configuration");
-        Api::<ValidatingWebhookConfiguration>::all(client.clone())
-            .create(&PostParams::default(), &config)
-            .await
-            .expect("creating the webhook configuration");
-        Self { name, held }
-    }
-
-    async fn remove(self, client: &Client) {
-        Api::<ValidatingWebhookConfiguration>::all(client.clone())
-            .delete(&self.name, &kube::api::DeleteParams::default())
-            .await
-            .expect("deleting the webhook configuration");
-        self.held.abort();
-    }
-}
-

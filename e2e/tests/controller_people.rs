@@ -5,28 +5,17 @@
 mod common;
 mod scenario;
 
-use std::{
-    collections::BTreeMap,
-    time::{Duration, Instant},
-};
+use std::time::Duration;
 
 use common::eventually;
-use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, Phase,
-    constants::{APPROVED_ANNOTATION, CORDONED_BY_ANNOTATION, NODE_LABEL, policy_conditions},
-};
-use gpu_sandbox::workload::{self, Budget, Workload};
-use k8s_openapi::api::{
-    admissionregistration::v1::ValidatingWebhookConfiguration,
-    core::v1::{Node, Pod},
-};
+use gpu_remediation_api::{GpuRemediation, Phase, constants::CORDONED_BY_ANNOTATION};
+use gpu_sandbox::workload::Budget;
+use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, Client, ResourceExt,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    Api, ResourceExt,
+    api::{Patch, PatchParams},
 };
-use scenario::{
-    BudgetWatch, RunningController, Scenario, gpu_condition_since, has_our_taint, is_unschedulable, phase_at,
-};
+use scenario::{RunningController, Scenario, has_our_taint, is_unschedulable};
 
 #[tokio::test]
 async fn a_node_a_person_cordoned_stays_cordoned_after_its_remediation_is_cancelled() {
@@ -62,7 +51,6 @@ async fn a_node_a_person_cordoned_stays_cordoned_after_its_remediation_is_cancel
     controller.stop().await;
 }
 
-
 #[tokio::test]
 async fn a_person_uncordoning_the_node_cancels_and_the_controller_does_not_fight_back() {
     let s = Scenario::new(3).await;
@@ -90,7 +78,6 @@ async fn a_person_uncordoning_the_node_cancels_and_the_controller_does_not_fight
     );
     controller.stop().await;
 }
-
 
 #[tokio::test]
 async fn deleting_a_remediation_before_the_replacement_releases_the_cordon() {
@@ -142,7 +129,6 @@ async fn deleting_a_remediation_before_the_replacement_releases_the_cordon() {
     controller.stop().await;
 }
 
-
 #[tokio::test]
 async fn a_node_that_vanishes_mid_drain_cancels_its_remediation() {
     let s = Scenario::new(3).await;
@@ -173,4 +159,3 @@ async fn a_node_that_vanishes_mid_drain_cancels_its_remediation() {
     );
     controller.stop().await;
 }
-

@@ -30,7 +30,11 @@ use serde_json::json;
 
 /// The stand-in reboot kind (`common::REBOOT_CRD`).
 fn reboots(s: &Scenario) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("e2e.gpuremediation.dev", "v1", "FakeReboot"));
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "e2e.gpuremediation.dev",
+        "v1",
+        "FakeReboot",
+    ));
     Api::namespaced_with(s.client.clone(), &s.namespace, &resource)
 }
 
@@ -54,7 +58,8 @@ fn reboot_policy(s: &Scenario, timeout: &str) -> serde_json::Value {
 
 /// Marks the reboot object done, as Self Node Remediation does when the node is back.
 async fn report_rebooted(s: &Scenario, name: &str) {
-    let patch = json!({"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Rebooted"}]}});
+    let patch =
+        json!({"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Rebooted"}]}});
     reboots(s)
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -73,8 +78,10 @@ fn replacement_name(remediation: &GpuRemediation) -> String {
 async fn released(s: &Scenario, node: &str) {
     eventually(&format!("{node} released"), Duration::from_secs(30), || async {
         let node = s.node(node).await;
-        (!is_unschedulable(&node) && !has_our_taint(&node) && !node.annotations().contains_key(CORDONED_BY_ANNOTATION))
-            .then_some(())
+        (!is_unschedulable(&node)
+            && !has_our_taint(&node)
+            && !node.annotations().contains_key(CORDONED_BY_ANNOTATION))
+        .then_some(())
     })
     .await;
 }
@@ -88,33 +95,49 @@ async fn a_reboot_through_a_template_releases_the_node_and_a_second_fault_is_rem
     let controller = RunningController::start(&s.scope).await;
 
     s.break_gpu(&broken).await;
-    let first = s.wait_phase(&broken, Phase::Verifying, Duration::from_secs(60)).await;
+    let first = s
+        .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
+        .await;
     let first_object = replacement_name(&first);
-    assert_eq!(first_object, first.name_any(), "objects are named after the remediation");
+    assert_eq!(
+        first_object,
+        first.name_any(),
+        "objects are named after the remediation"
+    );
     report_rebooted(&s, &first_object).await;
-    s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30)).await;
+    s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
+        .await;
     released(&s, &broken).await;
 
     // The node comes back healthy, then fails again: a new episode, a new record and object.
     s.heal_gpu(&broken).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     s.break_gpu(&broken).await;
-    let second = eventually("a second remediation in Verifying", Duration::from_secs(60), || async {
-        s.remediations().await.into_iter().find(|r| {
-            r.name_any() != first.name_any()
-                && r.spec.node_name == broken
-                && r.status.as_ref().is_some_and(|st| st.phase == Phase::Verifying)
-        })
-    })
+    let second = eventually(
+        "a second remediation in Verifying",
+        Duration::from_secs(60),
+        || async {
+            s.remediations().await.into_iter().find(|r| {
+                r.name_any() != first.name_any()
+                    && r.spec.node_name == broken
+                    && r.status.as_ref().is_some_and(|st| st.phase == Phase::Verifying)
+            })
+        },
+    )
     .await;
     let second_object = replacement_name(&second);
     assert_ne!(second_object, first_object);
     report_rebooted(&s, &second_object).await;
-    eventually("the second remediation Succeeded", Duration::from_secs(30), || async {
-        s.remediations().await.into_iter().find(|r| {
-            r.name_any() == second.name_any() && r.status.as_ref().is_some_and(|st| st.phase == Phase::Succeeded)
-        })
-    })
+    eventually(
+        "the second remediation Succeeded",
+        Duration::from_secs(30),
+        || async {
+            s.remediations().await.into_iter().find(|r| {
+                r.name_any() == second.name_any()
+                    && r.status.as_ref().is_some_and(|st| st.phase == Phase::Succeeded)
+            })
+        },
+    )
     .await;
     released(&s, &broken).await;
     controller.stop().await;
@@ -139,17 +162,29 @@ async fn a_template_the_server_refuses_fails_at_the_replacement_timeout_and_free
     .await;
     let refusal = refused.status.unwrap().refusal.unwrap();
     assert!(refusal.message.contains("serves no Missing"), "{refusal:?}");
-    let failed = s.wait_phase(&broken, Phase::Failed, Duration::from_secs(30)).await;
-    let message = failed.status.as_ref().and_then(|st| st.message.clone()).unwrap_or_default();
+    let failed = s
+        .wait_phase(&broken, Phase::Failed, Duration::from_secs(30))
+        .await;
+    let message = failed
+        .status
+        .as_ref()
+        .and_then(|st| st.message.clone())
+        .unwrap_or_default();
     assert!(
         message.contains("replacement.timeout") && message.contains("serves no Missing"),
         "{message}"
     );
     let events = scenario::events_about(&s.client, &failed.name_any()).await;
-    assert!(events.contains_key("Refused"), "an Event says the server refused: {events:?}");
+    assert!(
+        events.contains_key("Refused"),
+        "an Event says the server refused: {events:?}"
+    );
     assert!(events.contains_key("ReplacementTimeout"), "{events:?}");
     eventually("the slot freed", Duration::from_secs(30), || async {
-        let policy = Api::<GpuRemediationPolicy>::all(s.client.clone()).get(&s.scope).await.ok()?;
+        let policy = Api::<GpuRemediationPolicy>::all(s.client.clone())
+            .get(&s.scope)
+            .await
+            .ok()?;
         (policy.status?.in_flight == 0).then_some(())
     })
     .await;
@@ -202,14 +237,26 @@ async fn evictions_an_admission_policy_refuses_are_blockers_in_its_words_and_the
         .await;
     let controller = RunningController::start(&s.scope).await;
     s.break_gpu(&broken).await;
-    let blocked = s.wait_phase(&broken, Phase::Blocked, Duration::from_secs(60)).await;
-    let drain = blocked.status.as_ref().and_then(|st| st.drain.clone()).expect("drain status");
+    let blocked = s
+        .wait_phase(&broken, Phase::Blocked, Duration::from_secs(60))
+        .await;
+    let drain = blocked
+        .status
+        .as_ref()
+        .and_then(|st| st.drain.clone())
+        .expect("drain status");
     assert_eq!(drain.blockers.len(), 2, "{drain:?}");
     for blocker in &drain.blockers {
         assert_eq!(blocker.code, 403, "{blocker:?}");
-        assert!(blocker.message.contains("evictions are frozen in this namespace"), "{blocker:?}");
+        assert!(
+            blocker.message.contains("evictions are frozen in this namespace"),
+            "{blocker:?}"
+        );
     }
-    assert!(is_unschedulable(&s.node(&broken).await), "Blocked keeps the node cordoned");
+    assert!(
+        is_unschedulable(&s.node(&broken).await),
+        "Blocked keeps the node cordoned"
+    );
     Api::<ValidatingAdmissionPolicyBinding>::all(s.client.clone())
         .delete(&name, &DeleteParams::default())
         .await
@@ -240,7 +287,11 @@ async fn re_register(s: &Scenario, name: &str) -> Node {
     old.spec = Some(k8s_openapi::api::core::v1::NodeSpec::default());
     let created = nodes.create(&PostParams::default(), &old).await.unwrap();
     nodes
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
         .await
         .unwrap();
     s.break_gpu(name).await;
@@ -258,14 +309,20 @@ async fn a_node_re_created_under_the_same_name_mid_drain_ends_the_remediation_an
         .await;
     let controller = RunningController::start(&s.scope).await;
     s.break_gpu(&broken).await;
-    let draining = s.wait_phase(&broken, Phase::Draining, Duration::from_secs(30)).await;
+    let draining = s
+        .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
+        .await;
     let new = re_register(&s, &broken).await;
-    let ended = eventually("the remediation Cancelled as NodeReplaced", Duration::from_secs(30), || async {
-        s.remediations().await.into_iter().find(|r| {
-            r.name_any() == draining.name_any()
-                && r.status.as_ref().is_some_and(|st| st.phase == Phase::Cancelled)
-        })
-    })
+    let ended = eventually(
+        "the remediation Cancelled as NodeReplaced",
+        Duration::from_secs(30),
+        || async {
+            s.remediations().await.into_iter().find(|r| {
+                r.name_any() == draining.name_any()
+                    && r.status.as_ref().is_some_and(|st| st.phase == Phase::Cancelled)
+            })
+        },
+    )
     .await;
     let complete = ended
         .status
@@ -296,7 +353,9 @@ async fn a_policy_deleted_while_its_remediation_replaces_the_node_is_followed_to
     s.policy(reboot_policy(&s, "5m")).await;
     let controller = RunningController::start(&s.scope).await;
     s.break_gpu(&broken).await;
-    let verifying = s.wait_phase(&broken, Phase::Verifying, Duration::from_secs(60)).await;
+    let verifying = s
+        .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
+        .await;
     assert_eq!(
         verifying.status.as_ref().and_then(|st| st.policy_generation),
         Some(1),
@@ -308,7 +367,8 @@ async fn a_policy_deleted_while_its_remediation_replaces_the_node_is_followed_to
         .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     report_rebooted(&s, &replacement_name(&verifying)).await;
-    s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30)).await;
+    s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
+        .await;
     released(&s, &broken).await;
     controller.stop().await;
 }
@@ -324,7 +384,9 @@ async fn deleting_a_record_mid_drain_releases_the_node_and_the_episode_is_not_ad
         .await;
     let controller = RunningController::start(&s.scope).await;
     s.break_gpu(&broken).await;
-    let draining = s.wait_phase(&broken, Phase::Draining, Duration::from_secs(30)).await;
+    let draining = s
+        .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
+        .await;
     let remediations = Api::<GpuRemediation>::all(s.client.clone());
     remediations
         .delete(&draining.name_any(), &DeleteParams::default())
@@ -348,6 +410,9 @@ async fn deleting_a_record_mid_drain_releases_the_node_and_the_episode_is_not_ad
     );
     // The GPU is still broken: the same episode is not admitted again.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(s.remediations().await.is_empty(), "no new record for the cancelled episode");
+    assert!(
+        s.remediations().await.is_empty(),
+        "no new record for the cancelled episode"
+    );
     controller.stop().await;
 }

@@ -23,8 +23,8 @@ use std::{
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationSpec, GpuRemediationStatus, Phase,
     constants::{
-        APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, CANCELLED_ANNOTATION, NODE_LABEL, POLICY_LABEL, REMEDIATION_FINALIZER,
-        policy_conditions, reasons,
+        APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, CANCELLED_ANNOTATION, NODE_LABEL, POLICY_LABEL,
+        REMEDIATION_FINALIZER, policy_conditions, reasons,
     },
     policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, WaitingNode},
     remediation::{PhaseTransition, PolicySnapshot, TriggerRecord},

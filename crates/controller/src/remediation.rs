@@ -84,7 +84,10 @@ pub enum AdvanceRemediationError {
 }
 
 /// Carries `remediation` forward as far as it can go in this pass.
-pub async fn advance(ctx: &Context, remediation: Arc<GpuRemediation>) -> Result<Next, AdvanceRemediationError> {
+pub async fn advance(
+    ctx: &Context,
+    remediation: Arc<GpuRemediation>,
+) -> Result<Next, AdvanceRemediationError> {
     let mut current = remediation;
     for _ in 0..STEPS_PER_PASS {
         let live = ctx.caches.policy(&current.spec.policy_name);
@@ -99,7 +102,10 @@ pub async fn advance(ctx: &Context, remediation: Arc<GpuRemediation>) -> Result<
         let changed = current.status.as_ref() != Some(&settlement.status);
         current = settle(ctx, &current, settlement).await?;
         let due_now = matches!(next, Next::At(at) if at <= Timestamp::now());
-        if !(due_now && changed) || entered == Phase::Cordoned || current.metadata.deletion_timestamp.is_some() {
+        if !(due_now && changed)
+            || entered == Phase::Cordoned
+            || current.metadata.deletion_timestamp.is_some()
+        {
             return Ok(next);
         }
     }
@@ -288,7 +294,10 @@ async fn settle(
     settlement: Settlement,
 ) -> Result<Arc<GpuRemediation>, AdvanceRemediationError> {
     let name = remediation.name_any();
-    if let Some(Release { node, remember_cancel }) = &settlement.release
+    if let Some(Release {
+        node,
+        remember_cancel,
+    }) = &settlement.release
         && let NodeEdit::Written(written) = ctx.ops.release_node(node, &name, *remember_cancel).await?
     {
         remember_node(ctx, *written);

@@ -12,9 +12,7 @@ use std::{
 
 use futures::StreamExt;
 use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, Phase,
-    constants::REMEDIATION_TAINT_KEY,
-    crds,
+    GpuRemediation, GpuRemediationPolicy, Phase, constants::REMEDIATION_TAINT_KEY, crds,
 };
 use gpu_remediator::{Settings, leader::Fence};
 use gpu_sandbox::{
@@ -461,7 +459,6 @@ pub fn gpu_condition_since(node: &Node) -> Timestamp {
         .map(|t| t.0)
         .expect("the GpuHealthy condition has a transition time")
 }
-
 
 /// The Events about the object `name`, counted by reason.
 pub async fn events_about(client: &Client, name: &str) -> BTreeMap<String, i32> {

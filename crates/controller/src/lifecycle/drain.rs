@@ -45,7 +45,12 @@ pub(super) fn advance(
         return Decision::Settle(status::unchanged(status, false, Next::At(now)));
     };
     let grace = grace_period(rules);
-    let answered: BTreeSet<&str> = seen.answers.evictions.iter().map(|(p, _)| p.uid.as_str()).collect();
+    let answered: BTreeSet<&str> = seen
+        .answers
+        .evictions
+        .iter()
+        .map(|(p, _)| p.uid.as_str())
+        .collect();
     let due: Vec<Leaving> = plan
         .to_evict()
         .filter(|pod| !answered.contains(pod.uid.as_str()))
@@ -66,8 +71,18 @@ pub(super) fn advance(
     let before = status.phase;
     let mut notes = Vec::new();
     if before == Phase::Cordoned {
-        enter(&mut status, Phase::Draining, "evicting pods through the Eviction API", now);
-        notes.push(Note::phase(before, &status, reasons::PHASE_CHANGED, EventType::Normal));
+        enter(
+            &mut status,
+            Phase::Draining,
+            "evicting pods through the Eviction API",
+            now,
+        );
+        notes.push(Note::phase(
+            before,
+            &status,
+            reasons::PHASE_CHANGED,
+            EventType::Normal,
+        ));
     }
     let round = record_answers(plan, seen, &status.drain.clone().unwrap_or_default(), now);
     let remaining = round.pods_remaining;
@@ -94,7 +109,14 @@ pub(super) fn advance(
             "all {} pods that had to leave are gone",
             status.drain.as_ref().map_or(0, |d| d.pods_total)
         );
-        set_condition(&mut status, remediation_conditions::DRAINED, true, "Drained", &message, now);
+        set_condition(
+            &mut status,
+            remediation_conditions::DRAINED,
+            true,
+            "Drained",
+            &message,
+            now,
+        );
         status.message = Some(message);
         return Decision::Settle(hand_over(remediation, facts, status, before, notes));
     }
@@ -107,6 +129,27 @@ pub(super) fn advance(
             next: next.or_at(Some(deadline)),
         });
     }
+    on_timeout(remediation, rules, plan, seen, facts, status, notes, next)
+}
+
+/// The drain passed `drain.timeout` with pods left: `onTimeout` decides.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the round's observations, passed on as they are"
+)]
+fn on_timeout(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    plan: &Plan,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    mut notes: Vec<Note>,
+    next: Next,
+) -> Decision {
+    let now = facts.now;
+    let before = status.phase;
+    let remaining = status.drain.as_ref().map_or(0, |d| d.pods_remaining);
     match rules.drain.on_timeout {
         OnDrainTimeout::Block => {
             let message = format!(
@@ -165,7 +208,12 @@ fn block(
         status.message = Some(message.to_owned());
     } else {
         enter(&mut status, Phase::Blocked, message, now);
-        notes.push(Note::phase(before, &status, reasons::DRAIN_TIMEOUT, EventType::Warning));
+        notes.push(Note::phase(
+            before,
+            &status,
+            reasons::DRAIN_TIMEOUT,
+            EventType::Warning,
+        ));
     }
     Settlement {
         release: None,
@@ -189,7 +237,12 @@ fn force_delete(
     next: Next,
     now: Timestamp,
 ) -> Decision {
-    let asked: BTreeSet<&str> = seen.answers.deletions.iter().map(|(p, _)| p.uid.as_str()).collect();
+    let asked: BTreeSet<&str> = seen
+        .answers
+        .deletions
+        .iter()
+        .map(|(p, _)| p.uid.as_str())
+        .collect();
     let running: Vec<Leaving> = plan
         .to_evict()
         .filter(|p| !asked.contains(p.uid.as_str()))
@@ -224,7 +277,12 @@ fn force_delete(
         .answers
         .deletions
         .iter()
-        .filter_map(|(pod, answer)| answer.as_ref().err().map(|w| format!("{}: {}", pod.key(), w.message)))
+        .filter_map(|(pod, answer)| {
+            answer
+                .as_ref()
+                .err()
+                .map(|w| format!("{}: {}", pod.key(), w.message))
+        })
         .collect();
     let deleted: Vec<String> = seen
         .answers
@@ -233,7 +291,10 @@ fn force_delete(
         .filter(|(_, answer)| answer.is_ok())
         .map(|(pod, _)| pod.key())
         .collect();
-    let mut message = format!("drain timed out after {} (onTimeout: ForceDelete)", rules.drain.timeout);
+    let mut message = format!(
+        "drain timed out after {} (onTimeout: ForceDelete)",
+        rules.drain.timeout
+    );
     if !deleted.is_empty() {
         let _ = write!(message, "; deleted directly: {}", deleted.join(", "));
     }
@@ -333,9 +394,10 @@ fn hand_over(
              recovery (its trigger clears for release.healthyFor)"
                 .to_owned(),
         ),
-        action @ (Action::Replace | Action::Reboot) => {
-            (Phase::Replacing, format!("drained; replacing the node ({action:?})"))
-        }
+        action @ (Action::Replace | Action::Reboot) => (
+            Phase::Replacing,
+            format!("drained; replacing the node ({action:?})"),
+        ),
     };
     let from = status.phase;
     enter(&mut status, phase, &message, facts.now);
@@ -443,7 +505,12 @@ fn budget_allows(pod: &Leaving, budgets: &[PodDisruptionBudget]) -> Option<bool>
 
 /// A blocker from a refusal: the budget the server names (or those covering the pod) and the
 /// server's words.
-pub(super) fn blocker(pod: &Leaving, answer: &Status, budgets: &[PodDisruptionBudget], since: Time) -> Blocker {
+pub(super) fn blocker(
+    pod: &Leaving,
+    answer: &Status,
+    budgets: &[PodDisruptionBudget],
+    since: Time,
+) -> Blocker {
     let named = drain::budget_named_in(answer);
     let pdb = named
         .as_ref()

@@ -380,7 +380,10 @@ pub fn decide(
     let status = remediation.status.clone().unwrap_or_default();
     let phase = status.phase;
     let deleting = remediation.metadata.deletion_timestamp.is_some();
-    let has_finalizer = remediation.finalizers().iter().any(|f| f == REMEDIATION_FINALIZER);
+    let has_finalizer = remediation
+        .finalizers()
+        .iter()
+        .any(|f| f == REMEDIATION_FINALIZER);
     let facts = facts(remediation, rules, seen, now);
     if phase == Phase::Failed {
         return Decision::Settle(failed(&facts, status, deleting && has_finalizer));
@@ -472,7 +475,10 @@ pub(crate) fn cancel(facts: &Facts<'_>, mut status: GpuRemediationStatus, why: C
         why.message(),
         facts.now,
     );
-    if status::has_condition(&status, gpu_remediation_api::constants::remediation_conditions::CORDONED) {
+    if status::has_condition(
+        &status,
+        gpu_remediation_api::constants::remediation_conditions::CORDONED,
+    ) {
         status::set_condition(
             &mut status,
             gpu_remediation_api::constants::remediation_conditions::CORDONED,
@@ -543,7 +549,9 @@ fn before_hand_over(
                 Next::Idle,
             ))
         }
-        Phase::AwaitingApproval if !approved => Decision::Settle(status::unchanged(status, false, Next::Idle)),
+        Phase::AwaitingApproval if !approved => {
+            Decision::Settle(status::unchanged(status, false, Next::Idle))
+        }
         Phase::Pending | Phase::AwaitingApproval => cordon_step(rules, seen, facts, status),
         _ => drain::advance(remediation, rules, seen, facts, status, release_at),
     }
@@ -551,7 +559,11 @@ fn before_hand_over(
 
 /// The status of a record created past `maxAttemptsPerNode`: how many attempts in which window,
 /// and how a person lets it proceed. Nothing is touched.
-fn require_manual(remediation: &GpuRemediation, facts: &Facts<'_>, status: GpuRemediationStatus) -> Settlement {
+fn require_manual(
+    remediation: &GpuRemediation,
+    facts: &Facts<'_>,
+    status: GpuRemediationStatus,
+) -> Settlement {
     let why = remediation
         .annotations()
         .get(ATTEMPTS_EXHAUSTED_ANNOTATION)

@@ -23,7 +23,9 @@ use std::collections::BTreeMap;
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationSpec, GpuRemediationStatus, Phase,
-    constants::{APPROVED_ANNOTATION, CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, REMEDIATION_FINALIZER},
+    constants::{
+        APPROVED_ANNOTATION, CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, REMEDIATION_FINALIZER,
+    },
     policy::{Action, ConditionStatus, Drain, Mode, OnDrainTimeout, Release, Replacement, Strategy, Trigger},
     remediation::{ObjectReference, PolicySnapshot, TriggerRecord},
 };
@@ -112,8 +114,16 @@ fn setup() -> impl proptest::strategy::Strategy<Value = Setup> {
     (
         prop_oneof![Just(Action::Replace), Just(Action::Reboot), Just(Action::None)],
         prop_oneof![6 => Just(Mode::Enforce), 2 => Just(Mode::Manual), 1 => Just(Mode::DryRun)],
-        prop_oneof![Just(Strategy::DeleteNode), Just(Strategy::Template), Just(Strategy::DeleteMachine)],
-        prop_oneof![Just(OnDrainTimeout::Block), Just(OnDrainTimeout::ForceDelete), Just(OnDrainTimeout::Proceed)],
+        prop_oneof![
+            Just(Strategy::DeleteNode),
+            Just(Strategy::Template),
+            Just(Strategy::DeleteMachine)
+        ],
+        prop_oneof![
+            Just(OnDrainTimeout::Block),
+            Just(OnDrainTimeout::ForceDelete),
+            Just(OnDrainTimeout::Proceed)
+        ],
         prop_oneof![Just(None), Just(Some(0_i64)), Just(Some(30))],
         any::<bool>(),
         0..4_usize,
@@ -295,7 +305,7 @@ impl World {
     fn happen(&mut self, event: Event) {
         match event {
             Event::Pass => {}
-            Event::Time(seconds) => self.now = self.now + SignedDuration::from_secs(seconds),
+            Event::Time(seconds) => self.now += SignedDuration::from_secs(seconds),
             Event::Recovers | Event::Breaks => {
                 let broken = matches!(event, Event::Breaks);
                 let now = self.now;
@@ -315,7 +325,11 @@ impl World {
             }
             Event::NodeRecreated => {
                 self.generation += 1;
-                self.node = Some(node(&format!("uid-new-{}", self.generation), self.roll(2) == 0, self.now));
+                self.node = Some(node(
+                    &format!("uid-new-{}", self.generation),
+                    self.roll(2) == 0,
+                    self.now,
+                ));
                 self.person_holds = false;
                 self.pods.clear();
             }
@@ -387,7 +401,9 @@ impl World {
             None => Presence::Gone,
         };
         let (exists, reported) = self.replacement.clone().unwrap_or((false, Reported::Nothing));
-        let reported = if record.spec.action == Action::Reboot || self.rules.replacement.strategy == Strategy::Template {
+        let reported = if record.spec.action == Action::Reboot
+            || self.rules.replacement.strategy == Strategy::Template
+        {
             match if mood == Mood::Calm { 0 } else { self.roll(6) } {
                 0 => Reported::Done("Succeeded".into()),
                 1 => Reported::Failed("Failed".into()),
@@ -474,12 +490,16 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
         };
         match decide(&dated, rules.as_ref(), &seen, world.now) {
             Decision::Ask(ask) => answer(world, &record, rules.as_ref(), &before, ask, &mut answers, mood)?,
-            Decision::Settle(settlement) => return settle(world, &record, &before, settlement),
+            Decision::Settle(settlement) => return settle(world, &record, &before, &settlement),
         }
     }
     Err("the lifecycle kept asking".into())
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "one arm per kind of ask, each answering as the cluster would"
+)]
 fn answer(
     world: &mut World,
     record: &GpuRemediation,
@@ -495,7 +515,10 @@ fn answer(
     match ask {
         Ask::Cordon(target) => {
             if target.uid != admitted {
-                return Err(format!("a cordon targets {:?}, not the admitted {admitted:?}", target.uid));
+                return Err(format!(
+                    "a cordon targets {:?}, not the admitted {admitted:?}",
+                    target.uid
+                ));
             }
             answers.cordon = Some(if stubborn || (!calm && world.roll(10) == 0) {
                 CordonAnswer::Refused(words("cordoning", 403))
@@ -553,7 +576,8 @@ fn answer(
         Ask::Delete { pods, grace } => {
             let rules = rules.ok_or("a deletion without rules")?;
             let started = status::deadline_base(before, Phase::Draining, world.now);
-            let deadline = started + SignedDuration::try_from(rules.drain.timeout.as_std()).expect("a duration");
+            let deadline =
+                started + SignedDuration::try_from(rules.drain.timeout.as_std()).expect("a duration");
             if rules.drain.on_timeout != OnDrainTimeout::ForceDelete || world.now < deadline {
                 return Err(format!(
                     "pods deleted under onTimeout {:?} at {} (drain deadline {deadline})",
@@ -576,7 +600,11 @@ fn answer(
                         }
                     }
                 }
-                let answer = if refused { Err(words("deleting a pod", 403)) } else { Ok(()) };
+                let answer = if refused {
+                    Err(words("deleting a pod", 403))
+                } else {
+                    Ok(())
+                };
                 answers.deletions.push((pod, answer));
             }
         }
@@ -612,12 +640,15 @@ fn settle(
     world: &mut World,
     record: &GpuRemediation,
     before: &GpuRemediationStatus,
-    settlement: Settlement,
+    settlement: &Settlement,
 ) -> Result<(), Violation> {
     let admitted = record.spec.node_uid.clone();
     if let Some(release) = &settlement.release {
         if release.node.uid != admitted {
-            return Err(format!("a release targets {:?}, not {admitted:?}", release.node.uid));
+            return Err(format!(
+                "a release targets {:?}, not {admitted:?}",
+                release.node.uid
+            ));
         }
         if let Some(n) = world.node.as_mut()
             && n.metadata.uid == release.node.uid
@@ -639,7 +670,11 @@ fn settle(
     // 4 (silence): a phase in flight that no person is asked to act on always looks again.
     let held = after.phase == Phase::Verifying && record.spec.action == Action::None;
     let person_visible = matches!(after.phase, Phase::Blocked | Phase::AwaitingApproval) || held;
-    if !after.phase.is_terminal() && !person_visible && settlement.next == Next::Idle && !settlement.drop_finalizer {
+    if !after.phase.is_terminal()
+        && !person_visible
+        && settlement.next == Next::Idle
+        && !settlement.drop_finalizer
+    {
         return Err(format!("{} waits with no next look", after.phase));
     }
     let mut updated = record.clone();
@@ -660,12 +695,17 @@ fn check_node(world: &World, phase: Phase) -> Result<(), Violation> {
         }
         let ours = n.metadata.uid.as_deref() == Some(world.admitted_uid.as_str());
         let deleted = world.record.is_none();
-        let finished = (phase.is_terminal() && !matches!(phase, Phase::Failed | Phase::ManualRequired)) || deleted;
+        let finished =
+            (phase.is_terminal() && !matches!(phase, Phase::Failed | Phase::ManualRequired)) || deleted;
         if ours && finished {
             let annotations = n.metadata.annotations.clone().unwrap_or_default();
             let holds = cordon::has_taint(n)
-                || annotations.get(CORDONED_BY_ANNOTATION).is_some_and(|by| by == NAME)
-                || annotations.get(PRE_CORDONED_ANNOTATION).is_some_and(|by| by == NAME);
+                || annotations
+                    .get(CORDONED_BY_ANNOTATION)
+                    .is_some_and(|by| by == NAME)
+                || annotations
+                    .get(PRE_CORDONED_ANNOTATION)
+                    .is_some_and(|by| by == NAME);
             if holds {
                 return Err(format!("{phase} left our cordon or taint on the standing node"));
             }
@@ -690,8 +730,9 @@ fn walk(setup: &Setup, events: &[Event], dice: u64) -> Result<(), Violation> {
     // 4 (deadlines): from here nobody helps and every request is refused; within the policy's
     // deadlines the remediation ends or asks a person.
     for _ in 0..6 {
-        world.now = world.now + SignedDuration::from_secs(horizon());
-        pass(&mut world, Mood::Stubborn).map_err(|v| format!("{v}\n  after {path:?} and the stubborn end"))?;
+        world.now += SignedDuration::from_secs(horizon());
+        pass(&mut world, Mood::Stubborn)
+            .map_err(|v| format!("{v}\n  after {path:?} and the stubborn end"))?;
     }
     if let Some(record) = &world.record {
         let status = record.status.clone().unwrap_or_default();
@@ -752,7 +793,7 @@ fn a_reboot_that_succeeds_releases_the_node_it_held() {
     }
     world.happen(Event::Recovers);
     for _ in 0..20 {
-        world.now = world.now + SignedDuration::from_secs(30);
+        world.now += SignedDuration::from_secs(30);
         pass(&mut world, Mood::Calm).expect("no invariant breaks");
     }
     let record = world.record.as_ref().expect("the record stays");

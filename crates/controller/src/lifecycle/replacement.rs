@@ -104,7 +104,8 @@ fn verify(
         Ok(observation) => observation,
         Err(words) => return refused(rules, seen, facts, status, words, deadline),
     };
-    let node_healthy = matches!(facts.identity, Identity::Same(_)) && matches!(facts.health, Health::Recovered(_));
+    let node_healthy =
+        matches!(facts.identity, Identity::Same(_)) && matches!(facts.health, Health::Recovered(_));
     let progress = replace::judge(&Verification {
         strategy: rules.replacement.strategy,
         observation,
@@ -156,7 +157,12 @@ fn refused(
             rules.replacement.timeout, words.action, refusal.since.0, words.message
         );
         status.refusal = Some(refusal);
-        return Decision::Settle(fail(status, replace::verify::REPLACEMENT_TIMEOUT, &message, facts.now));
+        return Decision::Settle(fail(
+            status,
+            replace::verify::REPLACEMENT_TIMEOUT,
+            &message,
+            facts.now,
+        ));
     }
     let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
     Decision::Settle(status::refused(status, refusal, next))

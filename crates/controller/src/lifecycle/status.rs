@@ -72,7 +72,10 @@ pub fn truncate(text: &str, max: usize) -> String {
 /// from its admission, whatever happens to it later.
 #[must_use]
 pub fn with_admission(mut status: GpuRemediationStatus, created: Option<Timestamp>) -> GpuRemediationStatus {
-    if status.phase_history.first().is_none_or(|t| t.phase != Phase::Pending)
+    if status
+        .phase_history
+        .first()
+        .is_none_or(|t| t.phase != Phase::Pending)
         && let Some(created) = created
     {
         let admitted = PhaseTransition {
@@ -205,7 +208,14 @@ pub fn move_to(
     let before = status.phase;
     enter(&mut status, phase, message, now);
     if phase.is_terminal() && phase != Phase::ManualRequired {
-        set_condition(&mut status, remediation_conditions::COMPLETE, true, reason, message, now);
+        set_condition(
+            &mut status,
+            remediation_conditions::COMPLETE,
+            true,
+            reason,
+            message,
+            now,
+        );
     }
     Settlement {
         release: None,
@@ -255,7 +265,14 @@ pub fn succeed(
 ) -> Settlement {
     status.refusal = None;
     if release.is_some() || has_condition(&status, remediation_conditions::CORDONED) {
-        set_condition(&mut status, remediation_conditions::CORDONED, false, reason, "released", now);
+        set_condition(
+            &mut status,
+            remediation_conditions::CORDONED,
+            false,
+            reason,
+            "released",
+            now,
+        );
     }
     let mut settled = move_to(
         status,
@@ -323,11 +340,7 @@ mod tests {
             code: Some(403),
             message: "forbidden".to_owned(),
         };
-        let first = refused(
-            GpuRemediationStatus::default(),
-            dated(&words, at(1)),
-            Next::Idle,
-        );
+        let first = refused(GpuRemediationStatus::default(), dated(&words, at(1)), Next::Idle);
         assert_eq!(first.notes.len(), 1);
         let second = refused(first.status, dated(&words, at(1)), Next::Idle);
         assert!(second.notes.is_empty());

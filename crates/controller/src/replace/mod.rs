@@ -263,7 +263,11 @@ pub fn presence(found: Option<&ObjectMeta>, uid: Option<&str>) -> Presence {
 /// another UID than the one admitted is a new machine, and the old one is gone. A record from
 /// before UIDs were kept falls back to the creation time: a node created after the trigger is new.
 #[must_use]
-pub fn node_presence(found: Option<&ObjectMeta>, admitted_uid: Option<&str>, triggered_at: Timestamp) -> Presence {
+pub fn node_presence(
+    found: Option<&ObjectMeta>,
+    admitted_uid: Option<&str>,
+    triggered_at: Timestamp,
+) -> Presence {
     if admitted_uid.is_some() {
         return presence(found, admitted_uid);
     }
