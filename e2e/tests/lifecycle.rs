@@ -161,7 +161,13 @@ async fn a_template_the_server_refuses_fails_at_the_replacement_timeout_and_free
     })
     .await;
     let refusal = refused.status.unwrap().refusal.unwrap();
-    assert!(refusal.message.contains("serves no Missing"), "{refusal:?}");
+    assert!(
+        refusal.code == Some(404)
+            && refusal
+                .message
+                .contains("nothere.e2e.gpuremediation.dev/v1 Missing"),
+        "the server's own answer, naming the kind: {refusal:?}"
+    );
     let failed = s
         .wait_phase(&broken, Phase::Failed, Duration::from_secs(30))
         .await;
@@ -171,7 +177,7 @@ async fn a_template_the_server_refuses_fails_at_the_replacement_timeout_and_free
         .and_then(|st| st.message.clone())
         .unwrap_or_default();
     assert!(
-        message.contains("replacement.timeout") && message.contains("serves no Missing"),
+        message.contains("replacement.timeout") && message.contains("404 page not found"),
         "{message}"
     );
     let events = scenario::events_about(&s.client, &failed.name_any()).await;

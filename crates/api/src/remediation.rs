@@ -56,6 +56,7 @@ pub struct GpuRemediationSpec {
 /// The parts of a policy that govern one recycle once it is admitted.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::policy_snapshot)]
 pub struct PolicySnapshot {
     /// The policy's `metadata.generation` when the snapshot was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]

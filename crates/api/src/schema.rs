@@ -385,6 +385,20 @@ pub(crate) fn selector_requirement(schema: &mut Schema) {
     );
 }
 
+/// `GpuRemediation.spec.policySnapshot`: a copy the controller takes of a policy it already
+/// validated, never edited (the spec is immutable). Stored as it is written: the policy's own CEL
+/// rules, repeated here, would exceed the API server's cost budget for nothing.
+pub(crate) fn policy_snapshot(schema: &mut Schema) {
+    let description = object(schema).get("description").cloned();
+    let mut kept = Map::new();
+    kept.insert("type".into(), "object".into());
+    kept.insert("x-kubernetes-preserve-unknown-fields".into(), true.into());
+    if let Some(description) = description {
+        kept.insert("description".into(), description);
+    }
+    *object(schema) = kept;
+}
+
 /// `GpuRemediation.spec`: written once by the controller, then the audit record.
 pub(crate) fn remediation_spec(schema: &mut Schema) {
     add_rules(
