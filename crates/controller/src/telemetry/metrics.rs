@@ -14,6 +14,7 @@
 //! | `circuit_open` | gauge | `policy` (1 while `maxUnhealthy` is exceeded) |
 //! | `leader` | gauge | (1 while this replica's fence is current) |
 //! | `reconcile_errors_total` | counter | `reconciler` |
+//! | `undecodable_objects` | gauge | `kind`, `name` (1 while a stored policy or remediation cannot be decoded; `observe::undecodable`) |
 //!
 //! Gauges about policies are *set* from what the reconcilers computed from API objects (never
 //! counted up and down in memory), so a new leader reports the same values as the old one.
@@ -242,6 +243,11 @@ impl Metrics {
             "reconcile_errors",
             "Reconcile attempts that failed, by reconciler",
             series.reconcile_errors.clone(),
+        );
+        registry.register(
+            "undecodable_objects",
+            "1 while a stored policy or remediation cannot be decoded and is left out, by kind and name",
+            crate::observe::undecodable::GAUGE.clone(),
         );
         // Counters that exist from the start read 0 rather than absent, so `rate()` and alerts on
         // them work before the first event.
