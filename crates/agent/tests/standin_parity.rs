@@ -2,7 +2,7 @@
 //! fixture, read once by the real agent binary through each probe, gives the same readings. This
 //! runs nvml-wrapper and the agent's NVML probe (symbol binding, error mapping, `NotSupported`
 //! handling, `GPU_IS_LOST`) without a GPU, and keeps the stand-in's reading of the scenario format
-//! from drifting from the file probe's.
+//! from drifting from the file probe's. And `gpu-check.sh` passes with the stand-in in NVML's place.
 //!
 //! XID events are left out: `--once` runs no event thread (the e2e tests cover it), and a failed
 //! call's error text is NVML's, not the fixture's, so failed calls compare by device and function.
@@ -113,5 +113,51 @@ fn nvml_init_failing_reads_unknown_through_the_standin() {
     assert!(
         error.contains("nvmlInit") && error.contains("NVIDIA driver is not loaded"),
         "{error}"
+    );
+}
+
+/// `gpu-check.sh`, the real-GPU check, run as on a GPU machine: the stand-in is found on the loader
+/// path under NVML's own name (`libnvidia-ml.so.1`), as the driver's library would be.
+#[test]
+fn gpu_check_sh_passes_with_the_standin_as_libnvidia_ml() {
+    let library = standin_library();
+    let loader_dir = std::env::temp_dir().join(format!("standin-gpu-check-{}", std::process::id()));
+    std::fs::create_dir_all(&loader_dir).unwrap();
+    let soname = loader_dir.join("libnvidia-ml.so.1");
+    let _ = std::fs::remove_file(&soname);
+    std::os::unix::fs::symlink(&library, &soname).unwrap();
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let run = |scenario: &str| {
+        Command::new("bash")
+            .arg(manifest.join("gpu-check.sh"))
+            .env("AGENT_BIN", AGENT)
+            .env("LD_LIBRARY_PATH", &loader_dir)
+            .env(
+                "GPU_STANDIN_SCENARIO",
+                manifest.join("tests/fixtures").join(scenario),
+            )
+            .output()
+            .expect("running gpu-check.sh")
+    };
+    let healthy = run("h100-healthy.json");
+    let stdout = String::from_utf8_lossy(&healthy.stdout);
+    assert!(
+        healthy.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&healthy.stderr)
+    );
+    assert!(
+        stdout.contains("ok: GpuHealthy=True/GpusHealthy with 2 GPUs"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ok: GpuHealthy=False/GpuMissing when one GPU more is expected"),
+        "{stdout}"
+    );
+    let broken = run("a100-row-remap-failed.json");
+    assert!(
+        !broken.status.success(),
+        "a broken GPU fails the check: {}",
+        String::from_utf8_lossy(&broken.stdout)
     );
 }

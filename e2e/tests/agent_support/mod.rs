@@ -192,12 +192,20 @@ pub fn gpu(node: &str, index: u32) -> Value {
         "uuid": format!("GPU-{node}-{index:04}"),
         "pciBusId": format!("00000000:{:02X}:00.0", 0x18 + index * 0x10),
         "name": "NVIDIA H100 80GB HBM3",
+        "serial": serial(node, index),
+        "boardPartNumber": "692-2G520-0200-000",
+        "vbiosVersion": "96.00.5E.00.01",
         "eccVolatileUncorrected": 0,
         "rowRemap": {"pending": false, "failed": false},
         "temperatureC": 35,
         "slowdownThresholdC": 87,
         "pcie": {"currentGen": 5, "maxGen": 5, "currentWidth": 16, "maxWidth": 16, "replayCounter": 0},
     })
+}
+
+/// The board serial of a simulated node's GPU.
+pub fn serial(node: &str, index: u32) -> String {
+    format!("SN-{node}-{index}")
 }
 
 pub fn healthy_gpus(node: &str) -> Value {
@@ -276,6 +284,11 @@ impl AgentProcess {
             .spawn()
             .expect("starting gpu-health-agent");
         Self { _child: child, log }
+    }
+
+    /// The agent's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// The last lines of the agent's log, for failure messages.
