@@ -10,8 +10,9 @@ use jiff::Timestamp;
 use crate::{
     assess::{Memory, Signal, assess},
     catalog::XidCatalog,
-    condition::{NodeView, PublishedCondition},
+    condition::{NodeAnnotations, NodeView, PublishedCondition},
     health::{DesiredCondition, HealthState, WarningPolicy, detector_fault},
+    inventory::{FailedGpu, annotation_text, failed_gpus, inventory_of},
     liveness::Liveness,
     probe::{ReadGpusError, deadline::DeadlineReader},
     publish::NodePublisher,
@@ -78,6 +79,10 @@ pub struct Agent {
     memory: Memory,
     view: NodeView,
     published: Option<PublishedCondition>,
+    /// The inventory of the last successful read (kept through failed reads).
+    inventory: Option<String>,
+    /// Failed GPUs an earlier agent recorded on the node, for a restored latch.
+    recorded_failed: Vec<FailedGpu>,
     applied_at: Option<Instant>,
     node_read_at: Instant,
     liveness: Option<Liveness>,
@@ -112,6 +117,8 @@ impl Agent {
         }
         Self {
             published: view.condition.clone(),
+            inventory: None,
+            recorded_failed: view.recorded_failed.clone(),
             view,
             settings,
             catalog,
@@ -169,6 +176,7 @@ impl Agent {
         let (signals, healthy_message) = signals_of(&read, &self.memory, self.expected(), &self.catalog);
         if let Ok(snapshot) = &read {
             self.memory.remember(snapshot);
+            self.inventory = Some(annotation_text(&inventory_of(snapshot)));
         }
         let now = now();
         let verdict = self.health.observe(&signals, now, &healthy_message);
@@ -215,7 +223,20 @@ impl Agent {
     }
 
     async fn publish(&mut self, desired: &DesiredCondition, now: Timestamp) {
-        let next = PublishedCondition::next(desired, self.published.as_ref(), self.health.latch(), now);
+        let annotations = NodeAnnotations {
+            inventory: self.inventory.clone(),
+            failed_gpus: self
+                .health
+                .latch()
+                .map(|latch| annotation_text(&failed_gpus(latch, &self.memory, &self.recorded_failed))),
+        };
+        let next = PublishedCondition::next(
+            desired,
+            self.published.as_ref(),
+            self.health.latch(),
+            now,
+            annotations,
+        );
         let resync_due = self
             .applied_at
             .is_none_or(|at| at.elapsed() >= self.settings.resync);
@@ -224,6 +245,14 @@ impl Agent {
         }
         match self.publisher.apply(&next, now).await {
             Ok(()) => {
+                if self.published.as_ref().map(|published| &published.annotations) != Some(&next.annotations)
+                {
+                    tracing::info!(
+                        inventory = next.annotations.inventory.as_deref().unwrap_or("none"),
+                        failed_gpus = next.annotations.failed_gpus.as_deref().unwrap_or("none"),
+                        "node GPU annotations changed"
+                    );
+                }
                 if next.differs_from(self.published.as_ref()) {
                     tracing::info!(
                         status = %next.status, reason = %next.reason, message = %next.message,

@@ -40,6 +40,8 @@ pub struct Signal {
     pub message: String,
     /// What repeats of the same warning share (reason and GPU), for counting occurrences.
     pub key: String,
+    /// The UUID of the GPU it is about, when it names one.
+    pub gpu_uuid: Option<String>,
 }
 
 impl Signal {
@@ -50,6 +52,7 @@ impl Signal {
             reason: reason.to_owned(),
             message,
             key,
+            gpu_uuid: gpu.map(str::to_owned),
         }
     }
 }
@@ -63,6 +66,12 @@ pub struct Memory {
 }
 
 impl Memory {
+    /// The last reading of the GPU with `uuid`, present or since vanished.
+    #[must_use]
+    pub fn known(&self, uuid: &str) -> Option<&GpuReading> {
+        self.known.get(uuid)
+    }
+
     /// Records a snapshot that was read successfully.
     pub fn remember(&mut self, snapshot: &Snapshot) {
         for gpu in &snapshot.gpus {

@@ -1,13 +1,29 @@
 //! The `GpuHealthy` condition as it lives on the Node: reading what the agent needs from its node
 //! (the condition it published before, a latch to keep, a person's clear, the expected GPU count)
-//! and building the server-side apply body that writes only this one condition. Pure.
+//! and building the server-side apply body that writes only this one condition and the agent's two
+//! hardware annotations (`inventory`). Pure.
 
-use gpu_remediation_api::constants::{CLEAR_ANNOTATION, GPU_COUNT_LABEL, gpu_reasons, node_conditions};
+use gpu_remediation_api::constants::{
+    CLEAR_ANNOTATION, FAILED_GPUS_ANNOTATION, GPU_COUNT_LABEL, GPU_INVENTORY_ANNOTATION, gpu_reasons,
+    node_conditions,
+};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{Value, json};
 
-use crate::health::{ConditionStatus, DesiredCondition, Latch};
+use crate::{
+    health::{ConditionStatus, DesiredCondition, Latch},
+    inventory::FailedGpu,
+};
+
+/// The agent's annotations on its node, as JSON texts (`None`: not written, so absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeAnnotations {
+    /// `gpuremediation.dev/gpu-inventory`.
+    pub inventory: Option<String>,
+    /// `gpuremediation.dev/failed-gpus`.
+    pub failed_gpus: Option<String>,
+}
 
 /// The condition as last written (or found on the node at start-up).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +36,8 @@ pub struct PublishedCondition {
     pub message: String,
     /// When the status last changed.
     pub last_transition: Timestamp,
+    /// The hardware annotations written with it.
+    pub annotations: NodeAnnotations,
 }
 
 impl PublishedCondition {
@@ -31,6 +49,7 @@ impl PublishedCondition {
         previous: Option<&Self>,
         latch: Option<&Latch>,
         now: Timestamp,
+        annotations: NodeAnnotations,
     ) -> Self {
         let status = desired.status.as_str();
         let last_transition = match (previous, latch) {
@@ -43,6 +62,7 @@ impl PublishedCondition {
             reason: desired.reason.clone(),
             message: desired.message.clone(),
             last_transition,
+            annotations,
         }
     }
 
@@ -53,13 +73,22 @@ impl PublishedCondition {
     }
 
     /// The server-side apply body for `nodes/status`: only this condition, so the conditions list
-    /// (a map keyed by `type`) keeps every other writer's entries.
+    /// (a map keyed by `type`) keeps every other writer's entries, and the agent's annotations
+    /// (the status subresource resets only `spec`, so metadata annotations go through it). An
+    /// annotation left out is removed, as server-side apply drops what its manager stops applying.
     #[must_use]
     pub fn apply_body(&self, node_name: &str, now: Timestamp) -> Value {
+        let mut annotations = serde_json::Map::new();
+        if let Some(inventory) = &self.annotations.inventory {
+            annotations.insert(GPU_INVENTORY_ANNOTATION.to_owned(), inventory.clone().into());
+        }
+        if let Some(failed) = &self.annotations.failed_gpus {
+            annotations.insert(FAILED_GPUS_ANNOTATION.to_owned(), failed.clone().into());
+        }
         json!({
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": node_name},
+            "metadata": {"name": node_name, "annotations": annotations},
             "status": {"conditions": [{
                 "type": node_conditions::GPU_HEALTHY,
                 "status": self.status,
@@ -81,6 +110,8 @@ pub struct NodeView {
     pub expected_gpus: Option<u32>,
     /// The time in the clear annotation: latches that began at or before it are released.
     pub cleared_at: Option<Timestamp>,
+    /// The failed GPUs an earlier agent recorded, to describe a restored latch's GPUs.
+    pub recorded_failed: Vec<FailedGpu>,
     /// Problems reading the node (an unparsable label or annotation), for the log.
     pub problems: Vec<String>,
 }
@@ -117,6 +148,25 @@ impl NodeView {
                 )),
             }
         }
+        let annotation = |key: &str| {
+            node.metadata
+                .annotations
+                .as_ref()
+                .and_then(|notes| notes.get(key))
+                .cloned()
+        };
+        let annotations = NodeAnnotations {
+            inventory: annotation(GPU_INVENTORY_ANNOTATION),
+            failed_gpus: annotation(FAILED_GPUS_ANNOTATION),
+        };
+        if let Some(text) = &annotations.failed_gpus {
+            match serde_json::from_str(text) {
+                Ok(failed) => view.recorded_failed = failed,
+                Err(err) => view.problems.push(format!(
+                    "annotation {FAILED_GPUS_ANNOTATION} is not a list of GPUs: {err}"
+                )),
+            }
+        }
         let conditions = node.status.as_ref().and_then(|status| status.conditions.as_ref());
         view.condition = conditions
             .into_iter()
@@ -130,6 +180,7 @@ impl NodeView {
                     .last_transition_time
                     .as_ref()
                     .map_or(Timestamp::UNIX_EPOCH, |time| time.0),
+                annotations,
             });
         view
     }
@@ -159,6 +210,11 @@ impl NodeView {
             reason: condition.reason.clone(),
             message: condition.message.clone(),
             since: condition.last_transition,
+            failed_gpus: self
+                .recorded_failed
+                .iter()
+                .map(|failed| failed.uuid.clone())
+                .collect(),
         })
     }
 }
@@ -299,12 +355,14 @@ mod tests {
             reason: "GpusHealthy".to_owned(),
             message: "old".to_owned(),
             last_transition: at(0),
+            annotations: NodeAnnotations::default(),
         };
         let same = PublishedCondition::next(
             &desired(ConditionStatus::True, "GpusHealthy"),
             Some(&previous),
             None,
             at(50),
+            NodeAnnotations::default(),
         );
         assert_eq!(same.last_transition, at(0));
         assert!(same.differs_from(Some(&previous)), "the message changed");
@@ -313,6 +371,7 @@ mod tests {
             Some(&previous),
             None,
             at(60),
+            NodeAnnotations::default(),
         );
         assert_eq!(flipped.last_transition, at(60));
         assert!(!flipped.differs_from(Some(&flipped.clone())));
@@ -321,6 +380,7 @@ mod tests {
     #[test]
     fn a_latched_fault_is_dated_from_when_it_latched() {
         let latch = Latch {
+            failed_gpus: Vec::new(),
             reason: "XID79".to_owned(),
             message: "m".to_owned(),
             since: at(7),
@@ -330,17 +390,19 @@ mod tests {
             None,
             Some(&latch),
             at(60),
+            NodeAnnotations::default(),
         );
         assert_eq!(written.last_transition, at(7));
     }
 
     #[test]
-    fn the_apply_body_carries_only_the_gpu_healthy_condition() {
-        let written = PublishedCondition {
+    fn the_apply_body_carries_only_the_gpu_healthy_condition_and_the_agents_annotations() {
+        let mut written = PublishedCondition {
             status: "False".to_owned(),
             reason: "GpuMissing".to_owned(),
             message: "GPU 1 gone".to_owned(),
             last_transition: at(0),
+            annotations: NodeAnnotations::default(),
         };
         let body = written.apply_body("gpu-node-1", at(9));
         let conditions = body["status"]["conditions"].as_array().unwrap();
@@ -350,10 +412,43 @@ mod tests {
         assert_eq!(conditions[0]["reason"], "GpuMissing");
         assert_eq!(conditions[0]["lastTransitionTime"], at(0).to_string());
         assert_eq!(conditions[0]["lastHeartbeatTime"], at(9).to_string());
-        assert_eq!(body["metadata"], json!({"name": "gpu-node-1"}));
+        assert_eq!(body["metadata"], json!({"name": "gpu-node-1", "annotations": {}}));
         assert!(
             body.get("spec").is_none(),
             "never touches spec (taints are the controller's)"
         );
+        written.annotations = NodeAnnotations {
+            inventory: Some("[]".to_owned()),
+            failed_gpus: Some(r#"[{"uuid":"GPU-1","reason":"GpuMissing"}]"#.to_owned()),
+        };
+        let body = written.apply_body("gpu-node-1", at(9));
+        assert_eq!(
+            body["metadata"]["annotations"],
+            json!({
+                "gpuremediation.dev/gpu-inventory": "[]",
+                "gpuremediation.dev/failed-gpus": r#"[{"uuid":"GPU-1","reason":"GpuMissing"}]"#,
+            })
+        );
+    }
+
+    #[test]
+    fn the_view_reads_our_annotations_and_a_restored_latch_names_the_recorded_gpus() {
+        let failed = r#"[{"uuid":"GPU-1","serial":"S1","reason":"XID79"}]"#;
+        let view = NodeView::of(&node(
+            &[],
+            &[
+                ("gpuremediation.dev/failed-gpus", failed),
+                ("gpuremediation.dev/gpu-inventory", "[]"),
+            ],
+            vec![condition("GpuHealthy", "False", "XID79", at(100))],
+        ));
+        assert_eq!(view.recorded_failed[0].serial.as_deref(), Some("S1"));
+        let annotations = &view.condition.as_ref().unwrap().annotations;
+        assert_eq!(annotations.failed_gpus.as_deref(), Some(failed));
+        assert_eq!(annotations.inventory.as_deref(), Some("[]"));
+        assert_eq!(view.latch_to_restore(None).unwrap().failed_gpus, ["GPU-1"]);
+        let garbled = NodeView::of(&node(&[], &[("gpuremediation.dev/failed-gpus", "GPU-1")], vec![]));
+        assert!(garbled.recorded_failed.is_empty());
+        assert_eq!(garbled.problems.len(), 1);
     }
 }

@@ -55,6 +55,8 @@ pub struct Latch {
     pub message: String,
     /// When it was first seen (the condition's `lastTransitionTime`).
     pub since: Timestamp,
+    /// The UUIDs of the GPUs the fatal signals named, in order, without repeats.
+    pub failed_gpus: Vec<String>,
 }
 
 /// A warning that repeated often enough to tell people, as an Event.
@@ -143,10 +145,21 @@ impl HealthState {
             } else {
                 format!("{} (and {others} more fatal signals)", first.message)
             };
+            let mut failed_gpus: Vec<String> = Vec::new();
+            for uuid in signals
+                .iter()
+                .filter(|signal| signal.kind == SignalKind::Fatal)
+                .filter_map(|signal| signal.gpu_uuid.clone())
+            {
+                if !failed_gpus.contains(&uuid) {
+                    failed_gpus.push(uuid);
+                }
+            }
             self.latch = Some(Latch {
                 reason: first.reason.clone(),
                 message,
                 since: now,
+                failed_gpus,
             });
         }
         let condition = if let Some(latch) = &self.latch {
@@ -218,6 +231,7 @@ pub fn detector_fault(message: String) -> Signal {
         reason: gpu_reasons::NVML_UNAVAILABLE.to_owned(),
         message,
         key: format!("{}/node", gpu_reasons::NVML_UNAVAILABLE),
+        gpu_uuid: None,
     }
 }
 
@@ -235,6 +249,7 @@ mod tests {
             reason: reason.to_owned(),
             message: format!("{reason} on GPU 0"),
             key: format!("{reason}/GPU-0"),
+            gpu_uuid: Some("GPU-0".to_owned()),
         }
     }
 
@@ -244,6 +259,7 @@ mod tests {
             reason: reason.to_owned(),
             message: format!("{reason} on GPU 0"),
             key: format!("{reason}/GPU-0"),
+            gpu_uuid: Some("GPU-0".to_owned()),
         }
     }
 
@@ -314,6 +330,31 @@ mod tests {
     }
 
     #[test]
+    fn a_latch_names_the_gpus_of_every_fatal_signal_once() {
+        let mut state = state();
+        let other = Signal {
+            gpu_uuid: Some("GPU-1".to_owned()),
+            ..fatal("XID79")
+        };
+        let unnamed = Signal {
+            gpu_uuid: None,
+            ..fatal("GpuMissing")
+        };
+        state.observe(
+            &[
+                fatal("XID79"),
+                other,
+                fatal("XID48"),
+                unnamed,
+                warning("PcieReplays"),
+            ],
+            at(0),
+            "ok",
+        );
+        assert_eq!(state.latch().unwrap().failed_gpus, ["GPU-0", "GPU-1"]);
+    }
+
+    #[test]
     fn a_clear_written_before_the_fault_does_not_release_it() {
         let mut state = state();
         state.observe(&[fatal("XID79")], at(20), "ok");
@@ -338,6 +379,7 @@ mod tests {
     fn a_restored_latch_holds_the_condition_false() {
         let mut state = state();
         state.restore(Latch {
+            failed_gpus: Vec::new(),
             reason: "XID79".to_owned(),
             message: "GPU 0 fell".to_owned(),
             since: at(-100),

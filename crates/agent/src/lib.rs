@@ -3,7 +3,7 @@
 //!
 //! Readings flow one way: a [`probe`] produces a [`readings::Snapshot`], [`assess`] turns it into
 //! signals using the [`catalog`], [`health`] latches fatal ones and counts warnings, [`condition`]
-//! shapes what goes on the Node, and [`publish`] writes it. [`agent`] runs that loop.
+//! shapes what goes on the Node with the hardware [`inventory`], and [`publish`] writes it. [`agent`] runs that loop.
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -12,6 +12,7 @@ pub mod boot_time;
 pub mod catalog;
 pub mod condition;
 pub mod health;
+pub mod inventory;
 pub mod liveness;
 pub mod probe;
 pub mod publish;

@@ -11,6 +11,7 @@ use gpu_health_agent::{
     boot_time::host_boot_time,
     catalog::XidCatalog,
     health::{HealthState, WarningPolicy},
+    inventory::inventory_of,
     liveness::{self, Liveness},
     probe::{Probe, deadline::DeadlineReader, file::FileProbe, nvml::NvmlProbe},
     publish::NodePublisher,
@@ -199,6 +200,10 @@ async fn print_once(
     let report = serde_json::json!({
         "probe": reader.name(),
         "expectedGpus": flags.expected_gpus,
+        "inventory": match &read {
+            Ok(snapshot) => serde_json::to_value(inventory_of(snapshot))?,
+            Err(_) => serde_json::Value::Null,
+        },
         "readings": match &read {
             Ok(snapshot) => serde_json::to_value(snapshot)?,
             Err(err) => serde_json::json!({"error": err.to_string()}),

@@ -42,6 +42,16 @@ pub struct GpuReading {
     /// Product name, e.g. `NVIDIA H100 80GB HBM3`.
     #[serde(default)]
     pub name: String,
+    /// Board serial number (`nvmlDeviceGetSerial`): the physical board, whichever node holds it.
+    /// `None` where the board has none (consumer parts).
+    #[serde(default)]
+    pub serial: Option<String>,
+    /// Board part number (`nvmlDeviceGetBoardPartNumber`).
+    #[serde(default)]
+    pub board_part_number: Option<String>,
+    /// VBIOS version (`nvmlDeviceGetVbiosVersion`).
+    #[serde(default)]
+    pub vbios_version: Option<String>,
     /// Volatile (since driver load) uncorrectable ECC error count.
     #[serde(default)]
     pub ecc_volatile_uncorrected: Option<u64>,

@@ -22,6 +22,13 @@ pub const ATTEMPTS_EXHAUSTED_ANNOTATION: &str = "gpuremediation.dev/attempts-exh
 /// `$(date -u +%FT%TZ)`): what began at or before that time is cleared, a later fault is not (the
 /// agent ignores any other value, so a leftover annotation never silences new faults).
 pub const CLEAR_ANNOTATION: &str = "gpuremediation.dev/clear";
+/// Node annotation the agent writes: the node's GPUs as a JSON list of `{index, uuid, serial,
+/// pciBusId, boardPartNumber, vbiosVersion, name}` (absent fields: the board does not report them),
+/// from its last successful read; rewritten only when that list changes.
+pub const GPU_INVENTORY_ANNOTATION: &str = "gpuremediation.dev/gpu-inventory";
+/// Node annotation the agent writes next to a `GpuHealthy=False` condition: the GPUs the fault
+/// names, as a JSON list of `{uuid, serial, index, pciBusId, reason}`; absent when none failed.
+pub const FAILED_GPUS_ANNOTATION: &str = "gpuremediation.dev/failed-gpus";
 /// Pod annotation read by the sandbox's simulated kubelet: how long a terminating pod takes to go
 /// (a duration such as `30s`), or `stall` to never finish.
 pub const SIM_TERMINATION_ANNOTATION: &str = "gpuremediation.dev/sim-termination";

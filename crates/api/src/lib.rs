@@ -5,6 +5,7 @@
 //! Both kinds are cluster-scoped because the nodes they govern are.
 #![forbid(unsafe_code)]
 
+pub mod bounds;
 pub mod constants;
 pub mod crds;
 pub mod duration;

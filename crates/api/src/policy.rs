@@ -32,7 +32,7 @@ use crate::{
     printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = crate::schema::policy_spec)]
+#[schemars(transform = crate::schema::policy_spec, transform = crate::bounds::spec)]
 pub struct GpuRemediationPolicySpec {
     /// Nodes this policy governs. Nodes labelled `gpuremediation.dev/exclude=true` are never
     /// touched, whatever the selector says.
@@ -380,6 +380,7 @@ fn default_history_ttl() -> Duration {
 /// What the controller observed and decided for this policy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::bounds::status)]
 pub struct GpuRemediationPolicyStatus {
     /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -30,7 +30,7 @@ use crate::policy::{Action, ConditionStatus, Drain, Mode, Release, Replacement, 
     printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = crate::schema::remediation_spec)]
+#[schemars(transform = crate::schema::remediation_spec, transform = crate::bounds::spec)]
 pub struct GpuRemediationSpec {
     /// The node being remediated.
     pub node_name: String,
@@ -165,6 +165,7 @@ impl fmt::Display for Phase {
 /// What happened so far.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::bounds::status)]
 pub struct GpuRemediationStatus {
     /// The current phase.
     #[serde(default)]

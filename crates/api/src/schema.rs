@@ -45,6 +45,15 @@ pub mod messages {
     pub const PERCENT_RANGE: &str = "a share must be a whole percentage from 1% to 100%, such as 10%";
     /// `rate.limit` of 0.
     pub const RATE_LIMIT: &str = "rate.limit must be at least 1: a limit of 0 would never remediate (to stop remediating, set paused: true)";
+    /// An int-or-percent count above `bounds::COUNT_MAX`.
+    pub const COUNT_AT_MOST: &str =
+        "a count must be at most 100000 (use a share such as 10% for a larger fleet)";
+    /// `rate.limit` above `bounds::RATE_LIMIT_MAX`.
+    pub const RATE_LIMIT_MAX: &str = "rate.limit must be at most 10000 remediations per window";
+    /// `maxAttemptsPerNode.count` above `bounds::ATTEMPTS_MAX`.
+    pub const ATTEMPTS_COUNT_MAX: &str = "maxAttemptsPerNode.count must be at most 100";
+    /// A grace period above `bounds::GRACE_PERIOD_MAX_SECONDS`.
+    pub const GRACE_PERIOD_MAX: &str = "gracePeriodSeconds must be at most 86400 (a day)";
     /// `maxAttemptsPerNode.count` of 0.
     pub const ATTEMPTS_COUNT: &str = "maxAttemptsPerNode.count must be at least 1: it is how many remediations of one node may start before a person must step in";
     /// A negative grace period.
@@ -165,6 +174,10 @@ pub(crate) fn int_or_percent(_: &mut SchemaGenerator) -> Schema {
         [
             rule("type(self) != int || self >= 1", messages::COUNT_AT_LEAST_ONE),
             rule(
+                format!("type(self) != int || self <= {}", crate::bounds::COUNT_MAX),
+                messages::COUNT_AT_MOST,
+            ),
+            rule(
                 format!("type(self) != string || self.matches('{PERCENT_REGEX}')"),
                 messages::PERCENT_RANGE,
             ),
@@ -255,19 +268,16 @@ pub(crate) fn replacement(schema: &mut Schema) {
     );
 }
 
-/// `safety`: the two int-or-percent limits are always present (defaulted), never null.
+/// `safety`: the two int-or-percent limits are optional and defaulted, never null.
 ///
-/// Marking them required is what keeps kube's schema transform from making them `nullable`: a
-/// stored `null` would break every reader of the policy, while a required field with a default
-/// is simply defaulted when omitted.
+/// kube's schema transform makes an optional int-or-string `nullable`, and a stored `null` would
+/// break every reader of the policy; an explicit `nullable: false` keeps it from doing so, and the
+/// server then prunes a `null` and applies the default. They are not `required`, so `kubectl
+/// explain` shows what the README says: both default.
 pub(crate) fn safety(schema: &mut Schema) {
-    let required = object(schema)
-        .entry("required")
-        .or_insert_with(|| Value::Array(Vec::new()));
-    let Value::Array(required) = required else {
-        unreachable!("required is always a list")
-    };
-    required.extend(["maxConcurrent".into(), "maxUnhealthy".into()]);
+    for name in ["maxConcurrent", "maxUnhealthy"] {
+        property(schema, name).insert("nullable".into(), false.into());
+    }
 }
 
 /// `safety.rate`: at least one per window, a positive window.
@@ -275,7 +285,13 @@ pub(crate) fn rate(schema: &mut Schema) {
     make_positive(schema, "per");
     add_rules(
         property(schema, "limit"),
-        [rule("self >= 1", messages::RATE_LIMIT)],
+        [
+            rule("self >= 1", messages::RATE_LIMIT),
+            rule(
+                format!("self <= {}", crate::bounds::RATE_LIMIT_MAX),
+                messages::RATE_LIMIT_MAX,
+            ),
+        ],
     );
 }
 
@@ -284,7 +300,13 @@ pub(crate) fn attempts(schema: &mut Schema) {
     make_positive(schema, "per");
     add_rules(
         property(schema, "count"),
-        [rule("self >= 1", messages::ATTEMPTS_COUNT)],
+        [
+            rule("self >= 1", messages::ATTEMPTS_COUNT),
+            rule(
+                format!("self <= {}", crate::bounds::ATTEMPTS_MAX),
+                messages::ATTEMPTS_COUNT_MAX,
+            ),
+        ],
     );
 }
 
@@ -293,7 +315,13 @@ pub(crate) fn drain(schema: &mut Schema) {
     make_positive(schema, "timeout");
     add_rules(
         property(schema, "gracePeriodSeconds"),
-        [rule("self >= 0", messages::GRACE_PERIOD)],
+        [
+            rule("self >= 0", messages::GRACE_PERIOD),
+            rule(
+                format!("self <= {}", crate::bounds::GRACE_PERIOD_MAX_SECONDS),
+                messages::GRACE_PERIOD_MAX,
+            ),
+        ],
     );
     add_rules(
         object(schema),

@@ -13,6 +13,7 @@ use kube::CustomResourceExt;
 use serde_json::Value;
 
 use crate::{
+    bounds,
     constants::template_placeholders,
     duration::Duration,
     policy::{Action, GpuRemediationPolicy, GpuRemediationPolicySpec, Replacement, Strategy},
@@ -106,10 +107,19 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
     if safety.rate.limit < 1 {
         out.push(Violation::new("spec.safety.rate.limit", messages::RATE_LIMIT));
     }
+    if safety.rate.limit > bounds::RATE_LIMIT_MAX {
+        out.push(Violation::new("spec.safety.rate.limit", messages::RATE_LIMIT_MAX));
+    }
     if safety.max_attempts_per_node.count < 1 {
         out.push(Violation::new(
             "spec.safety.maxAttemptsPerNode.count",
             messages::ATTEMPTS_COUNT,
+        ));
+    }
+    if safety.max_attempts_per_node.count > bounds::ATTEMPTS_MAX {
+        out.push(Violation::new(
+            "spec.safety.maxAttemptsPerNode.count",
+            messages::ATTEMPTS_COUNT_MAX,
         ));
     }
     if spec.drain.grace_period_seconds.is_some_and(|s| s < 0) {
@@ -122,6 +132,16 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
         out.push(Violation::new(
             "spec.drain.gracePeriodSeconds",
             messages::ZERO_GRACE_PERIOD,
+        ));
+    }
+    if spec
+        .drain
+        .grace_period_seconds
+        .is_some_and(|s| s > bounds::GRACE_PERIOD_MAX_SECONDS)
+    {
+        out.push(Violation::new(
+            "spec.drain.gracePeriodSeconds",
+            messages::GRACE_PERIOD_MAX,
         ));
     }
     for (field, duration) in [
@@ -155,6 +175,9 @@ fn check_positive(field: &str, duration: Duration, out: &mut Vec<Violation>) {
 fn check_int_or_percent(field: &str, value: &IntOrPercent, out: &mut Vec<Violation>) {
     match value {
         IntOrPercent::Int(n) if *n < 1 => out.push(Violation::new(field, messages::COUNT_AT_LEAST_ONE)),
+        IntOrPercent::Int(n) if *n > bounds::COUNT_MAX => {
+            out.push(Violation::new(field, messages::COUNT_AT_MOST));
+        }
         IntOrPercent::Int(_) => {}
         IntOrPercent::Percent(p) => {
             let pct = p

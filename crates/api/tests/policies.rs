@@ -23,7 +23,11 @@ fn evaluable_client_side(rule: &str) -> bool {
 }
 
 /// Fixtures refused by a CEL rule that kube-cel cannot evaluate (see `evaluable_client_side`).
-const REFUSED_BY_CEL_ONLY_SERVER_SIDE: &[&str] = &["03-count-below-one.yaml", "04-percent-out-of-range.yaml"];
+const REFUSED_BY_CEL_ONLY_SERVER_SIDE: &[&str] = &[
+    "03-count-below-one.yaml",
+    "04-percent-out-of-range.yaml",
+    "34-count-above-maximum.yaml",
+];
 
 /// Fixtures refused by the schema's structural checks rather than by a CEL rule, so client-side CEL
 /// has nothing to evaluate for them; only the server (and `validate`) refuse them.
@@ -44,6 +48,7 @@ const REFUSED_BY_STRUCTURE_NOT_CEL: &[(&str, &str)] = &[
         "32-unknown-field.yaml",
         "pruning, refused under strict field validation",
     ),
+    ("33-priority-out-of-range.yaml", "maximum"),
 ];
 
 struct Fixture {

@@ -1,10 +1,13 @@
 //! Detection: whether a node is unhealthy under a policy's triggers, given its conditions and the
 //! time. Pure: no API call, no clock of its own.
 //!
-//! The clock of a trigger is the matching condition's `lastTransitionTime`. The API server only
-//! moves that timestamp when the condition's *status* changes, so a change of reason within the
-//! same status does not restart the clock, and a return to healthy (a status change) does: exactly
-//! the semantics the policy documents.
+//! The clock of a trigger is the matching condition's `lastTransitionTime`. The API server stores
+//! whatever time the condition's writer sends; writers (this project's agent, node-problem-detector)
+//! move it only when the condition's *status* changes, so a change of reason within the same status
+//! does not restart the clock, and a return to healthy (a status change) does: exactly the
+//! semantics the policy documents. Since the writer chooses the time, a `lastTransitionTime` in the
+//! future counts as now (the clock starts no earlier than the controller sees the condition); the
+//! agent's admission policy (`manifests/agent/`) refuses future times and other nodes' conditions.
 
 use gpu_remediation_api::policy::Trigger;
 use jiff::Timestamp;
@@ -86,7 +89,11 @@ pub fn evaluate(conditions: &[NodeCondition], triggers: &[Trigger], now: Timesta
         let Some(condition) = conditions.iter().find(|c| c.type_ == trigger.condition_type) else {
             continue;
         };
-        let changed_at = condition.last_transition_time.as_ref().map_or(now, |t| t.0);
+        // A time in the future is the writer's clock or a forgery; it counts as now.
+        let changed_at = condition
+            .last_transition_time
+            .as_ref()
+            .map_or(now, |t| t.0.min(now));
         if !condition_matches(trigger, condition) {
             healthy_since = Some(healthy_since.map_or(changed_at, |t| t.max(changed_at)));
             continue;
@@ -256,6 +263,20 @@ mod tests {
             matches!(verdict, Verdict::Pending { due, .. } if due == at(110)),
             "{verdict:?}"
         );
+    }
+
+    #[test]
+    fn a_transition_time_in_the_future_counts_as_now_so_the_clock_starts_when_seen() {
+        let triggers = [trigger(&[], 60)];
+        let conditions = [condition("GpuHealthy", "False", "XID79", 1000 + 3600)];
+        match evaluate(&conditions, &triggers, at(1000)) {
+            Verdict::Pending { evidence, due } => {
+                assert_eq!(evidence.since, at(1000));
+                assert_eq!(due, at(1060));
+            }
+            other => panic!("a future time must not condemn nor be kept: {other:?}"),
+        }
+        assert!(!evaluate(&conditions, &triggers, at(1059)).is_unhealthy());
     }
 
     #[test]

@@ -2,12 +2,16 @@
 //! `--leader-elect` is given), with JSON logs and `/metrics`, `/healthz`, `/readyz` on `--listen`.
 #![forbid(unsafe_code)]
 
-use std::{net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use gpu_remediator::{
     Settings,
+    cli::{
+        Connection,
+        commands::{self, ExplainArgs, ValidateArgs},
+    },
     controller::{Telemetry, run_with_telemetry},
     leader::{ElectionConfig, Elector, Fence, lease_client},
     telemetry::{self, Health, Metrics},
@@ -28,27 +32,14 @@ enum Command {
     Run(RunArgs),
     /// Check policy files offline (schema, rules, duplicates, overlapping selectors); exits 1 on errors.
     Validate(ValidateArgs),
-    /// Say why a node is or is not being remediated: which policy, which trigger, which limit.
-    Explain(ExplainArgs),
-}
-
-#[derive(Args, Debug)]
-struct ValidateArgs {
-    /// Policy files, or directories of `*.yaml` files; documents of other kinds are skipped.
-    #[arg(required = true)]
-    paths: Vec<std::path::PathBuf>,
-    /// Fail on warnings too.
-    #[arg(long)]
-    strict: bool,
-}
-
-#[derive(Args, Debug)]
-struct ExplainArgs {
-    /// The node.
-    node: String,
-    /// Consider only the policies matching this label selector, as a controller started with it.
-    #[arg(long)]
-    policy_selector: Option<String>,
+    /// Say why a node is or is not being remediated: which policy, which trigger, which limit; exits 1
+    /// when there is no such node.
+    Explain {
+        #[command(flatten)]
+        args: ExplainArgs,
+        #[command(flatten)]
+        connection: Connection,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -80,25 +71,15 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => {
             telemetry::init_json_logs().context("setting up logs")?;
-            run(args).await
+            run(args).await.map(|()| ExitCode::SUCCESS)
         }
-        Command::Validate(args) => {
-            if !gpu_remediator::cli::validate_files(&args.paths, args.strict)? {
-                std::process::exit(1);
-            }
-            Ok(())
-        }
-        Command::Explain(args) => {
-            let explanation =
-                gpu_remediator::cli::explain_node(&args.node, args.policy_selector.as_deref()).await?;
-            print!("{explanation}");
-            Ok(())
-        }
+        Command::Validate(args) => Ok(commands::validate(&args)?),
+        Command::Explain { args, connection } => Ok(commands::explain(&args, &connection).await?),
     }
 }
 

@@ -10,6 +10,10 @@
 //! A watch event wakes the controller only when something a decision reads changed (a
 //! fingerprint per object), so kubelet status churn does not cause passes.
 //!
+//! The policy and remediation watches read untyped objects and decode each one
+//! ([`undecodable::Decoder`]): an object stored out of range (before a schema bound existed) is
+//! left out and reported, and never fails the watch, nor the readiness that waits for its list.
+//!
 //! Writes the controller makes are visible at once through [`Overlay`]: a remediation created or
 //! updated in one pass is seen by the next even before its watch event arrives, so the budget never
 //! counts a remediation late and a phase is never repeated from a stale cache.
@@ -25,6 +29,7 @@ use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy};
 use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
 use kube::{
     Api, Client, Resource, ResourceExt,
+    api::{ApiResource, DynamicObject},
     runtime::{
         WatchStreamExt,
         reflector::{self, Store},
@@ -33,6 +38,10 @@ use kube::{
 };
 use serde::Serialize;
 use tokio::sync::Notify;
+
+pub mod undecodable;
+
+pub use undecodable::Undecodable;
 
 /// The stores the controller reads, shared by every pass.
 #[derive(Clone)]
@@ -51,6 +60,9 @@ pub struct Caches {
     pub written_nodes: Overlay<Node>,
     /// What changed since the loop last looked.
     pub changes: Changes,
+    /// Policies and remediations stored in a shape the controller cannot decode, left out of the
+    /// stores above and reported.
+    pub undecodable: Undecodable,
 }
 
 /// What the watches saw change since the loop last took it.
@@ -140,16 +152,19 @@ impl Caches {
             let changes = changes.clone();
             move |_: Option<String>| changes.note(|c| c.anything = true)
         };
-        let policies = spawn_reflector(
-            Api::<GpuRemediationPolicy>::all(client.clone()),
+        let undecodable = Undecodable::start(client.clone());
+        let policies = spawn_decoding_reflector(
+            client,
+            &undecodable,
             policy_config,
             |_| {},
             policy_fingerprint,
             Waker::new(wake.clone(), anything(&changes)),
             None,
         );
-        let remediations = spawn_reflector(
-            Api::<GpuRemediation>::all(client.clone()),
+        let remediations = spawn_decoding_reflector(
+            client,
+            &undecodable,
             remediation_config,
             |r: &mut GpuRemediation| r.managed_fields_mut().clear(),
             remediation_fingerprint,
@@ -196,6 +211,7 @@ impl Caches {
             written_remediations,
             written_nodes,
             changes,
+            undecodable,
         })
     }
 
@@ -248,6 +264,45 @@ where
     let (store, writer) = reflector::store();
     let events = watcher(api, config)
         .default_backoff()
+        .modify(prune)
+        .reflect(writer);
+    tokio::spawn(wake_on_change(events, fingerprint, wake, written));
+    store
+}
+
+/// [`spawn_reflector`] for a kind of ours: the watch reads untyped objects and decodes each one, so
+/// one that does not decode is reported and left out instead of failing the whole list.
+fn spawn_decoding_reflector<K, M, F>(
+    client: &Client,
+    undecodable: &Undecodable,
+    config: watcher::Config,
+    prune: M,
+    fingerprint: F,
+    wake: Waker,
+    written: Option<Overlay<K>>,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    M: FnMut(&mut K) + Send + 'static,
+    F: Fn(&K) -> u64 + Send + 'static,
+{
+    let api = Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<K>(&()));
+    let mut decoder = undecodable::Decoder::<K>::new(undecodable.clone());
+    let (store, writer) = reflector::store();
+    let events = watcher(api, config)
+        .default_backoff()
+        .filter_map(move |event| {
+            std::future::ready(match event {
+                Ok(event) => decoder.event(event).map(Ok),
+                Err(error) => Some(Err(error)),
+            })
+        })
         .modify(prune)
         .reflect(writer);
     tokio::spawn(wake_on_change(events, fingerprint, wake, written));

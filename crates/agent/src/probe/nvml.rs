@@ -204,6 +204,22 @@ fn read_fields(device: &Device<'_>, index: u32, failed: &mut Vec<String>) -> Res
         }),
     )?;
     keep_unless_lost(
+        optional(device.serial(), index, "nvmlDeviceGetSerial", failed).map(|serial| gpu.serial = serial),
+    )?;
+    keep_unless_lost(
+        optional(
+            device.board_part_number(),
+            index,
+            "nvmlDeviceGetBoardPartNumber",
+            failed,
+        )
+        .map(|part| gpu.board_part_number = part),
+    )?;
+    keep_unless_lost(
+        optional(device.vbios_version(), index, "nvmlDeviceGetVbiosVersion", failed)
+            .map(|vbios| gpu.vbios_version = vbios),
+    )?;
+    keep_unless_lost(
         optional(
             device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
             index,

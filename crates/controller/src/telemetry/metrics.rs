@@ -8,11 +8,13 @@
 //! | `remediations_in_flight` | gauge | `policy` |
 //! | `phase_duration_seconds` | histogram | `policy`, `phase` (time spent in the phase) |
 //! | `detection_to_cordon_seconds` | histogram | `policy` (trigger condition's transition to cordon) |
+//! | `time_to_recovery_seconds` | histogram | `policy`, `outcome` (trigger's start to the node, or its replacement, back in service) |
 //! | `evictions_total` | counter | `result` |
 //! | `budget_remaining` | gauge | `policy` (remediations that may start now: the smallest of the limits, as `status.budget.remaining`) |
 //! | `circuit_open` | gauge | `policy` (1 while `maxUnhealthy` is exceeded) |
 //! | `leader` | gauge | (1 while this replica's fence is current) |
 //! | `reconcile_errors_total` | counter | `reconciler` |
+//! | `undecodable_objects` | gauge | `kind`, `name` (1 while a stored policy or remediation cannot be decoded; `observe::undecodable`) |
 //!
 //! Gauges about policies are *set* from what the reconcilers computed from API objects (never
 //! counted up and down in memory), so a new leader reports the same values as the old one.
@@ -90,6 +92,12 @@ struct FinishedLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OutcomeLabels {
+    policy: String,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct PhaseLabels {
     policy: String,
     phase: &'static str,
@@ -110,6 +118,11 @@ fn phase_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1.0, 2.0, 15))
 }
 
+fn recovery_histogram() -> Histogram {
+    // 30 s to about 68 h: a reboot is minutes, a replacement hours, a blocked drain days.
+    Histogram::new(exponential_buckets(30.0, 2.0, 14))
+}
+
 fn detection_histogram() -> Histogram {
     // 0.25 s to about 17 min: detection-to-cordon is seconds once the trigger's `for` has held.
     Histogram::new(exponential_buckets(0.25, 2.0, 13))
@@ -121,6 +134,7 @@ struct Series {
     in_flight: Family<PolicyLabels, Gauge>,
     phase_duration: Family<PhaseLabels, Histogram>,
     detection_to_cordon: Family<PolicyLabels, Histogram>,
+    time_to_recovery: Family<OutcomeLabels, Histogram>,
     evictions: Family<EvictionLabels, Counter>,
     budget_remaining: Family<PolicyLabels, Gauge>,
     circuit_open: Family<PolicyLabels, Gauge>,
@@ -167,6 +181,7 @@ impl Metrics {
             in_flight: Family::default(),
             phase_duration: Family::new_with_constructor(phase_histogram),
             detection_to_cordon: Family::new_with_constructor(detection_histogram),
+            time_to_recovery: Family::new_with_constructor(recovery_histogram),
             evictions: Family::default(),
             budget_remaining: Family::default(),
             circuit_open: Family::default(),
@@ -200,6 +215,11 @@ impl Metrics {
             series.detection_to_cordon.clone(),
         );
         registry.register(
+            "time_to_recovery_seconds",
+            "From the start of the trigger to the node (or its replacement) back in service, by outcome",
+            series.time_to_recovery.clone(),
+        );
+        registry.register(
             "evictions",
             "Eviction attempts, by result",
             series.evictions.clone(),
@@ -223,6 +243,11 @@ impl Metrics {
             "reconcile_errors",
             "Reconcile attempts that failed, by reconciler",
             series.reconcile_errors.clone(),
+        );
+        registry.register(
+            "undecodable_objects",
+            "1 while a stored policy or remediation cannot be decoded and is left out, by kind and name",
+            crate::observe::undecodable::GAUGE.clone(),
         );
         // Counters that exist from the start read 0 rather than absent, so `rate()` and alerts on
         // them work before the first event.
@@ -297,6 +322,18 @@ impl Metrics {
             .detection_to_cordon
             .get_or_create(&PolicyLabels {
                 policy: policy.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// A remediation ended with `outcome` (its terminal phase) `elapsed` after its trigger started:
+    /// the node, or its replacement, is back in service (or, for another outcome, given up on).
+    pub fn time_to_recovery(&self, policy: &str, outcome: Phase, elapsed: Duration) {
+        self.series
+            .time_to_recovery
+            .get_or_create(&OutcomeLabels {
+                policy: policy.to_owned(),
+                outcome: outcome.as_str(),
             })
             .observe(elapsed.as_secs_f64());
     }
@@ -461,6 +498,28 @@ mod tests {
                 r#"gpu_remediator_detection_to_cordon_seconds_sum{policy="gpus"}"#
             ),
             Some(1.5)
+        );
+    }
+
+    #[test]
+    fn time_to_recovery_is_observed_in_seconds_by_policy_and_outcome() {
+        let metrics = Metrics::new();
+        metrics.time_to_recovery("gpus", Phase::Succeeded, Duration::from_secs(600));
+        metrics.time_to_recovery("gpus", Phase::Succeeded, Duration::from_secs(60));
+        let text = metrics.encode();
+        assert_eq!(
+            line_value(
+                &text,
+                r#"gpu_remediator_time_to_recovery_seconds_sum{policy="gpus",outcome="Succeeded"}"#
+            ),
+            Some(660.0)
+        );
+        assert_eq!(
+            line_value(
+                &text,
+                r#"gpu_remediator_time_to_recovery_seconds_bucket{le="120.0",policy="gpus",outcome="Succeeded"}"#
+            ),
+            Some(1.0)
         );
     }
 
