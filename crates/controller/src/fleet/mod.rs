@@ -21,13 +21,12 @@ use std::{
 };
 
 use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, GpuRemediationSpec, GpuRemediationStatus, Phase,
+    GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus, Phase,
     constants::{
-        APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, CANCELLED_ANNOTATION, NODE_LABEL, POLICY_LABEL,
-        REMEDIATION_FINALIZER, policy_conditions, reasons,
+        APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, CANCELLED_ANNOTATION, policy_conditions, reasons,
     },
     policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, WaitingNode},
-    remediation::{PhaseTransition, PolicySnapshot, TriggerRecord},
+    remediation::PhaseTransition,
     validate,
 };
 use jiff::Timestamp;
@@ -36,6 +35,13 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
 };
 use kube::ResourceExt;
+
+mod conditions;
+mod record;
+
+pub use conditions::condition;
+use conditions::{conditions, has_true_condition};
+pub use record::{new_remediation, remediation_name, snapshot_of};
 
 use crate::{
     budget::{self, Candidate, Deferral, Started},
@@ -525,7 +531,7 @@ fn started(name: &str, remediations: &[Arc<GpuRemediation>], now: Timestamp) -> 
         .filter(|r| !awaits_person_past_attempts(r))
         .map(|r| Started {
             node: r.spec.node_name.clone(),
-            at: r.creation_timestamp().map_or(now, |t| t.0),
+            at: admitted_at(r).unwrap_or(now),
             in_flight: !r
                 .status
                 .as_ref()
@@ -536,182 +542,18 @@ fn started(name: &str, remediations: &[Arc<GpuRemediation>], now: Timestamp) -> 
         .collect()
 }
 
-#[allow(
-    clippy::too_many_arguments,
-    reason = "each input is one fact the conditions report"
-)]
-fn conditions(
-    previous: &[Condition],
-    paused: bool,
-    decision: &budget::Decision,
-    unhealthy: u32,
-    selected: u32,
-    spec: &gpu_remediation_api::GpuRemediationPolicySpec,
-    overlapped_by: Option<&BTreeSet<String>>,
-    generation: Option<i64>,
-    now: Timestamp,
-) -> Vec<Condition> {
-    let ready = (
-        true,
-        reasons::VALID.to_owned(),
-        format!("enforcing in mode {:?}", spec.mode),
-    );
-    let circuit = if decision.circuit_open {
-        (
-            true,
-            reasons::CIRCUIT_OPEN.to_owned(),
-            format!(
-                "{unhealthy} of {selected} nodes unhealthy, above maxUnhealthy {}: nothing new starts",
-                spec.safety.max_unhealthy
-            ),
-        )
-    } else {
-        (
-            false,
-            "WithinLimit".to_owned(),
-            format!(
-                "{unhealthy} of {selected} nodes unhealthy, maxUnhealthy {}",
-                spec.safety.max_unhealthy
-            ),
-        )
-    };
-    let paused = if paused {
-        (
-            true,
-            reasons::PAUSED.to_owned(),
-            "spec.paused is set: no new remediation starts".to_owned(),
-        )
-    } else {
-        (false, "Running".to_owned(), "not paused".to_owned())
-    };
-    let overlap = match overlapped_by {
-        Some(winners) if !winners.is_empty() => (
-            true,
-            reasons::OVERLAP.to_owned(),
-            format!(
-                "some selected nodes are governed by {} (higher priority, or same priority and an earlier name)",
-                winners.iter().cloned().collect::<Vec<_>>().join(", ")
-            ),
-        ),
-        _ => (
-            false,
-            "NoOverlap".to_owned(),
-            "every selected node is governed by this policy".to_owned(),
-        ),
-    };
-    [
-        (policy_conditions::READY, ready),
-        (policy_conditions::CIRCUIT_OPEN, circuit),
-        (policy_conditions::PAUSED, paused),
-        (policy_conditions::OVERLAP, overlap),
-    ]
-    .into_iter()
-    .map(|(type_, (status, reason, message))| {
-        condition(previous, type_, status, reason, message, generation, now)
-    })
-    .collect()
-}
-
-/// A condition, keeping the previous transition time when its status did not change.
-#[must_use]
-pub fn condition(
-    previous: &[Condition],
-    type_: &str,
-    status: bool,
-    reason: String,
-    message: String,
-    generation: Option<i64>,
-    now: Timestamp,
-) -> Condition {
-    let status = if status { "True" } else { "False" }.to_owned();
-    let last_transition_time = previous
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map_or(Time(now), |c| c.last_transition_time.clone());
-    Condition {
-        type_: type_.to_owned(),
-        status,
-        reason,
-        message,
-        last_transition_time,
-        observed_generation: generation,
-    }
-}
-
-fn has_true_condition(conditions: &[Condition], type_: &str) -> bool {
-    conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
-}
-
-/// The remediation to create for a node admitted under a policy.
-#[must_use]
-pub fn new_remediation(policy: &GpuRemediationPolicy, node: &Node, evidence: &Evidence) -> GpuRemediation {
-    let node_name = node.name_any();
-    let policy_name = policy.name_any();
-    let trigger = &policy.spec.triggers[evidence.trigger];
-    let mut remediation = GpuRemediation::new(
-        &remediation_name(&node_name, &policy_name, evidence.since),
-        GpuRemediationSpec {
-            node_name: node_name.clone(),
-            policy_name: policy_name.clone(),
-            trigger: TriggerRecord {
-                condition_type: evidence.condition_type.clone(),
-                status: trigger.status,
-                reason: evidence.reason.clone(),
-                message: evidence.message.clone(),
-                since: Some(Time(evidence.since)),
-            },
-            action: trigger.action.unwrap_or(policy.spec.action),
-            mode: policy.spec.mode,
-            node_uid: node.metadata.uid.clone(),
-            policy_snapshot: Some(snapshot_of(policy)),
-        },
-    );
-    // The policy's labels travel with the record, so a controller scoped by a policy selector
-    // keeps governing its records after the policy is deleted (and never sees another's).
-    let mut labels: BTreeMap<String, String> = policy.labels().clone();
-    for (key, value) in [(NODE_LABEL, &node_name), (POLICY_LABEL, &policy_name)] {
-        // Label values are limited to 63 characters; longer names are still in the spec.
-        if value.len() <= 63 {
-            labels.insert(key.to_owned(), value.clone());
-        }
-    }
-    remediation.metadata.labels = Some(labels);
-    remediation.metadata.finalizers = Some(vec![REMEDIATION_FINALIZER.to_owned()]);
-    remediation
-}
-
-/// The rules a recycle follows once admitted: the policy as it is now.
-#[must_use]
-pub fn snapshot_of(policy: &GpuRemediationPolicy) -> PolicySnapshot {
-    PolicySnapshot {
-        generation: policy.metadata.generation,
-        triggers: policy.spec.triggers.clone(),
-        drain: policy.spec.drain.clone(),
-        replacement: policy.spec.replacement.clone(),
-        release: policy.spec.release.clone(),
-    }
-}
-
-/// `<node>-<6 hex digits>`: the same node, policy and episode always give the same name, so a
-/// repeated create (a retried pass, a new leader) finds the existing record instead of a second.
-#[must_use]
-pub fn remediation_name(node: &str, policy: &str, since: Timestamp) -> String {
-    // FNV-1a: small, stable across builds and platforms (std's hasher is not).
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in node
-        .bytes()
-        .chain([0])
-        .chain(policy.bytes())
-        .chain([0])
-        .chain(since.as_second().to_be_bytes())
-    {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    let suffix = format!("{:06x}", hash & 0xff_ffff);
-    // Keep the whole name a valid object name (at most 253 characters).
-    let prefix: String = node.chars().take(253 - 7).collect();
-    format!("{prefix}-{suffix}")
+/// When a record was (last) admitted by the budget: its readmission after a person's approval
+/// past `maxAttemptsPerNode`, else its creation. Limits count it from then.
+fn admitted_at(record: &GpuRemediation) -> Option<Timestamp> {
+    let readmitted = record.status.as_ref().and_then(|s| {
+        s.phase_history
+            .iter()
+            .skip(1)
+            .rev()
+            .find(|t| t.phase == Phase::Pending)
+            .map(|t| t.at.0)
+    });
+    readmitted.or_else(|| record.creation_timestamp().map(|t| t.0))
 }
 
 fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
@@ -728,8 +570,10 @@ fn count(n: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use gpu_remediation_api::{
-        GpuRemediationPolicySpec, GpuRemediationStatus, Phase,
+        GpuRemediationPolicySpec, GpuRemediationSpec, GpuRemediationStatus, Phase,
+        constants::REMEDIATION_FINALIZER,
         policy::{Action, ConditionStatus, Trigger},
+        remediation::TriggerRecord,
         selector::{IntOrPercent, NodeSelector},
     };
     use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
@@ -986,6 +830,12 @@ mod tests {
         let status = readmitted_status(&r, at(1000));
         r.status = Some(status);
         assert!(!awaits_person_past_attempts(&r));
+        let counted = started("p", &[Arc::new(r)], at(2000));
+        assert_eq!(
+            counted[0].at,
+            at(1000),
+            "the rate window counts it from its readmission, not from its creation"
+        );
     }
 
     #[test]

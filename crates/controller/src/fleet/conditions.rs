@@ -1,0 +1,119 @@
+//! The conditions a policy's status reports (`Ready`, `CircuitOpen`, `Paused`, `Overlap`), and
+//! setting one condition so that its transition time moves only when its status changes. Pure.
+
+use std::collections::BTreeSet;
+
+use gpu_remediation_api::{
+    GpuRemediationPolicySpec,
+    constants::{policy_conditions, reasons},
+};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::budget;
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "each input is one fact the conditions report"
+)]
+pub(super) fn conditions(
+    previous: &[Condition],
+    paused: bool,
+    decision: &budget::Decision,
+    unhealthy: u32,
+    selected: u32,
+    spec: &GpuRemediationPolicySpec,
+    overlapped_by: Option<&BTreeSet<String>>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    let ready = (
+        true,
+        reasons::VALID.to_owned(),
+        format!("enforcing in mode {:?}", spec.mode),
+    );
+    let circuit = if decision.circuit_open {
+        (
+            true,
+            reasons::CIRCUIT_OPEN.to_owned(),
+            format!(
+                "{unhealthy} of {selected} nodes unhealthy, above maxUnhealthy {}: nothing new starts",
+                spec.safety.max_unhealthy
+            ),
+        )
+    } else {
+        (
+            false,
+            "WithinLimit".to_owned(),
+            format!(
+                "{unhealthy} of {selected} nodes unhealthy, maxUnhealthy {}",
+                spec.safety.max_unhealthy
+            ),
+        )
+    };
+    let paused = if paused {
+        (
+            true,
+            reasons::PAUSED.to_owned(),
+            "spec.paused is set: no new remediation starts".to_owned(),
+        )
+    } else {
+        (false, "Running".to_owned(), "not paused".to_owned())
+    };
+    let overlap = match overlapped_by {
+        Some(winners) if !winners.is_empty() => (
+            true,
+            reasons::OVERLAP.to_owned(),
+            format!(
+                "some selected nodes are governed by {} (higher priority, or same priority and an earlier name)",
+                winners.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        ),
+        _ => (
+            false,
+            "NoOverlap".to_owned(),
+            "every selected node is governed by this policy".to_owned(),
+        ),
+    };
+    [
+        (policy_conditions::READY, ready),
+        (policy_conditions::CIRCUIT_OPEN, circuit),
+        (policy_conditions::PAUSED, paused),
+        (policy_conditions::OVERLAP, overlap),
+    ]
+    .into_iter()
+    .map(|(type_, (status, reason, message))| {
+        condition(previous, type_, status, reason, message, generation, now)
+    })
+    .collect()
+}
+
+/// A condition, keeping the previous transition time when its status did not change.
+#[must_use]
+pub fn condition(
+    previous: &[Condition],
+    type_: &str,
+    status: bool,
+    reason: String,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Condition {
+    let status = if status { "True" } else { "False" }.to_owned();
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or(Time(now), |c| c.last_transition_time.clone());
+    Condition {
+        type_: type_.to_owned(),
+        status,
+        reason,
+        message,
+        last_transition_time,
+        observed_generation: generation,
+    }
+}
+
+pub(super) fn has_true_condition(conditions: &[Condition], type_: &str) -> bool {
+    conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
+}
