@@ -1,0 +1,426 @@
+//! The model of the cluster the random paths run in: one node, its pods, the record, the
+//! replacement, a person, and the clock; drawn setups and events; answers by the dice.
+
+use std::collections::BTreeMap;
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationSpec, Phase,
+    constants::{APPROVED_ANNOTATION, REMEDIATION_FINALIZER},
+    policy::{Action, ConditionStatus, Drain, Mode, OnDrainTimeout, Release, Replacement, Strategy, Trigger},
+    remediation::{PolicySnapshot, TriggerRecord},
+};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::{
+    api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus},
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+};
+use kube::core::Status;
+use proptest::{
+    prelude::{Just, any, prop, prop_oneof},
+    strategy::Strategy as _,
+};
+
+use crate::{
+    drain::{Leaving, Plan},
+    lifecycle::{EvictionAnswer, Words},
+    replace::{Observation, Presence, ReplacementNode, Reported},
+};
+
+pub(super) const NAME: &str = "gpu-1-abc123";
+pub(super) const NODE: &str = "gpu-1";
+
+/// What happens in the world between two passes.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Event {
+    Pass,
+    Time(i64),
+    Recovers,
+    Breaks,
+    NodeDeleted,
+    NodeRecreated,
+    PodsFinish,
+    PersonCordons,
+    PersonUncordons,
+    PersonApproves,
+    RecordDeleted,
+    HandEdit(Phase),
+    PolicyDeleted,
+}
+
+pub(super) fn event() -> impl proptest::strategy::Strategy<Value = Event> {
+    let in_flight = prop_oneof![
+        Just(Phase::Pending),
+        Just(Phase::Cordoned),
+        Just(Phase::Draining),
+        Just(Phase::Blocked),
+        Just(Phase::Replacing),
+        Just(Phase::Verifying),
+    ];
+    prop_oneof![
+        8 => Just(Event::Pass),
+        4 => prop_oneof![Just(1_i64), Just(30), Just(400), Just(4_000), Just(200_000)].prop_map(Event::Time),
+        2 => Just(Event::Recovers),
+        2 => Just(Event::Breaks),
+        1 => Just(Event::NodeDeleted),
+        1 => Just(Event::NodeRecreated),
+        3 => Just(Event::PodsFinish),
+        1 => Just(Event::PersonCordons),
+        1 => Just(Event::PersonUncordons),
+        1 => Just(Event::PersonApproves),
+        1 => Just(Event::RecordDeleted),
+        1 => in_flight.prop_map(Event::HandEdit),
+        1 => Just(Event::PolicyDeleted),
+    ]
+}
+
+/// The policy and the record's start, drawn per path.
+#[derive(Clone, Debug)]
+pub(super) struct Setup {
+    pub(super) action: Action,
+    pub(super) mode: Mode,
+    pub(super) strategy: Strategy,
+    pub(super) on_timeout: OnDrainTimeout,
+    pub(super) grace: Option<i64>,
+    pub(super) allow_zero: bool,
+    pub(super) pods: usize,
+    pub(super) snapshot: bool,
+    pub(super) exhausted: bool,
+}
+
+pub(super) fn setup() -> impl proptest::strategy::Strategy<Value = Setup> {
+    (
+        prop_oneof![Just(Action::Replace), Just(Action::Reboot), Just(Action::None)],
+        prop_oneof![6 => Just(Mode::Enforce), 2 => Just(Mode::Manual), 1 => Just(Mode::DryRun)],
+        prop_oneof![
+            Just(Strategy::DeleteNode),
+            Just(Strategy::Template),
+            Just(Strategy::DeleteMachine)
+        ],
+        prop_oneof![
+            Just(OnDrainTimeout::Block),
+            Just(OnDrainTimeout::ForceDelete),
+            Just(OnDrainTimeout::Proceed)
+        ],
+        prop_oneof![Just(None), Just(Some(0_i64)), Just(Some(30))],
+        any::<bool>(),
+        0..4_usize,
+        prop::bool::weighted(0.9),
+        prop::bool::weighted(0.05),
+    )
+        .prop_map(
+            |(action, mode, strategy, on_timeout, grace, allow_zero, pods, snapshot, exhausted)| Setup {
+                action,
+                mode,
+                strategy: if action == Action::Reboot {
+                    Strategy::Template
+                } else {
+                    strategy
+                },
+                on_timeout,
+                grace,
+                allow_zero,
+                pods,
+                snapshot,
+                exhausted,
+            },
+        )
+}
+
+/// A pod in the model.
+#[derive(Clone, Debug)]
+pub(super) struct Pod {
+    pub(super) uid: String,
+    pub(super) terminating: bool,
+    pub(super) gone_by: Option<Timestamp>,
+}
+
+/// The model of the cluster around one remediation.
+pub(super) struct World {
+    pub(super) now: Timestamp,
+    pub(super) record: Option<GpuRemediation>,
+    pub(super) rules: PolicySnapshot,
+    pub(super) policy_exists: bool,
+    pub(super) node: Option<Node>,
+    pub(super) admitted_uid: String,
+    pub(super) generation: u32,
+    pub(super) pods: Vec<Pod>,
+    pub(super) person_holds: bool,
+    pub(super) replacement: Option<(bool, Reported)>,
+    pub(super) dice: u64,
+    pub(super) asked_at: BTreeMap<String, Timestamp>,
+}
+
+pub(super) fn at(second: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + second).expect("a valid time")
+}
+
+pub(super) fn condition(broken: bool, since: Timestamp) -> NodeCondition {
+    NodeCondition {
+        type_: "GpuHealthy".into(),
+        status: if broken { "False" } else { "True" }.into(),
+        reason: Some(if broken { "XID79" } else { "GpusHealthy" }.into()),
+        last_transition_time: Some(Time(since)),
+        ..NodeCondition::default()
+    }
+}
+
+pub(super) fn node(uid: &str, broken: bool, since: Timestamp) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(NODE.into()),
+            uid: Some(uid.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: Some(NodeStatus {
+            conditions: Some(vec![condition(broken, since)]),
+            ..NodeStatus::default()
+        }),
+    }
+}
+
+pub(super) fn rules(setup: &Setup) -> PolicySnapshot {
+    PolicySnapshot {
+        generation: Some(1),
+        triggers: vec![Trigger {
+            condition_type: "GpuHealthy".into(),
+            status: ConditionStatus::False,
+            reasons: Vec::new(),
+            for_: gpu_remediation_api::Duration::from_secs(0),
+            action: None,
+        }],
+        drain: Drain {
+            timeout: gpu_remediation_api::Duration::from_mins(30),
+            on_timeout: setup.on_timeout,
+            grace_period_seconds: setup.grace,
+            allow_zero_grace_period: setup.allow_zero,
+        },
+        replacement: Replacement {
+            strategy: setup.strategy,
+            template: None,
+            timeout: gpu_remediation_api::Duration::from_mins(20),
+        },
+        release: Release {
+            healthy_for: gpu_remediation_api::Duration::from_mins(5),
+        },
+    }
+}
+
+pub(super) fn record(setup: &Setup, rules: &PolicySnapshot, created: Timestamp) -> GpuRemediation {
+    let mut record = GpuRemediation::new(
+        NAME,
+        GpuRemediationSpec {
+            node_name: NODE.into(),
+            policy_name: "p".into(),
+            trigger: TriggerRecord {
+                condition_type: "GpuHealthy".into(),
+                status: ConditionStatus::False,
+                reason: "XID79".into(),
+                message: String::new(),
+                since: Some(Time(created)),
+            },
+            action: setup.action,
+            mode: setup.mode,
+            node_uid: Some("uid-0".into()),
+            policy_snapshot: setup.snapshot.then(|| rules.clone()),
+        },
+    );
+    record.metadata.creation_timestamp = Some(Time(created));
+    record.metadata.finalizers = Some(vec![REMEDIATION_FINALIZER.into()]);
+    if setup.exhausted {
+        record.metadata.annotations = Some(
+            [(
+                gpu_remediation_api::constants::ATTEMPTS_EXHAUSTED_ANNOTATION.to_owned(),
+                "2 attempts in 24h".to_owned(),
+            )]
+            .into(),
+        );
+    }
+    record
+}
+
+impl World {
+    pub(super) fn new(setup: &Setup, dice: u64) -> Self {
+        let now = at(0);
+        let rules = rules(setup);
+        Self {
+            now,
+            record: Some(record(setup, &rules, now)),
+            rules,
+            policy_exists: true,
+            node: Some(node("uid-0", true, now)),
+            admitted_uid: "uid-0".into(),
+            generation: 0,
+            pods: (0..setup.pods)
+                .map(|i| Pod {
+                    uid: format!("pod-{i}"),
+                    terminating: false,
+                    gone_by: None,
+                })
+                .collect(),
+            person_holds: false,
+            replacement: None,
+            dice: dice | 1,
+            asked_at: BTreeMap::new(),
+        }
+    }
+
+    /// A pseudo-random number in `0..n` (xorshift), from the path's dice.
+    pub(super) fn roll(&mut self, n: u64) -> u64 {
+        self.dice ^= self.dice << 13;
+        self.dice ^= self.dice >> 7;
+        self.dice ^= self.dice << 17;
+        self.dice % n
+    }
+
+    pub(super) fn ours(&self) -> Option<&Node> {
+        self.node
+            .as_ref()
+            .filter(|n| n.metadata.uid.as_deref() == Some(self.admitted_uid.as_str()))
+    }
+
+    pub(super) fn happen(&mut self, event: Event) {
+        match event {
+            Event::Pass => {}
+            Event::Time(seconds) => self.now += SignedDuration::from_secs(seconds),
+            Event::Recovers | Event::Breaks => {
+                let broken = matches!(event, Event::Breaks);
+                let now = self.now;
+                if let Some(conditions) = self
+                    .node
+                    .as_mut()
+                    .and_then(|n| n.status.as_mut())
+                    .and_then(|s| s.conditions.as_mut())
+                {
+                    conditions[0] = condition(broken, now);
+                }
+            }
+            Event::NodeDeleted => {
+                self.node = None;
+                self.person_holds = false;
+                self.pods.clear();
+            }
+            Event::NodeRecreated => {
+                self.generation += 1;
+                self.node = Some(node(
+                    &format!("uid-new-{}", self.generation),
+                    self.roll(2) == 0,
+                    self.now,
+                ));
+                self.person_holds = false;
+                self.pods.clear();
+            }
+            Event::PodsFinish => self.pods.retain(|p| !p.terminating),
+            Event::PersonCordons => {
+                if let Some(spec) = self.node.as_mut().and_then(|n| n.spec.as_mut())
+                    && spec.unschedulable != Some(true)
+                {
+                    spec.unschedulable = Some(true);
+                    self.person_holds = true;
+                }
+            }
+            Event::PersonUncordons => {
+                if let Some(spec) = self.node.as_mut().and_then(|n| n.spec.as_mut()) {
+                    spec.unschedulable = None;
+                    self.person_holds = false;
+                }
+            }
+            Event::PersonApproves => {
+                if let Some(record) = self.record.as_mut() {
+                    record
+                        .metadata
+                        .annotations
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(APPROVED_ANNOTATION.into(), "true".into());
+                }
+            }
+            Event::RecordDeleted => {
+                if let Some(record) = self.record.as_mut() {
+                    record.metadata.deletion_timestamp.get_or_insert(Time(self.now));
+                }
+            }
+            Event::HandEdit(phase) => {
+                if let Some(record) = self.record.as_mut()
+                    && let Some(status) = record.status.as_mut()
+                    && !status.phase.is_terminal()
+                {
+                    status.phase = phase;
+                }
+            }
+            Event::PolicyDeleted => self.policy_exists = false,
+        }
+    }
+
+    pub(super) fn plan(&self) -> Plan {
+        Plan {
+            leaving: self
+                .pods
+                .iter()
+                .map(|p| Leaving {
+                    namespace: "work".into(),
+                    name: p.uid.clone(),
+                    uid: p.uid.clone(),
+                    terminating: p.terminating,
+                    gone_by: p.gone_by,
+                    labels: BTreeMap::new(),
+                })
+                .collect(),
+            staying: Vec::new(),
+        }
+    }
+
+    pub(super) fn observation(&mut self, record: &GpuRemediation, mood: Mood) -> Result<Observation, Words> {
+        if mood == Mood::Stubborn || (mood == Mood::Random && self.roll(8) == 0) {
+            return Err(words("looking at the replacement", 503));
+        }
+        let node = match self.ours() {
+            Some(_) => Presence::Present,
+            None => Presence::Gone,
+        };
+        let (exists, reported) = self.replacement.clone().unwrap_or((false, Reported::Nothing));
+        let reported = if record.spec.action == Action::Reboot
+            || self.rules.replacement.strategy == Strategy::Template
+        {
+            match if mood == Mood::Calm { 0 } else { self.roll(6) } {
+                0 => Reported::Done("Succeeded".into()),
+                1 => Reported::Failed("Failed".into()),
+                _ => reported,
+            }
+        } else {
+            Reported::Nothing
+        };
+        Ok(Observation {
+            target: if exists { Presence::Present } else { Presence::Gone },
+            node,
+            reported,
+            replacement: ReplacementNode::NotExpected,
+        })
+    }
+}
+
+pub(super) fn words(action: &str, code: u16) -> Words {
+    Words {
+        action: action.into(),
+        code: Some(code),
+        message: format!("the server refused ({code})"),
+    }
+}
+
+pub(super) fn refusal(code: u16) -> EvictionAnswer {
+    EvictionAnswer::Refused(Box::new(Status {
+        code,
+        message: format!("refused with {code}"),
+        ..Status::default()
+    }))
+}
+
+/// How the world answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Mood {
+    /// Some of everything, by the dice.
+    Random,
+    /// Every request granted, every replacement done.
+    Calm,
+    /// Every request refused, no replacement ever done.
+    Stubborn,
+}
