@@ -186,6 +186,10 @@ pub struct GpuRemediationStatus {
     /// A sentence for a person: what is happening or why it stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// From the start of the trigger to the node (or its replacement) back in service, in whole
+    /// seconds; set when the remediation succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_to_recovery_seconds: Option<u64>,
     /// The policy generation this recycle follows (its snapshot's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_generation: Option<i64>,

@@ -307,6 +307,9 @@ async fn settle(
     let updated = write_if_changed(ctx, remediation, settlement.status).await?;
     if before != after {
         report_phase_change(ctx, remediation, before, after);
+        if let Some(status) = &updated.status {
+            report_recovery(ctx, remediation, status);
+        }
     }
     for note in &settlement.notes {
         ctx.ops.publish(updated.as_ref(), event(note)).await;
@@ -339,6 +342,17 @@ fn report_phase_change(ctx: &Context, remediation: &GpuRemediation, before: Phas
     if after.is_terminal() {
         ctx.metrics
             .remediation_finished(policy, remediation.spec.action, after);
+    }
+}
+
+/// The time to recovery of a remediation that just succeeded, as its status records it.
+fn report_recovery(ctx: &Context, remediation: &GpuRemediation, status: &GpuRemediationStatus) {
+    if let Some(seconds) = status.time_to_recovery_seconds {
+        ctx.metrics.time_to_recovery(
+            &remediation.spec.policy_name,
+            status.phase,
+            Duration::from_secs(seconds),
+        );
     }
 }
 

@@ -377,6 +377,29 @@ pub fn decide(
     seen: &Seen<'_>,
     now: Timestamp,
 ) -> Decision {
+    match decide_step(remediation, rules, seen, now) {
+        Decision::Settle(mut settled)
+            if settled.status.phase == Phase::Succeeded
+                && settled.status.time_to_recovery_seconds.is_none() =>
+        {
+            settled.status.time_to_recovery_seconds = remediation
+                .spec
+                .trigger
+                .since
+                .as_ref()
+                .and_then(|since| u64::try_from(now.duration_since(since.0).as_secs()).ok());
+            Decision::Settle(settled)
+        }
+        other => other,
+    }
+}
+
+fn decide_step(
+    remediation: &GpuRemediation,
+    rules: Option<&PolicySnapshot>,
+    seen: &Seen<'_>,
+    now: Timestamp,
+) -> Decision {
     let status = remediation.status.clone().unwrap_or_default();
     let phase = status.phase;
     let deleting = remediation.metadata.deletion_timestamp.is_some();
