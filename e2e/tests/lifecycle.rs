@@ -318,7 +318,11 @@ async fn a_node_re_created_under_the_same_name_mid_drain_ends_the_remediation_an
     let draining = s
         .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
         .await;
+    // The swap happens while no controller watches (a watch could also see the gap between the
+    // delete and the create, which ends the remediation NodeGone instead).
+    controller.stop().await;
     let new = re_register(&s, &broken).await;
+    let controller = RunningController::start(&s.scope).await;
     let ended = eventually(
         "the remediation Cancelled as NodeReplaced",
         Duration::from_secs(30),
