@@ -157,6 +157,14 @@ pub struct GpuRemediationStatus {
     /// A sentence for a person: what is happening or why it stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Who approved the remediation (mode `Manual`, or past `maxAttemptsPerNode`): the
+    /// `gpuremediation.dev/approved-by` annotation the API server checked against the approver's
+    /// own user name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
+    /// When the controller first saw the approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_at: Option<Time>,
 }
 
 /// A phase entered at a time.
