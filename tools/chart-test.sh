@@ -21,7 +21,9 @@ for crd in crds/gpuremediation*.yaml; do
   cmp -s "${crd}" "${chart}/crds/$(basename "${crd}")" || { echo "${chart}/crds/ differs from ${crd}" >&2; stale=true; }
 done
 for copy in manifests/optional/dashboard/gpu-remediator.json:gpu-remediator.json \
-  manifests/agent/admission-policy.yaml:agent-admission-policy.yaml; do
+  manifests/agent/admission-policy.yaml:agent-admission-policy.yaml \
+  manifests/approval/rbac.yaml:approval-rbac.yaml \
+  manifests/approval/admission-policy.yaml:approval-admission-policy.yaml; do
   cmp -s "${copy%%:*}" "${chart}/files/${copy#*:}" \
     || { echo "${chart}/files/${copy#*:} differs from ${copy%%:*}" >&2; stale=true; }
 done
