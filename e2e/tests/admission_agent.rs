@@ -127,6 +127,22 @@ fn event(node: &str) -> Event {
     .unwrap()
 }
 
+/// A client of the agent on `node`: a token bound to a pod there, as the kubelet projects it.
+async fn agent_on(admin: &Client, node: &str) -> Client {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": common::unique_name("agent"), "namespace": NAMESPACE},
+        "spec": {"nodeName": node, "serviceAccountName": SERVICE_ACCOUNT, "automountServiceAccountToken": false,
+                 "containers": [{"name": "agent", "image": "gpu-health-agent:e2e"}]},
+    }))
+    .unwrap();
+    let pod = Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("the agent's pod on node A");
+    cluster().await.client_with_token(&token(admin, Some(&pod)).await)
+}
+
 #[tokio::test]
 async fn a_token_bound_to_a_pod_on_node_a_writes_only_node_as_gpu_healthy_condition() {
     let admin = cluster().await.client();
@@ -138,20 +154,7 @@ async fn a_token_bound_to_a_pod_on_node_a_writes_only_node_as_gpu_healthy_condit
     nodes.sort();
     let (a, b) = (nodes[0].clone(), nodes[1].clone());
 
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": common::unique_name("agent"), "namespace": NAMESPACE},
-        "spec": {"nodeName": a, "serviceAccountName": SERVICE_ACCOUNT, "automountServiceAccountToken": false,
-                 "containers": [{"name": "agent", "image": "gpu-health-agent:e2e"}]},
-    }))
-    .unwrap();
-    let pod = Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("the agent's pod on node A");
-    let agent = cluster()
-        .await
-        .client_with_token(&token(&admin, Some(&pod)).await);
+    let agent = agent_on(&admin, &a).await;
     let no_annotations = json!({});
 
     // The policy takes a moment to be loaded; until then B's status would be writable.
