@@ -117,7 +117,11 @@ impl Agent {
         }
         Self {
             published: view.condition.clone(),
-            inventory: None,
+            // What the node already carries, so a restart that cannot read the GPUs keeps it.
+            inventory: view
+                .condition
+                .as_ref()
+                .and_then(|condition| condition.annotations.inventory.clone()),
             recorded_failed: view.recorded_failed.clone(),
             view,
             settings,
