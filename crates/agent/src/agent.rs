@@ -257,7 +257,11 @@ impl Agent {
                         "node GPU annotations changed"
                     );
                 }
-                if next.differs_from(self.published.as_ref()) {
+                let condition_changed = self.published.as_ref().is_none_or(|published| {
+                    (&published.status, &published.reason, &published.message)
+                        != (&next.status, &next.reason, &next.message)
+                });
+                if condition_changed {
                     tracing::info!(
                         status = %next.status, reason = %next.reason, message = %next.message,
                         "GpuHealthy condition changed"
