@@ -380,6 +380,14 @@ impl KubeOps {
             metadata: ObjectMeta {
                 name: Some(pod.name.clone()),
                 namespace: Some(pod.namespace.clone()),
+                // The claim the fence admission policy checks (issue 13).
+                annotations: self.fence.claim().map(|claim| {
+                    [(
+                        gpu_remediation_api::constants::CLAIM_ANNOTATION.to_owned(),
+                        claim.to_string(),
+                    )]
+                    .into()
+                }),
                 ..ObjectMeta::default()
             },
             delete_options: Some(DeleteOptions {

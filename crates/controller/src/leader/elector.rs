@@ -262,6 +262,12 @@ impl Elector {
         match result {
             Ok(Ok(written)) => {
                 self.keeper.write_succeeded();
+                let transitions = written
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.lease_transitions)
+                    .unwrap_or(0);
+                self.keeper.claimed_as(&self.config.identity, transitions);
                 if *role == Role::Follower {
                     info!(identity = %self.config.identity, lease = %self.config.lease_name, "acquired the leader Lease");
                 }

@@ -81,6 +81,7 @@ struct Participation {
 pub struct Fence {
     claim: watch::Receiver<Claim>,
     participation: watch::Receiver<Participation>,
+    holder: watch::Receiver<Option<Arc<str>>>,
 }
 
 /// The writing side of a [`Fence`], held by the elector only. Dropping it leaves the last claim in
@@ -89,6 +90,7 @@ pub struct Fence {
 pub struct FenceKeeper {
     claim: watch::Sender<Claim>,
     participation: watch::Sender<Participation>,
+    holder: watch::Sender<Option<Arc<str>>>,
 }
 
 impl Fence {
@@ -99,7 +101,12 @@ impl Fence {
         // The sender is dropped at once: a standalone claim never changes.
         let (_, claim) = watch::channel(Claim::Standalone);
         let (_, participation) = watch::channel(Participation::default());
-        Self { claim, participation }
+        let (_, holder) = watch::channel(None);
+        Self {
+            claim,
+            participation,
+            holder,
+        }
     }
 
     /// An unheld fence and the keeper that the elector uses to extend and revoke it.
@@ -107,13 +114,30 @@ impl Fence {
     pub fn keeper() -> (Self, FenceKeeper) {
         let (sender, claim) = watch::channel(Claim::NotHeld);
         let (participating, participation) = watch::channel(Participation::default());
+        let (holding, holder) = watch::channel(None);
         (
-            Self { claim, participation },
+            Self {
+                claim,
+                participation,
+                holder,
+            },
             FenceKeeper {
                 claim: sender,
                 participation: participating,
+                holder: holding,
             },
         )
+    }
+
+    /// The claim this replica's writes carry (`<holder>/<leaseTransitions>`, the value of
+    /// `gpuremediation.dev/claim`) while it is current; `None` when it is not, or without leader
+    /// election. The admission policy in `manifests/optional/fence/` compares it with the Lease.
+    #[must_use]
+    pub fn claim(&self) -> Option<Arc<str>> {
+        if !self.is_current() {
+            return None;
+        }
+        self.holder.borrow().clone()
     }
 
     /// Why this replica cannot take part in the leader election (it can never lead, so it is not
@@ -190,6 +214,16 @@ impl FenceKeeper {
     /// Records that this replica no longer holds the Lease: every check fails from now on.
     pub fn revoke(&self) {
         self.claim.send_replace(Claim::NotHeld);
+    }
+
+    /// Records which claim the Lease now names: `holder` with `transitions` (`leaseTransitions`).
+    pub fn claimed_as(&self, holder: &str, transitions: i32) {
+        let claim: Arc<str> = format!("{holder}/{transitions}").into();
+        self.holder.send_if_modified(|current| {
+            (current.as_ref() != Some(&claim))
+                .then(|| *current = Some(claim))
+                .is_some()
+        });
     }
 
     /// Whether the claim is current now, as the fences see it.
@@ -357,5 +391,17 @@ mod tests {
         keeper.read_succeeded();
         assert_eq!(fence.election_problem(), None);
         assert_eq!(Fence::standalone().election_problem(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_claim_is_named_only_while_it_is_current() {
+        let (fence, keeper) = Fence::keeper();
+        keeper.claimed_as("replica-a-12", 3);
+        assert_eq!(fence.claim(), None, "not held yet");
+        keeper.hold_until(Instant::now() + Duration::from_secs(10));
+        assert_eq!(fence.claim().as_deref(), Some("replica-a-12/3"));
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(fence.claim(), None, "lapsed");
+        assert_eq!(Fence::standalone().claim(), None);
     }
 }
