@@ -158,9 +158,12 @@ pub enum EvictionOutcome {
 impl KubeOps {
     /// Builds the two clients from one configuration.
     pub fn new(config: &kube::Config, fence: Fence, reporter: Reporter) -> Result<Self, kube::Error> {
-        let client = Client::try_from(config.clone())?;
         let mut no_retry = config.clone();
         no_retry.default_retry = false;
+        // No client-side retries on any write either: a retry (up to 3 on 429/503/504, ~2 s) could
+        // land after the claim's deadline; a failed write is retried by the next pass, which checks
+        // the fence again (issue 13).
+        let client = Client::try_from(no_retry.clone())?;
         let eviction_client = Client::try_from(no_retry)?;
         let recorder = Recorder::new(client.clone(), reporter);
         Ok(Self {
