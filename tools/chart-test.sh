@@ -20,8 +20,13 @@ stale=false
 for crd in crds/gpuremediation*.yaml; do
   cmp -s "${crd}" "${chart}/crds/$(basename "${crd}")" || { echo "${chart}/crds/ differs from ${crd}" >&2; stale=true; }
 done
-cmp -s manifests/optional/dashboard/gpu-remediator.json "${chart}/files/gpu-remediator.json" \
-  || { echo "${chart}/files/gpu-remediator.json differs from manifests/optional/dashboard/" >&2; stale=true; }
+for copy in manifests/optional/dashboard/gpu-remediator.json:gpu-remediator.json \
+  manifests/agent/admission-policy.yaml:agent-admission-policy.yaml \
+  manifests/approval/rbac.yaml:approval-rbac.yaml \
+  manifests/approval/admission-policy.yaml:approval-admission-policy.yaml; do
+  cmp -s "${copy%%:*}" "${chart}/files/${copy#*:}" \
+    || { echo "${chart}/files/${copy#*:} differs from ${copy%%:*}" >&2; stale=true; }
+done
 if $stale; then
   echo "run \`make chart-sync\` to refresh the chart's copies" >&2
   exit 1
@@ -32,15 +37,24 @@ for values in "${chart}"/ci/*-values.yaml; do
   "${helm}" lint --strict "${chart}" --values "${values}"
 done
 
-"${helm}" template gpu-remediator "${chart}" --namespace gpu-remediation --include-crds > "${out}/chart.yaml"
-printf -- '---\n' >> "${out}/chart.yaml"
-cat manifests/namespace.yaml >> "${out}/chart.yaml"
+# The chart's rendering (plus the namespace), passed through kustomize too: kustomize re-writes
+# some block scalars (a folded one with more-indented lines gains blank lines), so both sides
+# are compared as kustomize would send them.
+render_chart() { # NAME [helm template flags...]
+  local name=$1
+  shift
+  mkdir -p "${out}/${name}"
+  "${helm}" template gpu-remediator "${chart}" --namespace gpu-remediation --include-crds "$@" \
+    > "${out}/${name}/chart.yaml"
+  cp manifests/namespace.yaml "${out}/${name}/namespace.yaml"
+  printf 'resources: [chart.yaml, namespace.yaml]\n' > "${out}/${name}/kustomization.yaml"
+  "${kubectl}" kustomize "${out}/${name}" > "${out}/${name}.yaml"
+}
+
+render_chart chart
 "${kubectl}" kustomize manifests > "${out}/kustomize.yaml"
 "${objects}" same "${out}/chart.yaml" "${out}/kustomize.yaml"
 
-"${helm}" template gpu-remediator "${chart}" --namespace gpu-remediation --include-crds \
-  --values "${chart}/ci/all-optional-values.yaml" > "${out}/chart-all.yaml"
-printf -- '---\n' >> "${out}/chart-all.yaml"
-cat manifests/namespace.yaml >> "${out}/chart-all.yaml"
+render_chart chart-all --values "${chart}/ci/all-optional-values.yaml"
 "${kubectl}" kustomize tools/chart-test/all-optional > "${out}/kustomize-all.yaml"
 "${objects}" same "${out}/chart-all.yaml" "${out}/kustomize-all.yaml"

@@ -1,7 +1,8 @@
 //! e2e: the hardware the agent publishes on its own node, under its own role and through both
 //! probes (under `nvml` the serial, part number and VBIOS come through nvml-wrapper from the
 //! stand-in library): the GPU inventory annotation appears, is rewritten only when the GPUs
-//! change, and a fault's GPUs appear in the failed-GPUs annotation with their serials.
+//! change, a fault's GPUs appear in the failed-GPUs annotation with their serials, and an agent
+//! restarted on a node whose NVML fails keeps both as they were.
 
 #[macro_use]
 mod agent_support;
@@ -138,10 +139,35 @@ async fn the_agent_publishes_its_gpus_and_the_failed_ones_on_its_node(probe: Pro
             "reason": "GpuMissing",
         }])
     );
+    let inventory = Some(expected_inventory(probe, &node, &[0, 1, 3]));
     assert_eq!(
         annotation(&client, &node, GPU_INVENTORY_ANNOTATION).await,
-        Some(expected_inventory(probe, &node, &[0, 1, 3]))
+        inventory
     );
+    drop(agent);
+
+    // A new agent that cannot read the GPUs at all keeps the latch, the failed GPUs (serial
+    // included) and the inventory as they were: nothing is rewritten.
+    write_probe_file(&scenario, &json!({"nvmlError": "Driver Not Loaded"}));
+    let agent = AgentProcess::start(probe, &node, &kubeconfig, &scenario, &dir, &[]).await;
+    common::eventually(
+        "the new agent to restore the latch",
+        Duration::from_secs(30),
+        || async { agent.log().contains("restoring latched fault").then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let condition = agent_support::gpu_condition(&Api::<Node>::all(client.clone()).get(&node).await.unwrap());
+    assert_eq!(condition.map(|c| c.status).as_deref(), Some("False"));
+    assert_eq!(
+        annotation(&client, &node, FAILED_GPUS_ANNOTATION).await,
+        Some(failed)
+    );
+    assert_eq!(
+        annotation(&client, &node, GPU_INVENTORY_ANNOTATION).await,
+        inventory
+    );
+    assert_eq!(agent.log().matches(CHANGED).count(), 0, "{}", agent.log_tail());
     drop(agent);
     fleet.stop().await.expect("stopping the fleet");
 }

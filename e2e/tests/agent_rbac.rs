@@ -1,5 +1,6 @@
 //! e2e: the agent's rights. Its role (`manifests/agent/rbac.yaml`) lets it read its node and write
-//! node status and nothing else, and the agent's manifests are accepted by the API server.
+//! node status (its condition and hardware annotations ride on it) and nothing else, and the
+//! agent's manifests are accepted by the API server.
 
 #[macro_use]
 mod agent_support;
@@ -8,6 +9,7 @@ mod common;
 use std::path::Path;
 
 use agent_support::{AGENT_NAMESPACE, agent_kubeconfig, fleet, scratch};
+use gpu_remediation_api::constants::{FAILED_GPUS_ANNOTATION, GPU_INVENTORY_ANNOTATION};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
@@ -39,18 +41,29 @@ async fn the_agents_role_writes_node_status_and_nothing_else() {
     let nodes: Api<Node> = Api::all(agent.clone());
 
     nodes.get(&node).await.expect("the agent reads its node");
+    // What the agent writes: its condition and its two hardware annotations, through nodes/status.
     let condition = json!({
-        "apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": node, "annotations": {GPU_INVENTORY_ANNOTATION: "[]", FAILED_GPUS_ANNOTATION: "[]"}},
         "status": {"conditions": [{"type": "GpuHealthy", "status": "True", "reason": "GpusHealthy", "message": "ok"}]},
     });
-    nodes
+    let written = nodes
         .patch_status(
             &node,
             &PatchParams::apply("gpu-health-agent").force(),
             &Patch::Apply(&condition),
         )
         .await
-        .expect("the agent applies its condition");
+        .expect("the agent applies its condition and annotations");
+    let annotations = written.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get(GPU_INVENTORY_ANNOTATION).map(String::as_str),
+        Some("[]")
+    );
+    assert_eq!(
+        annotations.get(FAILED_GPUS_ANNOTATION).map(String::as_str),
+        Some("[]")
+    );
 
     let cordon = Patch::Merge(json!({"spec": {"unschedulable": true}}));
     assert!(
@@ -61,6 +74,11 @@ async fn the_agents_role_writes_node_status_and_nothing_else() {
     assert!(
         is_forbidden(nodes.patch(&node, &PatchParams::default(), &relabel).await),
         "node metadata"
+    );
+    let annotate = Patch::Merge(json!({"metadata": {"annotations": {GPU_INVENTORY_ANNOTATION: "[]"}}}));
+    assert!(
+        is_forbidden(nodes.patch(&node, &PatchParams::default(), &annotate).await),
+        "annotations through nodes itself"
     );
     assert!(
         is_forbidden(nodes.delete(&node, &kube::api::DeleteParams::default()).await),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::eventually;
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, Phase,
-    constants::{APPROVED_ANNOTATION, policy_conditions},
+    constants::{APPROVED_ANNOTATION, APPROVED_BY_ANNOTATION, policy_conditions},
 };
 use gpu_sandbox::{fault, workload::Budget};
 use kube::{
@@ -168,7 +168,9 @@ async fn manual_mode_waits_for_approval_and_then_proceeds() {
         !is_unschedulable(&s.node(&broken).await),
         "nothing happens before approval"
     );
-    let patch = serde_json::json!({"metadata": {"annotations": {APPROVED_ANNOTATION: "true"}}});
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        APPROVED_ANNOTATION: "true", APPROVED_BY_ANNOTATION: "alice",
+    }}});
     Api::<GpuRemediation>::all(s.client.clone())
         .patch(
             &waiting.name_any(),
@@ -177,9 +179,17 @@ async fn manual_mode_waits_for_approval_and_then_proceeds() {
         )
         .await
         .unwrap();
-    s.wait_phase(&broken, Phase::Verifying, Duration::from_secs(30))
+    let held = s
+        .wait_phase(&broken, Phase::Verifying, Duration::from_secs(30))
         .await;
     assert!(is_unschedulable(&s.node(&broken).await));
+    let status = held.status.expect("a status");
+    assert_eq!(
+        status.approved_by.as_deref(),
+        Some("alice"),
+        "the status names the approver"
+    );
+    assert!(status.approved_at.is_some(), "and when the approval was seen");
     controller.stop().await;
 }
 

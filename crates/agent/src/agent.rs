@@ -117,7 +117,11 @@ impl Agent {
         }
         Self {
             published: view.condition.clone(),
-            inventory: None,
+            // What the node already carries, so a restart that cannot read the GPUs keeps it.
+            inventory: view
+                .condition
+                .as_ref()
+                .and_then(|condition| condition.annotations.inventory.clone()),
             recorded_failed: view.recorded_failed.clone(),
             view,
             settings,
@@ -253,7 +257,11 @@ impl Agent {
                         "node GPU annotations changed"
                     );
                 }
-                if next.differs_from(self.published.as_ref()) {
+                let condition_changed = self.published.as_ref().is_none_or(|published| {
+                    (&published.status, &published.reason, &published.message)
+                        != (&next.status, &next.reason, &next.message)
+                });
+                if condition_changed {
                     tracing::info!(
                         status = %next.status, reason = %next.reason, message = %next.message,
                         "GpuHealthy condition changed"

@@ -44,8 +44,9 @@ struct Flags {
     /// The JSON file the `file` probe reads.
     #[arg(long, required_if_eq("probe", "file"))]
     probe_file: Option<PathBuf>,
-    /// The NVML library to load (default: libnvidia-ml.so on the loader path).
-    #[arg(long)]
+    /// The NVML library to load (default: libnvidia-ml.so on the loader path). The image sets
+    /// `NVML_LIBRARY` to the host's library under its architecture's directory (see the Dockerfile).
+    #[arg(long, env = "NVML_LIBRARY")]
     nvml_library: Option<PathBuf>,
     /// How many GPUs this node must have; overrides the node label nvidia.com/gpu.count.
     #[arg(long)]

@@ -180,4 +180,17 @@ mod tests {
             assert!(message.contains(&format!("at most {bound}")), "{message}");
         }
     }
+
+    #[test]
+    fn the_safety_limits_default_rather_than_being_required_and_are_never_null() {
+        let policy = schema_of(&GpuRemediationPolicy::crd());
+        let safety = &policy["properties"]["spec"]["properties"]["safety"];
+        let required = safety["required"].as_array().cloned().unwrap_or_default();
+        for field in ["maxConcurrent", "maxUnhealthy"] {
+            assert!(!required.contains(&Value::from(field)), "{field} is required");
+            let property = &safety["properties"][field];
+            assert!(!property["default"].is_null(), "{field} has no default");
+            assert_eq!(property["nullable"], Value::Bool(false), "{field}");
+        }
+    }
 }

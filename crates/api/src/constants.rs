@@ -13,6 +13,14 @@ pub const CORDONED_BY_ANNOTATION: &str = "gpuremediation.dev/cordoned-by";
 pub const PRE_CORDONED_ANNOTATION: &str = "gpuremediation.dev/pre-cordoned";
 /// Annotation a person sets to `"true"` on a `GpuRemediation` waiting in `AwaitingApproval`.
 pub const APPROVED_ANNOTATION: &str = "gpuremediation.dev/approved";
+/// Annotation naming who approved a `GpuRemediation`: the user name the API server authenticated
+/// them as (the admission policy in `manifests/approval/` refuses any other name, and an approval by
+/// anyone without the verb `approve` on `gpuremediations`).
+pub const APPROVED_BY_ANNOTATION: &str = "gpuremediation.dev/approved-by";
+/// Annotation on each write of a leader-elected controller: its claim on the leader Lease,
+/// `<holderIdentity>/<leaseTransitions>`. The admission policy in `manifests/optional/fence/`
+/// refuses a write whose claim is not the Lease's current one (a deposed leader's late write).
+pub const CLAIM_ANNOTATION: &str = "gpuremediation.dev/claim";
 /// Annotation the controller sets on a `GpuRemediation` it creates for a node that used up
 /// `maxAttemptsPerNode`: the record enters `ManualRequired` and touches nothing until a person
 /// sets `APPROVED_ANNOTATION`. Its value says how many attempts in which window.

@@ -197,6 +197,14 @@ pub struct GpuRemediationStatus {
     /// asked, the server's words and since when. It counts against the step's timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal: Option<Refusal>,
+    /// Who approved the remediation (mode `Manual`, or past `maxAttemptsPerNode`): the
+    /// `gpuremediation.dev/approved-by` annotation the API server checked against the approver's
+    /// own user name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
+    /// When the controller first saw the approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_at: Option<Time>,
 }
 
 /// A request the server refused, in its own words.

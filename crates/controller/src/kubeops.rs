@@ -180,9 +180,12 @@ pub enum NodeEdit {
 impl KubeOps {
     /// Builds the two clients from one configuration.
     pub fn new(config: &kube::Config, fence: Fence, reporter: Reporter) -> Result<Self, kube::Error> {
-        let client = Client::try_from(config.clone())?;
         let mut no_retry = config.clone();
         no_retry.default_retry = false;
+        // No client-side retries on any write either: a retry (up to 3 on 429/503/504, ~2 s) could
+        // land after the claim's deadline; a failed write is retried by the next pass, which checks
+        // the fence again (issue 13).
+        let client = Client::try_from(no_retry.clone())?;
         let eviction_client = Client::try_from(no_retry)?;
         let recorder = Recorder::new(client.clone(), reporter);
         Ok(Self {
@@ -420,6 +423,14 @@ impl KubeOps {
             metadata: ObjectMeta {
                 name: Some(pod.name.clone()),
                 namespace: Some(pod.namespace.clone()),
+                // The claim the fence admission policy checks (issue 13).
+                annotations: self.fence.claim().map(|claim| {
+                    [(
+                        gpu_remediation_api::constants::CLAIM_ANNOTATION.to_owned(),
+                        claim.to_string(),
+                    )]
+                    .into()
+                }),
                 ..ObjectMeta::default()
             },
             delete_options: Some(DeleteOptions {

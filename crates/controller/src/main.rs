@@ -48,7 +48,7 @@ struct RunArgs {
     #[arg(long, env = "GPU_REMEDIATOR_LEADER_ELECT")]
     leader_elect: bool,
     /// Namespace of the leader Lease.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-remediator")]
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-remediation")]
     lease_namespace: String,
     /// This replica's identity in the Lease and in Events (default: the host name and process).
     #[arg(long, env = "POD_NAME")]

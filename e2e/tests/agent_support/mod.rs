@@ -95,12 +95,15 @@ pub async fn agent_binary() -> &'static Path {
         .await
 }
 
-/// Builds the stand-in NVML library once per test binary and returns its path (a `cdylib`, which
-/// `e2e::build_binaries` does not build).
+/// The stand-in NVML library: `GPU_STANDIN_LIBRARY` if set, else built once per test binary (a
+/// `cdylib`, which `e2e::build_binaries` does not build).
 pub async fn standin_library() -> &'static Path {
     static LIBRARY: OnceCell<PathBuf> = OnceCell::const_new();
     LIBRARY
         .get_or_init(|| async {
+            if let Some(path) = std::env::var_os("GPU_STANDIN_LIBRARY") {
+                return PathBuf::from(path);
+            }
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
             let status = tokio::process::Command::new(cargo)
                 .args(["build", "--quiet", "-p", "nvml-standin"])

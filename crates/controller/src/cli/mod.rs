@@ -10,6 +10,7 @@ pub mod explain;
 pub mod history;
 pub mod locate;
 pub mod overlap;
+pub mod server_words;
 pub mod validate;
 
 use std::{path::PathBuf, process::ExitCode, sync::Arc};

@@ -5,7 +5,8 @@
 //! attempts window and unknown fields), plus what only a view of all the files can say: two
 //! documents defining one policy, and policies at the same priority whose selectors can pick the
 //! same node (one of them would silently never act there). Findings read `file:line: field:
-//! message`. Documents of other kinds are skipped, so a whole `GitOps` directory can be given.
+//! message`, in the API server's words (`server_words` rewords what does not deserialise).
+//! Documents of other kinds are skipped, so a whole `GitOps` directory can be given.
 //!
 //! [`check`] is pure; [`load`] reads the files.
 
@@ -20,7 +21,7 @@ use gpu_remediation_api::{
 };
 use serde_json::Value;
 
-use super::{locate::line_of, overlap::can_select_the_same_node};
+use super::{locate::line_of, overlap::can_select_the_same_node, server_words::in_servers_words};
 
 const API_VERSION: &str = "gpuremediation.dev/v1alpha1";
 const KIND: &str = "GpuRemediationPolicy";
@@ -224,7 +225,10 @@ fn check_document(document: &Document<'_>, report: &mut Report, parsed: &mut Vec
             Severity::Error,
         ));
     }
-    let violations = validate_document(&value);
+    let violations: Vec<Violation> = validate_document(&value)
+        .into_iter()
+        .map(|v| in_servers_words(v, &value))
+        .collect();
     let valid = named && violations.is_empty() && api_version == Some(API_VERSION);
     report.findings.extend(
         violations

@@ -187,12 +187,20 @@ impl Elector {
         let limit = self.request_timeout(role);
         match timeout(limit, self.leases.get_opt(&self.config.lease_name)).await {
             Ok(Ok(lease)) => {
+                if lease.is_some() {
+                    self.keeper.read_succeeded();
+                }
                 let record = lease.as_ref().map(record_of);
                 known.observed =
                     std::mem::replace(&mut known.observed, Observed::Absent).update(record, Instant::now());
                 known.lease = lease;
             }
-            Ok(Err(error)) => warn!(%error, "reading the leader Lease failed"),
+            Ok(Err(error)) => {
+                if let Some(why) = self.cannot_take_part(&error) {
+                    self.keeper.cannot_take_part(why, false);
+                }
+                warn!(%error, "reading the leader Lease failed");
+            }
             Err(_) => warn!(?limit, "reading the leader Lease timed out"),
         }
     }
@@ -253,6 +261,13 @@ impl Elector {
         };
         match result {
             Ok(Ok(written)) => {
+                self.keeper.write_succeeded();
+                let transitions = written
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.lease_transitions)
+                    .unwrap_or(0);
+                self.keeper.claimed_as(&self.config.identity, transitions);
                 if *role == Role::Follower {
                     info!(identity = %self.config.identity, lease = %self.config.lease_name, "acquired the leader Lease");
                 }
@@ -270,6 +285,9 @@ impl Elector {
                 true
             }
             Ok(Err(error)) => {
+                if let Some(why) = self.cannot_take_part(&error) {
+                    self.keeper.cannot_take_part(why, true);
+                }
                 warn!(?decision, %error, "writing the leader Lease failed");
                 self.pause_after_failure(*role).await;
                 true
@@ -278,6 +296,27 @@ impl Elector {
                 warn!(?decision, ?limit, "writing the leader Lease timed out");
                 true
             }
+        }
+    }
+
+    /// Why `error` means this replica cannot take part in the election at all (as opposed to a
+    /// passing failure): the Lease's namespace does not exist (404 on create), or it may not read or
+    /// write the Lease (403).
+    fn cannot_take_part(&self, error: &kube::Error) -> Option<String> {
+        let kube::Error::Api(status) = error else {
+            return None;
+        };
+        let lease = format!("{}/{}", self.config.namespace, self.config.lease_name);
+        match status.code {
+            403 => Some(format!(
+                "no permission on the leader Lease {lease}: {}",
+                status.message
+            )),
+            404 => Some(format!(
+                "the leader Lease {lease} cannot be created: {} (is --lease-namespace right?)",
+                status.message
+            )),
+            _ => None,
         }
     }
 

@@ -24,7 +24,7 @@
 //!   [`FenceKeeper::revoke`] (the clock is `tokio::time`, so `#[tokio::test(start_paused = true)]`
 //!   can move it).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use tokio::{sync::watch, time::Instant};
 
@@ -66,11 +66,22 @@ impl Claim {
     }
 }
 
+/// Why this replica cannot take part in the election at all (the Lease's namespace is missing, or
+/// it may not read or write the Lease), as the elector last found; `None` while it can.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Participation {
+    problem: Option<Arc<str>>,
+    /// Whether a write found it: a later successful read does not show that a write would pass.
+    on_write: bool,
+}
+
 /// A read-only handle on this replica's leader claim. Clone it freely (it is a channel receiver);
 /// call [`Fence::check`] immediately before every create, update, patch, delete or eviction.
 #[derive(Debug, Clone)]
 pub struct Fence {
     claim: watch::Receiver<Claim>,
+    participation: watch::Receiver<Participation>,
+    holder: watch::Receiver<Option<Arc<str>>>,
 }
 
 /// The writing side of a [`Fence`], held by the elector only. Dropping it leaves the last claim in
@@ -78,6 +89,8 @@ pub struct Fence {
 #[derive(Debug)]
 pub struct FenceKeeper {
     claim: watch::Sender<Claim>,
+    participation: watch::Sender<Participation>,
+    holder: watch::Sender<Option<Arc<str>>>,
 }
 
 impl Fence {
@@ -87,14 +100,51 @@ impl Fence {
     pub fn standalone() -> Self {
         // The sender is dropped at once: a standalone claim never changes.
         let (_, claim) = watch::channel(Claim::Standalone);
-        Self { claim }
+        let (_, participation) = watch::channel(Participation::default());
+        let (_, holder) = watch::channel(None);
+        Self {
+            claim,
+            participation,
+            holder,
+        }
     }
 
     /// An unheld fence and the keeper that the elector uses to extend and revoke it.
     #[must_use]
     pub fn keeper() -> (Self, FenceKeeper) {
         let (sender, claim) = watch::channel(Claim::NotHeld);
-        (Self { claim }, FenceKeeper { claim: sender })
+        let (participating, participation) = watch::channel(Participation::default());
+        let (holding, holder) = watch::channel(None);
+        (
+            Self {
+                claim,
+                participation,
+                holder,
+            },
+            FenceKeeper {
+                claim: sender,
+                participation: participating,
+                holder: holding,
+            },
+        )
+    }
+
+    /// The claim this replica's writes carry (`<holder>/<leaseTransitions>`, the value of
+    /// `gpuremediation.dev/claim`) while it is current; `None` when it is not, or without leader
+    /// election. The admission policy in `manifests/optional/fence/` compares it with the Lease.
+    #[must_use]
+    pub fn claim(&self) -> Option<Arc<str>> {
+        if !self.is_current() {
+            return None;
+        }
+        self.holder.borrow().clone()
+    }
+
+    /// Why this replica cannot take part in the leader election (it can never lead, so it is not
+    /// ready), or `None` while it can.
+    #[must_use]
+    pub fn election_problem(&self) -> Option<Arc<str>> {
+        self.participation.borrow().problem.clone()
     }
 
     /// `Ok` when this replica may act now; call it right before every mutating API call and do not
@@ -166,10 +216,49 @@ impl FenceKeeper {
         self.claim.send_replace(Claim::NotHeld);
     }
 
+    /// Records which claim the Lease now names: `holder` with `transitions` (`leaseTransitions`).
+    pub fn claimed_as(&self, holder: &str, transitions: i32) {
+        let claim: Arc<str> = format!("{holder}/{transitions}").into();
+        self.holder.send_if_modified(|current| {
+            (current.as_ref() != Some(&claim))
+                .then(|| *current = Some(claim))
+                .is_some()
+        });
+    }
+
     /// Whether the claim is current now, as the fences see it.
     #[must_use]
     pub fn is_current(&self) -> bool {
         self.claim.borrow().check(Instant::now()).is_ok()
+    }
+
+    /// Records that this replica cannot take part in the election, and why; `on_write` when a
+    /// write of the Lease found it (only a successful write clears that).
+    pub fn cannot_take_part(&self, why: impl Into<Arc<str>>, on_write: bool) {
+        self.participation.send_replace(Participation {
+            problem: Some(why.into()),
+            on_write,
+        });
+    }
+
+    /// Records that a read of the Lease succeeded: clears a problem a read found.
+    pub fn read_succeeded(&self) {
+        self.participation.send_if_modified(|p| {
+            let clear = p.problem.is_some() && !p.on_write;
+            if clear {
+                *p = Participation::default();
+            }
+            clear
+        });
+    }
+
+    /// Records that a write of the Lease succeeded: this replica takes part.
+    pub fn write_succeeded(&self) {
+        self.participation.send_if_modified(|p| {
+            let was = p.problem.is_some();
+            *p = Participation::default();
+            was
+        });
     }
 }
 
@@ -284,5 +373,35 @@ mod tests {
         assert!(!acquired.is_finished());
         keeper.hold_until(Instant::now() + Duration::from_secs(10));
         acquired.await.expect("acquired task");
+    }
+
+    #[test]
+    fn a_problem_found_by_a_write_outlasts_reads_until_a_write_succeeds() {
+        let (fence, keeper) = Fence::keeper();
+        assert_eq!(fence.election_problem(), None);
+        keeper.cannot_take_part("namespaces \"x\" not found", true);
+        keeper.read_succeeded();
+        assert_eq!(
+            fence.election_problem().as_deref(),
+            Some("namespaces \"x\" not found")
+        );
+        keeper.write_succeeded();
+        assert_eq!(fence.election_problem(), None);
+        keeper.cannot_take_part("forbidden", false);
+        keeper.read_succeeded();
+        assert_eq!(fence.election_problem(), None);
+        assert_eq!(Fence::standalone().election_problem(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_claim_is_named_only_while_it_is_current() {
+        let (fence, keeper) = Fence::keeper();
+        keeper.claimed_as("replica-a-12", 3);
+        assert_eq!(fence.claim(), None, "not held yet");
+        keeper.hold_until(Instant::now() + Duration::from_secs(10));
+        assert_eq!(fence.claim().as_deref(), Some("replica-a-12/3"));
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(fence.claim(), None, "lapsed");
+        assert_eq!(Fence::standalone().claim(), None);
     }
 }

@@ -32,7 +32,10 @@ pub mod status;
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationStatus, Phase,
-    constants::{APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, REMEDIATION_FINALIZER, reasons},
+    constants::{
+        APPROVED_ANNOTATION, APPROVED_BY_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, REMEDIATION_FINALIZER,
+        reasons,
+    },
     policy::Mode,
     remediation::{ObjectReference, PolicySnapshot, Refusal},
 };
@@ -378,19 +381,29 @@ pub fn decide(
     now: Timestamp,
 ) -> Decision {
     match decide_step(remediation, rules, seen, now) {
-        Decision::Settle(mut settled)
-            if settled.status.phase == Phase::Succeeded
-                && settled.status.time_to_recovery_seconds.is_none() =>
-        {
-            settled.status.time_to_recovery_seconds = remediation
-                .spec
-                .trigger
-                .since
-                .as_ref()
-                .and_then(|since| u64::try_from(now.duration_since(since.0).as_secs()).ok());
+        Decision::Settle(mut settled) => {
+            record_approval(remediation, &mut settled.status, now);
+            if settled.status.phase == Phase::Succeeded && settled.status.time_to_recovery_seconds.is_none() {
+                settled.status.time_to_recovery_seconds = remediation
+                    .spec
+                    .trigger
+                    .since
+                    .as_ref()
+                    .and_then(|since| u64::try_from(now.duration_since(since.0).as_secs()).ok());
+            }
             Decision::Settle(settled)
         }
-        other => other,
+        ask @ Decision::Ask(_) => ask,
+    }
+}
+
+/// Records who approved the remediation, and when the controller first saw it, once.
+fn record_approval(remediation: &GpuRemediation, status: &mut GpuRemediationStatus, now: Timestamp) {
+    let annotations = remediation.annotations();
+    let approved = annotations.get(APPROVED_ANNOTATION).is_some_and(|v| v == "true");
+    if approved && status.approved_at.is_none() {
+        status.approved_by = annotations.get(APPROVED_BY_ANNOTATION).cloned();
+        status.approved_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
     }
 }
 

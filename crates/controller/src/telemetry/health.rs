@@ -4,7 +4,9 @@
 //! rather than reporting unhealthy. Readiness (`/readyz`) follows the design: ready after the
 //! caches synced; and for the leader, only while its Lease is held. A follower with warm caches is
 //! ready (it can take over at any moment, and a rolling update must be able to proceed); a replica
-//! whose claim lapsed (it led but could not renew in time) is not ready until it exits.
+//! whose claim lapsed (it led but could not renew in time) is not ready until it exits, and nor is
+//! one that cannot take part in the election at all (the Lease's namespace is missing, or it may
+//! not read or write the Lease): the body says why.
 
 use std::sync::{
     Arc,
@@ -14,7 +16,7 @@ use std::sync::{
 use crate::leader::{Fence, FenceError};
 
 /// Why a replica is or is not ready.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Readiness {
     /// Caches synced, and leading with a current claim or following.
     Ready,
@@ -22,25 +24,38 @@ pub enum Readiness {
     CachesNotSynced,
     /// This replica led but its claim lapsed before a renewal: it is stepping down.
     LeaderClaimLapsed,
+    /// This replica cannot take part in the leader election (the Lease's namespace is missing, or
+    /// it may not read or write the Lease): it could never take over, so it is not ready.
+    CannotTakePartInElection(Arc<str>),
 }
 
 impl Readiness {
     /// A short human explanation, served as the `/readyz` body.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> std::borrow::Cow<'static, str> {
         match self {
-            Self::Ready => "ready",
-            Self::CachesNotSynced => "caches not synced",
-            Self::LeaderClaimLapsed => "leader claim lapsed: stepping down",
+            Self::Ready => "ready".into(),
+            Self::CachesNotSynced => "caches not synced".into(),
+            Self::LeaderClaimLapsed => "leader claim lapsed: stepping down".into(),
+            Self::CannotTakePartInElection(why) => {
+                format!("cannot take part in leader election: {why}").into()
+            }
         }
     }
 }
 
-/// Decides readiness from the two facts it depends on.
+/// Decides readiness from the facts it depends on.
 #[must_use]
-pub fn readiness(caches_synced: bool, claim: &Result<(), FenceError>) -> Readiness {
+pub fn readiness(
+    caches_synced: bool,
+    claim: &Result<(), FenceError>,
+    election_problem: Option<Arc<str>>,
+) -> Readiness {
     if !caches_synced {
         return Readiness::CachesNotSynced;
+    }
+    if let Some(why) = election_problem {
+        return Readiness::CannotTakePartInElection(why);
     }
     match claim {
         Ok(()) | Err(FenceError::NotHolder) => Readiness::Ready,
@@ -74,7 +89,11 @@ impl Health {
     /// Readiness now.
     #[must_use]
     pub fn readiness(&self) -> Readiness {
-        readiness(self.caches_synced.load(Ordering::Acquire), &self.fence.check())
+        readiness(
+            self.caches_synced.load(Ordering::Acquire),
+            &self.fence.check(),
+            self.fence.election_problem(),
+        )
     }
 
     /// Whether this replica may act now (drives the `leader` gauge).
@@ -92,21 +111,24 @@ mod tests {
 
     #[test]
     fn a_replica_is_not_ready_before_its_caches_sync_even_as_leader() {
-        assert_eq!(readiness(false, &Ok(())), Readiness::CachesNotSynced);
+        assert_eq!(readiness(false, &Ok(()), None), Readiness::CachesNotSynced);
         assert_eq!(
-            readiness(false, &Err(FenceError::NotHolder)),
+            readiness(false, &Err(FenceError::NotHolder), None),
             Readiness::CachesNotSynced
         );
     }
 
     #[test]
     fn a_synced_follower_is_ready_to_take_over() {
-        assert_eq!(readiness(true, &Err(FenceError::NotHolder)), Readiness::Ready);
+        assert_eq!(
+            readiness(true, &Err(FenceError::NotHolder), None),
+            Readiness::Ready
+        );
     }
 
     #[test]
     fn a_synced_leader_holding_its_lease_is_ready() {
-        assert_eq!(readiness(true, &Ok(())), Readiness::Ready);
+        assert_eq!(readiness(true, &Ok(()), None), Readiness::Ready);
     }
 
     #[test]
@@ -114,7 +136,27 @@ mod tests {
         let lapsed = Err(FenceError::RenewDeadlinePassed {
             overdue: Duration::from_secs(1),
         });
-        assert_eq!(readiness(true, &lapsed), Readiness::LeaderClaimLapsed);
+        assert_eq!(readiness(true, &lapsed, None), Readiness::LeaderClaimLapsed);
+    }
+
+    #[test]
+    fn a_replica_that_cannot_take_part_in_the_election_is_not_ready_and_says_why() {
+        let why: Arc<str> = "no permission on the leader Lease gpu-remediation/gpu-remediator".into();
+        let readiness = readiness(true, &Err(FenceError::NotHolder), Some(why));
+        assert!(matches!(readiness, Readiness::CannotTakePartInElection(_)));
+        assert_eq!(
+            readiness.as_str(),
+            "cannot take part in leader election: no permission on the leader Lease gpu-remediation/gpu-remediator"
+        );
+        let (fence, keeper) = Fence::keeper();
+        let health = Health::new(fence);
+        health.mark_caches_synced();
+        assert_eq!(health.readiness(), Readiness::Ready);
+        keeper.cannot_take_part("namespaces \"nowhere\" not found", true);
+        assert!(matches!(
+            health.readiness(),
+            Readiness::CannotTakePartInElection(_)
+        ));
     }
 
     #[test]

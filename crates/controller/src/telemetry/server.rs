@@ -47,7 +47,7 @@ async fn ready(State(served): State<Served>) -> impl IntoResponse {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, readiness.as_str())
+    (status, readiness.as_str().into_owned())
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `shutdown` resolves.

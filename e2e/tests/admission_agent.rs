@@ -1,0 +1,273 @@
+//! The agent confined to its own node by the API server (`manifests/agent/admission-policy.yaml`),
+//! under the agent's shipped role (`manifests/agent/rbac.yaml`): a token bound to a pod on node A
+//! (a `TokenRequest` with `boundObjectRef`, as the kubelet projects it) can set node A's
+//! `GpuHealthy` and publish Events about A, and is refused, with the policy's message, on node B's
+//! status, on A's `Ready` condition, on A's capacity, on a `lastTransitionTime` an hour in the
+//! future, on an annotation it does not publish, and on Events about B. A token bound to no pod
+//! is refused on A too.
+
+mod common;
+
+use std::{path::Path, process::Command, time::Duration};
+
+use common::{cluster, eventually};
+use k8s_openapi::{
+    api::{
+        authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
+        core::v1::{Node, Pod, ServiceAccount},
+        events::v1::Event,
+    },
+    jiff::{SignedDuration, Timestamp},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "gpu-remediation";
+const SERVICE_ACCOUNT: &str = "gpu-health-agent";
+
+async fn kubectl_apply(file: &str) {
+    let cluster = cluster().await;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file);
+    let output = Command::new(cluster.kubectl())
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig_path())
+        .args(["apply", "-f"])
+        .arg(&path)
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        output.status.success(),
+        "kubectl apply -f {file}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A token of the agent's service account, bound to `pod` when given (as the kubelet's projected
+/// token is), or to nothing.
+async fn token(admin: &Client, pod: Option<&Pod>) -> String {
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            bound_object_ref: pod.map(|pod| BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name_any()),
+                uid: pod.metadata.uid.clone(),
+            }),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    Api::<ServiceAccount>::namespaced(admin.clone(), NAMESPACE)
+        .create_token_request(SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .expect("a token for the agent")
+        .status
+        .expect("a token request status")
+        .token
+}
+
+/// The agent's write: a server-side apply of `status` (and `annotations`) on `node`'s status.
+async fn apply_status(
+    agent: &Client,
+    node: &str,
+    annotations: &Value,
+    status: &Value,
+) -> Result<Node, kube::Error> {
+    let patch = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": node, "annotations": annotations},
+        "status": status,
+    });
+    Api::<Node>::all(agent.clone())
+        .patch_status(
+            node,
+            &PatchParams::apply("gpu-health-agent").force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+}
+
+fn gpu_healthy(status: &str, since: Timestamp) -> Value {
+    json!({"conditions": [{
+        "type": "GpuHealthy", "status": status, "reason": "XID79", "message": "GPU 3 fell off the bus",
+        "lastTransitionTime": since.to_string(), "lastHeartbeatTime": Timestamp::now().to_string(),
+    }]})
+}
+
+/// The refusal's message, asserting the policy made it.
+fn refusal<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
+            assert!(
+                status
+                    .message
+                    .contains("ValidatingAdmissionPolicy 'gpu-health-agent-own-node-"),
+                "{what}: refused, but not by the policy: {}",
+                status.message
+            );
+            status.message
+        }
+        other => panic!("{what}: expected the policy's refusal, got {other:?}"),
+    }
+}
+
+fn event(node: &str) -> Event {
+    serde_json::from_value(json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"generateName": "gpu-health-agent-", "namespace": "default"},
+        "eventTime": Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
+        "reportingController": "gpuremediation.dev/gpu-health-agent", "reportingInstance": "e2e",
+        "action": "Probe", "reason": "XID79", "type": "Warning", "note": "GPU 3 fell off the bus",
+        "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }))
+    .unwrap()
+}
+
+/// A client of the agent on `node`: a token bound to a pod there, as the kubelet projects it.
+async fn agent_on(admin: &Client, node: &str) -> Client {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": common::unique_name("agent"), "namespace": NAMESPACE},
+        "spec": {"nodeName": node, "serviceAccountName": SERVICE_ACCOUNT, "automountServiceAccountToken": false,
+                 "containers": [{"name": "agent", "image": "gpu-health-agent:e2e"}]},
+    }))
+    .unwrap();
+    let pod = Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("the agent's pod on node A");
+    cluster().await.client_with_token(&token(admin, Some(&pod)).await)
+}
+
+#[tokio::test]
+async fn a_token_bound_to_a_pod_on_node_a_writes_only_node_as_gpu_healthy_condition() {
+    let admin = cluster().await.client();
+    kubectl_apply("manifests/namespace.yaml").await;
+    kubectl_apply("manifests/agent/rbac.yaml").await;
+    kubectl_apply("manifests/agent/admission-policy.yaml").await;
+    let fleet = common::fleet(2).await;
+    let mut nodes = fleet.node_names();
+    nodes.sort();
+    let (a, b) = (nodes[0].clone(), nodes[1].clone());
+
+    let agent = agent_on(&admin, &a).await;
+    let no_annotations = json!({});
+
+    // The policy takes a moment to be loaded; until then B's status would be writable.
+    eventually("the policy refuses node B", Duration::from_secs(30), || async {
+        apply_status(
+            &agent,
+            &b,
+            &no_annotations,
+            &gpu_healthy("False", Timestamp::now()),
+        )
+        .await
+        .is_err()
+        .then_some(())
+    })
+    .await;
+    let message = refusal(
+        "node B",
+        apply_status(
+            &agent,
+            &b,
+            &no_annotations,
+            &gpu_healthy("False", Timestamp::now()),
+        )
+        .await,
+    );
+    assert!(
+        message.contains(&format!("on node {a} may not write the status of node {b}")),
+        "{message}"
+    );
+
+    let written = apply_status(
+        &agent,
+        &a,
+        &no_annotations,
+        &gpu_healthy("False", Timestamp::now()),
+    )
+    .await
+    .expect("the agent sets its own node's GpuHealthy");
+    let condition = written
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "GpuHealthy")
+        .expect("the condition was written");
+    assert_eq!(condition.status, "False");
+    let published = json!({"gpuremediation.dev/gpu-inventory": "[]"});
+    apply_status(&agent, &a, &published, &gpu_healthy("False", Timestamp::now()))
+        .await
+        .expect("the agent publishes its inventory annotation");
+
+    let ready = json!({"conditions": [
+        {"type": "GpuHealthy", "status": "False", "reason": "XID79", "message": "GPU 3 fell off the bus"},
+        {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "forged"},
+    ]});
+    let message = refusal("A's Ready", apply_status(&agent, &a, &published, &ready).await);
+    assert!(
+        message.contains("only its node's GpuHealthy condition"),
+        "{message}"
+    );
+
+    let mut capacity = gpu_healthy("False", Timestamp::now());
+    capacity["capacity"] = json!({"nvidia.com/gpu": "100"});
+    let message = refusal(
+        "A's capacity",
+        apply_status(&agent, &a, &published, &capacity).await,
+    );
+    assert!(message.contains("not its capacity"), "{message}");
+
+    let future = Timestamp::now() + SignedDuration::from_hours(1);
+    let message = refusal(
+        "a lastTransitionTime an hour ahead",
+        apply_status(&agent, &a, &published, &gpu_healthy("False", future)).await,
+    );
+    assert!(message.contains("lastTransitionTime in the future"), "{message}");
+
+    let foreign = json!({"gpuremediation.dev/gpu-inventory": "[]", "example.com/owner": "agent"});
+    let message = refusal(
+        "another annotation",
+        apply_status(&agent, &a, &foreign, &gpu_healthy("False", Timestamp::now())).await,
+    );
+    assert!(message.contains("no annotation but"), "{message}");
+
+    let events: Api<Event> = Api::namespaced(agent.clone(), "default");
+    events
+        .create(&PostParams::default(), &event(&a))
+        .await
+        .expect("an Event about its own node");
+    let message = refusal(
+        "an Event about B",
+        events.create(&PostParams::default(), &event(&b)).await,
+    );
+    assert!(message.contains("Events only about its own node"), "{message}");
+
+    let unbound = cluster().await.client_with_token(&token(&admin, None).await);
+    let message = refusal(
+        "a token bound to no pod",
+        apply_status(
+            &unbound,
+            &a,
+            &no_annotations,
+            &gpu_healthy("False", Timestamp::now()),
+        )
+        .await,
+    );
+    assert!(message.contains("only with a token bound to a pod"), "{message}");
+
+    let node = Api::<Node>::all(admin).get(&a).await.unwrap();
+    let capacity = node.status.and_then(|s| s.capacity).unwrap_or_default();
+    assert_ne!(
+        capacity.get("nvidia.com/gpu").map(|q| q.0.as_str()),
+        Some("100"),
+        "capacity unchanged"
+    );
+    fleet.stop().await.expect("stopping the fleet");
+}

@@ -1,0 +1,165 @@
+//! The fence the API server enforces, for evictions (`manifests/optional/fence/`): with the
+//! controller's Lease naming `replica-b` after 4 transitions, an eviction `KubeOps::evict` posts as
+//! the controller's service account is refused when its fence carries a stale claim
+//! (`replica-a/3`, a deposed leader) or none, with the policy's message, and admitted when it
+//! carries the current one.
+
+mod common;
+
+use std::{path::Path, process::Command, time::Duration};
+
+use common::{cluster, eventually};
+use gpu_remediator::{drain::Leaving, kubeops::KubeOps, leader::Fence, lifecycle::EvictionAnswer};
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{Pod, ServiceAccount},
+    rbac::v1::{ClusterRole, ClusterRoleBinding},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ObjectMeta, PostParams},
+    runtime::events::Reporter,
+};
+use serde_json::json;
+
+const NAMESPACE: &str = "gpu-remediation";
+const ACCOUNT: &str = "gpu-remediator";
+
+async fn kubectl_apply(file: &str) {
+    let cluster = cluster().await;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file);
+    let output = Command::new(cluster.kubectl())
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig_path())
+        .args(["apply", "-f"])
+        .arg(&path)
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        output.status.success(),
+        "kubectl apply -f {file}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The controller's service account with eviction rights only, and a token of it.
+async fn controller_token(admin: &Client) -> String {
+    let account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(ACCOUNT.into()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    };
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), NAMESPACE);
+    let _ = accounts.create(&PostParams::default(), &account).await;
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "e2e-fence-evictions"},
+        "rules": [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}],
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "e2e-fence-evictions"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "e2e-fence-evictions"},
+        "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}],
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let request = serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}})).unwrap();
+    accounts
+        .create_token_request(ACCOUNT, &PostParams::default(), &request)
+        .await
+        .expect("a token")
+        .status
+        .expect("a token status")
+        .token
+}
+
+async fn pod(admin: &Client, node: &str) -> Leaving {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": common::unique_name("evictee"), "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "e2e:none"}]},
+    }))
+    .unwrap();
+    let pod = Api::<Pod>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    Leaving {
+        namespace: "default".into(),
+        name: pod.name_any(),
+        uid: pod.uid().unwrap(),
+        terminating: false,
+        gone_by: None,
+        labels: std::collections::BTreeMap::new(),
+    }
+}
+
+fn ops(client: &Client, fence: Fence) -> KubeOps {
+    let reporter = Reporter {
+        controller: "gpu-remediator".into(),
+        instance: Some("e2e-fence".into()),
+    };
+    KubeOps::from_clients(client.clone(), client.clone(), fence, reporter)
+}
+
+#[tokio::test]
+async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_current_one_admitted() {
+    let admin = cluster().await.client();
+    kubectl_apply("manifests/namespace.yaml").await;
+    let token = controller_token(&admin).await;
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-remediator", "namespace": NAMESPACE},
+        "spec": {"holderIdentity": "replica-b", "leaseTransitions": 4, "leaseDurationSeconds": 15},
+    }))
+    .unwrap();
+    Api::<Lease>::namespaced(admin.clone(), NAMESPACE)
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap();
+    kubectl_apply("manifests/optional/fence/admission-policy.yaml").await;
+    let fleet = common::fleet(1).await;
+    let node = fleet.node_names()[0].clone();
+    let controller = cluster().await.client_with_token(&token);
+
+    let (fence, keeper) = Fence::keeper();
+    keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(600));
+    keeper.claimed_as("replica-a", 3);
+    let deposed = ops(&controller, fence.clone());
+    let victim = pod(&admin, &node).await;
+    let message = eventually("the stale claim refused", Duration::from_secs(30), || async {
+        match deposed.evict(&victim, None, false).await {
+            Err(error) => Some(format!("{error:?}")),
+            Ok(EvictionAnswer::Refused(status)) => Some(status.message),
+            Ok(_) => None,
+        }
+    })
+    .await;
+    assert!(
+        message.contains("fenced: this write carries the claim replica-a/3")
+            && message.contains("current claim is replica-b/4"),
+        "{message}"
+    );
+
+    let unfenced = ops(&controller, Fence::standalone());
+    let refused = unfenced.evict(&victim, None, false).await;
+    let message = format!("{refused:?}");
+    assert!(message.contains("carries the claim (none)"), "{message}");
+
+    keeper.claimed_as("replica-b", 4);
+    let current = ops(&controller, fence);
+    let outcome = current
+        .evict(&victim, None, false)
+        .await
+        .expect("the current claim is admitted");
+    assert!(matches!(outcome, EvictionAnswer::Accepted), "{outcome:?}");
+    fleet.stop().await.expect("stopping the fleet");
+}
