@@ -11,18 +11,15 @@ use std::time::{Duration, Instant};
 use agent_support::{
     AgentProcess, Probe, agent_kubeconfig, fleet, healthy_gpus, scratch, wait_for_condition, write_probe_file,
 };
-use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::gpu_reasons, crds};
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::gpu_reasons};
 use gpu_remediator::{Settings, leader::Fence};
 use gpu_sandbox::fleet::FLEET_LABEL;
-use k8s_openapi::{
-    api::core::v1::Node, apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
     api::{ListParams, PostParams},
 };
 use serde_json::{Value, json};
-use tokio::sync::OnceCell;
 
 for_both_probes!(
     the_controller_remediates_a_node_the_agent_reports_missing_a_gpu_but_not_one_whose_nvml_failed
@@ -30,40 +27,6 @@ for_both_probes!(
 
 /// Label on this file's policies; the controller of a test enforces only its own.
 const SCOPE_LABEL: &str = "e2e.gpuremediation.dev/scope";
-
-/// Installs the generated CRDs once per test binary and waits until both kinds are served.
-async fn install_crds(client: &Client) {
-    static CRDS: OnceCell<()> = OnceCell::const_new();
-    CRDS.get_or_init(|| async {
-        let api = Api::<CustomResourceDefinition>::all(client.clone());
-        for (file, yaml) in crds::render_all() {
-            let crd: CustomResourceDefinition =
-                serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("parsing {file}: {e}"));
-            match api.create(&PostParams::default(), &crd).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.is_already_exists() => {}
-                Err(e) => panic!("creating the CRD from {file}: {e}"),
-            }
-        }
-        common::eventually(
-            "the remediation kinds to be served",
-            Duration::from_secs(30),
-            || async {
-                let policies = Api::<GpuRemediationPolicy>::all(client.clone())
-                    .list(&ListParams::default())
-                    .await
-                    .ok()?;
-                Api::<GpuRemediation>::all(client.clone())
-                    .list(&ListParams::default())
-                    .await
-                    .ok()?;
-                Some(policies)
-            },
-        )
-        .await;
-    })
-    .await;
-}
 
 /// `config/policy-h100-replace.yaml` as shipped, narrowed to one fleet: its name and scope label
 /// are the fleet's, its node selector also requires the fleet's label, and its trigger's `for` is
@@ -157,7 +120,7 @@ async fn the_controller_remediates_a_node_the_agent_reports_missing_a_gpu_but_no
 ) {
     let cluster = common::cluster().await;
     let client = cluster.client();
-    install_crds(&client).await;
+    common::install_generated_crds(&client).await;
     let dir = scratch(&format!("remediation-{probe:?}"));
     let kubeconfig = agent_kubeconfig(&client, &dir).await;
     // Ten nodes, so one broken node is 10% of the fleet: within the shipped maxUnhealthy.

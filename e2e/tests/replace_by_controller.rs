@@ -26,7 +26,6 @@ use serde_json::json;
 use tokio::sync::OnceCell;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
-const CRDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds");
 
 async fn crds_installed() -> Client {
     static INSTALLED: OnceCell<()> = OnceCell::const_new();
@@ -35,9 +34,8 @@ async fn crds_installed() -> Client {
             let client = common::cluster().await.client();
             let read =
                 |path: String| std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            common::install_generated_crds(&client).await;
             for file in [
-                format!("{CRDS}/gpuremediationpolicies.yaml"),
-                format!("{CRDS}/gpuremediations.yaml"),
                 format!("{FIXTURES}/cluster.x-k8s.io_machines.yaml"),
                 format!("{FIXTURES}/karpenter.sh_nodeclaims.yaml"),
             ] {

@@ -37,7 +37,6 @@ use serde_json::json;
 use tokio::sync::OnceCell;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
-const CRDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds");
 
 /// Installs every CRD these tests need, once per test binary.
 async fn crds_installed() -> Client {
@@ -49,7 +48,7 @@ async fn crds_installed() -> Client {
                 std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
             };
             let client = common::cluster().await.client();
-            common::install_crd(&client, &read(format!("{CRDS}/gpuremediations.yaml"))).await;
+            common::install_generated_crds(&client).await;
             common::install_crd(
                 &client,
                 &read(format!("{FIXTURES}/cluster.x-k8s.io_machines.yaml")),

@@ -147,3 +147,38 @@ pub async fn install_crd(client: &kube::Client, yaml: &str) {
     )
     .await;
 }
+
+/// Installs the project's own CRDs, as generated from the Rust types, once per test binary, and
+/// waits until both kinds are served (listing them succeeds).
+///
+/// # Panics
+/// If a CRD cannot be parsed or created, or the kinds are not served within 30s.
+pub async fn install_generated_crds(client: &kube::Client) {
+    use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy};
+    use kube::api::ListParams;
+
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async {
+            for (_, yaml) in gpu_remediation_api::crds::render_all() {
+                install_crd(client, &yaml).await;
+            }
+            // Established is not yet discoverable by every client: list once per kind.
+            eventually(
+                "the remediation kinds to be served",
+                Duration::from_secs(30),
+                || async {
+                    Api::<GpuRemediationPolicy>::all(client.clone())
+                        .list(&ListParams::default())
+                        .await
+                        .ok()?;
+                    Api::<GpuRemediation>::all(client.clone())
+                        .list(&ListParams::default())
+                        .await
+                        .ok()
+                },
+            )
+            .await;
+        })
+        .await;
+}

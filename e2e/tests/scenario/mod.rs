@@ -11,9 +11,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, Phase, constants::REMEDIATION_TAINT_KEY, crds,
-};
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::REMEDIATION_TAINT_KEY};
 use gpu_remediator::{Settings, leader::Fence};
 use gpu_sandbox::{
     fault,
@@ -22,7 +20,6 @@ use gpu_sandbox::{
 };
 use k8s_openapi::{
     api::core::v1::{Node, Pod},
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     jiff::Timestamp,
 };
 use kube::{
@@ -30,66 +27,15 @@ use kube::{
     api::{ListParams, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
-use tokio::sync::OnceCell;
 
 use crate::common::{self, eventually};
 
 /// Label on test policies; each test's controller enforces only policies with its own value.
 pub const SCOPE_LABEL: &str = "e2e.gpuremediation.dev/scope";
 
-pub static CRDS: OnceCell<()> = OnceCell::const_new();
-
 /// Installs the generated CRDs once per test binary and waits until they are served.
 pub async fn install_crds(client: &Client) {
-    CRDS.get_or_init(|| async {
-        let api = Api::<CustomResourceDefinition>::all(client.clone());
-        for (file, yaml) in crds::render_all() {
-            let crd: CustomResourceDefinition =
-                serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("parsing {file}: {e}"));
-            match api.create(&PostParams::default(), &crd).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.is_already_exists() => {}
-                Err(e) => panic!("creating the CRD from {file}: {e}"),
-            }
-            let name = crd.name_any();
-            eventually(
-                &format!("CRD {name} established"),
-                Duration::from_secs(30),
-                || {
-                    let api = api.clone();
-                    let name = name.clone();
-                    async move {
-                        let crd = api.get(&name).await.ok()?;
-                        let established = crd
-                            .status?
-                            .conditions?
-                            .iter()
-                            .any(|c| c.type_ == "Established" && c.status == "True");
-                        established.then_some(())
-                    }
-                },
-            )
-            .await;
-        }
-        // The API server needs a moment after Established before the new kinds are discoverable
-        // by every client; list once per kind to be sure.
-        eventually("the new kinds to be served", Duration::from_secs(30), || {
-            let client = client.clone();
-            async move {
-                let policies = Api::<GpuRemediationPolicy>::all(client.clone())
-                    .list(&ListParams::default())
-                    .await
-                    .ok()?;
-                let _ = Api::<GpuRemediation>::all(client)
-                    .list(&ListParams::default())
-                    .await
-                    .ok()?;
-                Some(policies)
-            }
-        })
-        .await;
-    })
-    .await;
+    common::install_generated_crds(client).await;
 }
 
 pub fn init_logs() {
