@@ -1,8 +1,8 @@
-//! The fence the API server enforces, for evictions (`manifests/optional/fence/`): with the
-//! controller's Lease naming `replica-b` after 4 transitions, an eviction `KubeOps::evict` posts as
-//! the controller's service account is refused when its fence carries a stale claim
-//! (`replica-a/3`, a deposed leader) or none, with the policy's message, and admitted when it
-//! carries the current one.
+//! The fence the API server enforces, for evictions and node updates (`manifests/optional/fence/`):
+//! with the controller's Lease naming `replica-b` after 4 transitions, an eviction
+//! (`KubeOps::evict`) and a cordon (`KubeOps::cordon_node`) made as the controller's service account
+//! are refused when its fence carries a stale claim (`replica-a/3`, a deposed leader) or none, with
+//! the policy's message, and admitted when it carries the current one.
 
 mod common;
 
@@ -59,7 +59,8 @@ async fn controller_token(admin: &Client) -> String {
     let _ = accounts.create(&PostParams::default(), &account).await;
     let role: ClusterRole = serde_json::from_value(json!({
         "metadata": {"name": "e2e-fence-evictions"},
-        "rules": [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}],
+        "rules": [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+                  {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "update"]}],
     }))
     .unwrap();
     Api::<ClusterRole>::all(admin.clone())
@@ -137,11 +138,12 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
     keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(600));
     keeper.claimed_as("replica-a", 3);
     let deposed = ops(&controller, fence.clone());
-    let victim = pod(&admin, &node).await;
-    let message = eventually("the stale claim refused", Duration::from_secs(30), || async {
+    // Until the policy is loaded an eviction passes; each try uses a pod of its own.
+    let (victim, message) = eventually("the stale claim refused", Duration::from_secs(30), || async {
+        let victim = pod(&admin, &node).await;
         match deposed.evict(&victim, None, false).await {
-            Err(error) => Some(format!("{error:?}")),
-            Ok(EvictionOutcome::Refused(status)) => Some(status.message),
+            Err(error) => Some((victim, format!("{error:?}"))),
+            Ok(EvictionOutcome::Refused(status)) => Some((victim, status.message)),
             Ok(_) => None,
         }
     })
@@ -149,6 +151,13 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
     assert!(
         message.contains("fenced: this write carries the claim replica-a/3")
             && message.contains("current claim is replica-b/4"),
+        "{message}"
+    );
+
+    let cordon = deposed.cordon_node(&node, "e2e-fence").await;
+    let message = format!("{cordon:?}");
+    assert!(
+        message.contains("fenced: this write carries the claim replica-a/3"),
         "{message}"
     );
 
@@ -164,5 +173,18 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
         .await
         .expect("the current claim is admitted");
     assert!(matches!(outcome, EvictionOutcome::Accepted), "{outcome:?}");
+    let cordoned = current
+        .cordon_node(&node, "e2e-fence")
+        .await
+        .expect("the current claim cordons")
+        .expect("the node exists");
+    assert_eq!(
+        cordoned
+            .annotations()
+            .get("gpuremediation.dev/claim")
+            .map(String::as_str),
+        Some("replica-b/4")
+    );
+    assert_eq!(cordoned.spec.and_then(|s| s.unschedulable), Some(true));
     fleet.stop().await.expect("stopping the fleet");
 }

@@ -356,6 +356,14 @@ impl KubeOps {
                 return Ok(Some(node));
             }
             self.fence.check().map_err(|e| failed(e.into()))?;
+            if let Some(claim) = self.fence.claim() {
+                // The claim the fence admission policy checks (issue 13).
+                let annotations = node.annotations_mut();
+                annotations.insert(
+                    gpu_remediation_api::constants::CLAIM_ANNOTATION.to_owned(),
+                    claim.to_string(),
+                );
+            }
             // `node` carries the resourceVersion of our read: the replace fails on any write since.
             match api.replace(name, &post_params(), &node).await {
                 Ok(written) => return Ok(Some(written)),
