@@ -1,6 +1,7 @@
-//! The fence the API server enforces, for evictions and node updates (`manifests/optional/fence/`):
-//! with the controller's Lease naming `replica-b` after 4 transitions, an eviction
-//! (`KubeOps::evict`) and a cordon (`KubeOps::cordon_node`) made as the controller's service account
+//! The fence the API server enforces, for evictions, node updates and remediation creates
+//! (`manifests/optional/fence/`): with the controller's Lease naming `replica-b` after 4
+//! transitions, an eviction (`KubeOps::evict`), a remediation create and a cordon
+//! (`KubeOps::cordon_node`) made as the controller's service account
 //! are refused when its fence carries a stale claim (`replica-a/3`, a deposed leader) or none, with
 //! the policy's message, and admitted when it carries the current one.
 
@@ -60,7 +61,8 @@ async fn controller_token(admin: &Client) -> String {
     let role: ClusterRole = serde_json::from_value(json!({
         "metadata": {"name": "e2e-fence-evictions"},
         "rules": [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-                  {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "update"]}],
+                  {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "update"]},
+                  {"apiGroups": ["gpuremediation.dev"], "resources": ["gpuremediations"], "verbs": ["get", "create"]}],
     }))
     .unwrap();
     Api::<ClusterRole>::all(admin.clone())
@@ -107,6 +109,16 @@ async fn pod(admin: &Client, node: &str) -> Leaving {
     }
 }
 
+fn remediation(node: &str) -> gpu_remediation_api::GpuRemediation {
+    serde_json::from_value(json!({
+        "apiVersion": "gpuremediation.dev/v1alpha1", "kind": "GpuRemediation",
+        "metadata": {"name": format!("{node}-fence")},
+        "spec": {"nodeName": node, "policyName": "p", "action": "None",
+                 "trigger": {"conditionType": "GpuHealthy", "status": "False"}},
+    }))
+    .unwrap()
+}
+
 fn ops(client: &Client, fence: Fence) -> KubeOps {
     let reporter = Reporter {
         controller: "gpu-remediator".into(),
@@ -119,6 +131,9 @@ fn ops(client: &Client, fence: Fence) -> KubeOps {
 async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_current_one_admitted() {
     let admin = cluster().await.client();
     kubectl_apply("manifests/namespace.yaml").await;
+    for (_, yaml) in gpu_remediation_api::crds::render_all() {
+        common::install_crd(&admin, &yaml).await;
+    }
     let token = controller_token(&admin).await;
     let lease: Lease = serde_json::from_value(json!({
         "metadata": {"name": "gpu-remediator", "namespace": NAMESPACE},
@@ -154,6 +169,13 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
         "{message}"
     );
 
+    let created = deposed.create_remediation(&remediation(&node)).await;
+    let message = format!("{created:?}");
+    assert!(
+        message.contains("fenced: this write carries the claim replica-a/3"),
+        "{message}"
+    );
+
     let cordon = deposed.cordon_node(&node, "e2e-fence").await;
     let message = format!("{cordon:?}");
     assert!(
@@ -186,5 +208,16 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
         Some("replica-b/4")
     );
     assert_eq!(cordoned.spec.and_then(|s| s.unschedulable), Some(true));
+    let created = current
+        .create_remediation(&remediation(&node))
+        .await
+        .expect("the current claim creates a remediation");
+    assert_eq!(
+        created
+            .annotations()
+            .get("gpuremediation.dev/claim")
+            .map(String::as_str),
+        Some("replica-b/4")
+    );
     fleet.stop().await.expect("stopping the fleet");
 }

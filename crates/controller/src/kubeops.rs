@@ -205,6 +205,16 @@ impl KubeOps {
     ) -> Result<GpuRemediation, CreateRemediationError> {
         let name = remediation.name_any();
         let api = Api::<GpuRemediation>::all(self.client.clone());
+        let mut remediation = remediation.clone();
+        if let Some(claim) = self.fence.claim() {
+            // The claim the fence admission policy checks (issue 13).
+            let annotations = remediation.annotations_mut();
+            annotations.insert(
+                gpu_remediation_api::constants::CLAIM_ANNOTATION.to_owned(),
+                claim.to_string(),
+            );
+        }
+        let remediation = &remediation;
         let attempt = async {
             self.fence.check()?;
             match api
