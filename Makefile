@@ -91,7 +91,8 @@ demo:
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" RUST_LOG="$${RUST_LOG:-$(DEMO_LOG)}" \
 		$(TARGET_DIR)/debug/gpu-sandbox demo --controller $(TARGET_DIR)/debug/gpu-remediator --repo . $(if $(DEMO_EXIT),--exit-after)
 
-# The binaries the Dockerfiles copy, into $(TARGET_DIR)/images/ (the Docker build context). No
+# The binaries the Dockerfiles copy, into $(TARGET_DIR)/images/amd64/ (the Docker build context is
+# $(TARGET_DIR)/images/, one directory per TARGETARCH; `make arm64` fills images/arm64/). No
 # container engine runs here; with one:
 #   docker build -f crates/controller/Dockerfile -t gpu-remediator:dev target/images
 #   docker build -f crates/agent/Dockerfile -t gpu-health-agent:dev target/images
@@ -104,9 +105,9 @@ images:
 	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release --locked --target $(IMAGE_TARGET) \
 		-p gpu-remediator --bin gpu-remediator
 	$(CARGO) build --release --locked -p gpu-health-agent --bin gpu-health-agent
-	mkdir -p $(TARGET_DIR)/images
-	cp $(TARGET_DIR)/$(IMAGE_TARGET)/release/gpu-remediator $(TARGET_DIR)/release/gpu-health-agent $(TARGET_DIR)/images/
-	@file $(TARGET_DIR)/images/gpu-remediator $(TARGET_DIR)/images/gpu-health-agent 2>/dev/null || ls -l $(TARGET_DIR)/images
+	mkdir -p $(TARGET_DIR)/images/amd64
+	cp $(TARGET_DIR)/$(IMAGE_TARGET)/release/gpu-remediator $(TARGET_DIR)/release/gpu-health-agent $(TARGET_DIR)/images/amd64/
+	@file $(TARGET_DIR)/images/amd64/gpu-remediator $(TARGET_DIR)/images/amd64/gpu-health-agent 2>/dev/null || ls -l $(TARGET_DIR)/images/amd64
 
 # Release builds of the controller and the harness; the controller runs as its own process.
 bench:
@@ -117,3 +118,30 @@ bench:
 CHAOS_TESTS = --test chaos_control_plane --test chaos_leader --test chaos_network --test chaos_load
 chaos:
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test -p e2e --no-fail-fast $(CHAOS_TESTS) -- --ignored --test-threads=2
+
+# arm64 (Grace nodes: GH200, GB200): both binaries cross-built for aarch64-unknown-linux-gnu into
+# $(TARGET_DIR)/images/arm64/, beside images/amd64/ from `make images` (the multi-arch Dockerfiles
+# copy $TARGETARCH/), then the arm64 binaries run under qemu-user: the agent with the file probe,
+# printing the condition it would write. Not part of `make test`: it needs the Rust target
+# (`rustup target add aarch64-unknown-linux-gnu`) and Debian's gcc-aarch64-linux-gnu,
+# libc6-dev-arm64-cross, qemu-user-static and file. With a container engine, after both targets:
+#   docker buildx build --platform linux/amd64,linux/arm64 -f crates/agent/Dockerfile \
+#     -t REGISTRY/gpu-health-agent:TAG --push target/images
+ARM64_TARGET = aarch64-unknown-linux-gnu
+ARM64_CROSS = CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
+ARM64_PROBE ?= crates/agent/tests/fixtures/h100-gpu1-lost.json
+.PHONY: arm64
+arm64:
+	@for tool in aarch64-linux-gnu-gcc qemu-aarch64-static file; do command -v $$tool >/dev/null || \
+		{ echo "make arm64 needs $$tool (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static file)" >&2; exit 1; }; done
+	$(ARM64_CROSS) CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static" \
+		$(CARGO) build --release --locked --target $(ARM64_TARGET) --target-dir $(TARGET_DIR)/arm64-static \
+		-p gpu-remediator --bin gpu-remediator
+	$(ARM64_CROSS) $(CARGO) build --release --locked --target $(ARM64_TARGET) -p gpu-health-agent --bin gpu-health-agent
+	mkdir -p $(TARGET_DIR)/images/arm64
+	cp $(TARGET_DIR)/arm64-static/$(ARM64_TARGET)/release/gpu-remediator \
+		$(TARGET_DIR)/$(ARM64_TARGET)/release/gpu-health-agent $(TARGET_DIR)/images/arm64/
+	file $(TARGET_DIR)/images/arm64/gpu-remediator $(TARGET_DIR)/images/arm64/gpu-health-agent
+	qemu-aarch64-static $(TARGET_DIR)/images/arm64/gpu-remediator --version
+	qemu-aarch64-static -L /usr/aarch64-linux-gnu $(TARGET_DIR)/images/arm64/gpu-health-agent \
+		--probe file --probe-file $(ARM64_PROBE) --expected-gpus 8 --print

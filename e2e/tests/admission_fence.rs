@@ -1,15 +1,21 @@
-//! The fence the API server enforces, for evictions (`manifests/optional/fence/`): with the
-//! controller's Lease naming `replica-b` after 4 transitions, an eviction `KubeOps::evict` posts as
-//! the controller's service account is refused when its fence carries a stale claim
-//! (`replica-a/3`, a deposed leader) or none, with the policy's message, and admitted when it
-//! carries the current one.
+//! The fence the API server enforces, for evictions, node updates and remediation creates
+//! (`manifests/optional/fence/`): with the controller's Lease naming `replica-b` after 4
+//! transitions, an eviction (`KubeOps::evict`), a remediation create and a cordon
+//! (`KubeOps::cordon_node`) made as the controller's service account
+//! are refused when its fence carries a stale claim (`replica-a/3`, a deposed leader) or none, with
+//! the policy's message, and admitted when it carries the current one.
 
 mod common;
 
 use std::{path::Path, process::Command, time::Duration};
 
 use common::{cluster, eventually};
-use gpu_remediator::{drain::Leaving, kubeops::KubeOps, leader::Fence, lifecycle::EvictionAnswer};
+use gpu_remediator::{
+    drain::Leaving,
+    kubeops::{KubeOps, NodeEdit},
+    leader::Fence,
+    lifecycle::{EvictionAnswer, NodeRef},
+};
 use k8s_openapi::api::{
     coordination::v1::Lease,
     core::v1::{Pod, ServiceAccount},
@@ -55,7 +61,9 @@ async fn controller_token(admin: &Client) -> String {
     let _ = accounts.create(&PostParams::default(), &account).await;
     let role: ClusterRole = serde_json::from_value(json!({
         "metadata": {"name": "e2e-fence-evictions"},
-        "rules": [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}],
+        "rules": [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+                  {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "update"]},
+                  {"apiGroups": ["gpuremediation.dev"], "resources": ["gpuremediations"], "verbs": ["get", "create"]}],
     }))
     .unwrap();
     Api::<ClusterRole>::all(admin.clone())
@@ -103,6 +111,16 @@ async fn pod(admin: &Client, node: &str) -> Leaving {
     }
 }
 
+fn remediation(node: &str) -> gpu_remediation_api::GpuRemediation {
+    serde_json::from_value(json!({
+        "apiVersion": "gpuremediation.dev/v1alpha1", "kind": "GpuRemediation",
+        "metadata": {"name": format!("{node}-fence")},
+        "spec": {"nodeName": node, "policyName": "p", "action": "None",
+                 "trigger": {"conditionType": "GpuHealthy", "status": "False"}},
+    }))
+    .unwrap()
+}
+
 fn ops(client: &Client, fence: Fence) -> KubeOps {
     let reporter = Reporter {
         controller: "gpu-remediator".into(),
@@ -115,6 +133,9 @@ fn ops(client: &Client, fence: Fence) -> KubeOps {
 async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_current_one_admitted() {
     let admin = cluster().await.client();
     kubectl_apply("manifests/namespace.yaml").await;
+    for (_, yaml) in gpu_remediation_api::crds::render_all() {
+        common::install_crd(&admin, &yaml).await;
+    }
     let token = controller_token(&admin).await;
     let lease: Lease = serde_json::from_value(json!({
         "metadata": {"name": "gpu-remediator", "namespace": NAMESPACE},
@@ -134,11 +155,12 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
     keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(600));
     keeper.claimed_as("replica-a", 3);
     let deposed = ops(&controller, fence.clone());
-    let victim = pod(&admin, &node).await;
-    let message = eventually("the stale claim refused", Duration::from_secs(30), || async {
+    // Until the policy is loaded an eviction passes; each try uses a pod of its own.
+    let (victim, message) = eventually("the stale claim refused", Duration::from_secs(30), || async {
+        let victim = pod(&admin, &node).await;
         match deposed.evict(&victim, None, false).await {
-            Err(error) => Some(format!("{error:?}")),
-            Ok(EvictionAnswer::Refused(status)) => Some(status.message),
+            Err(error) => Some((victim, format!("{error:?}"))),
+            Ok(EvictionAnswer::Refused(status)) => Some((victim, status.message)),
             Ok(_) => None,
         }
     })
@@ -146,6 +168,24 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
     assert!(
         message.contains("fenced: this write carries the claim replica-a/3")
             && message.contains("current claim is replica-b/4"),
+        "{message}"
+    );
+
+    let created = deposed.create_remediation(&remediation(&node)).await;
+    let message = format!("{created:?}");
+    assert!(
+        message.contains("fenced: this write carries the claim replica-a/3"),
+        "{message}"
+    );
+
+    let target = NodeRef {
+        name: node.clone(),
+        uid: None,
+    };
+    let cordon = deposed.cordon_node(&target, "e2e-fence").await;
+    let message = format!("{cordon:?}");
+    assert!(
+        message.contains("fenced: this write carries the claim replica-a/3"),
         "{message}"
     );
 
@@ -161,5 +201,31 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
         .await
         .expect("the current claim is admitted");
     assert!(matches!(outcome, EvictionAnswer::Accepted), "{outcome:?}");
+    let NodeEdit::Written(cordoned) = current
+        .cordon_node(&target, "e2e-fence")
+        .await
+        .expect("the current claim cordons")
+    else {
+        panic!("the node exists")
+    };
+    assert_eq!(
+        cordoned
+            .annotations()
+            .get("gpuremediation.dev/claim")
+            .map(String::as_str),
+        Some("replica-b/4")
+    );
+    assert_eq!(cordoned.spec.and_then(|s| s.unschedulable), Some(true));
+    let created = current
+        .create_remediation(&remediation(&node))
+        .await
+        .expect("the current claim creates a remediation");
+    assert_eq!(
+        created
+            .annotations()
+            .get("gpuremediation.dev/claim")
+            .map(String::as_str),
+        Some("replica-b/4")
+    );
     fleet.stop().await.expect("stopping the fleet");
 }

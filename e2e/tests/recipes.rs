@@ -1,7 +1,7 @@
 //! The detector recipes in `config/recipes/`, each on the sandbox with the in-process controller:
 //! the node condition the other detector would write, written as it would write it, makes the
-//! recipe's policy remediate the node (a `GpuRemediation` naming that condition, the node
-//! cordoned), and a condition the recipe does not count leaves its node alone.
+//! recipe's policy remediate the node (a `GpuRemediation` naming that condition, which cordons
+//! the node), and a condition the recipe does not count leaves its node alone.
 //!
 //! - node-problem-detector: `check-gpu-xid.sh` runs on a kernel log with a fatal XID (and on one
 //!   without), and its output becomes the `GpuFatalXid` condition's message, as NPD's custom
@@ -12,7 +12,7 @@ mod common;
 
 use std::{path::Path, process::Command, time::Duration};
 
-use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, constants::NODE_LABEL};
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
 use gpu_remediator::{Settings, leader::Fence};
 use gpu_sandbox::fleet::FLEET_LABEL;
 use k8s_openapi::api::core::v1::Node;
@@ -96,23 +96,23 @@ where
 
     let remediations: Api<GpuRemediation> = Api::all(client.clone());
     let of = |node: &str| ListParams::default().labels(&format!("{NODE_LABEL}={node}"));
-    let record = common::eventually("the remediation", Duration::from_secs(60), || {
-        let (remediations, params) = (remediations.clone(), of(&nodes[0]));
-        async move { remediations.list(&params).await.ok()?.items.into_iter().next() }
-    })
-    .await;
-    common::eventually("the node cordoned", Duration::from_secs(60), || {
-        let (nodes_api, node) = (Api::<Node>::all(client.clone()), nodes[0].clone());
-        async move {
-            nodes_api
-                .get(&node)
-                .await
-                .ok()?
-                .spec?
-                .unschedulable
-                .filter(|u| *u)
-        }
-    })
+    // Cordoned, by the record's own history (the default strategy, DeleteNode, then deletes the
+    // node, so the node itself may be gone by the time it is read).
+    let record = common::eventually(
+        "the remediation to cordon the node",
+        Duration::from_secs(60),
+        || {
+            let (remediations, params) = (remediations.clone(), of(&nodes[0]));
+            async move {
+                let record = remediations.list(&params).await.ok()?.items.into_iter().next()?;
+                let history = &record.status.as_ref()?.phase_history;
+                history
+                    .iter()
+                    .any(|t| t.phase == Phase::Cordoned)
+                    .then_some(record)
+            }
+        },
+    )
     .await;
     // The other node's condition was written first: the pass that admitted the first saw it.
     let ignored = remediations.list(&of(&nodes[1])).await.unwrap().items;

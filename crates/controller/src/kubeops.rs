@@ -227,6 +227,16 @@ impl KubeOps {
     ) -> Result<GpuRemediation, CreateRemediationError> {
         let name = remediation.name_any();
         let api = Api::<GpuRemediation>::all(self.client.clone());
+        let mut remediation = remediation.clone();
+        if let Some(claim) = self.fence.claim() {
+            // The claim the fence admission policy checks (issue 13).
+            let annotations = remediation.annotations_mut();
+            annotations.insert(
+                gpu_remediation_api::constants::CLAIM_ANNOTATION.to_owned(),
+                claim.to_string(),
+            );
+        }
+        let remediation = &remediation;
         let attempt = async {
             self.fence.check()?;
             match api
@@ -397,6 +407,15 @@ impl KubeOps {
                 return Ok(NodeEdit::Written(Box::new(node)));
             }
             self.fence.check().map_err(|e| failed(e.into()))?;
+            if let Some(claim) = self.fence.claim() {
+                // The claim the fence admission policy checks (issue 13).
+                let annotations = node.annotations_mut();
+                annotations.insert(
+                    gpu_remediation_api::constants::CLAIM_ANNOTATION.to_owned(),
+                    claim.to_string(),
+                );
+            }
+            // `node` carries the resourceVersion of our read: the replace fails on any write since.
             match api.replace(name, &post_params(), &node).await {
                 Ok(written) => return Ok(NodeEdit::Written(Box::new(written))),
                 Err(kube::Error::Api(status)) if status.is_conflict() => {}

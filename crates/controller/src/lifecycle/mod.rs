@@ -572,7 +572,9 @@ fn before_hand_over(
         Phase::Pending if remediation.spec.mode == Mode::DryRun => drain::dry_run(seen, facts, status),
         Phase::Pending if remediation.spec.mode == Mode::Manual && !approved => {
             let message = format!(
-                "waiting for a person to approve: kubectl annotate gpuremediation {} {APPROVED_ANNOTATION}=true",
+                "waiting for a person to approve: kubectl gpu approve {0} (or kubectl annotate gpuremediation {0} \
+                 {APPROVED_ANNOTATION}=true {APPROVED_BY_ANNOTATION}=<your user name>; approving needs the verb \
+                 approve on gpuremediations)",
                 facts.name
             );
             Decision::Settle(status::move_to(
@@ -605,9 +607,9 @@ fn require_manual(
         .get(ATTEMPTS_EXHAUSTED_ANNOTATION)
         .map_or("this node used up maxAttemptsPerNode", String::as_str);
     let message = format!(
-        "{why}. Nothing was touched. To proceed: kubectl annotate gpuremediation {} {APPROVED_ANNOTATION}=true \
-         (it then starts like an admitted remediation, within maxConcurrent, rate and maxUnhealthy); \
-         or fix the node and leave this record",
+        "{why}. Nothing was touched. To proceed: kubectl gpu approve {0} (or kubectl annotate gpuremediation {0} \
+         {APPROVED_ANNOTATION}=true {APPROVED_BY_ANNOTATION}=<your user name>); it then starts like an admitted \
+         remediation, within maxConcurrent, rate and maxUnhealthy; or fix the node and leave this record",
         facts.name
     );
     status::move_to(
