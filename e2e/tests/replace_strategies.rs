@@ -100,6 +100,7 @@ async fn remediation(client: &Client, node: &str, action: Action) -> GpuRemediat
         action,
         mode: Mode::Enforce,
         node_uid: None,
+        previous_incident: None,
         policy_snapshot: None,
     };
     let remediations: Api<GpuRemediation> = Api::all(client.clone());

@@ -47,6 +47,10 @@ pub struct GpuRemediationSpec {
     /// of the same name with another UID is a different machine, never touched by this record.
     #[serde(default, rename = "nodeUID", skip_serializing_if = "Option::is_none")]
     pub node_uid: Option<String>,
+    /// When this node's previous incident started (the trigger of its latest earlier remediation
+    /// still on record), for the time between incidents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_incident: Option<Time>,
     /// The policy's rules as they were at admission: the recycle follows them to its end, whatever
     /// happens to the policy meanwhile (edited or deleted).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -169,6 +169,10 @@ async fn start(
     ctx.caches.written_remediations.record(created.clone());
     ctx.metrics
         .remediation_started(&policy.name_any(), created.spec.action);
+    if let (Some(previous), Some(since)) = (&created.spec.previous_incident, &created.spec.trigger.since) {
+        let between = std::time::Duration::try_from(since.0.duration_since(previous.0)).unwrap_or_default();
+        ctx.metrics.time_between_incidents(&policy.name_any(), between);
+    }
     let trigger = &created.spec.trigger;
     let note = format!(
         "node {} has had {}={} reason {} since {}: remediation {} started (action {:?}, mode {:?})",

@@ -610,6 +610,7 @@ mod tests {
                 action: Action::Replace,
                 mode: Mode::Enforce,
                 node_uid: None,
+                previous_incident: None,
                 policy_snapshot: None,
             },
         );

@@ -171,7 +171,7 @@ fn plan_policy(
         create,
         readmit,
         manual_required,
-    } = records(policy, &decision, &found, invalid.is_none(), now);
+    } = records(policy, &decision, &found, remediations, invalid.is_none(), now);
     let counted = if spec.mode == Mode::DryRun {
         0
     } else {
@@ -369,9 +369,12 @@ fn records(
     policy: &GpuRemediationPolicy,
     decision: &budget::Decision,
     found: &Found<'_, '_>,
+    remediations: &[Arc<GpuRemediation>],
     valid: bool,
     now: Timestamp,
 ) -> Records {
+    let previous =
+        |node: &Node, evidence: &Evidence| previous_incident(&node.name_any(), evidence.since, remediations);
     if !valid {
         return Records {
             create: Vec::new(),
@@ -384,7 +387,7 @@ fn records(
         .iter()
         .filter(|c| !found.approved_records.contains_key(&c.node))
         .filter_map(|c| found.evidence_of.get(&c.node))
-        .map(|(node, evidence)| new_remediation(policy, node, evidence))
+        .map(|(node, evidence)| new_remediation(policy, node, evidence, previous(node, evidence)))
         .collect();
     let readmit = decision
         .admitted
@@ -399,7 +402,7 @@ fn records(
         .filter(|w| matches!(w.deferral, Deferral::AttemptsExhausted { .. }))
         .filter_map(|w| {
             let (node, evidence) = found.evidence_of.get(&w.candidate.node)?;
-            let mut record = new_remediation(policy, node, evidence);
+            let mut record = new_remediation(policy, node, evidence, previous(node, evidence));
             record
                 .annotations_mut()
                 .insert(ATTEMPTS_EXHAUSTED_ANNOTATION.to_owned(), w.deferral.message());
@@ -542,6 +545,21 @@ fn started(name: &str, remediations: &[Arc<GpuRemediation>], now: Timestamp) -> 
         .collect()
 }
 
+/// When `node`'s latest incident before `since` started, among the records still kept (any
+/// policy's).
+fn previous_incident(
+    node: &str,
+    since: Timestamp,
+    remediations: &[Arc<GpuRemediation>],
+) -> Option<Timestamp> {
+    remediations
+        .iter()
+        .filter(|r| r.spec.node_name == node)
+        .filter_map(|r| r.spec.trigger.since.as_ref().map(|t| t.0))
+        .filter(|t| *t < since)
+        .max()
+}
+
 /// When a record was (last) admitted by the budget: its readmission after a person's approval
 /// past `maxAttemptsPerNode`, else its creation. Limits count it from then.
 fn admitted_at(record: &GpuRemediation) -> Option<Timestamp> {
@@ -643,6 +661,7 @@ mod tests {
                 action: Action::None,
                 mode: Mode::Enforce,
                 node_uid: None,
+                previous_incident: None,
                 policy_snapshot: None,
             },
         );
@@ -702,6 +721,15 @@ mod tests {
             at(1000),
         );
         assert_eq!(new_episode.policies[0].create.len(), 1);
+        assert_eq!(
+            new_episode.policies[0].create[0]
+                .spec
+                .previous_incident
+                .as_ref()
+                .map(|t| t.0),
+            Some(at(0)),
+            "the new record names when the node's previous incident started"
+        );
     }
 
     fn one_attempt_per_day(name: &str, group: &str) -> Arc<GpuRemediationPolicy> {

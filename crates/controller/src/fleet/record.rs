@@ -15,9 +15,15 @@ use kube::ResourceExt;
 
 use crate::detect::Evidence;
 
-/// The remediation to create for a node admitted under a policy.
+/// The remediation to create for a node admitted under a policy; `previous` is when the node's
+/// previous incident on record started.
 #[must_use]
-pub fn new_remediation(policy: &GpuRemediationPolicy, node: &Node, evidence: &Evidence) -> GpuRemediation {
+pub fn new_remediation(
+    policy: &GpuRemediationPolicy,
+    node: &Node,
+    evidence: &Evidence,
+    previous: Option<Timestamp>,
+) -> GpuRemediation {
     let node_name = node.name_any();
     let policy_name = policy.name_any();
     let trigger = &policy.spec.triggers[evidence.trigger];
@@ -36,6 +42,7 @@ pub fn new_remediation(policy: &GpuRemediationPolicy, node: &Node, evidence: &Ev
             action: trigger.action.unwrap_or(policy.spec.action),
             mode: policy.spec.mode,
             node_uid: node.metadata.uid.clone(),
+            previous_incident: previous.map(Time),
             policy_snapshot: Some(snapshot_of(policy)),
         },
     );

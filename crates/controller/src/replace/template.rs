@@ -248,6 +248,7 @@ mod tests {
                 action: Action::Reboot,
                 mode: Mode::Enforce,
                 node_uid: None,
+                previous_incident: None,
                 policy_snapshot: None,
             },
         );

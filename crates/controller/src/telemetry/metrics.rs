@@ -9,6 +9,7 @@
 //! | `phase_duration_seconds` | histogram | `policy`, `phase` (time spent in the phase) |
 //! | `detection_to_cordon_seconds` | histogram | `policy` (trigger condition's transition to cordon) |
 //! | `time_to_recovery_seconds` | histogram | `policy`, `outcome` (trigger's start to the node, or its replacement, back in service) |
+//! | `time_between_incidents_seconds` | histogram | `policy` (a node's previous incident's start to this one's, observed at admission) |
 //! | `evictions_total` | counter | `result` |
 //! | `budget_remaining` | gauge | `policy` (remediations that may start now: the smallest of the limits, as `status.budget.remaining`) |
 //! | `circuit_open` | gauge | `policy` (1 while `maxUnhealthy` is exceeded) |
@@ -123,6 +124,11 @@ fn recovery_histogram() -> Histogram {
     Histogram::new(exponential_buckets(30.0, 2.0, 14))
 }
 
+fn incidents_histogram() -> Histogram {
+    // 1 min to about 1 year: a node failing again within the hour is a repeat offender.
+    Histogram::new(exponential_buckets(60.0, 4.0, 10))
+}
+
 fn detection_histogram() -> Histogram {
     // 0.25 s to about 17 min: detection-to-cordon is seconds once the trigger's `for` has held.
     Histogram::new(exponential_buckets(0.25, 2.0, 13))
@@ -135,6 +141,7 @@ struct Series {
     phase_duration: Family<PhaseLabels, Histogram>,
     detection_to_cordon: Family<PolicyLabels, Histogram>,
     time_to_recovery: Family<OutcomeLabels, Histogram>,
+    time_between_incidents: Family<PolicyLabels, Histogram>,
     evictions: Family<EvictionLabels, Counter>,
     budget_remaining: Family<PolicyLabels, Gauge>,
     circuit_open: Family<PolicyLabels, Gauge>,
@@ -182,6 +189,7 @@ impl Metrics {
             phase_duration: Family::new_with_constructor(phase_histogram),
             detection_to_cordon: Family::new_with_constructor(detection_histogram),
             time_to_recovery: Family::new_with_constructor(recovery_histogram),
+            time_between_incidents: Family::new_with_constructor(incidents_histogram),
             evictions: Family::default(),
             budget_remaining: Family::default(),
             circuit_open: Family::default(),
@@ -218,6 +226,11 @@ impl Metrics {
             "time_to_recovery_seconds",
             "From the start of the trigger to the node (or its replacement) back in service, by outcome",
             series.time_to_recovery.clone(),
+        );
+        registry.register(
+            "time_between_incidents_seconds",
+            "From the start of a node's previous incident on record to the start of its next one",
+            series.time_between_incidents.clone(),
         );
         registry.register(
             "evictions",
@@ -314,6 +327,16 @@ impl Metrics {
                 phase: phase.as_str(),
             })
             .observe(spent.as_secs_f64());
+    }
+
+    /// A node's new incident started `between` after its previous one on record.
+    pub fn time_between_incidents(&self, policy: &str, between: Duration) {
+        self.series
+            .time_between_incidents
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .observe(between.as_secs_f64());
     }
 
     /// A node was cordoned `elapsed` after its trigger condition last changed.

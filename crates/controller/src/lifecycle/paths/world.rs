@@ -222,6 +222,7 @@ pub(super) fn record(setup: &Setup, rules: &PolicySnapshot, created: Timestamp) 
             action: setup.action,
             mode: setup.mode,
             node_uid: Some("uid-0".into()),
+            previous_incident: None,
             policy_snapshot: setup.snapshot.then(|| rules.clone()),
         },
     );
