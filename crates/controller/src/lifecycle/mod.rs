@@ -24,10 +24,12 @@
 //! `drain.timeout` fails; a drain past `drain.timeout` follows `onTimeout` (and `Blocked` says who
 //! must act); a replacement refused or unfinished past `replacement.timeout` fails.
 
+mod decision;
 mod drain;
 #[cfg(test)]
 mod paths;
 mod replacement;
+mod seen;
 pub mod status;
 
 use gpu_remediation_api::{
@@ -37,290 +39,20 @@ use gpu_remediation_api::{
         reasons,
     },
     policy::Mode,
-    remediation::{ObjectReference, PolicySnapshot, Refusal},
+    remediation::{PolicySnapshot, Refusal},
 };
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
-use kube::{ResourceExt, core::Status, runtime::events::EventType};
+use kube::{ResourceExt, runtime::events::EventType};
 
 use crate::{
     cordon,
     detect::{self, Verdict},
-    drain::{Leaving, Plan},
-    replace::Observation,
     time::{plus, signed},
 };
 
+pub use decision::{Ask, CancelReason, Decision, Next, Release, Settlement};
+pub use seen::{Answers, Cordon, CordonAnswer, EvictionAnswer, Health, Identity, NodeRef, Pace, Seen, Words};
 pub use status::Note;
-
-/// Who holds the node's cordon, as its annotations and spec say.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cordon {
-    /// The node is schedulable.
-    None,
-    /// Unschedulable, and our annotation names this remediation: ours to lift.
-    Ours,
-    /// Unschedulable, but it was before we came (or someone else's): never ours to lift.
-    Theirs,
-}
-
-/// The node a node effect is meant for: its name and, when known, the UID admitted.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeRef {
-    /// The node's name.
-    pub name: String,
-    /// The UID recorded at admission; an edit carries it as a precondition.
-    pub uid: Option<String>,
-}
-
-/// How long the lifecycle waits between looks, from the controller's settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Pace {
-    /// While pods terminate.
-    pub pod_poll: SignedDuration,
-    /// Before asking a refused eviction again (a budget's change wakes earlier).
-    pub eviction_backoff: SignedDuration,
-    /// Between looks at a replacement, and before asking a refused step again.
-    pub replacement_poll: SignedDuration,
-}
-
-/// What the server answered to one eviction.
-#[derive(Clone, Debug)]
-pub enum EvictionAnswer {
-    /// Accepted: the pod is terminating.
-    Accepted,
-    /// The pod is gone, or a new pod took its name.
-    Gone,
-    /// Refused, in the server's words (429 budget, 500 two budgets, 403 webhook or terminating
-    /// namespace, 422, ...).
-    Refused(Box<Status>),
-    /// No answer (a transport error): asked again after the backoff.
-    Unanswered(String),
-}
-
-/// A refusal as the server worded it, before it is dated.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Words {
-    /// What was asked.
-    pub action: String,
-    /// The HTTP status, if the server answered.
-    pub code: Option<u16>,
-    /// The server's message.
-    pub message: String,
-}
-
-/// What the server answered to the cordon.
-#[derive(Clone, Debug)]
-pub enum CordonAnswer {
-    /// Cordoned (or already); whether the cordon was someone else's before us.
-    Cordoned {
-        /// The node was unschedulable before we came: the cordon stays theirs.
-        theirs: bool,
-    },
-    /// The node is gone.
-    NodeGone,
-    /// A node of that name with another UID stands there now.
-    NodeReplaced,
-    /// Refused.
-    Refused(Words),
-}
-
-/// The answers to this pass's asks, fed back into [`decide`].
-#[derive(Clone, Debug, Default)]
-pub struct Answers {
-    /// The cordon's.
-    pub cordon: Option<CordonAnswer>,
-    /// Each eviction asked.
-    pub evictions: Vec<(Leaving, EvictionAnswer)>,
-    /// Each dry-run eviction asked (mode `DryRun`).
-    pub dry_run: Option<Vec<(Leaving, EvictionAnswer)>>,
-    /// Each forced deletion asked.
-    pub deletions: Vec<(Leaving, Result<(), Words>)>,
-    /// The replacement's trigger.
-    pub trigger: Option<Result<ObjectReference, Words>>,
-}
-
-/// What was seen for this pass.
-#[derive(Clone, Copy)]
-pub struct Seen<'a> {
-    /// The node read by name (`None`: no node of that name).
-    pub node: Option<&'a Node>,
-    /// The node's pods, as the drain plans them (listed only in the phases that drain).
-    pub pods: Option<&'a Plan>,
-    /// The disruption budgets.
-    pub budgets: &'a [PodDisruptionBudget],
-    /// When each pod (by UID) was last asked to leave.
-    pub asked_at: &'a (dyn Fn(&str) -> Option<Timestamp> + Sync),
-    /// The replacement, looked at in `Verifying`.
-    pub replacement: Option<&'a Result<Observation, Words>>,
-    /// The answers to the asks of this pass.
-    pub answers: &'a Answers,
-    /// The controller's pace.
-    pub pace: Pace,
-}
-
-/// One request to put to the server; its answer comes back in [`Answers`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Ask {
-    /// Make the node unschedulable and taint it, recording that this remediation did.
-    Cordon(NodeRef),
-    /// Evict these pods through the Eviction API.
-    Evict {
-        /// The pods.
-        pods: Vec<Leaving>,
-        /// The policy's grace period.
-        grace: Option<i64>,
-    },
-    /// Ask the server which of these pods' evictions would be refused, changing nothing.
-    DryRunEvict(Vec<Leaving>),
-    /// Delete these pods directly (`onTimeout: ForceDelete`).
-    Delete {
-        /// The pods.
-        pods: Vec<Leaving>,
-        /// The grace period to delete with (`Some(0)` only when the policy allows it).
-        grace: Option<i64>,
-    },
-    /// Trigger the replacement (idempotent: the strategy finds an earlier attempt's object).
-    TriggerReplacement,
-}
-
-/// When the remediation wants another look.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Next {
-    /// Only when something it watches changes (a person must act, or it is finished).
-    Idle,
-    /// At this time at the latest.
-    At(Timestamp),
-}
-
-impl Next {
-    /// The earlier of two looks.
-    #[must_use]
-    pub fn or_at(self, at: Option<Timestamp>) -> Self {
-        match (self, at) {
-            (Self::Idle, None) => Self::Idle,
-            (Self::Idle, Some(at)) => Self::At(at),
-            (Self::At(next), at) => Self::At(at.map_or(next, |at| next.min(at))),
-        }
-    }
-}
-
-/// Giving back what this remediation holds on its node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Release {
-    /// The node, preconditioned on its admitted UID.
-    pub node: NodeRef,
-    /// A person deleted the record: remember on the node that this episode was cancelled, so it
-    /// is not admitted again.
-    pub remember_cancel: bool,
-}
-
-/// How a pass ends.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Settlement {
-    /// Give back what this remediation holds on the node, before the status is written.
-    pub release: Option<Release>,
-    /// The new status (written when it differs from the stored one).
-    pub status: GpuRemediationStatus,
-    /// Events to publish, in order.
-    pub notes: Vec<Note>,
-    /// Remove our finalizer after the status is written.
-    pub drop_finalizer: bool,
-    /// When to look again.
-    pub next: Next,
-}
-
-/// What [`decide`] asks of the acting layer.
-#[derive(Clone, Debug, PartialEq)]
-#[allow(
-    clippy::large_enum_variant,
-    reason = "one decision at a time, consumed at once: boxing would only add an allocation"
-)]
-pub enum Decision {
-    /// Put this to the server and decide again with its answer.
-    Ask(Ask),
-    /// End the pass.
-    Settle(Settlement),
-}
-
-/// Whether the node is still broken under the snapshot's triggers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Health {
-    /// A trigger holds (or is pending).
-    Broken,
-    /// No trigger holds, since this time (`None`: the condition is gone altogether).
-    Recovered(Option<Timestamp>),
-}
-
-/// Whether the node seen by name is the node admitted.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Identity<'a> {
-    /// The admitted node (same UID, or no UID was recorded).
-    Same(&'a Node),
-    /// A node of that name with another UID: a different machine, never touched.
-    Replaced,
-    /// No node of that name.
-    Gone,
-}
-
-/// Why a remediation is cancelled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CancelReason {
-    /// The node recovered and stayed healthy for `release.healthyFor`.
-    Recovered,
-    /// A person made the node schedulable again.
-    UncordonedByPerson,
-    /// The node no longer exists.
-    NodeGone,
-    /// A node of the same name with another UID replaced it.
-    NodeReplaced,
-    /// The policy was deleted and the record has no snapshot to follow.
-    PolicyGone,
-    /// A person deleted the record.
-    DeletedByPerson,
-}
-
-impl CancelReason {
-    /// The Event and condition reason.
-    #[must_use]
-    pub const fn reason(self) -> &'static str {
-        match self {
-            Self::Recovered => reasons::NODE_RECOVERED,
-            Self::UncordonedByPerson => reasons::UNCORDONED_BY_PERSON,
-            Self::NodeGone => reasons::NODE_GONE,
-            Self::NodeReplaced => "NodeReplaced",
-            Self::PolicyGone => "PolicyDeleted",
-            Self::DeletedByPerson => "DeletedByPerson",
-        }
-    }
-
-    /// A sentence for the status.
-    #[must_use]
-    pub const fn message(self) -> &'static str {
-        match self {
-            Self::Recovered => "the node recovered and stayed healthy for release.healthyFor; released",
-            Self::UncordonedByPerson => {
-                "a person uncordoned the node; the remediation stops and leaves it alone"
-            }
-            Self::NodeGone => "the node no longer exists",
-            Self::NodeReplaced => {
-                "a node of the same name with another UID took its place: it is a different machine, \
-                 and this remediation never touches it"
-            }
-            Self::PolicyGone => {
-                "the policy that governed this node was deleted and the record holds no snapshot of it; released"
-            }
-            Self::DeletedByPerson => {
-                "a person deleted this record: the node was released and this episode is not admitted again"
-            }
-        }
-    }
-
-    /// Whether the node still standing under the admitted UID gets back what we hold.
-    const fn releases(self) -> bool {
-        !matches!(self, Self::NodeGone | Self::NodeReplaced)
-    }
-}
 
 /// The facts about the record and its node that every phase reads.
 pub(crate) struct Facts<'a> {

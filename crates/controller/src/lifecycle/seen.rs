@@ -1,0 +1,139 @@
+//! What the lifecycle sees in one pass: the node (and who holds its cordon, whether it is the one
+//! admitted, whether it recovered), its pods and budgets, and the server's answers to this pass's
+//! asks.
+
+use gpu_remediation_api::remediation::ObjectReference;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
+use kube::core::Status;
+
+use crate::{
+    drain::{Leaving, Plan},
+    replace::Observation,
+};
+
+/// Who holds the node's cordon, as its annotations and spec say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cordon {
+    /// The node is schedulable.
+    None,
+    /// Unschedulable, and our annotation names this remediation: ours to lift.
+    Ours,
+    /// Unschedulable, but it was before we came (or someone else's): never ours to lift.
+    Theirs,
+}
+
+/// The node a node effect is meant for: its name and, when known, the UID admitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRef {
+    /// The node's name.
+    pub name: String,
+    /// The UID recorded at admission; an edit carries it as a precondition.
+    pub uid: Option<String>,
+}
+
+/// How long the lifecycle waits between looks, from the controller's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pace {
+    /// While pods terminate.
+    pub pod_poll: SignedDuration,
+    /// Before asking a refused eviction again (a budget's change wakes earlier).
+    pub eviction_backoff: SignedDuration,
+    /// Between looks at a replacement, and before asking a refused step again.
+    pub replacement_poll: SignedDuration,
+}
+
+/// What the server answered to one eviction.
+#[derive(Clone, Debug)]
+pub enum EvictionAnswer {
+    /// Accepted: the pod is terminating.
+    Accepted,
+    /// The pod is gone, or a new pod took its name.
+    Gone,
+    /// Refused, in the server's words (429 budget, 500 two budgets, 403 webhook or terminating
+    /// namespace, 422, ...).
+    Refused(Box<Status>),
+    /// No answer (a transport error): asked again after the backoff.
+    Unanswered(String),
+}
+
+/// A refusal as the server worded it, before it is dated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Words {
+    /// What was asked.
+    pub action: String,
+    /// The HTTP status, if the server answered.
+    pub code: Option<u16>,
+    /// The server's message.
+    pub message: String,
+}
+
+/// What the server answered to the cordon.
+#[derive(Clone, Debug)]
+pub enum CordonAnswer {
+    /// Cordoned (or already); whether the cordon was someone else's before us.
+    Cordoned {
+        /// The node was unschedulable before we came: the cordon stays theirs.
+        theirs: bool,
+    },
+    /// The node is gone.
+    NodeGone,
+    /// A node of that name with another UID stands there now.
+    NodeReplaced,
+    /// Refused.
+    Refused(Words),
+}
+
+/// The answers to this pass's asks, fed back into [`decide`].
+#[derive(Clone, Debug, Default)]
+pub struct Answers {
+    /// The cordon's.
+    pub cordon: Option<CordonAnswer>,
+    /// Each eviction asked.
+    pub evictions: Vec<(Leaving, EvictionAnswer)>,
+    /// Each dry-run eviction asked (mode `DryRun`).
+    pub dry_run: Option<Vec<(Leaving, EvictionAnswer)>>,
+    /// Each forced deletion asked.
+    pub deletions: Vec<(Leaving, Result<(), Words>)>,
+    /// The replacement's trigger.
+    pub trigger: Option<Result<ObjectReference, Words>>,
+}
+
+/// What was seen for this pass.
+#[derive(Clone, Copy)]
+pub struct Seen<'a> {
+    /// The node read by name (`None`: no node of that name).
+    pub node: Option<&'a Node>,
+    /// The node's pods, as the drain plans them (listed only in the phases that drain).
+    pub pods: Option<&'a Plan>,
+    /// The disruption budgets.
+    pub budgets: &'a [PodDisruptionBudget],
+    /// When each pod (by UID) was last asked to leave.
+    pub asked_at: &'a (dyn Fn(&str) -> Option<Timestamp> + Sync),
+    /// The replacement, looked at in `Verifying`.
+    pub replacement: Option<&'a Result<Observation, Words>>,
+    /// The answers to the asks of this pass.
+    pub answers: &'a Answers,
+    /// The controller's pace.
+    pub pace: Pace,
+}
+
+/// Whether the node is still broken under the snapshot's triggers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// A trigger holds (or is pending).
+    Broken,
+    /// No trigger holds, since this time (`None`: the condition is gone altogether).
+    Recovered(Option<Timestamp>),
+}
+
+/// Whether the node seen by name is the node admitted.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Identity<'a> {
+    /// The admitted node (same UID, or no UID was recorded).
+    Same(&'a Node),
+    /// A node of that name with another UID: a different machine, never touched.
+    Replaced,
+    /// No node of that name.
+    Gone,
+}
