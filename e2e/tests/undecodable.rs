@@ -147,10 +147,20 @@ async fn store_out_of_range(client: &Client, scope: &str) -> (String, String) {
     let mut huge_spec = json!({"triggers": [{"conditionType": "GpuHealthy", "status": "False"}]});
     huge_spec["priority"] = json!(3_000_000_000_i64);
     huge_spec["nodeSelector"] = json!({"matchLabels": {"e2e.gpuremediation.dev/nothing": "here"}});
-    dynamic::<GpuRemediationPolicy>(client)
-        .create(&PostParams::default(), &policy(&huge, scope, &huge_spec))
-        .await
-        .expect("the unbounded CRD stores priority 3000000000");
+    // The API server takes a moment to serve a changed schema (Established was already True):
+    // until then the bound still refuses.
+    let policies = dynamic::<GpuRemediationPolicy>(client);
+    eventually(
+        "the unbounded CRD to store priority 3000000000",
+        Duration::from_secs(30),
+        || async {
+            policies
+                .create(&PostParams::default(), &policy(&huge, scope, &huge_spec))
+                .await
+                .ok()
+        },
+    )
+    .await;
     let stale = unique_name("stale-remediation");
     let remediation: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "gpuremediation.dev/v1alpha1",
@@ -165,16 +175,18 @@ async fn store_out_of_range(client: &Client, scope: &str) -> (String, String) {
         .create(&PostParams::default(), &remediation)
         .await
         .unwrap();
-    remediations
-        .patch_status(
-            &stale,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"status": {"phase": "Draining", "drain": {"podsTotal": 5_000_000_000_i64}}}),
-            ),
-        )
-        .await
-        .expect("the unbounded CRD stores a count of 5000000000");
+    let huge_count = json!({"status": {"phase": "Draining", "drain": {"podsTotal": 5_000_000_000_i64}}});
+    eventually(
+        "the unbounded CRD to store a count of 5000000000",
+        Duration::from_secs(30),
+        || async {
+            remediations
+                .patch_status(&stale, &PatchParams::default(), &Patch::Merge(&huge_count))
+                .await
+                .ok()
+        },
+    )
+    .await;
 
     (huge, stale)
 }
