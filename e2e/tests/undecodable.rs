@@ -30,6 +30,9 @@ use serde_json::{Value, json};
 
 const SCOPE_LABEL: &str = "e2e.gpuremediation.dev/scope";
 
+/// Both tests change the shared cluster's CRDs (unbounded, then bounded): they take turns.
+static SCHEMA: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The schema as it was before the bounds: every `maximum`/`minimum` and every `self <= N` rule
 /// removed.
 fn without_bounds(value: &mut Value) {
@@ -165,7 +168,8 @@ async fn store_out_of_range(client: &Client, scope: &str) -> (String, String) {
     let remediation: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "gpuremediation.dev/v1alpha1",
         "kind": "GpuRemediation",
-        "metadata": {"name": stale},
+        // Records carry their policy's labels (so a controller scoped by a policy selector sees them).
+        "metadata": {"name": stale, "labels": {SCOPE_LABEL: scope}},
         "spec": {"nodeName": "gone-node", "policyName": huge, "action": "None",
                  "trigger": {"conditionType": "GpuHealthy", "status": "False"}},
     }))
@@ -240,6 +244,7 @@ async fn assert_both_named(client: &Client, metrics: &Metrics, huge: &str, stale
 
 #[tokio::test]
 async fn objects_stored_out_of_range_before_the_bounds_neither_wedge_the_controller_nor_go_unreported() {
+    let _turn = SCHEMA.lock().await;
     let client = cluster().await.client();
     install(&client, false).await;
     let fleet = common::fleet(2).await;
@@ -333,6 +338,7 @@ async fn objects_stored_out_of_range_before_the_bounds_neither_wedge_the_control
 
 #[tokio::test]
 async fn the_bounded_crds_refuse_every_out_of_range_value_with_a_message() {
+    let _turn = SCHEMA.lock().await;
     let client = cluster().await.client();
     install(&client, true).await;
     let base = || {
