@@ -20,7 +20,14 @@ const FIXTURES: &str = concat!(
 const CRDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds");
 
 /// `kubectl apply -f crds/`, the command a reader would type, then waits until policies are served.
+/// Once per test binary: two concurrent client-side applies race (both see the CRD missing, one
+/// create fails with `AlreadyExists`).
 async fn apply_crds_directory() {
+    static APPLIED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    APPLIED.get_or_init(apply_crds_directory_once).await;
+}
+
+async fn apply_crds_directory_once() {
     let cluster = common::cluster().await;
     let output = Command::new(cluster.kubectl())
         .args(["--kubeconfig", cluster.kubeconfig_path().to_str().unwrap()])
