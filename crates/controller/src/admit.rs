@@ -16,6 +16,7 @@ use crate::{
     context::Context,
     fleet::PolicyPlan,
     kubeops::{CreateRemediationError, DeleteRemediationError, WriteStatusError},
+    lifecycle::Note,
 };
 
 /// Admitted remediations created at once.
@@ -192,12 +193,7 @@ async fn start(
     Ok((created, note))
 }
 
+/// An admission Event (cut to what the server takes).
 fn event(reason: &str, note: &str, type_: EventType) -> Event {
-    Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(note.to_owned()),
-        action: "Admit".to_owned(),
-        secondary: None,
-    }
+    Note::new(reason, type_, note).event("Admit")
 }

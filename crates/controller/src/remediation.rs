@@ -16,7 +16,7 @@ use gpu_remediation_api::{
 };
 use jiff::Timestamp;
 use k8s_openapi::api::{core::v1::Pod, policy::v1::PodDisruptionBudget};
-use kube::{Api, ResourceExt, api::ListParams, runtime::events::Event};
+use kube::{Api, ResourceExt, api::ListParams};
 
 use crate::{
     context::Context,
@@ -24,8 +24,7 @@ use crate::{
     fleet::snapshot_of,
     kubeops::{DeletePodError, DropFinalizerError, EditNodeError, EvictPodError, NodeEdit, WriteStatusError},
     lifecycle::{
-        self, Answers, Ask, CordonAnswer, Decision, EvictionAnswer, Note, Pace, Release, Seen, Settlement,
-        Words,
+        self, Answers, Ask, CordonAnswer, Decision, EvictionAnswer, Pace, Release, Seen, Settlement, Words,
     },
     observe::prune_node,
     replace::{self, Observation},
@@ -312,7 +311,7 @@ async fn settle(
         }
     }
     for note in &settlement.notes {
-        ctx.ops.publish(updated.as_ref(), event(note)).await;
+        ctx.ops.publish(updated.as_ref(), note.event("Remediate")).await;
     }
     if settlement.drop_finalizer {
         drop_finalizer(ctx, &updated).await?;
@@ -445,16 +444,6 @@ async fn write_if_changed(
     updated.managed_fields_mut().clear();
     ctx.caches.written_remediations.record(updated.clone());
     Ok(Arc::new(updated))
-}
-
-fn event(note: &Note) -> Event {
-    Event {
-        type_: note.event_type(),
-        reason: note.reason.clone(),
-        note: Some(note.text.clone()),
-        action: "Remediate".to_owned(),
-        secondary: None,
-    }
 }
 
 /// Whether a remediation is still ours to advance (not finished, or finished but still holding

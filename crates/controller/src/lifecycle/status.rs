@@ -53,6 +53,18 @@ impl Note {
             EventType::Normal
         }
     }
+
+    /// The Event to publish, for the controller's `action` (`Remediate`, `Admit`).
+    #[must_use]
+    pub fn event(&self, action: &str) -> kube::runtime::events::Event {
+        kube::runtime::events::Event {
+            type_: self.event_type(),
+            reason: self.reason.clone(),
+            note: Some(self.text.clone()),
+            action: action.to_owned(),
+            secondary: None,
+        }
+    }
 }
 
 /// Cuts `text` to at most `max` bytes, on a character boundary.
