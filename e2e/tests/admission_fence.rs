@@ -108,6 +108,7 @@ async fn pod(admin: &Client, node: &str) -> Leaving {
         terminating: false,
         gone_by: None,
         labels: std::collections::BTreeMap::new(),
+        readiness: gpu_remediator::drain::Readiness::Ready,
     }
 }
 

@@ -9,7 +9,10 @@ use std::{
 
 use jiff::Timestamp;
 
-use crate::{kubeops::KubeOps, observe::Caches, replace::Replacers, telemetry::Metrics};
+use crate::{
+    kubeops::KubeOps, lifecycle::eviction_round::Flight, observe::Caches, replace::Replacers,
+    telemetry::Metrics,
+};
 
 /// How the controller runs. `Default` is what production uses.
 #[derive(Clone, Debug)]
@@ -70,6 +73,10 @@ pub struct Context {
     /// When each pod (by UID) was last asked to leave. Only paces retries: losing it on a restart
     /// costs one early retry, never a wrong decision.
     eviction_attempts: Mutex<HashMap<String, Timestamp>>,
+    /// Evictions this replica asked (by pod UID) that their budgets' statuses may not count yet:
+    /// every drain plans against them, under this lock, so that two drains sharing a budget never
+    /// spend the same room. Lost on a restart: the budgets' statuses have counted them by then.
+    pub evictions_in_flight: Mutex<HashMap<String, Flight>>,
 }
 
 impl Context {
@@ -84,6 +91,7 @@ impl Context {
             replacers,
             metrics,
             eviction_attempts: Mutex::default(),
+            evictions_in_flight: Mutex::default(),
         }
     }
 

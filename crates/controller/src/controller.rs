@@ -192,13 +192,14 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) ->
     next
 }
 
-/// Whether what `changed` may give `remediation` something to do. A budget's change (its room,
-/// its healthy count) matters to the remediations whose evictions it refuses, and to dry runs,
-/// which report the budgets that would refuse; anything else may matter to all. Waking every
-/// draining remediation on every budget change would list each node's pods after every eviction
-/// anywhere in the cluster.
+/// Whether what `changed` may give `remediation` something to do. A node's change matters to the
+/// remediation of that node only. A budget's change (its room, its healthy count) matters to the
+/// remediations whose evictions it refuses or holds, and to dry runs, which report the budgets
+/// that would refuse; anything else may matter to all. Waking every draining remediation on every
+/// node or budget change would list each draining node's pods after every status report or
+/// eviction anywhere in the cluster.
 fn concerns(changed: &Changed, remediation: &GpuRemediation) -> bool {
-    if changed.anything {
+    if changed.anything || changed.nodes.contains(&remediation.spec.node_name) {
         return true;
     }
     if changed.budgets.is_empty() {
@@ -419,8 +420,28 @@ mod tests {
     fn budgets(changed: &[&str]) -> Changed {
         Changed {
             anything: false,
+            nodes: std::collections::BTreeSet::new(),
             budgets: changed.iter().map(|b| (*b).to_owned()).collect(),
         }
+    }
+
+    fn nodes(changed: &[&str]) -> Changed {
+        Changed {
+            anything: false,
+            nodes: changed.iter().map(|n| (*n).to_owned()).collect(),
+            budgets: std::collections::BTreeSet::new(),
+        }
+    }
+
+    #[test]
+    fn a_node_change_concerns_only_the_remediation_of_that_node() {
+        let draining = remediation("Enforce", &["work/web"]);
+        let node = draining.spec.node_name.clone();
+        assert!(concerns(&nodes(&[node.as_str()]), &draining));
+        assert!(
+            !concerns(&nodes(&["gpu-elsewhere-1", "gpu-elsewhere-2"]), &draining),
+            "other nodes reporting their status do not make this drain list its pods"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::api::{core::v1::Pod, policy::v1::PodDisruptionBudget};
 use kube::{
     ResourceExt,
@@ -54,6 +54,39 @@ pub struct Leaving {
     pub gone_by: Option<Timestamp>,
     /// Its labels, to find the budgets covering it.
     pub labels: BTreeMap<String, String>,
+    /// Whether it runs and is ready, as a disruption budget counts it.
+    pub readiness: Readiness,
+}
+
+/// How a disruption budget counts a pod leaving (the Eviction API's own rules).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Readiness {
+    /// Running and `Ready`: its eviction spends one of the budget's `disruptionsAllowed`.
+    #[default]
+    Ready,
+    /// Running but not `Ready`: the server evicts it without spending the budget when the budget
+    /// says so (`unhealthyPodEvictionPolicy: AlwaysAllow`, or the default `IfHealthyBudget` while
+    /// the budget has its healthy pods).
+    Unready,
+    /// Phase `Pending`: the server evicts it without looking at any budget.
+    Pending,
+}
+
+/// How a budget counts `pod`: its phase, and its `Ready` condition.
+#[must_use]
+pub fn readiness(pod: &Pod) -> Readiness {
+    let status = pod.status.as_ref();
+    if status.and_then(|s| s.phase.as_deref()) == Some("Pending") {
+        return Readiness::Pending;
+    }
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if ready {
+        Readiness::Ready
+    } else {
+        Readiness::Unready
+    }
 }
 
 impl Leaving {
@@ -113,6 +146,7 @@ pub fn plan(pods: &[Pod]) -> Plan {
                 terminating: pod.metadata.deletion_timestamp.is_some(),
                 gone_by: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0),
                 labels: pod.labels().clone(),
+                readiness: readiness(pod),
                 namespace,
                 name,
             }),
@@ -156,23 +190,6 @@ pub fn budget_named_in(refusal: &Status) -> Option<String> {
         let name = rest.split_whitespace().next()?;
         Some(name.to_owned())
     })
-}
-
-/// Whether a refused eviction should be asked again now. Asking is worth it once the budget
-/// reports room (`disruptionsAllowed > 0`, seen through the PDB watch), or when the backoff since
-/// the last attempt has passed (the budget may be unknown to us, or several budgets may apply).
-#[must_use]
-pub fn retry_due(
-    last_attempt: Option<Timestamp>,
-    budget_allows: Option<bool>,
-    backoff: SignedDuration,
-    now: Timestamp,
-) -> bool {
-    match last_attempt {
-        None => true,
-        Some(_) if budget_allows == Some(true) => true,
-        Some(last) => crate::time::plus(last, backoff) <= now,
-    }
 }
 
 #[cfg(test)]
@@ -332,15 +349,5 @@ mod tests {
         };
         assert_eq!(budget_named_in(&refusal).as_deref(), Some("train-pdb"));
         assert_eq!(budget_named_in(&Status::default()), None);
-    }
-
-    #[test]
-    fn a_refused_eviction_is_retried_when_its_budget_has_room_or_after_the_backoff() {
-        let backoff = SignedDuration::from_secs(5);
-        assert!(retry_due(None, Some(false), backoff, at(0)));
-        assert!(retry_due(Some(at(0)), Some(true), backoff, at(1)));
-        assert!(!retry_due(Some(at(0)), Some(false), backoff, at(4)));
-        assert!(retry_due(Some(at(0)), Some(false), backoff, at(5)));
-        assert!(!retry_due(Some(at(0)), None, backoff, at(4)));
     }
 }

@@ -585,6 +585,7 @@ mod tests {
             terminating: false,
             gone_by: None,
             labels: std::collections::BTreeMap::new(),
+            readiness: crate::drain::Readiness::Ready,
         }
     }
 

@@ -68,9 +68,13 @@ pub struct Caches {
 /// What the watches saw change since the loop last took it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changed {
-    /// A policy, remediation or node changed, or a watch listed afresh: every remediation may
-    /// have something to do.
+    /// A policy or remediation changed, or a watch listed afresh: every remediation may have
+    /// something to do.
     pub anything: bool,
+    /// Nodes that changed (or went), by name: they concern only the remediations of those nodes
+    /// (a fleet whose nodes report their status every few seconds must not make every draining
+    /// remediation list its pods each time).
+    pub nodes: BTreeSet<String>,
     /// Disruption budgets that changed, as `namespace/name`: they concern only the remediations
     /// whose evictions they refuse.
     pub budgets: BTreeSet<String>,
@@ -82,6 +86,7 @@ impl Changed {
     pub fn everything() -> Self {
         Self {
             anything: true,
+            nodes: BTreeSet::new(),
             budgets: BTreeSet::new(),
         }
     }
@@ -89,6 +94,7 @@ impl Changed {
     /// Adds `other` to this.
     pub fn merge(&mut self, other: Self) {
         self.anything |= other.anything;
+        self.nodes.extend(other.nodes);
         self.budgets.extend(other.budgets);
     }
 }
@@ -176,7 +182,15 @@ impl Caches {
             watcher::Config::default().any_semantic(),
             prune_node,
             node_fingerprint,
-            Waker::new(wake.clone(), anything(&changes)),
+            Waker::new(wake.clone(), {
+                let changes = changes.clone();
+                move |key: Option<String>| match key {
+                    Some(name) => changes.note(|c| {
+                        c.nodes.insert(name);
+                    }),
+                    None => changes.note(|c| c.anything = true),
+                }
+            }),
             Some(written_nodes.clone()),
         );
         let budgets = spawn_reflector(

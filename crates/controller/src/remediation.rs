@@ -25,6 +25,7 @@ use crate::{
     kubeops::{DeletePodError, DropFinalizerError, EditNodeError, EvictPodError, NodeEdit, WriteStatusError},
     lifecycle::{
         self, Answers, Ask, CordonAnswer, Decision, EvictionAnswer, Pace, Release, Seen, Settlement, Words,
+        eviction_round::{self, Flight},
     },
     observe::prune_node,
     replace::{self, Observation},
@@ -133,8 +134,6 @@ async fn step(
         }
         _ => None,
     };
-    let budgets: Vec<PodDisruptionBudget> =
-        ctx.caches.budgets.state().iter().map(|b| (**b).clone()).collect();
     let asked_at = |uid: &str| ctx.last_eviction_attempt(uid);
     let mut answers = Answers::default();
     // The record dated from its admission: creation cannot set a status.
@@ -144,16 +143,39 @@ async fn step(
         remediation.creation_timestamp().map(|t| t.0),
     ));
     for _ in 0..ASKS_PER_STEP {
-        let seen = Seen {
-            node: node.as_deref(),
-            pods: pods.as_ref(),
-            budgets: &budgets,
-            asked_at: &asked_at,
-            replacement: replacement.as_ref(),
-            answers: &answers,
-            pace: pace(ctx),
+        let budgets: Vec<PodDisruptionBudget> =
+            ctx.caches.budgets.state().iter().map(|b| (**b).clone()).collect();
+        // Planned and reserved under one lock: two drains sharing a budget never spend the
+        // same room (nothing awaits while it is held).
+        let decision = {
+            let mut flights = ctx
+                .evictions_in_flight
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            flights.retain(|_, flight| !flight.counted(&budgets));
+            let in_flight = eviction_round::in_flight(flights.values(), &budgets);
+            let seen = Seen {
+                node: node.as_deref(),
+                pods: pods.as_ref(),
+                budgets: &budgets,
+                in_flight: &in_flight,
+                asked_at: &asked_at,
+                replacement: replacement.as_ref(),
+                answers: &answers,
+                pace: pace(ctx),
+            };
+            let decision = lifecycle::decide(&dated, rules, &seen, now);
+            if let Decision::Ask(Ask::Evict { pods, .. }) = &decision {
+                for pod in pods {
+                    let flight = Flight::of(pod, &budgets);
+                    if !flight.budgets.is_empty() {
+                        flights.insert(pod.uid.clone(), flight);
+                    }
+                }
+            }
+            decision
         };
-        match lifecycle::decide(&dated, rules, &seen, now) {
+        match decision {
             Decision::Settle(settlement) => return Ok(settlement),
             Decision::Ask(ask) => carry_out(ctx, remediation, rules, ask, &mut answers, now).await?,
         }
@@ -220,6 +242,13 @@ async fn carry_out(
         Ask::Evict { pods, grace } => {
             for (pod, answer) in evict_all(ctx, pods, grace, false).await {
                 ctx.record_eviction_attempt(&pod.uid, now);
+                if !matches!(answer, Ok(EvictionAnswer::Accepted)) {
+                    // Not granted: it spends no budget.
+                    ctx.evictions_in_flight
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .remove(&pod.uid);
+                }
                 answers.evictions.push((pod, answer?));
             }
         }

@@ -56,6 +56,11 @@ pub struct RunningController {
 
 impl RunningController {
     pub async fn start(scope: &str) -> Self {
+        Self::start_reporting(scope, gpu_remediator::telemetry::Metrics::new()).await
+    }
+
+    /// [`Self::start`], counting into `metrics` (a clone shares the series: the test reads them).
+    pub async fn start_reporting(scope: &str, metrics: gpu_remediator::telemetry::Metrics) -> Self {
         let config = common::cluster().await.config();
         let settings = Settings {
             policy_selector: Some(format!("{SCOPE_LABEL}={scope}")),
@@ -65,10 +70,15 @@ impl RunningController {
             ..Settings::default()
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(gpu_remediator::run(
+        let telemetry = gpu_remediator::controller::Telemetry {
+            metrics,
+            health: None,
+        };
+        let task = tokio::spawn(gpu_remediator::controller::run_with_telemetry(
             config,
             settings,
             Fence::standalone(),
+            telemetry,
             async move {
                 let _ = stopped.await;
             },
@@ -373,6 +383,20 @@ impl Drop for BudgetWatch {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// The evictions the controller sent, by result, from its metrics.
+pub fn evictions_sent(metrics: &gpu_remediator::telemetry::Metrics) -> BTreeMap<String, u64> {
+    const SERIES: &str = "gpu_remediator_evictions_total{result=\"";
+    metrics
+        .encode()
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(SERIES)?;
+            let (result, value) = rest.split_once("\"} ")?;
+            Some((result.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
 }
 
 pub fn phase_at(remediation: &GpuRemediation, phase: Phase) -> Option<Timestamp> {

@@ -15,10 +15,10 @@ use gpu_remediation_api::{
 };
 use jiff::Timestamp;
 use k8s_openapi::{api::policy::v1::PodDisruptionBudget, apimachinery::pkg::apis::meta::v1::Time};
-use kube::{ResourceExt, core::Status, runtime::events::EventType};
+use kube::{core::Status, runtime::events::EventType};
 
 use super::{
-    Ask, Decision, EvictionAnswer, Facts, Next, Note, Seen, Settlement,
+    Ask, Decision, EvictionAnswer, Facts, Next, Note, Seen, Settlement, eviction_round,
     status::{self, enter, set_condition},
 };
 use crate::{
@@ -51,19 +51,17 @@ pub(super) fn advance(
         .iter()
         .map(|(p, _)| p.uid.as_str())
         .collect();
-    let due: Vec<Leaving> = plan
-        .to_evict()
-        .filter(|pod| !answered.contains(pod.uid.as_str()))
-        .filter(|pod| {
-            drain::retry_due(
-                (seen.asked_at)(&pod.uid),
-                budget_allows(pod, seen.budgets),
-                seen.pace.eviction_backoff,
-                now,
-            )
-        })
-        .cloned()
-        .collect();
+    let round = eviction_round::plan(
+        plan.to_evict().filter(|pod| !answered.contains(pod.uid.as_str())),
+        &eviction_round::Room {
+            budgets: seen.budgets,
+            in_flight: seen.in_flight,
+            asked_at: seen.asked_at,
+            backoff: seen.pace.eviction_backoff,
+            now,
+        },
+    );
+    let due = round.send;
     if !due.is_empty() {
         return Decision::Ask(Ask::Evict { pods: due, grace });
     }
@@ -84,9 +82,15 @@ pub(super) fn advance(
             EventType::Normal,
         ));
     }
-    let round = record_answers(plan, seen, &status.drain.clone().unwrap_or_default(), now);
-    let remaining = round.pods_remaining;
-    status.drain = Some(round);
+    let drained = record_answers(
+        plan,
+        seen,
+        &round.held,
+        &status.drain.clone().unwrap_or_default(),
+        now,
+    );
+    let remaining = drained.pods_remaining;
+    status.drain = Some(drained);
 
     let started = status::deadline_base(&status, Phase::Draining, now);
     let deadline = plus(started, signed(rules.drain.timeout.as_std()));
@@ -334,9 +338,15 @@ fn force_delete(
     Decision::Settle(block(status, notes, &message, next, now))
 }
 
-/// What this round's answers (and the earlier blockers of pods not asked again) make of the
-/// drain's progress.
-fn record_answers(plan: &Plan, seen: &Seen<'_>, previous: &DrainStatus, now: Timestamp) -> DrainStatus {
+/// What this round's answers (and the earlier blockers of pods not asked again, and the pods held
+/// for their budget's room) make of the drain's progress.
+fn record_answers(
+    plan: &Plan,
+    seen: &Seen<'_>,
+    held: &[(Leaving, String)],
+    previous: &DrainStatus,
+    now: Timestamp,
+) -> DrainStatus {
     let earlier = |pod: &Leaving| previous.blockers.iter().find(|b| b.pod == pod.key()).cloned();
     let mut evicted = 0_u32;
     let mut gone = 0_u32;
@@ -363,6 +373,15 @@ fn record_answers(plan: &Plan, seen: &Seen<'_>, previous: &DrainStatus, now: Tim
         };
         asked.insert(pod.key(), refusal);
     }
+    // A pod held for its budget waits on it (named, so the budget's change wakes this drain),
+    // keeping the server's words if it refused this pod under that budget before.
+    for (pod, budget) in held {
+        let kept = earlier(pod).filter(|b| b.pdb.as_deref() == Some(budget.as_str()));
+        asked.insert(
+            pod.key(),
+            Some(kept.unwrap_or_else(|| waiting_for(pod, budget, now))),
+        );
+    }
     // A pod asked this round has its new answer; one not asked keeps its earlier blocker.
     let blockers = plan
         .to_evict()
@@ -375,6 +394,20 @@ fn record_answers(plan: &Plan, seen: &Seen<'_>, previous: &DrainStatus, now: Tim
         pods_remaining: leaving.saturating_sub(gone),
         blockers,
         would_evict: Vec::new(),
+    }
+}
+
+/// The blocker of a pod not asked yet because its budget shows no room (code 0: no server answer).
+fn waiting_for(pod: &Leaving, budget: &str, now: Timestamp) -> Blocker {
+    Blocker {
+        pod: pod.key(),
+        pdb: Some(budget.to_owned()),
+        code: 0,
+        message: format!(
+            "not asked yet: the disruption budget {budget} allows no more disruptions now (its status, less \
+             the evictions already granted under it); asked as soon as its status shows room"
+        ),
+        since: Some(Time(now)),
     }
 }
 
@@ -491,18 +524,6 @@ pub(super) fn grace_period(rules: &PolicySnapshot) -> Option<i64> {
         .filter(|&g| g != 0 || rules.drain.allow_zero_grace_period)
 }
 
-/// Whether the one budget covering a pod has room (`None`: none, or several, cover it).
-fn budget_allows(pod: &Leaving, budgets: &[PodDisruptionBudget]) -> Option<bool> {
-    let covering = drain::covering_budgets(pod, budgets);
-    let [only] = covering.as_slice() else { return None };
-    let name = only.split_once('/').map_or(only.as_str(), |(_, n)| n);
-    budgets
-        .iter()
-        .find(|b| b.namespace().as_deref() == Some(pod.namespace.as_str()) && b.name_any() == name)
-        .and_then(|b| b.status.as_ref())
-        .map(|s| s.disruptions_allowed > 0)
-}
-
 /// A blocker from a refusal: the budget the server names (or those covering the pod) and the
 /// server's words.
 pub(super) fn blocker(
@@ -609,6 +630,7 @@ mod tests {
             terminating: false,
             gone_by: None,
             labels: [("app".to_owned(), "web".to_owned())].into(),
+            readiness: crate::drain::Readiness::Ready,
         }
     }
 
@@ -631,18 +653,6 @@ mod tests {
                 ..PodDisruptionBudgetStatus::default()
             }),
         }
-    }
-
-    #[test]
-    fn the_one_budget_covering_a_pod_says_whether_it_has_room() {
-        assert_eq!(budget_allows(&pod(), &[budget("web", 1)]), Some(true));
-        assert_eq!(budget_allows(&pod(), &[budget("web", 0)]), Some(false));
-        assert_eq!(budget_allows(&pod(), &[]), None, "no budget: nothing to wait for");
-        assert_eq!(
-            budget_allows(&pod(), &[budget("a", 1), budget("b", 1)]),
-            None,
-            "two budgets: the server decides"
-        );
     }
 
     #[test]

@@ -26,6 +26,7 @@
 
 mod decision;
 mod drain;
+pub mod eviction_round;
 #[cfg(test)]
 mod paths;
 mod replacement;

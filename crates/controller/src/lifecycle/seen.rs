@@ -2,6 +2,8 @@
 //! admitted, whether it recovered), its pods and budgets, and the server's answers to this pass's
 //! asks.
 
+use std::collections::BTreeMap;
+
 use gpu_remediation_api::remediation::ObjectReference;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
@@ -108,6 +110,9 @@ pub struct Seen<'a> {
     pub pods: Option<&'a Plan>,
     /// The disruption budgets.
     pub budgets: &'a [PodDisruptionBudget],
+    /// Evictions asked by this controller (any remediation, this pass included) that each budget's
+    /// status, by `namespace/name`, does not count yet (see [`super::eviction_round::in_flight`]).
+    pub in_flight: &'a BTreeMap<String, u32>,
     /// When each pod (by UID) was last asked to leave.
     pub asked_at: &'a (dyn Fn(&str) -> Option<Timestamp> + Sync),
     /// The replacement, looked at in `Verifying`.

@@ -15,7 +15,9 @@
 //!    nothing in flight waits without a next look;
 //! 5. no pod is deleted except under `onTimeout: ForceDelete` past the drain's timeout, and
 //!    nothing leaves with grace 0 unless the policy allows it;
-//! 6. a record counts from its admission whatever happens later: its phase history only grows.
+//! 6. a record counts from its admission whatever happens later: its phase history only grows;
+//! 7. no eviction is asked under a disruption budget beyond the room it has when the server gets
+//!    it (the planner spends each budget exactly: a 429 only in a genuine race).
 //!
 //! `PROPTEST_CASES` sets the number of paths (100,000 by default).
 
@@ -62,11 +64,24 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
     let asked_at = move |uid: &str| asked.get(uid).copied();
     let mut answers = Answers::default();
     let node = world.node.clone();
+    // The budget as the watch saw it when the pass began; grants in this pass are in flight.
+    let budgets = world.budgets();
     for _ in 0..6 {
+        let granted = answers
+            .evictions
+            .iter()
+            .filter(|(_, a)| matches!(a, EvictionAnswer::Accepted))
+            .count();
+        let in_flight = if budgets.is_empty() || granted == 0 {
+            std::collections::BTreeMap::new()
+        } else {
+            [("work/web".to_owned(), u32::try_from(granted).unwrap_or(u32::MAX))].into()
+        };
         let seen = Seen {
             node: node.as_ref(),
             pods: Some(&plan),
-            budgets: &[],
+            budgets: &budgets,
+            in_flight: &in_flight,
             asked_at: &asked_at,
             replacement: observed.as_ref(),
             answers: &answers,
@@ -127,6 +142,15 @@ fn answer(
             if grace == Some(0) && !rules.drain.allow_zero_grace_period {
                 return Err("an eviction with grace 0 the policy did not allow".into());
             }
+            // 7: never more evictions at once than the budget has room for now.
+            if let Some((allowed, _)) = world.budget
+                && i64::try_from(pods.len()).unwrap_or(i64::MAX) > i64::from(allowed)
+            {
+                return Err(format!(
+                    "{} evictions asked under a budget with room for {allowed}",
+                    pods.len()
+                ));
+            }
             for pod in pods {
                 world.asked_at.insert(pod.uid.clone(), world.now);
                 let answer = match if stubborn {
@@ -137,6 +161,7 @@ fn answer(
                     world.roll(7)
                 } {
                     0 => {
+                        world.spend_budget();
                         let gone_by = world.now + SignedDuration::from_secs(30);
                         if let Some(p) = world.pods.iter_mut().find(|p| p.uid == pod.uid) {
                             p.terminating = true;

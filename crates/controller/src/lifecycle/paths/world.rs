@@ -11,8 +11,11 @@ use gpu_remediation_api::{
 };
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::{
-    api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus},
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    api::{
+        core::v1::{Node, NodeCondition, NodeSpec, NodeStatus},
+        policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus},
+    },
+    apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time},
 };
 use kube::core::Status;
 use proptest::{
@@ -45,6 +48,8 @@ pub(super) enum Event {
     RecordDeleted,
     HandEdit(Phase),
     PolicyDeleted,
+    /// The pods' disruption budget gains room (a replacement pod became ready elsewhere).
+    BudgetFrees,
 }
 
 pub(super) fn event() -> impl proptest::strategy::Strategy<Value = Event> {
@@ -70,6 +75,7 @@ pub(super) fn event() -> impl proptest::strategy::Strategy<Value = Event> {
         1 => Just(Event::RecordDeleted),
         1 => in_flight.prop_map(Event::HandEdit),
         1 => Just(Event::PolicyDeleted),
+        2 => Just(Event::BudgetFrees),
     ]
 }
 
@@ -148,6 +154,9 @@ pub(super) struct World {
     pub(super) replacement: Option<(bool, Reported)>,
     pub(super) dice: u64,
     pub(super) asked_at: BTreeMap<String, Timestamp>,
+    /// The room of the one disruption budget covering every pod (`None`: no budget), and its
+    /// status's version (each grant writes it).
+    pub(super) budget: Option<(i32, u64)>,
 }
 
 pub(super) fn at(second: i64) -> Timestamp {
@@ -263,6 +272,53 @@ impl World {
             replacement: None,
             dice: dice | 1,
             asked_at: BTreeMap::new(),
+            budget: None,
+        }
+        .with_budget()
+    }
+
+    /// A budget over the pods, drawn by the dice: none, or one allowing 0 to 2 disruptions.
+    fn with_budget(mut self) -> Self {
+        self.budget = match self.roll(4) {
+            0 => None,
+            _ => Some((i32::try_from(self.roll(3)).unwrap_or(0), 1)),
+        };
+        self
+    }
+
+    /// The budget as the watch would show it.
+    pub(super) fn budgets(&self) -> Vec<PodDisruptionBudget> {
+        self.budget
+            .iter()
+            .map(|&(allowed, version)| PodDisruptionBudget {
+                metadata: ObjectMeta {
+                    name: Some("web".into()),
+                    namespace: Some("work".into()),
+                    generation: Some(1),
+                    resource_version: Some(version.to_string()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(PodDisruptionBudgetSpec {
+                    selector: Some(LabelSelector {
+                        match_labels: Some([("app".to_owned(), "web".to_owned())].into()),
+                        ..LabelSelector::default()
+                    }),
+                    ..PodDisruptionBudgetSpec::default()
+                }),
+                status: Some(PodDisruptionBudgetStatus {
+                    disruptions_allowed: allowed,
+                    observed_generation: Some(1),
+                    ..PodDisruptionBudgetStatus::default()
+                }),
+            })
+            .collect()
+    }
+
+    /// The server's grant of an eviction under the budget: one disruption spent.
+    pub(super) fn spend_budget(&mut self) {
+        if let Some((allowed, version)) = self.budget.as_mut() {
+            *allowed -= 1;
+            *version += 1;
         }
     }
 
@@ -349,6 +405,12 @@ impl World {
                 }
             }
             Event::PolicyDeleted => self.policy_exists = false,
+            Event::BudgetFrees => {
+                if let Some((allowed, version)) = self.budget.as_mut() {
+                    *allowed += 1;
+                    *version += 1;
+                }
+            }
         }
     }
 
@@ -363,7 +425,8 @@ impl World {
                     uid: p.uid.clone(),
                     terminating: p.terminating,
                     gone_by: p.gone_by,
-                    labels: BTreeMap::new(),
+                    labels: [("app".to_owned(), "web".to_owned())].into(),
+                    readiness: crate::drain::Readiness::Ready,
                 })
                 .collect(),
             staying: Vec::new(),

@@ -1,0 +1,437 @@
+//! The drain planner: which of a node's pending evictions to send in this round, spending each
+//! disruption budget's room exactly, so that a 429 happens only in a genuine race (someone else's
+//! eviction, or a budget status written after the one we planned with).
+//!
+//! A budget's room is its status's `disruptionsAllowed`, less the evictions this controller asked
+//! under it that its status does not count yet ([`Flight`], [`in_flight`]: any drain, any
+//! remediation), less those planned earlier in this round. A pod whose one budget has no room is
+//! held, with that budget named, and sent when a change of the budget shows room again. The
+//! Eviction API's own rules are followed: a `Pending` pod, and an unready pod whose budget lets
+//! unhealthy pods go, leave without spending the budget; a pod under no budget, or under several
+//! (which the server refuses with 500), is sent and, if refused, asked again after the backoff.
+//! Pure.
+
+use std::collections::BTreeMap;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
+
+use crate::drain::{self, Leaving, Readiness};
+
+/// An eviction this controller asked (or is asking) under some budgets, and the version of each
+/// budget it was planned against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Flight {
+    /// The pod's name (budgets list the pods they count by name).
+    pub pod: String,
+    /// Each budget covering the pod, as `namespace/name`, with the `resourceVersion` of the budget
+    /// the eviction was planned against.
+    pub budgets: Vec<(String, Option<String>)>,
+}
+
+impl Flight {
+    /// The flight of `pod`, planned against `budgets` as they are now.
+    #[must_use]
+    pub fn of(pod: &Leaving, budgets: &[PodDisruptionBudget]) -> Self {
+        let covering = drain::covering_budgets(pod, budgets);
+        Self {
+            pod: pod.name.clone(),
+            budgets: covering
+                .into_iter()
+                .map(|key| {
+                    let version = find(budgets, &key).and_then(ResourceExt::resource_version);
+                    (key, version)
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether `budget`'s status does not count this eviction yet: it is the very version the
+    /// eviction was planned against and does not list the pod among its disrupted pods. (The
+    /// server's grant writes the budget, so any later version counts it.)
+    fn unseen_by(&self, key: &str, version: Option<&String>, budget: &PodDisruptionBudget) -> bool {
+        let listed = budget
+            .status
+            .as_ref()
+            .and_then(|s| s.disrupted_pods.as_ref())
+            .is_some_and(|d| d.contains_key(&self.pod));
+        !listed && budget.resource_version().as_ref() == version && find_key(budget) == key
+    }
+
+    /// Whether every budget it was planned under now counts it (or is gone): it can be forgotten.
+    #[must_use]
+    pub fn counted(&self, budgets: &[PodDisruptionBudget]) -> bool {
+        self.budgets.iter().all(|(key, version)| {
+            find(budgets, key).is_none_or(|budget| !self.unseen_by(key, version.as_ref(), budget))
+        })
+    }
+}
+
+/// How many of `flights` each budget's status does not count yet, by `namespace/name`.
+#[must_use]
+pub fn in_flight<'a>(
+    flights: impl IntoIterator<Item = &'a Flight>,
+    budgets: &[PodDisruptionBudget],
+) -> BTreeMap<String, u32> {
+    let mut counts = BTreeMap::new();
+    for flight in flights {
+        for (key, version) in &flight.budgets {
+            if find(budgets, key).is_some_and(|b| flight.unseen_by(key, version.as_ref(), b)) {
+                *counts.entry(key.clone()).or_insert(0) += 1;
+            }
+        }
+    }
+    counts
+}
+
+/// What one round sends, and what waits for room.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Round {
+    /// Evictions to ask now.
+    pub send: Vec<Leaving>,
+    /// Pods held until their budget (`namespace/name`) shows room.
+    pub held: Vec<(Leaving, String)>,
+}
+
+/// What the planner knows besides the pods.
+#[derive(Clone, Copy)]
+pub struct Room<'a> {
+    /// Every disruption budget, as the watch last saw it.
+    pub budgets: &'a [PodDisruptionBudget],
+    /// Evictions each budget's status does not count yet ([`in_flight`]).
+    pub in_flight: &'a BTreeMap<String, u32>,
+    /// When each pod (by UID) was last asked to leave.
+    pub asked_at: &'a (dyn Fn(&str) -> Option<Timestamp> + Sync),
+    /// How long a refused eviction waits before it is asked again without news of its budget.
+    pub backoff: SignedDuration,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// Plans the round for `pending` (the pods still to be asked, in the drain's order).
+#[must_use]
+pub fn plan<'a>(pending: impl IntoIterator<Item = &'a Leaving>, room: &Room<'_>) -> Round {
+    let mut spent: BTreeMap<String, i64> = BTreeMap::new();
+    let mut round = Round::default();
+    for pod in pending {
+        let asked = (room.asked_at)(&pod.uid);
+        let backoff_over = asked.is_none_or(|at| crate::time::plus(at, room.backoff) <= room.now);
+        let covering = drain::covering_budgets(pod, room.budgets);
+        let [key] = covering.as_slice() else {
+            // No budget: nothing to wait for. Several: the server refuses (500) whatever their
+            // room; the refusal is shown, and asked again after the backoff.
+            if backoff_over {
+                round.send.push(pod.clone());
+            }
+            continue;
+        };
+        let Some(budget) = find(room.budgets, key) else {
+            continue;
+        };
+        match cost(pod, budget) {
+            Cost::Unknown | Cost::Free => {
+                if backoff_over {
+                    round.send.push(pod.clone());
+                }
+            }
+            Cost::One(allowed) => {
+                let used = spent.entry(key.clone()).or_insert(0);
+                let flying = i64::from(room.in_flight.get(key).copied().unwrap_or(0));
+                if allowed - flying - *used > 0 {
+                    *used += 1;
+                    round.send.push(pod.clone());
+                } else {
+                    round.held.push((pod.clone(), key.clone()));
+                }
+            }
+        }
+    }
+    round
+}
+
+/// What evicting a pod costs its one budget.
+enum Cost {
+    /// Its status is not current (no status yet, or older than the budget's spec): the server
+    /// decides.
+    Unknown,
+    /// Nothing: the server lets it go without spending the budget.
+    Free,
+    /// One of the budget's `disruptionsAllowed` (here, as its status says).
+    One(i64),
+}
+
+fn cost(pod: &Leaving, budget: &PodDisruptionBudget) -> Cost {
+    let Some(status) = budget.status.as_ref() else {
+        return Cost::Unknown;
+    };
+    let current = match (status.observed_generation, budget.metadata.generation) {
+        (Some(observed), Some(generation)) => observed >= generation,
+        (None, Some(_)) => false,
+        (_, None) => true,
+    };
+    if !current {
+        return Cost::Unknown;
+    }
+    let always = budget
+        .spec
+        .as_ref()
+        .and_then(|s| s.unhealthy_pod_eviction_policy.as_deref())
+        == Some("AlwaysAllow");
+    match pod.readiness {
+        Readiness::Pending => Cost::Free,
+        Readiness::Unready if always || is_healthy(budget) => Cost::Free,
+        Readiness::Unready | Readiness::Ready => Cost::One(i64::from(status.disruptions_allowed)),
+    }
+}
+
+/// Whether the budget has the healthy pods it needs (then the default `IfHealthyBudget` lets an
+/// unready pod go without spending it).
+fn is_healthy(budget: &PodDisruptionBudget) -> bool {
+    budget
+        .status
+        .as_ref()
+        .is_some_and(|s| s.desired_healthy > 0 && s.current_healthy >= s.desired_healthy)
+}
+
+fn find<'a>(budgets: &'a [PodDisruptionBudget], key: &str) -> Option<&'a PodDisruptionBudget> {
+    budgets.iter().find(|b| find_key(b) == key)
+}
+
+fn find_key(budget: &PodDisruptionBudget) -> String {
+    format!("{}/{}", budget.namespace().unwrap_or_default(), budget.name_any())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus},
+        apimachinery::pkg::apis::meta::v1::{LabelSelector, Time},
+    };
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn pod(name: &str, app: &str) -> Leaving {
+        Leaving {
+            namespace: "work".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            terminating: false,
+            gone_by: None,
+            labels: [("app".to_owned(), app.to_owned())].into(),
+            readiness: Readiness::Ready,
+        }
+    }
+
+    fn budget(name: &str, app: &str, allowed: i32) -> PodDisruptionBudget {
+        PodDisruptionBudget {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("work".into()),
+                resource_version: Some("1".into()),
+                generation: Some(1),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodDisruptionBudgetSpec {
+                selector: Some(LabelSelector {
+                    match_labels: Some([("app".to_owned(), app.to_owned())].into()),
+                    ..LabelSelector::default()
+                }),
+                ..PodDisruptionBudgetSpec::default()
+            }),
+            status: Some(PodDisruptionBudgetStatus {
+                disruptions_allowed: allowed,
+                observed_generation: Some(1),
+                current_healthy: 10,
+                desired_healthy: 10 - allowed,
+                expected_pods: 10,
+                ..PodDisruptionBudgetStatus::default()
+            }),
+        }
+    }
+
+    fn never(_: &str) -> Option<Timestamp> {
+        None
+    }
+
+    fn round(pods: &[Leaving], budgets: &[PodDisruptionBudget], in_flight: &BTreeMap<String, u32>) -> Round {
+        round_asked(pods, budgets, in_flight, &never)
+    }
+
+    fn round_asked(
+        pods: &[Leaving],
+        budgets: &[PodDisruptionBudget],
+        in_flight: &BTreeMap<String, u32>,
+        asked_at: &(dyn Fn(&str) -> Option<Timestamp> + Sync),
+    ) -> Round {
+        plan(
+            pods,
+            &Room {
+                budgets,
+                in_flight,
+                asked_at,
+                backoff: SignedDuration::from_secs(5),
+                now: at(2),
+            },
+        )
+    }
+
+    fn names(pods: &[Leaving]) -> Vec<&str> {
+        pods.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    fn held(round: &Round) -> Vec<(&str, &str)> {
+        round
+            .held
+            .iter()
+            .map(|(p, b)| (p.name.as_str(), b.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn pods_under_no_budget_are_all_sent_at_once() {
+        let pods = [pod("a", "free"), pod("b", "free")];
+        let planned = round(&pods, &[budget("web", "web", 0)], &BTreeMap::new());
+        assert_eq!(names(&planned.send), ["a", "b"]);
+        assert!(planned.held.is_empty());
+    }
+
+    #[test]
+    fn a_budget_allowing_one_gets_exactly_one_eviction_and_the_rest_wait_for_it() {
+        let pods: Vec<Leaving> = (0..10).map(|i| pod(&format!("web-{i}"), "web")).collect();
+        let planned = round(&pods, &[budget("web", "web", 1)], &BTreeMap::new());
+        assert_eq!(names(&planned.send), ["web-0"]);
+        assert_eq!(planned.held.len(), 9);
+        assert!(planned.held.iter().all(|(_, b)| b == "work/web"));
+    }
+
+    #[test]
+    fn four_budgets_of_one_each_send_four_evictions_for_forty_pods() {
+        let apps = ["a", "b", "c", "d"];
+        let pods: Vec<Leaving> = (0..40).map(|i| pod(&format!("p-{i}"), apps[i % 4])).collect();
+        let budgets: Vec<PodDisruptionBudget> = apps.iter().map(|a| budget(a, a, 1)).collect();
+        let planned = round(&pods, &budgets, &BTreeMap::new());
+        assert_eq!(names(&planned.send), ["p-0", "p-1", "p-2", "p-3"]);
+        assert_eq!(planned.held.len(), 36);
+    }
+
+    #[test]
+    fn a_budget_with_no_room_sends_nothing_even_to_a_pod_never_asked() {
+        let planned = round(
+            &[pod("web-0", "web")],
+            &[budget("web", "web", 0)],
+            &BTreeMap::new(),
+        );
+        assert!(planned.send.is_empty());
+        assert_eq!(held(&planned), [("web-0", "work/web")]);
+    }
+
+    #[test]
+    fn a_pod_refused_before_is_sent_again_as_soon_as_its_budget_shows_room() {
+        let asked = |_: &str| Some(at(1));
+        let pods = [pod("web-0", "web")];
+        let planned = round_asked(&pods, &[budget("web", "web", 1)], &BTreeMap::new(), &asked);
+        assert_eq!(
+            names(&planned.send),
+            ["web-0"],
+            "room shown: no backoff to wait out"
+        );
+        let planned = round_asked(&pods, &[budget("web", "web", 0)], &BTreeMap::new(), &asked);
+        assert!(planned.send.is_empty(), "no room: held, whatever the backoff");
+    }
+
+    #[test]
+    fn evictions_in_flight_under_a_budget_use_its_room_whoever_sent_them() {
+        // Two remediations share the budget: the other's eviction, granted but not yet counted
+        // in the status we see, leaves this one nothing.
+        let in_flight = [("work/web".to_owned(), 1)].into();
+        let planned = round(&[pod("web-0", "web")], &[budget("web", "web", 1)], &in_flight);
+        assert!(planned.send.is_empty());
+        let planned = round(
+            &[pod("web-0", "web"), pod("web-1", "web")],
+            &[budget("web", "web", 2)],
+            &in_flight,
+        );
+        assert_eq!(names(&planned.send), ["web-0"]);
+    }
+
+    #[test]
+    fn a_pod_under_several_budgets_is_sent_once_per_backoff_for_the_server_to_refuse() {
+        let budgets = [budget("web", "web", 5), budget("all-web", "web", 5)];
+        let planned = round(&[pod("web-0", "web")], &budgets, &BTreeMap::new());
+        assert_eq!(names(&planned.send), ["web-0"]);
+        let asked = |_: &str| Some(at(0));
+        let planned = round_asked(&[pod("web-0", "web")], &budgets, &BTreeMap::new(), &asked);
+        assert!(planned.send.is_empty(), "refused 2 s ago, backoff 5 s");
+        assert!(planned.held.is_empty(), "no single budget to wait for");
+    }
+
+    #[test]
+    fn an_unready_pod_goes_free_when_its_budget_lets_unhealthy_pods_go() {
+        let mut sick = pod("web-0", "web");
+        sick.readiness = Readiness::Unready;
+        // IfHealthyBudget (the default): the budget has its healthy pods.
+        let planned = round(
+            &[sick.clone(), pod("web-1", "web")],
+            &[budget("web", "web", 1)],
+            &BTreeMap::new(),
+        );
+        assert_eq!(
+            names(&planned.send),
+            ["web-0", "web-1"],
+            "the unready pod spends nothing"
+        );
+        // ... but not when the budget is short of healthy pods.
+        let mut short = budget("web", "web", 0);
+        short.status.as_mut().unwrap().current_healthy = 8;
+        short.status.as_mut().unwrap().desired_healthy = 9;
+        let planned = round(std::slice::from_ref(&sick), &[short.clone()], &BTreeMap::new());
+        assert_eq!(held(&planned), [("web-0", "work/web")]);
+        // AlwaysAllow: always.
+        short.spec.as_mut().unwrap().unhealthy_pod_eviction_policy = Some("AlwaysAllow".into());
+        let planned = round(&[sick], &[short], &BTreeMap::new());
+        assert_eq!(names(&planned.send), ["web-0"]);
+    }
+
+    #[test]
+    fn a_pending_pod_goes_whatever_its_budget_says() {
+        let mut waiting = pod("web-0", "web");
+        waiting.readiness = Readiness::Pending;
+        let planned = round(&[waiting], &[budget("web", "web", 0)], &BTreeMap::new());
+        assert_eq!(names(&planned.send), ["web-0"]);
+    }
+
+    #[test]
+    fn a_budget_whose_status_lags_its_spec_is_left_to_the_server() {
+        let mut stale = budget("web", "web", 0);
+        stale.metadata.generation = Some(2);
+        let planned = round(&[pod("web-0", "web")], &[stale], &BTreeMap::new());
+        assert_eq!(names(&planned.send), ["web-0"]);
+    }
+
+    #[test]
+    fn a_flight_counts_until_the_budget_status_shows_it() {
+        let planned_against = budget("web", "web", 1);
+        let flight = Flight::of(&pod("web-0", "web"), std::slice::from_ref(&planned_against));
+        assert_eq!(flight.budgets, [("work/web".to_owned(), Some("1".to_owned()))]);
+        let same = std::slice::from_ref(&planned_against);
+        assert_eq!(in_flight([&flight], same), [("work/web".to_owned(), 1)].into());
+        assert!(!flight.counted(same));
+        // The grant wrote the budget: a newer version counts it.
+        let mut granted = budget("web", "web", 0);
+        granted.metadata.resource_version = Some("2".into());
+        assert!(in_flight([&flight], std::slice::from_ref(&granted)).is_empty());
+        assert!(flight.counted(std::slice::from_ref(&granted)));
+        // The same version listing the pod as disrupted counts it too.
+        let mut listed = budget("web", "web", 0);
+        listed.status.as_mut().unwrap().disrupted_pods = Some([("web-0".to_owned(), Time(at(0)))].into());
+        assert!(flight.counted(std::slice::from_ref(&listed)));
+        // A budget deleted meanwhile counts nothing.
+        assert!(flight.counted(&[]));
+    }
+}
