@@ -126,6 +126,8 @@ pub mod policy_conditions {
     pub const PAUSED: &str = "Paused";
     /// Some selected nodes belong to a policy of higher priority.
     pub const OVERLAP: &str = "Overlap";
+    /// A failure domain is over its unhealthy limit: its nodes wait, the others go on.
+    pub const DOMAIN_HELD: &str = "DomainHeld";
     /// The policy cannot be enforced (a check the schema cannot express failed).
     pub const INVALID: &str = "Invalid";
 }
@@ -154,6 +156,12 @@ pub mod reasons {
     pub const CIRCUIT_OPEN: &str = "CircuitOpen";
     /// The policy is paused.
     pub const PAUSED: &str = "Paused";
+    /// A failure domain of the node is over its unhealthy limit.
+    pub const DOMAIN_HELD: &str = "DomainHeld";
+    /// A failure domain held before is back within its unhealthy limit.
+    pub const DOMAIN_RESUMED: &str = "DomainResumed";
+    /// The budget deferred a node: its failure domain's `maxInFlight` reached.
+    pub const DEFERRED_DOMAIN_IN_FLIGHT: &str = "DeferredByDomainInFlight";
     /// The node used up `maxAttemptsPerNode`.
     pub const ATTEMPTS_EXHAUSTED: &str = "AttemptsExhausted";
     /// A phase changed.

@@ -7,6 +7,7 @@
 
 pub mod bounds;
 pub mod constants;
+pub mod correlated;
 pub mod crds;
 pub mod duration;
 pub mod policy;

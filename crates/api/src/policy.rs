@@ -7,6 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    correlated::{FailureDomain, HeldDomain, UnhealthyLimit},
     duration::Duration,
     selector::{IntOrPercent, NodeSelector},
 };
@@ -201,6 +202,14 @@ pub struct Safety {
     /// nothing new starts, since the fault is likely systemic (a driver roll-out, a bad rack).
     #[serde(default = "default_max_unhealthy")]
     pub max_unhealthy: IntOrPercent,
+    /// A count of unhealthy selected nodes above which the breaker opens as well; with
+    /// `maxUnhealthy` given as a share, the lower of the two wins at every fleet size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unhealthy_count: Option<u32>,
+    /// Failure domains (racks, `NVLink` domains, zones), each with its own limits: a domain over
+    /// its limit holds only its own nodes, the others go on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failure_domains: Vec<FailureDomain>,
     /// At most `limit` remediations started in any rolling window of `per`.
     #[serde(default)]
     pub rate: Rate,
@@ -215,8 +224,21 @@ impl Default for Safety {
         Self {
             max_concurrent: default_max_concurrent(),
             max_unhealthy: default_max_unhealthy(),
+            max_unhealthy_count: None,
+            failure_domains: Vec::new(),
             rate: Rate::default(),
             max_attempts_per_node: Attempts::default(),
+        }
+    }
+}
+
+impl Safety {
+    /// The policy-wide unhealthy limit (`maxUnhealthy`, and `maxUnhealthyCount` if given).
+    #[must_use]
+    pub fn unhealthy_limit(&self) -> UnhealthyLimit {
+        UnhealthyLimit {
+            limit: Some(self.max_unhealthy.clone()),
+            count: self.max_unhealthy_count,
         }
     }
 }
@@ -403,6 +425,9 @@ pub struct GpuRemediationPolicyStatus {
     /// Unhealthy nodes held back, longest-unhealthy first, each with the limit that holds it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting: Vec<WaitingNode>,
+    /// Failure domains over their unhealthy limit, whose nodes wait (the suspects).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_domains: Vec<HeldDomain>,
 }
 
 /// The state of a policy's budget.

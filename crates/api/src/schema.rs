@@ -87,6 +87,16 @@ pub mod messages {
     pub const LABEL_KEY: &str = "must be a label key such as nvidia.com/gpu.product: an optional DNS prefix and '/', then up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit";
     /// A malformed label value.
     pub const LABEL_VALUE: &str = "must be a label value: empty, or up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit";
+    /// A failure domain without any limit.
+    pub const DOMAIN_LIMIT_REQUIRED: &str =
+        "a failure domain needs at least one limit: maxUnhealthy, maxUnhealthyCount or maxInFlight";
+    /// A failure domain count of 0.
+    pub const DOMAIN_COUNT_AT_LEAST_ONE: &str =
+        "a failure domain count must be at least 1 (to stop remediating, set paused: true)";
+    /// A failure domain count above `bounds::COUNT_MAX`.
+    pub const DOMAIN_COUNT_AT_MOST: &str = "a failure domain count must be at most 100000";
+    /// Two failure domains with one topology key.
+    pub const DOMAIN_KEYS_DISTINCT: &str = "each failure domain needs its own topologyKey";
     /// `history.ttl` not longer than `rate.per`.
     pub const TTL_VS_RATE: &str = "history.ttl must be longer than safety.rate.per, or finished remediations would be deleted while the rate limit still counts them";
     /// `history.ttl` not longer than `maxAttemptsPerNode.per`.
@@ -278,6 +288,59 @@ pub(crate) fn safety(schema: &mut Schema) {
     for name in ["maxConcurrent", "maxUnhealthy"] {
         property(schema, name).insert("nullable".into(), false.into());
     }
+    add_rules(property(schema, "maxUnhealthyCount"), count_rules());
+    let domains = property(schema, "failureDomains");
+    domains.insert("maxItems".into(), crate::bounds::FAILURE_DOMAINS_MAX.into());
+    add_rules(
+        domains,
+        [rule(
+            "self.all(a, self.exists_one(b, b.topologyKey == a.topologyKey))",
+            messages::DOMAIN_KEYS_DISTINCT,
+        )],
+    );
+}
+
+fn count_rules() -> [Rule; 2] {
+    [
+        rule("self >= 1", messages::COUNT_AT_LEAST_ONE),
+        rule(
+            format!("self <= {}", crate::bounds::COUNT_MAX),
+            messages::COUNT_AT_MOST,
+        ),
+    ]
+}
+
+/// A failure domain: a label key, at least one limit, each count at least 1.
+pub(crate) fn failure_domain(schema: &mut Schema) {
+    let key = property(schema, "topologyKey");
+    key.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
+    add_rules(
+        key,
+        [rule(
+            format!("self.matches('{LABEL_KEY_REGEX}')"),
+            messages::LABEL_KEY,
+        )],
+    );
+    for name in ["maxUnhealthyCount", "maxInFlight"] {
+        add_rules(property(schema, name), count_rules());
+    }
+    let share = property(schema, "maxUnhealthyShare");
+    share.insert("maxLength".into(), 4.into());
+    add_rules(
+        share,
+        [rule(
+            format!("self.matches('{PERCENT_REGEX}')"),
+            messages::PERCENT_RANGE,
+        )],
+    );
+    add_rules(
+        object(schema),
+        [rule(
+            "has(self.maxUnhealthyShare) || has(self.maxUnhealthyCount) || has(self.maxInFlight)",
+            messages::DOMAIN_LIMIT_REQUIRED,
+        )
+        .reason(Reason::FieldValueRequired)],
+    );
 }
 
 /// `safety.rate`: at least one per window, a positive window.

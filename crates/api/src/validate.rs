@@ -15,6 +15,7 @@ use serde_json::Value;
 use crate::{
     bounds,
     constants::template_placeholders,
+    correlated::FailureDomain,
     duration::Duration,
     policy::{Action, GpuRemediationPolicy, GpuRemediationPolicySpec, Replacement, Strategy},
     schema::{POLICY_NAME_MAX_LENGTH, messages},
@@ -104,6 +105,12 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
     let safety = &spec.safety;
     check_int_or_percent("spec.safety.maxConcurrent", &safety.max_concurrent, &mut out);
     check_int_or_percent("spec.safety.maxUnhealthy", &safety.max_unhealthy, &mut out);
+    check_count(
+        "spec.safety.maxUnhealthyCount",
+        safety.max_unhealthy_count,
+        &mut out,
+    );
+    check_failure_domains(&safety.failure_domains, &mut out);
     if safety.rate.limit < 1 {
         out.push(Violation::new("spec.safety.rate.limit", messages::RATE_LIMIT));
     }
@@ -187,6 +194,61 @@ fn check_int_or_percent(field: &str, value: &IntOrPercent, out: &mut Vec<Violati
             if !pct.is_some_and(|pct| (1..=100).contains(&pct)) {
                 out.push(Violation::new(field, messages::PERCENT_RANGE));
             }
+        }
+    }
+}
+
+fn check_count(field: &str, count: Option<u32>, out: &mut Vec<Violation>) {
+    match count {
+        Some(0) => out.push(Violation::new(field, messages::COUNT_AT_LEAST_ONE)),
+        Some(n) if n > bounds::COUNT_MAX => out.push(Violation::new(field, messages::COUNT_AT_MOST)),
+        _ => {}
+    }
+}
+
+fn check_failure_domains(domains: &[FailureDomain], out: &mut Vec<Violation>) {
+    let mut keys = BTreeSet::new();
+    if domains.len() > usize::try_from(bounds::FAILURE_DOMAINS_MAX).unwrap_or(usize::MAX) {
+        out.push(Violation::new(
+            "spec.safety.failureDomains",
+            format!(
+                "Too many: must have at most {} items",
+                bounds::FAILURE_DOMAINS_MAX
+            ),
+        ));
+    }
+    for (i, domain) in domains.iter().enumerate() {
+        let field = format!("spec.safety.failureDomains[{i}]");
+        if !is_qualified_name(&domain.topology_key) {
+            out.push(Violation::new(
+                format!("{field}.topologyKey"),
+                messages::LABEL_KEY,
+            ));
+        }
+        if !keys.insert(domain.topology_key.as_str()) {
+            out.push(Violation::new(
+                "spec.safety.failureDomains",
+                messages::DOMAIN_KEYS_DISTINCT,
+            ));
+        }
+        if let Some(share) = &domain.max_unhealthy_share {
+            check_int_or_percent(
+                &format!("{field}.maxUnhealthyShare"),
+                &IntOrPercent::Percent(share.clone()),
+                out,
+            );
+        }
+        check_count(
+            &format!("{field}.maxUnhealthyCount"),
+            domain.max_unhealthy_count,
+            out,
+        );
+        check_count(&format!("{field}.maxInFlight"), domain.max_in_flight, out);
+        if domain.max_unhealthy_share.is_none()
+            && domain.max_unhealthy_count.is_none()
+            && domain.max_in_flight.is_none()
+        {
+            out.push(Violation::new(field, messages::DOMAIN_LIMIT_REQUIRED));
         }
     }
 }
@@ -464,6 +526,31 @@ mod tests {
     #[test]
     fn a_policy_of_defaults_and_one_trigger_is_valid() {
         assert_eq!(validate_spec(&spec()), vec![]);
+    }
+
+    #[test]
+    fn failure_domains_need_a_label_key_a_limit_distinct_keys_and_counts_of_at_least_one() {
+        let mut spec = spec();
+        spec.safety.max_unhealthy_count = Some(0);
+        spec.safety.failure_domains = serde_json::from_value(json!([
+            {"topologyKey": "example.com/rack", "maxUnhealthyShare": "50%", "maxUnhealthyCount": 2},
+            {"topologyKey": "not a key", "maxInFlight": 0},
+            {"topologyKey": "example.com/rack"},
+        ]))
+        .unwrap();
+        assert_eq!(
+            fields(&validate_spec(&spec)),
+            [
+                "spec.safety.maxUnhealthyCount",
+                "spec.safety.failureDomains[1].topologyKey",
+                "spec.safety.failureDomains[1].maxInFlight",
+                "spec.safety.failureDomains",
+                "spec.safety.failureDomains[2]",
+            ]
+        );
+        spec.safety.max_unhealthy_count = Some(3);
+        spec.safety.failure_domains.truncate(1);
+        assert_eq!(validate_spec(&spec), vec![]);
     }
 
     #[test]

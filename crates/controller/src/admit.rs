@@ -1,6 +1,7 @@
 //! Carries out the fleet plan for one policy: creates the admitted remediations, writes the
 //! policy's status when it changed, and publishes one Event per change (a remediation started, a
-//! node newly held back or held back for another reason, the circuit breaker opening or closing),
+//! node newly held back or held back for another reason, the circuit breaker opening or closing, a
+//! failure domain held or resumed),
 //! never one per pass. A record for a node past `maxAttemptsPerNode` is created silently: its
 //! one Event comes when it enters `ManualRequired`.
 
@@ -144,8 +145,10 @@ pub async fn apply(
     match plan.circuit_change {
         Some(true) => {
             let note = format!(
-                "{} of {} governed nodes are unhealthy, above maxUnhealthy {}: no new remediation starts",
-                plan.status.unhealthy_nodes, plan.status.selected_nodes, policy.spec.safety.max_unhealthy
+                "{} of {} governed nodes are unhealthy, above {}: no new remediation starts",
+                plan.status.unhealthy_nodes,
+                plan.status.selected_nodes,
+                policy.spec.safety.unhealthy_limit()
             );
             announcements.add(policy, event(reasons::CIRCUIT_OPEN, &note, EventType::Warning));
         }
@@ -154,6 +157,19 @@ pub async fn apply(
             announcements.add(policy, event("CircuitClosed", note, EventType::Normal));
         }
         None => {}
+    }
+    for held in &plan.domains_held {
+        announcements.add(
+            policy,
+            event(reasons::DOMAIN_HELD, &held.message(), EventType::Warning),
+        );
+    }
+    for resumed in &plan.domains_resumed {
+        let note = format!(
+            "failure domain {} is back within its limits: its nodes may start again",
+            resumed.name()
+        );
+        announcements.add(policy, event(reasons::DOMAIN_RESUMED, &note, EventType::Normal));
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! The conditions a policy's status reports (`Ready`, `CircuitOpen`, `Paused`, `Overlap`), and
+//! The conditions a policy's status reports (`Ready`, `CircuitOpen`, `Paused`, `Overlap`,
+//! `DomainHeld`), and
 //! setting one condition so that its transition time moves only when its status changes. Pure.
 
 use std::collections::BTreeSet;
@@ -37,8 +38,8 @@ pub(super) fn conditions(
             true,
             reasons::CIRCUIT_OPEN.to_owned(),
             format!(
-                "{unhealthy} of {selected} nodes unhealthy, above maxUnhealthy {}: nothing new starts",
-                spec.safety.max_unhealthy
+                "{unhealthy} of {selected} nodes unhealthy, above {}: nothing new starts",
+                spec.safety.unhealthy_limit()
             ),
         )
     } else {
@@ -46,8 +47,8 @@ pub(super) fn conditions(
             false,
             "WithinLimit".to_owned(),
             format!(
-                "{unhealthy} of {selected} nodes unhealthy, maxUnhealthy {}",
-                spec.safety.max_unhealthy
+                "{unhealthy} of {selected} nodes unhealthy, {}",
+                spec.safety.unhealthy_limit()
             ),
         )
     };
@@ -75,11 +76,34 @@ pub(super) fn conditions(
             "every selected node is governed by this policy".to_owned(),
         ),
     };
+    let domains = if decision.held_domains.is_empty() {
+        (
+            false,
+            "WithinLimits".to_owned(),
+            if spec.safety.failure_domains.is_empty() {
+                "no failure domains are configured".to_owned()
+            } else {
+                "every failure domain is within its limits".to_owned()
+            },
+        )
+    } else {
+        (
+            true,
+            reasons::DOMAIN_HELD.to_owned(),
+            decision
+                .held_domains
+                .iter()
+                .map(gpu_remediation_api::correlated::HeldDomain::message)
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    };
     [
         (policy_conditions::READY, ready),
         (policy_conditions::CIRCUIT_OPEN, circuit),
         (policy_conditions::PAUSED, paused),
         (policy_conditions::OVERLAP, overlap),
+        (policy_conditions::DOMAIN_HELD, domains),
     ]
     .into_iter()
     .map(|(type_, (status, reason, message))| {

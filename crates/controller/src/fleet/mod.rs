@@ -25,6 +25,7 @@ use gpu_remediation_api::{
     constants::{
         APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, CANCELLED_ANNOTATION, policy_conditions, reasons,
     },
+    correlated::HeldDomain,
     policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, WaitingNode},
     remediation::PhaseTransition,
     validate,
@@ -37,6 +38,8 @@ use k8s_openapi::{
 use kube::ResourceExt;
 
 mod conditions;
+#[cfg(test)]
+mod domain_tests;
 mod record;
 
 pub use conditions::condition;
@@ -67,6 +70,10 @@ pub struct PolicyPlan {
     pub newly_waiting: Vec<WaitingNode>,
     /// Whether the circuit breaker just opened (`Some(true)`) or closed (`Some(false)`).
     pub circuit_change: Option<bool>,
+    /// Failure domains newly over their limit: one Event each.
+    pub domains_held: Vec<HeldDomain>,
+    /// Failure domains held before and within their limits now: one Event each.
+    pub domains_resumed: Vec<HeldDomain>,
     /// Finished remediations older than `history.ttl`, to delete.
     pub expired: Vec<String>,
 }
@@ -147,6 +154,7 @@ fn plan_policy(
     let found = candidates(&name, &unhealthy, remediations);
     let started = started(&name, remediations, now);
     let selected = count(nodes.len());
+    let domains = failure_domains(spec, nodes, &unhealthy, &started);
     let decision = budget::admit(budget::Inputs {
         safety: &spec.safety,
         paused: spec.paused,
@@ -154,6 +162,7 @@ fn plan_policy(
         unhealthy: count(unhealthy.len()),
         started: &started,
         candidates: found.candidates.clone(),
+        domains,
         now,
     });
 
@@ -185,23 +194,7 @@ fn plan_policy(
         wake = earliest(wake, decision.next_slot_at);
     }
 
-    // A node past its attempts is not waiting: its `ManualRequired` record says why, once.
-    let waiting: Vec<WaitingNode> = decision
-        .waiting
-        .iter()
-        .filter(|_| invalid.is_none())
-        .filter(|w| {
-            !manual_required
-                .iter()
-                .any(|r| r.spec.node_name == w.candidate.node)
-        })
-        .map(|w| WaitingNode {
-            node: w.candidate.node.clone(),
-            unhealthy_since: Some(Time(w.candidate.since)),
-            reason: w.deferral.reason().to_owned(),
-            message: w.deferral.message(),
-        })
-        .collect();
+    let waiting = waiting_nodes(&decision, &manual_required, invalid.is_none());
     let previous = policy.status.clone().unwrap_or_default();
     let newly_waiting = waiting
         .iter()
@@ -213,6 +206,8 @@ fn plan_policy(
         })
         .cloned()
         .collect();
+    let domains_held = newly_in(&decision.held_domains, &previous.held_domains);
+    let domains_resumed = newly_in(&previous.held_domains, &decision.held_domains);
     let was_open = has_true_condition(&previous.conditions, policy_conditions::CIRCUIT_OPEN);
     let circuit_change = (was_open != decision.circuit_open).then_some(decision.circuit_open);
 
@@ -248,6 +243,7 @@ fn plan_policy(
             next_slot_at: decision.next_slot_at.map(Time),
         }),
         waiting,
+        held_domains: decision.held_domains.clone(),
     };
     (
         PolicyPlan {
@@ -258,6 +254,8 @@ fn plan_policy(
             status,
             newly_waiting,
             circuit_change,
+            domains_held,
+            domains_resumed,
             expired: expired(&name, remediations, spec.history.ttl, now),
         },
         wake,
@@ -303,6 +301,61 @@ fn report_validity(
             now,
         ));
     }
+}
+
+/// The nodes the decision holds back, with why (none for an invalid policy). A node past its
+/// attempts is not waiting: its `ManualRequired` record says why, once.
+fn waiting_nodes(
+    decision: &budget::Decision,
+    manual_required: &[GpuRemediation],
+    valid: bool,
+) -> Vec<WaitingNode> {
+    decision
+        .waiting
+        .iter()
+        .filter(|_| valid)
+        .filter(|w| {
+            !manual_required
+                .iter()
+                .any(|r| r.spec.node_name == w.candidate.node)
+        })
+        .map(|w| WaitingNode {
+            node: w.candidate.node.clone(),
+            unhealthy_since: Some(Time(w.candidate.since)),
+            reason: w.deferral.reason().to_owned(),
+            message: w.deferral.message(),
+        })
+        .collect()
+}
+
+/// The domains of `now` that were not in `before`.
+fn newly_in(now: &[HeldDomain], before: &[HeldDomain]) -> Vec<HeldDomain> {
+    now.iter()
+        .filter(|d| !before.iter().any(|p| p.name() == d.name()))
+        .cloned()
+        .collect()
+}
+
+/// The policy's failure domains, counted over its governed nodes.
+fn failure_domains(
+    spec: &gpu_remediation_api::GpuRemediationPolicySpec,
+    nodes: &[&Node],
+    unhealthy: &[(&Node, Evidence)],
+    started: &[Started],
+) -> budget::Domains {
+    let names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
+    budget::Domains::count(
+        &spec.safety.failure_domains,
+        nodes
+            .iter()
+            .zip(&names)
+            .map(|(node, name)| budget::domains::Member {
+                node: name,
+                labels: node.labels(),
+                unhealthy: unhealthy.iter().any(|(u, _)| std::ptr::eq(*u, *node)),
+                in_flight: started.iter().any(|s| s.in_flight && s.node == *name),
+            }),
+    )
 }
 
 /// The governed nodes that are unhealthy now, and when the first pending one turns unhealthy.

@@ -3,12 +3,17 @@
 //! Everything is computed from the remediations that exist (their creation times and whether they
 //! are finished), never from counters in memory, so a restart or a new leader sees the same
 //! budget. Limits, in the order they are applied to each waiting node (longest unhealthy first):
-//! attempts per node, pause, the circuit breaker (`maxUnhealthy`), then the shared slots:
-//! `maxConcurrent` in flight and `rate.limit` started in any rolling `rate.per`.
+//! attempts per node, pause, the circuit breaker (`maxUnhealthy`, `maxUnhealthyCount`), the
+//! node's failure domains (`domains`: over their unhealthy limit, or at their `maxInFlight`), then
+//! the shared slots: `maxConcurrent` in flight and `rate.limit` started in any rolling `rate.per`.
 
-use gpu_remediation_api::{Duration, policy::Safety};
+pub mod domains;
+
+use gpu_remediation_api::{Duration, correlated::HeldDomain, policy::Safety};
 use jiff::Timestamp;
 
+use self::domains::DomainWait;
+pub use self::domains::Domains;
 use crate::time::{minus, plus, signed};
 
 /// A remediation that counts against the budget (one not in mode `DryRun`).
@@ -50,6 +55,8 @@ pub struct Inputs<'a> {
     pub started: &'a [Started],
     /// Unhealthy nodes that could start a remediation, in any order.
     pub candidates: Vec<Candidate>,
+    /// The policy's failure domains, counted at this pass.
+    pub domains: Domains,
     /// The time of the decision.
     pub now: Timestamp,
 }
@@ -74,8 +81,19 @@ pub enum Deferral {
         unhealthy: u32,
         /// Governed nodes.
         selected: u32,
-        /// `maxUnhealthy` as written.
+        /// `maxUnhealthy` (and `maxUnhealthyCount`) as written.
         limit: String,
+    },
+    /// A failure domain of the node is over its unhealthy limit.
+    DomainHeld(HeldDomain),
+    /// A failure domain of the node has `maxInFlight` remediations in flight.
+    DomainInFlight {
+        /// `key=value`.
+        domain: String,
+        /// In flight in the domain.
+        in_flight: u32,
+        /// The domain's `maxInFlight`.
+        limit: u32,
     },
     /// `maxConcurrent` remediations are in flight.
     Concurrency {
@@ -106,6 +124,8 @@ impl Deferral {
             Self::AttemptsExhausted { .. } => reasons::ATTEMPTS_EXHAUSTED,
             Self::Paused => reasons::PAUSED,
             Self::CircuitOpen { .. } => reasons::CIRCUIT_OPEN,
+            Self::DomainHeld(_) => reasons::DOMAIN_HELD,
+            Self::DomainInFlight { .. } => reasons::DEFERRED_DOMAIN_IN_FLIGHT,
             Self::Concurrency { .. } => reasons::DEFERRED_CONCURRENCY,
             Self::Rate { .. } => reasons::DEFERRED_RATE,
         }
@@ -124,8 +144,16 @@ impl Deferral {
                 selected,
                 limit,
             } => format!(
-                "{unhealthy} of {selected} nodes are unhealthy, above maxUnhealthy {limit}: \
+                "{unhealthy} of {selected} nodes are unhealthy, above {limit}: \
                  the fault looks systemic, so nothing new starts (in-flight work continues)"
+            ),
+            Self::DomainHeld(held) => held.message(),
+            Self::DomainInFlight {
+                domain,
+                in_flight,
+                limit,
+            } => format!(
+                "{in_flight} remediations in flight in failure domain {domain}, its maxInFlight is {limit}"
             ),
             Self::Concurrency { in_flight, limit } => {
                 format!("{in_flight} remediations in flight, maxConcurrent is {limit}")
@@ -170,6 +198,8 @@ pub struct Decision {
     pub next_slot_at: Option<Timestamp>,
     /// Whether the circuit breaker is open.
     pub circuit_open: bool,
+    /// Failure domains over their unhealthy limit.
+    pub held_domains: Vec<HeldDomain>,
 }
 
 /// Decides which candidates start now.
@@ -182,6 +212,7 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
         unhealthy,
         started,
         mut candidates,
+        mut domains,
         now,
     } = inputs;
     candidates.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.node.cmp(&b.node)));
@@ -203,7 +234,8 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
     } else {
         None
     };
-    let circuit_open = !safety.max_unhealthy.allows(unhealthy, selected);
+    let circuit_open = !safety.unhealthy_limit().allows(unhealthy, selected);
+    let held_domains = domains.held();
     let concurrency_left = concurrency_limit.saturating_sub(in_flight);
     let rate_left = rate_limit.saturating_sub(started_in_window);
     let remaining = if paused || circuit_open {
@@ -235,10 +267,24 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
             Some(Deferral::CircuitOpen {
                 unhealthy,
                 selected,
-                limit: safety.max_unhealthy.to_string(),
+                limit: safety.unhealthy_limit().to_string(),
+            })
+        } else if let Some(wait) = domains.wait_of(&candidate.node) {
+            Some(match wait {
+                DomainWait::Held(held) => Deferral::DomainHeld(held),
+                DomainWait::InFlight {
+                    domain,
+                    in_flight,
+                    limit,
+                } => Deferral::DomainInFlight {
+                    domain,
+                    in_flight,
+                    limit,
+                },
             })
         } else if slots > 0 {
             slots -= 1;
+            domains.admit(&candidate.node);
             None
         } else if concurrency_left <= rate_left {
             Some(Deferral::Concurrency {
@@ -266,6 +312,7 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
         started_in_window,
         next_slot_at,
         circuit_open,
+        held_domains,
     }
 }
 
@@ -290,6 +337,8 @@ mod tests {
         Safety {
             max_concurrent: IntOrPercent::Int(max_concurrent),
             max_unhealthy: IntOrPercent::Percent(max_unhealthy.into()),
+            max_unhealthy_count: None,
+            failure_domains: Vec::new(),
             rate: Rate {
                 limit: rate.0,
                 per: Duration::from_secs(rate.1),
@@ -325,6 +374,7 @@ mod tests {
             unhealthy: u32::try_from(candidates.len()).unwrap(),
             started,
             candidates,
+            domains: Domains::default(),
             now: at(1000),
         }
     }
@@ -375,7 +425,7 @@ mod tests {
         assert_eq!(decision.remaining, 0);
         assert!(decision.waiting.iter().all(|w| matches!(
             &w.deferral,
-            Deferral::CircuitOpen { unhealthy: 4, selected: 10, limit } if limit == "30%"
+            Deferral::CircuitOpen { unhealthy: 4, selected: 10, limit } if limit == "maxUnhealthy 30%"
         )));
     }
 
@@ -503,5 +553,102 @@ mod tests {
         let mut inputs = inputs(&safety, &[], vec![candidate("a", 1), candidate("b", 2)]);
         inputs.selected = 15;
         assert_eq!(admit(inputs).admitted.len(), 2);
+    }
+
+    #[test]
+    fn max_unhealthy_given_as_a_count_and_a_share_opens_at_the_lower() {
+        // 30% of 20 is 6; the count 3 is lower and opens the circuit at 4.
+        let mut safety = safety(5, "30%", (10, 3600));
+        safety.max_unhealthy_count = Some(3);
+        let decide = |unhealthy: u32, selected: u32| {
+            let mut inputs = inputs(&safety, &[], vec![candidate("a", 1)]);
+            inputs.unhealthy = unhealthy;
+            inputs.selected = selected;
+            admit(inputs)
+        };
+        assert!(!decide(3, 20).circuit_open);
+        let open = decide(4, 20);
+        assert!(open.circuit_open);
+        assert!(matches!(
+            &open.waiting[0].deferral,
+            Deferral::CircuitOpen { limit, .. } if limit == "maxUnhealthy 30% and maxUnhealthyCount 3 (the lower wins)"
+        ));
+        // 30% of 5 is 1.5: the share is lower than the count and opens the circuit at 2.
+        assert!(!decide(1, 5).circuit_open);
+        assert!(decide(2, 5).circuit_open);
+    }
+
+    fn rack_domain(max_unhealthy_count: Option<u32>) -> gpu_remediation_api::correlated::FailureDomain {
+        gpu_remediation_api::correlated::FailureDomain {
+            topology_key: "rack".into(),
+            max_unhealthy_share: None,
+            max_unhealthy_count,
+            max_in_flight: Some(1),
+        }
+    }
+
+    /// Racks `a` and `b` of three nodes each (`a0`..`b2`).
+    fn racks_of_three(
+        specs: &[gpu_remediation_api::correlated::FailureDomain],
+        unhealthy: &[&str],
+        in_flight: &[&str],
+    ) -> Domains {
+        let nodes: Vec<(String, std::collections::BTreeMap<String, String>)> =
+            ["a0", "a1", "a2", "b0", "b1", "b2"]
+                .map(|n| (n.to_owned(), [("rack".to_owned(), n[..1].to_owned())].into()))
+                .to_vec();
+        Domains::count(
+            specs,
+            nodes.iter().map(|(node, labels)| domains::Member {
+                node,
+                labels,
+                unhealthy: unhealthy.contains(&node.as_str()),
+                in_flight: in_flight.contains(&node.as_str()),
+            }),
+        )
+    }
+
+    #[test]
+    fn a_held_rack_waits_without_taking_a_slot_and_another_rack_s_node_is_admitted() {
+        let safety = safety(1, "100%", (10, 3600));
+        let mut inputs = inputs(
+            &safety,
+            &[],
+            vec![candidate("b0", 1), candidate("b1", 2), candidate("a2", 3)],
+        );
+        inputs.domains = racks_of_three(&[rack_domain(Some(1))], &["b0", "b1", "a2"], &[]);
+        let decision = admit(inputs);
+        assert_eq!(decision.admitted, vec![candidate("a2", 3)]);
+        assert_eq!(decision.held_domains.len(), 1);
+        assert_eq!(decision.held_domains[0].name(), "rack=b");
+        assert!(
+            decision
+                .waiting
+                .iter()
+                .all(|w| w.deferral.reason() == "DomainHeld"
+                    && w.deferral.message().contains("rack=b: 2 of 3 nodes unhealthy"))
+        );
+    }
+
+    #[test]
+    fn a_rack_at_max_in_flight_admits_one_per_pass_and_others_use_the_free_slots() {
+        let safety = safety(5, "100%", (10, 3600));
+        let mut inputs = inputs(
+            &safety,
+            &[],
+            vec![candidate("a0", 1), candidate("a1", 2), candidate("b0", 3)],
+        );
+        inputs.domains = racks_of_three(&[rack_domain(None)], &["a0", "a1", "b0"], &[]);
+        let decision = admit(inputs);
+        assert_eq!(decision.admitted, vec![candidate("a0", 1), candidate("b0", 3)]);
+        assert_eq!(
+            decision.waiting[0].deferral,
+            Deferral::DomainInFlight {
+                domain: "rack=a".into(),
+                in_flight: 1,
+                limit: 1
+            }
+        );
+        assert!(decision.held_domains.is_empty());
     }
 }

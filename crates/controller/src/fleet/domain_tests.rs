@@ -1,0 +1,145 @@
+//! The fleet plan with failure domains: a held rack in the status, its condition and its Events.
+
+use std::sync::Arc;
+
+use gpu_remediation_api::{
+    GpuRemediationPolicy, GpuRemediationPolicySpec,
+    constants::{policy_conditions, reasons},
+};
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::{Node, NodeCondition, NodeStatus},
+    apimachinery::pkg::apis::meta::v1::Time,
+};
+use kube::api::ObjectMeta;
+
+use super::plan;
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}
+
+fn rack_policy(max_unhealthy_count: u32) -> GpuRemediationPolicy {
+    let spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({
+        "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "0s"}],
+        "action": "None",
+        "safety": {
+            "maxConcurrent": 10,
+            "maxUnhealthy": "100%",
+            "failureDomains": [{"topologyKey": "example.com/rack", "maxUnhealthyCount": max_unhealthy_count}],
+        },
+    }))
+    .unwrap();
+    let mut p = GpuRemediationPolicy::new("p", spec);
+    p.metadata.generation = Some(1);
+    p
+}
+
+fn node(name: &str, rack: &str, broken: bool) -> Arc<Node> {
+    Arc::new(Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("example.com/rack".to_owned(), rack.to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "GpuHealthy".into(),
+                status: if broken { "False" } else { "True" }.into(),
+                reason: Some("XID79".into()),
+                last_transition_time: Some(Time(at(0))),
+                ..NodeCondition::default()
+            }]),
+            ..NodeStatus::default()
+        }),
+    })
+}
+
+/// 18 nodes in racks A, B, C of six; `broken` names nodes like `b3`.
+fn racks(broken: &[&str]) -> Vec<Arc<Node>> {
+    ["a", "b", "c"]
+        .iter()
+        .flat_map(|rack| {
+            (0..6).map(move |i| {
+                let name = format!("{rack}{i}");
+                node(&name, &rack.to_uppercase(), broken.contains(&name.as_str()))
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn four_failing_in_rack_b_hold_rack_b_only_and_the_policy_names_it_once() {
+    let policy = rack_policy(2);
+    let fleet = plan(
+        &[Arc::new(policy.clone())],
+        &racks(&["b0", "b1", "b2", "b3", "a0"]),
+        &[],
+        at(10),
+    );
+    let first = &fleet.policies[0];
+    let started: Vec<&str> = first.create.iter().map(|r| r.spec.node_name.as_str()).collect();
+    assert_eq!(started, ["a0"], "rack A's node starts, rack B's wait");
+    assert_eq!(first.status.held_domains.len(), 1);
+    assert_eq!(first.status.held_domains[0].name(), "example.com/rack=B");
+    let waiting: Vec<(&str, &str)> = first
+        .status
+        .waiting
+        .iter()
+        .map(|w| (w.node.as_str(), w.reason.as_str()))
+        .collect();
+    assert_eq!(
+        waiting,
+        ["b0", "b1", "b2", "b3"]
+            .map(|n| (n, reasons::DOMAIN_HELD))
+            .to_vec()
+    );
+    assert!(
+        first.status.waiting[0]
+            .message
+            .contains("example.com/rack=B: 4 of 6 nodes unhealthy")
+    );
+    let condition = first
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == policy_conditions::DOMAIN_HELD)
+        .unwrap();
+    assert_eq!(condition.status, "True");
+    assert!(
+        condition.message.contains("example.com/rack=B: 4 of 6"),
+        "{}",
+        condition.message
+    );
+    assert_eq!(first.domains_held.len(), 1, "one Event for the change");
+
+    // The next pass, with the status written: no second Event.
+    let mut again = policy.clone();
+    again.status = Some(first.status.clone());
+    let second = plan(
+        &[Arc::new(again.clone())],
+        &racks(&["b0", "b1", "b2", "b3"]),
+        &[],
+        at(11),
+    );
+    assert!(second.policies[0].domains_held.is_empty());
+    assert!(second.policies[0].domains_resumed.is_empty());
+
+    // Two recover: rack B is within its limit, its nodes start, one Event says so.
+    let third = plan(&[Arc::new(again)], &racks(&["b0", "b1"]), &[], at(12));
+    let third = &third.policies[0];
+    assert!(third.status.held_domains.is_empty());
+    assert_eq!(third.domains_resumed.len(), 1);
+    assert_eq!(third.create.len(), 2);
+}
+
+#[test]
+fn raising_the_limit_releases_a_held_rack() {
+    let broken = racks(&["b0", "b1", "b2", "b3"]);
+    let held = plan(&[Arc::new(rack_policy(2))], &broken, &[], at(10));
+    assert!(held.policies[0].create.is_empty());
+    let raised = plan(&[Arc::new(rack_policy(4))], &broken, &[], at(10));
+    assert_eq!(raised.policies[0].create.len(), 4);
+    assert!(raised.policies[0].status.held_domains.is_empty());
+}
