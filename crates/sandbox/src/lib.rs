@@ -38,6 +38,7 @@ pub mod fault;
 pub mod fleet;
 pub mod population;
 pub mod provider;
+pub mod retry;
 pub mod workload;
 
 pub use controlplane::{ControlPlane, ControlPlaneOptions, StartControlPlaneError};

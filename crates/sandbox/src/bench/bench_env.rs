@@ -16,6 +16,7 @@ use super::actor::{self, ControllerOptions, ControllerProcess, Identity};
 use super::audit::{self, AuditLog};
 use crate::fault;
 use crate::fleet::FLEET_LABEL;
+use crate::retry::retrying;
 use crate::{ControlPlane, ControlPlaneOptions};
 
 /// Label on bench policies; each controller process enforces only its scenario's.
@@ -212,9 +213,12 @@ impl BenchEnv {
 
     /// Deletes namespace `name` without waiting.
     pub async fn delete_namespace(&self, name: &str) -> Result<(), BenchSetupError> {
-        match Api::<Namespace>::all(self.client.clone())
-            .delete(name, &DeleteParams::default())
-            .await
+        let namespaces = Api::<Namespace>::all(self.client.clone());
+        let params = DeleteParams::default();
+        match retrying(&format!("deleting namespace {name}"), || {
+            namespaces.delete(name, &params)
+        })
+        .await
         {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
@@ -224,11 +228,36 @@ impl BenchEnv {
 
     /// Deletes policy `scope`.
     pub async fn delete_policy(&self, scope: &str) -> Result<(), BenchSetupError> {
-        Api::<GpuRemediationPolicy>::all(self.client.clone())
-            .delete(scope, &DeleteParams::default())
-            .await
-            .map(|_| ())
-            .map_err(api_error(format!("deleting policy {scope}")))
+        let policies = Api::<GpuRemediationPolicy>::all(self.client.clone());
+        let params = DeleteParams::default();
+        match retrying(&format!("deleting policy {scope}"), || {
+            policies.delete(scope, &params)
+        })
+        .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+            Err(source) => Err(api_error(format!("deleting policy {scope}"))(source)),
+        }
+    }
+
+    /// A scenario's teardown: its policy (if any), its fleet's nodes and its namespace, each
+    /// retried while the server does not answer. It cannot fail the run: the figures are taken
+    /// by then, and what could not be deleted is logged (the sandbox goes with the run anyway).
+    pub async fn tear_down(&self, policy: Option<&str>, fleet: Option<crate::Fleet>, namespace: &str) {
+        if let Some(policy) = policy
+            && let Err(e) = self.delete_policy(policy).await
+        {
+            eprintln!("teardown (not counted as a failure): {e}");
+        }
+        if let Some(fleet) = fleet
+            && let Err(e) = fleet.stop().await
+        {
+            eprintln!("teardown (not counted as a failure): {e}");
+        }
+        if let Err(e) = self.delete_namespace(namespace).await {
+            eprintln!("teardown (not counted as a failure): {e}");
+        }
     }
 }
 

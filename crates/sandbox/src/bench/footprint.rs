@@ -104,12 +104,7 @@ pub async fn run(
     })?;
     let requests = audit::count(&log.since_mark(), &env.controller.username);
     controller.terminate().await;
-    env.delete_policy(&scope).await?;
-    fleet
-        .stop()
-        .await
-        .map_err(|e| BenchSetupError::Step(e.to_string()))?;
-    env.delete_namespace(&scope).await?;
+    env.tear_down(Some(&scope), Some(fleet), &scope).await;
     #[allow(clippy::cast_precision_loss, reason = "request counts are small")]
     let per = requests.total as f64 / faults.max(1) as f64;
     let result = FootprintResult {

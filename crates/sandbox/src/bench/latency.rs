@@ -197,18 +197,13 @@ pub async fn run(env: &BenchEnv, options: &LatencyOptions) -> Result<Vec<Latency
         );
     }
     controller.terminate().await;
-    env.delete_policy(&scope).await?;
     drop(watch);
-    fleet
-        .stop()
-        .await
-        .map_err(|e| BenchSetupError::Step(e.to_string()))?;
-    env.delete_namespace(&scope).await?;
+    env.tear_down(Some(&scope), Some(fleet), &scope).await;
     rounds
 }
 
 /// The rounds themselves; the caller cleans up whatever they return.
-async fn run_rounds(
+pub(crate) async fn run_rounds(
     env: &BenchEnv,
     options: &LatencyOptions,
     scope: &str,

@@ -7,7 +7,8 @@
 //! - [`budget_sampler`]: the PDB violation sampler both peers and every fault are judged by.
 //! - [`cordon_watch`]: when each node was first held by the controller, and how many at once.
 //! - [`proxy`]: a loopback TCP proxy that adds latency and cuts connections.
-//! - [`latency`], [`drain`], [`footprint`]: the scenarios; [`report`]: percentiles and the table.
+//! - [`latency`], [`drain`], [`footprint`], [`scale`] (bare-node fleets of 10,000 and more): the
+//!   scenarios; [`report`]: percentiles and the table.
 
 pub mod actor;
 pub mod audit;
@@ -19,3 +20,4 @@ pub mod footprint;
 pub mod latency;
 pub mod proxy;
 pub mod report;
+pub mod scale;

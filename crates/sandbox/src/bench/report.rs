@@ -6,6 +6,11 @@ use std::fmt::Write as _;
 use super::drain::DrainComparison;
 use super::footprint::FootprintResult;
 use super::latency::LatencyResult;
+use super::scale::ScaleResult;
+
+/// NVIDIA `NVSentinel`'s published scale figures (their report, their hardware, KWOK nodes): shown
+/// beside ours, marked as theirs, never measured here.
+pub const NVSENTINEL: &str = "NVSentinel (published, theirs: KWOK nodes, their hardware)";
 
 /// The nearest-rank `p`-th percentile (0 < p <= 100) of `values`, or `None` when empty.
 #[must_use]
@@ -38,6 +43,8 @@ pub struct BenchResults {
     pub drain: Option<DrainComparison>,
     /// RSS and CPU by fleet size.
     pub footprint: Vec<FootprintResult>,
+    /// Scale fleets (`--scale`).
+    pub scale: Vec<ScaleResult>,
     /// Scenarios that failed, with why (the others still ran).
     pub failures: Vec<String>,
 }
@@ -132,6 +139,63 @@ pub fn markdown(results: &BenchResults) -> String {
             out.push('\n');
         }
     }
+    if !results.scale.is_empty() {
+        out.push_str(&scale_tables(&results.scale));
+    }
+    out
+}
+
+/// The scale fleets' tables, `NVSentinel`'s published figures beside ours and marked as theirs.
+#[must_use]
+pub fn scale_tables(scale: &[ScaleResult]) -> String {
+    let mut out = String::new();
+    out.push_str("### Scale fleets: detection to cordon (bare Node objects, no kubelets or heartbeats)\n\n");
+    out.push_str(
+        "| who | nodes | simultaneous faults | cordoned | p50 | p99 | max | load average (1 5 15 min) |\n",
+    );
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---|\n");
+    for s in scale {
+        for r in &s.rounds {
+            let _ = writeln!(
+                out,
+                "| gpu-remediator (measured here) | {} | {} | {}/{} | {:.0} ms | {:.0} ms | {:.0} ms | {} → {} |",
+                s.nodes,
+                r.faults,
+                r.cordoned,
+                r.faults,
+                r.p50_ms,
+                r.p99_ms,
+                r.max_ms,
+                s.load_average[0],
+                s.load_average[1]
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "| {NVSENTINEL} | 50,000 | (not stated per fault count) | - | 26 ms | 165 ms | 373 ms | - |\n"
+    );
+    out.push_str("### Scale fleets: the controller's cost\n\n");
+    out.push_str("| who | nodes | registration (harness) | start to /readyz | idle RSS | idle CPU | idle requests/s | peak RSS after the rounds | CPU during the rounds |\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for s in scale {
+        let _ = writeln!(
+            out,
+            "| gpu-remediator (measured here) | {} | {:.1} s | {:.2} s | {:.1} MiB | {:.2} s | {:.2} | {:.1} MiB | {:.2} s |",
+            s.nodes,
+            s.registration_seconds,
+            s.ready_seconds,
+            s.idle_peak_rss_mib,
+            s.idle_cpu_seconds,
+            s.idle_requests_per_second,
+            s.peak_rss_mib,
+            s.rounds_cpu_seconds
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| {NVSENTINEL} | 100,000 | - | - | 235 GB in all (65 GB of components, 170 GB of MongoDB) | - | - | - | - |\n"
+    );
     out
 }
 

@@ -14,7 +14,7 @@ use gpu_sandbox::ControlPlaneOptions;
 use gpu_sandbox::bench::bench_env::BenchEnv;
 use gpu_sandbox::bench::latency::LatencyOptions;
 use gpu_sandbox::bench::report::{self, BenchResults};
-use gpu_sandbox::bench::{drain, footprint, latency};
+use gpu_sandbox::bench::{drain, footprint, latency, scale};
 
 #[derive(Parser)]
 #[command(
@@ -49,6 +49,12 @@ struct Cli {
     /// The full sizes: 20 pods per node on every latency fleet.
     #[arg(long)]
     full: bool,
+    /// Scale fleets of bare Node objects (no kubelets, no heartbeats; kube-controller-manager
+    /// without its node-lifecycle controller), e.g. `--scale 10000,50000`: detection to cordon for
+    /// `--faults`, time to /readyz, RSS, CPU and idle requests per second. Runs the scale scenario
+    /// alone unless `--only` names others too.
+    #[arg(long, value_delimiter = ',')]
+    scale: Vec<usize>,
 }
 
 #[tokio::main]
@@ -72,12 +78,24 @@ async fn main() -> anyhow::Result<()> {
         "{} does not exist: build it (cargo build --release -p gpu-remediator --bin gpu-remediator) or pass --controller-bin",
         controller_bin.display()
     );
-    let wants = |name: &str| cli.only.is_empty() || cli.only.iter().any(|o| o == name);
-    let options = ControlPlaneOptions {
+    let scaling = !cli.scale.is_empty();
+    let wants = |name: &str| {
+        if cli.only.is_empty() {
+            // `--scale` alone runs the scale scenario alone.
+            (name == "scale") == scaling
+        } else {
+            cli.only.iter().any(|o| o == name) || (name == "scale" && scaling)
+        }
+    };
+    let mut options = ControlPlaneOptions {
         // Bench fleets renew their Leases every 30 s (see `latency::fleet_options`).
         node_monitor_grace_period: Some(Duration::from_secs(180)),
         ..ControlPlaneOptions::default()
     };
+    if scaling {
+        // Bare nodes send no heartbeats: nothing may mark them Unknown and taint them.
+        options.controllers.retain(|c| c != "node-lifecycle-controller");
+    }
     let env = BenchEnv::start(&controller_bin, options)
         .await
         .context("starting the bench sandbox")?;
@@ -136,6 +154,23 @@ async fn run(env: &BenchEnv, cli: &Cli, wants: impl Fn(&str) -> bool, results: &
                 Err(e) => results
                     .failures
                     .push(format!("the latency scenario on {nodes} nodes: {e}")),
+            }
+        }
+    }
+    if wants("scale") {
+        for &nodes in &cli.scale {
+            match scale::run(
+                env,
+                nodes,
+                &cli.faults,
+                Duration::from_secs(cli.trigger_for_seconds),
+            )
+            .await
+            {
+                Ok(result) => results.scale.push(result),
+                Err(e) => results
+                    .failures
+                    .push(format!("the scale scenario on {nodes} nodes: {e}")),
             }
         }
     }

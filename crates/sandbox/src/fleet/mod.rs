@@ -382,17 +382,22 @@ impl Fleet {
     /// Stops every heartbeat and kubelet task and deletes the fleet's nodes.
     pub async fn stop(self) -> Result<(), DeleteFleetError> {
         self.abort_tasks();
-        Api::<Node>::all(self.client.clone())
-            .delete_collection(
-                &DeleteParams::default(),
-                &ListParams::default().labels(&self.selector()),
-            )
-            .await
-            .map(|_| ())
-            .map_err(|source| DeleteFleetError {
-                fleet: self.shape.fleet.clone(),
-                source,
-            })
+        let nodes = Api::<Node>::all(self.client.clone());
+        let (params, list) = (
+            DeleteParams::default(),
+            ListParams::default().labels(&self.selector()),
+        );
+        // Deleting thousands of nodes in one request can outlast a loaded server's patience; the
+        // deletion is idempotent, so a request that got no answer is simply asked again.
+        crate::retry::retrying(&format!("deleting fleet {}", self.shape.fleet), || {
+            nodes.delete_collection(&params, &list)
+        })
+        .await
+        .map(|_| ())
+        .map_err(|source| DeleteFleetError {
+            fleet: self.shape.fleet.clone(),
+            source,
+        })
     }
 
     fn abort_tasks(&self) {

@@ -1,0 +1,234 @@
+//! Scale fleets (`gpu-bench --scale 10000,50000`), measured the way NVIDIA `NVSentinel`'s scale
+//! report measures (percentiles, harness load excluded from the controller's figures).
+//!
+//! What is simulated, exactly: every node is a real `Node` object in the API server (registered
+//! with the GPU labels and `nvidia.com/gpu` capacity a kubelet with the device plugin reports,
+//! `Ready=True` and `GpuHealthy=True`), so the controller lists, watches, caches and plans over
+//! all of them. Nothing runs behind them: no kubelet, no Lease heartbeats, no pods (the two cores
+//! cannot carry 50,000 heartbeats), and kube-controller-manager runs without its node-lifecycle
+//! controller, so that silent nodes are not marked `Unknown` and tainted. A fault is the
+//! `GpuHealthy=False` condition written on the node, as the node agent writes it.
+//!
+//! Reported per size: registration time (harness, not the controller), the controller's time from
+//! start to `/readyz` (every watch listed), its peak RSS and CPU once idle, its requests per second
+//! while nothing happens (audit log, its own service account), and detection to cordon for 1, 10
+//! and 100 simultaneous faults (the latency scenario's rounds), with RSS and CPU after them.
+
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt, stream};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::audit;
+use super::bench_env::{BenchEnv, BenchSetupError, api_error, eventually};
+use super::cordon_watch::CordonWatch;
+use super::latency::{self, LatencyOptions, LatencyResult, wait_policy_observed};
+use crate::fleet::FLEET_LABEL;
+use crate::fleet::node::{NodeShape, simulated_node};
+use crate::retry::retrying;
+
+/// Node creations in flight at once.
+const REGISTRATION_CONCURRENCY: usize = 32;
+
+/// How long the idle window lasts (requests per second are counted over it).
+const IDLE_WINDOW: Duration = Duration::from_secs(10);
+
+/// One scale fleet's figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ScaleResult {
+    /// Nodes registered.
+    pub nodes: usize,
+    /// Seconds the harness took to register them (the API server's and the harness's pace).
+    pub registration_seconds: f64,
+    /// Seconds from the controller's start to `/readyz` answering 200 (every watch listed).
+    pub ready_seconds: f64,
+    /// Peak RSS once idle (ready, policy observed, then the idle window).
+    pub idle_peak_rss_mib: f64,
+    /// CPU seconds from start to the end of the idle window.
+    pub idle_cpu_seconds: f64,
+    /// The controller's requests per second over the idle window.
+    pub idle_requests_per_second: f64,
+    /// The detection-to-cordon rounds.
+    pub rounds: Vec<LatencyResult>,
+    /// Peak RSS after every round.
+    pub peak_rss_mib: f64,
+    /// CPU seconds spent during the rounds.
+    pub rounds_cpu_seconds: f64,
+    /// The machine's load averages (1, 5, 15 min) when the fleet was registered and when the
+    /// rounds ended: figures under load are upper bounds.
+    pub load_average: [String; 2],
+}
+
+#[allow(clippy::cast_precision_loss, reason = "bytes shown in MiB")]
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// The machine's load averages, as `/proc/loadavg` has them.
+#[must_use]
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").map_or_else(
+        |_| "unknown".to_owned(),
+        |l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    )
+}
+
+/// Registers `nodes` bare nodes of fleet `fleet`, `REGISTRATION_CONCURRENCY` at a time, each
+/// creation retried while the server does not answer (an existing node is left as it is).
+///
+/// # Errors
+/// A creation the server refused, or one that never got an answer.
+pub async fn register(env: &BenchEnv, fleet: &str, nodes: usize) -> Result<(), BenchSetupError> {
+    let api: Api<Node> = Api::all(env.client.clone());
+    let shape = NodeShape {
+        fleet: fleet.to_owned(),
+        gpus: 8,
+        product: "NVIDIA-H100-80GB-HBM3".to_owned(),
+        labels: std::collections::BTreeMap::new(),
+    };
+    let now = Timestamp::now();
+    stream::iter(0..nodes)
+        .map(|i| {
+            let node = simulated_node(&shape, i, now);
+            let api = api.clone();
+            async move {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                let params = PostParams::default();
+                match retrying(&format!("registering node {name}"), || api.create(&params, &node)).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+                    Err(source) => Err(api_error(format!("registering node {name}"))(source)),
+                }
+            }
+        })
+        .buffer_unordered(REGISTRATION_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// Whether `GET /readyz` on `listen` answers 200.
+async fn ready(listen: &str) -> bool {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(listen).await else {
+        return false;
+    };
+    let request = format!("GET /readyz HTTP/1.0\r\nHost: {listen}\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut head = [0_u8; 12];
+    stream.read_exact(&mut head).await.is_ok() && head.ends_with(b"200")
+}
+
+/// Registers a fleet of `nodes` bare nodes, starts a controller over it and measures it.
+///
+/// # Errors
+/// A step of the setup failed (the teardown never fails it).
+pub async fn run(
+    env: &BenchEnv,
+    nodes: usize,
+    faults: &[usize],
+    trigger_for: Duration,
+) -> Result<ScaleResult, BenchSetupError> {
+    let scope = format!("scale-{nodes}");
+    let load_before = load_average();
+    eprintln!("scale: registering {nodes} bare nodes (load average {load_before})");
+    let registering = Instant::now();
+    let registered = register(env, &scope, nodes).await;
+    let registration_seconds = registering.elapsed().as_secs_f64();
+    let measured = match registered {
+        Ok(()) => measure(env, &scope, nodes, faults, trigger_for).await,
+        Err(e) => Err(e),
+    };
+    // Teardown: never fails the run.
+    if let Err(e) = env.delete_policy(&scope).await {
+        eprintln!("teardown (not counted as a failure): {e}");
+    }
+    let api: Api<Node> = Api::all(env.client.clone());
+    let (params, list) = (
+        DeleteParams::default(),
+        ListParams::default().labels(&format!("{FLEET_LABEL}={scope}")),
+    );
+    if let Err(e) = retrying(&format!("deleting fleet {scope}"), || {
+        api.delete_collection(&params, &list)
+    })
+    .await
+    {
+        eprintln!("teardown (not counted as a failure): deleting fleet {scope}: {e}");
+    }
+    let mut result = measured?;
+    result.registration_seconds = registration_seconds;
+    result.load_average[0] = load_before;
+    Ok(result)
+}
+
+async fn measure(
+    env: &BenchEnv,
+    scope: &str,
+    nodes: usize,
+    faults: &[usize],
+    trigger_for: Duration,
+) -> Result<ScaleResult, BenchSetupError> {
+    let for_text = format!("{}s", trigger_for.as_secs());
+    env.create_policy(scope, scope, &for_text, serde_json::json!({}))
+        .await?;
+    let started = Instant::now();
+    let mut controller = env.start_controller(scope, None)?;
+    let listen = controller.listen.clone();
+    eventually("the controller's /readyz", Duration::from_secs(600), || async {
+        ready(&listen).await.then_some(())
+    })
+    .await?;
+    let ready_seconds = started.elapsed().as_secs_f64();
+    wait_policy_observed(env, scope).await?;
+    let mut log = env.audit();
+    log.mark();
+    tokio::time::sleep(IDLE_WINDOW).await;
+    let idle_requests = audit::count(&log.since_mark(), &env.controller.username).total;
+    let idle = controller.usage().ok_or_else(|| {
+        BenchSetupError::Step(format!("the controller exited:\n{}", controller.log_tail(30)))
+    })?;
+    let watch = CordonWatch::start(&env.client, &format!("{FLEET_LABEL}={scope}"))
+        .await
+        .map_err(|e| BenchSetupError::Step(e.to_string()))?;
+    let mut names: Vec<String> = (0..nodes)
+        .map(|i| crate::fleet::node::node_name(scope, i))
+        .collect();
+    names.sort();
+    let options = LatencyOptions {
+        nodes,
+        pods_per_node: 0,
+        faults: faults.iter().copied().filter(|&f| f <= nodes).collect(),
+        trigger_for,
+    };
+    let rounds = latency::run_rounds(env, &options, scope, &names, &watch, &controller).await;
+    let after = controller.usage();
+    if controller.exited().is_some() {
+        eprintln!("scale: the controller exited early:\n{}", controller.log_tail(30));
+    }
+    controller.terminate().await;
+    let rounds = rounds?;
+    #[allow(clippy::cast_precision_loss, reason = "request counts are small")]
+    let idle_requests_per_second = idle_requests as f64 / IDLE_WINDOW.as_secs_f64();
+    let result = ScaleResult {
+        nodes,
+        registration_seconds: 0.0,
+        ready_seconds,
+        idle_peak_rss_mib: mib(idle.peak_rss_bytes),
+        idle_cpu_seconds: idle.cpu_seconds,
+        idle_requests_per_second,
+        rounds,
+        peak_rss_mib: after.as_ref().map_or(f64::NAN, |u| mib(u.peak_rss_bytes)),
+        rounds_cpu_seconds: after.map_or(f64::NAN, |u| u.cpu_seconds - idle.cpu_seconds),
+        load_average: [String::new(), load_average()],
+    };
+    eprintln!(
+        "scale: {nodes} nodes: ready in {:.2} s, idle {:.1} MiB, {:.2} requests/s idle, peak {:.1} MiB",
+        result.ready_seconds, result.idle_peak_rss_mib, result.idle_requests_per_second, result.peak_rss_mib
+    );
+    Ok(result)
+}
