@@ -160,6 +160,8 @@ pub mod reasons {
     pub const DOMAIN_HELD: &str = "DomainHeld";
     /// A failure domain held before is back within its unhealthy limit.
     pub const DOMAIN_RESUMED: &str = "DomainResumed";
+    /// The budget deferred a node: slow start allows fewer in flight than `maxConcurrent` yet.
+    pub const DEFERRED_SLOW_START: &str = "DeferredBySlowStart";
     /// The budget deferred a node: its failure domain's `maxInFlight` reached.
     pub const DEFERRED_DOMAIN_IN_FLIGHT: &str = "DeferredByDomainInFlight";
     /// The node used up `maxAttemptsPerNode`.

@@ -210,6 +210,12 @@ pub struct Safety {
     /// its limit holds only its own nodes, the others go on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failure_domains: Vec<FailureDomain>,
+    /// Slow start: at most 1 remediation in flight at first, doubled after each proven success
+    /// (its node or replacement Ready and healthy for `release.healthyFor` after it ended), back to
+    /// 1 after a failure, never above `maxConcurrent`. Derived from the remediations kept, so it
+    /// survives restarts.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub slow_start: bool,
     /// At most `limit` remediations started in any rolling window of `per`.
     #[serde(default)]
     pub rate: Rate,
@@ -226,6 +232,7 @@ impl Default for Safety {
             max_unhealthy: default_max_unhealthy(),
             max_unhealthy_count: None,
             failure_domains: Vec::new(),
+            slow_start: false,
             rate: Rate::default(),
             max_attempts_per_node: Attempts::default(),
         }
@@ -428,6 +435,19 @@ pub struct GpuRemediationPolicyStatus {
     /// Failure domains over their unhealthy limit, whose nodes wait (the suspects).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_domains: Vec<HeldDomain>,
+    /// With `safety.slowStart`: the remediations allowed in flight now, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_start: Option<SlowStartStatus>,
+}
+
+/// The slow-start allowance of a policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SlowStartStatus {
+    /// Remediations allowed in flight now.
+    pub allowed: u32,
+    /// Why: the outcome that last changed it.
+    pub message: String,
 }
 
 /// The state of a policy's budget.

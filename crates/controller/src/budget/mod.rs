@@ -8,6 +8,7 @@
 //! the shared slots: `maxConcurrent` in flight and `rate.limit` started in any rolling `rate.per`.
 
 pub mod domains;
+pub mod slow_start;
 
 use gpu_remediation_api::{Duration, correlated::HeldDomain, policy::Safety};
 use jiff::Timestamp;
@@ -57,6 +58,9 @@ pub struct Inputs<'a> {
     pub candidates: Vec<Candidate>,
     /// The policy's failure domains, counted at this pass.
     pub domains: Domains,
+    /// With `slowStart`, the remediations the allowance lets be in flight (at most
+    /// `maxConcurrent` applies either way).
+    pub slow_start: Option<u32>,
     /// The time of the decision.
     pub now: Timestamp,
 }
@@ -102,6 +106,16 @@ pub enum Deferral {
         /// The resolved limit.
         limit: u32,
     },
+    /// Slow start allows fewer in flight than `maxConcurrent` until remediations prove
+    /// themselves.
+    SlowStart {
+        /// In flight now.
+        in_flight: u32,
+        /// The slow-start allowance.
+        allowed: u32,
+        /// The resolved `maxConcurrent`.
+        max_concurrent: u32,
+    },
     /// `rate.limit` remediations started within the last `rate.per`.
     Rate {
         /// Started in the window.
@@ -127,6 +141,7 @@ impl Deferral {
             Self::DomainHeld(_) => reasons::DOMAIN_HELD,
             Self::DomainInFlight { .. } => reasons::DEFERRED_DOMAIN_IN_FLIGHT,
             Self::Concurrency { .. } => reasons::DEFERRED_CONCURRENCY,
+            Self::SlowStart { .. } => reasons::DEFERRED_SLOW_START,
             Self::Rate { .. } => reasons::DEFERRED_RATE,
         }
     }
@@ -158,6 +173,14 @@ impl Deferral {
             Self::Concurrency { in_flight, limit } => {
                 format!("{in_flight} remediations in flight, maxConcurrent is {limit}")
             }
+            Self::SlowStart {
+                in_flight,
+                allowed,
+                max_concurrent,
+            } => format!(
+                "{in_flight} remediations in flight, slow start allows {allowed} until more prove \
+                 themselves (maxConcurrent {max_concurrent})"
+            ),
             Self::Rate {
                 started,
                 limit,
@@ -213,6 +236,7 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
         started,
         mut candidates,
         mut domains,
+        slow_start,
         now,
     } = inputs;
     candidates.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.node.cmp(&b.node)));
@@ -236,7 +260,8 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
     };
     let circuit_open = !safety.unhealthy_limit().allows(unhealthy, selected);
     let held_domains = domains.held();
-    let concurrency_left = concurrency_limit.saturating_sub(in_flight);
+    let allowed = slow_start.map_or(concurrency_limit, |a| a.min(concurrency_limit));
+    let concurrency_left = allowed.saturating_sub(in_flight);
     let rate_left = rate_limit.saturating_sub(started_in_window);
     let remaining = if paused || circuit_open {
         0
@@ -286,6 +311,12 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
             slots -= 1;
             domains.admit(&candidate.node);
             None
+        } else if concurrency_left <= rate_left && allowed < concurrency_limit {
+            Some(Deferral::SlowStart {
+                in_flight,
+                allowed,
+                max_concurrent: concurrency_limit,
+            })
         } else if concurrency_left <= rate_left {
             Some(Deferral::Concurrency {
                 in_flight,
@@ -339,6 +370,7 @@ mod tests {
             max_unhealthy: IntOrPercent::Percent(max_unhealthy.into()),
             max_unhealthy_count: None,
             failure_domains: Vec::new(),
+            slow_start: false,
             rate: Rate {
                 limit: rate.0,
                 per: Duration::from_secs(rate.1),
@@ -375,6 +407,7 @@ mod tests {
             started,
             candidates,
             domains: Domains::default(),
+            slow_start: None,
             now: at(1000),
         }
     }
@@ -650,5 +683,41 @@ mod tests {
             }
         );
         assert!(decision.held_domains.is_empty());
+    }
+
+    #[test]
+    fn slow_start_admits_up_to_its_allowance_and_says_so() {
+        let safety = safety(4, "100%", (10, 3600));
+        let candidates = || vec![candidate("a", 1), candidate("b", 2), candidate("c", 3)];
+        let mut first = inputs(&safety, &[], candidates());
+        first.slow_start = Some(1);
+        let decision = admit(first);
+        assert_eq!(decision.admitted, vec![candidate("a", 1)]);
+        assert_eq!(
+            decision.waiting[0].deferral,
+            Deferral::SlowStart {
+                in_flight: 0,
+                allowed: 1,
+                max_concurrent: 4
+            }
+        );
+        assert_eq!(decision.waiting[0].deferral.reason(), "DeferredBySlowStart");
+        let running = [started("a", 900, true)];
+        let mut doubled = inputs(&safety, &running, candidates()[1..].to_vec());
+        doubled.slow_start = Some(2);
+        assert_eq!(admit(doubled).admitted, vec![candidate("b", 2)]);
+    }
+
+    #[test]
+    fn an_allowance_above_max_concurrent_is_held_to_max_concurrent() {
+        let safety = safety(1, "100%", (10, 3600));
+        let mut inputs = inputs(&safety, &[], vec![candidate("a", 1), candidate("b", 2)]);
+        inputs.slow_start = Some(8);
+        let decision = admit(inputs);
+        assert_eq!(decision.admitted.len(), 1);
+        assert!(matches!(
+            decision.waiting[0].deferral,
+            Deferral::Concurrency { .. }
+        ));
     }
 }

@@ -26,7 +26,7 @@ use gpu_remediation_api::{
         APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, CANCELLED_ANNOTATION, policy_conditions, reasons,
     },
     correlated::HeldDomain,
-    policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, WaitingNode},
+    policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, SlowStartStatus, WaitingNode},
     remediation::PhaseTransition,
     validate,
 };
@@ -39,7 +39,8 @@ use kube::ResourceExt;
 
 mod conditions;
 #[cfg(test)]
-mod domain_tests;
+mod correlated_tests;
+mod outcomes;
 mod record;
 
 pub use conditions::condition;
@@ -155,6 +156,8 @@ fn plan_policy(
     let started = started(&name, remediations, now);
     let selected = count(nodes.len());
     let domains = failure_domains(spec, nodes, &unhealthy, &started);
+    let (allowance, proven_at) = outcomes::slow_start(&name, spec, nodes, remediations, now);
+    wake = earliest(wake, proven_at);
     let decision = budget::admit(budget::Inputs {
         safety: &spec.safety,
         paused: spec.paused,
@@ -163,19 +166,11 @@ fn plan_policy(
         started: &started,
         candidates: found.candidates.clone(),
         domains,
+        slow_start: allowance.as_ref().map(|a| a.allowed),
         now,
     });
 
-    // A policy stored before the schema had a rule, or breaking one CEL cannot say, starts nothing
-    // (it keeps its nodes, so a lower priority does not take them by surprise) and says why.
-    let violations = validate::validate_spec(spec);
-    let invalid = (!violations.is_empty()).then(|| {
-        violations
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ")
-    });
+    let invalid = invalid_reason(spec);
     let Records {
         create,
         readmit,
@@ -244,6 +239,10 @@ fn plan_policy(
         }),
         waiting,
         held_domains: decision.held_domains.clone(),
+        slow_start: allowance.map(|a| SlowStartStatus {
+            allowed: a.allowed,
+            message: a.why,
+        }),
     };
     (
         PolicyPlan {
@@ -260,6 +259,20 @@ fn plan_policy(
         },
         wake,
     )
+}
+
+/// Why the policy is not enforced, if it is not: a policy stored before the schema had a rule, or
+/// breaking one CEL cannot say, starts nothing (it keeps its nodes, so a lower priority does not
+/// take them by surprise) and says why.
+fn invalid_reason(spec: &gpu_remediation_api::GpuRemediationPolicySpec) -> Option<String> {
+    let violations = validate::validate_spec(spec);
+    (!violations.is_empty()).then(|| {
+        violations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
 }
 
 /// Sets `Ready` and `Invalid` from the policy's violations (`None`: valid).

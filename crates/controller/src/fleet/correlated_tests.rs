@@ -1,4 +1,5 @@
-//! The fleet plan with failure domains: a held rack in the status, its condition and its Events.
+//! The fleet plan with correlated-failure limits: a held rack in the status, its condition and its
+//! Events; slow start read back from the records.
 
 use std::sync::Arc;
 
@@ -142,4 +143,96 @@ fn raising_the_limit_releases_a_held_rack() {
     let raised = plan(&[Arc::new(rack_policy(4))], &broken, &[], at(10));
     assert_eq!(raised.policies[0].create.len(), 4);
     assert!(raised.policies[0].status.held_domains.is_empty());
+}
+
+fn slow_start_policy() -> GpuRemediationPolicy {
+    let mut p = rack_policy(6);
+    p.spec.safety.failure_domains.clear();
+    p.spec.safety.max_concurrent = gpu_remediation_api::selector::IntOrPercent::Int(4);
+    p.spec.safety.slow_start = true;
+    p.spec.release.healthy_for = gpu_remediation_api::Duration::from_secs(60);
+    p
+}
+
+fn finished(
+    node: &str,
+    phase: gpu_remediation_api::Phase,
+    ended: i64,
+) -> Arc<gpu_remediation_api::GpuRemediation> {
+    let policy = slow_start_policy();
+    let broken = node_broken_at(node, -100);
+    let evidence = crate::detect::Evidence {
+        trigger: 0,
+        condition_type: "GpuHealthy".into(),
+        reason: "XID79".into(),
+        message: String::new(),
+        since: at(-100),
+    };
+    let mut r = super::new_remediation(&policy, &broken, &evidence, None);
+    r.metadata.creation_timestamp = Some(Time(at(ended - 10)));
+    r.status = Some(gpu_remediation_api::GpuRemediationStatus {
+        phase,
+        phase_history: vec![gpu_remediation_api::remediation::PhaseTransition {
+            phase,
+            at: Time(at(ended)),
+            message: None,
+        }],
+        ..Default::default()
+    });
+    Arc::new(r)
+}
+
+fn node_broken_at(name: &str, since: i64) -> Node {
+    let mut n = (*node(name, "A", true)).clone();
+    if let Some(c) = n.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+        c[0].last_transition_time = Some(Time(at(since)));
+    }
+    n
+}
+
+#[test]
+fn six_failing_under_slow_start_start_one_then_two_after_a_proven_success_and_one_after_a_failure() {
+    let policy = Arc::new(slow_start_policy());
+    let six = racks(&["a0", "a1", "a2", "a3", "a4", "a5"]);
+    let first = plan(std::slice::from_ref(&policy), &six, &[], at(10));
+    let first = &first.policies[0];
+    assert_eq!(first.create.len(), 1);
+    let status = first.status.slow_start.as_ref().unwrap();
+    assert_eq!(status.allowed, 1);
+    assert!(
+        first
+            .status
+            .waiting
+            .iter()
+            .all(|w| w.reason == reasons::DEFERRED_SLOW_START)
+    );
+
+    // A success elsewhere, ended at 100: proven at 160 (healthyFor 60s), not before.
+    let rems = [finished("gone-node", gpu_remediation_api::Phase::Succeeded, 100)];
+    let before = plan(std::slice::from_ref(&policy), &six, &rems, at(150));
+    assert_eq!(before.policies[0].create.len(), 1);
+    assert_eq!(
+        before.wake_at,
+        Some(at(160)),
+        "plans again when the success is proven"
+    );
+    let after = plan(std::slice::from_ref(&policy), &six, &rems, at(160));
+    assert_eq!(after.policies[0].create.len(), 2);
+    assert!(
+        after.policies[0]
+            .status
+            .slow_start
+            .as_ref()
+            .unwrap()
+            .message
+            .contains("doubled")
+    );
+
+    let rems = [
+        finished("gone-node", gpu_remediation_api::Phase::Succeeded, 100),
+        finished("gone-too", gpu_remediation_api::Phase::Failed, 200),
+    ];
+    let failed = plan(&[policy], &six, &rems, at(300));
+    assert_eq!(failed.policies[0].create.len(), 1);
+    assert_eq!(failed.policies[0].status.slow_start.as_ref().unwrap().allowed, 1);
 }

@@ -1,0 +1,265 @@
+//! The outcomes of a policy's finished remediations, read from the records kept in the API
+//! server and the nodes as they are now, for slow start. Pure.
+//!
+//! A `Failed` remediation is a failure when it failed. A `Succeeded` one is proven
+//! `release.healthyFor` after it ended, if its node (or, replaced under the same name, its
+//! replacement) is Ready and its trigger has not held since before that time; a trigger
+//! that began to hold again within that time makes it a failure (a relapse). A replaced node that
+//! left under its name is judged by the record alone: `Succeeded` already means its replacement
+//! was Ready. Cancelled, dry-run and `ManualRequired` records say nothing.
+
+use std::sync::Arc;
+
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicySpec, Phase, policy::Mode};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+use crate::{
+    budget::slow_start::{Allowance, Outcome, OutcomeKind, allowance},
+    detect::{self, Verdict},
+    time::{plus, signed},
+};
+
+/// With `safety.slowStart`, the allowance now; and when the next success will be proven.
+pub(super) fn slow_start(
+    policy: &str,
+    spec: &GpuRemediationPolicySpec,
+    nodes: &[&Node],
+    remediations: &[Arc<GpuRemediation>],
+    now: Timestamp,
+) -> (Option<Allowance>, Option<Timestamp>) {
+    if !spec.safety.slow_start {
+        return (None, None);
+    }
+    let (found, wake) = outcomes(policy, spec, nodes, remediations, now);
+    let max_concurrent = spec
+        .safety
+        .max_concurrent
+        .resolve(u32::try_from(nodes.len()).unwrap_or(u32::MAX))
+        .unwrap_or(1);
+    (Some(allowance(&found, max_concurrent)), wake)
+}
+
+/// The outcomes so far, and when the next success will be proven (to plan again then).
+fn outcomes(
+    policy: &str,
+    spec: &GpuRemediationPolicySpec,
+    nodes: &[&Node],
+    remediations: &[Arc<GpuRemediation>],
+    now: Timestamp,
+) -> (Vec<Outcome>, Option<Timestamp>) {
+    let mut found = Vec::new();
+    let mut wake: Option<Timestamp> = None;
+    let healthy_for = signed(spec.release.healthy_for.as_std());
+    for record in remediations
+        .iter()
+        .filter(|r| r.spec.policy_name == policy && r.spec.mode != Mode::DryRun)
+    {
+        let Some(status) = &record.status else { continue };
+        let ended = status
+            .phase_history
+            .last()
+            .map(|t| t.at.0)
+            .or_else(|| record.creation_timestamp().map(|t| t.0));
+        let Some(ended) = ended else { continue };
+        let outcome = |at, kind| Outcome {
+            remediation: record.name_any(),
+            node: record.spec.node_name.clone(),
+            at,
+            kind,
+        };
+        match status.phase {
+            Phase::Failed => found.push(outcome(ended, OutcomeKind::Failed)),
+            Phase::Succeeded => {
+                let proven_at = plus(ended, healthy_for);
+                let node = nodes.iter().find(|n| n.name_any() == record.spec.node_name);
+                match node.map(|n| health_since(n, spec, now)) {
+                    Some(Health::BrokenSince(since)) if since >= ended && since < proven_at => {
+                        found.push(outcome(since, OutcomeKind::Failed));
+                    }
+                    Some(Health::BrokenSince(since)) if since >= proven_at => {
+                        found.push(outcome(proven_at, OutcomeKind::Proven));
+                    }
+                    Some(Health::BrokenSince(_) | Health::NotReady) => {}
+                    Some(Health::Healthy) | None if proven_at <= now => {
+                        found.push(outcome(proven_at, OutcomeKind::Proven));
+                    }
+                    Some(Health::Healthy) | None => {
+                        wake = Some(wake.map_or(proven_at, |w| w.min(proven_at)));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (found, wake)
+}
+
+enum Health {
+    Healthy,
+    NotReady,
+    BrokenSince(Timestamp),
+}
+
+fn health_since(node: &Node, spec: &GpuRemediationPolicySpec, now: Timestamp) -> Health {
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    match detect::evaluate(conditions, &spec.triggers, now) {
+        Verdict::Unhealthy { evidence } | Verdict::Pending { evidence, .. } => {
+            Health::BrokenSince(evidence.since)
+        }
+        Verdict::Healthy { .. }
+            if conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status != "True") =>
+        {
+            Health::NotReady
+        }
+        Verdict::Healthy { .. } => Health::Healthy,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_remediation_api::{
+        GpuRemediationSpec, GpuRemediationStatus,
+        policy::{Action, ConditionStatus},
+        remediation::{PhaseTransition, TriggerRecord},
+    };
+    use k8s_openapi::{
+        api::core::v1::{NodeCondition, NodeStatus},
+        apimachinery::pkg::apis::meta::v1::Time,
+    };
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn spec() -> GpuRemediationPolicySpec {
+        serde_json::from_value(serde_json::json!({
+            "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "0s"}],
+            "release": {"healthyFor": "60s"},
+        }))
+        .unwrap()
+    }
+
+    fn record(node: &str, phase: Phase, ended: i64) -> Arc<GpuRemediation> {
+        let mut r = GpuRemediation::new(
+            &format!("{node}-r"),
+            GpuRemediationSpec {
+                node_name: node.into(),
+                policy_name: "p".into(),
+                trigger: TriggerRecord {
+                    condition_type: "GpuHealthy".into(),
+                    status: ConditionStatus::False,
+                    reason: "XID79".into(),
+                    message: String::new(),
+                    since: Some(Time(at(0))),
+                },
+                action: Action::Replace,
+                mode: Mode::Enforce,
+                node_uid: None,
+                previous_incident: None,
+                policy_snapshot: None,
+            },
+        );
+        r.status = Some(GpuRemediationStatus {
+            phase,
+            phase_history: vec![PhaseTransition {
+                phase,
+                at: Time(at(ended)),
+                message: None,
+            }],
+            ..GpuRemediationStatus::default()
+        });
+        Arc::new(r)
+    }
+
+    fn node(name: &str, gpu_broken_since: Option<i64>, ready: bool) -> Node {
+        let gpu = NodeCondition {
+            type_: "GpuHealthy".into(),
+            status: if gpu_broken_since.is_some() {
+                "False"
+            } else {
+                "True"
+            }
+            .into(),
+            last_transition_time: Some(Time(at(gpu_broken_since.unwrap_or(0)))),
+            ..NodeCondition::default()
+        };
+        let ready = NodeCondition {
+            type_: "Ready".into(),
+            status: if ready { "True" } else { "False" }.into(),
+            ..NodeCondition::default()
+        };
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+            status: Some(NodeStatus {
+                conditions: Some(vec![gpu, ready]),
+                ..NodeStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_success_is_proven_once_its_node_stayed_healthy_for_healthy_for() {
+        let healthy = node("n1", None, true);
+        let rems = [record("n1", Phase::Succeeded, 100)];
+        let (early, wake) = outcomes("p", &spec(), &[&healthy], &rems, at(150));
+        assert!(early.is_empty());
+        assert_eq!(wake, Some(at(160)), "plan again when it is proven");
+        let (proven, wake) = outcomes("p", &spec(), &[&healthy], &rems, at(160));
+        assert_eq!(proven.len(), 1);
+        assert_eq!((proven[0].kind, proven[0].at), (OutcomeKind::Proven, at(160)));
+        assert_eq!(wake, None);
+    }
+
+    #[test]
+    fn a_replaced_node_that_left_is_proven_by_its_record() {
+        let rems = [record("gone", Phase::Succeeded, 100)];
+        let (proven, _) = outcomes("p", &spec(), &[], &rems, at(200));
+        assert_eq!(proven[0].kind, OutcomeKind::Proven);
+    }
+
+    #[test]
+    fn a_node_broken_again_within_healthy_for_makes_the_success_a_failure() {
+        let relapsed = node("n1", Some(130), true);
+        let rems = [record("n1", Phase::Succeeded, 100)];
+        let (found, _) = outcomes("p", &spec(), &[&relapsed], &rems, at(500));
+        assert_eq!((found[0].kind, found[0].at), (OutcomeKind::Failed, at(130)));
+        let later = node("n1", Some(400), true);
+        let (found, _) = outcomes("p", &spec(), &[&later], &rems, at(500));
+        assert_eq!(
+            found[0].kind,
+            OutcomeKind::Proven,
+            "it broke after proving itself"
+        );
+    }
+
+    #[test]
+    fn a_not_ready_node_proves_nothing_and_a_failed_remediation_is_a_failure() {
+        let not_ready = node("n1", None, false);
+        let rems = [
+            record("n1", Phase::Succeeded, 100),
+            record("n2", Phase::Failed, 120),
+            record("n3", Phase::Cancelled, 130),
+        ];
+        let (found, _) = outcomes("p", &spec(), &[&not_ready], &rems, at(500));
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            (found[0].node.as_str(), found[0].kind),
+            ("n2", OutcomeKind::Failed)
+        );
+    }
+}
