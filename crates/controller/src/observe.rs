@@ -26,6 +26,7 @@ use std::{
 
 use futures::{Stream, StreamExt};
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy};
+use jiff::Timestamp;
 use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
 use kube::{
     Api, Client, Resource, ResourceExt,
@@ -63,6 +64,47 @@ pub struct Caches {
     /// Policies and remediations stored in a shape the controller cannot decode, left out of the
     /// stores above and reported.
     pub undecodable: Undecodable,
+    /// When the budget watch last saw each budget list each pod as disrupted.
+    pub disrupted: Disrupted,
+}
+
+/// When the budget watch last saw each budget (`namespace/name`) list each pod among its
+/// `disruptedPods`: the server's grant of an eviction writes it there, so the drain planner knows
+/// from it which of its evictions a budget's status counts (`lifecycle::eviction_round`). Every
+/// version the watch delivers is recorded, not only the one the cache ends up holding. Entries go
+/// after the disruption controller's own horizon.
+#[derive(Clone, Debug, Default)]
+pub struct Disrupted {
+    seen: Arc<Mutex<HashMap<(String, String), Timestamp>>>,
+}
+
+impl Disrupted {
+    /// Records the pods `budget` lists as disrupted, seen `now`.
+    pub fn record(&self, budget: &PodDisruptionBudget, now: Timestamp) {
+        let Some(listed) = budget.status.as_ref().and_then(|s| s.disrupted_pods.as_ref()) else {
+            return;
+        };
+        let key = key_of(budget);
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let horizon = crate::time::minus(now, jiff::SignedDuration::from_mins(10));
+        seen.retain(|_, at| *at > horizon);
+        for pod in listed.keys() {
+            seen.insert((key.clone(), pod.clone()), now);
+        }
+    }
+
+    /// When budget `key` was last seen listing `pod`.
+    #[must_use]
+    pub fn last_listed(&self, key: &str, pod: &str) -> Option<Timestamp> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(key.to_owned(), pod.to_owned()))
+            .copied()
+    }
 }
 
 /// What the watches saw change since the loop last took it.
@@ -193,10 +235,17 @@ impl Caches {
             }),
             Some(written_nodes.clone()),
         );
+        let disrupted = Disrupted::default();
         let budgets = spawn_reflector(
             Api::<PodDisruptionBudget>::all(client.clone()),
             watcher::Config::default().any_semantic(),
-            prune_budget,
+            {
+                let disrupted = disrupted.clone();
+                move |budget: &mut PodDisruptionBudget| {
+                    disrupted.record(budget, Timestamp::now());
+                    prune_budget(budget);
+                }
+            },
             budget_fingerprint,
             Waker::new(wake, {
                 let changes = changes.clone();
@@ -226,6 +275,7 @@ impl Caches {
             written_nodes,
             changes,
             undecodable,
+            disrupted,
         })
     }
 
@@ -607,6 +657,28 @@ mod tests {
     };
 
     use super::*;
+
+    #[test]
+    fn every_budget_version_seen_records_the_pods_it_lists_as_disrupted() {
+        let at = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let mut budget = PodDisruptionBudget::default();
+        budget.metadata.name = Some("web".into());
+        budget.metadata.namespace = Some("work".into());
+        let disrupted = Disrupted::default();
+        disrupted.record(&budget, at(0));
+        assert_eq!(disrupted.last_listed("work/web", "web-0"), None);
+        budget.status = Some(k8s_openapi::api::policy::v1::PodDisruptionBudgetStatus {
+            disrupted_pods: Some([("web-0".to_owned(), Time(at(1)))].into()),
+            ..Default::default()
+        });
+        disrupted.record(&budget, at(2));
+        // The next version no longer lists it (the disruption controller saw it terminating):
+        // the record of having seen it stays.
+        budget.status = Some(k8s_openapi::api::policy::v1::PodDisruptionBudgetStatus::default());
+        disrupted.record(&budget, at(3));
+        assert_eq!(disrupted.last_listed("work/web", "web-0"), Some(at(2)));
+        assert_eq!(disrupted.last_listed("other/web", "web-0"), None);
+    }
 
     fn remediation(name: &str, version: &str) -> GpuRemediation {
         let mut r = GpuRemediation::new(

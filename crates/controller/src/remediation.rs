@@ -152,8 +152,9 @@ async fn step(
                 .evictions_in_flight
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            flights.retain(|_, flight| !flight.counted(&budgets));
-            let in_flight = eviction_round::in_flight(flights.values(), &budgets);
+            let listed = |budget: &str, pod: &str| ctx.caches.disrupted.last_listed(budget, pod);
+            flights.retain(|_, flight| !flight.counted(&budgets, &listed, now));
+            let in_flight = eviction_round::in_flight(flights.values(), &budgets, &listed, now);
             let seen = Seen {
                 node: node.as_deref(),
                 pods: pods.as_ref(),
@@ -167,7 +168,7 @@ async fn step(
             let decision = lifecycle::decide(&dated, rules, &seen, now);
             if let Decision::Ask(Ask::Evict { pods, .. }) = &decision {
                 for pod in pods {
-                    let flight = Flight::of(pod, &budgets);
+                    let flight = Flight::of(pod, &budgets, now);
                     if !flight.budgets.is_empty() {
                         flights.insert(pod.uid.clone(), flight);
                     }

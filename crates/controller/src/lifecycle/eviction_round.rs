@@ -19,52 +19,61 @@ use kube::ResourceExt;
 
 use crate::drain::{self, Leaving, Readiness};
 
-/// An eviction this controller asked (or is asking) under some budgets, and the version of each
-/// budget it was planned against.
+/// How long an eviction granted counts against its budget at most, if the watch never shows the
+/// budget listing it (a relist can skip versions): the disruption controller's own horizon for
+/// `disruptedPods`.
+pub const FLIGHT_HORIZON: SignedDuration = SignedDuration::from_secs(120);
+
+/// When the budget watch last saw budget `namespace/name` list `pod` among its `disruptedPods`.
+pub type Listed<'a> = &'a (dyn Fn(&str, &str) -> Option<Timestamp> + Sync);
+
+/// An eviction this controller asked (or is asking) under some budgets, and when it was planned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Flight {
     /// The pod's name (budgets list the pods they count by name).
     pub pod: String,
-    /// Each budget covering the pod, as `namespace/name`, with the `resourceVersion` of the budget
-    /// the eviction was planned against.
-    pub budgets: Vec<(String, Option<String>)>,
+    /// Each budget covering the pod, as `namespace/name`.
+    pub budgets: Vec<String>,
+    /// When it was planned (before the server could grant it).
+    pub planned_at: Timestamp,
 }
 
 impl Flight {
-    /// The flight of `pod`, planned against `budgets` as they are now.
+    /// The flight of `pod`, planned now under the budgets covering it.
     #[must_use]
-    pub fn of(pod: &Leaving, budgets: &[PodDisruptionBudget]) -> Self {
-        let covering = drain::covering_budgets(pod, budgets);
+    pub fn of(pod: &Leaving, budgets: &[PodDisruptionBudget], now: Timestamp) -> Self {
         Self {
             pod: pod.name.clone(),
-            budgets: covering
-                .into_iter()
-                .map(|key| {
-                    let version = find(budgets, &key).and_then(ResourceExt::resource_version);
-                    (key, version)
-                })
-                .collect(),
+            budgets: drain::covering_budgets(pod, budgets),
+            planned_at: now,
         }
     }
 
-    /// Whether `budget`'s status does not count this eviction yet: it is the very version the
-    /// eviction was planned against and does not list the pod among its disrupted pods. (The
-    /// server's grant writes the budget, so any later version counts it.)
-    fn unseen_by(&self, key: &str, version: Option<&String>, budget: &PodDisruptionBudget) -> bool {
-        let listed = budget
-            .status
-            .as_ref()
-            .and_then(|s| s.disrupted_pods.as_ref())
-            .is_some_and(|d| d.contains_key(&self.pod));
-        !listed && budget.resource_version().as_ref() == version && find_key(budget) == key
+    /// Whether the status of budget `key` (standing in `budgets`) may not count this eviction yet.
+    /// The server's grant writes the pod into the budget's `disruptedPods`, and the disruption
+    /// controller takes it out only once the pod is terminating (then it no longer counts as
+    /// healthy): from the first version listing it, every later version counts it. The watch sees
+    /// every version, so "listed since it was planned" is exact; a version number alone is not
+    /// (a later version may hold an earlier grant and not this one).
+    fn unseen_by(
+        &self,
+        key: &str,
+        budgets: &[PodDisruptionBudget],
+        listed: Listed<'_>,
+        now: Timestamp,
+    ) -> bool {
+        find(budgets, key).is_some()
+            && listed(key, &self.pod).is_none_or(|seen| seen < self.planned_at)
+            && crate::time::plus(self.planned_at, FLIGHT_HORIZON) > now
     }
 
     /// Whether every budget it was planned under now counts it (or is gone): it can be forgotten.
     #[must_use]
-    pub fn counted(&self, budgets: &[PodDisruptionBudget]) -> bool {
-        self.budgets.iter().all(|(key, version)| {
-            find(budgets, key).is_none_or(|budget| !self.unseen_by(key, version.as_ref(), budget))
-        })
+    pub fn counted(&self, budgets: &[PodDisruptionBudget], listed: Listed<'_>, now: Timestamp) -> bool {
+        !self
+            .budgets
+            .iter()
+            .any(|key| self.unseen_by(key, budgets, listed, now))
     }
 }
 
@@ -73,11 +82,13 @@ impl Flight {
 pub fn in_flight<'a>(
     flights: impl IntoIterator<Item = &'a Flight>,
     budgets: &[PodDisruptionBudget],
+    listed: Listed<'_>,
+    now: Timestamp,
 ) -> BTreeMap<String, u32> {
     let mut counts = BTreeMap::new();
     for flight in flights {
-        for (key, version) in &flight.budgets {
-            if find(budgets, key).is_some_and(|b| flight.unseen_by(key, version.as_ref(), b)) {
+        for key in &flight.budgets {
+            if flight.unseen_by(key, budgets, listed, now) {
                 *counts.entry(key.clone()).or_insert(0) += 1;
             }
         }
@@ -199,6 +210,7 @@ fn find<'a>(budgets: &'a [PodDisruptionBudget], key: &str) -> Option<&'a PodDisr
 }
 
 fn find_key(budget: &PodDisruptionBudget) -> String {
+    // `namespace/name`, as `drain::covering_budgets` names them.
     format!("{}/{}", budget.namespace().unwrap_or_default(), budget.name_any())
 }
 
@@ -206,7 +218,7 @@ fn find_key(budget: &PodDisruptionBudget) -> String {
 mod tests {
     use k8s_openapi::{
         api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus},
-        apimachinery::pkg::apis::meta::v1::{LabelSelector, Time},
+        apimachinery::pkg::apis::meta::v1::LabelSelector,
     };
     use kube::api::ObjectMeta;
 
@@ -415,23 +427,29 @@ mod tests {
     }
 
     #[test]
-    fn a_flight_counts_until_the_budget_status_shows_it() {
-        let planned_against = budget("web", "web", 1);
-        let flight = Flight::of(&pod("web-0", "web"), std::slice::from_ref(&planned_against));
-        assert_eq!(flight.budgets, [("work/web".to_owned(), Some("1".to_owned()))]);
-        let same = std::slice::from_ref(&planned_against);
-        assert_eq!(in_flight([&flight], same), [("work/web".to_owned(), 1)].into());
-        assert!(!flight.counted(same));
-        // The grant wrote the budget: a newer version counts it.
-        let mut granted = budget("web", "web", 0);
-        granted.metadata.resource_version = Some("2".into());
-        assert!(in_flight([&flight], std::slice::from_ref(&granted)).is_empty());
-        assert!(flight.counted(std::slice::from_ref(&granted)));
-        // The same version listing the pod as disrupted counts it too.
-        let mut listed = budget("web", "web", 0);
-        listed.status.as_mut().unwrap().disrupted_pods = Some([("web-0".to_owned(), Time(at(0)))].into());
-        assert!(flight.counted(std::slice::from_ref(&listed)));
-        // A budget deleted meanwhile counts nothing.
-        assert!(flight.counted(&[]));
+    fn a_flight_counts_until_the_budget_watch_sees_it_listed_as_disrupted() {
+        let budgets = [budget("web", "web", 2)];
+        let first = Flight::of(&pod("web-0", "web"), &budgets, at(0));
+        let second = Flight::of(&pod("web-1", "web"), &budgets, at(0));
+        assert_eq!(first.budgets, ["work/web"]);
+        let nothing = |_: &str, _: &str| None;
+        assert_eq!(
+            in_flight([&first, &second], &budgets, &nothing, at(1)),
+            [("work/web".to_owned(), 2)].into()
+        );
+        // A newer version of the budget holding the first grant only: the second still counts.
+        let first_listed = |_: &str, pod: &str| (pod == "web-0").then(|| at(1));
+        assert_eq!(
+            in_flight([&first, &second], &budgets, &first_listed, at(1)),
+            [("work/web".to_owned(), 1)].into()
+        );
+        assert!(first.counted(&budgets, &first_listed, at(1)));
+        assert!(!second.counted(&budgets, &first_listed, at(1)));
+        // A listing from before this flight was planned is an earlier eviction of that name.
+        let long_ago = |_: &str, _: &str| Some(at(-60));
+        assert!(!first.counted(&budgets, &long_ago, at(1)));
+        // A budget deleted meanwhile counts nothing; a flight past the horizon is forgotten.
+        assert!(first.counted(&[], &nothing, at(1)));
+        assert!(first.counted(&budgets, &nothing, at(121)));
     }
 }
