@@ -52,6 +52,14 @@ pub const CANCELLED_ANNOTATION: &str = "gpuremediation.dev/cancelled";
 /// Taint the controller adds while it remediates a node, on top of `unschedulable`.
 pub const REMEDIATION_TAINT_KEY: &str = "gpuremediation.dev/remediating";
 
+/// Taint the controller adds at a trigger's first signal, before its `for` elapses (`NoSchedule`
+/// only: no pod is touched). Distinct from `REMEDIATION_TAINT_KEY`: it never cordons, and it is
+/// lifted when the signal clears or when the remediation that took it over releases the node.
+pub const QUARANTINE_TAINT_KEY: &str = "gpuremediation.dev/quarantined";
+/// Node annotation naming the policy whose quarantine taint the node carries: only that policy
+/// (or its remediation of the node) lifts it, and a controller that restarts finds it again here.
+pub const QUARANTINED_BY_ANNOTATION: &str = "gpuremediation.dev/quarantined-by";
+
 /// Finalizer on a `GpuRemediation`: releases our cordon if the record is deleted early.
 pub const REMEDIATION_FINALIZER: &str = "gpuremediation.dev/release-node";
 
@@ -130,6 +138,8 @@ pub mod policy_conditions {
     pub const DOMAIN_HELD: &str = "DomainHeld";
     /// The policy cannot be enforced (a check the schema cannot express failed).
     pub const INVALID: &str = "Invalid";
+    /// Nodes show a quarantining signal but the quarantine limit holds them back.
+    pub const QUARANTINE_LIMITED: &str = "QuarantineLimited";
 }
 
 /// Condition types on a `GpuRemediation`'s status.
@@ -184,4 +194,12 @@ pub mod reasons {
     pub const VALID: &str = "Valid";
     /// The policy failed a semantic check.
     pub const INVALID: &str = "Invalid";
+    /// A node was quarantined at a trigger's first signal.
+    pub const QUARANTINED: &str = "Quarantined";
+    /// A node's quarantine was lifted.
+    pub const QUARANTINE_LIFTED: &str = "QuarantineLifted";
+    /// The quarantine limit holds nodes with a signal back.
+    pub const QUARANTINE_LIMIT_REACHED: &str = "QuarantineLimitReached";
+    /// The quarantine is within its limit (or off).
+    pub const QUARANTINE_WITHIN_LIMIT: &str = "QuarantineWithinLimit";
 }

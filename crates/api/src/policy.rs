@@ -70,6 +70,9 @@ pub struct GpuRemediationPolicySpec {
     /// How long finished remediations are kept (the audit trail, and the memory of rate windows).
     #[serde(default)]
     pub history: History,
+    /// Whether a node is taken out of scheduling at a trigger's first signal, before its `for`.
+    #[serde(default)]
+    pub quarantine: Quarantine,
 }
 
 /// A node condition that marks a GPU node as broken once it has held for `for`.
@@ -92,6 +95,9 @@ pub struct Trigger {
     /// Overrides `spec.action` for nodes broken by this trigger.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<Action>,
+    /// Overrides `spec.quarantine.enabled` for this trigger (`false` for a reason known to flap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<bool>,
 }
 
 fn default_trigger_for() -> Duration {
@@ -406,6 +412,44 @@ fn default_history_ttl() -> Duration {
     Duration::from_hours(7 * 24)
 }
 
+/// Quarantine: at a trigger's first signal the node gets the controller's own `NoSchedule` taint
+/// (`gpuremediation.dev/quarantined`), so no new pod lands on it while `for` runs. No pod is
+/// touched and no cordon is made; if the signal clears, the taint is lifted after `hysteresis`; if
+/// `for` elapses, the remediation takes the taint over and lifts it when it releases the node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::quarantine)]
+pub struct Quarantine {
+    /// Whether triggers quarantine (each trigger may override it). Never in mode `DryRun`.
+    #[serde(default = "default_quarantine_enabled")]
+    pub enabled: bool,
+    /// At most this many (or this share) of the selected nodes quarantined at once; past it no
+    /// further node is quarantined and the policy says so. Unset: `safety.maxUnhealthy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<IntOrPercent>,
+    /// How long a cleared signal must stay clear before the taint is lifted (1s to 1h).
+    #[serde(default = "default_quarantine_hysteresis")]
+    pub hysteresis: Duration,
+}
+
+impl Default for Quarantine {
+    fn default() -> Self {
+        Self {
+            enabled: default_quarantine_enabled(),
+            max: None,
+            hysteresis: default_quarantine_hysteresis(),
+        }
+    }
+}
+
+const fn default_quarantine_enabled() -> bool {
+    true
+}
+
+fn default_quarantine_hysteresis() -> Duration {
+    Duration::from_secs(30)
+}
+
 /// What the controller observed and decided for this policy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -435,6 +479,9 @@ pub struct GpuRemediationPolicyStatus {
     /// Failure domains over their unhealthy limit, whose nodes wait (the suspects).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_domains: Vec<HeldDomain>,
+    /// Governed nodes carrying this policy's quarantine taint.
+    #[serde(default)]
+    pub quarantined_nodes: u32,
     /// With `safety.slowStart`: the remediations allowed in flight now, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slow_start: Option<SlowStartStatus>,

@@ -103,6 +103,8 @@ pub mod messages {
     pub const TTL_VS_ATTEMPTS: &str = "history.ttl must be longer than safety.maxAttemptsPerNode.per, or finished remediations would be deleted while the attempts limit still counts them";
     /// A policy name too long to be a label value.
     pub const POLICY_NAME: &str = "a policy name must be at most 63 characters: it is the gpuremediation.dev/policy label value of its remediations";
+    /// A quarantine hysteresis outside 1s..1h.
+    pub const QUARANTINE_HYSTERESIS: &str = "quarantine.hysteresis must be from 1s to 1h: how long a cleared signal stays clear before the quarantine taint is lifted";
     /// A change to a remediation's spec.
     pub const REMEDIATION_SPEC_IMMUTABLE: &str =
         "a remediation's spec is its audit record and cannot change; delete the remediation instead";
@@ -400,6 +402,20 @@ pub(crate) fn drain(schema: &mut Schema) {
 /// `release`: a positive healthy period.
 pub(crate) fn release(schema: &mut Schema) {
     make_positive(schema, "healthyFor");
+}
+
+/// `quarantine`: a hysteresis from 1s to 1h.
+pub(crate) fn quarantine(schema: &mut Schema) {
+    add_rules(
+        property(schema, "hysteresis"),
+        [rule(
+            format!(
+                "!{} || (duration(self) >= duration('1s') && duration(self) <= duration('1h'))",
+                duration_ok("self")
+            ),
+            messages::QUARANTINE_HYSTERESIS,
+        )],
+    );
 }
 
 /// `history`: a positive time to live.

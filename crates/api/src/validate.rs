@@ -164,6 +164,16 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
     ] {
         check_positive(field, duration, &mut out);
     }
+    if let Some(max) = &spec.quarantine.max {
+        check_int_or_percent("spec.quarantine.max", max, &mut out);
+    }
+    let hysteresis = spec.quarantine.hysteresis.as_std();
+    if hysteresis < std::time::Duration::from_secs(1) || hysteresis > std::time::Duration::from_secs(3600) {
+        out.push(Violation::new(
+            "spec.quarantine.hysteresis",
+            messages::QUARANTINE_HYSTERESIS,
+        ));
+    }
     if spec.history.ttl <= safety.rate.per {
         out.push(Violation::new("spec.history.ttl", messages::TTL_VS_RATE));
     }
@@ -569,6 +579,7 @@ mod tests {
             reasons: reasons.iter().map(|r| (*r).to_owned()).collect(),
             for_: Duration::from_secs(0),
             action: None,
+            quarantine: None,
         };
         spec.triggers = vec![
             trigger(&["XID79", "GpuMissing"]),
@@ -645,6 +656,24 @@ mod tests {
         );
         spec.history.ttl = Duration::from_hours(1);
         assert_eq!(validate_spec(&spec).len(), 2);
+    }
+
+    #[test]
+    fn a_quarantine_hysteresis_outside_a_second_to_an_hour_and_a_zero_limit_are_refused() {
+        let mut spec = spec();
+        for (secs, ok) in [(0, false), (1, true), (3600, true), (3601, false)] {
+            spec.quarantine.hysteresis = Duration::from_secs(secs);
+            assert_eq!(validate_spec(&spec).is_empty(), ok, "{secs}s");
+        }
+        spec.quarantine.hysteresis = Duration::from_secs(30);
+        spec.quarantine.max = Some(IntOrPercent::Int(0));
+        assert_eq!(
+            validate_spec(&spec),
+            vec![Violation::new(
+                "spec.quarantine.max",
+                messages::COUNT_AT_LEAST_ONE
+            )]
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ use crate::{
     kubeops::KubeOps,
     leader::Fence,
     observe::{Caches, Changed, StartCachesError},
+    quarantine,
     remediation::{self, AdvanceRemediationError, Next},
     telemetry::{Health, Metrics},
 };
@@ -154,6 +155,19 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) ->
     );
     if let Some(at) = plan.wake_at {
         next = next.min(at);
+    }
+    // Quarantines first: stopping new placements is what a fresh signal waits for.
+    for policy_plan in &plan.policies {
+        if let Err(error) = quarantine::apply::apply(ctx, policy_plan).await {
+            tracing::warn!(policy = ?policy_plan.policy.metadata.name, %error, "writing a quarantine failed; retrying");
+            ctx.metrics.reconcile_error("policy");
+            next = next.min(error_retry);
+        }
+    }
+    if let Err(error) = quarantine::apply::lift_orphans(ctx, &plan.orphan_quarantines).await {
+        tracing::warn!(%error, "lifting an orphaned quarantine failed; retrying");
+        ctx.metrics.reconcile_error("policy");
+        next = next.min(error_retry);
     }
     let mut announcements = admit::Announcements::default();
     for policy_plan in plan.policies {

@@ -151,6 +151,7 @@ mod tests {
             reasons: reasons.iter().map(|r| (*r).to_owned()).collect(),
             for_: Duration::from_secs(for_secs),
             action: None,
+            quarantine: None,
         }
     }
 

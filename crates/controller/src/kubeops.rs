@@ -34,6 +34,7 @@ use crate::{
     drain::Leaving,
     leader::Fence,
     lifecycle::{EvictionAnswer, NodeRef, Words},
+    quarantine,
 };
 
 /// How many times a node edit is retried after a conflict before giving up for this pass.
@@ -365,21 +366,37 @@ impl KubeOps {
         self.edit_node(node, |n| cordon::cordon(n, remediation)).await
     }
 
-    /// Releases what `remediation` owns on `node` (see `cordon::release`), only if it is still
-    /// the node of the admitted UID; `remember_cancel` also notes a person's cancel on it. A node
-    /// that is gone needs no release.
+    /// Releases what `remediation` owns on `node` (see `cordon::release`) and the quarantine
+    /// of its `policy` it took over (see `quarantine::taint::lift`), only if it is still the node
+    /// of the admitted UID; `remember_cancel` also notes a person's cancel on it. A node that is
+    /// gone needs no release.
     pub async fn release_node(
         &self,
         node: &NodeRef,
         remediation: &str,
+        policy: &str,
         remember_cancel: bool,
     ) -> Result<NodeEdit, EditNodeError> {
         self.edit_node(node, |n| {
             let released = cordon::release(n, remediation);
+            let lifted = quarantine::taint::lift(n, policy);
             let remembered = remember_cancel && cordon::remember_cancelled(n, remediation);
-            released || remembered
+            released || lifted || remembered
         })
         .await
+    }
+
+    /// Quarantines `node` for `policy` (see `quarantine::taint::quarantine`), only if it is still
+    /// the node of that UID.
+    pub async fn quarantine_node(&self, node: &NodeRef, policy: &str) -> Result<NodeEdit, EditNodeError> {
+        self.edit_node(node, |n| quarantine::taint::quarantine(n, policy))
+            .await
+    }
+
+    /// Lifts `policy`'s quarantine from `node` (see `quarantine::taint::lift`); another owner's
+    /// is left as it is.
+    pub async fn lift_quarantine(&self, node: &NodeRef, policy: &str) -> Result<NodeEdit, EditNodeError> {
+        self.edit_node(node, |n| quarantine::taint::lift(n, policy)).await
     }
 
     /// Read-modify-replace of a node, preconditioned on its resourceVersion (the read's) and its

@@ -327,7 +327,10 @@ async fn settle(
         node,
         remember_cancel,
     }) = &settlement.release
-        && let NodeEdit::Written(written) = ctx.ops.release_node(node, &name, *remember_cancel).await?
+        && let NodeEdit::Written(written) = ctx
+            .ops
+            .release_node(node, &name, &remediation.spec.policy_name, *remember_cancel)
+            .await?
     {
         remember_node(ctx, *written);
     }

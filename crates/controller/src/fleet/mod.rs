@@ -51,6 +51,7 @@ use crate::{
     budget::{self, Candidate, Deferral, Started},
     detect::{self, Evidence, Verdict},
     governance::{self, Claimant, Governor},
+    quarantine,
 };
 
 /// What to do for one policy.
@@ -77,6 +78,8 @@ pub struct PolicyPlan {
     pub domains_resumed: Vec<HeldDomain>,
     /// Finished remediations older than `history.ttl`, to delete.
     pub expired: Vec<String>,
+    /// Quarantine taints to add and lift on the policy's nodes.
+    pub quarantine: quarantine::Plan,
 }
 
 /// The whole fleet's plan.
@@ -87,6 +90,8 @@ pub struct FleetPlan {
     /// When the plan should be made again even if nothing changes: the earliest time a pending
     /// node turns unhealthy or a rate slot frees for a waiting node.
     pub wake_at: Option<Timestamp>,
+    /// Quarantines on nodes no policy governs any more (or whose policy is gone), to lift.
+    pub orphan_quarantines: Vec<quarantine::Lift>,
 }
 
 /// Plans the fleet at `now`.
@@ -138,6 +143,18 @@ pub fn plan(
         fleet.wake_at = earliest(fleet.wake_at, wake);
         fleet.policies.push(plan);
     }
+    let governor_of: BTreeMap<String, &str> = governed
+        .iter()
+        .flat_map(|(policy, nodes)| nodes.iter().map(move |n| (n.name_any(), *policy)))
+        .collect();
+    let quarantine_plans: Vec<&quarantine::Plan> = fleet.policies.iter().map(|p| &p.quarantine).collect();
+    fleet.orphan_quarantines = quarantine::orphans(
+        nodes,
+        |node| governor_of.get(&node.name_any()).copied(),
+        |policy| names.iter().any(|n| n == policy),
+        &quarantine_plans,
+        remediations,
+    );
     fleet
 }
 
@@ -176,6 +193,8 @@ fn plan_policy(
         readmit,
         manual_required,
     } = records(policy, &decision, &found, remediations, invalid.is_none(), now);
+    let quarantine = plan_quarantine(&name, spec, nodes, remediations, invalid.is_none(), now);
+    wake = earliest(wake, quarantine.wake_at);
     let counted = if spec.mode == Mode::DryRun {
         0
     } else {
@@ -226,6 +245,7 @@ fn plan_policy(
         generation,
         now,
     );
+    conditions.push(quarantine.condition(spec, selected, &previous.conditions, generation, now));
     let status = GpuRemediationPolicyStatus {
         observed_generation: generation,
         conditions,
@@ -239,6 +259,7 @@ fn plan_policy(
         }),
         waiting,
         held_domains: decision.held_domains.clone(),
+        quarantined_nodes: quarantine.held,
         slow_start: allowance.map(|a| SlowStartStatus {
             allowed: a.allowed,
             message: a.why,
@@ -256,6 +277,7 @@ fn plan_policy(
             domains_held,
             domains_resumed,
             expired: expired(&name, remediations, spec.history.ttl, now),
+            quarantine,
         },
         wake,
     )
@@ -272,6 +294,25 @@ fn invalid_reason(spec: &gpu_remediation_api::GpuRemediationPolicySpec) -> Optio
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join("; ")
+    })
+}
+
+/// The policy's quarantine decision (see `quarantine`).
+fn plan_quarantine(
+    name: &str,
+    spec: &gpu_remediation_api::GpuRemediationPolicySpec,
+    nodes: &[&Node],
+    remediations: &[Arc<GpuRemediation>],
+    valid: bool,
+    now: Timestamp,
+) -> quarantine::Plan {
+    quarantine::plan(&quarantine::Inputs {
+        policy: name,
+        spec,
+        nodes,
+        remediations,
+        valid,
+        now,
     })
 }
 

@@ -13,6 +13,9 @@
 //! | `evictions_total` | counter | `result` |
 //! | `budget_remaining` | gauge | `policy` (remediations that may start now: the smallest of the limits, as `status.budget.remaining`) |
 //! | `circuit_open` | gauge | `policy` (1 while `maxUnhealthy` is exceeded) |
+//! | `quarantined_nodes` | gauge | `policy` (nodes carrying its quarantine taint, as `status.quarantinedNodes`) |
+//! | `signal_to_quarantine_seconds` | histogram | `policy` (trigger condition's first match to the quarantine taint written) |
+//! | `leaked_pods_total` | counter | `policy` (pods found on a node, at its cordon, that were scheduled after its fault began) |
 //! | `leader` | gauge | (1 while this replica's fence is current) |
 //! | `reconcile_errors_total` | counter | `reconciler` |
 //! | `undecodable_objects` | gauge | `kind`, `name` (1 while a stored policy or remediation cannot be decoded; `observe::undecodable`) |
@@ -129,6 +132,11 @@ fn incidents_histogram() -> Histogram {
     Histogram::new(exponential_buckets(60.0, 4.0, 10))
 }
 
+fn quarantine_histogram() -> Histogram {
+    // 10 ms to about 80 s: a quarantine follows its signal by one watch event and one write.
+    Histogram::new(exponential_buckets(0.01, 2.0, 14))
+}
+
 fn detection_histogram() -> Histogram {
     // 0.25 s to about 17 min: detection-to-cordon is seconds once the trigger's `for` has held.
     Histogram::new(exponential_buckets(0.25, 2.0, 13))
@@ -145,6 +153,9 @@ struct Series {
     evictions: Family<EvictionLabels, Counter>,
     budget_remaining: Family<PolicyLabels, Gauge>,
     circuit_open: Family<PolicyLabels, Gauge>,
+    quarantined: Family<PolicyLabels, Gauge>,
+    signal_to_quarantine: Family<PolicyLabels, Histogram>,
+    leaked_pods: Family<PolicyLabels, Counter>,
     leader: Gauge,
     reconcile_errors: Family<ReconcilerLabels, Counter>,
 }
@@ -193,6 +204,9 @@ impl Metrics {
             evictions: Family::default(),
             budget_remaining: Family::default(),
             circuit_open: Family::default(),
+            quarantined: Family::default(),
+            signal_to_quarantine: Family::new_with_constructor(quarantine_histogram),
+            leaked_pods: Family::default(),
             leader: Gauge::default(),
             reconcile_errors: Family::default(),
         };
@@ -246,6 +260,21 @@ impl Metrics {
             "circuit_open",
             "1 while the policy's unhealthy share exceeds maxUnhealthy and nothing new starts",
             series.circuit_open.clone(),
+        );
+        registry.register(
+            "quarantined_nodes",
+            "Nodes carrying the policy's quarantine taint (taken at a trigger's first signal)",
+            series.quarantined.clone(),
+        );
+        registry.register(
+            "signal_to_quarantine_seconds",
+            "From a quarantining trigger's condition matching to the node's quarantine taint written",
+            series.signal_to_quarantine.clone(),
+        );
+        registry.register(
+            "leaked_pods",
+            "Pods found on a node at its cordon that were scheduled after its fault began",
+            series.leaked_pods.clone(),
         );
         registry.register(
             "leader",
@@ -389,6 +418,36 @@ impl Metrics {
             .set(i64::from(open));
     }
 
+    /// Sets how many nodes carry the policy's quarantine taint (`status.quarantinedNodes`).
+    pub fn set_quarantined(&self, policy: &str, count: u32) {
+        self.series
+            .quarantined
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .set(i64::from(count));
+    }
+
+    /// A node's quarantine taint was written `elapsed` after its signal began.
+    pub fn signal_to_quarantine(&self, policy: &str, elapsed: Duration) {
+        self.series
+            .signal_to_quarantine
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// `count` pods were found on a node, at its cordon, scheduled after its fault began.
+    pub fn leaked_pods(&self, policy: &str, count: u32) {
+        self.series
+            .leaked_pods
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .inc_by(u64::from(count));
+    }
+
     /// A reconcile of `reconciler` (e.g. `policy`, `remediation`) failed.
     pub fn reconcile_error(&self, reconciler: &str) {
         self.series
@@ -408,6 +467,7 @@ impl Metrics {
         self.series.in_flight.remove(&labels);
         self.series.budget_remaining.remove(&labels);
         self.series.circuit_open.remove(&labels);
+        self.series.quarantined.remove(&labels);
     }
 
     /// Sets the leader gauge (the server does it from the fence at every scrape).

@@ -197,6 +197,7 @@ pub(super) fn rules(setup: &Setup) -> PolicySnapshot {
             reasons: Vec::new(),
             for_: gpu_remediation_api::Duration::from_secs(0),
             action: None,
+            quarantine: None,
         }],
         drain: Drain {
             timeout: gpu_remediation_api::Duration::from_mins(30),

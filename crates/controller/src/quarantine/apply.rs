@@ -1,0 +1,163 @@
+//! Carries out the quarantine decisions: writes each taint added or lifted (through `kubeops`,
+//! behind the leader fence, with the node's resourceVersion and UID as preconditions), then
+//! publishes one Event per node changed and one on the policy when its quarantine limit is newly
+//! reached. The only part of `quarantine` that does IO.
+
+use std::time::Duration;
+
+use futures::{StreamExt as _, stream};
+use gpu_remediation_api::GpuRemediationPolicy;
+use gpu_remediation_api::constants::{policy_conditions, reasons};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use kube::{Api, Resource as _, ResourceExt as _, runtime::events::EventType};
+
+use super::{Add, Lift};
+use crate::{
+    context::Context,
+    fleet::PolicyPlan,
+    kubeops::{EditNodeError, NodeEdit},
+    lifecycle::{NodeRef, Note},
+    observe::prune_node,
+};
+
+/// Node edits made at once.
+const EDIT_CONCURRENCY: usize = 8;
+
+/// Writes one policy's quarantines and lifts, then their Events. Every edit is tried; the first
+/// failure is returned (the next pass tries again).
+pub async fn apply(ctx: &Context, plan: &PolicyPlan) -> Result<(), EditNodeError> {
+    let policy = plan.policy.name_any();
+    let quarantine = &plan.quarantine;
+    let adds: Vec<_> = quarantine.add.iter().map(|a| add(ctx, &policy, a)).collect();
+    let added: Vec<_> = stream::iter(adds)
+        .buffer_unordered(EDIT_CONCURRENCY)
+        .collect()
+        .await;
+    let lifted = lift_all(ctx, &quarantine.lift).await;
+    ctx.metrics
+        .set_quarantined(&policy, plan.status.quarantined_nodes);
+
+    let was_limited = plan.policy.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == policy_conditions::QUARANTINE_LIMITED && c.status == "True")
+    });
+    let limited = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == policy_conditions::QUARANTINE_LIMITED && c.status == "True");
+    if let (false, Some(limited)) = (was_limited, limited) {
+        tracing::warn!(%policy, message = %limited.message, "quarantine limit reached");
+        let note = Note::new(
+            reasons::QUARANTINE_LIMIT_REACHED,
+            EventType::Warning,
+            &limited.message,
+        );
+        ctx.ops
+            .publish(plan.policy.as_ref(), note.event("Quarantine"))
+            .await;
+    }
+    announce(ctx, added.into_iter().chain(lifted)).await
+}
+
+/// Lifts quarantines no policy's plan covers (their node left the policy, or the policy is gone).
+pub async fn lift_orphans(ctx: &Context, orphans: &[Lift]) -> Result<(), EditNodeError> {
+    announce(ctx, lift_all(ctx, orphans).await).await
+}
+
+/// Publishes the Event of each edit written; returns the last failure, if any.
+async fn announce(ctx: &Context, results: impl IntoIterator<Item = Written>) -> Result<(), EditNodeError> {
+    let mut failed = None;
+    for result in results {
+        match result {
+            Ok(Some((target, note))) => {
+                ctx.ops
+                    .publish_to(&node_reference(&target), note.event("Quarantine"))
+                    .await;
+            }
+            Ok(None) => {}
+            Err(error) => failed = Some(error),
+        }
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+type Written = Result<Option<(NodeRef, Note)>, EditNodeError>;
+
+async fn lift_all(ctx: &Context, lifts: &[Lift]) -> Vec<Written> {
+    let lifts: Vec<_> = lifts.iter().map(|l| lift(ctx, l)).collect();
+    stream::iter(lifts)
+        .buffer_unordered(EDIT_CONCURRENCY)
+        .collect()
+        .await
+}
+
+async fn add(ctx: &Context, policy: &str, add: &Add) -> Written {
+    let edit = ctx.ops.quarantine_node(&add.node, policy).await?;
+    let NodeEdit::Written(written) = edit else {
+        return Ok(None);
+    };
+    remember(ctx, *written);
+    let elapsed = Duration::try_from(Timestamp::now().duration_since(add.since)).unwrap_or_default();
+    ctx.metrics.signal_to_quarantine(policy, elapsed);
+    tracing::info!(node = %add.node.name, %policy, signal = %add.signal, ?elapsed, "node quarantined");
+    let text = format!(
+        "node {} quarantined by policy {policy} at the first signal {} (since {}): no new pod is scheduled \
+         onto it; its remediation waits for the trigger's `for`",
+        add.node.name, add.signal, add.since
+    );
+    Ok(Some((
+        add.node.clone(),
+        Note::new(reasons::QUARANTINED, EventType::Normal, &text),
+    )))
+}
+
+async fn lift(ctx: &Context, lift: &Lift) -> Written {
+    if lift.unless_owner_exists && owner_exists(ctx, &lift.policy).await {
+        return Ok(None);
+    }
+    let edit = ctx.ops.lift_quarantine(&lift.node, &lift.policy).await?;
+    let NodeEdit::Written(written) = edit else {
+        return Ok(None);
+    };
+    remember(ctx, *written);
+    tracing::info!(node = %lift.node.name, policy = %lift.policy, why = %lift.why, "quarantine lifted");
+    let text = format!(
+        "quarantine of node {} by policy {} lifted: {}",
+        lift.node.name, lift.policy, lift.why
+    );
+    Ok(Some((
+        lift.node.clone(),
+        Note::new(reasons::QUARANTINE_LIFTED, EventType::Normal, &text),
+    )))
+}
+
+/// Whether the API server holds policy `name` (one this controller's selector leaves out). A
+/// failed read counts as existing: a quarantine is lifted only on a certain answer.
+async fn owner_exists(ctx: &Context, name: &str) -> bool {
+    let policies = Api::<GpuRemediationPolicy>::all(ctx.ops.client().clone());
+    match policies.get_opt(name).await {
+        Ok(found) => found.is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        Err(error) => {
+            tracing::debug!(policy = %name, %error, "reading a quarantine's policy failed; keeping it");
+            true
+        }
+    }
+}
+
+fn remember(ctx: &Context, mut node: Node) {
+    prune_node(&mut node);
+    ctx.caches.written_nodes.record(node);
+}
+
+fn node_reference(node: &NodeRef) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(Node::api_version(&()).into_owned()),
+        kind: Some(Node::kind(&()).into_owned()),
+        name: Some(node.name.clone()),
+        uid: node.uid.clone(),
+        ..ObjectReference::default()
+    }
+}

@@ -1,0 +1,399 @@
+//! Quarantine on the first signal: which governed nodes get the policy's quarantine taint now,
+//! which lose it, and how many the limit lets it hold. Pure: it reads the nodes, the remediation
+//! records and the time, and returns the edits the acting layer (`admit`) writes.
+//!
+//! Stopping new placements is cheap and reversible (no pod is touched); draining is not. So a
+//! node is quarantined as soon as a quarantining trigger's condition matches, before `for`
+//! elapses, and admission still waits for `for` as before. From then on:
+//! - the signal clears before `for`: the taint is lifted once the condition has stayed clear for
+//!   `quarantine.hysteresis`;
+//! - `for` elapses: the episode's remediation takes the quarantine over (its cordon adds to it;
+//!   its release lifts it), so the node is never schedulable in between;
+//! - the episode ends without a remediation holding the node (a person cancelled it, it finished,
+//!   it waits in `ManualRequired`): the taint is lifted, so a person's decision is never fought.
+//!
+//! Bounded: at most `quarantine.max` (default `safety.maxUnhealthy`) of the selected nodes carry
+//! the taint at once; a quarantine held is never lifted to make room, and past the limit no
+//! further node is quarantined: the plan names them and the policy's `QuarantineLimited` says why.
+//! Nodes that left the policy, or whose policy is gone, are found by their annotation and lifted
+//! ([`orphans`]).
+
+pub mod apply;
+pub mod taint;
+
+use std::{collections::BTreeSet, fmt::Write as _, sync::Arc};
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicySpec,
+    constants::{
+        CANCELLED_ANNOTATION, CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, policy_conditions, reasons,
+    },
+    policy::Mode,
+};
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::{Node, NodeCondition},
+    apimachinery::pkg::apis::meta::v1::Condition,
+};
+use kube::ResourceExt;
+
+use crate::{
+    detect::{self, Verdict},
+    lifecycle::NodeRef,
+    time::{plus, signed},
+};
+
+/// A node to quarantine now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Add {
+    /// The node (its UID a precondition of the edit).
+    pub node: NodeRef,
+    /// Since when the quarantining condition has held.
+    pub since: Timestamp,
+    /// The condition as a person reads it: `GpuHealthy=False (XID79)`.
+    pub signal: String,
+}
+
+/// A quarantine to lift now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lift {
+    /// The node.
+    pub node: NodeRef,
+    /// The policy that owns it (the annotation's value).
+    pub policy: String,
+    /// Why, for the Event.
+    pub why: String,
+    /// Lift only once the API server confirms the owning policy does not exist: this controller
+    /// does not see it, and a controller scoped by a policy selector cannot tell a deleted policy
+    /// from another controller's.
+    pub unless_owner_exists: bool,
+}
+
+/// One policy's quarantine decision.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Nodes to quarantine, the longest signal first.
+    pub add: Vec<Add>,
+    /// Quarantines to lift.
+    pub lift: Vec<Lift>,
+    /// Governed nodes carrying the taint once the plan is written.
+    pub held: u32,
+    /// How many the limit lets the policy hold.
+    pub limit: u32,
+    /// Nodes with a quarantining signal the limit kept untainted, the longest signal first.
+    pub refused: Vec<String>,
+    /// When a held quarantine's hysteresis ends.
+    pub wake_at: Option<Timestamp>,
+}
+
+/// What one policy's quarantine decision needs.
+pub struct Inputs<'a> {
+    /// The policy's name (the owner written on its nodes).
+    pub policy: &'a str,
+    /// Its spec.
+    pub spec: &'a GpuRemediationPolicySpec,
+    /// The nodes it governs.
+    pub nodes: &'a [&'a Node],
+    /// Every remediation record.
+    pub remediations: &'a [Arc<GpuRemediation>],
+    /// Whether the policy passes every check (an invalid one quarantines nothing new).
+    pub valid: bool,
+    /// The time.
+    pub now: Timestamp,
+}
+
+/// Decides one policy's quarantines.
+#[must_use]
+pub fn plan(inputs: &Inputs<'_>) -> Plan {
+    let Inputs {
+        policy,
+        spec,
+        nodes,
+        remediations,
+        valid,
+        now,
+    } = *inputs;
+    let selected = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
+    let max = spec.quarantine.max.as_ref().unwrap_or(&spec.safety.max_unhealthy);
+    let limit = max.resolve(selected).unwrap_or(0);
+    let may_add = valid && !spec.paused && spec.mode != Mode::DryRun;
+    let hysteresis = signed(spec.quarantine.hysteresis.as_std());
+
+    let mut out = Plan {
+        limit,
+        ..Plan::default()
+    };
+    let mut candidates: Vec<Add> = Vec::new();
+    for node in nodes {
+        let name = node.name_any();
+        let ours = taint::owner(node) == Some(policy);
+        let tainted = ours && taint::has_taint(node);
+        let node_ref = NodeRef {
+            name: name.clone(),
+            uid: node.metadata.uid.clone(),
+        };
+        if held_by_remediation(node, policy, remediations) {
+            out.held += u32::from(tainted);
+            continue;
+        }
+        let conditions = conditions_of(node);
+        let signal =
+            signal(conditions, spec, now).filter(|_| !episode_over(node, policy, spec, remediations, now));
+        match (signal, ours) {
+            (Some(_), true) => {
+                // Our annotation without our taint: a person took the taint off; not again this
+                // episode (and not counted).
+                out.held += u32::from(tainted);
+            }
+            (Some((since, signal)), false) => candidates.push(Add {
+                node: node_ref,
+                since,
+                signal,
+            }),
+            (None, false) => {}
+            (None, true) => match cleared_at(conditions, spec, now) {
+                Some(cleared) if tainted && plus(cleared, hysteresis) > now => {
+                    out.held += 1;
+                    out.wake_at = Some(earliest(out.wake_at, plus(cleared, hysteresis)));
+                }
+                _ => out.lift.push(Lift {
+                    node: node_ref,
+                    policy: policy.to_owned(),
+                    why: lift_reason(tainted, spec),
+                    unless_owner_exists: false,
+                }),
+            },
+        }
+    }
+    candidates.sort_by(|a, b| (a.since, &a.node.name).cmp(&(b.since, &b.node.name)));
+    for candidate in candidates {
+        if may_add && out.held < limit {
+            out.held += 1;
+            out.add.push(candidate);
+        } else if may_add {
+            out.refused.push(candidate.node.name);
+        }
+    }
+    out
+}
+
+/// How many refused nodes the `QuarantineLimited` message names.
+const NAMED: usize = 10;
+
+impl Plan {
+    /// The policy's `QuarantineLimited` condition (its transition time kept when unchanged).
+    #[must_use]
+    pub fn condition(
+        &self,
+        spec: &GpuRemediationPolicySpec,
+        selected: u32,
+        previous: &[Condition],
+        generation: Option<i64>,
+        now: Timestamp,
+    ) -> Condition {
+        let max = spec.quarantine.max.as_ref().unwrap_or(&spec.safety.max_unhealthy);
+        let (limited, reason, message) = if self.refused.is_empty() {
+            (
+                false,
+                reasons::QUARANTINE_WITHIN_LIMIT,
+                format!(
+                    "{} of {selected} selected nodes quarantined, limit {max} ({} nodes)",
+                    self.held, self.limit
+                ),
+            )
+        } else {
+            let mut named = self
+                .refused
+                .iter()
+                .take(NAMED)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ");
+            if self.refused.len() > NAMED {
+                let _ = write!(named, " and {} more", self.refused.len() - NAMED);
+            }
+            (
+                true,
+                reasons::QUARANTINE_LIMIT_REACHED,
+                format!(
+                    "{} nodes show a quarantining signal but {} of {selected} selected nodes are already \
+                     quarantined, the quarantine limit {max} ({} nodes): not quarantined: {named}",
+                    self.refused.len(),
+                    self.held,
+                    self.limit
+                ),
+            )
+        };
+        crate::fleet::condition(
+            previous,
+            policy_conditions::QUARANTINE_LIMITED,
+            limited,
+            reason.to_owned(),
+            message,
+            generation,
+            now,
+        )
+    }
+}
+
+/// Quarantines to lift on nodes no policy's plan covers: the node left its policy (or never
+/// belonged to the one named), or the policy is gone. `governor` names the policy governing a
+/// node, if any; `known` says whether this controller sees a policy (an unseen owner's
+/// quarantine is lifted only if the server confirms the policy is gone); `plans` are the
+/// policies' decisions of this pass. A quarantine the owner's remediation still holds is left to
+/// that remediation's release.
+#[must_use]
+pub fn orphans<'p>(
+    nodes: &[Arc<Node>],
+    governor: impl Fn(&Node) -> Option<&'p str>,
+    known: impl Fn(&str) -> bool,
+    plans: &[&Plan],
+    remediations: &[Arc<GpuRemediation>],
+) -> Vec<Lift> {
+    let added: BTreeSet<&str> = plans
+        .iter()
+        .flat_map(|p| p.add.iter().map(|a| a.node.name.as_str()))
+        .collect();
+    nodes
+        .iter()
+        .filter_map(|node| {
+            let owner = taint::owner(node)?;
+            if governor(node) == Some(owner)
+                || added.contains(node.name_any().as_str())
+                || held_by_remediation(node, owner, remediations)
+            {
+                return None;
+            }
+            Some(Lift {
+                node: NodeRef {
+                    name: node.name_any(),
+                    uid: node.metadata.uid.clone(),
+                },
+                policy: owner.to_owned(),
+                why: if known(owner) {
+                    format!("policy {owner} no longer governs the node (it left the policy's selector)")
+                } else {
+                    format!("policy {owner} is gone")
+                },
+                unless_owner_exists: !known(owner),
+            })
+        })
+        .collect()
+}
+
+/// The earliest-held condition of a quarantining trigger that matches now: since when, and what
+/// it says.
+fn signal(
+    conditions: &[NodeCondition],
+    spec: &GpuRemediationPolicySpec,
+    now: Timestamp,
+) -> Option<(Timestamp, String)> {
+    spec.triggers
+        .iter()
+        .filter(|t| t.quarantine.unwrap_or(spec.quarantine.enabled))
+        .filter_map(|trigger| {
+            let condition = conditions
+                .iter()
+                .find(|c| detect::condition_matches(trigger, c))?;
+            let since = condition
+                .last_transition_time
+                .as_ref()
+                .map_or(now, |t| t.0.min(now));
+            let reason = condition.reason.as_deref().unwrap_or_default();
+            Some((
+                since,
+                format!("{}={} ({reason})", condition.type_, condition.status),
+            ))
+        })
+        .min()
+}
+
+/// When the quarantining triggers' conditions last changed to a non-matching status (`None`: no
+/// such condition is present, or quarantine is off for every trigger).
+fn cleared_at(
+    conditions: &[NodeCondition],
+    spec: &GpuRemediationPolicySpec,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    spec.triggers
+        .iter()
+        .filter(|t| t.quarantine.unwrap_or(spec.quarantine.enabled))
+        .filter_map(|trigger| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == trigger.condition_type && !detect::condition_matches(trigger, c))
+        })
+        .filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0.min(now)))
+        .max()
+}
+
+/// Whether a remediation of `policy` holds the node: one still running, or a finished one still
+/// holding the cordon (action `None` keeps it). Its release lifts the quarantine.
+fn held_by_remediation(node: &Node, policy: &str, remediations: &[Arc<GpuRemediation>]) -> bool {
+    let name = node.name_any();
+    let cordon_holder = |key: &str| node.annotations().get(key).cloned();
+    let holders = [
+        cordon_holder(CORDONED_BY_ANNOTATION),
+        cordon_holder(PRE_CORDONED_ANNOTATION),
+    ];
+    remediations
+        .iter()
+        .filter(|r| r.spec.node_name == name && r.spec.policy_name == policy)
+        .any(|r| {
+            let phase = r.status.as_ref().map(|s| s.phase).unwrap_or_default();
+            !phase.is_terminal() || holders.iter().flatten().any(|h| *h == r.name_any())
+        })
+}
+
+/// Whether the node's current episode already had its remediation and it ended (finished,
+/// cancelled by a person, waiting in `ManualRequired`): the quarantine goes with it.
+fn episode_over(
+    node: &Node,
+    policy: &str,
+    spec: &GpuRemediationPolicySpec,
+    remediations: &[Arc<GpuRemediation>],
+    now: Timestamp,
+) -> bool {
+    let since = match detect::evaluate(conditions_of(node), &spec.triggers, now) {
+        Verdict::Unhealthy { evidence } | Verdict::Pending { evidence, .. } => evidence.since,
+        Verdict::Healthy { .. } => return false,
+    };
+    let name = node.name_any();
+    let cancelled = node
+        .annotations()
+        .get(CANCELLED_ANNOTATION)
+        .is_some_and(|c| *c == crate::fleet::remediation_name(&name, policy, since));
+    cancelled
+        || remediations.iter().any(|r| {
+            r.spec.node_name == name
+                && r.spec.policy_name == policy
+                && r.spec.trigger.since.as_ref().is_some_and(|t| t.0 == since)
+        })
+}
+
+fn lift_reason(tainted: bool, spec: &GpuRemediationPolicySpec) -> String {
+    if !tainted {
+        "the signal is over: forgetting the quarantine a person lifted".to_owned()
+    } else if !spec.quarantine.enabled && spec.triggers.iter().all(|t| t.quarantine != Some(true)) {
+        "quarantine is off in the policy".to_owned()
+    } else {
+        format!(
+            "the signal cleared and stayed clear for {} (quarantine.hysteresis), or its episode ended",
+            spec.quarantine.hysteresis
+        )
+    }
+}
+
+fn conditions_of(node: &Node) -> &[NodeCondition] {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+}
+
+fn earliest(a: Option<Timestamp>, b: Timestamp) -> Timestamp {
+    a.map_or(b, |a| a.min(b))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,149 @@
+//! The quarantine as an edit of a Node object, and who owns it. Pure; the read-modify-replace
+//! around these edits lives in `kubeops`.
+//!
+//! A quarantine is one `NoSchedule` taint, `gpuremediation.dev/quarantined`, and one annotation,
+//! `gpuremediation.dev/quarantined-by`, naming the policy that took it. It never sets
+//! `unschedulable` and never touches another taint, so a person's cordon and taints stay exactly
+//! as they are. Ownership lives on the node, so a restarted controller finds every quarantine
+//! again.
+
+use gpu_remediation_api::constants::{QUARANTINE_TAINT_KEY, QUARANTINED_BY_ANNOTATION};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+use kube::ResourceExt;
+
+/// Whether the node carries the quarantine taint.
+#[must_use]
+pub fn has_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == QUARANTINE_TAINT_KEY))
+}
+
+/// The policy named as the quarantine's owner, if any.
+#[must_use]
+pub fn owner(node: &Node) -> Option<&str> {
+    node.annotations()
+        .get(QUARANTINED_BY_ANNOTATION)
+        .map(String::as_str)
+}
+
+/// Quarantines `node` for `policy`: the taint added to the others, the owner recorded. Returns
+/// whether anything changed (the edit is idempotent).
+///
+/// `NoSchedule`, never `NoExecute`: the quarantine keeps new pods off, it never moves one.
+pub fn quarantine(node: &mut Node, policy: &str) -> bool {
+    let mut changed = false;
+    if owner(node) != Some(policy) {
+        node.annotations_mut()
+            .insert(QUARANTINED_BY_ANNOTATION.to_owned(), policy.to_owned());
+        changed = true;
+    }
+    let taints = node
+        .spec
+        .get_or_insert_with(NodeSpec::default)
+        .taints
+        .get_or_insert_with(Vec::new);
+    if !taints.iter().any(|t| t.key == QUARANTINE_TAINT_KEY) {
+        taints.push(Taint {
+            key: QUARANTINE_TAINT_KEY.to_owned(),
+            effect: "NoSchedule".to_owned(),
+            ..Taint::default()
+        });
+        changed = true;
+    }
+    changed
+}
+
+/// Lifts `policy`'s quarantine from `node`: our taint and our annotation go, everything else stays.
+/// A quarantine another policy owns is left exactly as it is. Returns whether anything changed.
+pub fn lift(node: &mut Node, policy: &str) -> bool {
+    if owner(node) != Some(policy) {
+        return false;
+    }
+    node.annotations_mut().remove(QUARANTINED_BY_ANNOTATION);
+    if let Some(taints) = node.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+        taints.retain(|t| t.key != QUARANTINE_TAINT_KEY);
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn node(unschedulable: bool, taints: &[&str]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("gpu-1".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(NodeSpec {
+                unschedulable: unschedulable.then_some(true),
+                taints: Some(
+                    taints
+                        .iter()
+                        .map(|k| Taint {
+                            key: (*k).to_owned(),
+                            effect: "NoSchedule".into(),
+                            ..Taint::default()
+                        })
+                        .collect(),
+                ),
+                ..NodeSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn taint_keys(node: &Node) -> Vec<String> {
+        node.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .map(|t| t.iter().map(|t| t.key.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn quarantining_adds_a_no_schedule_taint_and_the_owner_and_never_cordons() {
+        let mut n = node(false, &["team/reserved"]);
+        assert!(quarantine(&mut n, "gpus"));
+        assert_eq!(taint_keys(&n), vec!["team/reserved", QUARANTINE_TAINT_KEY]);
+        let taint = &n.spec.as_ref().unwrap().taints.as_ref().unwrap()[1];
+        assert_eq!(taint.effect, "NoSchedule");
+        assert_eq!(owner(&n), Some("gpus"));
+        assert_eq!(n.spec.as_ref().unwrap().unschedulable, None);
+        assert!(!quarantine(&mut n, "gpus"), "a second quarantine changes nothing");
+    }
+
+    #[test]
+    fn lifting_removes_only_our_taint_and_leaves_a_persons_cordon() {
+        let mut n = node(true, &["team/reserved"]);
+        quarantine(&mut n, "gpus");
+        assert!(lift(&mut n, "gpus"));
+        assert_eq!(taint_keys(&n), vec!["team/reserved"]);
+        assert_eq!(n.spec.as_ref().unwrap().unschedulable, Some(true));
+        assert!(owner(&n).is_none());
+        assert!(!lift(&mut n, "gpus"), "a second lift changes nothing");
+    }
+
+    #[test]
+    fn another_policys_quarantine_is_never_lifted() {
+        let mut n = node(false, &[]);
+        quarantine(&mut n, "old");
+        let before = n.clone();
+        assert!(!lift(&mut n, "new"));
+        assert_eq!(n, before);
+    }
+
+    #[test]
+    fn a_quarantine_moving_to_another_policy_changes_only_its_owner() {
+        let mut n = node(false, &[]);
+        quarantine(&mut n, "old");
+        assert!(quarantine(&mut n, "new"));
+        assert_eq!(owner(&n), Some("new"));
+        assert_eq!(taint_keys(&n), vec![QUARANTINE_TAINT_KEY]);
+    }
+}
