@@ -136,6 +136,8 @@ pub mod policy_conditions {
     pub const OVERLAP: &str = "Overlap";
     /// A failure domain is over its unhealthy limit: its nodes wait, the others go on.
     pub const DOMAIN_HELD: &str = "DomainHeld";
+    /// Most recent failures share one value of a node attribute.
+    pub const SUSPECT_CAUSE: &str = "SuspectCause";
     /// The policy cannot be enforced (a check the schema cannot express failed).
     pub const INVALID: &str = "Invalid";
     /// Nodes show a quarantining signal but the quarantine limit holds them back.
@@ -170,6 +172,8 @@ pub mod reasons {
     pub const DOMAIN_HELD: &str = "DomainHeld";
     /// A failure domain held before is back within its unhealthy limit.
     pub const DOMAIN_RESUMED: &str = "DomainResumed";
+    /// New remediations of nodes carrying the value most recent failures share wait.
+    pub const SUSPECT_HELD: &str = "SuspectHeld";
     /// The budget deferred a node: slow start allows fewer in flight than `maxConcurrent` yet.
     pub const DEFERRED_SLOW_START: &str = "DeferredBySlowStart";
     /// The budget deferred a node: its failure domain's `maxInFlight` reached.

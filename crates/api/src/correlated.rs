@@ -7,7 +7,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::selector::IntOrPercent;
+use crate::{duration::Duration, selector::IntOrPercent};
 
 /// A failure domain: every distinct value of `topologyKey` on the policy's nodes is one domain,
 /// with its own limits. Nodes without the label belong to no domain of this key.
@@ -75,6 +75,89 @@ impl std::fmt::Display for UnhealthyLimit {
             (None, None) => f.write_str("no unhealthy limit"),
         }
     }
+}
+
+/// Looking for the shared cause of recent failures: a value of a node attribute (a driver-version
+/// label, the kernel, the kubelet, the OS image, a zone, a rack) that most of them share.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::suspect)]
+pub struct SuspectCause {
+    /// How far back failures count (by when their trigger began to hold).
+    #[serde(default = "default_suspect_window")]
+    pub window: Duration,
+    /// The share of those failures that must carry one value for it to be named, e.g. `"60%"`.
+    #[serde(default = "default_suspect_share")]
+    pub share: String,
+    /// Fewer failures than this name nothing.
+    #[serde(default = "default_suspect_min_failures")]
+    pub min_failures: u32,
+    /// The attributes compared: node label keys, or `nodeInfo.kernelVersion`,
+    /// `nodeInfo.kubeletVersion`, `nodeInfo.osImage`, `nodeInfo.containerRuntimeVersion`. Empty:
+    /// the NVIDIA driver labels, those four and the zone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attributes: Vec<String>,
+    /// Whether new remediations of nodes carrying the named value wait (reason `SuspectHeld`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold: bool,
+}
+
+/// The attributes compared when `attributes` is empty.
+pub const DEFAULT_SUSPECT_ATTRIBUTES: [&str; 8] = [
+    "nvidia.com/cuda.driver.major",
+    "nvidia.com/cuda.driver-version.full",
+    "nvidia.com/gpu.clique",
+    "topology.kubernetes.io/zone",
+    "nodeInfo.kernelVersion",
+    "nodeInfo.kubeletVersion",
+    "nodeInfo.osImage",
+    "nodeInfo.containerRuntimeVersion",
+];
+
+impl SuspectCause {
+    /// The attributes compared.
+    #[must_use]
+    pub fn attributes(&self) -> Vec<String> {
+        if self.attributes.is_empty() {
+            DEFAULT_SUSPECT_ATTRIBUTES
+                .iter()
+                .map(|a| (*a).to_owned())
+                .collect()
+        } else {
+            self.attributes.clone()
+        }
+    }
+}
+
+fn default_suspect_window() -> Duration {
+    Duration::from_hours(1)
+}
+
+fn default_suspect_share() -> String {
+    "60%".to_owned()
+}
+
+const fn default_suspect_min_failures() -> u32 {
+    3
+}
+
+/// The suspect cause a policy's status names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SuspectStatus {
+    /// The attribute.
+    pub attribute: String,
+    /// Its value most failures share.
+    pub value: String,
+    /// Failures carrying it.
+    pub failures: u32,
+    /// Failures in the window.
+    pub of: u32,
+    /// Whether new remediations of nodes carrying it wait.
+    #[serde(default)]
+    pub holding: bool,
+    /// The sentence, e.g. `7 of 9 failures in the last 1h are on nvidia.com/cuda.driver.major=570`.
+    pub message: String,
 }
 
 /// A failure domain the policy holds, as its status reports it.

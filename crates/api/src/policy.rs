@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    correlated::{FailureDomain, HeldDomain, UnhealthyLimit},
+    correlated::{FailureDomain, HeldDomain, SuspectCause, SuspectStatus, UnhealthyLimit},
     duration::Duration,
     selector::{IntOrPercent, NodeSelector},
 };
@@ -222,6 +222,10 @@ pub struct Safety {
     /// survives restarts.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub slow_start: bool,
+    /// Name the value of a node attribute most recent failures share, and optionally hold new
+    /// remediations on nodes carrying it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspect: Option<SuspectCause>,
     /// At most `limit` remediations started in any rolling window of `per`.
     #[serde(default)]
     pub rate: Rate,
@@ -239,6 +243,7 @@ impl Default for Safety {
             max_unhealthy_count: None,
             failure_domains: Vec::new(),
             slow_start: false,
+            suspect: None,
             rate: Rate::default(),
             max_attempts_per_node: Attempts::default(),
         }
@@ -485,6 +490,9 @@ pub struct GpuRemediationPolicyStatus {
     /// With `safety.slowStart`: the remediations allowed in flight now, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slow_start: Option<SlowStartStatus>,
+    /// With `safety.suspect`: the attribute value most recent failures share, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspect: Option<SuspectStatus>,
 }
 
 /// The slow-start allowance of a policy.

@@ -312,6 +312,36 @@ fn count_rules() -> [Rule; 2] {
     ]
 }
 
+/// `safety.suspect`: a positive window, a share, at least one failure, label-key attributes.
+pub(crate) fn suspect(schema: &mut Schema) {
+    make_positive(schema, "window");
+    let share = property(schema, "share");
+    share.insert("maxLength".into(), 4.into());
+    add_rules(
+        share,
+        [rule(
+            format!("self.matches('{PERCENT_REGEX}')"),
+            messages::PERCENT_RANGE,
+        )],
+    );
+    add_rules(property(schema, "minFailures"), count_rules());
+    let attributes = property(schema, "attributes");
+    attributes.insert("maxItems".into(), 16.into());
+    attributes.insert("x-kubernetes-list-type".into(), "set".into());
+    let items = attributes
+        .get_mut("items")
+        .and_then(Value::as_object_mut)
+        .expect("attributes has items");
+    items.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
+    add_rules(
+        attributes,
+        [rule(
+            format!("self.all(a, a.matches('{LABEL_KEY_REGEX}'))"),
+            &format!("every attribute {}", messages::LABEL_KEY),
+        )],
+    );
+}
+
 /// A failure domain: a label key, at least one limit, each count at least 1.
 pub(crate) fn failure_domain(schema: &mut Schema) {
     let key = property(schema, "topologyKey");

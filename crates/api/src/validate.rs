@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::{
     bounds,
     constants::template_placeholders,
-    correlated::FailureDomain,
+    correlated::{FailureDomain, SuspectCause},
     duration::Duration,
     policy::{Action, GpuRemediationPolicy, GpuRemediationPolicySpec, Replacement, Strategy},
     schema::{POLICY_NAME_MAX_LENGTH, messages},
@@ -111,6 +111,9 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
         &mut out,
     );
     check_failure_domains(&safety.failure_domains, &mut out);
+    if let Some(suspect) = &safety.suspect {
+        check_suspect(suspect, &mut out);
+    }
     if safety.rate.limit < 1 {
         out.push(Violation::new("spec.safety.rate.limit", messages::RATE_LIMIT));
     }
@@ -214,6 +217,22 @@ fn check_count(field: &str, count: Option<u32>, out: &mut Vec<Violation>) {
         Some(n) if n > bounds::COUNT_MAX => out.push(Violation::new(field, messages::COUNT_AT_MOST)),
         _ => {}
     }
+}
+
+fn check_suspect(suspect: &SuspectCause, out: &mut Vec<Violation>) {
+    check_int_or_percent(
+        "spec.safety.suspect.share",
+        &IntOrPercent::Percent(suspect.share.clone()),
+        out,
+    );
+    check_count("spec.safety.suspect.minFailures", Some(suspect.min_failures), out);
+    if suspect.attributes.iter().any(|a| !is_qualified_name(a)) {
+        out.push(Violation::new(
+            "spec.safety.suspect.attributes",
+            format!("every attribute {}", messages::LABEL_KEY),
+        ));
+    }
+    check_positive("spec.safety.suspect.window", suspect.window, out);
 }
 
 fn check_failure_domains(domains: &[FailureDomain], out: &mut Vec<Violation>) {

@@ -164,6 +164,15 @@ pub async fn apply(
             event(reasons::DOMAIN_HELD, &held.message(), EventType::Warning),
         );
     }
+    if let Some(suspect) = &plan.suspect_named {
+        let hold = if suspect.holding {
+            ": new remediations of nodes carrying it wait"
+        } else {
+            ""
+        };
+        let note = format!("suspect cause: {}{hold}", suspect.message);
+        announcements.add(policy, event(reasons::SUSPECT_HELD, &note, EventType::Warning));
+    }
     for resumed in &plan.domains_resumed {
         let note = format!(
             "failure domain {} is back within its limits: its nodes may start again",

@@ -9,8 +9,15 @@
 
 pub mod domains;
 pub mod slow_start;
+pub mod suspect;
 
-use gpu_remediation_api::{Duration, correlated::HeldDomain, policy::Safety};
+use std::collections::BTreeSet;
+
+use gpu_remediation_api::{
+    Duration,
+    correlated::{HeldDomain, SuspectStatus},
+    policy::Safety,
+};
 use jiff::Timestamp;
 
 use self::domains::DomainWait;
@@ -61,6 +68,8 @@ pub struct Inputs<'a> {
     /// With `slowStart`, the remediations the allowance lets be in flight (at most
     /// `maxConcurrent` applies either way).
     pub slow_start: Option<u32>,
+    /// With `safety.suspect.hold` and a suspect named: the suspect, and the nodes carrying it.
+    pub suspect_hold: Option<(SuspectStatus, BTreeSet<String>)>,
     /// The time of the decision.
     pub now: Timestamp,
 }
@@ -90,6 +99,8 @@ pub enum Deferral {
     },
     /// A failure domain of the node is over its unhealthy limit.
     DomainHeld(HeldDomain),
+    /// The node carries the value most recent failures share, and the policy holds those.
+    SuspectHeld(SuspectStatus),
     /// A failure domain of the node has `maxInFlight` remediations in flight.
     DomainInFlight {
         /// `key=value`.
@@ -139,6 +150,7 @@ impl Deferral {
             Self::Paused => reasons::PAUSED,
             Self::CircuitOpen { .. } => reasons::CIRCUIT_OPEN,
             Self::DomainHeld(_) => reasons::DOMAIN_HELD,
+            Self::SuspectHeld(_) => reasons::SUSPECT_HELD,
             Self::DomainInFlight { .. } => reasons::DEFERRED_DOMAIN_IN_FLIGHT,
             Self::Concurrency { .. } => reasons::DEFERRED_CONCURRENCY,
             Self::SlowStart { .. } => reasons::DEFERRED_SLOW_START,
@@ -163,6 +175,11 @@ impl Deferral {
                  the fault looks systemic, so nothing new starts (in-flight work continues)"
             ),
             Self::DomainHeld(held) => held.message(),
+            Self::SuspectHeld(suspect) => format!(
+                "{}: this node carries it too, and safety.suspect.hold keeps new remediations of such \
+                 nodes waiting",
+                suspect.message
+            ),
             Self::DomainInFlight {
                 domain,
                 in_flight,
@@ -190,6 +207,23 @@ impl Deferral {
                 let next = next_slot_at.map_or_else(String::new, |t| format!("; next slot at {t}"));
                 format!("{started} remediations started within {per}, rate limit is {limit}{next}")
             }
+        }
+    }
+}
+
+impl From<DomainWait> for Deferral {
+    fn from(wait: DomainWait) -> Self {
+        match wait {
+            DomainWait::Held(held) => Self::DomainHeld(held),
+            DomainWait::InFlight {
+                domain,
+                in_flight,
+                limit,
+            } => Self::DomainInFlight {
+                domain,
+                in_flight,
+                limit,
+            },
         }
     }
 }
@@ -237,6 +271,7 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
         mut candidates,
         mut domains,
         slow_start,
+        suspect_hold,
         now,
     } = inputs;
     candidates.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.node.cmp(&b.node)));
@@ -294,19 +329,13 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
                 selected,
                 limit: safety.unhealthy_limit().to_string(),
             })
+        } else if let Some((suspect, _)) = suspect_hold
+            .as_ref()
+            .filter(|(_, nodes)| nodes.contains(&candidate.node))
+        {
+            Some(Deferral::SuspectHeld(suspect.clone()))
         } else if let Some(wait) = domains.wait_of(&candidate.node) {
-            Some(match wait {
-                DomainWait::Held(held) => Deferral::DomainHeld(held),
-                DomainWait::InFlight {
-                    domain,
-                    in_flight,
-                    limit,
-                } => Deferral::DomainInFlight {
-                    domain,
-                    in_flight,
-                    limit,
-                },
-            })
+            Some(wait.into())
         } else if slots > 0 {
             slots -= 1;
             domains.admit(&candidate.node);
@@ -371,6 +400,7 @@ mod tests {
             max_unhealthy_count: None,
             failure_domains: Vec::new(),
             slow_start: false,
+            suspect: None,
             rate: Rate {
                 limit: rate.0,
                 per: Duration::from_secs(rate.1),
@@ -408,6 +438,7 @@ mod tests {
             candidates,
             domains: Domains::default(),
             slow_start: None,
+            suspect_hold: None,
             now: at(1000),
         }
     }
@@ -719,5 +750,29 @@ mod tests {
             decision.waiting[0].deferral,
             Deferral::Concurrency { .. }
         ));
+    }
+
+    #[test]
+    fn a_node_carrying_the_held_suspect_waits_and_one_without_it_starts() {
+        let safety = safety(5, "100%", (10, 3600));
+        let suspect = SuspectStatus {
+            attribute: "nvidia.com/cuda.driver.major".into(),
+            value: "570".into(),
+            failures: 5,
+            of: 6,
+            holding: true,
+            message: "5 of 6 failures in the last 1h are on nvidia.com/cuda.driver.major=570".into(),
+        };
+        let mut inputs = inputs(&safety, &[], vec![candidate("on-570", 1), candidate("on-550", 2)]);
+        inputs.suspect_hold = Some((suspect, ["on-570".to_owned()].into()));
+        let decision = admit(inputs);
+        assert_eq!(decision.admitted, vec![candidate("on-550", 2)]);
+        assert_eq!(decision.waiting[0].deferral.reason(), "SuspectHeld");
+        assert!(
+            decision.waiting[0]
+                .deferral
+                .message()
+                .starts_with("5 of 6 failures in the last 1h are on nvidia.com/cuda.driver.major=570")
+        );
     }
 }

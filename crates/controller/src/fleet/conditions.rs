@@ -112,6 +112,45 @@ pub(super) fn conditions(
     .collect()
 }
 
+/// `SuspectCause`: true while most recent failures share one attribute value, naming it.
+pub(super) fn suspect_condition(
+    previous: &[Condition],
+    suspect: Option<&gpu_remediation_api::correlated::SuspectStatus>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Condition {
+    let (status, reason, message) = suspect.map_or_else(
+        || {
+            (
+                false,
+                "NoneShared".to_owned(),
+                "no attribute value is shared by enough recent failures".to_owned(),
+            )
+        },
+        |s| {
+            let hold = if s.holding {
+                "; new remediations of nodes carrying it wait"
+            } else {
+                ""
+            };
+            (
+                true,
+                reasons::SUSPECT_HELD.to_owned(),
+                format!("{}{hold}", s.message),
+            )
+        },
+    );
+    condition(
+        previous,
+        policy_conditions::SUSPECT_CAUSE,
+        status,
+        reason,
+        message,
+        generation,
+        now,
+    )
+}
+
 /// A condition, keeping the previous transition time when its status did not change.
 #[must_use]
 pub fn condition(

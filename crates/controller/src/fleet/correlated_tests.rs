@@ -236,3 +236,64 @@ fn six_failing_under_slow_start_start_one_then_two_after_a_proven_success_and_on
     assert_eq!(failed.policies[0].create.len(), 1);
     assert_eq!(failed.policies[0].status.slow_start.as_ref().unwrap().allowed, 1);
 }
+
+#[test]
+fn five_of_six_failures_on_one_driver_are_named_and_with_the_hold_their_nodes_wait() {
+    let mut policy = rack_policy(6);
+    policy.spec.safety.failure_domains.clear();
+    policy.spec.safety.suspect = Some(
+        serde_json::from_value(serde_json::json!({
+            "window": "1h", "share": "60%", "minFailures": 3,
+            "attributes": ["nvidia.com/cuda.driver.major"], "hold": true,
+        }))
+        .unwrap(),
+    );
+    let nodes: Vec<Arc<Node>> = racks(&["a0", "a1", "a2", "a3", "a4", "a5"])
+        .into_iter()
+        .map(|n| {
+            let mut n = (*n).clone();
+            let driver = if n.metadata.name.as_deref() == Some("a5") {
+                "550"
+            } else {
+                "570"
+            };
+            n.metadata
+                .labels
+                .get_or_insert_default()
+                .insert("nvidia.com/cuda.driver.major".into(), driver.into());
+            Arc::new(n)
+        })
+        .collect();
+    let fleet = plan(&[Arc::new(policy.clone())], &nodes, &[], at(10));
+    let held = &fleet.policies[0];
+    let suspect = held.status.suspect.as_ref().unwrap();
+    assert_eq!(
+        suspect.message,
+        "5 of 6 failures in the last 1h are on nvidia.com/cuda.driver.major=570"
+    );
+    assert!(suspect.holding);
+    let started: Vec<&str> = held.create.iter().map(|r| r.spec.node_name.as_str()).collect();
+    assert_eq!(started, ["a5"], "the node on another driver starts");
+    assert!(
+        held.status
+            .waiting
+            .iter()
+            .all(|w| w.reason == reasons::SUSPECT_HELD && w.message.contains("driver.major=570"))
+    );
+    assert_eq!(held.status.waiting.len(), 5);
+    assert!(held.suspect_named.is_some(), "one Event names it");
+    let condition = held
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == policy_conditions::SUSPECT_CAUSE)
+        .unwrap();
+    assert_eq!(condition.status, "True");
+
+    // Without the hold the suspect is still named, and nothing waits for it.
+    policy.spec.safety.suspect.as_mut().unwrap().hold = false;
+    policy.spec.safety.rate.limit = 10;
+    let fleet = plan(&[Arc::new(policy)], &nodes, &[], at(10));
+    assert_eq!(fleet.policies[0].create.len(), 6);
+    assert!(fleet.policies[0].status.suspect.is_some());
+}

@@ -42,9 +42,10 @@ mod conditions;
 mod correlated_tests;
 mod outcomes;
 mod record;
+mod suspects;
 
 pub use conditions::condition;
-use conditions::{conditions, has_true_condition};
+use conditions::{conditions, has_true_condition, suspect_condition};
 pub use record::{new_remediation, remediation_name, snapshot_of};
 
 use crate::{
@@ -76,6 +77,8 @@ pub struct PolicyPlan {
     pub domains_held: Vec<HeldDomain>,
     /// Failure domains held before and within their limits now: one Event each.
     pub domains_resumed: Vec<HeldDomain>,
+    /// A suspect cause newly named (or another than before): one Event.
+    pub suspect_named: Option<gpu_remediation_api::correlated::SuspectStatus>,
     /// Finished remediations older than `history.ttl`, to delete.
     pub expired: Vec<String>,
     /// Quarantine taints to add and lift on the policy's nodes.
@@ -175,6 +178,7 @@ fn plan_policy(
     let domains = failure_domains(spec, nodes, &unhealthy, &started);
     let (allowance, proven_at) = outcomes::slow_start(&name, spec, nodes, remediations, now);
     wake = earliest(wake, proven_at);
+    let suspect = suspects::named(&name, spec, nodes, &unhealthy, remediations, now);
     let decision = budget::admit(budget::Inputs {
         safety: &spec.safety,
         paused: spec.paused,
@@ -184,6 +188,7 @@ fn plan_policy(
         candidates: found.candidates.clone(),
         domains,
         slow_start: allowance.as_ref().map(|a| a.allowed),
+        suspect_hold: suspect.clone().filter(|(s, _)| s.holding),
         now,
     });
 
@@ -210,16 +215,7 @@ fn plan_policy(
 
     let waiting = waiting_nodes(&decision, &manual_required, invalid.is_none());
     let previous = policy.status.clone().unwrap_or_default();
-    let newly_waiting = waiting
-        .iter()
-        .filter(|w| {
-            !previous
-                .waiting
-                .iter()
-                .any(|p| p.node == w.node && p.reason == w.reason)
-        })
-        .cloned()
-        .collect();
+    let newly_waiting = newly_waiting(&waiting, &previous.waiting);
     let domains_held = newly_in(&decision.held_domains, &previous.held_domains);
     let domains_resumed = newly_in(&previous.held_domains, &decision.held_domains);
     let was_open = has_true_condition(&previous.conditions, policy_conditions::CIRCUIT_OPEN);
@@ -246,6 +242,19 @@ fn plan_policy(
         now,
     );
     conditions.push(quarantine.condition(spec, selected, &previous.conditions, generation, now));
+    let suspect = suspect.map(|(s, _)| s);
+    conditions.push(suspect_condition(
+        &previous.conditions,
+        suspect.as_ref(),
+        generation,
+        now,
+    ));
+    let suspect_named = suspect.clone().filter(|s| {
+        previous
+            .suspect
+            .as_ref()
+            .is_none_or(|p| (&p.attribute, &p.value) != (&s.attribute, &s.value))
+    });
     let status = GpuRemediationPolicyStatus {
         observed_generation: generation,
         conditions,
@@ -264,6 +273,7 @@ fn plan_policy(
             allowed: a.allowed,
             message: a.why,
         }),
+        suspect,
     };
     (
         PolicyPlan {
@@ -276,6 +286,7 @@ fn plan_policy(
             circuit_change,
             domains_held,
             domains_resumed,
+            suspect_named,
             expired: expired(&name, remediations, spec.history.ttl, now),
             quarantine,
         },
@@ -379,6 +390,14 @@ fn waiting_nodes(
             reason: w.deferral.reason().to_owned(),
             message: w.deferral.message(),
         })
+        .collect()
+}
+
+/// The nodes of `now` that were not waiting before, or waited for another reason.
+fn newly_waiting(now: &[WaitingNode], before: &[WaitingNode]) -> Vec<WaitingNode> {
+    now.iter()
+        .filter(|w| !before.iter().any(|p| p.node == w.node && p.reason == w.reason))
+        .cloned()
         .collect()
 }
 

@@ -1,0 +1,87 @@
+//! The failures a policy's suspect cause is looked for among, read from the records kept and the
+//! nodes unhealthy now, and the nodes carrying the suspect value. Pure.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
+
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicySpec, correlated::SuspectStatus};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+use crate::{
+    budget::suspect::{Failure, suspect},
+    detect::Evidence,
+    time::{minus, signed},
+};
+
+/// With `safety.suspect`: the suspect named now (if any), and the governed nodes carrying it.
+pub(super) fn named(
+    policy: &str,
+    spec: &GpuRemediationPolicySpec,
+    nodes: &[&Node],
+    unhealthy: &[(&Node, Evidence)],
+    remediations: &[Arc<GpuRemediation>],
+    now: Timestamp,
+) -> Option<(SuspectStatus, BTreeSet<String>)> {
+    let config = spec.safety.suspect.as_ref()?;
+    let attributes = config.attributes();
+    let since = minus(now, signed(config.window.as_std()));
+    // One failure per node and episode (when its trigger began to hold).
+    let mut episodes: BTreeSet<(String, Timestamp)> = remediations
+        .iter()
+        .filter(|r| r.spec.policy_name == policy)
+        .filter_map(|r| Some((r.spec.node_name.clone(), r.spec.trigger.since.as_ref()?.0)))
+        .filter(|(_, at)| *at >= since)
+        .collect();
+    episodes.extend(
+        unhealthy
+            .iter()
+            .filter(|(_, e)| e.since >= since)
+            .map(|(n, e)| (n.name_any(), e.since)),
+    );
+    let by_name: BTreeMap<String, &Node> = nodes.iter().map(|n| (n.name_any(), *n)).collect();
+    let failures: Vec<Failure> = episodes
+        .iter()
+        .map(|(node, _)| Failure {
+            attributes: by_name
+                .get(node)
+                .map(|n| values(n, &attributes))
+                .unwrap_or_default(),
+        })
+        .collect();
+    let mut found = suspect(
+        &failures,
+        &attributes,
+        &config.share,
+        config.min_failures,
+        config.window,
+    )?;
+    found.holding = config.hold;
+    let carrying = by_name
+        .iter()
+        .filter(|(_, n)| values(n, &attributes).get(&found.attribute) == Some(&found.value))
+        .map(|(name, _)| name.clone())
+        .collect();
+    Some((found, carrying))
+}
+
+/// A node's values of `attributes`: its labels, and `nodeInfo.*` from its status.
+fn values(node: &Node, attributes: &[String]) -> BTreeMap<String, String> {
+    let info = node.status.as_ref().and_then(|s| s.node_info.as_ref());
+    attributes
+        .iter()
+        .filter_map(|attribute| {
+            let value = match attribute.strip_prefix("nodeInfo.") {
+                Some("kernelVersion") => info.map(|i| i.kernel_version.clone()),
+                Some("kubeletVersion") => info.map(|i| i.kubelet_version.clone()),
+                Some("osImage") => info.map(|i| i.os_image.clone()),
+                Some("containerRuntimeVersion") => info.map(|i| i.container_runtime_version.clone()),
+                _ => node.labels().get(attribute).cloned(),
+            }?;
+            (!value.is_empty()).then(|| (attribute.clone(), value))
+        })
+        .collect()
+}
