@@ -1,0 +1,269 @@
+//! Correlated failures against the real control plane: a failing rack held while another rack's
+//! node is remediated, the rack going on when its limit is raised and a recovered node released
+//! while it is held; slow start earning a second slot from a proven success and keeping it over a
+//! controller restart; the driver label most failures share named, and its nodes held.
+
+mod common;
+mod scenario;
+
+use std::time::Duration;
+
+use common::eventually;
+use gpu_remediation_api::{
+    GpuRemediationPolicy, GpuRemediationPolicyStatus, Phase,
+    constants::{policy_conditions, reasons},
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use scenario::{RunningController, Scenario, is_unschedulable};
+
+const RACK: &str = "e2e.gpuremediation.dev/rack";
+const DRIVER: &str = "nvidia.com/cuda.driver.major";
+
+async fn label(s: &Scenario, node: &str, key: &str, value: &str) {
+    let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
+    Api::<Node>::all(s.client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+async fn status_when(
+    s: &Scenario,
+    what: &str,
+    within: Duration,
+    ok: impl Fn(&GpuRemediationPolicyStatus) -> bool,
+) -> GpuRemediationPolicyStatus {
+    let policies = Api::<GpuRemediationPolicy>::all(s.client.clone());
+    eventually(what, within, || async {
+        let status = policies.get(&s.scope).await.ok()?.status?;
+        ok(&status).then_some(status)
+    })
+    .await
+}
+
+async fn in_flight_nodes(s: &Scenario) -> Vec<String> {
+    s.remediations()
+        .await
+        .into_iter()
+        .filter(|r| !r.status.as_ref().is_some_and(|st| st.phase.is_terminal()))
+        .map(|r| r.spec.node_name)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_failing_rack_is_held_while_another_rack_is_remediated_and_goes_on_when_its_limit_is_raised() {
+    let s = Scenario::new(18).await;
+    let nodes = s.nodes();
+    let racks: Vec<&[String]> = nodes.chunks(6).collect();
+    for (rack, members) in ["a", "b", "c"].iter().zip(&racks) {
+        for node in *members {
+            label(&s, node, RACK, rack).await;
+        }
+    }
+    s.policy(serde_json::json!({"safety": {
+        "maxConcurrent": 10, "maxUnhealthy": "100%",
+        "failureDomains": [{"topologyKey": RACK, "maxUnhealthyCount": 2}],
+    }}))
+    .await;
+    let rack_b = racks[1];
+    for node in &rack_b[..4] {
+        s.break_gpu(node).await;
+    }
+    // Past `for` (3s) for all four before the controller's first look.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let controller = RunningController::start(&s.scope).await;
+    let status = status_when(&s, "rack b held", Duration::from_secs(30), |st| {
+        st.held_domains.len() == 1 && st.waiting.len() == 4
+    })
+    .await;
+    assert_eq!(status.held_domains[0].name(), format!("{RACK}=b"));
+    assert_eq!(
+        (
+            status.held_domains[0].unhealthy_nodes,
+            status.held_domains[0].selected_nodes
+        ),
+        (4, 6)
+    );
+    assert!(status.waiting.iter().all(|w| w.reason == reasons::DOMAIN_HELD
+        && w.message.contains(&format!("{RACK}=b: 4 of 6 nodes unhealthy"))));
+    let held = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == policy_conditions::DOMAIN_HELD)
+        .unwrap();
+    assert_eq!(held.status, "True");
+    assert!(held.message.contains("4 of 6"), "{}", held.message);
+
+    // Rack a's node failing meanwhile is remediated.
+    let rack_a_node = &racks[0][0];
+    s.break_gpu(rack_a_node).await;
+    s.wait_phase(rack_a_node, Phase::Verifying, Duration::from_secs(30))
+        .await;
+    assert!(is_unschedulable(&s.node(rack_a_node).await));
+    assert!(
+        in_flight_nodes(&s).await == vec![rack_a_node.clone()],
+        "nothing of rack b started"
+    );
+
+    // Raising the limit lets rack b's held nodes proceed.
+    Api::<GpuRemediationPolicy>::all(s.client.clone())
+        .patch(
+            &s.scope,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"safety": {"failureDomains": [
+                {"topologyKey": RACK, "maxUnhealthyCount": 4}
+            ]}}})),
+        )
+        .await
+        .unwrap();
+    eventually("rack b's nodes to start", Duration::from_secs(30), || async {
+        let running = in_flight_nodes(&s).await;
+        rack_b[..4].iter().all(|n| running.contains(n)).then_some(())
+    })
+    .await;
+    let resumed = status_when(&s, "rack b resumed", Duration::from_secs(15), |st| {
+        st.held_domains.is_empty()
+    })
+    .await;
+    assert!(resumed.waiting.is_empty());
+    let events = eventually("the resume announced", Duration::from_secs(15), || async {
+        let events = scenario::events_about(&s.client, &s.scope).await;
+        events.contains_key(reasons::DOMAIN_RESUMED).then_some(events)
+    })
+    .await;
+    // One for the rack and one per held node, never one per pass.
+    assert_eq!(events.get(reasons::DOMAIN_HELD), Some(&5), "{events:?}");
+    assert_eq!(events.get(reasons::DOMAIN_RESUMED), Some(&1), "{events:?}");
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_recovered_node_is_released_while_its_rack_is_held() {
+    let s = Scenario::new(6).await;
+    let nodes = s.nodes();
+    for node in &nodes {
+        label(&s, node, RACK, "b").await;
+    }
+    s.policy(serde_json::json!({"safety": {
+        "maxConcurrent": 10, "maxUnhealthy": "100%",
+        "failureDomains": [{"topologyKey": RACK, "maxUnhealthyCount": 1}],
+    }}))
+    .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&nodes[0]).await;
+    s.wait_phase(&nodes[0], Phase::Verifying, Duration::from_secs(30))
+        .await;
+    for node in &nodes[1..3] {
+        s.break_gpu(node).await;
+    }
+    status_when(&s, "the rack held", Duration::from_secs(30), |st| {
+        st.held_domains.len() == 1
+    })
+    .await;
+    // The first node recovers: its release is not held by its rack's limit (2 of 6 still over 1).
+    s.heal_gpu(&nodes[0]).await;
+    s.wait_phase(&nodes[0], Phase::Succeeded, Duration::from_secs(30))
+        .await;
+    assert!(!is_unschedulable(&s.node(&nodes[0]).await));
+    let status = status_when(&s, "the rack still held", Duration::from_secs(10), |st| {
+        st.held_domains.len() == 1
+    })
+    .await;
+    assert_eq!(status.held_domains[0].unhealthy_nodes, 2);
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn slow_start_earns_a_second_slot_from_a_proven_success_and_keeps_it_over_a_restart() {
+    let s = Scenario::new(6).await;
+    let nodes = s.nodes();
+    s.policy(serde_json::json!({
+        "safety": {"maxConcurrent": 4, "maxUnhealthy": "100%", "slowStart": true},
+        "release": {"healthyFor": "2s"},
+    }))
+    .await;
+    for node in &nodes {
+        s.break_gpu(node).await;
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let controller = RunningController::start(&s.scope).await;
+    let status = status_when(&s, "one in flight", Duration::from_secs(30), |st| {
+        st.in_flight == 1 && st.waiting.len() == 5
+    })
+    .await;
+    assert_eq!(status.slow_start.as_ref().map(|a| a.allowed), Some(1));
+    assert!(
+        status
+            .waiting
+            .iter()
+            .all(|w| w.reason == reasons::DEFERRED_SLOW_START)
+    );
+    let first = in_flight_nodes(&s).await.remove(0);
+    s.wait_phase(&first, Phase::Verifying, Duration::from_secs(30))
+        .await;
+    // It recovers: Succeeded, then proven 2s (healthyFor) later.
+    s.heal_gpu(&first).await;
+    s.wait_phase(&first, Phase::Succeeded, Duration::from_secs(30))
+        .await;
+    let status = status_when(&s, "two allowed", Duration::from_secs(30), |st| st.in_flight == 2).await;
+    let allowance = status.slow_start.unwrap();
+    assert_eq!(allowance.allowed, 2);
+    assert!(allowance.message.contains("doubled"), "{}", allowance.message);
+
+    // A restart, with the status wiped: the new controller reads the allowance back from the
+    // records, it does not start again from 1.
+    controller.stop().await;
+    Api::<GpuRemediationPolicy>::all(s.client.clone())
+        .patch_status(
+            &s.scope,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"slowStart": null, "inFlight": 0, "waiting": null}})),
+        )
+        .await
+        .unwrap();
+    let controller = RunningController::start(&s.scope).await;
+    let status = status_when(&s, "two again after the restart", Duration::from_secs(15), |st| {
+        st.slow_start.is_some() && st.in_flight > 0
+    })
+    .await;
+    assert_eq!(status.slow_start.map(|a| a.allowed), Some(2));
+    assert_eq!(status.in_flight, 2);
+    assert_eq!(in_flight_nodes(&s).await.len(), 2);
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn five_of_six_failures_on_one_driver_are_named_and_with_the_hold_their_nodes_wait() {
+    let s = Scenario::new(6).await;
+    let nodes = s.nodes();
+    for (i, node) in nodes.iter().enumerate() {
+        label(&s, node, DRIVER, if i == 5 { "550" } else { "570" }).await;
+    }
+    s.policy(serde_json::json!({"safety": {
+        "maxConcurrent": 6, "maxUnhealthy": "100%",
+        "suspect": {"window": "1h", "share": "60%", "minFailures": 3, "attributes": [DRIVER], "hold": true},
+    }}))
+    .await;
+    for node in &nodes {
+        s.break_gpu(node).await;
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let controller = RunningController::start(&s.scope).await;
+    let status = status_when(&s, "the suspect named", Duration::from_secs(30), |st| {
+        st.suspect.is_some() && st.waiting.len() == 5
+    })
+    .await;
+    let suspect = status.suspect.unwrap();
+    assert_eq!(
+        suspect.message,
+        format!("5 of 6 failures in the last 1h are on {DRIVER}=570")
+    );
+    assert!(status.waiting.iter().all(|w| w.reason == reasons::SUSPECT_HELD));
+    assert!(!status.waiting.iter().any(|w| w.node == nodes[5]));
+    assert_eq!(in_flight_nodes(&s).await, vec![nodes[5].clone()]);
+    controller.stop().await;
+}
