@@ -77,6 +77,8 @@ pub struct Context {
     /// every drain plans against them, under this lock, so that two drains sharing a budget never
     /// spend the same room. Lost on a restart: the budgets' statuses have counted them by then.
     pub evictions_in_flight: Mutex<HashMap<String, Flight>>,
+    /// Drain progress held back between status writes, and when each status was last written.
+    pub progress: crate::progress::HeldProgress,
 }
 
 impl Context {
@@ -92,6 +94,7 @@ impl Context {
             metrics,
             eviction_attempts: Mutex::default(),
             evictions_in_flight: Mutex::default(),
+            progress: crate::progress::HeldProgress::default(),
         }
     }
 

@@ -23,6 +23,7 @@ pub mod governance;
 pub mod kubeops;
 pub mod lifecycle;
 pub mod observe;
+pub mod progress;
 pub mod quarantine;
 pub mod remediation;
 pub mod time;

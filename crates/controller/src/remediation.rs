@@ -28,6 +28,7 @@ use crate::{
         eviction_round::{self, Flight},
     },
     observe::prune_node,
+    progress::{self, Verdict},
     replace::{self, Observation},
     telemetry::EvictionResult,
     time::signed,
@@ -88,7 +89,11 @@ pub async fn advance(
     ctx: &Context,
     remediation: Arc<GpuRemediation>,
 ) -> Result<Next, AdvanceRemediationError> {
-    let mut current = remediation;
+    // A drain's progress held back since the last status write (see `progress`) is where this
+    // pass starts; `written` is what the server has.
+    let (resumed, mut written) = ctx.progress.resume(&remediation);
+    let mut current = Arc::new(resumed);
+    let mut hold_until = None;
     for _ in 0..STEPS_PER_PASS {
         let live = ctx.caches.policy(&current.spec.policy_name);
         let rules = current
@@ -100,16 +105,22 @@ pub async fn advance(
         let next = settlement.next;
         let entered = settlement.status.phase;
         let changed = current.status.as_ref() != Some(&settlement.status);
-        current = settle(ctx, &current, settlement).await?;
+        let settled = settle(ctx, &current, written.as_ref(), settlement).await?;
+        current = settled.remediation;
+        hold_until = settled.hold_until;
+        if hold_until.is_none() {
+            written.clone_from(&current.status);
+        }
         let due_now = matches!(next, Next::At(at) if at <= Timestamp::now());
         if !(due_now && changed)
             || entered == Phase::Cordoned
             || current.metadata.deletion_timestamp.is_some()
         {
-            return Ok(next);
+            // Held progress is written by the pass due when its interval is over.
+            return Ok(next.or_at(hold_until));
         }
     }
-    Ok(Next::At(Timestamp::now()))
+    Ok(Next::At(Timestamp::now()).or_at(hold_until))
 }
 
 /// Sees, decides, and puts the lifecycle's asks to the server until it settles.
@@ -316,12 +327,21 @@ async fn look_at_replacement(
         })
 }
 
-/// Carries out a settlement: release, status, Events, finalizer, metrics.
+/// A settlement carried out: the record as it now stands (with a held status laid over it), and
+/// until when its status is held back.
+struct Settled {
+    remediation: Arc<GpuRemediation>,
+    hold_until: Option<Timestamp>,
+}
+
+/// Carries out a settlement: release, status, Events, finalizer, metrics. `written` is the status
+/// the server has.
 async fn settle(
     ctx: &Context,
     remediation: &Arc<GpuRemediation>,
+    written: Option<&GpuRemediationStatus>,
     settlement: Settlement,
-) -> Result<Arc<GpuRemediation>, AdvanceRemediationError> {
+) -> Result<Settled, AdvanceRemediationError> {
     let name = remediation.name_any();
     if let Some(Release {
         node,
@@ -336,7 +356,10 @@ async fn settle(
     }
     let before = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
     let after = settlement.status.phase;
-    let updated = write_if_changed(ctx, remediation, settlement.status).await?;
+    let (updated, hold_until) = write_if_changed(ctx, remediation, written, settlement.status).await?;
+    if after.is_terminal() {
+        ctx.progress.forget(&name);
+    }
     if before != after {
         report_phase_change(ctx, remediation, before, after);
         if let Some(status) = &updated.status {
@@ -349,7 +372,10 @@ async fn settle(
     if settlement.drop_finalizer {
         drop_finalizer(ctx, &updated).await?;
     }
-    Ok(updated)
+    Ok(Settled {
+        remediation: updated,
+        hold_until,
+    })
 }
 
 /// Metrics for a phase change: the time spent in the phase left, the cordon's latency from the
@@ -465,18 +491,38 @@ async fn drop_finalizer(ctx: &Context, remediation: &GpuRemediation) -> Result<(
 async fn write_if_changed(
     ctx: &Context,
     remediation: &Arc<GpuRemediation>,
+    written: Option<&GpuRemediationStatus>,
     status: GpuRemediationStatus,
-) -> Result<Arc<GpuRemediation>, AdvanceRemediationError> {
-    if remediation.status.as_ref() == Some(&status) {
-        return Ok(remediation.clone());
+) -> Result<(Arc<GpuRemediation>, Option<Timestamp>), AdvanceRemediationError> {
+    let name = remediation.name_any();
+    let now = Timestamp::now();
+    let with_status = |status: GpuRemediationStatus| {
+        let mut kept = (**remediation).clone();
+        kept.status = Some(status);
+        Arc::new(kept)
+    };
+    match progress::verdict(written, ctx.progress.written_at(&name), &status, now) {
+        Verdict::Unchanged => {
+            ctx.progress.release(&name);
+            Ok((with_status(status), None))
+        }
+        Verdict::HoldUntil(due) => {
+            ctx.progress.hold(
+                &name,
+                remediation.resource_version(),
+                written.cloned(),
+                status.clone(),
+            );
+            Ok((with_status(status), Some(due)))
+        }
+        Verdict::Write => {
+            let mut updated = ctx.ops.write_remediation_status(&name, &status).await?;
+            ctx.progress.wrote(&name, now);
+            updated.managed_fields_mut().clear();
+            ctx.caches.written_remediations.record(updated.clone());
+            Ok((Arc::new(updated), None))
+        }
     }
-    let mut updated = ctx
-        .ops
-        .write_remediation_status(&remediation.name_any(), &status)
-        .await?;
-    updated.managed_fields_mut().clear();
-    ctx.caches.written_remediations.record(updated.clone());
-    Ok(Arc::new(updated))
 }
 
 /// Whether a remediation is still ours to advance (not finished, or finished but still holding
