@@ -22,6 +22,7 @@ help:
 	@echo "make demo          run a remediation on a local control plane with a simulated GPU fleet"
 	@echo "make images        build the release binaries the Dockerfiles copy (into target/images/)"
 	@echo "make bench         benchmarks against kubectl drain on the sandbox (BENCH_ARGS=--full for the issue's sizes)"
+	@echo "                   BENCH_ARGS=\"--scale 10000,50000\": bare-node scale fleets (see docs/benchmarks.md)"
 	@echo "make chaos         the fault suite: API server restart, etcd pause, leader kill -9, flaky network, flaps, 30% down, nonsense edits"
 
 build:
