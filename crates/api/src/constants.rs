@@ -172,6 +172,9 @@ pub mod reasons {
     pub const DOMAIN_HELD: &str = "DomainHeld";
     /// A failure domain held before is back within its unhealthy limit.
     pub const DOMAIN_RESUMED: &str = "DomainResumed";
+    /// The node turned unhealthy within `safety.settle`: it waits so failures arriving together
+    /// are judged together.
+    pub const SETTLING: &str = "Settling";
     /// New remediations of nodes carrying the value most recent failures share wait.
     pub const SUSPECT_HELD: &str = "SuspectHeld";
     /// The budget deferred a node: slow start allows fewer in flight than `maxConcurrent` yet.

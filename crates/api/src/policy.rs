@@ -226,6 +226,11 @@ pub struct Safety {
     /// remediations on nodes carrying it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspect: Option<SuspectCause>,
+    /// A node that just turned unhealthy waits this long before it may start, so failures
+    /// arriving together are judged together (the breaker and the domain limits see all of
+    /// them). Unset or `0s`: no wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settle: Option<Duration>,
     /// At most `limit` remediations started in any rolling window of `per`.
     #[serde(default)]
     pub rate: Rate,
@@ -244,6 +249,7 @@ impl Default for Safety {
             failure_domains: Vec::new(),
             slow_start: false,
             suspect: None,
+            settle: None,
             rate: Rate::default(),
             max_attempts_per_node: Attempts::default(),
         }

@@ -11,7 +11,7 @@ pub mod domains;
 pub mod slow_start;
 pub mod suspect;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_remediation_api::{
     Duration,
@@ -70,6 +70,8 @@ pub struct Inputs<'a> {
     pub slow_start: Option<u32>,
     /// With `safety.suspect.hold` and a suspect named: the suspect, and the nodes carrying it.
     pub suspect_hold: Option<(SuspectStatus, BTreeSet<String>)>,
+    /// With `safety.settle`: when each candidate that turned unhealthy within it may start.
+    pub settling: BTreeMap<String, Timestamp>,
     /// The time of the decision.
     pub now: Timestamp,
 }
@@ -99,6 +101,12 @@ pub enum Deferral {
     },
     /// A failure domain of the node is over its unhealthy limit.
     DomainHeld(HeldDomain),
+    /// The node turned unhealthy within `safety.settle`: failures arriving together are judged
+    /// together.
+    Settling {
+        /// When it may start.
+        until: Timestamp,
+    },
     /// The node carries the value most recent failures share, and the policy holds those.
     SuspectHeld(SuspectStatus),
     /// A failure domain of the node has `maxInFlight` remediations in flight.
@@ -151,6 +159,7 @@ impl Deferral {
             Self::CircuitOpen { .. } => reasons::CIRCUIT_OPEN,
             Self::DomainHeld(_) => reasons::DOMAIN_HELD,
             Self::SuspectHeld(_) => reasons::SUSPECT_HELD,
+            Self::Settling { .. } => reasons::SETTLING,
             Self::DomainInFlight { .. } => reasons::DEFERRED_DOMAIN_IN_FLIGHT,
             Self::Concurrency { .. } => reasons::DEFERRED_CONCURRENCY,
             Self::SlowStart { .. } => reasons::DEFERRED_SLOW_START,
@@ -175,6 +184,10 @@ impl Deferral {
                  the fault looks systemic, so nothing new starts (in-flight work continues)"
             ),
             Self::DomainHeld(held) => held.message(),
+            Self::Settling { until } => format!(
+                "turned unhealthy within safety.settle: waits until {until} so failures arriving \
+                 together are judged together"
+            ),
             Self::SuspectHeld(suspect) => format!(
                 "{}: this node carries it too, and safety.suspect.hold keeps new remediations of such \
                  nodes waiting",
@@ -272,6 +285,7 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
         mut domains,
         slow_start,
         suspect_hold,
+        settling,
         now,
     } = inputs;
     candidates.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.node.cmp(&b.node)));
@@ -329,6 +343,8 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
                 selected,
                 limit: safety.unhealthy_limit().to_string(),
             })
+        } else if let Some(until) = settling.get(&candidate.node).filter(|until| **until > now) {
+            Some(Deferral::Settling { until: *until })
         } else if let Some((suspect, _)) = suspect_hold
             .as_ref()
             .filter(|(_, nodes)| nodes.contains(&candidate.node))
@@ -401,6 +417,7 @@ mod tests {
             failure_domains: Vec::new(),
             slow_start: false,
             suspect: None,
+            settle: None,
             rate: Rate {
                 limit: rate.0,
                 per: Duration::from_secs(rate.1),
@@ -439,6 +456,7 @@ mod tests {
             domains: Domains::default(),
             slow_start: None,
             suspect_hold: None,
+            settling: BTreeMap::new(),
             now: at(1000),
         }
     }
@@ -774,5 +792,23 @@ mod tests {
                 .message()
                 .starts_with("5 of 6 failures in the last 1h are on nvidia.com/cuda.driver.major=570")
         );
+    }
+
+    #[test]
+    fn a_node_still_settling_waits_without_a_slot_and_one_settled_starts() {
+        let safety = safety(5, "100%", (10, 3600));
+        let mut inputs = inputs(
+            &safety,
+            &[],
+            vec![candidate("fresh", 990), candidate("settled", 900)],
+        );
+        inputs.settling = [("fresh".to_owned(), at(1002)), ("settled".to_owned(), at(1000))].into();
+        let decision = admit(inputs);
+        assert_eq!(decision.admitted, vec![candidate("settled", 900)]);
+        assert_eq!(
+            decision.waiting[0].deferral,
+            Deferral::Settling { until: at(1002) }
+        );
+        assert_eq!(decision.remaining, 5, "settling takes no slot");
     }
 }

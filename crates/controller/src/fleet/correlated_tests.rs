@@ -297,3 +297,41 @@ fn five_of_six_failures_on_one_driver_are_named_and_with_the_hold_their_nodes_wa
     assert_eq!(fleet.policies[0].create.len(), 6);
     assert!(fleet.policies[0].status.suspect.is_some());
 }
+
+#[test]
+fn failures_arriving_together_within_the_settle_window_are_judged_together() {
+    let mut policy = rack_policy(6);
+    policy.spec.safety.failure_domains.clear();
+    policy.spec.safety.max_unhealthy = gpu_remediation_api::selector::IntOrPercent::Percent("20%".into());
+    policy.spec.safety.settle = Some(gpu_remediation_api::Duration::from_secs(2));
+    let ten = |broken: usize| -> Vec<Arc<Node>> {
+        (0..10)
+            .map(|i| {
+                if i < broken {
+                    Arc::new(node_broken_at(&format!("n{i}"), 0))
+                } else {
+                    node(&format!("n{i}"), "A", false)
+                }
+            })
+            .collect()
+    };
+    let policy = Arc::new(policy);
+    // The first failure alone: it settles, nothing starts, the plan wakes when it has settled.
+    let first = plan(std::slice::from_ref(&policy), &ten(1), &[], at(0));
+    assert!(first.policies[0].create.is_empty());
+    assert_eq!(first.policies[0].status.waiting[0].reason, reasons::SETTLING);
+    assert_eq!(first.wake_at, Some(at(2)));
+    // Two more within the window: at its end all three are seen, 3 of 10 is above 20%.
+    let burst = plan(std::slice::from_ref(&policy), &ten(3), &[], at(2));
+    assert!(burst.policies[0].create.is_empty());
+    assert_eq!(burst.policies[0].circuit_change, Some(true));
+    // Without the settle window the first would have started on its own.
+    let mut eager = (*policy).clone();
+    eager.spec.safety.settle = None;
+    assert_eq!(
+        plan(&[Arc::new(eager)], &ten(1), &[], at(0)).policies[0]
+            .create
+            .len(),
+        1
+    );
+}

@@ -179,6 +179,8 @@ fn plan_policy(
     let (allowance, proven_at) = outcomes::slow_start(&name, spec, nodes, remediations, now);
     wake = earliest(wake, proven_at);
     let suspect = suspects::named(&name, spec, nodes, &unhealthy, remediations, now);
+    let settling = settling(spec, &unhealthy, now);
+    wake = earliest(wake, settling.values().min().copied());
     let decision = budget::admit(budget::Inputs {
         safety: &spec.safety,
         paused: spec.paused,
@@ -189,6 +191,7 @@ fn plan_policy(
         domains,
         slow_start: allowance.as_ref().map(|a| a.allowed),
         suspect_hold: suspect.clone().filter(|(s, _)| s.holding),
+        settling,
         now,
     });
 
@@ -249,12 +252,7 @@ fn plan_policy(
         generation,
         now,
     ));
-    let suspect_named = suspect.clone().filter(|s| {
-        previous
-            .suspect
-            .as_ref()
-            .is_none_or(|p| (&p.attribute, &p.value) != (&s.attribute, &s.value))
-    });
+    let suspect_named = suspects::newly_named(suspect.as_ref(), previous.suspect.as_ref());
     let status = GpuRemediationPolicyStatus {
         observed_generation: generation,
         conditions,
@@ -406,6 +404,26 @@ fn newly_in(now: &[HeldDomain], before: &[HeldDomain]) -> Vec<HeldDomain> {
     now.iter()
         .filter(|d| !before.iter().any(|p| p.name() == d.name()))
         .cloned()
+        .collect()
+}
+
+/// With `safety.settle`: when each node that turned unhealthy (its trigger's `for` past) less than
+/// `settle` ago may start.
+fn settling(
+    spec: &gpu_remediation_api::GpuRemediationPolicySpec,
+    unhealthy: &[(&Node, Evidence)],
+    now: Timestamp,
+) -> BTreeMap<String, Timestamp> {
+    let Some(settle) = spec.safety.settle.filter(|s| !s.is_zero()) else {
+        return BTreeMap::new();
+    };
+    unhealthy
+        .iter()
+        .filter_map(|(node, evidence)| {
+            let trigger_for = spec.triggers.get(evidence.trigger).map(|t| t.for_.as_std())?;
+            let until = crate::time::plus(evidence.since, crate::time::signed(trigger_for + settle.as_std()));
+            (until > now).then(|| (node.name_any(), until))
+        })
         .collect()
 }
 

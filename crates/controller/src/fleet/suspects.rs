@@ -68,6 +68,15 @@ pub(super) fn named(
     Some((found, carrying))
 }
 
+/// The suspect named now, if no suspect or another was named before: one Event.
+pub(super) fn newly_named(
+    now: Option<&SuspectStatus>,
+    before: Option<&SuspectStatus>,
+) -> Option<SuspectStatus> {
+    now.filter(|s| before.is_none_or(|p| (&p.attribute, &p.value) != (&s.attribute, &s.value)))
+        .cloned()
+}
+
 /// A node's values of `attributes`: its labels, and `nodeInfo.*` from its status.
 fn values(node: &Node, attributes: &[String]) -> BTreeMap<String, String> {
     let info = node.status.as_ref().and_then(|s| s.node_info.as_ref());
