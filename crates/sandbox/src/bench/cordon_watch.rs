@@ -49,8 +49,18 @@ pub struct StartCordonWatchError {
 }
 
 impl CordonWatch {
-    /// Watches the nodes matching `selector`; returns once the first list is complete.
+    /// Watches the nodes matching `selector`; returns once the first list is complete (within 60 s).
     pub async fn start(client: &Client, selector: &str) -> Result<Self, StartCordonWatchError> {
+        Self::start_within(client, selector, Duration::from_secs(60)).await
+    }
+
+    /// [`Self::start`], waiting up to `waited` for the first list (tens of thousands of nodes take
+    /// minutes to list from a loaded server).
+    pub async fn start_within(
+        client: &Client,
+        selector: &str,
+        waited: Duration,
+    ) -> Result<Self, StartCordonWatchError> {
         let state = Arc::new(Mutex::new(State::default()));
         let shared = state.clone();
         let nodes: Api<Node> = Api::all(client.clone());
@@ -81,7 +91,6 @@ impl CordonWatch {
             }
         });
         let watch = Self { state, task };
-        let waited = Duration::from_secs(60);
         let deadline = tokio::time::Instant::now() + waited;
         while !watch.lock().listed {
             if tokio::time::Instant::now() > deadline {
