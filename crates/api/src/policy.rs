@@ -493,6 +493,10 @@ pub struct GpuRemediationPolicyStatus {
     /// Governed nodes carrying this policy's quarantine taint.
     #[serde(default)]
     pub quarantined_nodes: u32,
+    /// Pods the scheduler placed on a node after its fault began, summed over this policy's
+    /// remediations on record (each one's `status.leakedPods`).
+    #[serde(default)]
+    pub leaked_pods: u32,
     /// With `safety.slowStart`: the remediations allowed in flight now, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slow_start: Option<SlowStartStatus>,

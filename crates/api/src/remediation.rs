@@ -209,6 +209,11 @@ pub struct GpuRemediationStatus {
     /// When the controller first saw the approval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approved_at: Option<Time>,
+    /// The leak: pods found on the node when its pods were first listed (at the cordon, or a dry
+    /// run's record) that the scheduler placed there after the fault began (their `PodScheduled`
+    /// time at or after `spec.trigger.since`). `DaemonSet` and mirror pods are not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaked_pods: Option<u32>,
 }
 
 /// A request the server refused, in its own words.

@@ -132,10 +132,12 @@ async fn step(
     let now = Timestamp::now();
     let status = remediation.status.clone().unwrap_or_default();
     let node = ctx.caches.node(&remediation.spec.node_name);
-    let pods = if needs_pods(remediation, &status) {
-        Some(list_plan(ctx, &remediation.spec.node_name).await?)
+    let since = remediation.spec.trigger.since.as_ref().map(|t| t.0);
+    let (pods, leaked) = if needs_pods(remediation, &status) {
+        let (plan, leaked) = list_plan(ctx, &remediation.spec.node_name, since).await?;
+        (Some(plan), leaked)
     } else {
-        None
+        (None, None)
     };
     let replacement = match (&status.replacement, rules) {
         (Some(reference), Some(rules))
@@ -188,7 +190,13 @@ async fn step(
             decision
         };
         match decision {
-            Decision::Settle(settlement) => return Ok(settlement),
+            Decision::Settle(mut settlement) => {
+                // Measured once, at the first look at the node's pods (the cordon's step).
+                if settlement.status.leaked_pods.is_none() {
+                    settlement.status.leaked_pods = leaked;
+                }
+                return Ok(settlement);
+            }
             Decision::Ask(ask) => carry_out(ctx, remediation, rules, ask, &mut answers, now).await?,
         }
     }
@@ -356,7 +364,13 @@ async fn settle(
     }
     let before = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
     let after = settlement.status.phase;
+    let measured = remediation.status.as_ref().and_then(|s| s.leaked_pods).is_none();
     let (updated, hold_until) = write_if_changed(ctx, remediation, written, settlement.status).await?;
+    if let Some(leaked) = updated.status.as_ref().and_then(|s| s.leaked_pods)
+        && measured
+    {
+        ctx.metrics.leaked_pods(&remediation.spec.policy_name, leaked);
+    }
     if after.is_terminal() {
         ctx.progress.forget(&name);
     }
@@ -455,7 +469,13 @@ async fn evict_one(
     (pod, answer)
 }
 
-async fn list_plan(ctx: &Context, node: &str) -> Result<Plan, AdvanceRemediationError> {
+/// The node's pods as a drain plan, and how many of them the scheduler placed after `since` (the
+/// fault's start; see `quarantine::leak`).
+async fn list_plan(
+    ctx: &Context,
+    node: &str,
+    since: Option<Timestamp>,
+) -> Result<(Plan, Option<u32>), AdvanceRemediationError> {
     let pods = Api::<Pod>::all(ctx.ops.client().clone());
     let listed = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
@@ -464,7 +484,8 @@ async fn list_plan(ctx: &Context, node: &str) -> Result<Plan, AdvanceRemediation
             node: node.to_owned(),
             source,
         })?;
-    Ok(drain::plan(&listed.items))
+    let leaked = since.map(|since| crate::quarantine::leak::scheduled_after(&listed.items, since));
+    Ok((drain::plan(&listed.items), leaked))
 }
 
 async fn drop_finalizer(ctx: &Context, remediation: &GpuRemediation) -> Result<(), AdvanceRemediationError> {

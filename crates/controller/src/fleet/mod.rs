@@ -144,6 +144,7 @@ pub fn plan(
         let overlapped_by = overlaps.get(name.as_str());
         let (plan, wake) = plan_policy(policy, nodes, overlapped_by, remediations, now);
         fleet.wake_at = earliest(fleet.wake_at, wake);
+        fleet.wake_at = earliest(fleet.wake_at, plan.quarantine.wake_at);
         fleet.policies.push(plan);
     }
     let governor_of: BTreeMap<String, &str> = governed
@@ -202,7 +203,6 @@ fn plan_policy(
         manual_required,
     } = records(policy, &decision, &found, remediations, invalid.is_none(), now);
     let quarantine = plan_quarantine(&name, spec, nodes, remediations, invalid.is_none(), now);
-    wake = earliest(wake, quarantine.wake_at);
     let counted = if spec.mode == Mode::DryRun {
         0
     } else {
@@ -267,6 +267,7 @@ fn plan_policy(
         waiting,
         held_domains: decision.held_domains.clone(),
         quarantined_nodes: quarantine.held,
+        leaked_pods: crate::quarantine::leak::on_record(&name, remediations),
         slow_start: allowance.map(|a| SlowStartStatus {
             allowed: a.allowed,
             message: a.why,

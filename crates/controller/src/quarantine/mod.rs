@@ -19,6 +19,7 @@
 //! ([`orphans`]).
 
 pub mod apply;
+pub mod leak;
 pub mod taint;
 
 use std::{collections::BTreeSet, fmt::Write as _, sync::Arc};
