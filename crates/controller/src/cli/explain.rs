@@ -348,6 +348,9 @@ fn admission(
         status.in_flight,
         status.budget.as_ref().map_or(0, |b| b.remaining)
     ));
+    explanation
+        .facts
+        .extend(correlated_facts(node_name, governing, nodes, status));
     explanation.outcome = if policy_plan.create.iter().any(|r| r.spec.node_name == node_name) {
         Outcome::StartsNow
     } else if let Some(waiting) = status.waiting.iter().find(|w| w.node == node_name) {
@@ -363,6 +366,53 @@ fn admission(
             message: "the fleet plan neither starts nor defers this node; please report this".to_owned(),
         }
     };
+}
+
+/// The node's failure domains (held or within their limits), the slow-start allowance and the
+/// suspect cause, as the plan's status says.
+fn correlated_facts(
+    node_name: &str,
+    governing: &GpuRemediationPolicy,
+    nodes: &[Arc<Node>],
+    status: &gpu_remediation_api::GpuRemediationPolicyStatus,
+) -> Vec<String> {
+    let labels = nodes
+        .iter()
+        .find(|n| n.name_any() == node_name)
+        .map(|n| n.labels().clone())
+        .unwrap_or_default();
+    let mut facts: Vec<String> = governing
+        .spec
+        .safety
+        .failure_domains
+        .iter()
+        .map(|domain| match labels.get(&domain.topology_key) {
+            None => format!(
+                "failure domain {}: the node has no such label, so no domain of it",
+                domain.topology_key
+            ),
+            Some(value) => status
+                .held_domains
+                .iter()
+                .find(|h| h.topology_key == domain.topology_key && &h.value == value)
+                .map_or_else(
+                    || {
+                        format!(
+                            "failure domain {}={value}: within its limits",
+                            domain.topology_key
+                        )
+                    },
+                    gpu_remediation_api::correlated::HeldDomain::message,
+                ),
+        })
+        .collect();
+    if let Some(slow) = &status.slow_start {
+        facts.push(format!("slow start: {}", slow.message));
+    }
+    if let Some(suspect) = &status.suspect {
+        facts.push(format!("suspect cause: {}", suspect.message));
+    }
+    facts
 }
 
 #[cfg(test)]
@@ -469,6 +519,37 @@ mod tests {
                 .contains("trigger spec.triggers[0]: GpuHealthy=False reason XID79"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_node_of_a_held_rack_names_its_rack_with_its_counts_and_waits_for_it() {
+        let nodes: Vec<Arc<Node>> = (0..4)
+            .map(|i| {
+                node(
+                    &format!("gpu-{i}"),
+                    &json!({"gpu": "true", "rack": "b"}),
+                    (i < 3).then_some(("False", "XID79", LONG_AGO)),
+                )
+            })
+            .chain([node("gpu-a", &json!({"gpu": "true", "rack": "a"}), None)])
+            .collect();
+        let policies = [policy(
+            "gpus",
+            &json!({"safety": {"maxConcurrent": 5, "maxUnhealthy": "100%",
+                "failureDomains": [{"topologyKey": "rack", "maxUnhealthyCount": 2}]}}),
+        )];
+        let e = explain("gpu-0", &nodes, &policies, &[], now());
+        assert!(
+            matches!(&e.outcome, Outcome::Waiting { reason, .. } if reason == "DomainHeld"),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("failure domain rack=b: 3 of 4 nodes unhealthy"),
+            "{e}"
+        );
+        let healthy = explain("gpu-a", &nodes, &policies, &[], now());
+        assert_eq!(healthy.outcome, Outcome::Healthy);
     }
 
     #[test]
