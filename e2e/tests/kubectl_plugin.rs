@@ -64,7 +64,11 @@ fn stdout(output: &Output) -> String {
 #[tokio::test]
 async fn kubectl_gpu_explains_approves_and_lists_a_nodes_remediation() {
     let client = common::cluster().await.client();
-    for file in ["gpuremediationpolicies.yaml", "gpuremediations.yaml"] {
+    for file in [
+        "gpuremediationpolicies.yaml",
+        "gpuremediations.yaml",
+        "gpuremediation-hardwarerecords.yaml",
+    ] {
         let yaml = std::fs::read_to_string(Path::new(CRDS).join(file)).unwrap();
         common::install_crd(&client, &yaml).await;
     }

@@ -52,7 +52,11 @@ where
     Fut: Future<Output = ()>,
 {
     let client = common::cluster().await.client();
-    for file in ["gpuremediationpolicies.yaml", "gpuremediations.yaml"] {
+    for file in [
+        "gpuremediationpolicies.yaml",
+        "gpuremediations.yaml",
+        "gpuremediation-hardwarerecords.yaml",
+    ] {
         common::install_crd(
             &client,
             &std::fs::read_to_string(Path::new(CRDS).join(file)).unwrap(),

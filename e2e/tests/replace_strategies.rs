@@ -102,6 +102,7 @@ async fn remediation(client: &Client, node: &str, action: Action) -> GpuRemediat
         node_uid: None,
         previous_incident: None,
         policy_snapshot: None,
+        hardware: None,
     };
     let remediations: Api<GpuRemediation> = Api::all(client.clone());
     remediations

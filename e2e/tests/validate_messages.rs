@@ -42,8 +42,8 @@ async fn apply_crds_directory_once() {
     );
     assert_eq!(
         stdout.lines().count(),
-        2,
-        "the two CRDs and nothing else: {stdout}"
+        3,
+        "the three CRDs and nothing else: {stdout}"
     );
     let client = cluster.client();
     common::eventually("policies served", Duration::from_secs(30), || {

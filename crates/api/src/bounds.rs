@@ -149,8 +149,12 @@ mod tests {
     }
 
     #[test]
-    fn every_integer_list_and_string_of_both_kinds_is_bounded() {
-        for crd in [GpuRemediationPolicy::crd(), GpuRemediation::crd()] {
+    fn every_integer_list_and_string_of_every_kind_is_bounded() {
+        for crd in [
+            GpuRemediationPolicy::crd(),
+            GpuRemediation::crd(),
+            crate::GpuHardwareRecord::crd(),
+        ] {
             let mut out = Vec::new();
             unbounded(&schema_of(&crd), "", &mut out);
             assert!(out.is_empty(), "{}: unbounded {out:?}", crd.spec.names.kind);

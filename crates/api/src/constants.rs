@@ -49,6 +49,26 @@ pub const REPLACEMENT_SELECTOR_ANNOTATION: &str = "gpuremediation.dev/replacemen
 /// episode (same node, policy and trigger time, so the same record name) is not admitted again.
 pub const CANCELLED_ANNOTATION: &str = "gpuremediation.dev/cancelled";
 
+/// Label on a `GpuRemediation` naming the serial of the first GPU its fault names (as
+/// `hardware::label_value` spells it: the serial itself when it is a valid label value, else a
+/// hash); the second and later failed GPUs get `failed-serial-2`, `failed-serial-3`, ... (at most
+/// [`FAILED_SERIAL_LABELS_MAX`]). `kubectl get gpur -l gpuremediation.dev/failed-serial=SERIAL`.
+pub const FAILED_SERIAL_LABEL: &str = "gpuremediation.dev/failed-serial";
+/// The most failed-serial labels one remediation carries (every failed GPU stays in its spec).
+pub const FAILED_SERIAL_LABELS_MAX: usize = 8;
+/// Label on a `GpuRemediation` naming its node's host (system UUID, else provider ID), spelt by
+/// `hardware::label_value`.
+pub const HOST_LABEL: &str = "gpuremediation.dev/host";
+/// Label on a `GpuRemediation` that went straight to the last rung (`"true"`), and on a node
+/// carrying a repeat offender (`"true"`).
+pub const REPEAT_OFFENDER_LABEL: &str = "gpuremediation.dev/repeat-offender";
+/// Taint a GPU node may register with (`--register-with-taints
+/// gpuremediation.dev/hardware-unchecked=:NoSchedule`) so it takes no work before the controller
+/// has checked its GPUs against the hardware records: the controller lifts it once the agent has
+/// published the inventory, unless the node carries a repeat offender and its policy says
+/// `cordonOnJoin` (then the node is also cordoned).
+pub const HARDWARE_UNCHECKED_TAINT_KEY: &str = "gpuremediation.dev/hardware-unchecked";
+
 /// Taint the controller adds while it remediates a node, on top of `unschedulable`.
 pub const REMEDIATION_TAINT_KEY: &str = "gpuremediation.dev/remediating";
 
@@ -102,6 +122,9 @@ pub mod node_conditions {
     /// `True` when every expected GPU is present and healthy; `False` on a fatal fault; `Unknown`
     /// when the detector itself cannot tell.
     pub const GPU_HEALTHY: &str = "GpuHealthy";
+    /// `True` when the node carries a GPU (by serial) or is a host past its policy's
+    /// `safety.repeatOffender` limit; written by the controller.
+    pub const GPU_REPEAT_OFFENDER: &str = "GpuRepeatOffender";
 }
 
 /// Reasons on the `GpuHealthy` node condition.
@@ -209,4 +232,7 @@ pub mod reasons {
     pub const QUARANTINE_LIMIT_REACHED: &str = "QuarantineLimitReached";
     /// The quarantine is within its limit (or off).
     pub const QUARANTINE_WITHIN_LIMIT: &str = "QuarantineWithinLimit";
+    /// A GPU or host past `safety.repeatOffender`: the remediation skips to the last rung, or the
+    /// joining node is flagged.
+    pub const REPEAT_OFFENDER: &str = "RepeatOffender";
 }

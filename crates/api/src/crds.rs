@@ -2,7 +2,7 @@
 
 use kube::CustomResourceExt;
 
-use crate::{GpuRemediation, GpuRemediationPolicy};
+use crate::{GpuHardwareRecord, GpuRemediation, GpuRemediationPolicy};
 
 /// Each CRD as `(file name, YAML)`, in a stable order.
 #[must_use]
@@ -13,6 +13,10 @@ pub fn render_all() -> Vec<(&'static str, String)> {
             render(&GpuRemediationPolicy::crd()),
         ),
         ("gpuremediations.yaml", render(&GpuRemediation::crd())),
+        (
+            "gpuremediation-hardwarerecords.yaml",
+            render(&GpuHardwareRecord::crd()),
+        ),
     ]
 }
 

@@ -10,6 +10,7 @@ pub mod constants;
 pub mod correlated;
 pub mod crds;
 pub mod duration;
+pub mod hardware;
 pub mod policy;
 pub mod remediation;
 pub mod schema;
@@ -17,6 +18,7 @@ pub mod selector;
 pub mod validate;
 
 pub use duration::Duration;
+pub use hardware::{GpuHardwareRecord, GpuHardwareRecordSpec};
 pub use policy::{GpuRemediationPolicy, GpuRemediationPolicySpec, GpuRemediationPolicyStatus};
 pub use remediation::{GpuRemediation, GpuRemediationSpec, GpuRemediationStatus, Phase};
 

@@ -238,6 +238,11 @@ pub struct Safety {
     /// (`ManualRequired`).
     #[serde(default)]
     pub max_attempts_per_node: Attempts,
+    /// Hardware that keeps failing: a GPU (by serial) or host with at least `failures` recorded
+    /// failures within `window`, on any node, goes straight to `action` when it fails again, and a
+    /// node carrying it is flagged when it joins. Unset: the ledger records, nothing more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat_offender: Option<RepeatOffender>,
 }
 
 impl Default for Safety {
@@ -252,6 +257,7 @@ impl Default for Safety {
             settle: None,
             rate: Rate::default(),
             max_attempts_per_node: Attempts::default(),
+            repeat_offender: None,
         }
     }
 }
@@ -313,6 +319,35 @@ impl Default for Attempts {
             per: Duration::from_hours(24),
         }
     }
+}
+
+/// The repeat-offender limit (see `Safety::repeat_offender`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::repeat_offender)]
+pub struct RepeatOffender {
+    /// Earlier failures within `window` that make a GPU or host a repeat offender (1 to 100).
+    pub failures: u32,
+    /// How far back failures count (at most `history` of the records: they keep the latest 16).
+    pub window: Duration,
+    /// The last rung: `Replace` (the policy's replacement, whatever the trigger's action) or
+    /// `ManualRequired` (hand the node to a person; nothing is touched until one approves).
+    #[serde(default)]
+    pub action: OffenderAction,
+    /// Also cordon a node that joins carrying a repeat offender (it is always labelled
+    /// `gpuremediation.dev/repeat-offender`, given the condition `GpuRepeatOffender` and an Event).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cordon_on_join: bool,
+}
+
+/// The last rung a repeat offender goes to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum OffenderAction {
+    /// Replace the node through `spec.replacement`.
+    #[default]
+    Replace,
+    /// Hand the node to a person (`ManualRequired`).
+    ManualRequired,
 }
 
 /// The policy's mode.

@@ -55,6 +55,11 @@ pub struct GpuRemediationSpec {
     /// happens to the policy meanwhile (edited or deleted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_snapshot: Option<PolicySnapshot>,
+    /// The node's GPUs at admission, the failed ones (serial and UUID) and the host, from the
+    /// agent's annotations; and, when the hardware was past `safety.repeatOffender`, its earlier
+    /// failures. Absent when the node carries no inventory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<crate::hardware::HardwareLedger>,
 }
 
 /// The parts of a policy that govern one recycle once it is admitted.

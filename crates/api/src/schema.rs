@@ -56,6 +56,10 @@ pub mod messages {
     pub const GRACE_PERIOD_MAX: &str = "gracePeriodSeconds must be at most 86400 (a day)";
     /// `maxAttemptsPerNode.count` of 0.
     pub const ATTEMPTS_COUNT: &str = "maxAttemptsPerNode.count must be at least 1: it is how many remediations of one node may start before a person must step in";
+    /// `repeatOffender.failures` of 0.
+    pub const OFFENDER_FAILURES: &str = "repeatOffender.failures must be at least 1: how many earlier failures of one GPU or host within the window make it a repeat offender";
+    /// `repeatOffender.failures` above `bounds::ATTEMPTS_MAX`.
+    pub const OFFENDER_FAILURES_MAX: &str = "repeatOffender.failures must be at most 100";
     /// A negative grace period.
     pub const GRACE_PERIOD: &str =
         "gracePeriodSeconds must be zero or more (leave it unset to use each pod's own grace period)";
@@ -400,6 +404,21 @@ pub(crate) fn attempts(schema: &mut Schema) {
             rule(
                 format!("self <= {}", crate::bounds::ATTEMPTS_MAX),
                 messages::ATTEMPTS_COUNT_MAX,
+            ),
+        ],
+    );
+}
+
+/// `safety.repeatOffender`: one to a hundred failures, a positive window.
+pub(crate) fn repeat_offender(schema: &mut Schema) {
+    make_positive(schema, "window");
+    add_rules(
+        property(schema, "failures"),
+        [
+            rule("self >= 1", messages::OFFENDER_FAILURES),
+            rule(
+                format!("self <= {}", crate::bounds::ATTEMPTS_MAX),
+                messages::OFFENDER_FAILURES_MAX,
             ),
         ],
     );

@@ -126,6 +126,15 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
             messages::ATTEMPTS_COUNT,
         ));
     }
+    if let Some(offender) = &safety.repeat_offender {
+        let field = "spec.safety.repeatOffender.failures";
+        if offender.failures < 1 {
+            out.push(Violation::new(field, messages::OFFENDER_FAILURES));
+        }
+        if offender.failures > bounds::ATTEMPTS_MAX {
+            out.push(Violation::new(field, messages::OFFENDER_FAILURES_MAX));
+        }
+    }
     if safety.max_attempts_per_node.count > bounds::ATTEMPTS_MAX {
         out.push(Violation::new(
             "spec.safety.maxAttemptsPerNode.count",
@@ -176,6 +185,9 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
             "spec.quarantine.hysteresis",
             messages::QUARANTINE_HYSTERESIS,
         ));
+    }
+    if let Some(offender) = &safety.repeat_offender {
+        check_positive("spec.safety.repeatOffender.window", offender.window, &mut out);
     }
     if spec.history.ttl <= safety.rate.per {
         out.push(Violation::new("spec.history.ttl", messages::TTL_VS_RATE));

@@ -31,7 +31,7 @@ use tokio::{
 use crate::{
     admit,
     context::{Context, Settings},
-    fleet,
+    fleet, hardware,
     kubeops::KubeOps,
     leader::Fence,
     observe::{Caches, Changed, StartCachesError},
@@ -147,12 +147,12 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) ->
     let mut next = crate::time::plus(now, crate::time::signed(ctx.settings.resync));
 
     let policies = ctx.caches.policies.state();
-    let plan = fleet::plan(
-        &policies,
-        &ctx.caches.all_nodes(),
-        &ctx.caches.remediations(),
-        now,
-    );
+    let nodes = ctx.caches.all_nodes();
+    let remediations = ctx.caches.remediations();
+    let mut plan = fleet::plan(&policies, &nodes, &remediations, now);
+    // The hardware ledger: each new record names its node's GPUs; repeat offenders skip rungs.
+    let failures = hardware::failures(&ctx.caches.hardware_records.state(), &remediations);
+    hardware::amend(&mut plan, &nodes, &failures, now);
     if let Some(at) = plan.wake_at {
         next = next.min(at);
     }
@@ -202,6 +202,8 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) ->
             Due::OnChange => {}
         }
     }
+    // After the advances have started: a fault's cordon does not wait for the ledger's writes.
+    hardware::act::sync(ctx, &policies, now).await;
     announcements.publish(ctx).await;
     next
 }

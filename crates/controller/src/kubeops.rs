@@ -402,7 +402,7 @@ impl KubeOps {
     /// Read-modify-replace of a node, preconditioned on its resourceVersion (the read's) and its
     /// UID (the admitted one, carried in the replaced object: the server refuses a replace whose
     /// UID differs from the stored node's).
-    async fn edit_node(
+    pub async fn edit_node(
         &self,
         target: &NodeRef,
         edit: impl Fn(&mut Node) -> bool,

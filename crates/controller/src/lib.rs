@@ -20,6 +20,7 @@ pub mod detect;
 pub mod drain;
 pub mod fleet;
 pub mod governance;
+pub mod hardware;
 pub mod kubeops;
 pub mod lifecycle;
 pub mod observe;

@@ -10,7 +10,7 @@ use gpu_remediator::{
     Settings,
     cli::{
         Connection,
-        commands::{self, ExplainArgs, ValidateArgs},
+        commands::{self, ExplainArgs, HistoryArgs, ValidateArgs},
     },
     controller::{Telemetry, run_with_telemetry},
     leader::{ElectionConfig, Elector, Fence, lease_client},
@@ -37,6 +37,14 @@ enum Command {
     Explain {
         #[command(flatten)]
         args: ExplainArgs,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// List remediations: a node's (`NODE`), every recycle involving a GPU serial across nodes
+    /// (`--serial`), or a node's and those of the GPUs it holds (`--node`).
+    History {
+        #[command(flatten)]
+        args: HistoryArgs,
         #[command(flatten)]
         connection: Connection,
     },
@@ -80,6 +88,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
         Command::Validate(args) => Ok(commands::validate(&args)?),
         Command::Explain { args, connection } => Ok(commands::explain(&args, &connection).await?),
+        Command::History { args, connection } => Ok(commands::history(&args, &connection).await?),
     }
 }
 

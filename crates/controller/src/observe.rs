@@ -25,7 +25,7 @@ use std::{
 };
 
 use futures::{Stream, StreamExt};
-use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy};
+use gpu_remediation_api::{GpuHardwareRecord, GpuRemediation, GpuRemediationPolicy};
 use jiff::Timestamp;
 use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
 use kube::{
@@ -55,6 +55,8 @@ pub struct Caches {
     pub nodes: Store<Node>,
     /// All disruption budgets, pruned.
     pub budgets: Store<PodDisruptionBudget>,
+    /// All hardware records (one per GPU serial or host with a failure on record).
+    pub hardware_records: Store<GpuHardwareRecord>,
     /// Our own writes to remediations, until their watch catches up.
     pub written_remediations: Overlay<GpuRemediation>,
     /// Our own writes to nodes (cordon, release), until their watch catches up.
@@ -247,7 +249,7 @@ impl Caches {
                 }
             },
             budget_fingerprint,
-            Waker::new(wake, {
+            Waker::new(wake.clone(), {
                 let changes = changes.clone();
                 move |key: Option<String>| match key {
                     Some(key) => changes.note(|c| {
@@ -258,8 +260,17 @@ impl Caches {
             }),
             None,
         );
+        let hardware_records = spawn_reflector(
+            Api::<GpuHardwareRecord>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+            |r: &mut GpuHardwareRecord| r.managed_fields_mut().clear(),
+            |r: &GpuHardwareRecord| hash_of(&r.spec),
+            Waker::new(wake, anything(&changes)),
+            None,
+        );
         for ready in [
             policies.wait_until_ready().await,
+            hardware_records.wait_until_ready().await,
             remediations.wait_until_ready().await,
             nodes.wait_until_ready().await,
             budgets.wait_until_ready().await,
@@ -271,6 +282,7 @@ impl Caches {
             remediations,
             nodes,
             budgets,
+            hardware_records,
             written_remediations,
             written_nodes,
             changes,
@@ -438,7 +450,6 @@ pub fn prune_node(node: &mut Node) {
         spec.config_source = None;
         spec.pod_cidrs = None;
         spec.pod_cidr = None;
-        spec.provider_id = None;
     }
     if let Some(status) = node.status.as_mut() {
         let conditions = status.conditions.take().map(|mut conditions| {
@@ -447,8 +458,17 @@ pub fn prune_node(node: &mut Node) {
             }
             conditions
         });
+        // The system UUID identifies the host for the hardware ledger; the rest of nodeInfo goes.
+        let node_info = status
+            .node_info
+            .take()
+            .map(|info| k8s_openapi::api::core::v1::NodeSystemInfo {
+                system_uuid: info.system_uuid,
+                ..Default::default()
+            });
         *status = k8s_openapi::api::core::v1::NodeStatus {
             conditions,
+            node_info,
             ..Default::default()
         };
     }
@@ -698,6 +718,7 @@ mod tests {
                 node_uid: None,
                 previous_incident: None,
                 policy_snapshot: None,
+                hardware: None,
             },
         );
         r.metadata.resource_version = Some(version.into());

@@ -36,6 +36,7 @@ pub mod controlplane;
 pub mod demo;
 pub mod fault;
 pub mod fleet;
+pub mod hardware;
 pub mod population;
 pub mod provider;
 pub mod retry;

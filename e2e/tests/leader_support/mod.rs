@@ -74,7 +74,11 @@ pub async fn cluster() -> &'static AuditedCluster {
                 .await
                 .unwrap_or_else(|e| panic!("starting the control plane: {e}"));
             let client = control_plane.client();
-            for crd in ["gpuremediationpolicies.yaml", "gpuremediations.yaml"] {
+            for crd in [
+                "gpuremediationpolicies.yaml",
+                "gpuremediations.yaml",
+                "gpuremediation-hardwarerecords.yaml",
+            ] {
                 install_crd(&client, &format!("{WORKSPACE}/crds/{crd}")).await;
             }
             AuditedCluster {

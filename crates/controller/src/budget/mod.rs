@@ -426,6 +426,7 @@ mod tests {
                 count: 2,
                 per: Duration::from_hours(24),
             },
+            repeat_offender: None,
         }
     }
 

@@ -6,8 +6,8 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Args, Subcommand};
 
 use super::{
-    CliError, Connection, approve_remediation, connect, explain::Outcome, explain_node, node_history,
-    validate_files,
+    CliError, Connection, approve_remediation, connect, explain::Outcome, explain_node,
+    node_and_gpus_history, node_history, serial_history, validate_files,
 };
 
 /// `validate PATH…`.
@@ -43,11 +43,40 @@ pub enum PluginCommand {
         /// The `GpuRemediation` (as `kubectl get gpur` lists it).
         name: String,
     },
-    /// List a node's remediations, oldest first: phase, reason, action, started, finished.
-    History {
-        /// The node.
-        node: String,
-    },
+    /// List a node's remediations, oldest first (`NODE`), every recycle involving a GPU across
+    /// nodes (`--serial`), or both for a node and the GPUs it holds (`--node`).
+    History(HistoryArgs),
+}
+
+/// `history NODE | --node NODE | --serial SERIAL`.
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["node", "node_and_gpus", "serial"])))]
+pub struct HistoryArgs {
+    /// The node: its remediations, oldest first: phase, reason, action, started, finished.
+    pub node: Option<String>,
+    /// The node's remediations, then every recycle elsewhere of each GPU it holds now.
+    #[arg(long = "node", value_name = "NODE")]
+    pub node_and_gpus: Option<String>,
+    /// A GPU's board serial: every recycle involving it, on any node, including those whose
+    /// remediation has expired (from its `GpuHardwareRecord`).
+    #[arg(long)]
+    pub serial: Option<String>,
+}
+
+/// `history`: the table on stdout.
+///
+/// # Errors
+/// When the cluster cannot be read.
+pub async fn history(args: &HistoryArgs, connection: &Connection) -> Result<ExitCode, CliError> {
+    let client = connect(connection).await?;
+    let text = match (&args.node, &args.node_and_gpus, &args.serial) {
+        (_, _, Some(serial)) => serial_history(client, serial).await?,
+        (_, Some(node), _) => node_and_gpus_history(client, node).await?,
+        (Some(node), ..) => node_history(client, node).await?,
+        (None, None, None) => unreachable!("clap requires one of NODE, --node, --serial"),
+    };
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `validate`: findings on stdout, a summary on stderr; exits 1 on errors.
@@ -86,9 +115,6 @@ pub async fn run_plugin(command: &PluginCommand, connection: &Connection) -> Res
             println!("{}", approve_remediation(connect(connection).await?, name).await?);
             Ok(ExitCode::SUCCESS)
         }
-        PluginCommand::History { node } => {
-            print!("{}", node_history(connect(connection).await?, node).await?);
-            Ok(ExitCode::SUCCESS)
-        }
+        PluginCommand::History(args) => history(args, connection).await,
     }
 }

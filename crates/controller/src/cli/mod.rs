@@ -7,6 +7,7 @@
 pub mod approve;
 pub mod commands;
 pub mod explain;
+pub mod hardware_history;
 pub mod history;
 pub mod locate;
 pub mod overlap;
@@ -15,7 +16,11 @@ pub mod validate;
 
 use std::{path::PathBuf, process::ExitCode, sync::Arc};
 
-use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, constants::NODE_LABEL};
+use gpu_remediation_api::{
+    GpuHardwareRecord, GpuRemediation, GpuRemediationPolicy,
+    constants::NODE_LABEL,
+    hardware::{HardwareKind, record_name},
+};
 use k8s_openapi::api::{authentication::v1::SelfSubjectReview, core::v1::Node};
 use kube::{
     Api, Client,
@@ -227,4 +232,69 @@ pub async fn node_history(client: Client, node: &str) -> Result<String, CliError
         .await
         .map_err(api_error("listing gpuremediations"))?;
     Ok(history::render(node, &history::rows(node, &list.items)))
+}
+
+/// `history --serial S`: every recycle involving GPU `serial` across nodes, from its hardware
+/// record and the remediations on record.
+///
+/// # Errors
+/// When a read fails.
+pub async fn serial_history(client: Client, serial: &str) -> Result<String, CliError> {
+    let (record, remediations) = serial_sources(&client, serial).await?;
+    let recycles = hardware_history::recycles_of_serial(serial, record.as_ref(), &remediations);
+    Ok(hardware_history::render_serial(
+        serial,
+        record.as_ref(),
+        &recycles,
+    ))
+}
+
+/// `history --node N`: the node's remediations, then the recycles elsewhere of each GPU it holds.
+///
+/// # Errors
+/// When a read fails.
+pub async fn node_and_gpus_history(client: Client, node: &str) -> Result<String, CliError> {
+    let remediations = Api::<GpuRemediation>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(api_error("listing gpuremediations"))?
+        .items;
+    let rows = history::rows(node, &remediations);
+    let held = Api::<Node>::all(client.clone())
+        .get_opt(node)
+        .await
+        .map_err(api_error(format!("reading node {node}")))?
+        .map(|n| crate::hardware::ledger::inventory_of(&n))
+        .unwrap_or_default();
+    let mut serials: Vec<String> = held.into_iter().filter_map(|g| g.serial).collect();
+    serials.sort();
+    serials.dedup();
+    let records = Api::<GpuHardwareRecord>::all(client);
+    let mut per_serial = Vec::new();
+    for serial in serials {
+        let record = records
+            .get_opt(&record_name(HardwareKind::Gpu, &serial))
+            .await
+            .map_err(api_error("reading gpuhardwarerecords"))?;
+        let recycles = hardware_history::recycles_of_serial(&serial, record.as_ref(), &remediations);
+        per_serial.push((serial, recycles));
+    }
+    Ok(hardware_history::render_node(node, &rows, &per_serial))
+}
+
+async fn serial_sources(
+    client: &Client,
+    serial: &str,
+) -> Result<(Option<GpuHardwareRecord>, Vec<GpuRemediation>), CliError> {
+    let record = Api::<GpuHardwareRecord>::all(client.clone())
+        .get_opt(&record_name(HardwareKind::Gpu, serial))
+        .await
+        .map_err(api_error("reading gpuhardwarerecords"))?;
+    // Every remediation: one that only held the GPU (another failed) carries no serial label.
+    let remediations = Api::<GpuRemediation>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(api_error("listing gpuremediations"))?
+        .items;
+    Ok((record, remediations))
 }

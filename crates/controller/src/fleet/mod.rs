@@ -808,6 +808,7 @@ mod tests {
                 node_uid: None,
                 previous_incident: None,
                 policy_snapshot: None,
+                hardware: None,
             },
         );
         r.metadata.creation_timestamp = Some(Time(at(created)));

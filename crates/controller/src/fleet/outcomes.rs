@@ -168,6 +168,7 @@ mod tests {
                 node_uid: None,
                 previous_incident: None,
                 policy_snapshot: None,
+                hardware: None,
             },
         );
         r.status = Some(GpuRemediationStatus {

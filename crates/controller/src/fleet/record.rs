@@ -44,6 +44,7 @@ pub fn new_remediation(
             node_uid: node.metadata.uid.clone(),
             previous_incident: previous.map(Time),
             policy_snapshot: Some(snapshot_of(policy)),
+            hardware: None,
         },
     );
     // The policy's labels travel with the record, so a controller scoped by a policy selector

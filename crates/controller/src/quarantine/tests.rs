@@ -83,6 +83,7 @@ fn record(node: &str, since: i64, phase: Phase) -> Arc<GpuRemediation> {
             node_uid: None,
             previous_incident: None,
             policy_snapshot: None,
+            hardware: None,
         },
     );
     r.status = Some(GpuRemediationStatus {

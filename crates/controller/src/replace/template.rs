@@ -250,6 +250,7 @@ mod tests {
                 node_uid: None,
                 previous_incident: None,
                 policy_snapshot: None,
+                hardware: None,
             },
         );
         remediation.metadata.uid = Some("uid-1".to_owned());

@@ -213,9 +213,19 @@ impl Fleet {
 
     /// Registers `count` more nodes and starts their heartbeats; returns their names.
     pub async fn add_nodes(&self, count: usize) -> Result<Vec<String>, AddNodesError> {
+        self.add_nodes_prepared(count, &|_: &mut Node| {}).await
+    }
+
+    /// [`Fleet::add_nodes`], each node edited by `prepare` before it registers (annotations or
+    /// taints a kubelet or agent would register it with, e.g. `hardware::joining_with`).
+    pub async fn add_nodes_prepared(
+        &self,
+        count: usize,
+        prepare: &(dyn Fn(&mut Node) + Sync),
+    ) -> Result<Vec<String>, AddNodesError> {
         let first = self.next_index.fetch_add(count, Ordering::Relaxed);
         let names = futures::stream::iter(first..first + count)
-            .map(|index| self.register(index, first + count))
+            .map(|index| self.register(index, first + count, prepare))
             .buffer_unordered(self.options.registration_concurrency.max(1))
             .try_collect::<Vec<_>>()
             .await?;
@@ -259,9 +269,15 @@ impl Fleet {
         }
     }
 
-    async fn register(&self, index: usize, total: usize) -> Result<String, AddNodesError> {
+    async fn register(
+        &self,
+        index: usize,
+        total: usize,
+        prepare: &(dyn Fn(&mut Node) + Sync),
+    ) -> Result<String, AddNodesError> {
         let now = Timestamp::now();
-        let node = node::simulated_node(&self.shape, index, now);
+        let mut node = node::simulated_node(&self.shape, index, now);
+        prepare(&mut node);
         let name = node::node_name(&self.shape.fleet, index);
         // Known to the kubelet before the scheduler can bind anything to it.
         let entry = self.registry.insert(&name, &node::node_ip(index));

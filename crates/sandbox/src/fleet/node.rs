@@ -84,7 +84,8 @@ pub fn simulated_node(shape: &NodeShape, index: usize, now: Timestamp) -> Node {
             "daemonEndpoints": { "kubeletEndpoint": { "Port": 10250 } },
             "nodeInfo": {
                 "machineID": format!("{index:032x}"),
-                "systemUUID": format!("00000000-0000-0000-0000-{index:012x}"),
+                // Unique per fleet and node: the hardware ledger tracks hosts by system UUID.
+                "systemUUID": format!("{:08x}-0000-0000-0000-{index:012x}", fleet_hash(&shape.fleet)),
                 "bootID": format!("boot-{index}"),
                 "kernelVersion": "6.8.0-gpu-sandbox",
                 "osImage": "gpu-sandbox",
@@ -97,6 +98,13 @@ pub fn simulated_node(shape: &NodeShape, index: usize, now: Timestamp) -> Node {
         },
     }))
     .expect("a simulated node is a valid Node")
+}
+
+/// 32 bits of FNV-1a of the fleet's name.
+fn fleet_hash(fleet: &str) -> u32 {
+    fleet.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// The conditions a healthy kubelet reports.

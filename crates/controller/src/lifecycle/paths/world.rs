@@ -234,6 +234,7 @@ pub(super) fn record(setup: &Setup, rules: &PolicySnapshot, created: Timestamp) 
             node_uid: Some("uid-0".into()),
             previous_incident: None,
             policy_snapshot: setup.snapshot.then(|| rules.clone()),
+            hardware: None,
         },
     );
     record.metadata.creation_timestamp = Some(Time(created));

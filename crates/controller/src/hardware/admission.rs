@@ -1,0 +1,197 @@
+//! The ledger at admission: each remediation a policy's plan creates records its node's hardware
+//! (spec `hardware`, labels by failed serial and host), and one whose failed GPU or host is past
+//! the policy's `safety.repeatOffender` limit goes straight to the last rung, naming the earlier
+//! failures: action `Replace` whatever its trigger said, or, for `ManualRequired`, a record that
+//! waits for a person (it joins the plan's `manual_required`, like a node past
+//! `maxAttemptsPerNode`). Pure.
+
+use std::sync::Arc;
+
+use gpu_remediation_api::{
+    GpuRemediation,
+    constants::{ATTEMPTS_EXHAUSTED_ANNOTATION, REPEAT_OFFENDER_LABEL},
+    policy::{Action, OffenderAction, RepeatOffender},
+};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+use super::{
+    history::{Failures, describe, failed_hardware, offence},
+    ledger::{labels_of, ledger_of},
+};
+use crate::fleet::FleetPlan;
+
+/// Records each created remediation's hardware and sends repeat offenders to the last rung.
+pub fn amend(plan: &mut FleetPlan, nodes: &[Arc<Node>], failures: &Failures, now: Timestamp) {
+    for policy_plan in &mut plan.policies {
+        let rule = policy_plan.policy.spec.safety.repeat_offender.clone();
+        let node_of = |record: &GpuRemediation| {
+            nodes
+                .iter()
+                .find(|n| n.name_any() == record.spec.node_name)
+                .map(AsRef::as_ref)
+        };
+        let mut kept = Vec::with_capacity(policy_plan.create.len());
+        for mut record in std::mem::take(&mut policy_plan.create) {
+            let node = node_of(&record);
+            let rung = record_hardware(&mut record, node, rule.as_ref(), failures, now);
+            if rung == Some(OffenderAction::ManualRequired) {
+                policy_plan.manual_required.push(record);
+            } else {
+                kept.push(record);
+            }
+        }
+        policy_plan.create = kept;
+        for record in &mut policy_plan.manual_required {
+            if record.spec.hardware.is_none() {
+                let node = node_of(record);
+                record_hardware(record, node, None, failures, now);
+            }
+        }
+    }
+}
+
+/// Fills `record`'s ledger and labels from `node`; with `rule`, checks the failed hardware against
+/// it and returns the last rung when it is a repeat offender (already applied to `record`).
+pub fn record_hardware(
+    record: &mut GpuRemediation,
+    node: Option<&Node>,
+    rule: Option<&RepeatOffender>,
+    failures: &Failures,
+    now: Timestamp,
+) -> Option<OffenderAction> {
+    let mut ledger = ledger_of(node?, &record.spec.trigger.reason)?;
+    let labels = labels_of(&ledger);
+    record.labels_mut().extend(labels);
+    let name = record.name_any();
+    let found = rule.and_then(|rule| {
+        let hardware = failed_hardware(&ledger);
+        offence(
+            failures,
+            hardware.iter().map(|(kind, id)| (*kind, id.as_str())),
+            rule,
+            now,
+            Some(&name),
+        )
+    });
+    let rung = found.as_ref().map(|o| o.action);
+    if let Some(offence) = found {
+        record
+            .labels_mut()
+            .insert(REPEAT_OFFENDER_LABEL.to_owned(), "true".to_owned());
+        match offence.action {
+            OffenderAction::Replace => record.spec.action = Action::Replace,
+            OffenderAction::ManualRequired => {
+                record.annotations_mut().insert(
+                    ATTEMPTS_EXHAUSTED_ANNOTATION.to_owned(),
+                    format!(
+                        "{}: safety.repeatOffender hands it to a person",
+                        describe(&offence)
+                    ),
+                );
+            }
+        }
+        ledger.repeat_offender = Some(offence);
+    }
+    record.spec.hardware = Some(ledger);
+    rung
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_remediation_api::{
+        constants::{FAILED_GPUS_ANNOTATION, FAILED_SERIAL_LABEL, GPU_INVENTORY_ANNOTATION},
+        hardware::HardwareKind,
+    };
+
+    use super::*;
+    use crate::hardware::history::{
+        failures,
+        tests::{at, remediation, rule},
+    };
+
+    fn node_with_failed(serial: &str) -> Node {
+        let mut node = Node::default();
+        node.metadata.name = Some("node-b".to_owned());
+        node.metadata.annotations = Some(
+            [
+                (
+                    GPU_INVENTORY_ANNOTATION.to_owned(),
+                    format!(r#"[{{"index":0,"uuid":"GPU-x","serial":"{serial}"}}]"#),
+                ),
+                (
+                    FAILED_GPUS_ANNOTATION.to_owned(),
+                    r#"[{"uuid":"GPU-x","reason":"XID79"}]"#.to_owned(),
+                ),
+            ]
+            .into(),
+        );
+        node
+    }
+
+    fn new_record() -> GpuRemediation {
+        GpuRemediation::clone(&remediation("b-1", "node-b", 5, "ignored", None))
+    }
+
+    #[test]
+    fn a_new_remediation_records_the_failed_serial_and_is_selectable_by_it() {
+        let mut record = new_record();
+        record.spec.hardware = None;
+        let rung = record_hardware(
+            &mut record,
+            Some(&node_with_failed("1650000000001")),
+            None,
+            &failures(&[], &[]),
+            at(5),
+        );
+        assert_eq!(rung, None);
+        assert_eq!(record.labels()[FAILED_SERIAL_LABEL], "1650000000001");
+        let ledger = record.spec.hardware.expect("a ledger");
+        assert_eq!(ledger.failed[0].serial.as_deref(), Some("1650000000001"));
+        assert_eq!(record.spec.action, Action::None);
+    }
+
+    #[test]
+    fn a_repeat_offender_goes_straight_to_replace_and_names_the_earlier_failure() {
+        let history = failures(&[], &[remediation("a-1", "node-a", 0, "1650000000001", None)]);
+        let mut record = new_record();
+        let rung = record_hardware(
+            &mut record,
+            Some(&node_with_failed("1650000000001")),
+            Some(&rule(1, 24)),
+            &history,
+            at(5),
+        );
+        assert_eq!(rung, Some(OffenderAction::Replace));
+        assert_eq!(record.spec.action, Action::Replace);
+        assert_eq!(record.labels()[REPEAT_OFFENDER_LABEL], "true");
+        let offence = record
+            .spec
+            .hardware
+            .and_then(|h| h.repeat_offender)
+            .expect("an offence");
+        assert_eq!(
+            (offence.kind, offence.earlier[0].remediation.as_str()),
+            (HardwareKind::Gpu, "a-1")
+        );
+    }
+
+    #[test]
+    fn a_hand_off_makes_the_record_wait_for_a_person() {
+        let history = failures(&[], &[remediation("a-1", "node-a", 0, "1650000000001", None)]);
+        let mut record = new_record();
+        let mut hand_off = rule(1, 24);
+        hand_off.action = OffenderAction::ManualRequired;
+        let rung = record_hardware(
+            &mut record,
+            Some(&node_with_failed("1650000000001")),
+            Some(&hand_off),
+            &history,
+            at(5),
+        );
+        assert_eq!(rung, Some(OffenderAction::ManualRequired));
+        assert!(record.annotations()[ATTEMPTS_EXHAUSTED_ANNOTATION].contains("remediation a-1"));
+        assert!(crate::fleet::awaits_person_past_attempts(&record));
+    }
+}

@@ -1,0 +1,513 @@
+//! The failure history of each GPU serial and host, from the `GpuHardwareRecord`s and the
+//! remediations still on record; which hardware is past a policy's `safety.repeatOffender` limit;
+//! which records to write so every remediation's failures are in them; and which records to
+//! forget. Pure.
+//!
+//! Bounds: a record keeps its latest [`RECORD_FAILURES_MAX`] failures (newest first) and counts all
+//! of them in `failureCount`; a record whose latest failure is older than [`RECORD_RETENTION`] is
+//! deleted, and past [`RECORDS_MAX`] records the ones whose latest failure is oldest go first.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
+
+use gpu_remediation_api::{
+    GpuHardwareRecord, GpuHardwareRecordSpec, GpuRemediation,
+    hardware::{
+        HardwareFailure, HardwareKind, HardwareLedger, OFFENCE_EARLIER_MAX, RECORD_FAILURES_MAX,
+        RepeatOffence, record_name,
+    },
+    policy::RepeatOffender,
+};
+use jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::ledger::failed_serials;
+
+/// How long a record outlives its latest failure: about 13 months, a year of RMA history.
+pub const RECORD_RETENTION: std::time::Duration = std::time::Duration::from_secs(400 * 24 * 3600);
+/// The most records kept; past it, those whose latest failure is oldest are deleted.
+pub const RECORDS_MAX: usize = 10_000;
+
+/// A piece of hardware: `Gpu` by serial, `Host` by system UUID or provider ID.
+pub type Hardware = (HardwareKind, String);
+
+/// Every known failure of each piece of hardware, newest first, each remediation once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Failures {
+    by_hardware: BTreeMap<Hardware, Vec<HardwareFailure>>,
+}
+
+impl Failures {
+    /// The failures of `hardware`, newest first.
+    #[must_use]
+    pub fn of(&self, kind: HardwareKind, id: &str) -> &[HardwareFailure] {
+        self.by_hardware
+            .get(&(kind, id.to_owned()))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    fn add(&mut self, hardware: Hardware, failure: HardwareFailure) {
+        let list = self.by_hardware.entry(hardware).or_default();
+        if !list.iter().any(|f| f.remediation == failure.remediation) {
+            list.push(failure);
+            list.sort_by(|a, b| {
+                b.at.0
+                    .cmp(&a.at.0)
+                    .then_with(|| a.remediation.cmp(&b.remediation))
+            });
+        }
+    }
+}
+
+/// The failures a remediation's ledger names: one per failed GPU serial, and one for the host.
+#[must_use]
+pub fn failures_of(remediation: &GpuRemediation) -> Vec<(Hardware, HardwareFailure)> {
+    let spec = &remediation.spec;
+    let Some(ledger) = &spec.hardware else {
+        return Vec::new();
+    };
+    let Some(at) = spec
+        .trigger
+        .since
+        .clone()
+        .or_else(|| remediation.creation_timestamp())
+    else {
+        return Vec::new();
+    };
+    let failure = |gpu: Option<String>| HardwareFailure {
+        at: at.clone(),
+        node: spec.node_name.clone(),
+        node_uid: spec.node_uid.clone(),
+        remediation: remediation.name_any(),
+        reason: spec.trigger.reason.clone(),
+        gpu,
+        host: ledger.host.clone(),
+        action: spec.action,
+    };
+    let mut out: Vec<(Hardware, HardwareFailure)> = failed_serials(ledger)
+        .into_iter()
+        .map(|serial| {
+            let uuids: Vec<&str> = ledger
+                .failed
+                .iter()
+                .filter(|g| g.serial.as_deref() == Some(serial.as_str()))
+                .map(|g| g.uuid.as_str())
+                .collect();
+            ((HardwareKind::Gpu, serial), failure(Some(uuids.join(","))))
+        })
+        .collect();
+    if let Some(host) = &ledger.host {
+        let serials = failed_serials(ledger).join(",");
+        out.push((
+            (HardwareKind::Host, host.clone()),
+            failure((!serials.is_empty()).then_some(serials)),
+        ));
+    }
+    out
+}
+
+/// Every failure on record: the records' entries and those of the remediations not yet in them.
+#[must_use]
+pub fn failures(records: &[Arc<GpuHardwareRecord>], remediations: &[Arc<GpuRemediation>]) -> Failures {
+    let mut all = Failures::default();
+    for record in records {
+        for failure in &record.spec.failures {
+            all.add((record.spec.kind, record.spec.id.clone()), failure.clone());
+        }
+    }
+    for remediation in remediations {
+        for (hardware, failure) in failures_of(remediation) {
+            all.add(hardware, failure);
+        }
+    }
+    all
+}
+
+/// The failures of `hardware` within `rule.window` before `now`, leaving out `remediation`'s own.
+fn earlier<'f>(
+    failures: &'f Failures,
+    (kind, id): (HardwareKind, &str),
+    rule: &RepeatOffender,
+    now: Timestamp,
+    remediation: Option<&str>,
+) -> Vec<&'f HardwareFailure> {
+    let horizon = crate::time::minus(now, crate::time::signed(rule.window.as_std()));
+    failures
+        .of(kind, id)
+        .iter()
+        .filter(|f| Some(f.remediation.as_str()) != remediation)
+        .filter(|f| f.at.0 >= horizon && f.at.0 <= now)
+        .collect()
+}
+
+/// The worst repeat offence among `hardware` (GPUs before the host, then most failures): `None`
+/// when none has `rule.failures` earlier failures within the window. `remediation` is the record
+/// being admitted, whose own failures do not count.
+#[must_use]
+pub fn offence<'h>(
+    failures: &Failures,
+    hardware: impl IntoIterator<Item = (HardwareKind, &'h str)>,
+    rule: &RepeatOffender,
+    now: Timestamp,
+    remediation: Option<&str>,
+) -> Option<RepeatOffence> {
+    let mut worst: Option<RepeatOffence> = None;
+    for (kind, id) in hardware {
+        let found = earlier(failures, (kind, id), rule, now, remediation);
+        let count = u32::try_from(found.len()).unwrap_or(u32::MAX);
+        if count < rule.failures || worst.as_ref().is_some_and(|w| w.failures >= count) {
+            continue;
+        }
+        worst = Some(RepeatOffence {
+            kind,
+            id: id.to_owned(),
+            failures: count,
+            window: rule.window,
+            action: rule.action,
+            earlier: found.into_iter().take(OFFENCE_EARLIER_MAX).cloned().collect(),
+        });
+    }
+    worst
+}
+
+/// The hardware a fault names: each failed serial, then the host.
+#[must_use]
+pub fn failed_hardware(ledger: &HardwareLedger) -> Vec<(HardwareKind, String)> {
+    let mut out: Vec<(HardwareKind, String)> = failed_serials(ledger)
+        .into_iter()
+        .map(|s| (HardwareKind::Gpu, s))
+        .collect();
+    out.extend(ledger.host.clone().map(|h| (HardwareKind::Host, h)));
+    out
+}
+
+/// The hardware a node carries: every serial of its inventory, then its host.
+#[must_use]
+pub fn carried_hardware(ledger: &HardwareLedger) -> Vec<(HardwareKind, String)> {
+    let mut serials: Vec<String> = ledger.gpus.iter().filter_map(|g| g.serial.clone()).collect();
+    serials.sort();
+    serials.dedup();
+    let mut out: Vec<(HardwareKind, String)> = serials.into_iter().map(|s| (HardwareKind::Gpu, s)).collect();
+    out.extend(ledger.host.clone().map(|h| (HardwareKind::Host, h)));
+    out
+}
+
+/// One sentence naming an offence and its latest earlier failure, for status, Events and people.
+#[must_use]
+pub fn describe(offence: &RepeatOffence) -> String {
+    let what = match offence.kind {
+        HardwareKind::Gpu => format!("GPU serial {}", offence.id),
+        HardwareKind::Host => format!("host {}", offence.id),
+    };
+    let latest = offence.earlier.first().map_or_else(String::new, |f| {
+        format!(
+            "; latest: remediation {} on node {} at {} ({})",
+            f.remediation, f.node, f.at.0, f.reason
+        )
+    });
+    format!(
+        "{what} failed {} time(s) within {} before{latest}: a repeat offender",
+        offence.failures, offence.window
+    )
+}
+
+/// The records to write so that every remediation's failures are in them: each record that
+/// gains an entry, as it should be stored (existing records keep their metadata, and so their
+/// resourceVersion, for a conflict-checked replace).
+#[must_use]
+pub fn records_to_write(
+    records: &[Arc<GpuHardwareRecord>],
+    remediations: &[Arc<GpuRemediation>],
+) -> Vec<GpuHardwareRecord> {
+    let by_name: BTreeMap<String, &Arc<GpuHardwareRecord>> =
+        records.iter().map(|r| (r.name_any(), r)).collect();
+    let mut changed: BTreeMap<String, GpuHardwareRecord> = BTreeMap::new();
+    let mut ordered: Vec<&Arc<GpuRemediation>> = remediations
+        .iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .collect();
+    ordered.sort_by_key(|r| (r.spec.trigger.since.as_ref().map(|t| t.0), r.name_any()));
+    for remediation in ordered {
+        for ((kind, id), failure) in failures_of(remediation) {
+            let name = record_name(kind, &id);
+            let record = changed
+                .entry(name.clone())
+                .or_insert_with(|| match by_name.get(&name) {
+                    Some(existing) => GpuHardwareRecord::clone(existing),
+                    None => GpuHardwareRecord::new(
+                        &name,
+                        GpuHardwareRecordSpec {
+                            kind,
+                            id: id.clone(),
+                            failure_count: 0,
+                            failures: Vec::new(),
+                        },
+                    ),
+                });
+            // Another identity hashed to this name: never mix two histories.
+            if record.spec.id != id || record.spec.kind != kind {
+                continue;
+            }
+            if record
+                .spec
+                .failures
+                .iter()
+                .any(|f| f.remediation == failure.remediation)
+            {
+                continue;
+            }
+            record.spec.failure_count = record.spec.failure_count.saturating_add(1);
+            record.spec.failures.push(failure);
+            record.spec.failures.sort_by(|a, b| {
+                b.at.0
+                    .cmp(&a.at.0)
+                    .then_with(|| a.remediation.cmp(&b.remediation))
+            });
+            record.spec.failures.truncate(RECORD_FAILURES_MAX);
+        }
+    }
+    changed
+        .into_values()
+        .filter(|record| {
+            by_name
+                .get(&record.name_any())
+                .is_none_or(|old| old.spec != record.spec)
+        })
+        .collect()
+}
+
+/// The records to delete at `now`: those whose latest failure is past [`RECORD_RETENTION`], then,
+/// past [`RECORDS_MAX`], those whose latest failure is oldest.
+#[must_use]
+pub fn records_to_forget(records: &[Arc<GpuHardwareRecord>], now: Timestamp) -> Vec<String> {
+    let horizon = crate::time::minus(now, crate::time::signed(RECORD_RETENTION));
+    let latest = |r: &GpuHardwareRecord| {
+        r.spec
+            .failures
+            .iter()
+            .map(|f| f.at.0)
+            .max()
+            .or_else(|| r.creation_timestamp().map(|t| t.0))
+    };
+    let mut kept: Vec<(Option<Timestamp>, String)> = Vec::new();
+    let mut forget: BTreeSet<String> = BTreeSet::new();
+    for record in records.iter().filter(|r| r.metadata.deletion_timestamp.is_none()) {
+        let at = latest(record);
+        if at.is_some_and(|at| at < horizon) {
+            forget.insert(record.name_any());
+        } else {
+            kept.push((at, record.name_any()));
+        }
+    }
+    kept.sort();
+    let excess = kept.len().saturating_sub(RECORDS_MAX);
+    forget.extend(kept.into_iter().take(excess).map(|(_, name)| name));
+    forget.into_iter().collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use gpu_remediation_api::{
+        GpuRemediationSpec,
+        hardware::LedgerGpu,
+        policy::{Action, ConditionStatus, OffenderAction},
+        remediation::TriggerRecord,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    pub(crate) fn at(hours: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + hours * 3600).unwrap()
+    }
+
+    /// A remediation of `node` at hour `hour` whose fault names GPU `serial`, on `host`.
+    pub(crate) fn remediation(
+        name: &str,
+        node: &str,
+        hour: i64,
+        serial: &str,
+        host: Option<&str>,
+    ) -> Arc<GpuRemediation> {
+        let mut r = GpuRemediation::new(
+            name,
+            GpuRemediationSpec {
+                node_name: node.to_owned(),
+                policy_name: "p".to_owned(),
+                trigger: TriggerRecord {
+                    condition_type: "GpuHealthy".to_owned(),
+                    status: ConditionStatus::False,
+                    reason: "XID79".to_owned(),
+                    message: String::new(),
+                    since: Some(Time(at(hour))),
+                },
+                action: Action::None,
+                mode: gpu_remediation_api::policy::Mode::Enforce,
+                node_uid: Some(format!("uid-{node}")),
+                previous_incident: None,
+                policy_snapshot: None,
+                hardware: Some(HardwareLedger {
+                    gpus: Vec::new(),
+                    failed: vec![LedgerGpu {
+                        uuid: format!("GPU-{serial}"),
+                        serial: Some(serial.to_owned()),
+                        ..LedgerGpu::default()
+                    }],
+                    host: host.map(str::to_owned),
+                    repeat_offender: None,
+                }),
+            },
+        );
+        r.metadata.creation_timestamp = Some(Time(at(hour)));
+        Arc::new(r)
+    }
+
+    pub(crate) fn rule(failures: u32, window_hours: u64) -> RepeatOffender {
+        RepeatOffender {
+            failures,
+            window: gpu_remediation_api::Duration::from_hours(window_hours),
+            action: OffenderAction::Replace,
+            cordon_on_join: false,
+        }
+    }
+
+    fn stored(records: Vec<GpuHardwareRecord>) -> Vec<Arc<GpuHardwareRecord>> {
+        records
+            .into_iter()
+            .map(|mut r| {
+                r.metadata.resource_version = Some("1".to_owned());
+                Arc::new(r)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_failed_serial_and_the_host_get_a_record_holding_the_failure() {
+        let written = records_to_write(&[], &[remediation("a-1", "node-a", 0, "S1", Some("host-1"))]);
+        let names: Vec<String> = written.iter().map(ResourceExt::name_any).collect();
+        assert_eq!(
+            names,
+            ["gpu-hash-".to_owned() + &names[0][9..], "host-host-1".to_owned()]
+        );
+        let gpu = &written[0].spec;
+        assert_eq!(
+            (gpu.kind, gpu.id.as_str(), gpu.failure_count),
+            (HardwareKind::Gpu, "S1", 1)
+        );
+        assert_eq!(gpu.failures[0].node, "node-a");
+        assert_eq!(gpu.failures[0].remediation, "a-1");
+        assert_eq!(gpu.failures[0].gpu.as_deref(), Some("GPU-S1"));
+    }
+
+    #[test]
+    fn a_record_outlives_the_remediation_and_is_not_written_twice() {
+        let first = remediation("a-1", "node-a", 0, "1650000000001", None);
+        let records = stored(records_to_write(&[], std::slice::from_ref(&first)));
+        assert!(records_to_write(&records, &[first]).is_empty());
+        // The remediation expired (history.ttl): the record still knows.
+        let all = failures(&records, &[]);
+        assert_eq!(all.of(HardwareKind::Gpu, "1650000000001").len(), 1);
+        // A second failure on another node extends the same record and keeps its resourceVersion.
+        let second = remediation("b-1", "node-b", 5, "1650000000001", None);
+        let written = records_to_write(&records, &[second]);
+        assert_eq!(written.len(), 1);
+        assert_eq!(written[0].spec.failure_count, 2);
+        assert_eq!(written[0].spec.failures[0].node, "node-b");
+        assert_eq!(written[0].metadata.resource_version.as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn a_record_keeps_the_latest_sixteen_failures_and_counts_them_all() {
+        let many: Vec<_> = (0..20)
+            .map(|i| remediation(&format!("r-{i}"), "node-a", i, "1650000000001", None))
+            .collect();
+        let written = records_to_write(&[], &many);
+        assert_eq!(written[0].spec.failure_count, 20);
+        assert_eq!(written[0].spec.failures.len(), RECORD_FAILURES_MAX);
+        assert_eq!(written[0].spec.failures[0].remediation, "r-19");
+    }
+
+    #[test]
+    fn hardware_past_the_limit_within_the_window_is_a_repeat_offender_naming_the_earlier_failure() {
+        let all = failures(&[], &[remediation("a-1", "node-a", 0, "S1", None)]);
+        let found = offence(
+            &all,
+            [(HardwareKind::Gpu, "S1")],
+            &rule(1, 24),
+            at(3),
+            Some("b-1"),
+        )
+        .expect("an offence");
+        assert_eq!(
+            (found.kind, found.id.as_str(), found.failures),
+            (HardwareKind::Gpu, "S1", 1)
+        );
+        assert_eq!(found.earlier[0].remediation, "a-1");
+        assert!(
+            describe(&found).contains("remediation a-1 on node node-a"),
+            "{}",
+            describe(&found)
+        );
+    }
+
+    #[test]
+    fn failures_outside_the_window_the_remediation_s_own_and_below_the_limit_do_not_count() {
+        let all = failures(&[], &[remediation("a-1", "node-a", 0, "S1", None)]);
+        assert_eq!(
+            offence(&all, [(HardwareKind::Gpu, "S1")], &rule(1, 2), at(3), None),
+            None
+        );
+        assert_eq!(
+            offence(
+                &all,
+                [(HardwareKind::Gpu, "S1")],
+                &rule(1, 24),
+                at(3),
+                Some("a-1")
+            ),
+            None
+        );
+        assert_eq!(
+            offence(&all, [(HardwareKind::Gpu, "S1")], &rule(2, 24), at(3), None),
+            None
+        );
+        assert_eq!(
+            offence(&all, [(HardwareKind::Gpu, "S2")], &rule(1, 24), at(3), None),
+            None
+        );
+    }
+
+    #[test]
+    fn a_host_with_failures_is_a_repeat_offender_whatever_gpus_it_holds() {
+        let all = failures(&[], &[remediation("a-1", "node-a", 0, "S1", Some("i-0abc"))]);
+        let found = offence(
+            &all,
+            [(HardwareKind::Gpu, "S9"), (HardwareKind::Host, "i-0abc")],
+            &rule(1, 24),
+            at(1),
+            None,
+        );
+        assert_eq!(found.map(|o| o.kind), Some(HardwareKind::Host));
+    }
+
+    #[test]
+    fn records_past_their_retention_are_forgotten_and_the_oldest_go_past_the_cap() {
+        let records = stored(records_to_write(
+            &[],
+            &[
+                remediation("old", "node-a", 0, "S-old", None),
+                remediation("new", "node-b", 24 * 400, "S-new", None),
+            ],
+        ));
+        let forgotten = records_to_forget(&records, at(24 * 401));
+        assert_eq!(forgotten.len(), 1);
+        assert!(
+            records
+                .iter()
+                .any(|r| r.name_any() == forgotten[0] && r.spec.id == "S-old")
+        );
+        assert!(records_to_forget(&records, at(24 * 10)).is_empty());
+    }
+}

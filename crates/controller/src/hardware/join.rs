@@ -1,0 +1,326 @@
+//! Nodes carrying known-bad hardware: a node whose inventory holds a GPU serial (or whose host is)
+//! past its governing policy's `safety.repeatOffender` limit is flagged (label
+//! `gpuremediation.dev/repeat-offender`, condition `GpuRepeatOffender`, an Event) and, with
+//! `cordonOnJoin`, cordoned; a node that registered with the `gpuremediation.dev/hardware-unchecked`
+//! taint keeps it until the agent has published its inventory and the check is made. A flag whose
+//! hardware has aged out of the window is taken back (and the cordon it made lifted). Nodes with a
+//! remediation in flight are left to it. Pure: the steps to take, and the node edits they are.
+
+use std::sync::Arc;
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy,
+    constants::{CORDONED_BY_ANNOTATION, HARDWARE_UNCHECKED_TAINT_KEY, REPEAT_OFFENDER_LABEL},
+    hardware::RepeatOffence,
+};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use kube::ResourceExt;
+
+use super::{
+    history::{Failures, carried_hardware, offence},
+    ledger::{host_of, inventory_of},
+};
+use crate::governance::{self, Claimant, Governor};
+
+/// The owner a repeat offender's cordon is recorded under (`gpuremediation.dev/cordoned-by`): no
+/// remediation has that name, so a remediation that follows treats the cordon as another's and
+/// never lifts it.
+pub const JOIN_CORDON_OWNER: &str = "repeat-offender";
+
+/// What to do about one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JoinStep {
+    /// The node is checked and clean: lift the unchecked taint.
+    Lift {
+        /// The node.
+        node: String,
+        /// Its UID.
+        uid: Option<String>,
+    },
+    /// The node carries a repeat offender: flag it (and cordon it when `cordon`).
+    Flag {
+        /// The node.
+        node: String,
+        /// Its UID.
+        uid: Option<String>,
+        /// The offence.
+        offence: RepeatOffence,
+        /// Whether its policy says `cordonOnJoin`.
+        cordon: bool,
+    },
+    /// The node is flagged but its hardware is no longer past the limit: take the flag back.
+    Unflag {
+        /// The node.
+        node: String,
+        /// Its UID.
+        uid: Option<String>,
+    },
+}
+
+/// The steps the fleet needs now.
+#[must_use]
+pub fn steps(
+    policies: &[Arc<GpuRemediationPolicy>],
+    nodes: &[Arc<Node>],
+    remediations: &[Arc<GpuRemediation>],
+    failures: &Failures,
+    now: Timestamp,
+) -> Vec<JoinStep> {
+    let live: Vec<&Arc<GpuRemediationPolicy>> = policies
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    let names: Vec<String> = live.iter().map(|p| p.name_any()).collect();
+    let claimants: Vec<Claimant<'_>> = live
+        .iter()
+        .zip(&names)
+        .map(|(p, name)| Claimant {
+            name,
+            priority: p.spec.priority,
+            selector: &p.spec.node_selector,
+        })
+        .collect();
+    let mut out = Vec::new();
+    for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+        let name = node.name_any();
+        let in_flight = remediations
+            .iter()
+            .any(|r| r.spec.node_name == name && !r.status.as_ref().is_some_and(|s| s.phase.is_terminal()));
+        if in_flight {
+            continue;
+        }
+        let rule = match governance::governor(node.labels(), &claimants) {
+            Governor::Policy { policy, .. } => live
+                .iter()
+                .find(|p| p.name_any() == policy)
+                .and_then(|p| p.spec.safety.repeat_offender.clone()),
+            _ => None,
+        };
+        let inventory = inventory_of(node);
+        let ledger = gpu_remediation_api::hardware::HardwareLedger {
+            gpus: inventory.clone(),
+            host: host_of(node),
+            ..Default::default()
+        };
+        let hardware = carried_hardware(&ledger);
+        let found = rule.as_ref().and_then(|rule| {
+            offence(
+                failures,
+                hardware.iter().map(|(kind, id)| (*kind, id.as_str())),
+                rule,
+                now,
+                None,
+            )
+        });
+        let uid = node.metadata.uid.clone();
+        let flagged = node
+            .labels()
+            .get(REPEAT_OFFENDER_LABEL)
+            .is_some_and(|v| v == "true");
+        let unchecked = has_unchecked_taint(node);
+        match (found, rule) {
+            (Some(offence), Some(rule)) if !flagged || unchecked => out.push(JoinStep::Flag {
+                node: name,
+                uid,
+                offence,
+                cordon: rule.cordon_on_join,
+            }),
+            (None, _) if flagged => out.push(JoinStep::Unflag { node: name, uid }),
+            (None, _) if unchecked && !inventory.is_empty() => out.push(JoinStep::Lift { node: name, uid }),
+            // Already flagged and checked, or clean and nothing to lift.
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Whether the node still carries the unchecked taint.
+#[must_use]
+pub fn has_unchecked_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == HARDWARE_UNCHECKED_TAINT_KEY))
+}
+
+/// Lifts the unchecked taint; whether anything changed.
+pub fn lift(node: &mut Node) -> bool {
+    let Some(taints) = node.spec.as_mut().and_then(|s| s.taints.as_mut()) else {
+        return false;
+    };
+    let before = taints.len();
+    taints.retain(|t| t.key != HARDWARE_UNCHECKED_TAINT_KEY);
+    taints.len() != before
+}
+
+/// Flags the node (and cordons it when `cordon`, unless it is already unschedulable), lifting the
+/// unchecked taint: the check is made. Whether anything changed.
+pub fn flag(node: &mut Node, cordon: bool) -> bool {
+    let mut changed = lift(node);
+    if node
+        .labels()
+        .get(REPEAT_OFFENDER_LABEL)
+        .is_none_or(|v| v != "true")
+    {
+        node.labels_mut()
+            .insert(REPEAT_OFFENDER_LABEL.to_owned(), "true".to_owned());
+        changed = true;
+    }
+    let spec = node.spec.get_or_insert_with(NodeSpec::default);
+    if cordon && spec.unschedulable != Some(true) {
+        spec.unschedulable = Some(true);
+        node.annotations_mut()
+            .insert(CORDONED_BY_ANNOTATION.to_owned(), JOIN_CORDON_OWNER.to_owned());
+        changed = true;
+    }
+    changed
+}
+
+/// Takes the flag back, and the cordon it made (never another's). Whether anything changed.
+pub fn unflag(node: &mut Node) -> bool {
+    let mut changed = node.labels_mut().remove(REPEAT_OFFENDER_LABEL).is_some();
+    if node
+        .annotations()
+        .get(CORDONED_BY_ANNOTATION)
+        .is_some_and(|by| by == JOIN_CORDON_OWNER)
+    {
+        node.annotations_mut().remove(CORDONED_BY_ANNOTATION);
+        if let Some(spec) = node.spec.as_mut() {
+            spec.unschedulable = None;
+        }
+        changed = true;
+    }
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_remediation_api::{
+        GpuRemediationPolicySpec, constants::GPU_INVENTORY_ANNOTATION, policy::Trigger,
+    };
+    use k8s_openapi::api::core::v1::Taint;
+
+    use super::*;
+    use crate::hardware::history::{
+        failures,
+        tests::{at, remediation, rule},
+    };
+
+    fn policy(cordon_on_join: bool) -> Arc<GpuRemediationPolicy> {
+        let mut spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({
+            "triggers": [{"conditionType": "GpuHealthy", "status": "False"}],
+        }))
+        .unwrap();
+        spec.triggers = vec![Trigger {
+            ..spec.triggers[0].clone()
+        }];
+        let mut offender = rule(1, 24);
+        offender.cordon_on_join = cordon_on_join;
+        spec.safety.repeat_offender = Some(offender);
+        Arc::new(GpuRemediationPolicy::new("p", spec))
+    }
+
+    fn node(name: &str, serial: &str, unchecked: bool) -> Arc<Node> {
+        let mut node = Node::default();
+        node.metadata.name = Some(name.to_owned());
+        node.metadata.uid = Some(format!("uid-{name}"));
+        node.metadata.annotations = Some(
+            [(
+                GPU_INVENTORY_ANNOTATION.to_owned(),
+                format!(r#"[{{"index":0,"uuid":"GPU-{serial}","serial":"{serial}"}}]"#),
+            )]
+            .into(),
+        );
+        if unchecked {
+            node.spec = Some(NodeSpec {
+                taints: Some(vec![Taint {
+                    key: HARDWARE_UNCHECKED_TAINT_KEY.to_owned(),
+                    effect: "NoSchedule".to_owned(),
+                    ..Taint::default()
+                }]),
+                ..NodeSpec::default()
+            });
+        }
+        Arc::new(node)
+    }
+
+    #[test]
+    fn a_node_joining_with_a_serial_past_the_limit_is_flagged_and_cordoned_when_the_policy_says_so() {
+        let history = [remediation("a-1", "node-a", 0, "S1", None)];
+        let all = failures(&[], &history);
+        let steps = steps(
+            &[policy(true)],
+            &[node("node-c", "S1", true)],
+            &history,
+            &all,
+            at(1),
+        );
+        let [
+            JoinStep::Flag {
+                node,
+                offence,
+                cordon,
+                ..
+            },
+        ] = steps.as_slice()
+        else {
+            panic!("{steps:?}")
+        };
+        assert_eq!(
+            (node.as_str(), offence.id.as_str(), *cordon),
+            ("node-c", "S1", true)
+        );
+        assert_eq!(offence.earlier[0].node, "node-a");
+    }
+
+    #[test]
+    fn a_clean_node_has_its_unchecked_taint_lifted_once_its_inventory_is_published() {
+        let all = failures(&[], &[]);
+        let steps = steps(&[policy(true)], &[node("node-c", "S2", true)], &[], &all, at(1));
+        assert!(matches!(steps.as_slice(), [JoinStep::Lift { node, .. }] if node == "node-c"));
+        let mut bare = Node::default();
+        bare.metadata.name = Some("node-d".to_owned());
+        bare.spec = node("x", "S", true).spec.clone();
+        assert!(super::steps(&[policy(true)], &[Arc::new(bare)], &[], &all, at(1)).is_empty());
+    }
+
+    #[test]
+    fn a_node_with_a_remediation_in_flight_is_left_to_it() {
+        let history = [remediation("a-1", "node-c", 0, "S1", None)];
+        let all = failures(&[], &history);
+        assert!(
+            steps(
+                &[policy(true)],
+                &[node("node-c", "S1", true)],
+                &history,
+                &all,
+                at(1)
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_flag_whose_failures_left_the_window_is_taken_back_with_its_cordon_only() {
+        let history = [remediation("a-1", "node-a", 0, "S1", None)];
+        let all = failures(&[], &history);
+        let mut flagged = Node::clone(&node("node-c", "S1", true));
+        assert!(flag(&mut flagged, true));
+        assert!(!has_unchecked_taint(&flagged));
+        assert!(!flag(&mut flagged, true), "flagging is idempotent");
+        let steps = steps(&[policy(true)], &[Arc::new(flagged.clone())], &[], &all, at(48));
+        assert!(matches!(steps.as_slice(), [JoinStep::Unflag { .. }]), "{steps:?}");
+        assert!(unflag(&mut flagged));
+        assert_eq!(flagged.spec.as_ref().and_then(|s| s.unschedulable), None);
+        // A person's cordon stays.
+        let mut theirs = Node::clone(&node("node-e", "S1", false));
+        theirs.spec = Some(NodeSpec {
+            unschedulable: Some(true),
+            ..NodeSpec::default()
+        });
+        flag(&mut theirs, true);
+        unflag(&mut theirs);
+        assert_eq!(theirs.spec.as_ref().and_then(|s| s.unschedulable), Some(true));
+    }
+}
