@@ -141,6 +141,15 @@ pub fn explain(
     let Some(governing) = governing_policy(node, policies, &mut explanation) else {
         return explanation;
     };
+    describe_quarantine(
+        node,
+        &governing,
+        nodes,
+        policies,
+        remediations,
+        now,
+        &mut explanation,
+    );
     let mine: Vec<&Arc<GpuRemediation>> = remediations
         .iter()
         .filter(|r| r.spec.node_name == node_name)
@@ -181,6 +190,51 @@ pub fn explain(
         &mut explanation,
     );
     explanation
+}
+
+/// The node's quarantine, as the fleet plan decides it this pass (`quarantine`), as one fact.
+fn describe_quarantine(
+    node: &Node,
+    governing: &GpuRemediationPolicy,
+    nodes: &[Arc<Node>],
+    policies: &[Arc<GpuRemediationPolicy>],
+    remediations: &[Arc<GpuRemediation>],
+    now: Timestamp,
+    explanation: &mut Explanation,
+) {
+    let name = node.name_any();
+    let plan = fleet::plan(policies, nodes, remediations, now);
+    let Some(policy_plan) = plan
+        .policies
+        .iter()
+        .find(|p| p.policy.name_any() == governing.name_any())
+    else {
+        return;
+    };
+    let q = &policy_plan.quarantine;
+    let fact = if let Some(add) = q.add.iter().find(|a| a.node.name == name) {
+        format!(
+            "quarantine: taken on the controller's next pass (first signal {} since {}): no new pod lands on it during `for`",
+            add.signal, add.since
+        )
+    } else if q.refused.contains(&name) {
+        format!(
+            "quarantine: not taken, the quarantine limit is reached ({} of {} nodes held; see the policy's QuarantineLimited)",
+            q.held, q.limit
+        )
+    } else if let Some(lift) = q.lift.iter().find(|l| l.node.name == name) {
+        format!("quarantine: lifted on the controller's next pass: {}", lift.why)
+    } else if let Some(owner) = crate::quarantine::taint::owner(node)
+        && crate::quarantine::taint::has_taint(node)
+    {
+        format!(
+            "quarantine: held (taint {} by policy {owner})",
+            gpu_remediation_api::constants::QUARANTINE_TAINT_KEY
+        )
+    } else {
+        return;
+    };
+    explanation.facts.push(fact);
 }
 
 /// Who governs the node (`governance`), with the policy's mode and validity as facts. `None`
@@ -550,6 +604,27 @@ mod tests {
         );
         let healthy = explain("gpu-a", &nodes, &policies, &[], now());
         assert_eq!(healthy.outcome, Outcome::Healthy);
+    }
+
+    #[test]
+    fn a_node_with_a_fresh_signal_is_said_to_be_quarantined_before_its_for_and_a_quarantined_one_held() {
+        let mut broken = (*node(
+            "gpu-1",
+            &json!({"gpu": "true"}),
+            Some(("False", "XID79", JUST_NOW)),
+        ))
+        .clone();
+        let policies = [policy("gpus", &json!({}))];
+        let fresh = explain("gpu-1", &[Arc::new(broken.clone())], &policies, &[], now());
+        assert!(
+            fresh
+                .to_string()
+                .contains("quarantine: taken on the controller's next pass"),
+            "{fresh}"
+        );
+        crate::quarantine::taint::quarantine(&mut broken, "gpus");
+        let held = explain("gpu-1", &[Arc::new(broken)], &policies, &[], now());
+        assert!(held.to_string().contains("quarantine: held (taint"), "{held}");
     }
 
     #[test]

@@ -401,6 +401,28 @@ mod tests {
     }
 
     #[test]
+    fn a_quarantine_hysteresis_out_of_bounds_and_a_zero_quarantine_limit_are_reported_at_their_lines() {
+        let text = format!(
+            "{}  quarantine:\n    max: 0\n    hysteresis: 2h\n",
+            policy("gpus", 0, "{}")
+        );
+        let found = lines(&check(&[file("p.yaml", &text)]));
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|l| l.contains("spec.quarantine.max: a count must be at least 1")),
+            "{found:?}"
+        );
+        assert!(
+            found.iter().any(
+                |l| l.contains("spec.quarantine.hysteresis: quarantine.hysteresis must be from 1s to 1h")
+            ),
+            "{found:?}"
+        );
+    }
+
+    #[test]
     fn a_document_that_is_not_yaml_is_an_error_at_the_line_the_parser_stopped() {
         let report = check(&[file("bad.yaml", "kind: GpuRemediationPolicy\nspec: [\n")]);
         assert_eq!(report.findings.len(), 1);
