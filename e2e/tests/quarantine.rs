@@ -150,19 +150,23 @@ async fn a_fault_is_quarantined_within_a_second_no_pod_lands_on_it_and_the_remed
     // with the taint carried over) is the same, and the test stays short.
     const FOR: Duration = Duration::from_secs(20);
     let s = Scenario::new(3).await;
-    let target = s.nodes()[0].clone();
     s.policy(serde_json::json!({
         "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "20s"}],
     }))
     .await;
     let _controller = RunningController::start(&s.scope).await;
-    let history = watch_node(&s.client, &target);
     let stream = PodStream::start(&s);
-    eventually(
-        "the pod stream to place pods on the node about to break",
+    // The node to break is one the scheduler is placing the stream's pods on.
+    let target = eventually(
+        "the pod stream to place pods",
         Duration::from_secs(30),
-        || async { (!stream.on(&target).is_empty()).then_some(()) },
+        || async { stream.bound.lock().unwrap().values().next().cloned() },
     )
+    .await;
+    let history = watch_node(&s.client, &target);
+    eventually("the node watch to start", Duration::from_secs(5), || async {
+        (!history.lock().unwrap().is_empty()).then_some(())
+    })
     .await;
 
     let broke_at = Instant::now();

@@ -3,7 +3,11 @@
 //! publishes one Event per node changed and one on the policy when its quarantine limit is newly
 //! reached. The only part of `quarantine` that does IO.
 
-use std::time::Duration;
+use std::{
+    collections::HashMap,
+    sync::{LazyLock, Mutex},
+    time::Duration,
+};
 
 use futures::{StreamExt as _, stream};
 use gpu_remediation_api::GpuRemediationPolicy;
@@ -23,6 +27,9 @@ use crate::{
 
 /// Node edits made at once.
 const EDIT_CONCURRENCY: usize = 8;
+
+/// Whether each policy's quarantine limit was reached at this process's last pass.
+static LIMITED: LazyLock<Mutex<HashMap<String, bool>>> = LazyLock::new(Mutex::default);
 
 /// Writes one policy's quarantines and lifts, then their Events. Every edit is tried; the first
 /// failure is returned (the next pass tries again).
@@ -48,7 +55,12 @@ pub async fn apply(ctx: &Context, plan: &PolicyPlan) -> Result<(), EditNodeError
         .conditions
         .iter()
         .find(|c| c.type_ == policy_conditions::QUARANTINE_LIMITED && c.status == "True");
-    if let (false, Some(limited)) = (was_limited, limited) {
+    // The cached status may not show this controller's last write yet (the next pass can come
+    // before the watch does): what this process last announced counts too.
+    let announced = LIMITED
+        .lock()
+        .is_ok_and(|mut known| known.insert(policy.clone(), limited.is_some()).unwrap_or(false));
+    if let (false, false, Some(limited)) = (was_limited, announced, limited) {
         tracing::warn!(%policy, message = %limited.message, "quarantine limit reached");
         let note = Note::new(
             reasons::QUARANTINE_LIMIT_REACHED,
