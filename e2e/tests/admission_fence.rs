@@ -1,34 +1,43 @@
-//! The fence the API server enforces, for evictions, node updates and remediation creates
-//! (`manifests/optional/fence/`): with the controller's Lease naming `replica-b` after 4
-//! transitions, an eviction (`KubeOps::evict`), a remediation create and a cordon
-//! (`KubeOps::cordon_node`) made as the controller's service account
-//! are refused when its fence carries a stale claim (`replica-a/3`, a deposed leader) or none, with
-//! the policy's message, and admitted when it carries the current one.
+//! The fence the API server enforces (`manifests/controller/fence-policy.yaml`, in the base): with
+//! the controller's Lease naming `replica-b` after 4 transitions, every kind of write the
+//! controller makes as its service account (an eviction, a remediation create, a cordon, a status
+//! write, a finalizer patch, a remediation delete and a node delete, each through the controller's
+//! own code) is refused when its fence carries a stale claim (`replica-a/3`, a deposed leader) or
+//! none, with the policy's message, and admitted when it carries the current one. A status write
+//! decided from an older version conflicts instead of overwriting, and a delete of an object whose
+//! last fenced write is stale is refused even without a stamp.
 
 mod common;
 
 use std::{path::Path, process::Command, time::Duration};
 
 use common::{cluster, eventually};
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationStatus, Phase,
+    constants::REMEDIATION_FINALIZER,
+    policy::{Replacement, Strategy},
+};
 use gpu_remediator::{
     drain::Leaving,
     kubeops::{KubeOps, NodeEdit},
     leader::Fence,
     lifecycle::{EvictionAnswer, NodeRef},
+    replace::Replacers,
 };
 use k8s_openapi::api::{
     coordination::v1::Lease,
-    core::v1::{Pod, ServiceAccount},
+    core::v1::{Node, Pod, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{ObjectMeta, PostParams},
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     runtime::events::Reporter,
 };
 use serde_json::json;
 
 const NAMESPACE: &str = "gpu-remediation";
+const STALE: &str = "fenced: this write carries the claim replica-a/3";
 const ACCOUNT: &str = "gpu-remediator";
 
 async fn kubectl_apply(file: &str) {
@@ -62,8 +71,11 @@ async fn controller_token(admin: &Client) -> String {
     let role: ClusterRole = serde_json::from_value(json!({
         "metadata": {"name": "e2e-fence-evictions"},
         "rules": [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-                  {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "update"]},
-                  {"apiGroups": ["gpuremediation.dev"], "resources": ["gpuremediations"], "verbs": ["get", "create"]}],
+                  {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "update", "delete"]},
+                  {"apiGroups": ["gpuremediation.dev"], "resources": ["gpuremediations"],
+                   "verbs": ["get", "create", "update", "patch", "delete"]},
+                  {"apiGroups": ["gpuremediation.dev"], "resources": ["gpuremediations/status"],
+                   "verbs": ["get", "patch", "update"]}],
     }))
     .unwrap();
     Api::<ClusterRole>::all(admin.clone())
@@ -112,10 +124,10 @@ async fn pod(admin: &Client, node: &str) -> Leaving {
     }
 }
 
-fn remediation(node: &str) -> gpu_remediation_api::GpuRemediation {
+fn remediation(node: &str) -> GpuRemediation {
     serde_json::from_value(json!({
         "apiVersion": "gpuremediation.dev/v1alpha1", "kind": "GpuRemediation",
-        "metadata": {"name": format!("{node}-fence")},
+        "metadata": {"name": format!("{node}-fence"), "finalizers": [REMEDIATION_FINALIZER]},
         "spec": {"nodeName": node, "policyName": "p", "action": "None",
                  "trigger": {"conditionType": "GpuHealthy", "status": "False"}},
     }))
@@ -147,7 +159,7 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
         .create(&PostParams::default(), &lease)
         .await
         .unwrap();
-    kubectl_apply("manifests/optional/fence/admission-policy.yaml").await;
+    kubectl_apply("manifests/controller/fence-policy.yaml").await;
     let fleet = common::fleet(1).await;
     let node = fleet.node_names()[0].clone();
     let controller = cluster().await.client_with_token(&token);
@@ -228,5 +240,112 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
             .map(String::as_str),
         Some("replica-b/4")
     );
+
+    // The keeper above now names the current claim: a deposed leader's fence of its own.
+    let (stale_fence, stale_keeper) = Fence::keeper();
+    stale_keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(600));
+    stale_keeper.claimed_as("replica-a", 3);
+    let deposed = ops(&controller, stale_fence);
+    status_writes_are_fenced_and_preconditioned(&deposed, &current, &created).await;
+    deletes_are_fenced(&admin, &controller, &deposed, &current, created, &node).await;
     fleet.stop().await.expect("stopping the fleet");
+}
+
+/// Status writes: the claim rides in `status.claim` (the status subresource drops metadata), and
+/// the read's resourceVersion is a precondition.
+async fn status_writes_are_fenced_and_preconditioned(
+    deposed: &KubeOps,
+    current: &KubeOps,
+    created: &GpuRemediation,
+) {
+    let status = GpuRemediationStatus {
+        phase: Phase::Cordoned,
+        ..GpuRemediationStatus::default()
+    };
+    let refused = deposed.write_remediation_status(created, &status).await;
+    let message = format!("{refused:?}");
+    assert!(message.contains(STALE), "{message}");
+    let written = current
+        .write_remediation_status(created, &status)
+        .await
+        .expect("the current claim writes the status");
+    let stored = written.status.as_ref().expect("a status");
+    assert_eq!(stored.claim.as_deref(), Some("replica-b/4"));
+    assert_eq!(stored.phase, Phase::Cordoned);
+    // A status decided from the version before that write conflicts: it must not overwrite it.
+    let older = GpuRemediationStatus {
+        phase: Phase::Draining,
+        ..GpuRemediationStatus::default()
+    };
+    let conflict = current.write_remediation_status(created, &older).await;
+    assert!(
+        matches!(&conflict, Err(e) if e.source.code() == Some(409)),
+        "{conflict:?}"
+    );
+}
+
+/// Deletes: the claim is stamped on the object just before, and the delete carries the stamp's
+/// resourceVersion; a stale stamp is refused, and so is a delete of an object last written
+/// under a stale claim.
+async fn deletes_are_fenced(
+    admin: &Client,
+    controller: &Client,
+    deposed: &KubeOps,
+    current: &KubeOps,
+    created: GpuRemediation,
+    node: &str,
+) {
+    let remediations = Api::<GpuRemediation>::all(admin.clone());
+    let name = created.name_any();
+    let refused = deposed.delete_remediation(&name).await;
+    let message = format!("{refused:?}");
+    assert!(message.contains(STALE), "{message}");
+    let latest = remediations.get(&name).await.expect("still there");
+    let refused = deposed.drop_finalizer(&latest).await;
+    let message = format!("{refused:?}");
+    assert!(message.contains(STALE), "a finalizer patch: {message}");
+
+    // Last written under the stale claim (as a deposed leader's stamp would leave it): a plain
+    // delete by the controller's account is refused by the policy's delete rule.
+    let stale = json!({"metadata": {"annotations": {"gpuremediation.dev/claim": "replica-a/3"}}});
+    remediations
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&stale))
+        .await
+        .expect("the admin marks the record");
+    let refused = Api::<GpuRemediation>::all(controller.clone())
+        .delete(&name, &DeleteParams::default())
+        .await;
+    let message = format!("{refused:?}");
+    assert!(
+        message
+            .contains("fenced: this delete (of an object last written under) carries the claim replica-a/3"),
+        "{message}"
+    );
+    current
+        .delete_remediation(&name)
+        .await
+        .expect("the current claim deletes (the record then waits on its finalizer)");
+    let latest = remediations.get(&name).await.expect("held by its finalizer");
+    assert!(latest.metadata.deletion_timestamp.is_some());
+    current
+        .drop_finalizer(&latest)
+        .await
+        .expect("the current claim drops the finalizer");
+
+    let nodes = Api::<Node>::all(admin.clone());
+    let target = remediation(node);
+    let replacement = Replacement::default();
+    let refused = Replacers::new(controller.clone(), deposed.fence().clone())
+        .for_strategy(Strategy::DeleteNode)
+        .trigger(&target, &replacement)
+        .await;
+    let message = format!("{refused:?}");
+    assert!(message.contains(STALE), "a node delete: {message}");
+    assert!(nodes.get_opt(node).await.unwrap().is_some(), "the node stays");
+    Replacers::new(controller.clone(), current.fence().clone())
+        .for_strategy(Strategy::DeleteNode)
+        .trigger(&target, &replacement)
+        .await
+        .expect("the current claim deletes the node");
+    assert!(nodes.get_opt(node).await.unwrap().is_none(), "the node is gone");
 }

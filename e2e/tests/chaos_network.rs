@@ -1,7 +1,8 @@
 //! Fault suite, a bad network: the controller reaches the API server only through a loopback
 //! proxy that adds 150 ms to every chunk each way and cuts every open connection every 10
 //! seconds, while it drains two nodes one at a time. Nothing is lost or repeated, no PDB is
-//! violated, and the controller carries on by itself (see `chaos_support`).
+//! violated, and the controller carries on by itself (see `chaos_support`). It runs with leader
+//! election, so its Lease renewals cross the bad network too, and the fence policy checks its claim.
 //!
 //! Why this can take minutes: the API server's eviction is not atomic under a client that goes away.
 //! It reserves the disruption in the PDB's status (`disruptedPods`, written with a context that
@@ -49,7 +50,8 @@ async fn latency_and_cut_connections_between_controller_and_api_server_lose_noth
     .expect("writing the proxy kubeconfig");
     let invariants = world.invariants().await;
     world.policy(serde_json::json!({})).await;
-    let mut controller = world.controller("behind-proxy", false, Some(&kubeconfig));
+    // Elected (alone), so its writes carry a claim the fence policy checks, through the proxy too.
+    let mut controller = world.controller("behind-proxy", true, Some(&kubeconfig));
     world.break_nodes(&broken).await;
 
     let done = async {

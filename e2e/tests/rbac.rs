@@ -13,6 +13,8 @@ use common::eventually;
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase};
 use gpu_remediator::{
     Settings,
+    drain::Leaving,
+    kubeops::KubeOps,
     leader::{ElectionConfig, Elector, Fence, lease_client},
 };
 use gpu_sandbox::{
@@ -294,6 +296,14 @@ async fn the_controller_with_only_its_service_account_token_completes_a_remediat
     })
     .await;
 
+    // Every write carried the claim the base's fence policy checks: the status names it.
+    let claim = done
+        .status
+        .as_ref()
+        .and_then(|s| s.claim.clone())
+        .unwrap_or_default();
+    assert!(claim.starts_with(&format!("rbac-e2e-{scope}/")), "{claim}");
+
     controller.stop().await;
     fleet.stop().await.unwrap();
 }
@@ -335,8 +345,26 @@ async fn a_direct_pod_delete_is_refused_unless_the_optional_force_delete_role_is
         }
     }
 
-    // With the optional component, the same call is allowed; then the grant is taken back.
+    // With the optional component, the controller's force delete (its claim stamped on the pod,
+    // then a delete preconditioned on that write, as the base's fence policy asks) is allowed;
+    // then the grant is taken back. No controller runs meanwhile: this test leads for a moment.
     let _granting = BASE_RBAC_ONLY.lock().await;
+    let (fence, _keeper) = lead_for_a_moment(&admin, "rbac-e2e-force-delete").await;
+    let reporter = kube::runtime::events::Reporter {
+        controller: "gpu-remediator".into(),
+        instance: None,
+    };
+    let as_controller = Client::try_from(service_account_config(&admin).await).unwrap();
+    let ops = KubeOps::from_clients(as_controller.clone(), as_controller, fence, reporter);
+    let solo_pod = pods.get("solo").await.unwrap();
+    let leaving = Leaving {
+        namespace: namespace.clone(),
+        name: "solo".into(),
+        uid: solo_pod.uid().unwrap(),
+        terminating: false,
+        gone_by: None,
+        labels: std::collections::BTreeMap::new(),
+    };
     let optional = std::fs::read_to_string(repo().join("manifests/optional/force-delete/rbac.yaml")).unwrap();
     let objects = install::parse_documents(&optional).unwrap();
     install::apply(&admin, &objects)
@@ -346,12 +374,13 @@ async fn a_direct_pod_delete_is_refused_unless_the_optional_force_delete_role_is
         "the force-delete role to take effect",
         Duration::from_secs(10),
         || {
-            let pods = pods.clone();
+            let (ops, leaving) = (ops.clone(), leaving.clone());
             async move {
-                match pods.delete("solo", &DeleteParams::default()).await {
-                    Ok(_) => Some(Ok(())),
-                    Err(kube::Error::Api(status)) if status.code == 403 => None,
-                    Err(other) => Some(Err(other)),
+                match ops.force_delete(&leaving, None).await {
+                    Ok(Ok(())) => Some(Ok(())),
+                    Ok(Err(words)) if words.code == Some(403) && !words.message.contains("fenced") => None,
+                    Ok(Err(words)) => Some(Err(format!("{words:?}"))),
+                    Err(other) => Some(Err(other.to_string())),
                 }
             }
         },
@@ -362,5 +391,57 @@ async fn a_direct_pod_delete_is_refused_unless_the_optional_force_delete_role_is
         .await;
     deleted.expect("the delete is allowed with the optional role");
     revoke.expect("the optional binding is removed again");
+    assert!(
+        pods.get_opt("solo")
+            .await
+            .unwrap()
+            .is_none_or(|pod| pod.metadata.deletion_timestamp.is_some()),
+        "the pod is deleted"
+    );
     fleet.stop().await.unwrap();
+}
+
+/// Writes the controller's Lease as held by `holder` (one more transition, a one-second lease, so
+/// the next controller takes over at once) and returns a fence holding that claim.
+async fn lead_for_a_moment(admin: &Client, holder: &str) -> (Fence, gpu_remediator::leader::FenceKeeper) {
+    use k8s_openapi::{
+        api::coordination::v1::{Lease, LeaseSpec},
+        apimachinery::pkg::apis::meta::v1::MicroTime,
+    };
+    let leases = Api::<Lease>::namespaced(admin.clone(), NAMESPACE);
+    let existing = leases.get_opt("gpu-remediator").await.unwrap();
+    let transitions = existing
+        .as_ref()
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.lease_transitions)
+        .unwrap_or(0)
+        + 1;
+    let mut lease = existing.unwrap_or_else(|| Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some("gpu-remediator".into()),
+            namespace: Some(NAMESPACE.into()),
+            ..kube::api::ObjectMeta::default()
+        },
+        spec: None,
+    });
+    lease.spec = Some(LeaseSpec {
+        holder_identity: Some(holder.into()),
+        lease_duration_seconds: Some(1),
+        lease_transitions: Some(transitions),
+        renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+        acquire_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+        ..LeaseSpec::default()
+    });
+    if lease.metadata.resource_version.is_some() {
+        leases
+            .replace("gpu-remediator", &PostParams::default(), &lease)
+            .await
+            .unwrap();
+    } else {
+        leases.create(&PostParams::default(), &lease).await.unwrap();
+    }
+    let (fence, keeper) = Fence::keeper();
+    keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(120));
+    keeper.claimed_as(holder, transitions);
+    (fence, keeper)
 }

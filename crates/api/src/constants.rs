@@ -18,7 +18,7 @@ pub const APPROVED_ANNOTATION: &str = "gpuremediation.dev/approved";
 /// anyone without the verb `approve` on `gpuremediations`).
 pub const APPROVED_BY_ANNOTATION: &str = "gpuremediation.dev/approved-by";
 /// Annotation on each write of a leader-elected controller: its claim on the leader Lease,
-/// `<holderIdentity>/<leaseTransitions>`. The admission policy in `manifests/optional/fence/`
+/// `<holderIdentity>/<leaseTransitions>`. The admission policy `manifests/controller/fence-policy.yaml`
 /// refuses a write whose claim is not the Lease's current one (a deposed leader's late write).
 pub const CLAIM_ANNOTATION: &str = "gpuremediation.dev/claim";
 /// Annotation the controller sets on a `GpuRemediation` it creates for a node that used up

@@ -538,6 +538,11 @@ pub struct GpuRemediationPolicyStatus {
     /// With `safety.suspect`: the attribute value most recent failures share, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspect: Option<SuspectStatus>,
+    /// The leader claim (`<holder>/<leaseTransitions>` of the controller's Lease) under which this
+    /// status was last written; the fence admission policy refuses a status write by the controller
+    /// whose claim is not the Lease's current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
 }
 
 /// The slow-start allowance of a policy.

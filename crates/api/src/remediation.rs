@@ -219,6 +219,11 @@ pub struct GpuRemediationStatus {
     /// time at or after `spec.trigger.since`). `DaemonSet` and mirror pods are not counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leaked_pods: Option<u32>,
+    /// The leader claim (`<holder>/<leaseTransitions>` of the controller's Lease) under which this
+    /// status was last written. The fence admission policy refuses a status write by the controller
+    /// whose claim is not the Lease's current one, so a deposed leader's late write cannot land.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
 }
 
 /// A request the server refused, in its own words.

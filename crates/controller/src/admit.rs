@@ -109,10 +109,11 @@ pub async fn apply(
         ctx.caches.written_remediations.record(created.clone());
         tracing::info!(remediation = %created.name_any(), node = %created.spec.node_name, "node past maxAttemptsPerNode: a person must act");
     }
-    for (record, status) in &plan.readmit {
+    for (stored, status) in &plan.readmit {
+        let record = &stored.name_any();
         let mut updated = ctx
             .ops
-            .write_remediation_status(record, status)
+            .write_remediation_status(stored, status)
             .await
             .map_err(|source| ApplyPolicyPlanError::Readmit {
                 name: record.clone(),
@@ -129,9 +130,7 @@ pub async fn apply(
         announcements.add(&updated, event(reasons::STARTED, &note, EventType::Normal));
     }
     if policy.status.as_ref() != Some(&plan.status) {
-        ctx.ops
-            .write_policy_status(&policy.name_any(), &plan.status)
-            .await?;
+        ctx.ops.write_policy_status(policy, &plan.status).await?;
     }
     for waiting in &plan.newly_waiting {
         let note = format!("node {} waits: {}", waiting.node, waiting.message);

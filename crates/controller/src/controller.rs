@@ -90,7 +90,13 @@ pub async fn run_with_telemetry(
     };
     let ops = KubeOps::new(&config, fence.clone(), reporter).map_err(RunControllerError::Client)?;
     let wake = Arc::new(Notify::new());
-    let caches = Caches::start(ops.client(), settings.policy_selector.as_deref(), wake.clone()).await?;
+    let caches = Caches::start(
+        ops.client(),
+        settings.policy_selector.as_deref(),
+        ops.fence(),
+        wake.clone(),
+    )
+    .await?;
     if let Some(health) = &telemetry.health {
         health.mark_caches_synced();
     }
@@ -385,6 +391,11 @@ impl Advances {
                 "advances still running at shutdown were cut short"
             );
             self.running.abort_all();
+            // Aborted tasks end at their next await; wait for that, so that nothing of ours is
+            // still running when the caller releases the Lease.
+            while let Some(joined) = self.running.join_next_with_id().await {
+                self.ended(ctx, joined);
+            }
         }
     }
 }

@@ -1,5 +1,7 @@
 //! Every mutating API call the controller makes, each behind the leader fence: a replica whose
-//! claim on the Lease is not current makes no write at all.
+//! claim on the Lease is not current makes no write at all, and each write carries the claim for
+//! the API server's fence policy to check (see [`crate::claim`]). Status writes are
+//! preconditioned on the resourceVersion they were decided from.
 //!
 //! Two clients: the ordinary one, and one whose config has the default retry layer disabled, used
 //! for evictions so that a 429 from a disruption budget comes back to us at once (to be recorded
@@ -12,7 +14,7 @@
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus,
-    constants::{REMEDIATION_FINALIZER, field_managers},
+    constants::{CLAIM_ANNOTATION, REMEDIATION_FINALIZER, field_managers},
     policy::GpuRemediationPolicyStatus,
 };
 use k8s_openapi::{
@@ -24,12 +26,13 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     runtime::events::{Event, Recorder, Reporter},
 };
 use serde_json::json;
 
 use crate::{
+    claim::{self, DeleteStampedError},
     cordon,
     drain::Leaving,
     leader::Fence,
@@ -130,7 +133,7 @@ pub struct DeleteRemediationError {
     pub name: String,
     /// What went wrong.
     #[source]
-    pub source: WriteError,
+    pub source: DeleteStampedError,
 }
 
 /// Why removing our finalizer failed.
@@ -229,17 +232,10 @@ impl KubeOps {
         let name = remediation.name_any();
         let api = Api::<GpuRemediation>::all(self.client.clone());
         let mut remediation = remediation.clone();
-        if let Some(claim) = self.fence.claim() {
-            // The claim the fence admission policy checks (issue 13).
-            let annotations = remediation.annotations_mut();
-            annotations.insert(
-                gpu_remediation_api::constants::CLAIM_ANNOTATION.to_owned(),
-                claim.to_string(),
-            );
-        }
-        let remediation = &remediation;
+        let remediation = &mut remediation;
         let attempt = async {
             self.fence.check()?;
+            claim::annotate(remediation, self.fence.claim().as_deref());
             match api
                 .create(
                     &PostParams {
@@ -260,20 +256,28 @@ impl KubeOps {
             .map_err(|source| CreateRemediationError { name, source })
     }
 
-    /// Sets a remediation's status (server-side apply: fields we leave out are removed).
+    /// Sets the status of `stored` (server-side apply: fields we leave out are removed), only if
+    /// the remediation is still the version read (its resourceVersion is the precondition): a
+    /// status decided from an older version must not overwrite a newer one, such as a successor
+    /// leader's phase. A conflict is an error; the next pass reads again and decides again.
     pub async fn write_remediation_status(
         &self,
-        name: &str,
+        stored: &GpuRemediation,
         status: &GpuRemediationStatus,
     ) -> Result<GpuRemediation, WriteStatusError> {
+        let name = &stored.name_any();
         let api = Api::<GpuRemediation>::all(self.client.clone());
-        let patch = json!({
-            "apiVersion": GpuRemediation::api_version(&()),
-            "kind": GpuRemediation::kind(&()),
-            "status": status,
-        });
         let attempt = async {
             self.fence.check()?;
+            let mut status = status.clone();
+            status.claim = self.fence.claim().map(|claim| claim.to_string());
+            let patch = json!({
+                "apiVersion": GpuRemediation::api_version(&()),
+                "kind": GpuRemediation::kind(&()),
+                "metadata": {"resourceVersion": stored.resource_version()},
+                "status": status,
+            });
+            crate::leader::freeze::before_write("status");
             Ok(api
                 .patch_status(name, &apply_params(), &Patch::Apply(&patch))
                 .await?)
@@ -285,20 +289,25 @@ impl KubeOps {
         })
     }
 
-    /// Sets a policy's status.
+    /// Sets a policy's status, only if the policy is still the version read (its resourceVersion
+    /// is the precondition; a conflict is an error and the next pass plans again).
     pub async fn write_policy_status(
         &self,
-        name: &str,
+        policy: &GpuRemediationPolicy,
         status: &GpuRemediationPolicyStatus,
     ) -> Result<(), WriteStatusError> {
+        let name = &policy.name_any();
         let api = Api::<GpuRemediationPolicy>::all(self.client.clone());
-        let patch = json!({
-            "apiVersion": GpuRemediationPolicy::api_version(&()),
-            "kind": GpuRemediationPolicy::kind(&()),
-            "status": status,
-        });
         let attempt = async {
             self.fence.check()?;
+            let mut status = status.clone();
+            status.claim = self.fence.claim().map(|claim| claim.to_string());
+            let patch = json!({
+                "apiVersion": GpuRemediationPolicy::api_version(&()),
+                "kind": GpuRemediationPolicy::kind(&()),
+                "metadata": {"resourceVersion": policy.resource_version()},
+                "status": status,
+            });
             api.patch_status(name, &apply_params(), &Patch::Apply(&patch))
                 .await?;
             Ok(())
@@ -310,21 +319,17 @@ impl KubeOps {
         })
     }
 
-    /// Deletes a finished remediation whose history has expired (gone already is fine).
+    /// Deletes a finished remediation whose history has expired (gone already is fine), after
+    /// stamping our claim on it (see [`claim::delete_stamped`]).
     pub async fn delete_remediation(&self, name: &str) -> Result<(), DeleteRemediationError> {
         let api = Api::<GpuRemediation>::all(self.client.clone());
-        let attempt = async {
-            self.fence.check()?;
-            match api.delete(name, &kube::api::DeleteParams::default()).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-                Err(error) => Err(WriteError::from(error)),
-            }
-        };
-        attempt.await.map_err(|source| DeleteRemediationError {
-            name: name.to_owned(),
-            source,
-        })
+        claim::delete_stamped(&api, name, None, &self.fence, &DeleteParams::default())
+            .await
+            .map(|_| ())
+            .map_err(|source| DeleteRemediationError {
+                name: name.to_owned(),
+                source,
+            })
     }
 
     /// Removes our finalizer from a remediation, keeping any others.
@@ -339,13 +344,15 @@ impl KubeOps {
             .iter()
             .filter(|f| *f != REMEDIATION_FINALIZER)
             .collect();
-        // The resourceVersion makes this a compare-and-swap: a finalizer another party added
-        // meanwhile is never dropped by our stale list.
-        let patch = json!({
-            "metadata": {"finalizers": kept, "resourceVersion": remediation.resource_version()},
-        });
         let attempt = async {
             self.fence.check()?;
+            // The resourceVersion makes this a compare-and-swap: a finalizer another party added
+            // meanwhile is never dropped by our stale list.
+            let mut metadata = json!({"finalizers": kept, "resourceVersion": remediation.resource_version()});
+            if let Some(claim) = self.fence.claim() {
+                metadata["annotations"] = json!({CLAIM_ANNOTATION: claim.as_ref()});
+            }
+            let patch = json!({"metadata": metadata});
             match api
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
@@ -424,14 +431,7 @@ impl KubeOps {
                 return Ok(NodeEdit::Written(Box::new(node)));
             }
             self.fence.check().map_err(|e| failed(e.into()))?;
-            if let Some(claim) = self.fence.claim() {
-                // The claim the fence admission policy checks (issue 13).
-                let annotations = node.annotations_mut();
-                annotations.insert(
-                    gpu_remediation_api::constants::CLAIM_ANNOTATION.to_owned(),
-                    claim.to_string(),
-                );
-            }
+            claim::annotate(&mut node, self.fence.claim().as_deref());
             // `node` carries the resourceVersion of our read: the replace fails on any write since.
             match api.replace(name, &post_params(), &node).await {
                 Ok(written) => return Ok(NodeEdit::Written(Box::new(written))),
@@ -460,13 +460,10 @@ impl KubeOps {
                 name: Some(pod.name.clone()),
                 namespace: Some(pod.namespace.clone()),
                 // The claim the fence admission policy checks (issue 13).
-                annotations: self.fence.claim().map(|claim| {
-                    [(
-                        gpu_remediation_api::constants::CLAIM_ANNOTATION.to_owned(),
-                        claim.to_string(),
-                    )]
-                    .into()
-                }),
+                annotations: self
+                    .fence
+                    .claim()
+                    .map(|claim| [(CLAIM_ANNOTATION.to_owned(), claim.to_string())].into()),
                 ..ObjectMeta::default()
             },
             delete_options: Some(DeleteOptions {
@@ -485,6 +482,7 @@ impl KubeOps {
         };
         let attempt = async {
             self.fence.check()?;
+            crate::leader::freeze::before_write("eviction");
             let answer: Result<serde_json::Value, kube::Error> = api
                 .create_subresource("eviction", &pod.name, &params, &eviction)
                 .await;
@@ -514,25 +512,24 @@ impl KubeOps {
         grace_period_seconds: Option<i64>,
     ) -> Result<Result<(), Words>, DeletePodError> {
         let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
-        let params = kube::api::DeleteParams {
+        let params = DeleteParams {
             grace_period_seconds: grace_period_seconds.and_then(|g| u32::try_from(g).ok()),
-            preconditions: Some(kube::api::Preconditions {
-                uid: Some(pod.uid.clone()),
-                resource_version: None,
-            }),
-            ..kube::api::DeleteParams::default()
+            ..DeleteParams::default()
         };
         let attempt = async {
-            self.fence.check()?;
-            match api.delete(&pod.name, &params).await {
+            match claim::delete_stamped(&api, &pod.name, Some(&pod.uid), &self.fence, &params).await {
                 Ok(_) => Ok(Ok(())),
-                Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => Ok(Ok(())),
-                Err(kube::Error::Api(status)) => Ok(Err(Words {
+                Err(DeleteStampedError::Write(WriteError::Api(kube::Error::Api(status)))) => Ok(Err(Words {
                     action: format!("deleting pod {}", pod.key()),
                     code: Some(status.code),
                     message: status.message,
                 })),
-                Err(error) => Err(WriteError::from(error)),
+                Err(DeleteStampedError::KeptConflicting) => Ok(Err(Words {
+                    action: format!("deleting pod {}", pod.key()),
+                    code: Some(409),
+                    message: "the pod kept changing between our read and our delete".to_owned(),
+                })),
+                Err(DeleteStampedError::Write(error)) => Err(error),
             }
         };
         attempt.await.map_err(|source| DeletePodError {

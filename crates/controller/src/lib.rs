@@ -12,6 +12,7 @@ pub mod telemetry;
 
 pub mod admit;
 pub mod budget;
+pub mod claim;
 pub mod cli;
 pub mod context;
 pub mod controller;

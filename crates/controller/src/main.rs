@@ -72,6 +72,9 @@ struct RunArgs {
     resync: Duration,
 }
 
+/// How long a replica that lost its Lease waits for the controller to stop before it exits.
+const LOST_LEASE_WIND_DOWN: Duration = Duration::from_secs(10);
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     text.parse::<gpu_remediation_api::Duration>()
         .map(gpu_remediation_api::Duration::as_std)
@@ -106,10 +109,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         std::process::id()
     );
     let (stop, stopped) = watch::channel(false);
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutdown requested");
-        let _ = stop.send(true);
+    let stop = std::sync::Arc::new(stop);
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            wait_for_signal().await;
+            tracing::info!("shutdown requested");
+            let _ = stop.send(true);
+        }
     });
     let until_stopped = move || {
         let mut stopped = stopped.clone();
@@ -118,6 +125,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
 
+    // The election ends (and releases the Lease) only once the controller has stopped, every
+    // advance included: a follower must not take over while this replica still acts.
+    let (controller_ended, ended) = watch::channel(false);
     let (fence, election) = if args.leader_elect {
         let (fence, keeper) = Fence::keeper();
         let elector = Elector::new(
@@ -125,7 +135,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             ElectionConfig::new(&args.lease_namespace, &identity),
             keeper,
         );
-        (fence, Some(tokio::spawn(elector.run(until_stopped()))))
+        let mut ended = ended.clone();
+        let after_the_controller = async move {
+            let _ = ended.wait_for(|ended| *ended).await;
+        };
+        (fence, Some(tokio::spawn(elector.run(after_the_controller))))
     } else {
         (Fence::standalone(), None)
     };
@@ -168,15 +182,27 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(mut election) => {
             tokio::select! {
                 result = &mut controller => {
+                    // Let the elector release the Lease, so a follower takes over at once: the
+                    // controller and all its advances have stopped.
+                    controller_ended.send_replace(true);
                     result.context("the controller task panicked")?.context("the controller stopped")?;
-                    // Let the elector release the Lease, so a follower takes over at once.
                     let ended = election.await.context("the election task panicked")?;
                     tracing::info!(?ended, "leader election ended");
                 }
                 ended = &mut election => match ended.context("the election task panicked")? {
                     // Losing the Lease ends the process (non-zero): state built while leading
                     // cannot be trusted once another replica may act.
-                    Err(error) => return Err(error).context("leader election"),
+                    Err(error) => {
+                        // Stop, and let the advances under way end (the controller bounds that by
+                        // its shutdown grace): the fence already refuses every new write, and any
+                        // write past its check goes out under the lost claim, for the API
+                        // server's fence policy to refuse, rather than vanish mid-request.
+                        stop.send_replace(true);
+                        if tokio::time::timeout(LOST_LEASE_WIND_DOWN, controller).await.is_err() {
+                            tracing::warn!("the controller did not stop in time after the Lease was lost");
+                        }
+                        return Err(error).context("leader election");
+                    }
                     Ok(ended) => {
                         tracing::info!(?ended, "leader election ended");
                         controller.await.context("the controller task panicked")?.context("the controller stopped")?;

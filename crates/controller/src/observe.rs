@@ -186,6 +186,7 @@ impl Caches {
     pub async fn start(
         client: &Client,
         policy_selector: Option<&str>,
+        fence: &crate::leader::Fence,
         wake: Arc<Notify>,
     ) -> Result<Self, StartCachesError> {
         let mut policy_config = watcher::Config::default().any_semantic();
@@ -202,7 +203,7 @@ impl Caches {
             let changes = changes.clone();
             move |_: Option<String>| changes.note(|c| c.anything = true)
         };
-        let undecodable = Undecodable::start(client.clone());
+        let undecodable = Undecodable::start(client.clone(), fence.clone());
         let policies = spawn_decoding_reflector(
             client,
             &undecodable,

@@ -537,7 +537,7 @@ async fn write_if_changed(
             Ok((with_status(status), Some(due)))
         }
         Verdict::Write => {
-            let mut updated = ctx.ops.write_remediation_status(&name, &status).await?;
+            let mut updated = ctx.ops.write_remediation_status(remediation, &status).await?;
             ctx.progress.wrote(&name, now);
             updated.managed_fields_mut().clear();
             ctx.caches.written_remediations.record(updated.clone());

@@ -8,6 +8,9 @@
 //! - no remediation lost or duplicated (exactly one remediation, by UID, per broken node, none
 //!   for any other, each reaching the expected phase);
 //! - the controller recovers by itself (no restart by the test; it is still running at the end).
+//!
+//! The shipped fence policy is on in every world: an elected controller's writes must carry its
+//! current claim on the Lease.
 #![allow(
     dead_code,
     reason = "each chaos test binary uses a different part of the support"
@@ -45,6 +48,31 @@ pub async fn controller_binary() -> &'static Path {
     tokio::task::spawn_blocking(e2e::controller_binary)
         .await
         .expect("building the controller binary")
+}
+
+/// The shipped fence policy (`manifests/controller/fence-policy.yaml`), for the controller's
+/// identity and Lease in the bench namespace: every write of an elected controller must carry its
+/// current claim. A controller run alone creates no Lease, and the policy lets it be.
+async fn install_fence(client: &kube::Client) {
+    let shipped = std::fs::read_to_string(format!(
+        "{}/manifests/controller/fence-policy.yaml",
+        e2e::WORKSPACE
+    ))
+    .expect("the fence policy");
+    let adapted = shipped
+        .replace(
+            "system:serviceaccount:gpu-remediation:",
+            &format!("system:serviceaccount:{BENCH_NAMESPACE}:"),
+        )
+        .replace(
+            "    namespace: gpu-remediation\n",
+            &format!("    namespace: {BENCH_NAMESPACE}\n"),
+        );
+    assert!(adapted.contains(BENCH_NAMESPACE), "{adapted}");
+    let objects = gpu_sandbox::demo::install::parse_documents(&adapted).expect("fence policy YAML");
+    gpu_sandbox::demo::install::apply(client, &objects)
+        .await
+        .unwrap_or_else(|e| panic!("installing the fence policy: {e}"));
 }
 
 fn init_logs() {
@@ -85,6 +113,7 @@ impl World {
         .await
         .expect("starting the fleet");
         ensure_namespace(&env.client, scope).await.expect("namespace");
+        install_fence(&env.client).await;
         Self {
             env,
             fleet,

@@ -29,13 +29,14 @@ use tokio::{process::Child, sync::OnceCell};
 
 use e2e::WORKSPACE;
 
-/// Every mutating verb, recorded at `Metadata` level once the response is complete.
+/// Every mutating verb, recorded with its request body (`Request` level, so the claim a write
+/// carries can be read) once the response is complete.
 const AUDIT_POLICY: &str = r#"
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived", "ResponseStarted", "Panic"]
 rules:
-  - level: Metadata
+  - level: Request
     verbs: ["create", "update", "patch", "delete", "deletecollection"]
   - level: None
 "#;
@@ -133,9 +134,46 @@ pub async fn create_namespace(client: &Client, name: &str) {
         .expect("namespace");
 }
 
+/// Installs the shipped fence policy (`manifests/controller/fence-policy.yaml`) for controllers
+/// running as service accounts of `namespace` with their Lease there: as shipped for the
+/// manifests' own namespace, otherwise under a name of its own, matching that namespace's
+/// accounts and Lease. Once per namespace.
+pub async fn install_fence(client: &Client, namespace: &str) {
+    let shipped = std::fs::read_to_string(format!("{WORKSPACE}/manifests/controller/fence-policy.yaml"))
+        .expect("the fence policy");
+    let policy = if namespace == "gpu-remediation" {
+        shipped
+    } else {
+        shipped
+            .replace(
+                "request.userInfo.username == 'system:serviceaccount:gpu-remediation:gpu-remediator'",
+                &format!("request.userInfo.username.startsWith('system:serviceaccount:{namespace}:')"),
+            )
+            .replace(
+                "namespace: gpu-remediation\n",
+                &format!("namespace: {namespace}\n"),
+            )
+            .replace(
+                "name: gpu-remediator-fence\n",
+                &format!("name: gpu-remediator-fence-{namespace}\n"),
+            )
+            .replace(
+                "policyName: gpu-remediator-fence\n",
+                &format!("policyName: gpu-remediator-fence-{namespace}\n"),
+            )
+    };
+    assert!(policy.contains(namespace), "the policy was adapted: {policy}");
+    let objects = gpu_sandbox::demo::install::parse_documents(&policy).expect("fence policy YAML");
+    gpu_sandbox::demo::install::apply(client, &objects)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// Grants service account `namespace/account` the controller's real RBAC (the `ClusterRole` of
-/// `manifests/controller/rbac.yaml` and leases in `namespace`), and returns a token for it.
+/// `manifests/controller/rbac.yaml` and leases in `namespace`), puts the shipped fence policy on
+/// `namespace`'s controllers ([`install_fence`]), and returns a token for the account.
 pub async fn controller_account(client: &Client, namespace: &str, account: &str) -> String {
+    install_fence(client, namespace).await;
     let manifests = std::fs::read_to_string(format!("{WORKSPACE}/manifests/controller/rbac.yaml"))
         .expect("RBAC manifest");
     let mut cluster_role = None;
@@ -303,6 +341,10 @@ pub struct ReplicaOptions<'a> {
 impl ReplicaProcess {
     /// Starts a replica with leader election on.
     pub async fn start(cluster: &AuditedCluster, options: ReplicaOptions<'_>) -> Self {
+        Self::spawn(cluster, options, &[]).await
+    }
+
+    async fn spawn(cluster: &AuditedCluster, options: ReplicaOptions<'_>, env: &[(&str, &str)]) -> Self {
         let listen = format!("127.0.0.1:{}", free_port());
         let log = cluster.scratch.join(format!("{}.log", options.identity));
         let log_file = std::fs::File::create(&log).expect("replica log");
@@ -319,6 +361,7 @@ impl ReplicaProcess {
             .args(&args)
             .env("KUBECONFIG", options.kubeconfig)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::from(log_file.try_clone().expect("log handle")))
             .stderr(Stdio::from(log_file))
             .kill_on_drop(true)
@@ -330,6 +373,46 @@ impl ReplicaProcess {
             log,
             child,
         }
+    }
+
+    /// Starts a replica with leader election on and `env` added to its environment.
+    pub async fn start_with_env(
+        cluster: &AuditedCluster,
+        options: ReplicaOptions<'_>,
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::spawn(cluster, options, env).await
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// Whether the process is stopped (SIGSTOP): state `T` in `/proc/<pid>/stat`.
+    pub fn is_stopped(&self) -> bool {
+        let Some(pid) = self.child.id() else { return false };
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+            .unwrap_or(false)
+    }
+
+    /// SIGCONT: a stopped replica runs on.
+    pub fn resume(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-CONT", &self.pid().to_string()])
+            .status()
+            .expect("kill -CONT");
+        assert!(status.success());
+    }
+
+    /// Waits up to `within` for the process to exit; its status.
+    pub async fn exit_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .ok()
+            .map(|status| status.expect("wait"))
     }
 
     /// SIGKILL: no shutdown, no release.
@@ -419,6 +502,8 @@ pub struct AuditEvent {
     pub stage_timestamp: Timestamp,
     /// The response's HTTP code.
     pub code: u16,
+    /// The line as logged (the request body included).
+    pub line: String,
 }
 
 impl AuditEvent {
@@ -445,6 +530,7 @@ impl AuditEvent {
                 .and_then(serde_json::Value::as_u64)
                 .and_then(|code| u16::try_from(code).ok())
                 .unwrap_or(0),
+            line: line.to_owned(),
         })
     }
 }
@@ -466,6 +552,16 @@ impl AuditEvent {
             self.code,
             self.request_received_timestamp,
         )
+    }
+
+    /// The refusal an admission policy recorded (`validation.policy.admission.k8s.io/
+    /// validation_failure`, present when its binding's actions include `Audit`), if any.
+    pub fn policy_denial(&self) -> Option<String> {
+        let event: serde_json::Value = serde_json::from_str(&self.line).ok()?;
+        event
+            .pointer("/annotations/validation.policy.admission.k8s.io~1validation_failure")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
     }
 
     /// Whether this is a write of the leader Lease (the election itself, not acting).

@@ -65,8 +65,9 @@ pub struct PolicyPlan {
     /// Records to create for nodes past `maxAttemptsPerNode` (they enter `ManualRequired`).
     pub manual_required: Vec<GpuRemediation>,
     /// `ManualRequired` records a person approved and the budget admitted now: the status to
-    /// write to each (back in `Pending`), by record name.
-    pub readmit: Vec<(String, GpuRemediationStatus)>,
+    /// write to each (back in `Pending`), with the record as read (its resourceVersion is the
+    /// write's precondition).
+    pub readmit: Vec<(GpuRemediation, GpuRemediationStatus)>,
     /// The status to write (conditions keep their transition times when unchanged).
     pub status: GpuRemediationPolicyStatus,
     /// Nodes that newly wait, or wait for another reason than before: one Event each.
@@ -273,6 +274,8 @@ fn plan_policy(
             message: a.why,
         }),
         suspect,
+        // The claim it was last written under: the write puts the current one.
+        claim: previous.claim.clone(),
     };
     (
         PolicyPlan {
@@ -504,7 +507,7 @@ struct Records {
     /// New remediations the budget admitted.
     create: Vec<GpuRemediation>,
     /// Approved `ManualRequired` records the budget admitted, with their status back in `Pending`.
-    readmit: Vec<(String, GpuRemediationStatus)>,
+    readmit: Vec<(GpuRemediation, GpuRemediationStatus)>,
     /// New records for nodes past `maxAttemptsPerNode`, marked to enter `ManualRequired`.
     manual_required: Vec<GpuRemediation>,
 }
@@ -538,7 +541,7 @@ fn records(
         .admitted
         .iter()
         .filter_map(|c| found.approved_records.get(&c.node))
-        .map(|record| (record.name_any(), readmitted_status(record, now)))
+        .map(|record| ((*record).clone(), readmitted_status(record, now)))
         .collect();
     let manual_required = decision
         .waiting
@@ -971,8 +974,8 @@ mod tests {
         let plan = &fleet.policies[0];
         assert!(plan.create.is_empty() && plan.manual_required.is_empty());
         assert_eq!(plan.readmit.len(), 1);
-        let (name, status) = &plan.readmit[0];
-        assert_eq!(name, &remediation_name("n1", "p", at(500)));
+        let (record, status) = &plan.readmit[0];
+        assert_eq!(record.name_any(), remediation_name("n1", "p", at(500)));
         assert_eq!(status.phase, Phase::Pending);
         assert_eq!(status.phase_history.last().map(|t| t.at.0), Some(at(1000)));
         assert_eq!(plan.status.in_flight, 1);

@@ -141,11 +141,19 @@ async fn write_record(
 
 async fn delete_record(ctx: &Context, name: &str) -> Result<(), WriteError> {
     let api = Api::<GpuHardwareRecord>::all(ctx.ops.client().clone());
-    ctx.ops.fence().check()?;
-    match api.delete(name, &kube::api::DeleteParams::default()).await {
+    // The claim stamped first, the delete preconditioned on it (the fence policy's delete rule).
+    match crate::claim::delete_stamped(
+        &api,
+        name,
+        None,
+        ctx.ops.fence(),
+        &kube::api::DeleteParams::default(),
+    )
+    .await
+    {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-        Err(error) => Err(error.into()),
+        Err(crate::claim::DeleteStampedError::Write(error)) => Err(error),
+        Err(crate::claim::DeleteStampedError::KeptConflicting) => Ok(()),
     }
 }
 

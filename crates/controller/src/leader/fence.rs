@@ -131,7 +131,8 @@ impl Fence {
 
     /// The claim this replica's writes carry (`<holder>/<leaseTransitions>`, the value of
     /// `gpuremediation.dev/claim`) while it is current; `None` when it is not, or without leader
-    /// election. The admission policy in `manifests/optional/fence/` compares it with the Lease.
+    /// election. The admission policy `manifests/controller/fence-policy.yaml` compares it with
+    /// the Lease.
     #[must_use]
     pub fn claim(&self) -> Option<Arc<str>> {
         if !self.is_current() {

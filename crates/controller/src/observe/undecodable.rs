@@ -6,8 +6,8 @@
 //! its type. What does not decode is left out of the cache (a known object that stops decoding is
 //! deleted from it) and reported: a log line and the `gpu_remediator_undecodable_objects{kind,name}`
 //! gauge at once, then, from a task of its own, a `Warning` Event on the object and, on a policy,
-//! `Ready=False`/`Invalid=True` conditions naming the error. Both writes are reports that any
-//! replica makes identically, so they need no leader claim; they never touch a node.
+//! `Ready=False`/`Invalid=True` conditions naming the error. Only the leader writes them (a follower
+//! reports what it found once it leads), the status under its claim like every other write.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -37,6 +37,8 @@ use prometheus_client::{
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
+use crate::leader::Fence;
+
 /// The Event and condition reason of an object the controller cannot decode.
 pub const REASON: &str = "Undecodable";
 
@@ -57,6 +59,7 @@ pub static GAUGE: LazyLock<Family<ObjectLabels, Gauge>> = LazyLock::new(Family::
 struct Finding {
     reference: ObjectReference,
     generation: Option<i64>,
+    resource_version: Option<String>,
     error: String,
 }
 
@@ -68,11 +71,12 @@ pub struct Undecodable {
 }
 
 impl Undecodable {
-    /// A registry whose findings a task spawned on the runtime reports through `client`.
+    /// A registry whose findings a task spawned on the runtime reports through `client`, while
+    /// `fence` holds (a follower reports what it found once it leads).
     #[must_use]
-    pub fn start(client: Client) -> Self {
+    pub fn start(client: Client, fence: Fence) -> Self {
         let (reports, findings) = mpsc::unbounded_channel();
-        tokio::spawn(report(client, findings));
+        tokio::spawn(report(client, fence, findings));
         Self {
             found: Arc::default(),
             reports,
@@ -109,6 +113,7 @@ impl Undecodable {
         let finding = Finding {
             reference: reference(object, kind),
             generation: object.metadata.generation,
+            resource_version: object.metadata.resource_version.clone(),
             error,
         };
         // The reporting task ends only with the runtime.
@@ -219,7 +224,7 @@ impl<K: Resource<DynamicType = ()> + Clone + DeserializeOwned> Decoder<K> {
 }
 
 /// Reports each finding: a `Warning` Event on the object; on a policy, its conditions too.
-async fn report(client: Client, mut findings: mpsc::UnboundedReceiver<Finding>) {
+async fn report(client: Client, fence: Fence, mut findings: mpsc::UnboundedReceiver<Finding>) {
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -228,6 +233,7 @@ async fn report(client: Client, mut findings: mpsc::UnboundedReceiver<Finding>) 
         },
     );
     while let Some(finding) = findings.recv().await {
+        fence.acquired().await;
         let name = finding.reference.name.clone().unwrap_or_default();
         let note = format!(
             "the controller cannot read this object and leaves it out until it is fixed or deleted: {}",
@@ -244,7 +250,7 @@ async fn report(client: Client, mut findings: mpsc::UnboundedReceiver<Finding>) 
             tracing::warn!(%error, %name, "publishing the undecodable-object event failed");
         }
         if finding.reference.kind.as_deref() == Some(GpuRemediationPolicy::kind(&()).as_ref())
-            && let Err(error) = mark_policy_invalid(&client, &name, finding.generation, &note).await
+            && let Err(error) = mark_policy_invalid(&client, &fence, &name, &finding, &note).await
         {
             tracing::warn!(%error, policy = %name, "marking the undecodable policy Invalid failed");
         }
@@ -255,10 +261,12 @@ async fn report(client: Client, mut findings: mpsc::UnboundedReceiver<Finding>) 
 /// field manager as the controller's own status writes, which replace them once it decodes again.
 async fn mark_policy_invalid(
     client: &Client,
+    fence: &Fence,
     name: &str,
-    generation: Option<i64>,
+    finding: &Finding,
     message: &str,
-) -> Result<(), kube::Error> {
+) -> Result<(), crate::kubeops::WriteError> {
+    let generation = finding.generation;
     let now = Time(jiff::Timestamp::now());
     let condition = |type_: &str| Condition {
         type_: type_.to_owned(),
@@ -273,11 +281,17 @@ async fn mark_policy_invalid(
         last_transition_time: now.clone(),
         observed_generation: generation,
     };
+    // Only over the version found (a fixed policy is the controller's again), under our claim.
     let patch = serde_json::json!({
         "apiVersion": GpuRemediationPolicy::api_version(&()),
         "kind": GpuRemediationPolicy::kind(&()),
-        "status": {"conditions": [condition(policy_conditions::READY), condition(policy_conditions::INVALID)]},
+        "metadata": {"resourceVersion": finding.resource_version},
+        "status": {
+            "conditions": [condition(policy_conditions::READY), condition(policy_conditions::INVALID)],
+            "claim": fence.claim().as_deref(),
+        },
     });
+    fence.check()?;
     Api::<DynamicObject>::all_with(
         client.clone(),
         &kube::api::ApiResource::erase::<GpuRemediationPolicy>(&()),

@@ -93,13 +93,14 @@ impl CreateTemplate {
             Some(namespace) => format!("{namespace}/{}", rendered.name),
             None => rendered.name.clone(),
         };
-        let object: DynamicObject = serde_json::from_value(rendered.object.clone())
+        let mut object: DynamicObject = serde_json::from_value(rendered.object.clone())
             .map_err(|_| TriggerReplacementError::Template(template::RenderTemplateError::NotAnObject))?;
         let params = PostParams {
             field_manager: Some(gpu_remediation_api::constants::field_managers::CONTROLLER.to_owned()),
             ..PostParams::default()
         };
         self.kube.fence.check()?;
+        crate::claim::annotate(&mut object, self.kube.fence.claim().as_deref());
         let created = match api.create(&params, &object).await {
             Ok(created) => created,
             Err(kube::Error::Api(status)) if status.is_already_exists() => {

@@ -10,12 +10,14 @@
 use std::collections::BTreeMap;
 
 use futures::{FutureExt as _, future::BoxFuture};
-use gpu_remediation_api::{GpuRemediation, policy::Replacement, remediation::ObjectReference};
+use gpu_remediation_api::{
+    GpuRemediation, constants::CLAIM_ANNOTATION, policy::Replacement, remediation::ObjectReference,
+};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Resource as _,
-    api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions},
+    api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams},
     core::GroupVersionKind,
 };
 use serde_json::{Value, json};
@@ -145,22 +147,16 @@ impl DeleteMachine {
             self.remember_selector(remediation, &format!("{MACHINE_SET_LABEL}={set}"))
                 .await?;
         }
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: reference.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        self.kube.fence.check()?;
-        match machines.delete(&machine_name, &params).await {
-            Ok(_) => Ok(reference),
-            Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => Ok(reference),
-            Err(source) => Err(TriggerReplacementError::Api {
-                action: action("deleting"),
-                source,
-            }),
-        }
+        self.kube
+            .delete_stamped(
+                &machines,
+                &machine_name,
+                reference.uid.as_deref(),
+                &DeleteParams::default(),
+            )
+            .await
+            .map_err(|error| error.during(action("deleting")))?;
+        Ok(reference)
     }
 
     /// Records on the remediation which Machines may replace the deleted one, before deleting it.
@@ -179,11 +175,13 @@ impl DeleteMachine {
         }
         let name = remediation.meta().name.clone().unwrap_or_default();
         let remediations: Api<GpuRemediation> = Api::all(self.kube.client.clone());
-        let patch: BTreeMap<&str, Value> = BTreeMap::from([(
-            "metadata",
-            json!({"annotations": {REPLACEMENT_SELECTOR_ANNOTATION: selector}}),
-        )]);
         self.kube.fence.check()?;
+        let mut annotations = json!({REPLACEMENT_SELECTOR_ANNOTATION: selector});
+        if let Some(claim) = self.kube.fence.claim() {
+            annotations[CLAIM_ANNOTATION] = json!(claim.as_ref());
+        }
+        let patch: BTreeMap<&str, Value> =
+            BTreeMap::from([("metadata", json!({"annotations": annotations}))]);
         remediations
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await

@@ -6,10 +6,7 @@ use futures::{FutureExt as _, future::BoxFuture};
 use gpu_remediation_api::{GpuRemediation, policy::Replacement, remediation::ObjectReference};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use kube::{
-    Api,
-    api::{DeleteParams, Preconditions},
-};
+use kube::{Api, api::DeleteParams};
 
 use super::{Kube, ObserveReplacementError, Replace, TriggerReplacementError, node_presence, presence};
 use crate::replace::verify::{Observation, ReplacementNode, Reported};
@@ -44,26 +41,12 @@ impl DeleteNode {
             .filter(|uid| admitted.is_none_or(|admitted| admitted == uid));
         if let Some(uid) = &uid {
             // The UID precondition makes sure a node re-registered under the same name between
-            // the read and the delete is not deleted in its place.
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(uid.clone()),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            self.kube.fence.check()?;
-            match nodes.delete(node_name, &params).await {
-                Ok(_) => {}
-                // Gone already, or replaced by another node of the same name: ours is gone.
-                Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => {}
-                Err(source) => {
-                    return Err(TriggerReplacementError::Api {
-                        action: action("deleting"),
-                        source,
-                    });
-                }
-            }
+            // the read and the delete is not deleted in its place; gone already, or replaced by
+            // another node of the same name, is done. The claim is stamped first (issue 13).
+            self.kube
+                .delete_stamped(&nodes, node_name, Some(uid), &DeleteParams::default())
+                .await
+                .map_err(|error| error.during(action("deleting")))?;
         }
         Ok(ObjectReference {
             api_version: "v1".to_owned(),

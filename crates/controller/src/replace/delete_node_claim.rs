@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api,
-    api::{ApiResource, DeleteParams, DynamicObject, ListParams, Preconditions},
+    api::{ApiResource, DeleteParams, DynamicObject, ListParams},
     core::GroupVersionKind,
 };
 use serde_json::Value;
@@ -88,22 +88,11 @@ impl DeleteNodeClaim {
         if claim.metadata.deletion_timestamp.is_some() {
             return Ok(reference);
         }
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: reference.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        self.kube.fence.check()?;
-        match claims.delete(&name, &params).await {
-            Ok(_) => Ok(reference),
-            Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => Ok(reference),
-            Err(source) => Err(TriggerReplacementError::Api {
-                action: format!("deleting NodeClaim {name}"),
-                source,
-            }),
-        }
+        self.kube
+            .delete_stamped(&claims, &name, reference.uid.as_deref(), &DeleteParams::default())
+            .await
+            .map_err(|error| error.during(format!("deleting NodeClaim {name}")))?;
+        Ok(reference)
     }
 
     async fn look(

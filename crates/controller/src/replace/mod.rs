@@ -62,6 +62,12 @@ pub enum TriggerReplacementError {
         /// The error.
         source: kube::Error,
     },
+    /// Others kept writing the object between our read and our delete.
+    #[error("{action}: others kept writing it between our read and our delete")]
+    KeptConflicting {
+        /// What was being done.
+        action: String,
+    },
     /// The node lacks a Cluster API annotation, so its Machine cannot be found.
     #[error("node {node} has no {annotation} annotation: is it managed by Cluster API?")]
     NotAClusterApiNode {
@@ -107,6 +113,18 @@ pub enum TriggerReplacementError {
         /// Name (with namespace, if any).
         name: String,
     },
+}
+
+impl crate::claim::DeleteStampedError {
+    /// This error as a [`TriggerReplacementError`] of the step `action` (e.g. `deleting node n1`).
+    pub(crate) fn during(self, action: String) -> TriggerReplacementError {
+        use crate::{claim::DeleteStampedError, kubeops::WriteError};
+        match self {
+            Self::Write(WriteError::Fenced(fenced)) => TriggerReplacementError::Fenced(fenced),
+            Self::Write(WriteError::Api(source)) => TriggerReplacementError::Api { action, source },
+            DeleteStampedError::KeptConflicting => TriggerReplacementError::KeptConflicting { action },
+        }
+    }
 }
 
 impl TriggerReplacementError {
@@ -219,6 +237,20 @@ pub(crate) struct Kube {
 }
 
 impl Kube {
+    /// [`crate::claim::delete_stamped`] under this fence.
+    pub(crate) async fn delete_stamped<K>(
+        &self,
+        api: &kube::Api<K>,
+        name: &str,
+        uid: Option<&str>,
+        params: &kube::api::DeleteParams,
+    ) -> Result<crate::claim::Deleted, crate::claim::DeleteStampedError>
+    where
+        K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+    {
+        crate::claim::delete_stamped(api, name, uid, &self.fence, params).await
+    }
+
     /// The version of `group`'s `kind` the API server prefers, found by discovery: the
     /// Cluster API and Karpenter CRDs move between versions, so none is hard-coded. A group or
     /// kind the server does not serve is `KindNotServed`, any other failure an API error.

@@ -1,0 +1,132 @@
+//! The leader claim on the wire: how each write the controller makes carries its claim on the
+//! leader Lease (`<holder>/<leaseTransitions>`, see [`Fence::claim`]) so that the fence admission
+//! policy (`manifests/controller/fence-policy.yaml`) can refuse it when the claim is not current.
+//!
+//! - creates, updates and patches carry it as the `gpuremediation.dev/claim` annotation
+//!   ([`annotate`]); status writes in the status itself (`status.claim`), because the API server
+//!   drops metadata changes sent to a custom resource's status subresource before admission;
+//! - a delete carries no object, so [`delete_stamped`] first writes the claim onto the object (an
+//!   update the policy checks) and then deletes with that write's resourceVersion as a
+//!   precondition: the policy checks the stored object's claim, so a delete whose last fenced
+//!   write is stale is refused, and nobody's write can slip in between.
+//!
+//! Without leader election there is no claim and nothing is stamped (the policy is installed only
+//! with leader election).
+
+use std::fmt::Debug;
+
+use gpu_remediation_api::constants::CLAIM_ANNOTATION;
+use kube::{
+    Api, Resource, ResourceExt as _,
+    api::{DeleteParams, PostParams, Preconditions},
+};
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::{kubeops::WriteError, leader::Fence};
+
+/// How many times a stamp-then-delete is retried when the object changed in between.
+const DELETE_CONFLICT_RETRIES: usize = 5;
+
+/// Puts `claim` on `object` as its claim annotation; returns whether that changed it. `None` (no
+/// leader election) leaves the object as it is.
+pub fn annotate<K: Resource>(object: &mut K, claim: Option<&str>) -> bool {
+    let Some(claim) = claim else { return false };
+    let annotations = object.meta_mut().annotations.get_or_insert_with(Default::default);
+    if annotations.get(CLAIM_ANNOTATION).map(String::as_str) == Some(claim) {
+        return false;
+    }
+    annotations.insert(CLAIM_ANNOTATION.to_owned(), claim.to_owned());
+    true
+}
+
+/// What [`delete_stamped`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    /// The delete was accepted (the object may linger behind finalizers).
+    Deleted,
+    /// No such object, or one of another UID (ours is gone).
+    Gone,
+}
+
+/// Deletes `name` (only the object of `uid`, when given) so that the fence admission policy sees
+/// our claim: reads it, writes the current claim onto it unless it carries it already, then
+/// deletes with the resourceVersion of that write (or read) as a precondition. A write by anyone
+/// in between makes the delete conflict; it is then redone from the read, a few times.
+pub async fn delete_stamped<K>(
+    api: &Api<K>,
+    name: &str,
+    uid: Option<&str>,
+    fence: &Fence,
+    params: &DeleteParams,
+) -> Result<Deleted, DeleteStampedError>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+{
+    for _ in 0..DELETE_CONFLICT_RETRIES {
+        let Some(mut object) = api.get_opt(name).await.map_err(WriteError::from)? else {
+            return Ok(Deleted::Gone);
+        };
+        if uid.is_some() && object.uid().as_deref() != uid {
+            return Ok(Deleted::Gone);
+        }
+        fence.check().map_err(WriteError::from)?;
+        if annotate(&mut object, fence.claim().as_deref()) {
+            // `object` carries the resourceVersion of our read: the update fails on any write since.
+            object = match api.replace(name, &PostParams::default(), &object).await {
+                Ok(stamped) => stamped,
+                Err(kube::Error::Api(status)) if status.is_conflict() => continue,
+                Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(Deleted::Gone),
+                Err(error) => return Err(WriteError::from(error).into()),
+            };
+        }
+        let mut params = params.clone();
+        params.preconditions = Some(Preconditions {
+            uid: object.uid(),
+            resource_version: object.resource_version(),
+        });
+        fence.check().map_err(WriteError::from)?;
+        let resource = api.resource_url().rsplit('/').next().unwrap_or_default();
+        crate::leader::freeze::before_write(&format!("delete {resource}"));
+        match api.delete(name, &params).await {
+            Ok(_) => return Ok(Deleted::Deleted),
+            Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(Deleted::Gone),
+            Err(kube::Error::Api(status)) if status.is_conflict() => {}
+            Err(error) => return Err(WriteError::from(error).into()),
+        }
+    }
+    Err(DeleteStampedError::KeptConflicting)
+}
+
+/// Why [`delete_stamped`] did not delete.
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteStampedError {
+    /// The fence or the API server refused.
+    #[error(transparent)]
+    Write(#[from] WriteError),
+    /// Others kept writing the object between our read and our delete.
+    #[error(
+        "others kept writing the object between our read and our delete ({DELETE_CONFLICT_RETRIES} tries)"
+    )]
+    KeptConflicting,
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Node;
+
+    use super::*;
+
+    #[test]
+    fn a_claim_is_written_once_and_only_with_leader_election() {
+        let mut node = Node::default();
+        assert!(!annotate(&mut node, None), "no claim without leader election");
+        assert!(node.metadata.annotations.is_none());
+        assert!(annotate(&mut node, Some("replica-a/3")));
+        assert!(!annotate(&mut node, Some("replica-a/3")), "already carried");
+        assert!(annotate(&mut node, Some("replica-b/4")));
+        assert_eq!(
+            node.annotations().get(CLAIM_ANNOTATION).map(String::as_str),
+            Some("replica-b/4")
+        );
+    }
+}
