@@ -151,9 +151,9 @@ async fn delete_record(ctx: &Context, name: &str) -> Result<(), WriteError> {
     )
     .await
     {
-        Ok(_) => Ok(()),
+        // Kept conflicting: the next pass tries again (the record is still past its retention).
+        Ok(_) | Err(crate::claim::DeleteStampedError::KeptConflicting) => Ok(()),
         Err(crate::claim::DeleteStampedError::Write(error)) => Err(error),
-        Err(crate::claim::DeleteStampedError::KeptConflicting) => Ok(()),
     }
 }
 
