@@ -289,8 +289,7 @@ impl KubeOps {
         })
     }
 
-    /// Sets a policy's status, only if the policy is still the version read (its resourceVersion
-    /// is the precondition; a conflict is an error and the next pass plans again).
+    /// Sets a policy's status under the current claim (`status.claim`, checked by the fence policy).
     pub async fn write_policy_status(
         &self,
         policy: &GpuRemediationPolicy,
@@ -302,10 +301,14 @@ impl KubeOps {
             self.fence.check()?;
             let mut status = status.clone();
             status.claim = self.fence.claim().map(|claim| claim.to_string());
+            // No resourceVersion precondition, unlike a remediation's status: the policy's status is
+            // a summary the leader recomputes in full every pass, so the last current-claim write is
+            // the right one, and a precondition only made the pass after each write fail with 409
+            // until the watch caught up. A deposed leader's write is still refused: the fence
+            // policy checks `status.claim`.
             let patch = json!({
                 "apiVersion": GpuRemediationPolicy::api_version(&()),
                 "kind": GpuRemediationPolicy::kind(&()),
-                "metadata": {"resourceVersion": policy.resource_version()},
                 "status": status,
             });
             api.patch_status(name, &apply_params(), &Patch::Apply(&patch))
