@@ -110,11 +110,13 @@ async fn one_at_a_time_and_two_per_hour_starts_exactly_two_of_three_and_reports_
             .get(&s.scope)
             .await
             .unwrap();
-        // The third node's `for` may elapse after the first two have finished (they have no pods):
-        // wait until the policy also lists it as waiting.
+        // The third node's `for` may elapse after the first two have finished (they have no pods),
+        // and a status written while the second was still in flight names concurrency: wait until
+        // the policy lists it as waiting for the rate.
         if finished == 2
             && let Some(status) = policy.status.filter(|st| {
-                st.budget.as_ref().is_some_and(|b| b.next_slot_at.is_some()) && !st.waiting.is_empty()
+                st.budget.as_ref().is_some_and(|b| b.next_slot_at.is_some())
+                    && st.waiting.iter().any(|w| w.reason == "DeferredByRate")
             })
         {
             break status;

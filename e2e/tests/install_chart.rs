@@ -52,7 +52,7 @@ async fn accepted(objects: &[Value]) {
         .filter(|o| o["kind"] == "CustomResourceDefinition")
         .cloned()
         .collect();
-    assert_eq!(crds.len(), 2, "the chart's CRDs: {:?}", kinds(objects));
+    assert_eq!(crds.len(), 3, "the chart's CRDs: {:?}", kinds(objects));
     install::apply(&client, &namespace)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
