@@ -157,7 +157,13 @@ async fn metrics_after_a_remediation_carry_its_counts_and_only_the_leader_says_i
         assert_eq!(status, 200);
         let finished = format!(r#"gpu_remediator_remediations_finished_total{{policy="{test}",action="Replace",outcome="Succeeded"}}"#);
         let in_flight = format!(r#"gpu_remediator_remediations_in_flight{{policy="{test}"}}"#);
-        (sample(&body, &finished) == Some(1.0) && sample(&body, &in_flight) == Some(0.0)).then_some(body)
+        // And the pass after that: the budget gauge is set from the same plan as the policy's status,
+        // which by then gives the slot back (see `budget_remaining` below).
+        let remaining = format!(r#"gpu_remediator_budget_remaining{{policy="{test}"}}"#);
+        (sample(&body, &finished) == Some(1.0)
+            && sample(&body, &in_flight) == Some(0.0)
+            && sample(&body, &remaining) == Some(1.0))
+        .then_some(body)
     })
     .await;
 
