@@ -125,12 +125,13 @@ pub fn remember_cancelled(node: &mut Node, remediation: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use kube::api::ObjectMeta;
 
     use super::*;
 
-    fn node(unschedulable: bool, taints: &[&str]) -> Node {
+    /// A node named gpu-1, cordoned or not, carrying `NoSchedule` taints with these keys.
+    pub(crate) fn node(unschedulable: bool, taints: &[&str]) -> Node {
         Node {
             metadata: ObjectMeta {
                 name: Some("gpu-1".into()),
@@ -154,7 +155,8 @@ mod tests {
         }
     }
 
-    fn taint_keys(node: &Node) -> Vec<String> {
+    /// The keys of the node's taints, in order.
+    pub(crate) fn taint_keys(node: &Node) -> Vec<String> {
         node.spec
             .as_ref()
             .unwrap()

@@ -70,41 +70,8 @@ pub fn lift(node: &mut Node, policy: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use kube::api::ObjectMeta;
-
     use super::*;
-
-    fn node(unschedulable: bool, taints: &[&str]) -> Node {
-        Node {
-            metadata: ObjectMeta {
-                name: Some("gpu-1".into()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(NodeSpec {
-                unschedulable: unschedulable.then_some(true),
-                taints: Some(
-                    taints
-                        .iter()
-                        .map(|k| Taint {
-                            key: (*k).to_owned(),
-                            effect: "NoSchedule".into(),
-                            ..Taint::default()
-                        })
-                        .collect(),
-                ),
-                ..NodeSpec::default()
-            }),
-            status: None,
-        }
-    }
-
-    fn taint_keys(node: &Node) -> Vec<String> {
-        node.spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .map(|t| t.iter().map(|t| t.key.clone()).collect())
-            .unwrap_or_default()
-    }
+    use crate::cordon::tests::{node, taint_keys};
 
     #[test]
     fn quarantining_adds_a_no_schedule_taint_and_the_owner_and_never_cordons() {
