@@ -18,6 +18,7 @@ pub mod context;
 pub mod controller;
 pub mod cordon;
 pub mod detect;
+pub mod dra;
 pub mod drain;
 pub mod fleet;
 pub mod governance;

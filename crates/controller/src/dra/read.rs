@@ -1,0 +1,107 @@
+//! Reads what [`super::holders`] decides from: the `ResourceSlices` of one node (listed by the
+//! `spec.nodeName` field selector, so the cost follows the node, not the fleet) and the
+//! `ResourceClaims` of the namespaces where the node's pods use claims. Nothing is cached: the
+//! mapping is needed once per GPU-scoped drain.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, ObjectList},
+};
+
+use super::{
+    holders::{Holders, pods_holding},
+    wire::{self, ResourceClaim, ResourceSlice},
+};
+
+/// What the mapping reads of one node.
+#[derive(Clone, Debug, Default)]
+pub struct NodeDevices {
+    /// The node's `ResourceSlices`.
+    pub slices: Vec<ResourceSlice>,
+    /// The `ResourceClaims` of every namespace where a pod on the node uses a claim.
+    pub claims: Vec<ResourceClaim>,
+}
+
+/// A read the API server refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadDevicesError {
+    /// Listing the node's `ResourceSlices` failed.
+    #[error("listing the ResourceSlices of node {node}: {source}")]
+    Slices {
+        /// The node.
+        node: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Listing a namespace's `ResourceClaims` failed.
+    #[error("listing the ResourceClaims of namespace {namespace}: {source}")]
+    Claims {
+        /// The namespace.
+        namespace: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+/// Reads `node`'s slices and the claims its `pods` may use. `None`: the server does not serve
+/// `resource.k8s.io/v1` (before Kubernetes 1.34, or DRA turned off), so nothing is allocated
+/// through DRA.
+pub async fn node_devices(
+    client: &Client,
+    node: &str,
+    pods: &[Pod],
+) -> Result<Option<NodeDevices>, ReadDevicesError> {
+    let slices_api = Api::<ResourceSlice>::all_with(client.clone(), &wire::resource_slices());
+    let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let slices = match slices_api.list(&params).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(None),
+        Err(source) => {
+            return Err(ReadDevicesError::Slices {
+                node: node.to_owned(),
+                source,
+            });
+        }
+    };
+    let namespaces: BTreeSet<String> = pods
+        .iter()
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .is_some_and(|s| s.resource_claims.as_ref().is_some_and(|c| !c.is_empty()))
+        })
+        .filter_map(ResourceExt::namespace)
+        .collect();
+    let mut claims = Vec::new();
+    for namespace in namespaces {
+        let api = Api::<ResourceClaim>::namespaced_with(client.clone(), &namespace, &wire::resource_claims());
+        let listed: ObjectList<ResourceClaim> = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|source| ReadDevicesError::Claims { namespace, source })?;
+        claims.extend(listed.items);
+    }
+    Ok(Some(NodeDevices { slices, claims }))
+}
+
+/// The pods on `node` (among `pods`, the node's pods) holding the GPUs `gpu_uuids`: reads the
+/// node's slices and claims, then decides with [`pods_holding`]. A server without DRA answers
+/// `Unknown`, saying so.
+pub async fn pods_holding_on(
+    client: &Client,
+    node: &str,
+    gpu_uuids: &[String],
+    pods: &[Pod],
+) -> Result<Holders, ReadDevicesError> {
+    Ok(match node_devices(client, node, pods).await? {
+        Some(devices) => pods_holding(node, gpu_uuids, &devices.claims, &devices.slices, pods),
+        None => Holders::Unknown(format!(
+            "the API server does not serve {}/{} (no Dynamic Resource Allocation)",
+            wire::GROUP,
+            wire::VERSION
+        )),
+    })
+}
