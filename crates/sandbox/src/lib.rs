@@ -4,6 +4,7 @@
 //! - [`ControlPlane`]: etcd, kube-apiserver, kube-controller-manager and kube-scheduler built from
 //!   the pinned upstream release, on 127.0.0.1, that never outlive the process that started them.
 //! - [`Fleet`]: simulated GPU nodes with heartbeats, and a simulated kubelet for their pods.
+//! - [`dra`]: a simulated DRA driver publishing the fleet's GPUs as `ResourceSlice` devices.
 //! - [`fault`]: what a GPU agent would report about a failing GPU.
 //! - [`workload`]: `Deployments`, `StatefulSets`, PDBs, `DaemonSets` and special pods to put on a fleet.
 //! - [`population`]: many Deployments behind PDBs spread over a whole fleet.
@@ -34,6 +35,7 @@
 pub mod bench;
 pub mod controlplane;
 pub mod demo;
+pub mod dra;
 pub mod fault;
 pub mod fleet;
 pub mod hardware;
@@ -42,5 +44,5 @@ pub mod provider;
 pub mod retry;
 pub mod workload;
 
-pub use controlplane::{ControlPlane, ControlPlaneOptions, StartControlPlaneError};
+pub use controlplane::{ControlPlane, ControlPlaneOptions, Dra, StartControlPlaneError};
 pub use fleet::{Fleet, FleetOptions};

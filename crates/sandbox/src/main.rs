@@ -87,6 +87,11 @@ struct UpArgs {
     /// Exit after start-up (and measurement) instead of waiting for Ctrl-C.
     #[arg(long)]
     exit: bool,
+    /// Dynamic Resource Allocation: `off`, `on` (each node's GPUs published as a `ResourceSlice`
+    /// by the simulated driver, claims from templates allocated by the scheduler), or
+    /// `device-taints` (also `DeviceTaintRule`, KEP-5055, alpha).
+    #[arg(long, default_value = "off", value_parser = ["off", "on", "device-taints"])]
+    dra: String,
     /// Keep the data directory (etcd data, logs, certificates) after exit.
     #[arg(long)]
     keep_data: bool,
@@ -121,8 +126,14 @@ async fn main() -> anyhow::Result<()> {
 
 async fn up(args: UpArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    let dra = match args.dra.as_str() {
+        "on" => gpu_sandbox::Dra::On,
+        "device-taints" => gpu_sandbox::Dra::DeviceTaints,
+        _ => gpu_sandbox::Dra::Off,
+    };
     let control_plane = ControlPlane::start(ControlPlaneOptions {
         keep_data_dir: args.keep_data,
+        dra,
         ..ControlPlaneOptions::default()
     })
     .await
@@ -148,6 +159,7 @@ async fn run(control_plane: &ControlPlane, args: &UpArgs, started: Instant) -> a
             gpus_per_node: args.gpus_per_node,
             product: args.product.clone(),
             heartbeat_interval: Duration::from_secs(args.heartbeat_seconds),
+            dra: args.dra != "off",
             ..FleetOptions::default()
         },
     )

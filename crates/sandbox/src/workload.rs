@@ -78,6 +78,9 @@ pub struct Workload {
     pub grace_period_seconds: Option<i64>,
     /// The pods' `nodeSelector` (e.g. a fleet's label, to spread over a whole fleet).
     pub node_selector: BTreeMap<String, String>,
+    /// The `ResourceClaimTemplate` each pod's GPUs are claimed from through DRA (see
+    /// [`crate::dra::claim_template`]); `None`: no claim.
+    pub gpu_claim_template: Option<String>,
 }
 
 impl Workload {
@@ -93,7 +96,16 @@ impl Workload {
             termination: None,
             grace_period_seconds: None,
             node_selector: BTreeMap::new(),
+            gpu_claim_template: None,
         }
+    }
+
+    /// Makes each pod claim its GPUs through DRA, from the `ResourceClaimTemplate` `template`
+    /// (one claim per pod, allocated by the scheduler).
+    #[must_use]
+    pub fn gpus_claimed_from(mut self, template: &str) -> Self {
+        self.gpu_claim_template = Some(template.to_owned());
+        self
     }
 
     /// Restricts the pods to nodes labelled `key=value` (e.g. one fleet's nodes).
@@ -158,7 +170,14 @@ impl Workload {
                 "requests": { GPU_RESOURCE: self.gpus.to_string() },
             });
         }
+        if self.gpu_claim_template.is_some() {
+            container["resources"]["claims"] = json!([{ "name": crate::dra::GPU_REQUEST }]);
+        }
         let mut spec = json!({ "containers": [container] });
+        if let Some(template) = &self.gpu_claim_template {
+            spec["resourceClaims"] =
+                json!([{ "name": crate::dra::GPU_REQUEST, "resourceClaimTemplateName": template }]);
+        }
         if !self.nodes.is_empty() {
             spec["affinity"] = json!({
                 "nodeAffinity": {

@@ -23,9 +23,19 @@ static CLUSTER: tokio::sync::OnceCell<ControlPlane> = tokio::sync::OnceCell::con
 /// # Panics
 /// If the control plane cannot start: no e2e test can run without it.
 pub async fn cluster() -> &'static ControlPlane {
+    cluster_with(ControlPlaneOptions::default).await
+}
+
+/// [`cluster`], started with `options()` if this is the first ask. A test binary whose control
+/// plane needs options (DRA, say) calls this at the start of every test, so whichever test runs
+/// first starts it right; later [`cluster`] calls (the shared harnesses') get the same one.
+///
+/// # Panics
+/// If the control plane cannot start.
+pub async fn cluster_with(options: impl FnOnce() -> ControlPlaneOptions) -> &'static ControlPlane {
     CLUSTER
         .get_or_init(|| async {
-            ControlPlane::start(ControlPlaneOptions::default())
+            ControlPlane::start(options())
                 .await
                 .unwrap_or_else(|e| panic!("starting the shared control plane: {e}"))
         })

@@ -44,6 +44,45 @@ pub const DEFAULT_CONTROLLERS: &[&str] = &[
     "ttl-controller",
 ];
 
+/// How much of Dynamic Resource Allocation the control plane runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Dra {
+    /// The API is served (GA in 1.35) but no controller makes claims from templates.
+    #[default]
+    Off,
+    /// kube-controller-manager's resourceclaim controller too, so pods can claim devices through
+    /// `ResourceClaimTemplate`s and the scheduler allocates them.
+    On,
+    /// [`Dra::On`] plus device taints (KEP-5055, alpha): the `DRADeviceTaints` and
+    /// `DRADeviceTaintRules` gates on the API server, scheduler and controller manager, and
+    /// `resource.k8s.io/v1alpha3` (`DeviceTaintRule`) served.
+    DeviceTaints,
+}
+
+impl Dra {
+    /// The kube-controller-manager controllers this mode adds.
+    #[must_use]
+    pub fn controllers(self) -> &'static [&'static str] {
+        match self {
+            Self::Off => &[],
+            Self::On | Self::DeviceTaints => &["resourceclaim-controller"],
+        }
+    }
+
+    /// The `--feature-gates` flag every component gets, if any.
+    #[must_use]
+    pub fn feature_gates(self) -> Option<&'static str> {
+        (self == Self::DeviceTaints)
+            .then_some("--feature-gates=DRADeviceTaints=true,DRADeviceTaintRules=true")
+    }
+
+    /// The API server's `--runtime-config`, if any.
+    #[must_use]
+    pub fn runtime_config(self) -> Option<&'static str> {
+        (self == Self::DeviceTaints).then_some("--runtime-config=resource.k8s.io/v1alpha3=true")
+    }
+}
+
 /// How to start a [`ControlPlane`].
 #[derive(Debug, Clone)]
 pub struct ControlPlaneOptions {
@@ -62,6 +101,8 @@ pub struct ControlPlaneOptions {
     pub extra_apiserver_args: Vec<String>,
     /// Extra kube-controller-manager flags (`--flag=value`).
     pub extra_controller_manager_args: Vec<String>,
+    /// How much of Dynamic Resource Allocation runs (see [`Dra`]).
+    pub dra: Dra,
     /// How long to wait for every component to be ready.
     pub start_timeout: Duration,
     /// Keep the data directory (etcd data, logs, certificates) after `stop`, for debugging.
@@ -77,6 +118,7 @@ impl Default for ControlPlaneOptions {
             node_monitor_grace_period: None,
             extra_apiserver_args: Vec::new(),
             extra_controller_manager_args: Vec::new(),
+            dra: Dra::Off,
             start_timeout: Duration::from_secs(120),
             keep_data_dir: false,
         }
@@ -300,6 +342,13 @@ impl ControlPlane {
             // Nobody dials the advertised address, and a loopback endpoint only produces warnings.
             "--endpoint-reconciler-type=none".into(),
         ];
+        let dra = options.dra;
+        args.extend(
+            dra.feature_gates()
+                .into_iter()
+                .chain(dra.runtime_config())
+                .map(str::to_owned),
+        );
         args.extend(options.extra_apiserver_args.iter().cloned());
         self.spawn("kube-apiserver", &args)?;
         let admin = self.try_client().map_err(StartControlPlaneError::Client)?;
@@ -340,7 +389,16 @@ impl ControlPlane {
                 display(&pki.service_account_key)
             ),
             format!("--root-ca-file={}", display(&pki.ca_cert)),
-            format!("--controllers={}", options.controllers.join(",")),
+            format!(
+                "--controllers={}",
+                options
+                    .controllers
+                    .iter()
+                    .map(String::as_str)
+                    .chain(options.dra.controllers().iter().copied())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
             format!("--kube-api-qps={qps}"),
             format!("--kube-api-burst={}", qps * 2),
             "--leader-elect=true".into(),
@@ -348,22 +406,22 @@ impl ControlPlane {
         if let Some(grace) = options.node_monitor_grace_period {
             kcm_args.push(format!("--node-monitor-grace-period={}ms", grace.as_millis()));
         }
+        kcm_args.extend(options.dra.feature_gates().map(str::to_owned));
         kcm_args.extend(options.extra_controller_manager_args.iter().cloned());
         self.spawn("kube-controller-manager", &kcm_args)?;
-        self.spawn(
-            "kube-scheduler",
-            &[
-                format!("--kubeconfig={kubeconfig}"),
-                format!("--authentication-kubeconfig={kubeconfig}"),
-                format!("--authorization-kubeconfig={kubeconfig}"),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={}", layout.ports.scheduler),
-                format!("--cert-dir={}", display(&layout.data_dir.join("scheduler"))),
-                format!("--kube-api-qps={qps}"),
-                format!("--kube-api-burst={}", qps * 2),
-                "--leader-elect=true".into(),
-            ],
-        )?;
+        let mut scheduler_args = vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", layout.ports.scheduler),
+            format!("--cert-dir={}", display(&layout.data_dir.join("scheduler"))),
+            format!("--kube-api-qps={qps}"),
+            format!("--kube-api-burst={}", qps * 2),
+            "--leader-elect=true".into(),
+        ];
+        scheduler_args.extend(options.dra.feature_gates().map(str::to_owned));
+        self.spawn("kube-scheduler", &scheduler_args)?;
         Ok(())
     }
 

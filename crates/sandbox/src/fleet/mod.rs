@@ -16,11 +16,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use gpu_remediation_api::constants::GPU_INVENTORY_ANNOTATION;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt as _};
 use tokio::task::JoinHandle;
 
 pub use node::{FLEET_LABEL, NODE_LEASE_NAMESPACE, NodeShape};
@@ -48,6 +49,10 @@ pub struct FleetOptions {
     pub kubelet_concurrency: usize,
     /// How many nodes are registered at once.
     pub registration_concurrency: usize,
+    /// Publish each node's GPUs through the simulated DRA driver ([`crate::dra`]): a
+    /// `ResourceSlice` per node, the `DeviceClass`, and the node's inventory annotation naming the
+    /// same GPUs. Needs a control plane started with DRA on (`ControlPlaneOptions::dra`).
+    pub dra: bool,
 }
 
 impl Default for FleetOptions {
@@ -62,6 +67,7 @@ impl Default for FleetOptions {
             lease_duration_seconds: 40,
             kubelet_concurrency: 32,
             registration_concurrency: 16,
+            dra: false,
         }
     }
 }
@@ -81,6 +87,14 @@ pub enum AddNodesError {
     #[error("reporting the status of node {node}: {source}")]
     ReportStatus {
         /// The node.
+        node: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// The node's GPUs could not be published through the simulated DRA driver.
+    #[error("publishing the DRA devices of node {node}: {source}")]
+    PublishDevices {
+        /// The node (empty for the fleet's `DeviceClass`).
         node: String,
         /// The API error.
         source: kube::Error,
@@ -207,6 +221,14 @@ impl Fleet {
             next_index: AtomicUsize::new(0),
             tasks: Mutex::new(vec![kubelet_task]),
         };
+        if fleet.options.dra {
+            crate::dra::install_device_class(&fleet.client)
+                .await
+                .map_err(|source| AddNodesError::PublishDevices {
+                    node: String::new(),
+                    source,
+                })?;
+        }
         fleet.add_nodes(fleet.options.nodes).await?;
         Ok(fleet)
     }
@@ -277,8 +299,15 @@ impl Fleet {
     ) -> Result<String, AddNodesError> {
         let now = Timestamp::now();
         let mut node = node::simulated_node(&self.shape, index, now);
-        prepare(&mut node);
         let name = node::node_name(&self.shape.fleet, index);
+        let gpus = crate::dra::node_gpus(&name, self.shape.gpus);
+        if self.options.dra {
+            node.annotations_mut().insert(
+                GPU_INVENTORY_ANNOTATION.to_owned(),
+                crate::hardware::inventory_text(&gpus),
+            );
+        }
+        prepare(&mut node);
         // Known to the kubelet before the scheduler can bind anything to it.
         let entry = self.registry.insert(&name, &node::node_ip(index));
         let nodes: Api<Node> = Api::all(self.client.clone());
@@ -304,6 +333,14 @@ impl Fleet {
             })?;
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), NODE_LEASE_NAMESPACE);
         let uid = created.metadata.uid.unwrap_or_default();
+        if self.options.dra {
+            crate::dra::publish_slice(&self.client, &name, &uid, &gpus)
+                .await
+                .map_err(|source| AddNodesError::PublishDevices {
+                    node: name.clone(),
+                    source,
+                })?;
+        }
         leases
             .create(
                 &PostParams::default(),
