@@ -79,6 +79,14 @@ pub const QUARANTINE_TAINT_KEY: &str = "gpuremediation.dev/quarantined";
 /// Node annotation naming the policy whose quarantine taint the node carries: only that policy
 /// (or its remediation of the node) lifts it, and a controller that restarts finds it again here.
 pub const QUARANTINED_BY_ANNOTATION: &str = "gpuremediation.dev/quarantined-by";
+/// Node annotation of a device-level quarantine: the failed GPUs' DRA devices, as a JSON list of
+/// `{uuid, driver, pool, device}`, each taken out of allocation by a `DeviceTaintRule` (taint key
+/// `QUARANTINE_TAINT_KEY`, `NoSchedule`) while the node itself stays schedulable. Lifted with the
+/// quarantine (the rules follow the annotation).
+pub const QUARANTINED_DEVICES_ANNOTATION: &str = "gpuremediation.dev/quarantined-devices";
+/// Label on every `DeviceTaintRule` the controller creates (value `true`); the rule's annotations
+/// name its node (`NODE_LABEL` as key) and policy (`QUARANTINED_BY_ANNOTATION`).
+pub const DEVICE_QUARANTINE_LABEL: &str = "gpuremediation.dev/device-quarantine";
 
 /// Finalizer on a `GpuRemediation`: releases our cordon if the record is deleted early.
 pub const REMEDIATION_FINALIZER: &str = "gpuremediation.dev/release-node";
@@ -165,6 +173,9 @@ pub mod policy_conditions {
     pub const INVALID: &str = "Invalid";
     /// Nodes show a quarantining signal but the quarantine limit holds them back.
     pub const QUARANTINE_LIMITED: &str = "QuarantineLimited";
+    /// Whether a quarantine whose fault names GPUs allocated through DRA takes only those devices
+    /// out of allocation (`DeviceTaintRule` served) or taints the whole node.
+    pub const DEVICE_QUARANTINE: &str = "DeviceQuarantine";
 }
 
 /// Condition types on a `GpuRemediation`'s status.
@@ -232,6 +243,10 @@ pub mod reasons {
     pub const QUARANTINE_LIMIT_REACHED: &str = "QuarantineLimitReached";
     /// The quarantine is within its limit (or off).
     pub const QUARANTINE_WITHIN_LIMIT: &str = "QuarantineWithinLimit";
+    /// The API server serves `resource.k8s.io/v1alpha3` `DeviceTaintRule`: device-level quarantine.
+    pub const DEVICE_TAINT_RULES_SERVED: &str = "DeviceTaintRulesServed";
+    /// It does not: quarantines taint the whole node.
+    pub const DEVICE_TAINT_RULES_NOT_SERVED: &str = "DeviceTaintRulesNotServed";
     /// A GPU or host past `safety.repeatOffender`: the remediation skips to the last rung, or the
     /// joining node is flagged.
     pub const REPEAT_OFFENDER: &str = "RepeatOffender";

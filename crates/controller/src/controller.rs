@@ -163,7 +163,7 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) ->
         next = next.min(at);
     }
     // Quarantines first: stopping new placements is what a fresh signal waits for.
-    for policy_plan in &plan.policies {
+    for policy_plan in &mut plan.policies {
         if let Err(error) = quarantine::apply::apply(ctx, policy_plan).await {
             tracing::warn!(policy = ?policy_plan.policy.metadata.name, %error, "writing a quarantine failed; retrying");
             ctx.metrics.reconcile_error("policy");
@@ -172,6 +172,12 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) ->
     }
     if let Err(error) = quarantine::apply::lift_orphans(ctx, &plan.orphan_quarantines).await {
         tracing::warn!(%error, "lifting an orphaned quarantine failed; retrying");
+        ctx.metrics.reconcile_error("policy");
+        next = next.min(error_retry);
+    }
+    // Device-level quarantines' rules follow the nodes' annotations written just above.
+    if let Err(error) = quarantine::device_apply::reconcile(ctx).await {
+        tracing::warn!(%error, "making the device quarantine rules follow the nodes failed; retrying");
         ctx.metrics.reconcile_error("policy");
         next = next.min(error_retry);
     }

@@ -99,12 +99,24 @@ pub use e2e::eventually;
 /// # Panics
 /// If the nodes cannot be registered.
 pub async fn fleet(nodes: usize) -> gpu_sandbox::Fleet {
-    let options = gpu_sandbox::FleetOptions {
+    fleet_with(nodes, |_| {}).await
+}
+
+/// [`fleet`], its options edited by `edit` first.
+///
+/// # Panics
+/// If the nodes cannot be registered.
+pub async fn fleet_with(
+    nodes: usize,
+    edit: impl FnOnce(&mut gpu_sandbox::FleetOptions),
+) -> gpu_sandbox::Fleet {
+    let mut options = gpu_sandbox::FleetOptions {
         nodes,
         name_prefix: unique_name("gpu"),
         heartbeat_interval: Duration::from_secs(2),
         ..gpu_sandbox::FleetOptions::default()
     };
+    edit(&mut options);
     gpu_sandbox::Fleet::start(cluster().await.client(), options)
         .await
         .unwrap_or_else(|e| panic!("starting a fleet: {e}"))

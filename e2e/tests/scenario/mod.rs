@@ -118,11 +118,16 @@ pub struct Scenario {
 
 impl Scenario {
     pub async fn new(nodes: usize) -> Self {
+        Self::with_fleet(nodes, |_| {}).await
+    }
+
+    /// [`Self::new`], the fleet's options edited by `edit` (`dra: true`, say).
+    pub async fn with_fleet(nodes: usize, edit: impl FnOnce(&mut gpu_sandbox::FleetOptions)) -> Self {
         init_logs();
         let client = common::cluster().await.client();
         install_crds(&client).await;
         let namespace = common::namespace().await;
-        let fleet = common::fleet(nodes).await;
+        let fleet = common::fleet_with(nodes, edit).await;
         let scope = fleet.name().to_owned();
         Self {
             client,

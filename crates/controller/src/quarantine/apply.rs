@@ -1,5 +1,6 @@
 //! Carries out the quarantine decisions: writes each taint added or lifted (through `kubeops`,
-//! behind the leader fence, with the node's resourceVersion and UID as preconditions), then
+//! behind the leader fence, with the node's resourceVersion and UID as preconditions), or, where
+//! the fault names GPUs allocated through DRA, the device-level quarantine (`device_apply`), then
 //! publishes one Event per node changed and one on the policy when its quarantine limit is newly
 //! reached. The only part of `quarantine` that does IO.
 
@@ -16,7 +17,11 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::{Api, Resource as _, ResourceExt as _, runtime::events::EventType};
 
-use super::{Add, Lift};
+use super::{
+    Add, Lift,
+    device::{self, Target},
+    device_apply, taint,
+};
 use crate::{
     context::Context,
     fleet::PolicyPlan,
@@ -33,14 +38,17 @@ static LIMITED: LazyLock<Mutex<HashMap<String, bool>>> = LazyLock::new(Mutex::de
 
 /// Writes one policy's quarantines and lifts, then their Events. Every edit is tried; the first
 /// failure is returned (the next pass tries again).
-pub async fn apply(ctx: &Context, plan: &PolicyPlan) -> Result<(), EditNodeError> {
+pub async fn apply(ctx: &Context, plan: &mut PolicyPlan) -> Result<(), EditNodeError> {
+    report_device_level(ctx, plan).await;
+    let plan = &*plan;
     let policy = plan.policy.name_any();
     let quarantine = &plan.quarantine;
     let adds: Vec<_> = quarantine.add.iter().map(|a| add(ctx, &policy, a)).collect();
-    let added: Vec<_> = stream::iter(adds)
+    let mut added: Vec<_> = stream::iter(adds)
         .buffer_unordered(EDIT_CONCURRENCY)
         .collect()
         .await;
+    added.extend(extend_all(ctx, &policy).await);
     let lifted = lift_all(ctx, &quarantine.lift).await;
     ctx.metrics
         .set_quarantined(&policy, plan.status.quarantined_nodes);
@@ -72,6 +80,33 @@ pub async fn apply(ctx: &Context, plan: &PolicyPlan) -> Result<(), EditNodeError
             .await;
     }
     announce(ctx, added.into_iter().chain(lifted)).await
+}
+
+/// Adds the policy's `DeviceQuarantine` condition (whether its quarantines can be device-level)
+/// to the status the plan writes, when any of its triggers quarantines.
+async fn report_device_level(ctx: &Context, plan: &mut PolicyPlan) {
+    let spec = &plan.policy.spec;
+    let quarantines = spec
+        .triggers
+        .iter()
+        .any(|t| t.quarantine.unwrap_or(spec.quarantine.enabled));
+    if !quarantines {
+        return;
+    }
+    let served = device_apply::served(ctx.ops.client()).await;
+    let previous = plan
+        .policy
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let condition = device::condition(
+        served,
+        previous,
+        plan.policy.metadata.generation,
+        Timestamp::now(),
+    );
+    plan.status.conditions.push(condition);
 }
 
 /// Lifts quarantines no policy's plan covers (their node left the policy, or the policy is gone).
@@ -107,23 +142,90 @@ async fn lift_all(ctx: &Context, lifts: &[Lift]) -> Vec<Written> {
 }
 
 async fn add(ctx: &Context, policy: &str, add: &Add) -> Written {
-    let edit = ctx.ops.quarantine_node(&add.node, policy).await?;
-    let NodeEdit::Written(written) = edit else {
+    let Some((how, written)) = quarantine(ctx, policy, &add.node).await? else {
         return Ok(None);
     };
-    remember(ctx, *written);
+    remember(ctx, written);
     let elapsed = Duration::try_from(Timestamp::now().duration_since(add.since)).unwrap_or_default();
     ctx.metrics.signal_to_quarantine(policy, elapsed);
-    tracing::info!(node = %add.node.name, %policy, signal = %add.signal, ?elapsed, "node quarantined");
+    tracing::info!(node = %add.node.name, %policy, signal = %add.signal, ?elapsed, %how, "node quarantined");
     let text = format!(
-        "node {} quarantined by policy {policy} at the first signal {} (since {}): no new pod is scheduled \
-         onto it; its remediation waits for the trigger's `for`",
+        "node {} quarantined by policy {policy} at the first signal {} (since {}): {how}; its remediation \
+         waits for the trigger's `for`",
         add.node.name, add.signal, add.since
     );
     Ok(Some((
         add.node.clone(),
         Note::new(reasons::QUARANTINED, EventType::Normal, &text),
     )))
+}
+
+/// Quarantines `node` for `policy`: its failed GPUs' devices where the fault names GPUs allocated
+/// through DRA and the server serves `DeviceTaintRule`, else the node taint. Returns what was
+/// done, in words, and the node as written (`None`: the node is gone or replaced).
+async fn quarantine(
+    ctx: &Context,
+    policy: &str,
+    node: &NodeRef,
+) -> Result<Option<(String, Node)>, EditNodeError> {
+    let target = match ctx.caches.node(&node.name) {
+        Some(cached) => device_apply::choose(ctx, &cached).await,
+        None => Target::Node("the node is not in the cache".to_owned()),
+    };
+    let (edit, how) = match target {
+        Target::Devices(devices) => {
+            let named: Vec<String> = devices
+                .iter()
+                .map(|d| format!("GPU {} (device {}/{}/{})", d.uuid, d.driver, d.pool, d.device))
+                .collect();
+            let how = format!(
+                "only {} taken out of allocation by DeviceTaintRule (NoSchedule); the node's other GPUs keep \
+                 taking work",
+                named.join(", ")
+            );
+            (
+                device_apply::quarantine_devices(ctx, node, policy, &devices).await?,
+                how,
+            )
+        }
+        Target::Node(why) => (
+            ctx.ops.quarantine_node(node, policy).await?,
+            format!("no new pod is scheduled onto it (node taint: {why})"),
+        ),
+    };
+    Ok(match edit {
+        NodeEdit::Written(written) => Some((how, *written)),
+        NodeEdit::Gone | NodeEdit::Replaced => None,
+    })
+}
+
+/// Decides again the device-level quarantines of `policy` whose fault now names a GPU they do
+/// not hold (a second GPU failed during the episode).
+async fn extend_all(ctx: &Context, policy: &str) -> Vec<Written> {
+    let mut results = Vec::new();
+    for node in ctx.caches.all_nodes() {
+        if taint::owner(&node) != Some(policy) || !device::misses_a_failed_gpu(&node) {
+            continue;
+        }
+        let target = NodeRef {
+            name: node.name_any(),
+            uid: node.metadata.uid.clone(),
+        };
+        results.push(match quarantine(ctx, policy, &target).await {
+            Ok(Some((how, written))) => {
+                remember(ctx, written);
+                tracing::info!(node = %target.name, %policy, %how, "quarantine extended to another failed GPU");
+                let text = format!(
+                    "quarantine of node {} by policy {policy} extended: another GPU failed; {how}",
+                    target.name
+                );
+                Ok(Some((target, Note::new(reasons::QUARANTINED, EventType::Normal, &text))))
+            }
+            Ok(None) => Ok(None),
+            Err(error) => Err(error),
+        });
+    }
+    results
 }
 
 async fn lift(ctx: &Context, lift: &Lift) -> Written {

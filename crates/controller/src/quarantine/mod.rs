@@ -17,8 +17,14 @@
 //! further node is quarantined: the plan names them and the policy's `QuarantineLimited` says why.
 //! Nodes that left the policy, or whose policy is gone, are found by their annotation and lifted
 //! ([`orphans`]).
+//!
+//! Where the fault names GPUs allocated through DRA and the server serves `DeviceTaintRule`, the
+//! quarantine takes only those devices out of allocation instead of tainting the node
+//! ([`device`]); everything above holds the same for it.
 
 pub mod apply;
+pub mod device;
+pub mod device_apply;
 pub mod leak;
 pub mod taint;
 
@@ -128,7 +134,8 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
     for node in nodes {
         let name = node.name_any();
         let ours = taint::owner(node) == Some(policy);
-        let tainted = ours && taint::has_taint(node);
+        // A device-level quarantine holds the node too (its rules take the failed GPUs out).
+        let tainted = ours && (taint::has_taint(node) || device::is_device_level(node));
         let node_ref = NodeRef {
             name: name.clone(),
             uid: node.metadata.uid.clone(),

@@ -28,12 +28,13 @@ pub fn owner(node: &Node) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// Quarantines `node` for `policy`: the taint added to the others, the owner recorded. Returns
-/// whether anything changed (the edit is idempotent).
+/// Quarantines `node` for `policy`: the taint added to the others, the owner recorded (a
+/// device-level quarantine found there becomes this node-level one). Returns whether anything
+/// changed (the edit is idempotent).
 ///
 /// `NoSchedule`, never `NoExecute`: the quarantine keeps new pods off, it never moves one.
 pub fn quarantine(node: &mut Node, policy: &str) -> bool {
-    let mut changed = false;
+    let mut changed = super::device::unmark(node);
     if owner(node) != Some(policy) {
         node.annotations_mut()
             .insert(QUARANTINED_BY_ANNOTATION.to_owned(), policy.to_owned());
@@ -55,13 +56,15 @@ pub fn quarantine(node: &mut Node, policy: &str) -> bool {
     changed
 }
 
-/// Lifts `policy`'s quarantine from `node`: our taint and our annotation go, everything else stays.
+/// Lifts `policy`'s quarantine from `node`: our taint and our annotations go (a device-level
+/// quarantine's devices too: their rules follow), everything else stays.
 /// A quarantine another policy owns is left exactly as it is. Returns whether anything changed.
 pub fn lift(node: &mut Node, policy: &str) -> bool {
     if owner(node) != Some(policy) {
         return false;
     }
     node.annotations_mut().remove(QUARANTINED_BY_ANNOTATION);
+    super::device::unmark(node);
     if let Some(taints) = node.spec.as_mut().and_then(|s| s.taints.as_mut()) {
         taints.retain(|t| t.key != QUARANTINE_TAINT_KEY);
     }

@@ -1,0 +1,214 @@
+//! Carries out device-level quarantine (see [`super::device`]): asks the server whether it serves
+//! `DeviceTaintRule`, reads a quarantined node's `ResourceSlice`s to find its failed GPUs'
+//! devices, records them on the node and creates one rule per device, and each pass makes the
+//! rules follow the nodes' annotations. Every write goes through the leader fence and carries the
+//! claim (creates: the claim annotation; deletes: stamped, then preconditioned, see
+//! `crate::claim`).
+
+use std::{
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use gpu_remediation_api::{GpuRemediationPolicy, constants::DEVICE_QUARANTINE_LABEL};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client, ResourceExt as _,
+    api::{DeleteParams, ListParams, PostParams},
+};
+
+use super::device::{self, QuarantinedDevice, Target};
+use crate::{
+    claim,
+    context::Context,
+    dra::wire::{self, DeviceTaintRule, ResourceSlice},
+    kubeops::{EditNodeError, NodeEdit, WriteError},
+    lifecycle::NodeRef,
+};
+
+/// How long an answer about `DeviceTaintRule` being served is trusted.
+const SERVED_TTL: Duration = Duration::from_secs(60);
+
+/// The last answer, and when it was had.
+static SERVED: Mutex<Option<(Instant, bool)>> = Mutex::new(None);
+/// Whether rules may exist that no node names (unknown at start, so the first pass looks).
+static RULES_MAY_EXIST: AtomicBool = AtomicBool::new(true);
+
+/// Whether the server serves `resource.k8s.io/v1alpha3` `devicetaintrules` (asked through
+/// discovery at most once per [`SERVED_TTL`]). A failed question answers `false` (a node taint is
+/// the safe side) and is asked again next time.
+pub async fn served(client: &Client) -> bool {
+    if let Ok(cached) = SERVED.lock()
+        && let Some((at, served)) = *cached
+        && at.elapsed() < SERVED_TTL
+    {
+        return served;
+    }
+    let version = format!("{}/{}", wire::GROUP, wire::TAINT_RULE_VERSION);
+    let served = match client.list_api_group_resources(&version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == "devicetaintrules"),
+        Err(kube::Error::Api(status)) if status.is_not_found() => false,
+        Err(error) => {
+            tracing::debug!(%error, "asking whether DeviceTaintRule is served failed");
+            return false;
+        }
+    };
+    if let Ok(mut cached) = SERVED.lock() {
+        *cached = Some((Instant::now(), served));
+    }
+    served
+}
+
+/// How `node`'s quarantine is carried out: its failed GPUs' devices, or the node taint and why.
+pub async fn choose(ctx: &Context, node: &Node) -> Target {
+    let failed = device::failed_gpus(node);
+    if failed.is_empty() {
+        return device::target(&node.name_any(), &failed, None);
+    }
+    let client = ctx.ops.client();
+    if !served(client).await {
+        return device::target(&node.name_any(), &failed, None);
+    }
+    let slices = Api::<ResourceSlice>::all_with(client.clone(), &wire::resource_slices());
+    let params = ListParams::default().fields(&format!("spec.nodeName={}", node.name_any()));
+    match slices.list(&params).await {
+        Ok(listed) => device::target(&node.name_any(), &failed, Some(&listed.items)),
+        Err(error) => Target::Node(format!("reading the node's ResourceSlices failed: {error}")),
+    }
+}
+
+/// Records a device-level quarantine of `devices` by `policy` on `node`, then creates their rules.
+pub async fn quarantine_devices(
+    ctx: &Context,
+    node: &NodeRef,
+    policy: &str,
+    devices: &[QuarantinedDevice],
+) -> Result<NodeEdit, EditNodeError> {
+    let edit = ctx
+        .ops
+        .edit_node(node, |n| device::mark(n, policy, devices))
+        .await?;
+    if let NodeEdit::Written(_) = &edit {
+        RULES_MAY_EXIST.store(true, Ordering::Relaxed);
+        for device in devices {
+            create_rule(ctx, &device::rule(policy, &node.name, device))
+                .await
+                .map_err(|source| EditNodeError::Write {
+                    node: node.name.clone(),
+                    source,
+                })?;
+        }
+    }
+    Ok(edit)
+}
+
+/// Makes the rules follow the nodes' annotations (see [`device::reconcile`]): creates the missing
+/// rules of this controller's policies, deletes those no node names.
+pub async fn reconcile(ctx: &Context) -> Result<(), ReconcileRulesError> {
+    let nodes = ctx.caches.all_nodes();
+    let any_marked = nodes.iter().any(|n| device::is_device_level(n));
+    if !any_marked && !RULES_MAY_EXIST.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let client = ctx.ops.client();
+    if !served(client).await {
+        return Ok(());
+    }
+    let api = rules(client);
+    let params = ListParams::default().labels(&format!("{DEVICE_QUARANTINE_LABEL}=true"));
+    let existing = api.list(&params).await.map_err(WriteError::from)?.items;
+    let policies = ctx.caches.policies.state();
+    let known = |name: &str| policies.iter().any(|p| p.name_any() == name);
+    let plan = device::reconcile(&nodes, known, &existing);
+    for rule in &plan.create {
+        create_rule(ctx, rule).await?;
+    }
+    let mut deleted = 0;
+    for rule in plan.delete.iter().chain(&plan.delete_if_owner_gone) {
+        let owner = rule
+            .annotations()
+            .get(gpu_remediation_api::constants::QUARANTINED_BY_ANNOTATION);
+        if plan
+            .delete_if_owner_gone
+            .iter()
+            .any(|r| r.name_any() == rule.name_any())
+            && owner_exists(client, owner.map_or("", String::as_str)).await
+        {
+            continue;
+        }
+        let name = rule.name_any();
+        claim::delete_stamped(
+            &api,
+            &name,
+            rule.uid().as_deref(),
+            ctx.ops.fence(),
+            &DeleteParams::default(),
+        )
+        .await
+        .map_err(|source| ReconcileRulesError::Delete {
+            rule: name.clone(),
+            source,
+        })?;
+        tracing::info!(rule = %name, "device quarantine rule deleted: no node names its device any more");
+        deleted += 1;
+    }
+    let kept = existing.len() + plan.create.len() - deleted;
+    RULES_MAY_EXIST.store(any_marked || kept > 0, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Why the rules could not be made to follow the nodes.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileRulesError {
+    /// Listing or creating rules failed.
+    #[error("device quarantine rules: {0}")]
+    Write(#[from] WriteError),
+    /// Deleting a rule failed.
+    #[error("deleting device quarantine rule {rule}: {source}")]
+    Delete {
+        /// The rule.
+        rule: String,
+        /// What went wrong.
+        source: claim::DeleteStampedError,
+    },
+}
+
+fn rules(client: &Client) -> Api<DeviceTaintRule> {
+    Api::all_with(client.clone(), &wire::device_taint_rules())
+}
+
+async fn create_rule(ctx: &Context, rule: &DeviceTaintRule) -> Result<(), WriteError> {
+    let mut rule = rule.clone();
+    ctx.ops.fence().check()?;
+    claim::annotate(&mut rule, ctx.ops.fence().claim().as_deref());
+    crate::leader::freeze::before_write("create devicetaintrules");
+    match rules(ctx.ops.client())
+        .create(&PostParams::default(), &rule)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(rule = %rule.name_any(), "device quarantine rule created");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Whether policy `name` exists on the server; a failed read counts as existing (a rule is
+/// deleted only on a certain answer).
+async fn owner_exists(client: &Client, name: &str) -> bool {
+    if name.is_empty() {
+        return false;
+    }
+    match Api::<GpuRemediationPolicy>::all(client.clone())
+        .get_opt(name)
+        .await
+    {
+        Ok(found) => found.is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        Err(_) => true,
+    }
+}

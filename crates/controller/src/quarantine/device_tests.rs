@@ -1,0 +1,242 @@
+use k8s_openapi::api::core::v1::Node;
+use kube::api::ObjectMeta;
+use serde::Deserialize;
+
+use super::*;
+
+#[derive(Deserialize)]
+struct Fixture {
+    slices: Vec<ResourceSlice>,
+}
+
+fn slices() -> Vec<ResourceSlice> {
+    let fixture: Fixture =
+        serde_yaml::from_str(include_str!("../dra/fixtures/four-gpus.yaml")).expect("the fixture parses");
+    fixture.slices
+}
+
+fn uuids(list: &[&str]) -> Vec<String> {
+    list.iter().map(|u| (*u).to_owned()).collect()
+}
+
+fn device(uuid: &str, index: u32) -> QuarantinedDevice {
+    QuarantinedDevice {
+        uuid: uuid.to_owned(),
+        driver: "gpu.sandbox.gpuremediation.dev".to_owned(),
+        pool: "gpu-a".to_owned(),
+        device: format!("gpu-{index}"),
+    }
+}
+
+fn node(name: &str, annotations: &[(&str, &str)]) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    }
+}
+
+fn marked(name: &str, policy: &str, devices: &[QuarantinedDevice]) -> Arc<Node> {
+    let mut n = node(name, &[]);
+    mark(&mut n, policy, devices);
+    Arc::new(n)
+}
+
+#[test]
+fn a_failed_gpu_published_by_the_nodes_slice_is_quarantined_as_its_device_only() {
+    let target = target("gpu-a", &uuids(&["GPU-aaaa-3"]), Some(&slices()));
+    assert_eq!(target, Target::Devices(vec![device("GPU-aaaa-3", 3)]));
+}
+
+#[test]
+fn without_device_taint_rules_served_the_node_is_tainted_and_the_minimum_version_is_named() {
+    let Target::Node(why) = target("gpu-a", &uuids(&["GPU-aaaa-3"]), None) else {
+        panic!("expected the node taint");
+    };
+    assert!(
+        why.contains("DeviceTaintRule") && why.contains("1.33") && why.contains("DRADeviceTaints"),
+        "{why}"
+    );
+}
+
+#[test]
+fn a_fault_naming_no_gpu_taints_the_node() {
+    assert_eq!(
+        target("gpu-a", &[], Some(&slices())),
+        Target::Node("the fault names no GPU".to_owned())
+    );
+}
+
+#[test]
+fn a_failed_gpu_not_allocated_through_dra_taints_the_whole_node_even_if_another_is() {
+    let Target::Node(why) = target("gpu-a", &uuids(&["GPU-aaaa-1", "GPU-bbbb-0"]), Some(&slices())) else {
+        panic!("expected the node taint");
+    };
+    assert!(
+        why.contains("GPU GPU-bbbb-0 is not allocated through DRA"),
+        "{why}"
+    );
+}
+
+#[test]
+fn the_failed_gpus_are_read_from_the_agents_annotation() {
+    let n = node(
+        "gpu-a",
+        &[(
+            FAILED_GPUS_ANNOTATION,
+            r#"[{"uuid":"GPU-aaaa-3","serial":"s3","index":3,"reason":"XID79"}]"#,
+        )],
+    );
+    assert_eq!(failed_gpus(&n), ["GPU-aaaa-3"]);
+    assert!(failed_gpus(&node("gpu-a", &[(FAILED_GPUS_ANNOTATION, "not json")])).is_empty());
+}
+
+#[test]
+fn marking_records_the_owner_and_devices_without_a_taint_and_unmarking_forgets_the_devices() {
+    let mut n = node("gpu-a", &[]);
+    assert!(mark(&mut n, "gpus", &[device("GPU-aaaa-3", 3)]));
+    assert!(
+        !mark(&mut n, "gpus", &[device("GPU-aaaa-3", 3)]),
+        "a second mark changes nothing"
+    );
+    assert!(is_device_level(&n));
+    assert_eq!(recorded(&n), [device("GPU-aaaa-3", 3)]);
+    assert_eq!(super::super::taint::owner(&n), Some("gpus"));
+    assert!(!super::super::taint::has_taint(&n));
+    assert!(unmark(&mut n));
+    assert!(!is_device_level(&n));
+}
+
+#[test]
+fn lifting_the_quarantine_forgets_its_devices_too() {
+    let mut n = node("gpu-a", &[]);
+    mark(&mut n, "gpus", &[device("GPU-aaaa-3", 3)]);
+    assert!(super::super::taint::lift(&mut n, "gpus"));
+    assert!(!is_device_level(&n));
+    assert_eq!(super::super::taint::owner(&n), None);
+}
+
+#[test]
+fn a_second_gpu_failing_during_the_episode_is_noticed() {
+    let failed = r#"[{"uuid":"GPU-aaaa-3"},{"uuid":"GPU-aaaa-1"}]"#;
+    let mut n = node("gpu-a", &[(FAILED_GPUS_ANNOTATION, failed)]);
+    assert!(!misses_a_failed_gpu(&n), "a node quarantine is not device-level");
+    mark(&mut n, "gpus", &[device("GPU-aaaa-3", 3)]);
+    assert!(misses_a_failed_gpu(&n));
+    mark(
+        &mut n,
+        "gpus",
+        &[device("GPU-aaaa-3", 3), device("GPU-aaaa-1", 1)],
+    );
+    assert!(!misses_a_failed_gpu(&n));
+}
+
+#[test]
+fn a_rule_selects_exactly_the_failed_device_with_a_no_schedule_taint() {
+    let r = rule("gpus", "gpu-a", &device("GPU-aaaa-3", 3));
+    let selector = r.spec.device_selector.as_ref().unwrap();
+    assert_eq!(selector.driver.as_deref(), Some("gpu.sandbox.gpuremediation.dev"));
+    assert_eq!(selector.pool.as_deref(), Some("gpu-a"));
+    assert_eq!(selector.device.as_deref(), Some("gpu-3"));
+    assert_eq!(r.spec.taint.key, QUARANTINE_TAINT_KEY);
+    assert_eq!(r.spec.taint.effect, "NoSchedule");
+    assert_eq!(r.spec.taint.value, "GPU-aaaa-3");
+    assert_eq!(r.labels()[DEVICE_QUARANTINE_LABEL], "true");
+    assert_eq!(r.annotations()[QUARANTINED_BY_ANNOTATION], "gpus");
+    assert_eq!(r.annotations()[NODE_LABEL], "gpu-a");
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["apiVersion"], "resource.k8s.io/v1alpha3");
+    assert_eq!(json["kind"], "DeviceTaintRule");
+}
+
+#[test]
+fn a_uuid_that_is_no_label_value_leaves_the_taint_value_empty() {
+    let long = format!("GPU-{}", "a".repeat(70));
+    assert_eq!(rule("gpus", "gpu-a", &device(&long, 3)).spec.taint.value, "");
+}
+
+#[test]
+fn rule_names_differ_by_driver_and_pool_and_stay_short() {
+    let a = device("GPU-aaaa-3", 3);
+    let b = QuarantinedDevice {
+        driver: "gpu.nvidia.com".to_owned(),
+        ..a.clone()
+    };
+    assert_ne!(rule_name("gpu-a", &a), rule_name("gpu-a", &b));
+    assert_eq!(rule_name("gpu-a", &a), rule_name("gpu-a", &a.clone()));
+    assert!(rule_name(&"n".repeat(253), &a).len() <= 253);
+}
+
+#[test]
+fn reconciling_creates_the_missing_rules_of_known_policies_only() {
+    let nodes = [
+        marked(
+            "gpu-a",
+            "gpus",
+            &[device("GPU-aaaa-3", 3), device("GPU-aaaa-1", 1)],
+        ),
+        marked("gpu-b", "other", &[device("GPU-bbbb-0", 0)]),
+        Arc::new(node("gpu-c", &[])),
+    ];
+    let existing = [rule("gpus", "gpu-a", &device("GPU-aaaa-3", 3))];
+    let plan = reconcile(&nodes, |p| p == "gpus", &existing);
+    let created: Vec<String> = plan.create.iter().map(ResourceExt::name_any).collect();
+    assert_eq!(created, [rule_name("gpu-a", &device("GPU-aaaa-1", 1))]);
+    assert!(plan.delete.is_empty() && plan.delete_if_owner_gone.is_empty());
+}
+
+#[test]
+fn reconciling_deletes_rules_no_node_names_and_leaves_unknown_owners_to_the_server_check() {
+    let nodes = [marked("gpu-b", "other", &[device("GPU-bbbb-0", 0)])];
+    let stale_ours = rule("gpus", "gpu-a", &device("GPU-aaaa-3", 3));
+    let stale_theirs = rule("gone", "gpu-a", &device("GPU-aaaa-1", 1));
+    let held_theirs = rule("other", "gpu-b", &device("GPU-bbbb-0", 0));
+    let plan = reconcile(
+        &nodes,
+        |p| p == "gpus",
+        &[stale_ours.clone(), stale_theirs.clone(), held_theirs],
+    );
+    assert!(
+        plan.create.is_empty(),
+        "another policy's rules are its controller's to create"
+    );
+    assert_eq!(
+        plan.delete.iter().map(ResourceExt::name_any).collect::<Vec<_>>(),
+        [stale_ours.name_any()]
+    );
+    assert_eq!(
+        plan.delete_if_owner_gone
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect::<Vec<_>>(),
+        [stale_theirs.name_any()]
+    );
+}
+
+#[test]
+fn the_policy_condition_says_whether_quarantines_can_be_device_level() {
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let served = condition(true, &[], Some(1), now);
+    assert_eq!(
+        (
+            served.type_.as_str(),
+            served.status.as_str(),
+            served.reason.as_str()
+        ),
+        ("DeviceQuarantine", "True", "DeviceTaintRulesServed")
+    );
+    let not = condition(false, &[], Some(1), now);
+    assert_eq!(
+        (not.status.as_str(), not.reason.as_str()),
+        ("False", "DeviceTaintRulesNotServed")
+    );
+    assert!(not.message.contains("1.33"), "{}", not.message);
+}
