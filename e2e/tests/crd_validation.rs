@@ -159,7 +159,15 @@ async fn every_sample_policy_in_config_is_accepted_and_kubectl_prints_the_policy
     let header: Vec<_> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "SELECTED", "UNHEALTHY", "IN-FLIGHT", "MODE", "AGE"],
+        [
+            "NAME",
+            "SELECTED",
+            "YIELDED",
+            "UNHEALTHY",
+            "IN-FLIGHT",
+            "MODE",
+            "AGE"
+        ],
         "{table}"
     );
     for name in &names {

@@ -1,7 +1,8 @@
 //! Correlated failures against the real control plane: a failing rack held while another rack's
 //! node is remediated, the rack going on when its limit is raised and a recovered node released
 //! while it is held; slow start earning a second slot from a proven success and keeping it over a
-//! controller restart; the driver label most failures share named, and its nodes held.
+//! controller restart; the driver label most failures share named, and its nodes held; a policy
+//! that yields nodes to another counting and naming them, in its status and in `kubectl get`.
 
 mod common;
 mod scenario;
@@ -18,7 +19,7 @@ use kube::{
     Api,
     api::{Patch, PatchParams},
 };
-use scenario::{RunningController, Scenario, is_unschedulable};
+use scenario::{RunningController, SCOPE_LABEL, Scenario, is_unschedulable};
 
 const RACK: &str = "e2e.gpuremediation.dev/rack";
 const DRIVER: &str = "nvidia.com/cuda.driver.major";
@@ -266,4 +267,91 @@ async fn five_of_six_failures_on_one_driver_are_named_and_with_the_hold_their_no
     assert!(!status.waiting.iter().any(|w| w.node == nodes[5]));
     assert_eq!(in_flight_nodes(&s).await, vec![nodes[5].clone()]);
     controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_policy_that_yields_nodes_to_a_higher_priority_counts_and_names_them_and_kubectl_shows_it() {
+    let s = Scenario::new(4).await;
+    let nodes = s.nodes();
+    for node in &nodes[..3] {
+        label(&s, node, RACK, "a").await;
+    }
+    s.policy(serde_json::json!({})).await;
+    let winner = format!("{}-rack-a", s.scope);
+    let policy: GpuRemediationPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "gpuremediation.dev/v1alpha1",
+        "kind": "GpuRemediationPolicy",
+        "metadata": {"name": winner, "labels": {SCOPE_LABEL: s.scope}},
+        "spec": {
+            "nodeSelector": {"matchLabels": {RACK: "a"}},
+            "priority": 10,
+            "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "3s"}],
+            "action": "None",
+        },
+    }))
+    .unwrap();
+    let policies = Api::<GpuRemediationPolicy>::all(s.client.clone());
+    policies
+        .create(&kube::api::PostParams::default(), &policy)
+        .await
+        .unwrap();
+    let controller = RunningController::start(&s.scope).await;
+    let status = status_when(&s, "three nodes yielded", Duration::from_secs(30), |st| {
+        st.yielded_nodes == 3
+    })
+    .await;
+    assert_eq!(status.selected_nodes, 1);
+    let named: Vec<(&str, &str)> = status
+        .yielded
+        .iter()
+        .map(|y| (y.node.as_str(), y.governed_by.as_str()))
+        .collect();
+    let expected: Vec<(&str, &str)> = nodes[..3].iter().map(|n| (n.as_str(), winner.as_str())).collect();
+    assert_eq!(named, expected);
+    let overlap = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == policy_conditions::OVERLAP)
+        .unwrap();
+    assert_eq!(overlap.status, "True");
+    assert!(
+        overlap
+            .message
+            .starts_with(&format!("3 selected nodes are governed by {winner} ")),
+        "{}",
+        overlap.message
+    );
+    assert!(
+        overlap.message.contains(&format!("{} ({winner})", nodes[0])),
+        "{}",
+        overlap.message
+    );
+
+    // What `kubectl get gpupolicy` prints: the server's table, YIELDED next to SELECTED.
+    let request = http::Request::get(format!(
+        "/apis/gpuremediation.dev/v1alpha1/gpuremediationpolicies/{}",
+        s.scope
+    ))
+    .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+    .body(Vec::new())
+    .unwrap();
+    let table: serde_json::Value = s.client.request(request).await.unwrap();
+    let columns: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let cells = table["rows"][0]["cells"].as_array().unwrap();
+    let cell = |name: &str| cells[columns.iter().position(|c| *c == name).unwrap()].clone();
+    assert_eq!(
+        (cell("SELECTED"), cell("YIELDED")),
+        (1.into(), 3.into()),
+        "{columns:?} {cells:?}"
+    );
+    controller.stop().await;
+    policies
+        .delete(&winner, &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
 }

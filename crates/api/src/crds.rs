@@ -72,10 +72,13 @@ mod tests {
     }
 
     #[test]
-    fn a_policy_prints_selected_unhealthy_in_flight_mode_and_age() {
+    fn a_policy_prints_selected_yielded_unhealthy_in_flight_mode_and_age() {
         let crd = GpuRemediationPolicy::crd();
         let names: Vec<_> = columns(&crd).into_iter().map(|(name, _)| name).collect();
-        assert_eq!(names, ["SELECTED", "UNHEALTHY", "IN-FLIGHT", "MODE", "AGE"]);
+        assert_eq!(
+            names,
+            ["SELECTED", "YIELDED", "UNHEALTHY", "IN-FLIGHT", "MODE", "AGE"]
+        );
         assert_eq!(
             crd.spec.names.short_names.as_deref(),
             Some(&["gpupolicy".to_owned()][..])

@@ -27,6 +27,7 @@ use crate::{
     doc = "A GpuRemediationPolicy says which GPU nodes the controller governs, which node conditions mean a GPU is broken, and how such nodes are cordoned, drained and replaced, within limits on concurrency, rate and the unhealthy share of the fleet.",
     validation = crate::schema::policy_name_rule(),
     printcolumn = r#"{"name":"SELECTED","type":"integer","jsonPath":".status.selectedNodes"}"#,
+    printcolumn = r#"{"name":"YIELDED","type":"integer","jsonPath":".status.yieldedNodes"}"#,
     printcolumn = r#"{"name":"UNHEALTHY","type":"integer","jsonPath":".status.unhealthyNodes"}"#,
     printcolumn = r#"{"name":"IN-FLIGHT","type":"integer","jsonPath":".status.inFlight"}"#,
     printcolumn = r#"{"name":"MODE","type":"string","jsonPath":".spec.mode"}"#,
@@ -510,6 +511,15 @@ pub struct GpuRemediationPolicyStatus {
     /// Nodes this policy governs (selected, not opted out, not claimed by a higher priority).
     #[serde(default)]
     pub selected_nodes: u32,
+    /// Nodes this policy selects that another policy governs (a higher priority, or the same
+    /// priority and an earlier name): they count in neither `selectedNodes` nor any limit here.
+    #[serde(default)]
+    pub yielded_nodes: u32,
+    /// The first of those nodes by name (at most [`YIELDED_LISTED_MAX`]), each with the policy
+    /// that governs it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = YIELDED_LISTED_MAX))]
+    pub yielded: Vec<YieldedNode>,
     /// Governed nodes whose trigger currently holds.
     #[serde(default)]
     pub unhealthy_nodes: u32,
@@ -543,6 +553,19 @@ pub struct GpuRemediationPolicyStatus {
     /// whose claim is not the Lease's current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<String>,
+}
+
+/// The most yielded nodes a policy's status names (it counts them all).
+pub const YIELDED_LISTED_MAX: u32 = 10;
+
+/// A node a policy selects and yields to another.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct YieldedNode {
+    /// The node.
+    pub node: String,
+    /// The policy that governs it.
+    pub governed_by: String,
 }
 
 /// The slow-start allowance of a policy.

@@ -2,7 +2,8 @@
 //! policy's status when it changed, and publishes one Event per change (a remediation started, a
 //! node newly held back or held back for another reason, the circuit breaker opening or closing, a
 //! failure domain held or resumed),
-//! never one per pass. A record for a node past `maxAttemptsPerNode` is created silently: its
+//! never one per pass. Each admitted node is read afresh right before its remediation is created
+//! (the plan was made from the cache): one that recovered meanwhile is not remediated. A record for a node past `maxAttemptsPerNode` is created silently: its
 //! one Event comes when it enters `ManualRequired`.
 
 use futures::{StreamExt as _, stream};
@@ -15,8 +16,9 @@ use kube::{
 
 use crate::{
     context::Context,
+    fleet,
     fleet::PolicyPlan,
-    kubeops::{CreateRemediationError, DeleteRemediationError, WriteStatusError},
+    kubeops::{CreateRemediationError, DeleteRemediationError, ReadNodeError, WriteStatusError},
     lifecycle::Note,
 };
 
@@ -29,6 +31,9 @@ pub enum ApplyPolicyPlanError {
     /// Creating a remediation failed.
     #[error(transparent)]
     Create(#[from] CreateRemediationError),
+    /// Reading an admitted node afresh, before creating its remediation, failed.
+    #[error(transparent)]
+    ReadNode(#[from] ReadNodeError),
     /// Bringing an approved `ManualRequired` remediation back to `Pending` failed.
     #[error("re-admitting remediation {name} failed: {source}")]
     Readmit {
@@ -86,22 +91,30 @@ pub async fn apply(
     // cordon, and one at a time costs tens of milliseconds per node.
     // Futures built before they enter the stream (see `remediation::evict_all`).
     let starts: Vec<_> = plan.create.iter().map(|r| start(ctx, policy, r)).collect();
-    let created: Vec<Result<(GpuRemediation, String), CreateRemediationError>> = stream::iter(starts)
+    let created: Vec<Result<Start, ApplyPolicyPlanError>> = stream::iter(starts)
         .buffer_unordered(CREATE_CONCURRENCY)
         .collect()
         .await;
+    let mut policy_status = plan.status.clone();
     let mut failed = None;
     for result in created {
         match result {
-            Ok((created, note)) => {
-                announcements.add(&created, event(reasons::STARTED, &note, EventType::Normal));
+            Ok(Start::Created(created, note)) => {
+                announcements.add(
+                    created.as_ref(),
+                    event(reasons::STARTED, &note, EventType::Normal),
+                );
                 announcements.add(policy, event(reasons::STARTED, &note, EventType::Normal));
+            }
+            Ok(Start::NoLongerDue(why)) => {
+                tracing::info!(policy = %name, "{why}: no remediation started");
+                fleet::not_started(&mut policy_status, policy.spec.mode);
             }
             Err(error) => failed = Some(error),
         }
     }
     if let Some(error) = failed {
-        return Err(error.into());
+        return Err(error);
     }
     for record in &plan.manual_required {
         let mut created = ctx.ops.create_remediation(record).await?;
@@ -129,8 +142,8 @@ pub async fn apply(
         tracing::info!(remediation = %record, "approved past maxAttemptsPerNode: re-admitted");
         announcements.add(&updated, event(reasons::STARTED, &note, EventType::Normal));
     }
-    if policy.status.as_ref() != Some(&plan.status) {
-        ctx.ops.write_policy_status(policy, &plan.status).await?;
+    if policy.status.as_ref() != Some(&policy_status) {
+        ctx.ops.write_policy_status(policy, &policy_status).await?;
     }
     for waiting in &plan.newly_waiting {
         let note = format!("node {} waits: {}", waiting.node, waiting.message);
@@ -182,13 +195,30 @@ pub async fn apply(
     Ok(())
 }
 
-/// Creates one admitted remediation. Returns it with the note of the Event announcing it (on the
-/// remediation and on its policy).
+/// What became of one admitted remediation.
+enum Start {
+    /// Created, with the note of the Event announcing it (on the remediation and on its policy).
+    Created(Box<GpuRemediation>, String),
+    /// Not created: a fresh read of its node found it no longer due (why).
+    NoLongerDue(String),
+}
+
+/// Creates one admitted remediation, unless a fresh read of its node (the plan was made from the
+/// cache) finds that it recovered, broke anew or left meanwhile (see `fleet::no_longer_due`).
 async fn start(
     ctx: &Context,
     policy: &GpuRemediationPolicy,
     remediation: &GpuRemediation,
-) -> Result<(GpuRemediation, String), CreateRemediationError> {
+) -> Result<Start, ApplyPolicyPlanError> {
+    let fresh = ctx.ops.read_node(&remediation.spec.node_name).await?;
+    if let Some(why) = fleet::no_longer_due(
+        remediation,
+        fresh.as_ref(),
+        &policy.spec.triggers,
+        jiff::Timestamp::now(),
+    ) {
+        return Ok(Start::NoLongerDue(why));
+    }
     let mut created = ctx.ops.create_remediation(remediation).await?;
     created.managed_fields_mut().clear();
     ctx.caches.written_remediations.record(created.clone());
@@ -214,7 +244,7 @@ async fn start(
         created.spec.mode,
     );
     tracing::info!(remediation = %created.name_any(), node = %created.spec.node_name, "remediation started");
-    Ok((created, note))
+    Ok(Start::Created(Box::new(created), note))
 }
 
 /// An admission Event (cut to what the server takes).

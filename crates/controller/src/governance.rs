@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use gpu_remediation_api::{constants::OPT_OUT_LABEL, selector::NodeSelector};
+use gpu_remediation_api::{GpuRemediationPolicy, constants::OPT_OUT_LABEL, selector::NodeSelector};
 
 /// A policy as governance sees it.
 #[derive(Clone, Copy, Debug)]
@@ -17,6 +17,32 @@ pub struct Claimant<'a> {
     pub priority: i32,
     /// Its node selector.
     pub selector: &'a NodeSelector,
+}
+
+impl<'a> Claimant<'a> {
+    /// The claimant `policy` is.
+    #[must_use]
+    pub fn of(policy: &'a GpuRemediationPolicy) -> Self {
+        Self {
+            name: policy.metadata.name.as_deref().unwrap_or_default(),
+            priority: policy.spec.priority,
+            selector: &policy.spec.node_selector,
+        }
+    }
+}
+
+/// The claimants among `policies`: every policy not being deleted (one being deleted governs
+/// nothing, so a node it selected goes to the next in line at once).
+pub fn claimants<'a, P>(policies: impl IntoIterator<Item = &'a P>) -> Vec<Claimant<'a>>
+where
+    P: AsRef<GpuRemediationPolicy> + 'a,
+{
+    policies
+        .into_iter()
+        .map(AsRef::as_ref)
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(Claimant::of)
+        .collect()
 }
 
 /// Who governs one node.

@@ -92,6 +92,17 @@ pub struct CreateRemediationError {
     pub source: WriteError,
 }
 
+/// Why reading a node failed.
+#[derive(Debug, thiserror::Error)]
+#[error("reading node {node} failed: {source}")]
+pub struct ReadNodeError {
+    /// The node.
+    pub node: String,
+    /// What went wrong.
+    #[source]
+    pub source: kube::Error,
+}
+
 /// Why writing a status failed.
 #[derive(Debug, thiserror::Error)]
 #[error("writing the status of {kind} {name} failed: {source}")]
@@ -222,6 +233,17 @@ impl KubeOps {
     #[must_use]
     pub fn fence(&self) -> &Fence {
         &self.fence
+    }
+
+    /// Reads a node from the server, past the cache (`None`: it is gone).
+    pub async fn read_node(&self, name: &str) -> Result<Option<Node>, ReadNodeError> {
+        Api::<Node>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(|source| ReadNodeError {
+                node: name.to_owned(),
+                source,
+            })
     }
 
     /// Creates a remediation; an existing one of the same name (a repeated pass) is returned as is.

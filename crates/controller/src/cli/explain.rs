@@ -16,7 +16,7 @@ use kube::ResourceExt;
 use crate::{
     detect::{self, Evidence, Verdict},
     fleet,
-    governance::{self, Claimant, Governor},
+    governance::{self, Governor},
 };
 
 /// The answer, in one word.
@@ -248,16 +248,7 @@ fn governing_policy(
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect();
-    let names: Vec<String> = live.iter().map(|p| p.name_any()).collect();
-    let claimants: Vec<Claimant<'_>> = live
-        .iter()
-        .zip(&names)
-        .map(|(p, name)| Claimant {
-            name,
-            priority: p.spec.priority,
-            selector: &p.spec.node_selector,
-        })
-        .collect();
+    let claimants = governance::claimants(live.iter().copied());
     let governing = match governance::governor(node.labels(), &claimants) {
         Governor::OptedOut => {
             explanation.outcome = Outcome::OptedOut;

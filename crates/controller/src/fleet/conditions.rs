@@ -2,11 +2,12 @@
 //! `DomainHeld`), and
 //! setting one condition so that its transition time moves only when its status changes. Pure.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use gpu_remediation_api::{
     GpuRemediationPolicySpec,
     constants::{policy_conditions, reasons},
+    policy::{YIELDED_LISTED_MAX, YieldedNode},
 };
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -24,7 +25,7 @@ pub(super) fn conditions(
     unhealthy: u32,
     selected: u32,
     spec: &GpuRemediationPolicySpec,
-    overlapped_by: Option<&BTreeSet<String>>,
+    yielded: Option<&BTreeMap<String, String>>,
     generation: Option<i64>,
     now: Timestamp,
 ) -> Vec<Condition> {
@@ -61,15 +62,8 @@ pub(super) fn conditions(
     } else {
         (false, "Running".to_owned(), "not paused".to_owned())
     };
-    let overlap = match overlapped_by {
-        Some(winners) if !winners.is_empty() => (
-            true,
-            reasons::OVERLAP.to_owned(),
-            format!(
-                "some selected nodes are governed by {} (higher priority, or same priority and an earlier name)",
-                winners.iter().cloned().collect::<Vec<_>>().join(", ")
-            ),
-        ),
+    let overlap = match yielded {
+        Some(nodes) if !nodes.is_empty() => (true, reasons::OVERLAP.to_owned(), yielded_message(nodes)),
         _ => (
             false,
             "NoOverlap".to_owned(),
@@ -110,6 +104,42 @@ pub(super) fn conditions(
         condition(previous, type_, status, reason, message, generation, now)
     })
     .collect()
+}
+
+/// The first [`YIELDED_LISTED_MAX`] yielded nodes by name, each with its governing policy.
+pub(super) fn listed(yielded: &BTreeMap<String, String>) -> Vec<YieldedNode> {
+    yielded
+        .iter()
+        .take(YIELDED_LISTED_MAX as usize)
+        .map(|(node, policy)| YieldedNode {
+            node: node.clone(),
+            governed_by: policy.clone(),
+        })
+        .collect()
+}
+
+/// `Overlap`'s message: how many nodes yield, to which policies, and the first of them by name.
+fn yielded_message(yielded: &BTreeMap<String, String>) -> String {
+    let mut winners: Vec<&str> = yielded.values().map(String::as_str).collect();
+    winners.sort_unstable();
+    winners.dedup();
+    let named: Vec<String> = listed(yielded)
+        .into_iter()
+        .map(|y| format!("{} ({})", y.node, y.governed_by))
+        .collect();
+    let more = yielded.len().saturating_sub(named.len());
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "{} selected node{} governed by {} (higher priority, or same priority and an earlier name): {}{more}",
+        yielded.len(),
+        if yielded.len() == 1 { " is" } else { "s are" },
+        winners.join(", "),
+        named.join(", "),
+    )
 }
 
 /// `SuspectCause`: true while most recent failures share one attribute value, naming it.

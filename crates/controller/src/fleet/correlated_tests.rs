@@ -335,3 +335,58 @@ fn failures_arriving_together_within_the_settle_window_are_judged_together() {
         1
     );
 }
+
+#[test]
+fn a_policy_that_yields_twelve_nodes_counts_them_and_names_the_first_ten_with_their_governor() {
+    let mut winner = rack_policy(6);
+    winner.metadata.name = Some("racks-a-b".into());
+    winner.spec.priority = 10;
+    winner.spec.node_selector = serde_json::from_value(serde_json::json!({
+        "matchExpressions": [{"key": "example.com/rack", "operator": "In", "values": ["A", "B"]}],
+    }))
+    .unwrap();
+    let fleet = plan(
+        &[Arc::new(rack_policy(6)), Arc::new(winner)],
+        &racks(&[]),
+        &[],
+        at(10),
+    );
+    let loser = fleet
+        .policies
+        .iter()
+        .find(|p| p.policy.metadata.name.as_deref() == Some("p"))
+        .unwrap();
+    let status = &loser.status;
+    assert_eq!((status.selected_nodes, status.yielded_nodes), (6, 12));
+    let named: Vec<&str> = status.yielded.iter().map(|y| y.node.as_str()).collect();
+    assert_eq!(
+        named,
+        ["a0", "a1", "a2", "a3", "a4", "a5", "b0", "b1", "b2", "b3"]
+    );
+    assert!(status.yielded.iter().all(|y| y.governed_by == "racks-a-b"));
+    let overlap = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == policy_conditions::OVERLAP)
+        .unwrap();
+    assert_eq!(
+        (overlap.status.as_str(), overlap.reason.as_str()),
+        ("True", reasons::OVERLAP)
+    );
+    assert_eq!(
+        overlap.message,
+        "12 selected nodes are governed by racks-a-b (higher priority, or same priority and an earlier name): \
+         a0 (racks-a-b), a1 (racks-a-b), a2 (racks-a-b), a3 (racks-a-b), a4 (racks-a-b), a5 (racks-a-b), \
+         b0 (racks-a-b), b1 (racks-a-b), b2 (racks-a-b), b3 (racks-a-b) and 2 more"
+    );
+    let governor = fleet
+        .policies
+        .iter()
+        .find(|p| p.policy.metadata.name.as_deref() == Some("racks-a-b"))
+        .unwrap();
+    assert_eq!(
+        (governor.status.selected_nodes, governor.status.yielded_nodes),
+        (12, 0)
+    );
+    assert!(governor.status.yielded.is_empty());
+}

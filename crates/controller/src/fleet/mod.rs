@@ -15,10 +15,7 @@
 //! candidate again, free of the attempts limit but still subject to pause, the circuit breaker,
 //! concurrency and rate; once admitted it goes back to `Pending` and proceeds like any other.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-};
+use std::{collections::BTreeMap, sync::Arc};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus, Phase,
@@ -41,19 +38,24 @@ mod conditions;
 #[cfg(test)]
 mod correlated_tests;
 mod outcomes;
+mod recheck;
 mod record;
 mod suspects;
 
 pub use conditions::condition;
 use conditions::{conditions, has_true_condition, suspect_condition};
+pub use recheck::{no_longer_due, not_started};
 pub use record::{new_remediation, remediation_name, snapshot_of};
 
 use crate::{
     budget::{self, Candidate, Deferral, Started},
     detect::{self, Evidence, Verdict},
-    governance::{self, Claimant, Governor},
+    governance::{self, Governor},
     quarantine,
 };
+
+/// The nodes a policy selects and yields to another: node name to the governing policy's.
+type Yielded = BTreeMap<String, String>;
 
 /// What to do for one policy.
 #[derive(Clone, Debug)]
@@ -112,19 +114,11 @@ pub fn plan(
         .collect();
     policies.sort_by_key(|p| p.name_any());
     let names: Vec<String> = policies.iter().map(|p| p.name_any()).collect();
-    let claimants: Vec<Claimant<'_>> = policies
-        .iter()
-        .zip(&names)
-        .map(|(p, name)| Claimant {
-            name,
-            priority: p.spec.priority,
-            selector: &p.spec.node_selector,
-        })
-        .collect();
+    let claimants = governance::claimants(policies.iter().copied());
 
-    // Which policy governs each node, and which policies lose which nodes to whom.
+    // Which policy governs each node, and which nodes each policy yields to whom.
     let mut governed: BTreeMap<&str, Vec<&Node>> = BTreeMap::new();
-    let mut overlaps: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    let mut yielded: BTreeMap<&str, Yielded> = BTreeMap::new();
     for node in nodes {
         if let Governor::Policy { policy, overlapping } = governance::governor(node.labels(), &claimants) {
             let Some(winner) = names.iter().find(|n| **n == policy) else {
@@ -133,7 +127,10 @@ pub fn plan(
             governed.entry(winner.as_str()).or_default().push(node);
             for loser in overlapping {
                 if let Some(loser) = names.iter().find(|n| **n == loser) {
-                    overlaps.entry(loser.as_str()).or_default().insert(policy.clone());
+                    yielded
+                        .entry(loser.as_str())
+                        .or_default()
+                        .insert(node.name_any(), policy.clone());
                 }
             }
         }
@@ -142,8 +139,8 @@ pub fn plan(
     let mut fleet = FleetPlan::default();
     for (policy, name) in policies.into_iter().zip(&names) {
         let nodes = governed.get(name.as_str()).map_or(&[][..], Vec::as_slice);
-        let overlapped_by = overlaps.get(name.as_str());
-        let (plan, wake) = plan_policy(policy, nodes, overlapped_by, remediations, now);
+        let yields = yielded.get(name.as_str());
+        let (plan, wake) = plan_policy(policy, nodes, yields, remediations, now);
         fleet.wake_at = earliest(fleet.wake_at, wake);
         fleet.wake_at = earliest(fleet.wake_at, plan.quarantine.wake_at);
         fleet.policies.push(plan);
@@ -170,7 +167,7 @@ pub fn plan(
 fn plan_policy(
     policy: &Arc<GpuRemediationPolicy>,
     nodes: &[&Node],
-    overlapped_by: Option<&BTreeSet<String>>,
+    yielded: Option<&Yielded>,
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
 ) -> (PolicyPlan, Option<Timestamp>) {
@@ -238,7 +235,7 @@ fn plan_policy(
         unhealthy_count,
         selected,
         spec,
-        overlapped_by,
+        yielded,
         generation,
         now,
     );
@@ -262,6 +259,8 @@ fn plan_policy(
         observed_generation: generation,
         conditions,
         selected_nodes: selected,
+        yielded_nodes: count(yielded.map_or(0, BTreeMap::len)),
+        yielded: yielded.map(conditions::listed).unwrap_or_default(),
         unhealthy_nodes: unhealthy_count,
         in_flight: decision.in_flight + counted,
         budget: Some(BudgetStatus {

@@ -21,7 +21,7 @@ use super::{
     history::{Failures, carried_hardware, offence},
     ledger::{host_of, inventory_of},
 };
-use crate::governance::{self, Claimant, Governor};
+use crate::governance::{self, Governor};
 
 /// The owner a repeat offender's cordon is recorded under (`gpuremediation.dev/cordoned-by`): no
 /// remediation has that name, so a remediation that follows treats the cordon as another's and
@@ -71,16 +71,7 @@ pub fn steps(
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect();
-    let names: Vec<String> = live.iter().map(|p| p.name_any()).collect();
-    let claimants: Vec<Claimant<'_>> = live
-        .iter()
-        .zip(&names)
-        .map(|(p, name)| Claimant {
-            name,
-            priority: p.spec.priority,
-            selector: &p.spec.node_selector,
-        })
-        .collect();
+    let claimants = governance::claimants(live.iter().copied());
     let mut out = Vec::new();
     for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
         let name = node.name_any();
