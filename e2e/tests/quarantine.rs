@@ -359,12 +359,29 @@ async fn a_false_signal_on_every_node_quarantines_only_the_limit_and_the_policy_
     let events = scenario::events_about(&s.client, &s.scope).await;
     assert_eq!(events.get("QuarantineLimitReached"), Some(&1), "{events:?}");
 
+    let mut taken = Vec::new();
+    for name in &nodes {
+        if quarantined(&s.node(name).await) {
+            taken.push(name.clone());
+        }
+    }
+
     // The policy deleted: its quarantines are found on the nodes and lifted.
     policies.delete(&s.scope, &DeleteParams::default()).await.unwrap();
     eventually("every quarantine lifted", Duration::from_secs(10), || async {
         (count().await == 0).then_some(())
     })
     .await;
+    // One Event per change on each node, however many passes saw it before the watch did.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for name in &taken {
+        let events = scenario::events_about(&s.client, name).await;
+        assert_eq!(
+            (events.get("Quarantined"), events.get("QuarantineLifted")),
+            (Some(&1), Some(&1)),
+            "{name}: {events:?}"
+        );
+    }
 }
 
 /// One fleet under a policy with quarantine on or off, a stream of pods that stay, one fault: the

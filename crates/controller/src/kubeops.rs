@@ -12,6 +12,8 @@
 //! overwrite taints others added meanwhile. A conflict means someone else wrote first; we read
 //! again and redo the edit.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus,
     constants::{CLAIM_ANNOTATION, REMEDIATION_FINALIZER, field_managers},
@@ -419,16 +421,43 @@ impl KubeOps {
     }
 
     /// Quarantines `node` for `policy` (see `quarantine::taint::quarantine`), only if it is still
-    /// the node of that UID.
-    pub async fn quarantine_node(&self, node: &NodeRef, policy: &str) -> Result<NodeEdit, EditNodeError> {
-        self.edit_node(node, |n| quarantine::taint::quarantine(n, policy))
+    /// the node of that UID; with whether the node changed (already quarantined: it did not).
+    pub async fn quarantine_node(
+        &self,
+        node: &NodeRef,
+        policy: &str,
+    ) -> Result<(NodeEdit, bool), EditNodeError> {
+        self.edit_node_changing(node, |n| quarantine::taint::quarantine(n, policy))
             .await
     }
 
     /// Lifts `policy`'s quarantine from `node` (see `quarantine::taint::lift`); another owner's
-    /// is left as it is.
-    pub async fn lift_quarantine(&self, node: &NodeRef, policy: &str) -> Result<NodeEdit, EditNodeError> {
-        self.edit_node(node, |n| quarantine::taint::lift(n, policy)).await
+    /// is left as it is. With whether the node changed (nothing of ours on it: it did not).
+    pub async fn lift_quarantine(
+        &self,
+        node: &NodeRef,
+        policy: &str,
+    ) -> Result<(NodeEdit, bool), EditNodeError> {
+        self.edit_node_changing(node, |n| quarantine::taint::lift(n, policy))
+            .await
+    }
+
+    /// [`Self::edit_node`], with whether the edit changed the node as last read: an edit that
+    /// found nothing to do wrote nothing, and its caller announces nothing.
+    pub async fn edit_node_changing(
+        &self,
+        target: &NodeRef,
+        edit: impl Fn(&mut Node) -> bool,
+    ) -> Result<(NodeEdit, bool), EditNodeError> {
+        let changed = AtomicBool::new(false);
+        let answer = self
+            .edit_node(target, |n| {
+                let edited = edit(n);
+                changed.store(edited, Ordering::Relaxed);
+                edited
+            })
+            .await?;
+        Ok((answer, changed.load(Ordering::Relaxed)))
     }
 
     /// Read-modify-replace of a node, preconditioned on its resourceVersion (the read's) and its
@@ -596,6 +625,8 @@ fn post_params() -> PostParams {
 mod tests {
     use std::time::Duration;
 
+    use gpu_remediation_api::constants::QUARANTINE_TAINT_KEY;
+
     use http::{Request, Response};
     use kube::client::Body;
 
@@ -713,5 +744,65 @@ mod tests {
         assert_eq!(status.code, 429);
         assert_eq!(crate::drain::budget_named_in(&status).as_deref(), Some("web"));
         assert!(server.await.unwrap(), "the refused eviction was asked only once");
+    }
+
+    fn node(tainted: bool) -> serde_json::Value {
+        let taints = if tainted {
+            serde_json::json!([{"key": QUARANTINE_TAINT_KEY, "effect": "NoSchedule"}])
+        } else {
+            serde_json::json!([])
+        };
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "gpu-1", "uid": "uid-1", "resourceVersion": "7",
+                         "annotations": {gpu_remediation_api::constants::QUARANTINED_BY_ANNOTATION: "p"}},
+            "spec": {"taints": taints},
+        })
+    }
+
+    #[tokio::test]
+    async fn a_quarantine_edit_that_finds_nothing_to_do_writes_nothing_and_says_so() {
+        let (ops, mut handle) = ops(Fence::standalone());
+        let server = tokio::spawn(async move {
+            let (request, respond) = handle.next_request().await.expect("the read");
+            assert_eq!(request.method(), http::Method::GET);
+            respond.send_response(reply(200, &node(true)));
+            // Already quarantined: no replace follows.
+            tokio::time::timeout(Duration::from_millis(300), handle.next_request())
+                .await
+                .is_err()
+        });
+        let target = NodeRef {
+            name: "gpu-1".into(),
+            uid: Some("uid-1".into()),
+        };
+        let (edit, changed) = ops.quarantine_node(&target, "p").await.unwrap();
+        assert!(matches!(edit, NodeEdit::Written(_)));
+        assert!(!changed, "nothing changed, nothing to announce");
+        assert!(server.await.unwrap(), "no write was sent");
+    }
+
+    #[tokio::test]
+    async fn a_lift_that_removes_our_taint_writes_once_and_says_it_changed_the_node() {
+        let (ops, mut handle) = ops(Fence::standalone());
+        let server = tokio::spawn(async move {
+            let (_, respond) = handle.next_request().await.expect("the read");
+            respond.send_response(reply(200, &node(true)));
+            let (request, respond) = handle.next_request().await.expect("the replace");
+            let method = request.method().clone();
+            let body = body_json(request).await;
+            respond.send_response(reply(200, &body));
+            (method, body)
+        });
+        let target = NodeRef {
+            name: "gpu-1".into(),
+            uid: Some("uid-1".into()),
+        };
+        let (_, changed) = ops.lift_quarantine(&target, "p").await.unwrap();
+        assert!(changed);
+        let (method, body) = server.await.unwrap();
+        assert_eq!(method, http::Method::PUT);
+        assert_eq!(body["metadata"]["resourceVersion"], "7");
+        assert_eq!(body["spec"]["taints"], serde_json::json!([]));
     }
 }

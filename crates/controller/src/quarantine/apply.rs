@@ -1,7 +1,8 @@
 //! Carries out the quarantine decisions: writes each taint added or lifted (through `kubeops`,
 //! behind the leader fence, with the node's resourceVersion and UID as preconditions), or, where
 //! the fault names GPUs allocated through DRA, the device-level quarantine (`device_apply`), then
-//! publishes one Event per node changed and one on the policy when its quarantine limit is newly
+//! publishes one Event per node changed (an edit that found the node already as planned, because a
+//! pass came before the watch showed the last write, announces nothing) and one on the policy when its quarantine limit is newly
 //! reached. The only part of `quarantine` that does IO.
 
 use std::{
@@ -188,10 +189,15 @@ async fn quarantine(
                 how,
             )
         }
-        Target::Node(why) => (
-            ctx.ops.quarantine_node(node, policy).await?,
-            format!("no new pod is scheduled onto it (node taint: {why})"),
-        ),
+        Target::Node(why) => match ctx.ops.quarantine_node(node, policy).await? {
+            // Already quarantined (a pass that came before the watch showed the last write): it was
+            // announced then.
+            (NodeEdit::Written(_), false) => return Ok(None),
+            (edit, _) => (
+                edit,
+                format!("no new pod is scheduled onto it (node taint: {why})"),
+            ),
+        },
     };
     Ok(match edit {
         NodeEdit::Written(written) => Some((how, *written)),
@@ -232,8 +238,9 @@ async fn lift(ctx: &Context, lift: &Lift) -> Written {
     if lift.unless_owner_exists && owner_exists(ctx, &lift.policy).await {
         return Ok(None);
     }
-    let edit = ctx.ops.lift_quarantine(&lift.node, &lift.policy).await?;
-    let NodeEdit::Written(written) = edit else {
+    // A lift that found nothing of ours (already lifted by a pass the watch had not shown yet)
+    // announces nothing.
+    let (NodeEdit::Written(written), true) = ctx.ops.lift_quarantine(&lift.node, &lift.policy).await? else {
         return Ok(None);
     };
     remember(ctx, *written);
