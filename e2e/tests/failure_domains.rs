@@ -1,8 +1,8 @@
 //! Correlated failures against the real control plane: a failing rack held while another rack's
-//! node is remediated, the rack going on when its limit is raised and a recovered node released
-//! while it is held; slow start earning a second slot from a proven success and keeping it over a
-//! controller restart; the driver label most failures share named, and its nodes held; a policy
-//! that yields nodes to another counting and naming them, in its status and in `kubectl get`.
+//! node is remediated, the rack going on when its limit is raised; slow start earning a second
+//! slot from a proven success and keeping it over a controller restart; the driver label most failures share named, and its nodes held; a policy
+//! that yields nodes to another counting and naming them, in its status and in `kubectl get`;
+//! recovery, uncordon and cancellation going through while the policy breaker or a domain holds.
 
 mod common;
 mod scenario;
@@ -16,8 +16,8 @@ use gpu_remediation_api::{
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api,
-    api::{Patch, PatchParams},
+    Api, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams},
 };
 use scenario::{RunningController, SCOPE_LABEL, Scenario, is_unschedulable};
 
@@ -139,42 +139,6 @@ async fn a_failing_rack_is_held_while_another_rack_is_remediated_and_goes_on_whe
     // One for the rack and one per held node, never one per pass.
     assert_eq!(events.get(reasons::DOMAIN_HELD), Some(&5), "{events:?}");
     assert_eq!(events.get(reasons::DOMAIN_RESUMED), Some(&1), "{events:?}");
-    controller.stop().await;
-}
-
-#[tokio::test]
-async fn a_recovered_node_is_released_while_its_rack_is_held() {
-    let s = Scenario::new(6).await;
-    let nodes = s.nodes();
-    for node in &nodes {
-        label(&s, node, RACK, "b").await;
-    }
-    s.policy(serde_json::json!({"safety": {
-        "maxConcurrent": 10, "maxUnhealthy": "100%",
-        "failureDomains": [{"topologyKey": RACK, "maxUnhealthyCount": 1}],
-    }}))
-    .await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&nodes[0]).await;
-    s.wait_phase(&nodes[0], Phase::Verifying, Duration::from_secs(30))
-        .await;
-    for node in &nodes[1..3] {
-        s.break_gpu(node).await;
-    }
-    status_when(&s, "the rack held", Duration::from_secs(30), |st| {
-        st.held_domains.len() == 1
-    })
-    .await;
-    // The first node recovers: its release is not held by its rack's limit (2 of 6 still over 1).
-    s.heal_gpu(&nodes[0]).await;
-    s.wait_phase(&nodes[0], Phase::Succeeded, Duration::from_secs(30))
-        .await;
-    assert!(!is_unschedulable(&s.node(&nodes[0]).await));
-    let status = status_when(&s, "the rack still held", Duration::from_secs(10), |st| {
-        st.held_domains.len() == 1
-    })
-    .await;
-    assert_eq!(status.held_domains[0].unhealthy_nodes, 2);
     controller.stop().await;
 }
 
@@ -354,4 +318,76 @@ async fn a_policy_that_yields_nodes_to_a_higher_priority_counts_and_names_them_a
         .delete(&winner, &kube::api::DeleteParams::default())
         .await
         .unwrap();
+}
+
+/// Two remediations in flight, then two more failures put the policy over `held`'s limit: the
+/// first node recovers and is released, the second's record is deleted by a person and its node
+/// let go, both while the limit still holds.
+async fn released_and_cancelled_while_held(
+    limits: serde_json::Value,
+    held: impl Fn(&GpuRemediationPolicyStatus) -> bool,
+) {
+    let s = Scenario::new(6).await;
+    let nodes = s.nodes();
+    for node in &nodes {
+        label(&s, node, RACK, "b").await;
+    }
+    s.policy(serde_json::json!({"safety": limits})).await;
+    let controller = RunningController::start(&s.scope).await;
+    for node in &nodes[..2] {
+        s.break_gpu(node).await;
+    }
+    let cancelled = s
+        .wait_phase(&nodes[1], Phase::Verifying, Duration::from_secs(30))
+        .await;
+    s.wait_phase(&nodes[0], Phase::Verifying, Duration::from_secs(30))
+        .await;
+    for node in &nodes[2..4] {
+        s.break_gpu(node).await;
+    }
+    status_when(&s, "the limit holding", Duration::from_secs(30), &held).await;
+
+    s.heal_gpu(&nodes[0]).await;
+    s.wait_phase(&nodes[0], Phase::Succeeded, Duration::from_secs(30))
+        .await;
+    assert!(!is_unschedulable(&s.node(&nodes[0]).await), "released");
+
+    Api::<gpu_remediation_api::GpuRemediation>::all(s.client.clone())
+        .delete(&cancelled.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the cancelled node let go", Duration::from_secs(30), || async {
+        let gone = s.remediation_of(&nodes[1]).await.is_none();
+        (gone && !is_unschedulable(&s.node(&nodes[1]).await)).then_some(())
+    })
+    .await;
+    // Still held: neither waited for the limit to fall.
+    status_when(&s, "the limit still holding", Duration::from_secs(10), &held).await;
+    assert!(in_flight_nodes(&s).await.is_empty(), "nothing new started");
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn recovery_and_cancellation_go_through_while_the_policy_breaker_is_open() {
+    released_and_cancelled_while_held(
+        serde_json::json!({"maxConcurrent": 10, "maxUnhealthy": 2}),
+        |st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == policy_conditions::CIRCUIT_OPEN && c.status == "True")
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn recovery_and_cancellation_go_through_while_the_nodes_domain_is_held() {
+    released_and_cancelled_while_held(
+        serde_json::json!({
+            "maxConcurrent": 10, "maxUnhealthy": "100%",
+            "failureDomains": [{"topologyKey": RACK, "maxUnhealthyCount": 2}],
+        }),
+        |st| st.held_domains.len() == 1,
+    )
+    .await;
 }
