@@ -2,7 +2,9 @@
 //! node is remediated, the rack going on when its limit is raised; slow start earning a second
 //! slot from a proven success and keeping it over a controller restart; the driver label most failures share named, and its nodes held; a policy
 //! that yields nodes to another counting and naming them, in its status and in `kubectl get`;
-//! recovery, uncordon and cancellation going through while the policy breaker or a domain holds.
+//! recovery, uncordon and cancellation going through while the policy breaker or a domain holds;
+//! a held rack resuming when its nodes recover; `maxUnhealthy` as a count and a share, the lower
+//! deciding.
 
 mod common;
 mod scenario;
@@ -390,4 +392,108 @@ async fn recovery_and_cancellation_go_through_while_the_nodes_domain_is_held() {
         |st| st.held_domains.len() == 1,
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_held_rack_resumes_when_its_nodes_recover() {
+    let s = Scenario::new(6).await;
+    let nodes = s.nodes();
+    for node in &nodes {
+        label(&s, node, RACK, "b").await;
+    }
+    s.policy(serde_json::json!({"safety": {
+        "maxConcurrent": 10, "maxUnhealthy": "100%",
+        "failureDomains": [{"topologyKey": RACK, "maxUnhealthyCount": 2}],
+    }}))
+    .await;
+    for node in &nodes[..4] {
+        s.break_gpu(node).await;
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let controller = RunningController::start(&s.scope).await;
+    status_when(&s, "the rack held", Duration::from_secs(30), |st| {
+        st.held_domains.len() == 1 && st.waiting.len() == 4
+    })
+    .await;
+    assert!(in_flight_nodes(&s).await.is_empty());
+    // Two recover: 2 of 6 is within the limit again, the other two start.
+    for node in &nodes[..2] {
+        s.heal_gpu(node).await;
+    }
+    eventually("the other two started", Duration::from_secs(30), || async {
+        let mut running = in_flight_nodes(&s).await;
+        running.sort();
+        (running == nodes[2..4]).then_some(())
+    })
+    .await;
+    let status = status_when(&s, "the rack resumed", Duration::from_secs(10), |st| {
+        st.held_domains.is_empty()
+    })
+    .await;
+    assert!(status.waiting.is_empty(), "{:?}", status.waiting);
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn max_unhealthy_given_as_a_count_and_a_share_holds_at_the_lower() {
+    let s = Scenario::new(10).await;
+    let nodes = s.nodes();
+    // 50% of 10 is 5; the count 2 is lower and decides.
+    s.policy(serde_json::json!({"safety": {
+        "maxConcurrent": 10, "maxUnhealthy": "50%", "maxUnhealthyCount": 2,
+    }}))
+    .await;
+    for node in &nodes[..3] {
+        s.break_gpu(node).await;
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let controller = RunningController::start(&s.scope).await;
+    let open = |st: &GpuRemediationPolicyStatus| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == policy_conditions::CIRCUIT_OPEN && c.status == "True")
+            .map(|c| c.message.clone())
+    };
+    let status = status_when(
+        &s,
+        "the breaker open at the count",
+        Duration::from_secs(30),
+        |st| open(st).is_some(),
+    )
+    .await;
+    let message = open(&status).unwrap();
+    assert!(message.starts_with("3 of 10 nodes unhealthy"), "{message}");
+    assert!(in_flight_nodes(&s).await.is_empty());
+    // The count raised past the share: 50% (5) is now the lower, and 3 of 10 is within it.
+    Api::<GpuRemediationPolicy>::all(s.client.clone())
+        .patch(
+            &s.scope,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"safety": {"maxUnhealthyCount": 8}}})),
+        )
+        .await
+        .unwrap();
+    eventually("all three started", Duration::from_secs(30), || async {
+        (in_flight_nodes(&s).await.len() == 3).then_some(())
+    })
+    .await;
+    let status = status_when(&s, "the breaker closed", Duration::from_secs(10), |st| {
+        open(st).is_none()
+    })
+    .await;
+    assert_eq!(status.unhealthy_nodes, 3);
+    // Three more fail: 6 of 10 is over 50% (5, now the lower).
+    for node in &nodes[3..6] {
+        s.break_gpu(node).await;
+    }
+    let status = status_when(
+        &s,
+        "the breaker open at the share",
+        Duration::from_secs(30),
+        |st| open(st).is_some(),
+    )
+    .await;
+    let message = open(&status).unwrap();
+    assert!(message.starts_with("6 of 10 nodes unhealthy"), "{message}");
+    controller.stop().await;
 }
