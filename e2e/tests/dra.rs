@@ -1,8 +1,11 @@
 //! The simulated DRA driver on the real control plane: the real kube-scheduler allocates the
 //! fleet's published GPUs to pods claiming them through a `ResourceClaimTemplate`, one distinct
 //! device per pod, and `gpu_remediator::dra` maps a failed GPU to exactly the pod holding it.
+//! Without `DeviceTaintRule` served (DRA on, its gates off), a quarantine falls back to the node
+//! taint and the policy says why.
 
 mod common;
+mod scenario;
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -138,4 +141,51 @@ async fn eight_single_gpu_pods_get_eight_distinct_devices_and_gpu_3_maps_to_exac
     );
 
     fleet.stop().await.expect("stopping the fleet");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_device_taint_rules_served_a_dra_gpu_fault_quarantines_the_node_and_the_policy_says_why() {
+    use gpu_remediation_api::{
+        GpuRemediationPolicy,
+        constants::{QUARANTINE_TAINT_KEY, QUARANTINED_DEVICES_ANNOTATION, policy_conditions, reasons},
+    };
+
+    cluster_with(with_dra).await;
+    let s = scenario::Scenario::with_fleet(1, |o| o.dra = true).await;
+    let node = s.nodes()[0].clone();
+    s.policy(serde_json::json!({
+        "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "60s"}],
+        "safety": {"maxUnhealthy": "100%"},
+    }))
+    .await;
+    let _controller = scenario::RunningController::start(&s.scope).await;
+    let gpu3 = dra::node_gpus(&node, 8)[3].clone();
+    gpu_sandbox::hardware::fail_gpu(&s.client, &node, &gpu3, "XID79")
+        .await
+        .expect("failing GPU 3");
+    let tainted = eventually("the node taint", Duration::from_secs(10), || async {
+        let n = s.node(&node).await;
+        let taints = n.spec.as_ref()?.taints.clone()?;
+        taints.iter().any(|t| t.key == QUARANTINE_TAINT_KEY).then_some(n)
+    })
+    .await;
+    assert!(!tainted.annotations().contains_key(QUARANTINED_DEVICES_ANNOTATION));
+    let policies = Api::<GpuRemediationPolicy>::all(s.client.clone());
+    let condition = eventually(
+        "the policy's DeviceQuarantine condition",
+        Duration::from_secs(10),
+        || async {
+            let status = policies.get(&s.scope).await.ok()?.status?;
+            status
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == policy_conditions::DEVICE_QUARANTINE)
+        },
+    )
+    .await;
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", reasons::DEVICE_TAINT_RULES_NOT_SERVED)
+    );
+    assert!(condition.message.contains("1.33"), "{}", condition.message);
 }

@@ -225,6 +225,18 @@ fn describe_quarantine(
     } else if let Some(lift) = q.lift.iter().find(|l| l.node.name == name) {
         format!("quarantine: lifted on the controller's next pass: {}", lift.why)
     } else if let Some(owner) = crate::quarantine::taint::owner(node)
+        && crate::quarantine::device::is_device_level(node)
+    {
+        let devices: Vec<String> = crate::quarantine::device::recorded(node)
+            .iter()
+            .map(|d| format!("GPU {} ({}/{}/{})", d.uuid, d.driver, d.pool, d.device))
+            .collect();
+        format!(
+            "quarantine: held at device level by policy {owner}: only {} out of allocation (DeviceTaintRule); \
+             the node's other GPUs take work",
+            devices.join(", ")
+        )
+    } else if let Some(owner) = crate::quarantine::taint::owner(node)
         && crate::quarantine::taint::has_taint(node)
     {
         format!(
@@ -616,6 +628,36 @@ mod tests {
         crate::quarantine::taint::quarantine(&mut broken, "gpus");
         let held = explain("gpu-1", &[Arc::new(broken)], &policies, &[], now());
         assert!(held.to_string().contains("quarantine: held (taint"), "{held}");
+    }
+
+    #[test]
+    fn a_device_level_quarantine_is_explained_naming_the_gpus_taken_out() {
+        let mut broken = (*node(
+            "gpu-1",
+            &json!({"gpu": "true"}),
+            Some(("False", "XID79", JUST_NOW)),
+        ))
+        .clone();
+        let device = crate::quarantine::device::QuarantinedDevice {
+            uuid: "GPU-3".into(),
+            driver: "gpu.example.com".into(),
+            pool: "gpu-1".into(),
+            device: "gpu-3".into(),
+        };
+        crate::quarantine::device::mark(&mut broken, "gpus", &[device]);
+        let held = explain(
+            "gpu-1",
+            &[Arc::new(broken)],
+            &[policy("gpus", &json!({}))],
+            &[],
+            now(),
+        );
+        assert!(
+            held.to_string().contains(
+                "held at device level by policy gpus: only GPU GPU-3 (gpu.example.com/gpu-1/gpu-3)"
+            ),
+            "{held}"
+        );
     }
 
     #[test]
