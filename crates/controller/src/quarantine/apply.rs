@@ -184,10 +184,11 @@ async fn quarantine(
                  taking work",
                 named.join(", ")
             );
-            (
-                device_apply::quarantine_devices(ctx, node, policy, &devices).await?,
-                how,
-            )
+            match device_apply::quarantine_devices(ctx, node, policy, &devices).await? {
+                // Already recorded (a pass before the watch showed the last write): announced then.
+                (NodeEdit::Written(_), false) => return Ok(None),
+                (edit, _) => (edit, how),
+            }
         }
         Target::Node(why) => match ctx.ops.quarantine_node(node, policy).await? {
             // Already quarantined (a pass that came before the watch showed the last write): it was

@@ -80,16 +80,17 @@ pub async fn choose(ctx: &Context, node: &Node) -> Target {
     }
 }
 
-/// Records a device-level quarantine of `devices` by `policy` on `node`, then creates their rules.
+/// Records a device-level quarantine of `devices` by `policy` on `node`, then creates their rules
+/// (those that exist are kept). With whether the node changed.
 pub async fn quarantine_devices(
     ctx: &Context,
     node: &NodeRef,
     policy: &str,
     devices: &[QuarantinedDevice],
-) -> Result<NodeEdit, EditNodeError> {
-    let edit = ctx
+) -> Result<(NodeEdit, bool), EditNodeError> {
+    let (edit, changed) = ctx
         .ops
-        .edit_node(node, |n| device::mark(n, policy, devices))
+        .edit_node_changing(node, |n| device::mark(n, policy, devices))
         .await?;
     if let NodeEdit::Written(_) = &edit {
         RULES_MAY_EXIST.store(true, Ordering::Relaxed);
@@ -102,7 +103,7 @@ pub async fn quarantine_devices(
                 })?;
         }
     }
-    Ok(edit)
+    Ok((edit, changed))
 }
 
 /// Makes the rules follow the nodes' annotations (see [`device::reconcile`]): creates the missing
