@@ -2,7 +2,8 @@
 //! a fault naming GPU 3 of an 8-GPU node under `for: 60s` takes only GPU 3 out of allocation with
 //! a `DeviceTaintRule` (no node taint, no cordon); the real scheduler keeps placing new DRA pods
 //! on the node's 7 healthy GPUs and gives none of them GPU 3; when the signal clears, the rule is
-//! deleted after the hysteresis and GPU 3 takes work again.
+//! deleted after the hysteresis and GPU 3 takes work again. The rules' writes pass the shipped
+//! RBAC and the fence policy admits them only under the current leader claim.
 
 mod common;
 mod scenario;
@@ -212,4 +213,131 @@ async fn new_pods_land_on_the_healthy_gpus_only(s: &Scenario, node: &str, claims
     );
     let still = s.node(node).await;
     assert!(!has_quarantine_taint(&still) && !is_unschedulable(&still));
+}
+
+/// `kubectl apply -f <repo>/<file>` on the shared cluster.
+async fn kubectl_apply(file: &str) {
+    let cluster = common::cluster().await;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(file);
+    let output = std::process::Command::new(cluster.kubectl())
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig_path())
+        .args(["apply", "-f"])
+        .arg(&path)
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        output.status.success(),
+        "kubectl apply -f {file}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The controller's own code, as its service account under the shipped `ClusterRole`
+/// (`manifests/controller/rbac.yaml`), with `claim` as its claim on the leader Lease.
+fn controller_ops(
+    client: &kube::Client,
+    claim: (&str, i32),
+) -> (
+    gpu_remediator::kubeops::KubeOps,
+    gpu_remediator::leader::FenceKeeper,
+) {
+    let (fence, keeper) = gpu_remediator::leader::Fence::keeper();
+    keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(600));
+    keeper.claimed_as(claim.0, claim.1);
+    let reporter = kube::runtime::events::Reporter {
+        controller: "gpu-remediator".into(),
+        instance: Some("e2e-device-fence".into()),
+    };
+    let ops = gpu_remediator::kubeops::KubeOps::from_clients(client.clone(), client.clone(), fence, reporter);
+    (ops, keeper)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
+    use gpu_remediator::quarantine::device::{self, QuarantinedDevice};
+    use gpu_remediator::quarantine::device_apply::{create_rule, delete_rule};
+    use k8s_openapi::api::{coordination::v1::Lease, core::v1::ServiceAccount};
+
+    let admin = cluster_with(with_device_taints).await.client();
+    kubectl_apply("manifests/namespace.yaml").await;
+    kubectl_apply("manifests/controller/rbac.yaml").await;
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "gpu-remediator", "namespace": "gpu-remediation"},
+        "spec": {"holderIdentity": "replica-b", "leaseTransitions": 4, "leaseDurationSeconds": 15},
+    }))
+    .unwrap();
+    let _ = Api::<Lease>::namespaced(admin.clone(), "gpu-remediation")
+        .create(&kube::api::PostParams::default(), &lease)
+        .await;
+    kubectl_apply("manifests/controller/fence-policy.yaml").await;
+    let request = serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 3600}})).unwrap();
+    let token = Api::<ServiceAccount>::namespaced(admin.clone(), "gpu-remediation")
+        .create_token_request("gpu-remediator", &kube::api::PostParams::default(), &request)
+        .await
+        .expect("a token")
+        .status
+        .expect("a token status")
+        .token;
+    let controller = common::cluster().await.client_with_token(&token);
+    let rule = device::rule(
+        "fenced",
+        "gpu-fence-0000",
+        &QuarantinedDevice {
+            uuid: "GPU-fence-3".into(),
+            driver: dra::DRIVER.into(),
+            pool: "gpu-fence-0000".into(),
+            device: dra::device_name(3),
+        },
+    );
+
+    // A deposed leader's create is refused by the API server (once the policy is loaded).
+    let (deposed, _deposed_keeper) = controller_ops(&controller, ("replica-a", 3));
+    let refused = eventually("the stale claim refused", Duration::from_secs(30), || async {
+        if let Err(error) = create_rule(&deposed, &rule).await {
+            return Some(format!("{error:?}"));
+        }
+        // Created before the policy was loaded: take it away and try again.
+        let _ = Api::<DeviceTaintRule>::all_with(admin.clone(), &wire::device_taint_rules())
+            .delete(&rule.name_any(), &kube::api::DeleteParams::default())
+            .await;
+        None
+    })
+    .await;
+    assert!(
+        refused.contains("fenced: this write carries the claim replica-a/3"),
+        "{refused}"
+    );
+
+    // The current leader creates it (the shipped RBAC allows it), carrying its claim.
+    let (current, _current_keeper) = controller_ops(&controller, ("replica-b", 4));
+    create_rule(&current, &rule)
+        .await
+        .expect("the current claim creates the rule");
+    let rules = Api::<DeviceTaintRule>::all_with(admin.clone(), &wire::device_taint_rules());
+    let stored = rules.get(&rule.name_any()).await.expect("the rule");
+    assert_eq!(
+        stored
+            .annotations()
+            .get("gpuremediation.dev/claim")
+            .map(String::as_str),
+        Some("replica-b/4")
+    );
+
+    // A deposed leader cannot delete it; the current one can.
+    let message = format!("{:?}", delete_rule(&deposed, &stored).await);
+    assert!(
+        message.contains("fenced: this write carries the claim replica-a/3"),
+        "{message}"
+    );
+    assert!(
+        rules.get_opt(&rule.name_any()).await.unwrap().is_some(),
+        "still there"
+    );
+    delete_rule(&current, &stored)
+        .await
+        .expect("the current claim deletes the rule");
+    assert!(rules.get_opt(&rule.name_any()).await.unwrap().is_none(), "gone");
 }

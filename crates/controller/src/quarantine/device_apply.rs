@@ -25,7 +25,7 @@ use crate::{
     claim,
     context::Context,
     dra::wire::{self, DeviceTaintRule, ResourceSlice},
-    kubeops::{EditNodeError, NodeEdit, WriteError},
+    kubeops::{EditNodeError, KubeOps, NodeEdit, WriteError},
     lifecycle::NodeRef,
 };
 
@@ -95,7 +95,7 @@ pub async fn quarantine_devices(
     if let NodeEdit::Written(_) = &edit {
         RULES_MAY_EXIST.store(true, Ordering::Relaxed);
         for device in devices {
-            create_rule(ctx, &device::rule(policy, &node.name, device))
+            create_rule(&ctx.ops, &device::rule(policy, &node.name, device))
                 .await
                 .map_err(|source| EditNodeError::Write {
                     node: node.name.clone(),
@@ -125,7 +125,7 @@ pub async fn reconcile(ctx: &Context) -> Result<(), ReconcileRulesError> {
     let known = |name: &str| policies.iter().any(|p| p.name_any() == name);
     let plan = device::reconcile(&nodes, known, &existing);
     for rule in &plan.create {
-        create_rule(ctx, rule).await?;
+        create_rule(&ctx.ops, rule).await?;
     }
     let mut deleted = 0;
     for rule in plan.delete.iter().chain(&plan.delete_if_owner_gone) {
@@ -141,18 +141,7 @@ pub async fn reconcile(ctx: &Context) -> Result<(), ReconcileRulesError> {
             continue;
         }
         let name = rule.name_any();
-        claim::delete_stamped(
-            &api,
-            &name,
-            rule.uid().as_deref(),
-            ctx.ops.fence(),
-            &DeleteParams::default(),
-        )
-        .await
-        .map_err(|source| ReconcileRulesError::Delete {
-            rule: name.clone(),
-            source,
-        })?;
+        delete_rule(&ctx.ops, rule).await?;
         tracing::info!(rule = %name, "device quarantine rule deleted: no node names its device any more");
         deleted += 1;
     }
@@ -181,15 +170,13 @@ fn rules(client: &Client) -> Api<DeviceTaintRule> {
     Api::all_with(client.clone(), &wire::device_taint_rules())
 }
 
-async fn create_rule(ctx: &Context, rule: &DeviceTaintRule) -> Result<(), WriteError> {
+/// Creates `rule` under the fence, carrying the claim (an existing one is kept).
+pub async fn create_rule(ops: &KubeOps, rule: &DeviceTaintRule) -> Result<(), WriteError> {
     let mut rule = rule.clone();
-    ctx.ops.fence().check()?;
-    claim::annotate(&mut rule, ctx.ops.fence().claim().as_deref());
+    ops.fence().check()?;
+    claim::annotate(&mut rule, ops.fence().claim().as_deref());
     crate::leader::freeze::before_write("create devicetaintrules");
-    match rules(ctx.ops.client())
-        .create(&PostParams::default(), &rule)
-        .await
-    {
+    match rules(ops.client()).create(&PostParams::default(), &rule).await {
         Ok(_) => {
             tracing::info!(rule = %rule.name_any(), "device quarantine rule created");
             Ok(())
@@ -197,6 +184,22 @@ async fn create_rule(ctx: &Context, rule: &DeviceTaintRule) -> Result<(), WriteE
         Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
         Err(error) => Err(error.into()),
     }
+}
+
+/// Deletes `rule` (that UID only) under the fence: the claim stamped onto it, then a delete
+/// preconditioned on that write (see `crate::claim::delete_stamped`).
+pub async fn delete_rule(ops: &KubeOps, rule: &DeviceTaintRule) -> Result<(), ReconcileRulesError> {
+    let name = rule.name_any();
+    claim::delete_stamped(
+        &rules(ops.client()),
+        &name,
+        rule.uid().as_deref(),
+        ops.fence(),
+        &DeleteParams::default(),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|source| ReconcileRulesError::Delete { rule: name, source })
 }
 
 /// Whether policy `name` exists on the server; a failed read counts as existing (a rule is
