@@ -266,7 +266,9 @@ async fn kubectl_prints_the_remediation_columns_and_a_remediations_spec_cannot_c
     let header: Vec<_> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "NODE", "POLICY", "PHASE", "REASON", "ACTION", "AGE"],
+        [
+            "NAME", "NODE", "POLICY", "PHASE", "REASON", "ACTION", "STEP", "AGE"
+        ],
         "{table}"
     );
     let row: Vec<_> = lines.next().unwrap().split_whitespace().collect();

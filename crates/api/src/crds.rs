@@ -56,10 +56,13 @@ mod tests {
     }
 
     #[test]
-    fn a_remediation_prints_node_policy_phase_reason_action_and_age() {
+    fn a_remediation_prints_node_policy_phase_reason_action_step_and_age() {
         let crd = GpuRemediation::crd();
         let names: Vec<_> = columns(&crd).into_iter().map(|(name, _)| name).collect();
-        assert_eq!(names, ["NODE", "POLICY", "PHASE", "REASON", "ACTION", "AGE"]);
+        assert_eq!(
+            names,
+            ["NODE", "POLICY", "PHASE", "REASON", "ACTION", "STEP", "AGE"]
+        );
         assert_eq!(
             crd.spec.names.short_names.as_deref(),
             Some(&["gpur".to_owned()][..])

@@ -11,6 +11,8 @@ pub mod correlated;
 pub mod crds;
 pub mod duration;
 pub mod hardware;
+pub mod ladder;
+pub mod ladder_schema;
 pub mod policy;
 pub mod remediation;
 pub mod schema;

@@ -34,7 +34,11 @@ use crate::{
     printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = crate::schema::policy_spec, transform = crate::bounds::spec)]
+#[schemars(
+    transform = crate::schema::policy_spec,
+    transform = crate::ladder_schema::policy_ladder,
+    transform = crate::bounds::spec
+)]
 pub struct GpuRemediationPolicySpec {
     /// Nodes this policy governs. Nodes labelled `gpuremediation.dev/exclude=true` are never
     /// touched, whatever the selector says.
@@ -52,6 +56,13 @@ pub struct GpuRemediationPolicySpec {
     /// How `Replace` is carried out.
     #[serde(default)]
     pub replacement: Replacement,
+    /// The escalation ladder: steps tried in order, cheapest first (`ResetGpu`, `Reboot`,
+    /// `Replace`, `HandOff`), each judged by evidence and bounded by its own timeout. A recycle
+    /// starts where its trigger's reason says (the XID catalog's recommended action) or at its
+    /// trigger's `startAt`; a step that fails, times out or whose fault comes back within
+    /// `release.healthyFor` hands over to the next. Empty: the one step `action`, as always.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ladder: Vec<crate::ladder::LadderStep>,
     /// Limits on how much the controller may do at once.
     #[serde(default)]
     pub safety: Safety,
@@ -99,6 +110,9 @@ pub struct Trigger {
     /// Overrides `spec.quarantine.enabled` for this trigger (`false` for a reason known to flap).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quarantine: Option<bool>,
+    /// With a ladder: the step a recycle by this trigger starts at, whatever its reason recommends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<crate::ladder::Rung>,
 }
 
 fn default_trigger_for() -> Duration {

@@ -27,6 +27,7 @@ use crate::policy::{Action, ConditionStatus, Drain, Mode, Release, Replacement, 
     printcolumn = r#"{"name":"PHASE","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"REASON","type":"string","jsonPath":".spec.trigger.reason"}"#,
     printcolumn = r#"{"name":"ACTION","type":"string","jsonPath":".spec.action"}"#,
+    printcolumn = r#"{"name":"STEP","type":"string","jsonPath":".status.currentStep"}"#,
     printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -81,6 +82,9 @@ pub struct PolicySnapshot {
     /// When a recovered node is released.
     #[serde(default)]
     pub release: Release,
+    /// The escalation ladder (empty: the one step `spec.action`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ladder: Vec<crate::ladder::LadderStep>,
 }
 
 /// The node condition that triggered a remediation.
@@ -195,6 +199,13 @@ pub struct GpuRemediationStatus {
     /// A sentence for a person: what is happening or why it stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// With a ladder: the step being taken (or the last one taken).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_step: Option<crate::ladder::Rung>,
+    /// With a ladder: each step taken, in order, with its outcome and evidence (the latest 16).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub steps: Vec<crate::ladder::StepRecord>,
     /// From the start of the trigger to the node (or its replacement) back in service, in whole
     /// seconds; set when the remediation succeeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -273,6 +284,11 @@ pub struct DrainStatus {
     /// `DryRun` only: the pods that would be evicted, as `namespace/name`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub would_evict: Vec<String>,
+    /// With a ladder: the pods whose eviction the server accepted, as `namespace/name` (the first
+    /// 64); the step the drain was for records them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub evicted: Vec<String>,
 }
 
 /// A pod whose eviction is refused.

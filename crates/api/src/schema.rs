@@ -120,16 +120,16 @@ pub fn policy_name_rule() -> Rule {
     Rule::new(format!("size(self.metadata.name) <= {POLICY_NAME_MAX_LENGTH}")).message(messages::POLICY_NAME)
 }
 
-fn rule(expression: impl Into<String>, message: &str) -> Rule {
+pub(crate) fn rule(expression: impl Into<String>, message: &str) -> Rule {
     Rule::new(expression).message(message)
 }
 
 /// `self` (a duration string) matches the duration grammar.
-fn duration_ok(path: &str) -> String {
+pub(crate) fn duration_ok(path: &str) -> String {
     format!("{path}.matches('{DURATION_REGEX}')")
 }
 
-fn add_rules(schema: &mut Map<String, Value>, rules: impl IntoIterator<Item = Rule>) {
+pub(crate) fn add_rules(schema: &mut Map<String, Value>, rules: impl IntoIterator<Item = Rule>) {
     let list = schema
         .entry("x-kubernetes-validations")
         .or_insert_with(|| Value::Array(Vec::new()));
@@ -143,11 +143,11 @@ fn add_rules(schema: &mut Map<String, Value>, rules: impl IntoIterator<Item = Ru
     );
 }
 
-fn object(schema: &mut Schema) -> &mut Map<String, Value> {
+pub(crate) fn object(schema: &mut Schema) -> &mut Map<String, Value> {
     schema.as_object_mut().expect("a struct's schema is an object")
 }
 
-fn property<'a>(schema: &'a mut Schema, name: &str) -> &'a mut Map<String, Value> {
+pub(crate) fn property<'a>(schema: &'a mut Schema, name: &str) -> &'a mut Map<String, Value> {
     object(schema)
         .get_mut("properties")
         .and_then(|p| p.get_mut(name))
@@ -155,7 +155,7 @@ fn property<'a>(schema: &'a mut Schema, name: &str) -> &'a mut Map<String, Value
         .unwrap_or_else(|| panic!("the schema has a property {name:?}"))
 }
 
-fn make_positive(schema: &mut Schema, duration_field: &str) {
+pub(crate) fn make_positive(schema: &mut Schema, duration_field: &str) {
     add_rules(
         property(schema, duration_field),
         [rule(

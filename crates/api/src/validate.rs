@@ -94,6 +94,7 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
     check_selector(&spec.node_selector, &mut out);
     check_triggers(spec, &mut out);
     check_replacement(&spec.replacement, &mut out);
+    crate::ladder_schema::check(spec, &mut out);
     let reboots =
         spec.action == Action::Reboot || spec.triggers.iter().any(|t| t.action == Some(Action::Reboot));
     if reboots && spec.replacement.strategy != Strategy::Template {
@@ -611,6 +612,7 @@ mod tests {
             for_: Duration::from_secs(0),
             action: None,
             quarantine: None,
+            start_at: None,
         };
         spec.triggers = vec![
             trigger(&["XID79", "GpuMissing"]),

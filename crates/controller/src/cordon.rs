@@ -8,6 +8,7 @@
 use gpu_remediation_api::constants::{
     CANCELLED_ANNOTATION, CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, REMEDIATION_TAINT_KEY,
 };
+use gpu_remediation_api::ladder::{HAND_OFF_LABEL, HANDED_OFF_BY_ANNOTATION};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use kube::ResourceExt;
 
@@ -92,10 +93,15 @@ pub fn cordon(node: &mut Node, remediation: &str) -> bool {
 pub fn release(node: &mut Node, remediation: &str) -> bool {
     let ours = |key: &str, node: &Node| node.annotations().get(key).is_some_and(|by| by == remediation);
     let cordoned_by_us = ours(CORDONED_BY_ANNOTATION, node);
+    let handed_off = ours(HANDED_OFF_BY_ANNOTATION, node);
+    if handed_off {
+        node.labels_mut().remove(HAND_OFF_LABEL);
+        node.annotations_mut().remove(HANDED_OFF_BY_ANNOTATION);
+    }
     let noted = cordoned_by_us || ours(PRE_CORDONED_ANNOTATION, node);
     if !noted {
         // Not ours at all (another remediation's, or released already): leave it exactly as is.
-        return false;
+        return handed_off;
     }
     node.annotations_mut().remove(CORDONED_BY_ANNOTATION);
     node.annotations_mut().remove(PRE_CORDONED_ANNOTATION);
@@ -121,6 +127,25 @@ pub fn remember_cancelled(node: &mut Node, remediation: &str) -> bool {
     }
     node.annotations_mut()
         .insert(CANCELLED_ANNOTATION.to_owned(), remediation.to_owned());
+    true
+}
+
+/// Labels the node `gpuremediation.dev/hand-off=true`, annotated with the remediation that handed
+/// it off (the ladder's last rung hands it to a person or an RMA process); [`release`] takes both
+/// back. Returns whether it changed.
+pub fn hand_off(node: &mut Node, remediation: &str) -> bool {
+    let labelled = node.labels().get(HAND_OFF_LABEL).is_some_and(|v| v == "true");
+    let noted = node
+        .annotations()
+        .get(HANDED_OFF_BY_ANNOTATION)
+        .is_some_and(|by| by == remediation);
+    if labelled && noted {
+        return false;
+    }
+    node.labels_mut()
+        .insert(HAND_OFF_LABEL.to_owned(), "true".to_owned());
+    node.annotations_mut()
+        .insert(HANDED_OFF_BY_ANNOTATION.to_owned(), remediation.to_owned());
     true
 }
 

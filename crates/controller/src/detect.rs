@@ -152,6 +152,7 @@ mod tests {
             for_: Duration::from_secs(for_secs),
             action: None,
             quarantine: None,
+            start_at: None,
         }
     }
 

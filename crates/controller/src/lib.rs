@@ -24,6 +24,7 @@ pub mod fleet;
 pub mod governance;
 pub mod hardware;
 pub mod kubeops;
+pub mod ladder_acts;
 pub mod lifecycle;
 pub mod observe;
 pub mod progress;

@@ -459,12 +459,14 @@ pub fn prune_node(node: &mut Node) {
             }
             conditions
         });
-        // The system UUID identifies the host for the hardware ledger; the rest of nodeInfo goes.
+        // The system UUID identifies the host for the hardware ledger, the boot ID proves a
+        // ladder's reboot; the rest of nodeInfo goes.
         let node_info = status
             .node_info
             .take()
             .map(|info| k8s_openapi::api::core::v1::NodeSystemInfo {
                 system_uuid: info.system_uuid,
+                boot_id: info.boot_id,
                 ..Default::default()
             });
         *status = k8s_openapi::api::core::v1::NodeStatus {

@@ -139,11 +139,20 @@ async fn step(
     } else {
         (None, None)
     };
+    let step = rules.and_then(|rules| lifecycle::ladder::looked_at(&status, rules));
     let replacement = match (&status.replacement, rules) {
+        _ if let Some((strategy, reference)) = &step => {
+            let started = status.steps.last().map_or(now, |s| s.start.0);
+            Some(look_at(ctx, remediation, *strategy, reference, started).await)
+        }
         (Some(reference), Some(rules))
-            if status.phase == Phase::Verifying && remediation.spec.action != Action::None =>
+            if status.phase == Phase::Verifying
+                && remediation.spec.action != Action::None
+                && rules.ladder.is_empty() =>
         {
-            Some(look_at_replacement(ctx, remediation, rules, &status, reference).await)
+            let triggered_at = lifecycle::status::deadline_base(&status, Phase::Replacing, now);
+            let strategy = rules.replacement.strategy;
+            Some(look_at(ctx, remediation, strategy, reference, triggered_at).await)
         }
         _ => None,
     };
@@ -310,20 +319,28 @@ async fn carry_out(
             };
             answers.trigger = Some(answer);
         }
+        Ask::TriggerStep(rung) => {
+            let Some(rules) = rules else {
+                unreachable!("the lifecycle climbs the ladder only under rules")
+            };
+            answers.step = Some(crate::ladder_acts::trigger_step(ctx, remediation, rules, rung).await?);
+        }
+        Ask::HandOff(node) => {
+            answers.hand_off = Some(crate::ladder_acts::hand_off(ctx, &node, &name).await?);
+        }
     }
     Ok(())
 }
 
-/// Looks at the replacement; a failure to look is a refusal the lifecycle weighs.
-async fn look_at_replacement(
+/// Looks at the replacement (or a ladder step's object) through `strategy`; a failure to look is
+/// a refusal the lifecycle weighs.
+async fn look_at(
     ctx: &Context,
     remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    status: &GpuRemediationStatus,
+    strategy: gpu_remediation_api::policy::Strategy,
     reference: &gpu_remediation_api::remediation::ObjectReference,
+    triggered_at: Timestamp,
 ) -> Result<Observation, Words> {
-    let strategy = rules.replacement.strategy;
-    let triggered_at = lifecycle::status::deadline_base(status, Phase::Replacing, Timestamp::now());
     ctx.replacers
         .for_strategy(strategy)
         .observe(remediation, reference, triggered_at)
@@ -374,6 +391,7 @@ async fn settle(
     if after.is_terminal() {
         ctx.progress.forget(&name);
     }
+    report_steps(ctx, remediation, updated.status.as_ref());
     if before != after {
         report_phase_change(ctx, remediation, before, after);
         if let Some(status) = &updated.status {
@@ -414,6 +432,27 @@ fn report_phase_change(ctx: &Context, remediation: &GpuRemediation, before: Phas
     if after.is_terminal() {
         ctx.metrics
             .remediation_finished(policy, remediation.spec.action, after);
+    }
+}
+
+/// Metrics for the ladder steps the status just written ended, and for a ladder recycle that
+/// just finished (whether it needed a replacement).
+fn report_steps(ctx: &Context, remediation: &GpuRemediation, written: Option<&GpuRemediationStatus>) {
+    let Some(after) = written else { return };
+    let before = remediation.status.as_ref();
+    let policy = &remediation.spec.policy_name;
+    for step in lifecycle::ladder::newly_ended(before, after) {
+        if let (Some(end), Some(outcome)) = (&step.end, step.outcome) {
+            let took = Duration::try_from(end.0.duration_since(step.start.0)).unwrap_or_default();
+            ctx.metrics.step_finished(policy, step.step, outcome, took);
+        }
+    }
+    let finished = |s: Option<&GpuRemediationStatus>| {
+        s.is_some_and(|s| matches!(s.phase, Phase::Succeeded | Phase::Failed | Phase::ManualRequired))
+    };
+    if !after.steps.is_empty() && finished(Some(after)) && !finished(before) {
+        ctx.metrics
+            .recycle_finished(policy, lifecycle::ladder::replaced(after));
     }
 }
 

@@ -41,6 +41,7 @@ pub mod fleet;
 pub mod hardware;
 pub mod population;
 pub mod provider;
+pub mod repair;
 pub mod retry;
 pub mod workload;
 

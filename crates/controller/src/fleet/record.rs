@@ -70,6 +70,7 @@ pub fn snapshot_of(policy: &GpuRemediationPolicy) -> PolicySnapshot {
         drain: policy.spec.drain.clone(),
         replacement: policy.spec.replacement.clone(),
         release: policy.spec.release.clone(),
+        ladder: policy.spec.ladder.clone(),
     }
 }
 

@@ -31,6 +31,10 @@ pub enum Ask {
     },
     /// Trigger the replacement (idempotent: the strategy finds an earlier attempt's object).
     TriggerReplacement,
+    /// Create the ladder step's template object (idempotent, as the `Template` strategy).
+    TriggerStep(gpu_remediation_api::ladder::Rung),
+    /// Label the node for a person (the ladder's `HandOff`), keeping the cordon.
+    HandOff(NodeRef),
 }
 
 /// When the remediation wants another look.

@@ -38,7 +38,7 @@ pub(super) fn advance(
     let now = facts.now;
     if status::has_true(&status, remediation_conditions::DRAINED) {
         let before = status.phase;
-        return Decision::Settle(hand_over(remediation, facts, status, before, Vec::new()));
+        return Decision::Settle(hand_over(remediation, rules, facts, status, before, Vec::new()));
     }
     let Some(plan) = seen.pods else {
         // The acting layer lists pods for every draining phase; without them, look again.
@@ -82,13 +82,25 @@ pub(super) fn advance(
             EventType::Normal,
         ));
     }
-    let drained = record_answers(
+    let mut drained = record_answers(
         plan,
         seen,
         &round.held,
         &status.drain.clone().unwrap_or_default(),
         now,
     );
+    if !rules.ladder.is_empty() {
+        drained.evicted.extend(
+            seen.answers
+                .evictions
+                .iter()
+                .filter(|(_, answer)| matches!(answer, EvictionAnswer::Accepted))
+                .map(|(pod, _)| pod.key()),
+        );
+        drained
+            .evicted
+            .truncate(gpu_remediation_api::ladder::STEP_PODS_MAX);
+    }
     let remaining = drained.pods_remaining;
     status.drain = Some(drained);
 
@@ -122,7 +134,7 @@ pub(super) fn advance(
             now,
         );
         status.message = Some(message);
-        return Decision::Settle(hand_over(remediation, facts, status, before, notes));
+        return Decision::Settle(hand_over(remediation, rules, facts, status, before, notes));
     }
     if now < deadline {
         return Decision::Settle(Settlement {
@@ -194,7 +206,7 @@ fn on_timeout(
             );
             status.message = Some(message.clone());
             notes.push(Note::new(reasons::DRAIN_TIMEOUT, EventType::Warning, &message));
-            Decision::Settle(hand_over(remediation, facts, status, before, notes))
+            Decision::Settle(hand_over(remediation, rules, facts, status, before, notes))
         }
     }
 }
@@ -394,6 +406,7 @@ fn record_answers(
         pods_remaining: leaving.saturating_sub(gone),
         blockers,
         would_evict: Vec::new(),
+        evicted: previous.evicted.clone(),
     }
 }
 
@@ -411,16 +424,33 @@ fn waiting_for(pod: &Leaving, budget: &str, now: Timestamp) -> Blocker {
     }
 }
 
-/// After the drain: `action: None` holds the node in `Verifying`; `Replace`/`Reboot` go to
-/// `Replacing`, whose trigger follows at once.
+/// After the drain: with a ladder, its first step starts (in `Replacing`); else `action: None`
+/// holds the node in `Verifying`; `Replace`/`Reboot` go to `Replacing`, whose trigger follows at once.
 fn hand_over(
     remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
     facts: &Facts<'_>,
     mut status: GpuRemediationStatus,
     before: Phase,
     mut notes: Vec<Note>,
 ) -> Settlement {
     let (phase, message) = match remediation.spec.action {
+        _ if !rules.ladder.is_empty() => {
+            let mut first = super::ladder::first_step(remediation, rules, facts.now);
+            first.evicted_pods = status
+                .drain
+                .as_ref()
+                .map(|d| d.evicted.clone())
+                .unwrap_or_default();
+            let mut message = format!("drained; ladder step {} starts", first.step);
+            if first.step == gpu_remediation_api::ladder::Rung::ResetGpu {
+                let why = super::ladder::WHOLE_NODE_DRAINED;
+                first.message = Some(why.to_owned());
+                message = format!("{message} ({why})");
+            }
+            super::ladder::open(&mut status, first);
+            (Phase::Replacing, message)
+        }
         Action::None => (
             Phase::Verifying,
             "drained; action None: the node stays cordoned and waits for a person (uncordon it) or for \
@@ -502,6 +532,7 @@ pub(super) fn dry_run(seen: &Seen<'_>, facts: &Facts<'_>, mut status: GpuRemedia
         pods_remaining: count(would_evict.len()),
         blockers,
         would_evict,
+        evicted: Vec::new(),
     });
     Decision::Settle(status::move_to(
         status,

@@ -27,6 +27,8 @@
 mod decision;
 mod drain;
 pub mod eviction_round;
+pub mod ladder;
+pub mod ladder_evidence;
 #[cfg(test)]
 mod paths;
 mod replacement;
@@ -154,7 +156,8 @@ fn decide_step(
         .iter()
         .any(|f| f == REMEDIATION_FINALIZER);
     let facts = facts(remediation, rules, seen, now);
-    if phase == Phase::Failed {
+    if phase == Phase::Failed || ladder::handed_off(&status) {
+        // A hand-off keeps the node cordoned for a person, as a failure does.
         return Decision::Settle(failed(&facts, status, deleting && has_finalizer));
     }
     if phase.is_terminal() {
@@ -172,6 +175,17 @@ fn decide_step(
     match phase {
         Phase::Pending | Phase::AwaitingApproval | Phase::Cordoned | Phase::Draining | Phase::Blocked => {
             before_hand_over(remediation, rules, seen, &facts, status)
+        }
+        Phase::Replacing | Phase::Verifying if !rules.ladder.is_empty() => {
+            let decision = ladder::advance(remediation, rules, seen, &facts, status);
+            match decision {
+                // A person uncordoned the node mid-step: let go of it at once.
+                Decision::Settle(mut settled) if settled.release.is_none() && facts.taken_over() => {
+                    settled.release = facts.release(false);
+                    Decision::Settle(settled)
+                }
+                other => other,
+            }
         }
         Phase::Verifying if remediation.spec.action == gpu_remediation_api::policy::Action::None => {
             held(&facts, status)
@@ -235,6 +249,12 @@ fn facts<'a>(
 /// Ends the remediation `Cancelled`, giving back what it holds on a node still standing.
 pub(crate) fn cancel(facts: &Facts<'_>, mut status: GpuRemediationStatus, why: CancelReason) -> Decision {
     let before = status.phase;
+    ladder::close(
+        &mut status,
+        gpu_remediation_api::ladder::StepOutcome::Superseded,
+        why.message(),
+        facts.now,
+    );
     status::enter(&mut status, Phase::Cancelled, why.message(), facts.now);
     status::set_condition(
         &mut status,

@@ -99,6 +99,10 @@ pub struct Answers {
     pub deletions: Vec<(Leaving, Result<(), Words>)>,
     /// The replacement's trigger.
     pub trigger: Option<Result<ObjectReference, Words>>,
+    /// The ladder step's object.
+    pub step: Option<Result<ObjectReference, Words>>,
+    /// The hand-off label.
+    pub hand_off: Option<Result<(), Words>>,
 }
 
 /// What was seen for this pass.
@@ -115,7 +119,7 @@ pub struct Seen<'a> {
     pub in_flight: &'a BTreeMap<String, u32>,
     /// When each pod (by UID) was last asked to leave.
     pub asked_at: &'a (dyn Fn(&str) -> Option<Timestamp> + Sync),
-    /// The replacement, looked at in `Verifying`.
+    /// The replacement (or the ladder step's object), looked at in `Verifying`.
     pub replacement: Option<&'a Result<Observation, Words>>,
     /// The answers to the asks of this pass.
     pub answers: &'a Answers,

@@ -158,6 +158,7 @@ struct Series {
     leaked_pods: Family<PolicyLabels, Counter>,
     leader: Gauge,
     reconcile_errors: Family<ReconcilerLabels, Counter>,
+    ladder: super::ladder_metrics::LadderSeries,
 }
 
 /// The metrics registry plus typed handles. Cheap to clone (one `Arc`); every clone updates the
@@ -209,6 +210,7 @@ impl Metrics {
             leaked_pods: Family::default(),
             leader: Gauge::default(),
             reconcile_errors: Family::default(),
+            ladder: super::ladder_metrics::LadderSeries::new(),
         };
         let mut registry = Registry::with_prefix("gpu_remediator");
         registry.register(
@@ -291,6 +293,7 @@ impl Metrics {
             "1 while a stored policy or remediation cannot be decoded and is left out, by kind and name",
             crate::observe::undecodable::GAUGE.clone(),
         );
+        series.ladder.register(&mut registry);
         // Counters that exist from the start read 0 rather than absent, so `rate()` and alerts on
         // them work before the first event.
         for reconciler in RECONCILERS {
@@ -468,6 +471,11 @@ impl Metrics {
         self.series.budget_remaining.remove(&labels);
         self.series.circuit_open.remove(&labels);
         self.series.quarantined.remove(&labels);
+    }
+
+    /// The ladder's series.
+    pub(super) fn ladder(&self) -> &super::ladder_metrics::LadderSeries {
+        &self.series.ladder
     }
 
     /// Sets the leader gauge (the server does it from the fence at every scrape).

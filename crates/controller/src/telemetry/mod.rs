@@ -7,6 +7,7 @@
 //! - [`logs`]: JSON log setup and the per-remediation span.
 
 pub mod health;
+mod ladder_metrics;
 pub mod logs;
 pub mod metrics;
 pub mod server;

@@ -17,10 +17,16 @@
 //!    nothing leaves with grace 0 unless the policy allows it;
 //! 6. a record counts from its admission whatever happens later: its phase history only grows;
 //! 7. no eviction is asked under a disruption budget beyond the room it has when the server gets
-//!    it (the planner spends each budget exactly: a 429 only in a genuine race).
+//!    it (the planner spends each budget exactly: a 429 only in a genuine race);
+//! 8. on a ladder: a step's object is created only on the admitted node, every step that ends
+//!    has an outcome and an end, at most one step is open, and a remediation succeeds by a repair
+//!    step only with its evidence (a reset: the failed GPU listed by the agent; a reboot: a boot ID
+//!    other than the one before it). Invariants 1 to 7 hold on every rung (a hand-off, like
+//!    `Failed`, keeps the cordon for a person).
 //!
 //! `PROPTEST_CASES` sets the number of paths (100,000 by default).
 
+mod ladder_paths;
 mod world;
 
 use gpu_remediation_api::{
@@ -32,6 +38,8 @@ use gpu_remediation_api::{
 use jiff::SignedDuration;
 use proptest::prelude::{ProptestConfig, any, prop, prop_assert, proptest};
 use world::{Event, Mood, NAME, Setup, World, event, refusal, setup, words};
+
+use gpu_remediation_api::ladder::{HANDED_OFF_BY_ANNOTATION, Rung, StepOutcome};
 
 use super::{
     Answers, Ask, CordonAnswer, Decision, EvictionAnswer, Next, Pace, Seen, Settlement, decide, status,
@@ -58,7 +66,12 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
         .clone()
         .or_else(|| world.policy_exists.then(|| world.rules.clone()));
     let plan = world.plan();
-    let observed = (before.phase == Phase::Verifying && before.replacement.is_some())
+    let step_object = rules
+        .as_ref()
+        .is_some_and(|rules| super::ladder::looked_at(&before, rules).is_some());
+    let legacy = rules.as_ref().is_none_or(|rules| rules.ladder.is_empty());
+    let observed = ((before.phase == Phase::Verifying && before.replacement.is_some() && legacy)
+        || step_object)
         .then(|| world.observation(&record, mood));
     let asked = world.asked_at.clone();
     let asked_at = move |uid: &str| asked.get(uid).copied();
@@ -245,6 +258,44 @@ fn answer(
                 })
             });
         }
+        Ask::TriggerStep(rung) => {
+            // 8 and 3: a step's object acts on the node by name.
+            if world.node.as_ref().is_none_or(|n| n.metadata.uid != admitted) {
+                return Err(format!(
+                    "a {rung} object was created while the admitted node is not there"
+                ));
+            }
+            answers.step = Some(if stubborn || (!calm && world.roll(5) == 0) {
+                Err(words(
+                    "creating the step's object",
+                    if world.roll(2) == 0 { 403 } else { 503 },
+                ))
+            } else {
+                world.replacement = Some((true, Reported::InProgress));
+                Ok(ObjectReference {
+                    api_version: "v1".into(),
+                    kind: "Thing".into(),
+                    name: format!("{NAME}-{rung}"),
+                    namespace: None,
+                    uid: Some(format!("obj-{rung}")),
+                })
+            });
+        }
+        Ask::HandOff(target) => {
+            if target.uid != admitted {
+                return Err(format!("a hand-off targets {:?}, not {admitted:?}", target.uid));
+            }
+            answers.hand_off = Some(if stubborn || (!calm && world.roll(4) == 0) {
+                Err(words("labelling the node", 503))
+            } else {
+                if let Some(n) = world.node.as_mut()
+                    && n.metadata.uid == target.uid
+                {
+                    cordon::hand_off(n, NAME);
+                }
+                Ok(())
+            });
+        }
     }
     Ok(())
 }
@@ -280,8 +331,10 @@ fn settle(
             before.phase_history, after.phase_history
         ));
     }
+    check_steps(record, before, after, world.node.as_ref())?;
     // 4 (silence): a phase in flight that no person is asked to act on always looks again.
-    let held = after.phase == Phase::Verifying && record.spec.action == Action::None;
+    let held =
+        after.phase == Phase::Verifying && record.spec.action == Action::None && on_legacy(world, record);
     let person_visible = matches!(after.phase, Phase::Blocked | Phase::AwaitingApproval) || held;
     if !after.phase.is_terminal()
         && !person_visible
@@ -318,10 +371,77 @@ fn check_node(world: &World, phase: Phase) -> Result<(), Violation> {
                     .is_some_and(|by| by == NAME)
                 || annotations
                     .get(PRE_CORDONED_ANNOTATION)
+                    .is_some_and(|by| by == NAME)
+                || annotations
+                    .get(HANDED_OFF_BY_ANNOTATION)
                     .is_some_and(|by| by == NAME);
             if holds {
                 return Err(format!("{phase} left our cordon or taint on the standing node"));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the record climbs no ladder (its rules, or the policy's, have none).
+fn on_legacy(world: &World, record: &GpuRemediation) -> bool {
+    record
+        .spec
+        .policy_snapshot
+        .as_ref()
+        .unwrap_or(&world.rules)
+        .ladder
+        .is_empty()
+}
+
+/// Invariant 8 on a settlement's status.
+fn check_steps(
+    record: &GpuRemediation,
+    before: &GpuRemediationStatus,
+    after: &GpuRemediationStatus,
+    node: Option<&k8s_openapi::api::core::v1::Node>,
+) -> Result<(), Violation> {
+    let open = after.steps.iter().filter(|s| s.end.is_none()).count();
+    if open > 1 {
+        return Err(format!("{open} steps open at once: {:?}", after.steps));
+    }
+    if let Some(step) = after
+        .steps
+        .iter()
+        .find(|s| s.end.is_some() != s.outcome.is_some())
+    {
+        return Err(format!(
+            "a step with an end but no outcome, or the reverse: {step:?}"
+        ));
+    }
+    let succeeded_now = after.phase == Phase::Succeeded && before.phase != Phase::Succeeded;
+    let by = after
+        .steps
+        .last()
+        .filter(|s| s.outcome == Some(StepOutcome::Succeeded));
+    if succeeded_now && let Some(step) = by {
+        match step.step {
+            Rung::ResetGpu => {
+                let listed = node
+                    .map(super::ladder_evidence::inventory_uuids)
+                    .unwrap_or_default();
+                let failed = super::ladder_evidence::failed_gpus(record);
+                if failed.is_empty() || failed.iter().any(|g| !listed.contains(&g.uuid)) {
+                    return Err(format!(
+                        "a reset succeeded without the failed GPU answering: {listed:?}"
+                    ));
+                }
+            }
+            Rung::Reboot => {
+                let now = node.and_then(super::ladder_evidence::boot_id);
+                if now.is_none() || step.evidence.boot_id_before.as_deref() == now {
+                    return Err(format!(
+                        "a reboot succeeded without a new boot ID ({:?} → {now:?})",
+                        step.evidence.boot_id_before
+                    ));
+                }
+            }
+            Rung::Replace | Rung::HandOff => {}
         }
     }
     Ok(())
@@ -349,7 +469,9 @@ fn walk(setup: &Setup, events: &[Event], dice: u64) -> Result<(), Violation> {
     }
     if let Some(record) = &world.record {
         let status = record.status.clone().unwrap_or_default();
-        let held = status.phase == Phase::Verifying && record.spec.action == Action::None;
+        let held = status.phase == Phase::Verifying
+            && record.spec.action == Action::None
+            && on_legacy(&world, record);
         let person = matches!(status.phase, Phase::Blocked | Phase::AwaitingApproval) || held;
         if !status.phase.is_terminal() && !person {
             return Err(format!(
@@ -399,6 +521,8 @@ fn a_reboot_that_succeeds_releases_the_node_it_held() {
         pods: 0,
         snapshot: true,
         exhausted: false,
+        ladder: Vec::new(),
+        known_gpu: false,
     };
     let mut world = World::new(&setup, 7);
     // Cordon, drain (no pods) and hand over, trigger, and see the reboot done: 40 s apart.

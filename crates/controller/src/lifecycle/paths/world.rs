@@ -5,14 +5,16 @@ use std::collections::BTreeMap;
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationSpec, Phase,
-    constants::{APPROVED_ANNOTATION, REMEDIATION_FINALIZER},
+    constants::{APPROVED_ANNOTATION, GPU_INVENTORY_ANNOTATION, REMEDIATION_FINALIZER},
+    hardware::{HardwareLedger, LedgerGpu},
+    ladder::{LadderStep, Rung},
     policy::{Action, ConditionStatus, Drain, Mode, OnDrainTimeout, Release, Replacement, Strategy, Trigger},
     remediation::{PolicySnapshot, TriggerRecord},
 };
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::{
     api::{
-        core::v1::{Node, NodeCondition, NodeSpec, NodeStatus},
+        core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo},
         policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus},
     },
     apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time},
@@ -50,6 +52,10 @@ pub(super) enum Event {
     PolicyDeleted,
     /// The pods' disruption budget gains room (a replacement pod became ready elsewhere).
     BudgetFrees,
+    /// The node rebooted: a new boot ID.
+    Reboots,
+    /// The failed GPU leaves the agent's inventory, or answers in it again.
+    GpuAnswers(bool),
 }
 
 pub(super) fn event() -> impl proptest::strategy::Strategy<Value = Event> {
@@ -76,11 +82,17 @@ pub(super) fn event() -> impl proptest::strategy::Strategy<Value = Event> {
         1 => in_flight.prop_map(Event::HandEdit),
         1 => Just(Event::PolicyDeleted),
         2 => Just(Event::BudgetFrees),
+        2 => Just(Event::Reboots),
+        2 => any::<bool>().prop_map(Event::GpuAnswers),
     ]
 }
 
 /// The policy and the record's start, drawn per path.
 #[derive(Clone, Debug)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "each flag is one independent dimension the paths are drawn over"
+)]
 pub(super) struct Setup {
     pub(super) action: Action,
     pub(super) mode: Mode,
@@ -91,6 +103,10 @@ pub(super) struct Setup {
     pub(super) pods: usize,
     pub(super) snapshot: bool,
     pub(super) exhausted: bool,
+    /// The policy's ladder (empty: none).
+    pub(super) ladder: Vec<Rung>,
+    /// The fault named a GPU (the ledger lists it) and the catalog recommends a reset.
+    pub(super) known_gpu: bool,
 }
 
 pub(super) fn setup() -> impl proptest::strategy::Strategy<Value = Setup> {
@@ -112,9 +128,28 @@ pub(super) fn setup() -> impl proptest::strategy::Strategy<Value = Setup> {
         0..4_usize,
         prop::bool::weighted(0.9),
         prop::bool::weighted(0.05),
+        prop_oneof![
+            3 => Just(Vec::new()),
+            3 => Just(vec![Rung::ResetGpu, Rung::Reboot, Rung::Replace, Rung::HandOff]),
+            1 => Just(vec![Rung::ResetGpu, Rung::Replace]),
+            1 => Just(vec![Rung::Reboot, Rung::HandOff]),
+        ],
+        any::<bool>(),
     )
         .prop_map(
-            |(action, mode, strategy, on_timeout, grace, allow_zero, pods, snapshot, exhausted)| Setup {
+            |(
+                action,
+                mode,
+                strategy,
+                on_timeout,
+                grace,
+                allow_zero,
+                pods,
+                snapshot,
+                exhausted,
+                ladder,
+                known_gpu,
+            )| Setup {
                 action,
                 mode,
                 strategy: if action == Action::Reboot {
@@ -128,6 +163,8 @@ pub(super) fn setup() -> impl proptest::strategy::Strategy<Value = Setup> {
                 pods,
                 snapshot,
                 exhausted,
+                ladder,
+                known_gpu,
             },
         )
 }
@@ -178,13 +215,38 @@ pub(super) fn node(uid: &str, broken: bool, since: Timestamp) -> Node {
         metadata: ObjectMeta {
             name: Some(NODE.into()),
             uid: Some(uid.into()),
+            annotations: Some([(GPU_INVENTORY_ANNOTATION.to_owned(), INVENTORY.to_owned())].into()),
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec::default()),
         status: Some(NodeStatus {
-            conditions: Some(vec![condition(broken, since)]),
+            conditions: Some(vec![
+                condition(broken, since),
+                NodeCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..NodeCondition::default()
+                },
+            ]),
+            node_info: Some(NodeSystemInfo {
+                boot_id: format!("boot-{uid}-0"),
+                ..NodeSystemInfo::default()
+            }),
             ..NodeStatus::default()
         }),
+    }
+}
+
+/// The agent's inventory of the model's node: the GPU the fault names answers.
+const INVENTORY: &str = r#"[{"index":3,"uuid":"GPU-3","pciBusId":"0000:3b:00.0"}]"#;
+
+fn ladder_step(rung: Rung) -> LadderStep {
+    LadderStep {
+        step: rung,
+        timeout: gpu_remediation_api::Duration::from_mins(10),
+        template: rung
+            .has_template()
+            .then(|| serde_json::json!({"apiVersion": "v1", "kind": "Thing"})),
     }
 }
 
@@ -198,6 +260,7 @@ pub(super) fn rules(setup: &Setup) -> PolicySnapshot {
             for_: gpu_remediation_api::Duration::from_secs(0),
             action: None,
             quarantine: None,
+            start_at: None,
         }],
         drain: Drain {
             timeout: gpu_remediation_api::Duration::from_mins(30),
@@ -213,6 +276,7 @@ pub(super) fn rules(setup: &Setup) -> PolicySnapshot {
         release: Release {
             healthy_for: gpu_remediation_api::Duration::from_mins(5),
         },
+        ladder: setup.ladder.iter().copied().map(ladder_step).collect(),
     }
 }
 
@@ -226,7 +290,11 @@ pub(super) fn record(setup: &Setup, rules: &PolicySnapshot, created: Timestamp) 
                 condition_type: "GpuHealthy".into(),
                 status: ConditionStatus::False,
                 reason: "XID79".into(),
-                message: String::new(),
+                message: if setup.known_gpu {
+                    "GPU 3: XID 79; recommended action RESET_GPU".into()
+                } else {
+                    "GPU 3: XID 79; recommended action RESTART_BM".into()
+                },
                 since: Some(Time(created)),
             },
             action: setup.action,
@@ -234,7 +302,16 @@ pub(super) fn record(setup: &Setup, rules: &PolicySnapshot, created: Timestamp) 
             node_uid: Some("uid-0".into()),
             previous_incident: None,
             policy_snapshot: setup.snapshot.then(|| rules.clone()),
-            hardware: None,
+            hardware: setup.known_gpu.then(|| HardwareLedger {
+                failed: vec![LedgerGpu {
+                    uuid: "GPU-3".into(),
+                    serial: Some("S3".into()),
+                    index: Some(3),
+                    pci_bus_id: Some("0000:3b:00.0".into()),
+                    reason: Some("XID79".into()),
+                }],
+                ..HardwareLedger::default()
+            }),
         },
     );
     record.metadata.creation_timestamp = Some(Time(created));
@@ -407,6 +484,27 @@ impl World {
                 }
             }
             Event::PolicyDeleted => self.policy_exists = false,
+            Event::Reboots => {
+                self.generation += 1;
+                let boot = format!("boot-{}", self.generation);
+                if let Some(info) = self
+                    .node
+                    .as_mut()
+                    .and_then(|n| n.status.as_mut())
+                    .and_then(|s| s.node_info.as_mut())
+                {
+                    info.boot_id = boot;
+                }
+            }
+            Event::GpuAnswers(answers) => {
+                if let Some(n) = self.node.as_mut() {
+                    let text = if answers { INVENTORY } else { "[]" };
+                    n.metadata
+                        .annotations
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(GPU_INVENTORY_ANNOTATION.to_owned(), text.to_owned());
+                }
+            }
             Event::BudgetFrees => {
                 if let Some((allowed, version)) = self.budget.as_mut() {
                     *allowed += 1;
@@ -444,8 +542,12 @@ impl World {
             None => Presence::Gone,
         };
         let (exists, reported) = self.replacement.clone().unwrap_or((false, Reported::Nothing));
+        let status = record.status.clone().unwrap_or_default();
+        let step_object = crate::lifecycle::ladder::looked_at(&status, &self.rules)
+            .is_some_and(|(strategy, _)| strategy == Strategy::Template);
         let reported = if record.spec.action == Action::Reboot
             || self.rules.replacement.strategy == Strategy::Template
+            || step_object
         {
             match if mood == Mood::Calm { 0 } else { self.roll(6) } {
                 0 => Reported::Done("Succeeded".into()),

@@ -1,0 +1,722 @@
+//! The escalation ladder's decisions, after the drain (policies with `spec.ladder`; without one
+//! the `replacement` module decides as it always did). The open step is the last of
+//! `status.steps`; `Replacing` means its request is still to be made, `Verifying` that its
+//! evidence is being judged:
+//!
+//! ```text
+//! hand-over ─► step (Replacing) ─ object created ─► step (Verifying) ─┬─ evidence ─► Succeeded (released)
+//!                                                                      └─ failure, fault back within
+//!                                                                         the dwell, timeout ─► next step
+//! HandOff ─► node labelled ─► ManualRequired (cordon kept, GPUs named)   no step left ─► Failed
+//! ```
+//!
+//! - `ResetGpu` succeeds only when every failed GPU answers again in the agent's inventory under
+//!   its UUID and the node has stayed healthy for `release.healthyFor`;
+//! - `Reboot` only when `status.nodeInfo.bootID` changed, the node is `Ready`, and it has stayed
+//!   healthy for the dwell (an object reporting done without a new boot ID is no proof);
+//! - `Replace` as the replacement's verdict says (`replace::judge`).
+//!
+//! A step's object reporting failure, the fault coming back after the node was seen healthy in
+//! the step, a refusal the server means (a 4xx other than 409/429), or the step's timeout ends it
+//! and the next step starts. Transient refusals are retried within the step's timeout.
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationStatus, Phase,
+    constants::{reasons, remediation_conditions},
+    ladder::{HAND_OFF_LABEL, LadderStep, Rung, STEP_MESSAGE_MAX, STEP_RECORDS_MAX, StepOutcome, StepRecord},
+    policy::Strategy,
+    remediation::PolicySnapshot,
+};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::events::EventType;
+
+use super::{
+    Ask, CancelReason, Decision, Facts, Health, Identity, Next, Seen, Settlement, Words, cancel,
+    ladder_evidence::{self as evidence, boot_id, is_ready},
+    status::{self, set_condition},
+};
+use crate::{
+    replace::{self, Progress, Verification},
+    time::{plus, signed},
+};
+
+/// Event reason: a step ended without proof and the next one starts.
+pub const STEP_ESCALATED: &str = "StepEscalated";
+/// Why a reset's drain took every pod of the node: which pods hold the failed GPU is not known.
+pub const WHOLE_NODE_DRAINED: &str = "GPU-to-pod mapping unknown: whole node drained";
+/// Event reason: the last rung handed the node to a person.
+pub const HANDED_OFF: &str = "HandedOff";
+
+/// Whether a status was ended by a hand-off (its node stays cordoned for a person).
+#[must_use]
+pub fn handed_off(status: &GpuRemediationStatus) -> bool {
+    status.phase == Phase::ManualRequired && status.steps.last().is_some_and(|s| s.step == Rung::HandOff)
+}
+
+/// The record of the step that starts now: the first one at hand-over.
+pub(super) fn first_step(remediation: &GpuRemediation, rules: &PolicySnapshot, now: Timestamp) -> StepRecord {
+    let index = evidence::start_index(remediation, rules);
+    new_record(rules.ladder[index].step, now)
+}
+
+fn new_record(step: Rung, now: Timestamp) -> StepRecord {
+    StepRecord {
+        step,
+        start: Time(now),
+        end: None,
+        outcome: None,
+        message: None,
+        object: None,
+        evidence: gpu_remediation_api::ladder::StepEvidence::default(),
+        evicted_pods: Vec::new(),
+    }
+}
+
+/// Opens `record` as the current step (a step still open, left by a phase written by hand, ends
+/// `Superseded`).
+pub(super) fn open(status: &mut GpuRemediationStatus, record: StepRecord) {
+    let now = record.start.0;
+    close(status, StepOutcome::Superseded, "another step started", now);
+    status.current_step = Some(record.step);
+    status.steps.push(record);
+    let excess = status.steps.len().saturating_sub(STEP_RECORDS_MAX);
+    status.steps.drain(..excess);
+}
+
+/// Ends the open step (if any) with `outcome`.
+pub(super) fn close(status: &mut GpuRemediationStatus, outcome: StepOutcome, message: &str, now: Timestamp) {
+    if let Some(open) = status.steps.last_mut().filter(|s| s.end.is_none()) {
+        open.end = Some(Time(now));
+        open.outcome = Some(outcome);
+        open.message = Some(status::truncate(message, STEP_MESSAGE_MAX));
+    }
+}
+
+/// One pass of the ladder in `Replacing` or `Verifying`.
+pub(super) fn advance(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+) -> Decision {
+    if status.steps.last().is_none_or(|s| s.end.is_some()) {
+        // A status written by hand (or before the ladder): start where the trigger says.
+        open(&mut status, first_step(remediation, rules, facts.now));
+    }
+    let record = status.steps.last().cloned().expect("a step is open");
+    let Some(step) = evidence::step_of(rules, record.step).cloned() else {
+        let message = format!("the ladder has no step {}", record.step);
+        return escalate(
+            remediation,
+            rules,
+            facts,
+            status,
+            StepOutcome::Permanent,
+            &message,
+        );
+    };
+    let deadline = plus(record.start.0, signed(step.timeout.as_std()));
+    match facts.identity {
+        Identity::Replaced if record.step != Rung::Replace => {
+            close(
+                &mut status,
+                StepOutcome::Superseded,
+                CancelReason::NodeReplaced.message(),
+                facts.now,
+            );
+            return cancel(facts, status, CancelReason::NodeReplaced);
+        }
+        Identity::Gone if record.step != Rung::Replace => {
+            close(
+                &mut status,
+                StepOutcome::Superseded,
+                CancelReason::NodeGone.message(),
+                facts.now,
+            );
+            return cancel(facts, status, CancelReason::NodeGone);
+        }
+        _ => {}
+    }
+    // `Verifying` without the step's object (a phase written by hand) asks for it first.
+    let triggered = status.phase == Phase::Verifying
+        && if record.step == Rung::Replace {
+            status.replacement.is_some()
+        } else {
+            record.object.is_some()
+        };
+    match record.step {
+        Rung::HandOff => hand_off(remediation, rules, seen, facts, status, deadline),
+        _ if !triggered => trigger(remediation, rules, seen, facts, status, deadline),
+        Rung::Replace => judge_replacement(remediation, rules, seen, facts, status, &step),
+        Rung::ResetGpu | Rung::Reboot => {
+            judge_repair(remediation, rules, seen, facts, status, &record, deadline)
+        }
+    }
+}
+
+/// Asks for the step's object (or the replacement), and records it or the refusal.
+fn trigger(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    deadline: Timestamp,
+) -> Decision {
+    let rung = status.current_step.unwrap_or(Rung::Replace);
+    let answer = if rung == Rung::Replace {
+        &seen.answers.trigger
+    } else {
+        &seen.answers.step
+    };
+    let Some(answer) = answer else {
+        // Never act on a machine that is not the one admitted (a template acts on the node by name).
+        match (facts.identity, rules.replacement.strategy) {
+            (Identity::Replaced, _) => {
+                close(
+                    &mut status,
+                    StepOutcome::Superseded,
+                    CancelReason::NodeReplaced.message(),
+                    facts.now,
+                );
+                return cancel(facts, status, CancelReason::NodeReplaced);
+            }
+            (Identity::Gone, Strategy::Template) => {
+                close(
+                    &mut status,
+                    StepOutcome::Superseded,
+                    CancelReason::NodeGone.message(),
+                    facts.now,
+                );
+                return cancel(facts, status, CancelReason::NodeGone);
+            }
+            _ => {}
+        }
+        return Decision::Ask(if rung == Rung::Replace {
+            Ask::TriggerReplacement
+        } else {
+            Ask::TriggerStep(rung)
+        });
+    };
+    match answer {
+        Ok(reference) => {
+            let message = format!(
+                "step {rung}: {} {} created; judging it by its evidence",
+                reference.kind, reference.name
+            );
+            let before_boot = match facts.identity {
+                Identity::Same(node) => boot_id(node).map(str::to_owned),
+                Identity::Replaced | Identity::Gone => None,
+            };
+            if let Some(open) = status.steps.last_mut() {
+                open.object = Some(reference.clone());
+                open.evidence.boot_id_before = before_boot;
+            }
+            if rung == Rung::Replace {
+                status.replacement = Some(reference.clone());
+            }
+            status.refusal = None;
+            set_condition(
+                &mut status,
+                remediation_conditions::REPLACEMENT_TRIGGERED,
+                true,
+                "Triggered",
+                &message,
+                facts.now,
+            );
+            Decision::Settle(status::move_to(
+                status,
+                Phase::Verifying,
+                &message,
+                reasons::PHASE_CHANGED,
+                EventType::Normal,
+                facts.now,
+                Next::At(facts.now),
+            ))
+        }
+        Err(words) => refused(remediation, rules, seen, facts, status, words, deadline),
+    }
+}
+
+/// A refused request or look: retried within the step while it may pass, else the step ends.
+fn refused(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    words: &Words,
+    deadline: Timestamp,
+) -> Decision {
+    let refusal = status::refusal(&status, words, facts.now);
+    if !evidence::transient(words) {
+        let message = format!("{} was refused: {}", words.action, words.message);
+        status.refusal = Some(refusal);
+        return escalate(
+            remediation,
+            rules,
+            facts,
+            status,
+            StepOutcome::Permanent,
+            &message,
+        );
+    }
+    if facts.now >= deadline {
+        let message = format!(
+            "{} was refused since {} until the step's timeout: {}",
+            words.action, refusal.since.0, words.message
+        );
+        status.refusal = Some(refusal);
+        return escalate(
+            remediation,
+            rules,
+            facts,
+            status,
+            StepOutcome::Transient,
+            &message,
+        );
+    }
+    let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+    Decision::Settle(status::refused(status, refusal, next))
+}
+
+/// Judges a reset or a reboot by its object and the node's evidence.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one verdict per kind of evidence, in the order a person would check them"
+)]
+fn judge_repair(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    record: &StepRecord,
+    deadline: Timestamp,
+) -> Decision {
+    let Identity::Same(node) = facts.identity else {
+        unreachable!("a repair step on a node that is not the admitted one was cancelled above")
+    };
+    let observation = match seen.replacement {
+        None => return Decision::Settle(status::unchanged(status, false, Next::At(facts.now))),
+        Some(Err(words)) => return refused(remediation, rules, seen, facts, status, words, deadline),
+        Some(Ok(observation)) => observation,
+    };
+    let rung = record.step;
+    let object = record
+        .object
+        .as_ref()
+        .map_or_else(|| "its object".to_owned(), |o| format!("{} {}", o.kind, o.name));
+    match &observation.reported {
+        replace::Reported::Failed(what) => {
+            let message = format!("{object} reported {what}");
+            return escalate(
+                remediation,
+                rules,
+                facts,
+                status,
+                StepOutcome::Permanent,
+                &message,
+            );
+        }
+        replace::Reported::Nothing | replace::Reported::InProgress
+            if observation.target == replace::Presence::Gone =>
+        {
+            let message = format!("{object} was deleted before it reported done");
+            return escalate(
+                remediation,
+                rules,
+                facts,
+                status,
+                StepOutcome::Permanent,
+                &message,
+            );
+        }
+        replace::Reported::Done(_) | replace::Reported::Nothing | replace::Reported::InProgress => {}
+    }
+    let done = matches!(observation.reported, replace::Reported::Done(_));
+    let dwell = facts.healthy_for;
+    let healthy_since = match facts.health {
+        Health::Broken => {
+            if record.evidence.healthy_since.is_some() {
+                let message = "the fault came back within release.healthyFor after the node was healthy";
+                return escalate(remediation, rules, facts, status, StepOutcome::Permanent, message);
+            }
+            None
+        }
+        Health::Recovered(since) => Some(since.map_or(record.start.0, |s| s.max(record.start.0))),
+    };
+    let mut open = record.clone();
+    open.evidence.dwell_seconds = u32::try_from(dwell.as_secs()).ok();
+    // What the step still lacks, in the words a person reads.
+    let mut lacking = None;
+    match rung {
+        Rung::ResetGpu => {
+            let listed = evidence::inventory_uuids(node);
+            let failed = evidence::failed_gpus(remediation);
+            open.evidence.gpus_answering = failed
+                .iter()
+                .filter(|gpu| listed.contains(&gpu.uuid))
+                .map(|gpu| gpu.uuid.clone())
+                .collect();
+            let silent: Vec<&str> = failed
+                .iter()
+                .filter(|gpu| !listed.contains(&gpu.uuid))
+                .map(|gpu| gpu.uuid.as_str())
+                .collect();
+            if failed.is_empty() {
+                lacking = Some("the fault named no GPU, so no GPU can be seen answering".to_owned());
+            } else if !silent.is_empty() {
+                lacking = Some(format!(
+                    "{} does not answer in the agent's inventory yet",
+                    silent.join(", ")
+                ));
+            }
+        }
+        Rung::Reboot => {
+            let now_boot = boot_id(node).map(str::to_owned);
+            open.evidence.boot_id_after.clone_from(&now_boot);
+            match (&record.evidence.boot_id_before, &now_boot) {
+                (Some(before), Some(after)) if before != after => {}
+                (None, _) => lacking = Some("the node reported no boot ID before the reboot".to_owned()),
+                _ if done => {
+                    lacking = Some(format!(
+                        "{object} reported done but the node's boot ID did not change: no reboot is proven"
+                    ));
+                }
+                _ => lacking = Some("the node's boot ID has not changed yet".to_owned()),
+            }
+            if lacking.is_none() && !is_ready(node) {
+                lacking = Some("the rebooted node is not Ready yet".to_owned());
+            }
+        }
+        Rung::Replace | Rung::HandOff => unreachable!("judged elsewhere"),
+    }
+    if lacking.is_none()
+        && let Some(since) = healthy_since
+    {
+        match &open.evidence.healthy_since {
+            // Healthy again since a later time: the fault came and went between two looks.
+            Some(seen_since) if since > seen_since.0 => {
+                *status.steps.last_mut().expect("a step is open") = open;
+                let message = "the fault came back within release.healthyFor after the node was healthy";
+                return escalate(remediation, rules, facts, status, StepOutcome::Permanent, message);
+            }
+            Some(_) => {}
+            None => open.evidence.healthy_since = Some(Time(since)),
+        }
+    }
+    let proven_at = open
+        .evidence
+        .healthy_since
+        .as_ref()
+        .map(|since| plus(since.0, dwell));
+    if let Some(at) = proven_at
+        && lacking.is_none()
+        && at <= facts.now
+    {
+        let message = match rung {
+            Rung::ResetGpu => format!(
+                "reset proven: {} answering under the same UUID and the node healthy for {}",
+                open.evidence.gpus_answering.join(", "),
+                rules.release.healthy_for
+            ),
+            _ => format!(
+                "reboot proven: boot ID {} → {}, the node Ready and healthy for {}",
+                open.evidence.boot_id_before.as_deref().unwrap_or("?"),
+                open.evidence.boot_id_after.as_deref().unwrap_or("?"),
+                rules.release.healthy_for
+            ),
+        };
+        *status.steps.last_mut().expect("a step is open") = open;
+        close(&mut status, StepOutcome::Succeeded, &message, facts.now);
+        let release = facts.release(false);
+        return Decision::Settle(status::succeed(
+            status,
+            release,
+            &format!("{message}; the node was released"),
+            replace::verify::REPLACED,
+            facts.now,
+        ));
+    }
+    if facts.now >= deadline {
+        let message = format!(
+            "no proof within the step's timeout: {}",
+            lacking
+                .as_deref()
+                .unwrap_or("the node was not healthy for the dwell")
+        );
+        *status.steps.last_mut().expect("a step is open") = open;
+        return escalate(remediation, rules, facts, status, StepOutcome::TimedOut, &message);
+    }
+    let message = match (&lacking, proven_at) {
+        (Some(lacking), _) => format!("step {rung}: {lacking}"),
+        (None, Some(at)) => format!("step {rung}: proof seen; the node must stay healthy until {at}"),
+        (None, None) => format!("step {rung}: waiting for the node to be healthy again"),
+    };
+    *status.steps.last_mut().expect("a step is open") = open;
+    status.message = Some(message);
+    status.refusal = None;
+    let next = Next::At(plus(facts.now, seen.pace.replacement_poll))
+        .or_at(Some(deadline))
+        .or_at(proven_at.filter(|_| lacking.is_none()));
+    Decision::Settle(status::unchanged(status, false, next))
+}
+
+/// Judges the `Replace` step with the replacement's verdict, bounded by the step's timeout.
+fn judge_replacement(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    step: &LadderStep,
+) -> Decision {
+    let record = status.steps.last().cloned().expect("a step is open");
+    let deadline = plus(record.start.0, signed(step.timeout.as_std()));
+    let observation = match seen.replacement {
+        None => return Decision::Settle(status::unchanged(status, false, Next::At(facts.now))),
+        Some(Err(words)) => return refused(remediation, rules, seen, facts, status, words, deadline),
+        Some(Ok(observation)) => observation,
+    };
+    let node_healthy =
+        matches!(facts.identity, Identity::Same(_)) && matches!(facts.health, Health::Recovered(_));
+    let progress = replace::judge(&Verification {
+        strategy: rules.replacement.strategy,
+        observation,
+        node_healthy,
+        triggered_at: record.start.0,
+        timeout: step.timeout.as_std(),
+        now: facts.now,
+    });
+    match progress {
+        Progress::Waiting { message } => {
+            status.message = Some(format!("step Replace: {message}"));
+            status.refusal = None;
+            let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+            Decision::Settle(status::unchanged(status, false, next))
+        }
+        Progress::Succeeded { message } => {
+            close(&mut status, StepOutcome::Succeeded, &message, facts.now);
+            let release = facts.release(false);
+            let message = if release.is_some() {
+                format!("{message}; the node stands and was released")
+            } else {
+                message
+            };
+            Decision::Settle(status::succeed(
+                status,
+                release,
+                &message,
+                replace::verify::REPLACED,
+                facts.now,
+            ))
+        }
+        Progress::Failed { reason, message } => {
+            let outcome = if reason == replace::verify::REPLACEMENT_TIMEOUT {
+                StepOutcome::TimedOut
+            } else {
+                StepOutcome::Permanent
+            };
+            escalate(remediation, rules, facts, status, outcome, &message)
+        }
+    }
+}
+
+/// The last rung: label the node for a person, keep the cordon, end `ManualRequired` naming the
+/// GPUs. A label the server keeps refusing is retried within the step; past its timeout the
+/// remediation still ends `ManualRequired`, saying the label is missing.
+fn hand_off(
+    remediation: &GpuRemediation,
+    _rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    deadline: Timestamp,
+) -> Decision {
+    let Some(answer) = &seen.answers.hand_off else {
+        return Decision::Ask(Ask::HandOff(facts.node.clone()));
+    };
+    let gpus = evidence::name_gpus(remediation);
+    let labelled = match answer {
+        Ok(()) => format!("labelled {HAND_OFF_LABEL}=true"),
+        Err(words) if facts.now < deadline => {
+            let refusal = status::refusal(&status, words, facts.now);
+            let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+            return Decision::Settle(status::refused(status, refusal, next));
+        }
+        Err(words) => format!("the {HAND_OFF_LABEL} label could not be set ({})", words.message),
+    };
+    let message = format!(
+        "handed off to a person: no step of the ladder repaired the node. It stays cordoned and {labelled}. \
+         GPUs: {gpus}. Uncordon it once it is fixed, or remove it; deleting this record also releases it"
+    );
+    close(&mut status, StepOutcome::Succeeded, &message, facts.now);
+    status.refusal = None;
+    let mut settled = status::move_to(
+        status,
+        Phase::ManualRequired,
+        &message,
+        HANDED_OFF,
+        EventType::Warning,
+        facts.now,
+        Next::Idle,
+    );
+    settled.drop_finalizer = false;
+    Decision::Settle(settled)
+}
+
+/// Ends the open step with `outcome` and starts the next; with no step left the remediation
+/// fails as a replacement that failed does (the node stays cordoned for a person).
+fn escalate(
+    _remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    outcome: StepOutcome,
+    why: &str,
+) -> Decision {
+    let from = status.current_step;
+    close(&mut status, outcome, why, facts.now);
+    status.refusal = None;
+    let next = from.and_then(|rung| rules.ladder.iter().find(|s| s.step > rung));
+    let Some(next) = next else {
+        let message = format!(
+            "step {} ended {outcome:?} ({why}) and the ladder has no step left. The node stays cordoned: a person \
+             must look at it (uncordon it once it is fixed, or remove it); deleting this record also releases it",
+            from.map_or("?", Rung::as_str)
+        );
+        return Decision::Settle(status::move_to(
+            status,
+            Phase::Failed,
+            &message,
+            replace::verify::REPLACEMENT_FAILED,
+            EventType::Warning,
+            facts.now,
+            Next::Idle,
+        ));
+    };
+    let message = format!(
+        "step {} ended {outcome:?} ({why}); escalating to {}",
+        from.map_or("?", Rung::as_str),
+        next.step
+    );
+    open(&mut status, new_record(next.step, facts.now));
+    status.replacement = None;
+    let mut settled: Settlement = status::move_to(
+        status,
+        Phase::Replacing,
+        &message,
+        STEP_ESCALATED,
+        EventType::Warning,
+        facts.now,
+        Next::At(facts.now),
+    );
+    settled.drop_finalizer = false;
+    Decision::Settle(settled)
+}
+
+/// Which object the acting layer looks at in `Verifying`: the open step's template object (looked
+/// at as the `Template` strategy does) or, for `Replace`, the replacement's.
+#[must_use]
+pub fn looked_at(
+    status: &GpuRemediationStatus,
+    rules: &PolicySnapshot,
+) -> Option<(Strategy, gpu_remediation_api::remediation::ObjectReference)> {
+    if rules.ladder.is_empty() || status.phase != Phase::Verifying {
+        return None;
+    }
+    let open = status.steps.last().filter(|s| s.end.is_none())?;
+    match open.step {
+        Rung::ResetGpu | Rung::Reboot => open.object.clone().map(|o| (Strategy::Template, o)),
+        Rung::Replace => status
+            .replacement
+            .clone()
+            .map(|o| (rules.replacement.strategy, o)),
+        Rung::HandOff => None,
+    }
+}
+
+/// The steps `after` ended that `before` had not (for the metrics of a status just written).
+#[must_use]
+pub fn newly_ended<'a>(
+    before: Option<&GpuRemediationStatus>,
+    after: &'a GpuRemediationStatus,
+) -> Vec<&'a StepRecord> {
+    let ended_before = |step: &StepRecord| {
+        before.is_some_and(|b| {
+            b.steps
+                .iter()
+                .any(|s| s.step == step.step && s.start == step.start && s.end.is_some())
+        })
+    };
+    after
+        .steps
+        .iter()
+        .filter(|s| s.end.is_some() && !ended_before(s))
+        .collect()
+}
+
+/// Whether a recycle's `Replace` step was triggered (its node was, or was being, replaced).
+#[must_use]
+pub fn replaced(status: &GpuRemediationStatus) -> bool {
+    status
+        .steps
+        .iter()
+        .any(|s| s.step == Rung::Replace && s.object.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(second: i64) -> Time {
+        Time(Timestamp::from_second(1_800_000_000 + second).expect("a time"))
+    }
+
+    fn step(rung: Rung, start: i64, end: Option<i64>) -> StepRecord {
+        let mut record = new_record(rung, at(start).0);
+        record.end = end.map(at);
+        record.outcome = end.map(|_| StepOutcome::Permanent);
+        record
+    }
+
+    #[test]
+    fn only_the_steps_this_write_ended_are_newly_ended() {
+        let before = GpuRemediationStatus {
+            steps: vec![step(Rung::ResetGpu, 0, Some(10)), step(Rung::Reboot, 10, None)],
+            ..GpuRemediationStatus::default()
+        };
+        let after = GpuRemediationStatus {
+            steps: vec![
+                step(Rung::ResetGpu, 0, Some(10)),
+                step(Rung::Reboot, 10, Some(50)),
+                step(Rung::Replace, 50, None),
+            ],
+            ..GpuRemediationStatus::default()
+        };
+        let ended: Vec<Rung> = newly_ended(Some(&before), &after)
+            .iter()
+            .map(|s| s.step)
+            .collect();
+        assert_eq!(ended, [Rung::Reboot]);
+        assert!(!replaced(&after), "the Replace step has no object yet");
+    }
+
+    #[test]
+    fn opening_a_step_supersedes_one_left_open_and_keeps_the_latest_sixteen() {
+        let mut status = GpuRemediationStatus::default();
+        for i in 0..20 {
+            open(&mut status, new_record(Rung::ResetGpu, at(i).0));
+        }
+        assert_eq!(status.steps.len(), STEP_RECORDS_MAX);
+        assert_eq!(status.steps.iter().filter(|s| s.end.is_none()).count(), 1);
+        assert!(
+            status.steps[..STEP_RECORDS_MAX - 1]
+                .iter()
+                .all(|s| s.outcome == Some(StepOutcome::Superseded))
+        );
+    }
+}

@@ -1,0 +1,277 @@
+//! What a ladder step's evidence is read from, pure: the node's boot ID and `Ready` condition, the
+//! GPUs the agent's inventory lists, where a recycle starts on the ladder, and the words that name
+//! a node's GPUs for a person.
+
+use gpu_remediation_api::{
+    GpuRemediation,
+    constants::GPU_INVENTORY_ANNOTATION,
+    hardware::LedgerGpu,
+    ladder::{self, LadderStep, Rung},
+    remediation::PolicySnapshot,
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+use super::Words;
+
+/// `status.nodeInfo.bootID`, when the kubelet reported one.
+#[must_use]
+pub fn boot_id(node: &Node) -> Option<&str> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|info| info.boot_id.as_str())
+        .filter(|id| !id.is_empty())
+}
+
+/// Whether the node's `Ready` condition is `True`.
+#[must_use]
+pub fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
+/// The UUIDs the agent's `gpuremediation.dev/gpu-inventory` annotation lists now.
+#[must_use]
+pub fn inventory_uuids(node: &Node) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Listed {
+        uuid: String,
+    }
+    node.annotations()
+        .get(GPU_INVENTORY_ANNOTATION)
+        .and_then(|text| serde_json::from_str::<Vec<Listed>>(text).ok())
+        .map(|gpus| gpus.into_iter().map(|gpu| gpu.uuid).collect())
+        .unwrap_or_default()
+}
+
+/// The GPUs the fault named at admission (the ledger's failed GPUs).
+#[must_use]
+pub fn failed_gpus(remediation: &GpuRemediation) -> &[LedgerGpu] {
+    remediation
+        .spec
+        .hardware
+        .as_ref()
+        .map_or(&[], |hardware| hardware.failed.as_slice())
+}
+
+/// The rung a recycle starts at: the matching trigger's `startAt`, else the last rung for a repeat
+/// offender, else what the trigger's reason recommends; a reset needs to know which GPU failed,
+/// so without one it starts a rung higher.
+#[must_use]
+pub fn start_index(remediation: &GpuRemediation, rules: &PolicySnapshot) -> usize {
+    let trigger = &remediation.spec.trigger;
+    let start_at = rules
+        .triggers
+        .iter()
+        .filter(|t| t.condition_type == trigger.condition_type && t.status == trigger.status)
+        .find(|t| t.reasons.is_empty() || t.reasons.contains(&trigger.reason))
+        .and_then(|t| t.start_at);
+    let offender = remediation
+        .spec
+        .hardware
+        .as_ref()
+        .is_some_and(|h| h.repeat_offender.is_some());
+    let wanted = start_at
+        .or_else(|| offender.then_some(Rung::Replace))
+        .or_else(|| ladder::recommended_rung(&trigger.reason, &trigger.message));
+    let index = ladder::start_index(&rules.ladder, wanted);
+    let reset_without_gpu = rules.ladder.get(index).is_some_and(|s| s.step == Rung::ResetGpu)
+        && failed_gpus(remediation).is_empty();
+    if reset_without_gpu && index + 1 < rules.ladder.len() {
+        index + 1
+    } else {
+        index
+    }
+}
+
+/// The step of the ladder for `rung`.
+#[must_use]
+pub fn step_of(rules: &PolicySnapshot, rung: Rung) -> Option<&LadderStep> {
+    rules.ladder.iter().find(|s| s.step == rung)
+}
+
+/// Whether a refusal may pass if asked again (no answer, a conflict, throttling, a server error);
+/// any other answer is the server's last word on the step.
+#[must_use]
+pub fn transient(words: &Words) -> bool {
+    match words.code {
+        None => true,
+        Some(code) => code == 409 || code == 429 || code >= 500,
+    }
+}
+
+/// The GPUs named for a person: each failed GPU (else every GPU of the ledger) by index, UUID,
+/// serial and PCI address.
+#[must_use]
+pub fn name_gpus(remediation: &GpuRemediation) -> String {
+    let hardware = remediation.spec.hardware.as_ref();
+    let gpus = match hardware {
+        Some(h) if !h.failed.is_empty() => &h.failed,
+        Some(h) => &h.gpus,
+        None => return "no GPU inventory was published on the node".to_owned(),
+    };
+    if gpus.is_empty() {
+        return "no GPU inventory was published on the node".to_owned();
+    }
+    gpus.iter()
+        .map(|gpu| {
+            format!(
+                "GPU {} (UUID {}, serial {}, PCI {})",
+                gpu.index.map_or_else(|| "?".to_owned(), |i| i.to_string()),
+                gpu.uuid,
+                gpu.serial.as_deref().unwrap_or("unknown"),
+                gpu.pci_bus_id.as_deref().unwrap_or("unknown"),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_remediation_api::{
+        GpuRemediationSpec,
+        hardware::HardwareLedger,
+        policy::{ConditionStatus, Trigger},
+        remediation::TriggerRecord,
+    };
+    use k8s_openapi::api::core::v1::{NodeStatus, NodeSystemInfo};
+
+    use super::*;
+
+    fn step(rung: Rung) -> LadderStep {
+        LadderStep {
+            step: rung,
+            timeout: gpu_remediation_api::Duration::from_mins(1),
+            template: None,
+        }
+    }
+
+    fn rules(start_at: Option<Rung>) -> PolicySnapshot {
+        PolicySnapshot {
+            generation: None,
+            triggers: vec![Trigger {
+                condition_type: "GpuHealthy".into(),
+                status: ConditionStatus::False,
+                reasons: Vec::new(),
+                for_: gpu_remediation_api::Duration::from_secs(1),
+                action: None,
+                quarantine: None,
+                start_at,
+            }],
+            drain: gpu_remediation_api::policy::Drain::default(),
+            replacement: gpu_remediation_api::policy::Replacement::default(),
+            release: gpu_remediation_api::policy::Release::default(),
+            ladder: vec![
+                step(Rung::ResetGpu),
+                step(Rung::Reboot),
+                step(Rung::Replace),
+                step(Rung::HandOff),
+            ],
+        }
+    }
+
+    fn remediation(reason: &str, message: &str, failed: &[&str]) -> GpuRemediation {
+        GpuRemediation::new(
+            "n-1",
+            GpuRemediationSpec {
+                node_name: "n".into(),
+                policy_name: "p".into(),
+                trigger: TriggerRecord {
+                    condition_type: "GpuHealthy".into(),
+                    status: ConditionStatus::False,
+                    reason: reason.into(),
+                    message: message.into(),
+                    since: None,
+                },
+                action: gpu_remediation_api::policy::Action::Replace,
+                mode: gpu_remediation_api::policy::Mode::Enforce,
+                node_uid: None,
+                previous_incident: None,
+                policy_snapshot: None,
+                hardware: Some(HardwareLedger {
+                    failed: failed
+                        .iter()
+                        .map(|uuid| LedgerGpu {
+                            uuid: (*uuid).into(),
+                            serial: Some("S3".into()),
+                            index: Some(3),
+                            pci_bus_id: Some("0000:3b:00.0".into()),
+                            reason: None,
+                        })
+                        .collect(),
+                    ..HardwareLedger::default()
+                }),
+            },
+        )
+    }
+
+    #[test]
+    fn a_reset_gpu_xid_on_a_known_gpu_starts_at_the_reset() {
+        let r = remediation("XID48", "GPU 3: XID 48; recommended action RESET_GPU", &["GPU-3"]);
+        assert_eq!(start_index(&r, &rules(None)), 0);
+    }
+
+    #[test]
+    fn a_reset_without_a_known_gpu_starts_at_the_reboot() {
+        let r = remediation("XID48", "recommended action RESET_GPU", &[]);
+        assert_eq!(start_index(&r, &rules(None)), 1);
+    }
+
+    #[test]
+    fn a_triggers_start_at_overrides_the_reason() {
+        let r = remediation("XID48", "recommended action RESET_GPU", &["GPU-3"]);
+        assert_eq!(start_index(&r, &rules(Some(Rung::Replace))), 2);
+        let missing = remediation("GpuMissing", "GPU 3 is gone", &["GPU-3"]);
+        assert_eq!(start_index(&missing, &rules(None)), 1);
+    }
+
+    #[test]
+    fn the_boot_id_and_the_inventory_are_read_from_the_node() {
+        let mut node = Node::default();
+        assert_eq!(boot_id(&node), None);
+        node.status = Some(NodeStatus {
+            node_info: Some(NodeSystemInfo {
+                boot_id: "b-1".into(),
+                ..NodeSystemInfo::default()
+            }),
+            ..NodeStatus::default()
+        });
+        node.metadata.annotations = Some(
+            [(
+                GPU_INVENTORY_ANNOTATION.to_owned(),
+                r#"[{"index":3,"uuid":"GPU-3","pciBusId":"0000:3b:00.0"}]"#.to_owned(),
+            )]
+            .into(),
+        );
+        assert_eq!(boot_id(&node), Some("b-1"));
+        assert_eq!(inventory_uuids(&node), ["GPU-3"]);
+    }
+
+    #[test]
+    fn a_hand_off_names_each_failed_gpu_by_index_uuid_serial_and_pci_address() {
+        let r = remediation("XID79", "", &["GPU-3"]);
+        assert_eq!(name_gpus(&r), "GPU 3 (UUID GPU-3, serial S3, PCI 0000:3b:00.0)");
+    }
+
+    #[test]
+    fn conflicts_throttling_and_server_errors_are_transient_other_refusals_are_not() {
+        let words = |code| Words {
+            action: "a".into(),
+            code,
+            message: String::new(),
+        };
+        assert!(transient(&words(None)));
+        assert!(transient(&words(Some(409))));
+        assert!(transient(&words(Some(503))));
+        assert!(!transient(&words(Some(403))));
+        assert!(!transient(&words(Some(422))));
+    }
+}

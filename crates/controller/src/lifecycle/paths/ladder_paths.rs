@@ -1,0 +1,188 @@
+//! Named paths up the escalation ladder through the same model: each rung proven by its evidence,
+//! escalations when the evidence does not come, and the hand-off at the top.
+
+use gpu_remediation_api::{
+    Phase,
+    ladder::{HAND_OFF_LABEL, Rung, StepOutcome},
+    policy::{Action, Mode, OnDrainTimeout, Strategy},
+};
+use jiff::SignedDuration;
+
+use super::{
+    Mood, pass,
+    world::{Event, Setup, World},
+};
+use crate::cordon;
+
+fn setup(ladder: &[Rung], known_gpu: bool) -> Setup {
+    Setup {
+        action: Action::Replace,
+        mode: Mode::Enforce,
+        strategy: Strategy::DeleteNode,
+        on_timeout: OnDrainTimeout::Block,
+        grace: None,
+        allow_zero: false,
+        pods: 0,
+        snapshot: true,
+        exhausted: false,
+        ladder: ladder.to_vec(),
+        known_gpu,
+    }
+}
+
+/// Runs `passes` calm passes `seconds` apart.
+fn run(world: &mut World, passes: usize, seconds: i64) {
+    for _ in 0..passes {
+        world.now += SignedDuration::from_secs(seconds);
+        pass(world, Mood::Calm).expect("no invariant breaks");
+    }
+}
+
+fn status(world: &World) -> gpu_remediation_api::GpuRemediationStatus {
+    world
+        .record
+        .as_ref()
+        .and_then(|r| r.status.clone())
+        .expect("a status")
+}
+
+fn outcomes(world: &World) -> Vec<(Rung, Option<StepOutcome>)> {
+    status(world).steps.iter().map(|s| (s.step, s.outcome)).collect()
+}
+
+const FULL: [Rung; 4] = [Rung::ResetGpu, Rung::Reboot, Rung::Replace, Rung::HandOff];
+
+#[test]
+fn a_reset_that_works_succeeds_after_the_dwell_and_releases_the_node() {
+    let mut world = World::new(&setup(&FULL, true), 7);
+    // Cordon, drain (no pods), hand over to ResetGpu, create its object.
+    run(&mut world, 4, 10);
+    assert_eq!(status(&world).phase, Phase::Verifying);
+    assert_eq!(status(&world).current_step, Some(Rung::ResetGpu));
+    world.happen(Event::Recovers);
+    run(&mut world, 1, 10);
+    assert_eq!(
+        status(&world).phase,
+        Phase::Verifying,
+        "healthy, but not yet for the dwell"
+    );
+    run(&mut world, 1, 5 * 60);
+    let done = status(&world);
+    assert_eq!(done.phase, Phase::Succeeded, "{:?}", done.message);
+    assert_eq!(outcomes(&world), [(Rung::ResetGpu, Some(StepOutcome::Succeeded))]);
+    assert_eq!(done.steps[0].evidence.gpus_answering, ["GPU-3"]);
+    let node = world.node.as_ref().expect("the node stands");
+    assert!(!cordon::is_unschedulable(node) && !cordon::has_taint(node));
+}
+
+#[test]
+fn a_reset_whose_gpu_does_not_answer_is_no_success_however_healthy_the_node() {
+    let mut world = World::new(&setup(&FULL, true), 7);
+    run(&mut world, 4, 10);
+    world.happen(Event::GpuAnswers(false));
+    world.happen(Event::Recovers);
+    run(&mut world, 3, 5 * 60);
+    assert_eq!(
+        outcomes(&world)[0],
+        (Rung::ResetGpu, Some(StepOutcome::TimedOut)),
+        "{:?}",
+        status(&world).message
+    );
+    assert_eq!(status(&world).current_step, Some(Rung::Reboot));
+}
+
+#[test]
+fn a_fault_back_within_the_dwell_escalates_to_a_reboot_proven_by_a_new_boot_id() {
+    let mut world = World::new(&setup(&FULL, true), 7);
+    run(&mut world, 4, 10);
+    world.happen(Event::Recovers);
+    run(&mut world, 1, 10);
+    world.happen(Event::Breaks);
+    run(&mut world, 1, 10);
+    assert_eq!(
+        outcomes(&world),
+        [
+            (Rung::ResetGpu, Some(StepOutcome::Permanent)),
+            (Rung::Reboot, None)
+        ]
+    );
+    // The reboot's object is created; it reports done, but no reboot is proven until the boot ID
+    // changes.
+    run(&mut world, 1, 10);
+    world.happen(Event::Recovers);
+    run(&mut world, 2, 3 * 60);
+    assert_eq!(
+        status(&world).phase,
+        Phase::Verifying,
+        "{:?}",
+        status(&world).message
+    );
+    assert!(
+        status(&world)
+            .message
+            .unwrap_or_default()
+            .contains("boot ID did not change"),
+        "{:?}",
+        status(&world).message
+    );
+    world.happen(Event::Reboots);
+    run(&mut world, 1, 10);
+    run(&mut world, 1, 5 * 60);
+    let done = status(&world);
+    assert_eq!(done.phase, Phase::Succeeded, "{:?}", done.message);
+    let reboot = &done.steps[1];
+    assert_eq!(reboot.outcome, Some(StepOutcome::Succeeded));
+    assert_ne!(reboot.evidence.boot_id_before, reboot.evidence.boot_id_after);
+}
+
+#[test]
+fn a_reboot_object_done_without_a_new_boot_id_times_out_and_escalates_to_replace() {
+    let mut world = World::new(&setup(&[Rung::Reboot, Rung::Replace], false), 7);
+    run(&mut world, 4, 10);
+    assert_eq!(status(&world).current_step, Some(Rung::Reboot));
+    world.happen(Event::Recovers);
+    run(&mut world, 3, 5 * 60);
+    assert_eq!(
+        outcomes(&world)[0],
+        (Rung::Reboot, Some(StepOutcome::TimedOut)),
+        "{:?}",
+        status(&world).message
+    );
+    assert_eq!(status(&world).current_step, Some(Rung::Replace));
+}
+
+#[test]
+fn out_of_rungs_the_node_is_handed_off_cordoned_labelled_and_its_gpus_named() {
+    let mut world = World::new(&setup(&[Rung::Reboot, Rung::HandOff], true), 7);
+    run(&mut world, 4, 10);
+    // The reboot never proves itself.
+    run(&mut world, 4, 10 * 60);
+    let ended = status(&world);
+    assert_eq!(ended.phase, Phase::ManualRequired, "{:?}", ended.message);
+    let message = ended.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("GPU 3 (UUID GPU-3, serial S3, PCI 0000:3b:00.0)"),
+        "{message}"
+    );
+    let node = world.node.as_ref().expect("the node stands");
+    assert!(cordon::is_unschedulable(node) && cordon::has_taint(node));
+    assert_eq!(
+        node.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(HAND_OFF_LABEL))
+            .map(String::as_str),
+        Some("true")
+    );
+    // A person deletes the record: everything is given back.
+    world.happen(Event::RecordDeleted);
+    run(&mut world, 1, 10);
+    let node = world.node.as_ref().expect("the node stands");
+    assert!(!cordon::is_unschedulable(node) && !cordon::has_taint(node));
+    assert!(
+        node.metadata
+            .labels
+            .as_ref()
+            .is_none_or(|l| !l.contains_key(HAND_OFF_LABEL))
+    );
+}

@@ -1,0 +1,302 @@
+//! The escalation ladder on the real control plane, each rung judged by its evidence: a GPU reset
+//! that works succeeds after the dwell and releases the node; the fault back within the dwell
+//! escalates to a reboot proven by a new boot ID; a reboot object that completes without a new boot
+//! ID is no success and escalates to `Replace`; a node out of rungs is handed off, `ManualRequired`
+//! with its GPUs named. The step objects are carried out by the sandbox's repair operator
+//! (`gpu_sandbox::repair`); legacy one-action policies are the other test binaries, unchanged.
+
+mod common;
+mod scenario;
+
+use std::time::Duration;
+
+use common::eventually;
+use gpu_remediation_api::{
+    GpuRemediation, Phase,
+    ladder::{HAND_OFF_LABEL, Rung, StepOutcome},
+};
+use gpu_sandbox::{
+    hardware::{SimGpu, set_inventory},
+    repair::{self, Behaviour, Repairer},
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, ResourceExt, api::ApiResource, core::GroupVersionKind};
+use scenario::{RunningController, Scenario, has_our_taint, is_unschedulable};
+use serde_json::json;
+
+/// The stand-in kind the step objects are made of (`common::REBOOT_CRD`).
+fn step_kind() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "e2e.gpuremediation.dev",
+        "v1",
+        "FakeReboot",
+    ))
+}
+
+/// A ladder step carried out by an object of the stand-in kind.
+fn step(s: &Scenario, rung: &str, timeout: &str) -> serde_json::Value {
+    json!({
+        "step": rung,
+        "timeout": timeout,
+        "template": {
+            "apiVersion": "e2e.gpuremediation.dev/v1",
+            "kind": "FakeReboot",
+            "metadata": {"namespace": s.namespace},
+            "spec": {"node": "{{nodeName}}", "action": rung},
+        },
+    })
+}
+
+/// An 8-GPU inventory on `node`, as the agent publishes it; returns GPU 3.
+async fn eight_gpus(s: &Scenario, node: &str) -> SimGpu {
+    let gpus: Vec<SimGpu> = (0..8)
+        .map(|i| SimGpu::new(i, &format!("{}-{i}", s.fleet.name())))
+        .collect();
+    set_inventory(&s.client, node, &gpus).await.unwrap();
+    gpus[3].clone()
+}
+
+async fn setup(s: &Scenario, ladder: serde_json::Value, healthy_for: &str, behaviour: Behaviour) -> Repairer {
+    common::install_crd(&s.client, common::REBOOT_CRD).await;
+    s.policy(json!({
+        "ladder": ladder,
+        "release": {"healthyFor": healthy_for},
+        "safety": {"maxUnhealthy": "100%"},
+    }))
+    .await;
+    Repairer::start(s.client.clone(), &step_kind(), &s.namespace, behaviour)
+}
+
+fn steps(r: &GpuRemediation) -> Vec<(Rung, Option<StepOutcome>)> {
+    r.status
+        .as_ref()
+        .map(|s| s.steps.iter().map(|st| (st.step, st.outcome)).collect())
+        .unwrap_or_default()
+}
+
+fn boot_id(node: &Node) -> String {
+    node.status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.boot_id.clone())
+        .unwrap_or_default()
+}
+
+async fn released(s: &Scenario, node: &str) {
+    eventually(&format!("{node} released"), Duration::from_secs(20), || async {
+        let node = s.node(node).await;
+        (!is_unschedulable(&node) && !has_our_taint(&node)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_gpu_reset_that_works_succeeds_after_the_dwell_and_releases_the_node() {
+    let s = Scenario::new(1).await;
+    let node = s.nodes()[0].clone();
+    let ladder = json!([step(&s, "ResetGpu", "1m"), step(&s, "Reboot", "1m"), {"step": "Replace"}]);
+    let repairer = setup(&s, ladder, "3s", Behaviour::default()).await;
+    let gpu = eight_gpus(&s, &node).await;
+    let boot_before = boot_id(&s.node(&node).await);
+    let controller = RunningController::start(&s.scope).await;
+
+    repair::xid(&s.client, &node, &gpu, 48, "RESET_GPU")
+        .await
+        .unwrap();
+    let done = s
+        .wait_phase(&node, Phase::Succeeded, Duration::from_secs(60))
+        .await;
+
+    assert_eq!(steps(&done), [(Rung::ResetGpu, Some(StepOutcome::Succeeded))]);
+    let status = done.status.as_ref().unwrap();
+    let reset = &status.steps[0];
+    assert_eq!(
+        reset.evidence.gpus_answering,
+        std::slice::from_ref(&gpu.uuid),
+        "the same UUID answers"
+    );
+    assert_eq!(reset.evidence.dwell_seconds, Some(3));
+    let healthy_since = reset
+        .evidence
+        .healthy_since
+        .as_ref()
+        .expect("the dwell's start")
+        .0;
+    let ended = reset.end.as_ref().expect("an end").0;
+    assert!(
+        ended.duration_since(healthy_since) >= k8s_openapi::jiff::SignedDuration::from_secs(3),
+        "success only after the dwell: healthy since {healthy_since}, ended {ended}"
+    );
+    assert_eq!(status.current_step, Some(Rung::ResetGpu));
+    assert!(
+        reset
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("reset proven"),
+        "{:?}",
+        reset.message
+    );
+    released(&s, &node).await;
+    assert_eq!(boot_id(&s.node(&node).await), boot_before, "a reset is no reboot");
+    let repairs = repairer.repaired();
+    assert_eq!(repairs.len(), 1, "{repairs:?}");
+    assert_eq!(repairs[0].action, "ResetGpu");
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn the_fault_back_within_the_dwell_escalates_to_a_reboot_proven_by_a_new_boot_id() {
+    let s = Scenario::new(1).await;
+    let node = s.nodes()[0].clone();
+    let ladder = json!([step(&s, "ResetGpu", "1m"), step(&s, "Reboot", "1m"), {"step": "Replace"}]);
+    let _repairer = setup(&s, ladder, "6s", Behaviour::default()).await;
+    let gpu = eight_gpus(&s, &node).await;
+    let boot_before = boot_id(&s.node(&node).await);
+    let controller = RunningController::start(&s.scope).await;
+
+    repair::xid(&s.client, &node, &gpu, 48, "RESET_GPU")
+        .await
+        .unwrap();
+    // The reset worked and the node is healthy, its dwell running ...
+    eventually("the reset's dwell to start", Duration::from_secs(40), || async {
+        let r = s.remediation_of(&node).await?;
+        r.status?
+            .steps
+            .first()
+            .and_then(|st| st.evidence.healthy_since.clone())
+            .map(|_| ())
+    })
+    .await;
+    // ... when the fault comes back.
+    repair::xid(&s.client, &node, &gpu, 48, "RESET_GPU")
+        .await
+        .unwrap();
+    let done = s
+        .wait_phase(&node, Phase::Succeeded, Duration::from_secs(60))
+        .await;
+
+    assert_eq!(
+        steps(&done),
+        [
+            (Rung::ResetGpu, Some(StepOutcome::Permanent)),
+            (Rung::Reboot, Some(StepOutcome::Succeeded))
+        ]
+    );
+    let status = done.status.as_ref().unwrap();
+    assert!(
+        status.steps[0]
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("fault came back"),
+        "{:?}",
+        status.steps[0].message
+    );
+    let reboot = &status.steps[1].evidence;
+    assert_eq!(reboot.boot_id_before.as_deref(), Some(boot_before.as_str()));
+    let boot_after = boot_id(&s.node(&node).await);
+    assert_ne!(boot_after, boot_before, "the node booted");
+    assert_eq!(reboot.boot_id_after.as_deref(), Some(boot_after.as_str()));
+    released(&s, &node).await;
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_reboot_object_done_without_a_new_boot_id_is_no_success_and_escalates_to_replace() {
+    let s = Scenario::new(1).await;
+    let node = s.nodes()[0].clone();
+    let ladder = json!([step(&s, "Reboot", "8s"), {"step": "Replace", "timeout": "1m"}]);
+    let behaviour = Behaviour {
+        reboot_boots: false,
+        ..Behaviour::default()
+    };
+    let repairer = setup(&s, ladder, "2s", behaviour).await;
+    let gpu = eight_gpus(&s, &node).await;
+    let controller = RunningController::start(&s.scope).await;
+
+    repair::xid(&s.client, &node, &gpu, 79, "RESTART_BM")
+        .await
+        .unwrap();
+    let done = s
+        .wait_phase(&node, Phase::Succeeded, Duration::from_secs(60))
+        .await;
+
+    assert_eq!(
+        steps(&done),
+        [
+            (Rung::Reboot, Some(StepOutcome::TimedOut)),
+            (Rung::Replace, Some(StepOutcome::Succeeded))
+        ]
+    );
+    let status = done.status.as_ref().unwrap();
+    let reboot = &status.steps[0];
+    assert!(
+        reboot
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("boot ID did not change"),
+        "{:?}",
+        reboot.message
+    );
+    assert_eq!(reboot.evidence.boot_id_before, reboot.evidence.boot_id_after);
+    assert_eq!(repairer.repaired().len(), 1, "the reboot object was done");
+    // DeleteNode: the node is gone.
+    eventually("the node deleted", Duration::from_secs(20), || async {
+        Api::<Node>::all(s.client.clone())
+            .get_opt(&node)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn out_of_rungs_the_node_is_handed_off_manual_required_with_its_gpus_named() {
+    let s = Scenario::new(1).await;
+    let node = s.nodes()[0].clone();
+    let ladder = json!([step(&s, "Reboot", "1m"), {"step": "HandOff"}]);
+    let behaviour = Behaviour {
+        fails: true,
+        ..Behaviour::default()
+    };
+    let _repairer = setup(&s, ladder, "2s", behaviour).await;
+    let gpu = eight_gpus(&s, &node).await;
+    let controller = RunningController::start(&s.scope).await;
+
+    repair::xid(&s.client, &node, &gpu, 79, "RESTART_BM")
+        .await
+        .unwrap();
+    let ended = s
+        .wait_phase(&node, Phase::ManualRequired, Duration::from_secs(60))
+        .await;
+
+    assert_eq!(
+        steps(&ended),
+        [
+            (Rung::Reboot, Some(StepOutcome::Permanent)),
+            (Rung::HandOff, Some(StepOutcome::Succeeded))
+        ]
+    );
+    let message = ended.status.as_ref().unwrap().message.clone().unwrap_or_default();
+    let named = format!(
+        "GPU 3 (UUID {}, serial {}, PCI 00000000:04:00.0)",
+        gpu.uuid, gpu.serial
+    );
+    assert!(message.contains(&named), "{message}");
+    let handed = s.node(&node).await;
+    assert!(
+        is_unschedulable(&handed) && has_our_taint(&handed),
+        "the cordon is kept"
+    );
+    assert_eq!(
+        handed.labels().get(HAND_OFF_LABEL).map(String::as_str),
+        Some("true")
+    );
+    controller.stop().await;
+}
