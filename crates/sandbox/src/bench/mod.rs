@@ -7,8 +7,9 @@
 //! - [`budget_sampler`]: the PDB violation sampler both peers and every fault are judged by.
 //! - [`cordon_watch`]: when each node was first held by the controller, and how many at once.
 //! - [`proxy`]: a loopback TCP proxy that adds latency and cuts connections.
-//! - [`latency`], [`drain`], [`footprint`], [`scale`] (bare-node fleets of 10,000 and more): the
-//!   scenarios; [`report`]: percentiles and the table.
+//! - [`latency`], [`drain`], [`footprint`], [`scale`] (bare-node fleets of 10,000 and more),
+//!   [`quarantine`] (the leak with quarantine on and off): the scenarios; [`report`]: percentiles
+//!   and the table.
 
 pub mod actor;
 pub mod audit;
@@ -19,5 +20,6 @@ pub mod drain;
 pub mod footprint;
 pub mod latency;
 pub mod proxy;
+pub mod quarantine;
 pub mod report;
 pub mod scale;

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use super::drain::DrainComparison;
 use super::footprint::FootprintResult;
 use super::latency::LatencyResult;
+use super::quarantine::QuarantineResult;
 use super::scale::ScaleResult;
 
 /// NVIDIA `NVSentinel`'s published scale figures (their report, their hardware, KWOK nodes): shown
@@ -45,6 +46,8 @@ pub struct BenchResults {
     pub footprint: Vec<FootprintResult>,
     /// Scale fleets (`--scale`).
     pub scale: Vec<ScaleResult>,
+    /// The leak under a stream of GPU pods, quarantine off and on.
+    pub quarantine: Vec<QuarantineResult>,
     /// Scenarios that failed, with why (the others still ran).
     pub failures: Vec<String>,
 }
@@ -142,6 +145,39 @@ pub fn markdown(results: &BenchResults) -> String {
     if !results.scale.is_empty() {
         out.push_str(&scale_tables(&results.scale));
     }
+    if !results.quarantine.is_empty() {
+        out.push_str(&quarantine_table(&results.quarantine));
+    }
+    out
+}
+
+/// The leak with quarantine off and on, and the time from a fault to its quarantine.
+#[must_use]
+pub fn quarantine_table(arms: &[QuarantineResult]) -> String {
+    let mut out = String::new();
+    out.push_str("### The leak: pods bound to a faulty node before its cordon, quarantine off and on\n\n");
+    out.push_str(
+        "| quarantine | nodes | faults | `for` | new GPU pods | leaked pods (per fault) | fault to quarantine p50 | p99 |\n",
+    );
+    out.push_str("|---|---:|---:|---:|---:|---|---:|---:|\n");
+    let ms = |v: Option<f64>| v.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.0} ms"));
+    for a in arms {
+        let per: Vec<String> = a.leaked.iter().map(ToString::to_string).collect();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} s | {:.1}/s | {} ({}) | {} | {} |",
+            if a.quarantine { "on" } else { "off" },
+            a.nodes,
+            a.faults,
+            a.trigger_for_seconds,
+            a.pods_per_second,
+            a.leaked_total,
+            per.join(", "),
+            ms(a.fault_to_quarantine_p50_ms),
+            ms(a.fault_to_quarantine_p99_ms),
+        );
+    }
+    out.push('\n');
     out
 }
 
@@ -217,5 +253,33 @@ mod tests {
     fn a_single_fault_has_the_same_p50_and_p99() {
         assert_eq!(percentile(&[3.0, 1.0, 2.0], 50.0), Some(2.0));
         assert_eq!(percentile(&[3.0, 1.0, 2.0], 99.0), Some(3.0));
+    }
+
+    #[test]
+    fn the_leak_table_has_one_row_per_arm_and_no_latency_without_quarantine() {
+        let arm = |quarantine: bool, leaked: Vec<usize>, samples: Vec<f64>| QuarantineResult {
+            quarantine,
+            nodes: 6,
+            faults: leaked.len(),
+            trigger_for_seconds: 6,
+            pods_per_second: 4.0,
+            leaked_total: leaked.iter().sum(),
+            leaked,
+            fault_to_quarantine_p50_ms: percentile(&samples, 50.0),
+            fault_to_quarantine_p99_ms: percentile(&samples, 99.0),
+            samples_ms: samples,
+        };
+        let table = quarantine_table(&[
+            arm(false, vec![5, 3], vec![]),
+            arm(true, vec![0, 0], vec![20.0, 40.0]),
+        ]);
+        let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| o")).collect();
+        assert_eq!(
+            rows,
+            [
+                "| off | 6 | 2 | 6 s | 4.0/s | 8 (5, 3) | n/a | n/a |",
+                "| on | 6 | 2 | 6 s | 4.0/s | 0 (0, 0) | 20 ms | 40 ms |"
+            ]
+        );
     }
 }

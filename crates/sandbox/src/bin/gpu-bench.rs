@@ -13,8 +13,9 @@ use clap::Parser;
 use gpu_sandbox::ControlPlaneOptions;
 use gpu_sandbox::bench::bench_env::BenchEnv;
 use gpu_sandbox::bench::latency::LatencyOptions;
+use gpu_sandbox::bench::quarantine::QuarantineOptions;
 use gpu_sandbox::bench::report::{self, BenchResults};
-use gpu_sandbox::bench::{drain, footprint, latency, scale};
+use gpu_sandbox::bench::{drain, footprint, latency, quarantine, scale};
 
 #[derive(Parser)]
 #[command(
@@ -28,7 +29,7 @@ struct Cli {
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench/results.json")]
     out: PathBuf,
-    /// Scenarios to run (default: all): latency, drain, footprint.
+    /// Scenarios to run (default: all): latency, drain, footprint, quarantine.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Fleet sizes of the latency scenario.
@@ -172,6 +173,12 @@ async fn run(env: &BenchEnv, cli: &Cli, wants: impl Fn(&str) -> bool, results: &
                     .failures
                     .push(format!("the scale scenario on {nodes} nodes: {e}")),
             }
+        }
+    }
+    if wants("quarantine") {
+        match quarantine::run(env, &QuarantineOptions::default()).await {
+            Ok(arms) => results.quarantine = arms,
+            Err(e) => results.failures.push(format!("the quarantine scenario: {e}")),
         }
     }
     if wants("footprint") {
