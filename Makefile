@@ -6,13 +6,14 @@ CARGO ?= cargo
 # Builds (once, then cached outside the repo) and locates the pinned control plane binaries.
 CONTROLPLANE_BIN = $(shell e2e/controlplane/build.sh)
 
-.PHONY: help build test unit e2e crds crds-check lint fmt controlplane demo bench chaos images argocd-health-test chart-test chart-sync alerts-test
+.PHONY: help build test unit e2e e2e-real crds crds-check lint fmt controlplane demo bench chaos images argocd-health-test chart-test chart-sync alerts-test
 
 help:
 	@echo "make build         build every crate"
 	@echo "make test          everything CI runs: lint, unit tests, CRD drift check, e2e on a real control plane"
 	@echo "make unit          unit tests only (no control plane)"
 	@echo "make e2e           end-to-end tests against a real local control plane"
+	@echo "make e2e-real      replacement against upstream Karpenter (KWOK) and Cluster API, built from pinned modules (cached)"
 	@echo "make crds          regenerate crds/ from the Rust types (and the Helm chart's copies)"
 	@echo "make chart-test    helm lint, and the Helm chart rendered equals kustomize manifests/ (part of test)"
 	@echo "make chart-sync    refresh the chart's copies of the CRDs, alerts and dashboard"
@@ -115,6 +116,17 @@ images:
 bench:
 	$(CARGO) build --release -p gpu-remediator --bin gpu-remediator -p gpu-sandbox --bin gpu-bench
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" target/release/gpu-bench $(BENCH_ARGS)
+
+# DeleteNodeClaim and DeleteMachine against the real controllers: upstream Karpenter with its KWOK
+# provider and Cluster API's core manager (tools/karpenter-kwok, tools/capi-manager), built from their
+# pinned Go modules on first use and cached like the control plane. Not in `test`: their cold builds
+# are heavy (about 6.5 and 7.2 CPU-minutes cold, see README); .ci/run runs this target.
+REAL_TESTS = --test real_karpenter --test real_capi
+e2e-real:
+	karpenter="$$(tools/build.sh karpenter-kwok)" && capi="$$(tools/build.sh capi-manager)" && \
+	GPU_REMEDIATOR_KARPENTER="$$karpenter" GPU_REMEDIATOR_CAPI="$$capi" \
+	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" \
+		$(CARGO) test -p e2e --no-fail-fast $(REAL_TESTS) -- --ignored --test-threads=2
 
 # Each fault test starts a control plane of its own and breaks it; minutes each, so not in `test`.
 CHAOS_TESTS = --test chaos_control_plane --test chaos_leader --test chaos_network --test chaos_load

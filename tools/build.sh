@@ -8,7 +8,12 @@
 #   tools/build.sh promtool   # github.com/prometheus/prometheus/cmd/promtool, service discovery left out
 #   tools/build.sh argocd-health   # the Argo CD health-check runner (gopher-lua), tools/argocd-health
 #
-# Each tools/NAME/build.env sets PACKAGE (what to build), and optionally TAGS and LDFLAGS.
+#   tools/build.sh karpenter-kwok  # Karpenter with its KWOK cloud provider, and its CRDs (e2e on real controllers)
+#   tools/build.sh capi-manager    # Cluster API's core manager, and its CRDs (e2e on real controllers)
+#
+# Each tools/NAME/build.env sets PACKAGE (what to build), and optionally TAGS, LDFLAGS and
+# MODULE_FILES: `MODULE:GLOB` words naming files of a required module (its pinned version) copied
+# beside the binary, e.g. the CRDs a controller needs, so they always match the binary.
 # Environment: GPU_REMEDIATOR_CACHE (default ~/.cache/gpu-remediator) moves the cache.
 set -euo pipefail
 name=${1:?usage: tools/build.sh NAME (a directory under tools/)}
@@ -18,6 +23,7 @@ module_dir="${tools_dir}/${name}"
 cd "${module_dir}"
 TAGS=""
 LDFLAGS=""
+MODULE_FILES=""
 # shellcheck source=/dev/null
 source ./build.env
 : "${PACKAGE:?tools/${name}/build.env must set PACKAGE}"
@@ -41,6 +47,11 @@ echo "building ${name} (${PACKAGE}) with ${go_version} into ${bin_dir}" >&2
 start=${SECONDS}
 CGO_ENABLED=0 go build -mod=readonly -trimpath -tags "${TAGS}" -ldflags "-s -w ${LDFLAGS}" \
   -o "${staging}/${name}" "${PACKAGE}"
+for spec in ${MODULE_FILES}; do
+  module_root=$(go list -mod=readonly -m -f '{{.Dir}}' "${spec%%:*}")
+  # shellcheck disable=SC2086 # the glob is meant to expand
+  cp ${module_root}/${spec#*:} "${staging}/"
+done
 echo "built ${name} in $((SECONDS - start)) s" >&2
 rm -rf "${bin_dir}"
 mv "${staging}" "${bin_dir}"

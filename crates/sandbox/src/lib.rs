@@ -9,6 +9,10 @@
 //! - [`workload`]: `Deployments`, `StatefulSets`, PDBs, `DaemonSets` and special pods to put on a fleet.
 //! - [`population`]: many Deployments behind PDBs spread over a whole fleet.
 //! - [`demo`]: `make demo`, and installing `manifests/` on a sandbox.
+//! - [`karpenter`]: upstream Karpenter (KWOK provider) running for a fleet; [`upstream`] finds,
+//!   installs and starts the upstream controllers built from their pinned Go modules.
+//! - [`capi`]: upstream Cluster API's core manager with the sandbox as its workload cluster, and
+//!   the sandbox's own infrastructure provider.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -33,16 +37,19 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod capi;
 pub mod controlplane;
 pub mod demo;
 pub mod dra;
 pub mod fault;
 pub mod fleet;
 pub mod hardware;
+pub mod karpenter;
 pub mod population;
 pub mod provider;
 pub mod repair;
 pub mod retry;
+pub mod upstream;
 pub mod workload;
 
 pub use controlplane::{ControlPlane, ControlPlaneOptions, Dra, StartControlPlaneError};

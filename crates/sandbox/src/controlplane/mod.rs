@@ -20,8 +20,7 @@ use kube::Api;
 
 pub use binaries::LocateBinariesError;
 pub use pki::CreatePkiError;
-use process::OwnedProcess;
-pub use process::SpawnComponentError;
+pub use process::{OwnedProcess, SpawnComponentError};
 
 /// The kube-controller-manager controllers the sandbox runs: everything pods, workloads, PDBs,
 /// nodes and namespaces need, and nothing that needs a cloud or volumes.

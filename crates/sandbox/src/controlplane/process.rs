@@ -111,11 +111,13 @@ impl OwnedProcess {
     }
 
     /// The component's name (`etcd`, `kube-apiserver`, ...).
+    #[must_use]
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// The component's process id.
+    #[must_use]
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -126,6 +128,7 @@ impl OwnedProcess {
     }
 
     /// The last `lines` lines of the component's log, for error messages.
+    #[must_use]
     pub fn log_tail(&self, lines: usize) -> String {
         let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();

@@ -4,6 +4,7 @@
 //! [`Fleet::stop`] also deletes its nodes (their Leases follow through owner references, their
 //! pods through the pod garbage collector).
 
+mod adopt;
 mod heartbeat;
 pub mod kubelet;
 pub mod node;
@@ -182,8 +183,8 @@ pub struct Fleet {
     options: FleetOptions,
     registry: Arc<NodeRegistry>,
     kubelet: Arc<kubelet::Kubelet>,
-    next_index: AtomicUsize,
-    tasks: Mutex<Vec<JoinHandle<()>>>,
+    next_index: Arc<AtomicUsize>,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -218,8 +219,8 @@ impl Fleet {
             options,
             registry,
             kubelet,
-            next_index: AtomicUsize::new(0),
-            tasks: Mutex::new(vec![kubelet_task]),
+            next_index: Arc::new(AtomicUsize::new(0)),
+            tasks: Arc::new(Mutex::new(vec![kubelet_task])),
         };
         if fleet.options.dra {
             crate::dra::install_device_class(&fleet.client)
@@ -363,6 +364,27 @@ impl Fleet {
         Ok(name)
     }
 
+    /// Adopts, from now on, every Node that another controller creates with this fleet's label
+    /// ([`FLEET_LABEL`]`=<name>`): Karpenter's KWOK provider and the sandbox's Cluster API
+    /// infrastructure provider create Node objects themselves, as a cloud's kubelet would register
+    /// them. An adopted node is reported `Ready` with the fleet's capacity, gets a heartbeat Lease
+    /// and runs its pods, like a registered one; when its Node is deleted the fleet forgets it.
+    /// The adoption runs until the fleet stops.
+    pub fn adopt_joining_nodes(&self) {
+        let adopter = adopt::Adopter {
+            client: self.client.clone(),
+            shape: self.shape.clone(),
+            selector: self.selector(),
+            heartbeat_interval: self.options.heartbeat_interval,
+            lease_duration_seconds: self.options.lease_duration_seconds,
+            registry: Arc::clone(&self.registry),
+            next_index: Arc::clone(&self.next_index),
+            tasks: Arc::clone(&self.tasks),
+        };
+        let task = tokio::spawn(adopter.run());
+        self.tasks.lock().expect("fleet task list lock").push(task);
+    }
+
     /// The fleet's nodes, sorted by name.
     #[must_use]
     pub fn node_names(&self) -> Vec<String> {
@@ -375,6 +397,12 @@ impl Fleet {
         &self.shape.fleet
     }
 
+    /// The shape of the fleet's nodes.
+    #[must_use]
+    pub fn shape(&self) -> &NodeShape {
+        &self.shape
+    }
+
     /// A label selector matching exactly this fleet's nodes.
     #[must_use]
     pub fn selector(&self) -> String {
@@ -384,6 +412,7 @@ impl Fleet {
     /// Fault: node `node` stops renewing its Lease, as when its kubelet or host dies. Its pods'
     /// kubelet keeps working; kube-controller-manager marks the node `Unknown` after its grace
     /// period. Returns `false` if the node is not in this fleet.
+    #[must_use]
     pub fn stop_heartbeat(&self, node: &str) -> bool {
         self.registry.set_heartbeat(node, false)
     }
@@ -410,6 +439,7 @@ impl Fleet {
     /// Fault: node `node` goes down entirely. Its heartbeat stops and its kubelet no longer runs
     /// pods nor finalises terminating ones (they stay terminating, as on a dead host). Returns
     /// `false` if the node is not in this fleet.
+    #[must_use]
     pub fn stop_kubelet(&self, node: &str) -> bool {
         self.registry.set_kubelet(node, false) && self.registry.set_heartbeat(node, false)
     }

@@ -58,6 +58,22 @@ impl NodeRegistry {
             .collect()
     }
 
+    /// Removes node `name` (its Node is gone), stopping its heartbeat and kubelet; `false` if it
+    /// was not in the fleet.
+    pub fn remove(&self, name: &str) -> bool {
+        let removed = self.nodes.write().expect("node registry lock").remove(name);
+        if let Some(entry) = &removed {
+            entry.heartbeat.store(false, Ordering::Relaxed);
+            entry.kubelet.store(false, Ordering::Relaxed);
+        }
+        removed.is_some()
+    }
+
+    /// Whether node `name` is in the fleet.
+    pub fn contains(&self, name: &str) -> bool {
+        self.nodes.read().expect("node registry lock").contains_key(name)
+    }
+
     /// How many nodes the fleet has.
     pub fn len(&self) -> usize {
         self.nodes.read().expect("node registry lock").len()

@@ -1,0 +1,263 @@
+//! The objects of a Cluster API cluster whose workload cluster is the sandbox itself: the
+//! sandbox's own infrastructure kinds (CRDs for `SandboxMachine`, `SandboxMachineTemplate` and
+//! `SandboxControlPlane`, which carry Cluster API's contract label), the kubeconfig Secret, the
+//! `Cluster`, a `MachineSet` and a `MachineHealthCheck` (all `cluster.x-k8s.io/v1beta2`), and the
+//! Node an infrastructure machine stands for. Pure builders, no IO.
+
+use gpu_remediation_api::constants::{GPU_COUNT_LABEL, GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL};
+use serde_json::{Value, json};
+
+use crate::fleet::{FLEET_LABEL, NodeShape};
+
+/// The sandbox's infrastructure API group.
+pub const INFRA_GROUP: &str = "infrastructure.sandbox.gpuremediation.dev";
+/// Its version.
+pub const INFRA_VERSION: &str = "v1alpha1";
+/// Cluster API's group.
+pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
+/// Machine (and template) label naming the cluster.
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+/// Machine label the `MachineSet` and health check select by.
+pub const POOL_LABEL: &str = "gpuremediation.dev/machine-pool";
+/// Prefix of the provider IDs of the sandbox's machines.
+pub const PROVIDER_ID_PREFIX: &str = "sandbox-capi://";
+
+/// The CRD of one of the sandbox's infrastructure kinds (`kind`, plural `plural`), labelled with
+/// Cluster API's contract (`cluster.x-k8s.io/v1beta2: v1alpha1`) so Cluster API reads it.
+#[must_use]
+pub fn infra_crd(kind: &str, plural: &str) -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": format!("{plural}.{INFRA_GROUP}"),
+            "labels": {"cluster.x-k8s.io/v1beta2": INFRA_VERSION},
+        },
+        "spec": {
+            "group": INFRA_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind,
+                "listKind": format!("{kind}List"),
+                "plural": plural,
+                "singular": kind.to_lowercase(),
+            },
+            "versions": [{
+                "name": INFRA_VERSION,
+                "served": true,
+                "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            }],
+        },
+    })
+}
+
+/// The three infrastructure CRDs.
+#[must_use]
+pub fn infra_crds() -> Vec<Value> {
+    vec![
+        infra_crd("SandboxMachine", "sandboxmachines"),
+        infra_crd("SandboxMachineTemplate", "sandboxmachinetemplates"),
+        infra_crd("SandboxControlPlane", "sandboxcontrolplanes"),
+    ]
+}
+
+/// The Secret Cluster API reads the workload cluster's kubeconfig from (`<cluster>-kubeconfig`,
+/// key `value`).
+#[must_use]
+pub fn kubeconfig_secret(namespace: &str, cluster: &str, kubeconfig: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": format!("{cluster}-kubeconfig"),
+            "namespace": namespace,
+            "labels": {CLUSTER_NAME_LABEL: cluster},
+        },
+        "type": "cluster.x-k8s.io/secret",
+        "stringData": {"value": kubeconfig},
+    })
+}
+
+/// The cluster's control plane: the sandbox's own, always initialized.
+#[must_use]
+pub fn control_plane(namespace: &str, cluster: &str) -> Value {
+    json!({
+        "apiVersion": format!("{INFRA_GROUP}/{INFRA_VERSION}"),
+        "kind": "SandboxControlPlane",
+        "metadata": {"name": cluster, "namespace": namespace},
+        "spec": {},
+    })
+}
+
+/// The control plane's status under Cluster API's v1beta2 contract: initialized, and managed
+/// outside Cluster API (as EKS or AKS control planes are), so Cluster API expects no control
+/// plane Machines; without that it refuses to delete any Machine's Node ("no control plane
+/// members").
+#[must_use]
+pub fn control_plane_status() -> Value {
+    json!({"status": {
+        "initialization": {"controlPlaneInitialized": true},
+        "externalManagedControlPlane": true,
+    }})
+}
+
+/// The `Cluster`: its control plane is the sandbox's (at `host:port`); no infrastructure cluster.
+#[must_use]
+pub fn cluster(namespace: &str, name: &str, host: &str, port: u16) -> Value {
+    json!({
+        "apiVersion": format!("{CAPI_GROUP}/v1beta2"),
+        "kind": "Cluster",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "controlPlaneRef": {"apiGroup": INFRA_GROUP, "kind": "SandboxControlPlane", "name": name},
+            "controlPlaneEndpoint": {"host": host, "port": port},
+        },
+    })
+}
+
+/// The machine template of a pool: its machines' nodes join `fleet`.
+#[must_use]
+pub fn machine_template(namespace: &str, name: &str, fleet: &str) -> Value {
+    json!({
+        "apiVersion": format!("{INFRA_GROUP}/{INFRA_VERSION}"),
+        "kind": "SandboxMachineTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"template": {"spec": {"fleet": fleet}}},
+    })
+}
+
+/// A `MachineSet` of `replicas` machines from template `name` (the webhook's defaults written
+/// out: selector and template labels name the cluster; the bootstrap data is a fixed Secret name,
+/// as no bootstrap provider runs).
+#[must_use]
+pub fn machine_set(namespace: &str, cluster: &str, name: &str, replicas: u32) -> Value {
+    let labels = json!({CLUSTER_NAME_LABEL: cluster, POOL_LABEL: name});
+    json!({
+        "apiVersion": format!("{CAPI_GROUP}/v1beta2"),
+        "kind": "MachineSet",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {CLUSTER_NAME_LABEL: cluster},
+        },
+        "spec": {
+            "clusterName": cluster,
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "clusterName": cluster,
+                    "bootstrap": {"dataSecretName": format!("{name}-bootstrap")},
+                    "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": "SandboxMachineTemplate", "name": name},
+                },
+            },
+        },
+    })
+}
+
+/// A `MachineHealthCheck` over pool `pool`: a node `Ready` `Unknown` or `False` for
+/// `timeout_seconds`, or a machine without a node for as long, is remediated (Cluster API deletes
+/// the Machine and the `MachineSet` replaces it).
+#[must_use]
+pub fn machine_health_check(namespace: &str, cluster: &str, pool: &str, timeout_seconds: u32) -> Value {
+    json!({
+        "apiVersion": format!("{CAPI_GROUP}/v1beta2"),
+        "kind": "MachineHealthCheck",
+        "metadata": {"name": pool, "namespace": namespace},
+        "spec": {
+            "clusterName": cluster,
+            "selector": {"matchLabels": {POOL_LABEL: pool}},
+            "checks": {
+                "nodeStartupTimeoutSeconds": timeout_seconds,
+                "unhealthyNodeConditions": [
+                    {"type": "Ready", "status": "Unknown", "timeoutSeconds": timeout_seconds},
+                    {"type": "Ready", "status": "False", "timeoutSeconds": timeout_seconds},
+                ],
+            },
+        },
+    })
+}
+
+/// The provider ID of infrastructure machine `namespace/name`.
+#[must_use]
+pub fn provider_id(namespace: &str, name: &str) -> String {
+    format!("{PROVIDER_ID_PREFIX}{namespace}/{name}")
+}
+
+/// The Node that infrastructure machine `namespace/name` brings up: named after the machine, with
+/// the fleet's label and GPU labels; the fleet adopts it (status, Lease, pods).
+#[must_use]
+pub fn machine_node(shape: &NodeShape, namespace: &str, name: &str) -> Value {
+    let mut labels = json!({
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        FLEET_LABEL: shape.fleet,
+        GPU_PRESENT_LABEL: "true",
+        GPU_PRODUCT_LABEL: shape.product,
+        GPU_COUNT_LABEL: shape.gpus.to_string(),
+    });
+    for (key, value) in &shape.labels {
+        labels[key] = json!(value);
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"providerID": provider_id(namespace, name)},
+    })
+}
+
+/// The infrastructure machine's provider ID and status once its node exists (v1beta2 contract).
+#[must_use]
+pub fn provisioned(provider_id: &str) -> (Value, Value) {
+    (
+        json!({"spec": {"providerID": provider_id}}),
+        json!({"status": {"initialization": {"provisioned": true}}}),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn infrastructure_crds_carry_the_cluster_api_contract_label() {
+        for crd in infra_crds() {
+            assert_eq!(crd["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"], "v1alpha1");
+            assert_eq!(crd["spec"]["group"], INFRA_GROUP);
+        }
+    }
+
+    #[test]
+    fn the_machine_set_selects_what_its_template_labels_and_names_the_sandbox_template() {
+        let set = machine_set("ns", "gpu", "pool", 2);
+        assert_eq!(
+            set["spec"]["selector"]["matchLabels"],
+            set["spec"]["template"]["metadata"]["labels"]
+        );
+        let reference = &set["spec"]["template"]["spec"]["infrastructureRef"];
+        assert_eq!(reference["kind"], "SandboxMachineTemplate");
+        assert_eq!(reference["apiGroup"], INFRA_GROUP);
+    }
+
+    #[test]
+    fn a_machines_node_is_named_after_it_and_carries_its_provider_id_and_the_fleet_label() {
+        let shape = NodeShape {
+            fleet: "capi-1".to_owned(),
+            gpus: 8,
+            product: "NVIDIA-H100-80GB-HBM3".to_owned(),
+            labels: BTreeMap::new(),
+        };
+        let node = machine_node(&shape, "ns", "pool-abcde");
+        assert_eq!(node["metadata"]["name"], "pool-abcde");
+        assert_eq!(node["spec"]["providerID"], "sandbox-capi://ns/pool-abcde");
+        assert_eq!(node["metadata"]["labels"][FLEET_LABEL], "capi-1");
+        assert_eq!(node["metadata"]["labels"][GPU_COUNT_LABEL], "8");
+    }
+}

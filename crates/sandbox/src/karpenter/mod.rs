@@ -1,0 +1,230 @@
+//! Karpenter itself (upstream `sigs.k8s.io/karpenter/kwok`: Karpenter's controllers with its KWOK
+//! cloud provider, built from the pinned module in `tools/karpenter-kwok`) running against the
+//! sandbox for one fleet. The KWOK provider "launches" an instance by creating its Node object; the
+//! fleet adopts those nodes ([`Fleet::adopt_joining_nodes`]): they become `Ready`, run pods and
+//! renew Leases like the fleet's own. Karpenter's provisioning, registration, termination (its
+//! finalizer and its drain through the Eviction API), consolidation and, when enabled, node repair
+//! are all upstream code; the sandbox supplies only what a cloud account would: an instance type,
+//! a node class marked `Ready`, and a `NodePool`.
+//!
+//! Karpenter runs with leader election off, no webhooks (it has none since v1.1), metrics and
+//! health probes on ephemeral ports, and a one-second provisioning batch window.
+
+pub mod objects;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::{Api, Client};
+
+use crate::controlplane::OwnedProcess;
+use crate::upstream::{self, StartUpstreamError};
+use crate::{ControlPlane, Fleet};
+
+pub use objects::Disruption;
+
+/// The environment variable naming the Karpenter (KWOK) binary; unset: `tools/build.sh karpenter-kwok`.
+pub const BINARY_ENV: &str = "GPU_REMEDIATOR_KARPENTER";
+
+/// How long Karpenter may take to report the pool `Ready`.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// How to run Karpenter.
+#[derive(Debug, Clone, Default)]
+pub struct KarpenterOptions {
+    /// Feature gate `NodeRepair`: Karpenter replaces nodes whose conditions match its provider's
+    /// repair policies (for KWOK: `Ready` `False` or `Unknown` for 10 minutes).
+    pub node_repair: bool,
+    /// The pool's consolidation.
+    pub disruption: Disruption,
+}
+
+/// `karpenter.sh/v1` `NodePool`.
+#[must_use]
+pub fn node_pool_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("karpenter.sh", "v1", "NodePool"),
+        "nodepools",
+    )
+}
+
+/// `karpenter.sh/v1` `NodeClaim`.
+#[must_use]
+pub fn node_claim_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("karpenter.sh", "v1", "NodeClaim"),
+        "nodeclaims",
+    )
+}
+
+fn node_class_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(objects::NODE_CLASS_GROUP, "v1alpha1", "KWOKNodeClass"),
+        "kwoknodeclasses",
+    )
+}
+
+/// Karpenter running for one fleet; dropping it terminates the process.
+#[derive(Debug)]
+pub struct Karpenter {
+    process: OwnedProcess,
+    pool: String,
+    log: PathBuf,
+}
+
+impl Karpenter {
+    /// Installs Karpenter's CRDs, the fleet's instance type, node class and `NodePool`, starts
+    /// Karpenter and waits until it reports the pool `Ready`. Call
+    /// [`Fleet::adopt_joining_nodes`] on `fleet` so the nodes it launches come up.
+    pub async fn start(
+        control_plane: &ControlPlane,
+        fleet: &Fleet,
+        options: &KarpenterOptions,
+    ) -> Result<Self, StartUpstreamError> {
+        let binary = upstream::locate("karpenter-kwok", BINARY_ENV)?;
+        let client = control_plane.client();
+        upstream::install_crds(&client, &binary).await?;
+        let shape = fleet.shape();
+        let dir = control_plane
+            .data_dir()
+            .join(format!("karpenter-{}", shape.fleet));
+        std::fs::create_dir_all(&dir).map_err(|source| StartUpstreamError::Write {
+            path: dir.clone(),
+            source,
+        })?;
+        let types_path = dir.join("instance-types.json");
+        std::fs::write(&types_path, objects::instance_types(shape).to_string()).map_err(|source| {
+            StartUpstreamError::Write {
+                path: types_path.clone(),
+                source,
+            }
+        })?;
+        apply(&client, &node_class_resource(), &objects::node_class(shape)).await?;
+        Api::<DynamicObject>::all_with(client.clone(), &node_class_resource())
+            .patch_status(
+                &shape.fleet,
+                &PatchParams::default(),
+                &Patch::Merge(objects::node_class_ready_status(
+                    &jiff::Timestamp::now().to_string(),
+                )),
+            )
+            .await
+            .map_err(|source| StartUpstreamError::Api {
+                action: format!("marking KWOKNodeClass {} Ready", shape.fleet),
+                source,
+            })?;
+        apply(
+            &client,
+            &node_pool_resource(),
+            &objects::node_pool(shape, &options.disruption),
+        )
+        .await?;
+
+        let log = dir.join("karpenter.log");
+        let env = [
+            (
+                "KUBECONFIG",
+                control_plane.kubeconfig_path().display().to_string(),
+            ),
+            ("DISABLE_LEADER_ELECTION", "true".to_owned()),
+            ("METRICS_PORT", "0".to_owned()),
+            ("HEALTH_PROBE_PORT", "0".to_owned()),
+            ("SYSTEM_NAMESPACE", "kube-system".to_owned()),
+            ("LOG_LEVEL", "debug".to_owned()),
+            ("BATCH_IDLE_DURATION", "1s".to_owned()),
+            ("BATCH_MAX_DURATION", "3s".to_owned()),
+            ("INSTANCE_TYPES_FILE_PATH", types_path.display().to_string()),
+            (
+                "FEATURE_GATES",
+                format!(
+                    "NodeRepair={},ReservedCapacity=false,SpotToSpotConsolidation=false,NodeOverlay=false,\
+                     StaticCapacity=false,CapacityBuffer=false",
+                    options.node_repair
+                ),
+            ),
+        ];
+        let process = upstream::spawn("karpenter", &binary, &env, &[], &log).await?;
+        let karpenter = Self {
+            process,
+            pool: shape.fleet.clone(),
+            log,
+        };
+        karpenter.wait_pool_ready(&client).await?;
+        Ok(karpenter)
+    }
+
+    /// The fleet's `NodePool` (named after the fleet).
+    #[must_use]
+    pub fn pool(&self) -> &str {
+        &self.pool
+    }
+
+    /// Karpenter's log file.
+    #[must_use]
+    pub fn log_path(&self) -> &std::path::Path {
+        &self.log
+    }
+
+    /// The last `lines` lines of Karpenter's log.
+    #[must_use]
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process.log_tail(lines)
+    }
+
+    /// Terminates Karpenter.
+    pub async fn stop(self) {
+        self.process.terminate().await;
+    }
+
+    async fn wait_pool_ready(&self, client: &Client) -> Result<(), StartUpstreamError> {
+        let pools: Api<DynamicObject> = Api::all_with(client.clone(), &node_pool_resource());
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        loop {
+            let ready = pools
+                .get_opt(&self.pool)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|pool| {
+                    pool.data
+                        .pointer("/status/conditions")
+                        .and_then(serde_json::Value::as_array)
+                        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+                });
+            if ready {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(StartUpstreamError::NotReady {
+                    what: format!("Karpenter's NodePool {}", self.pool),
+                    waited: READY_TIMEOUT,
+                    log_tail: self.process.log_tail(30),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// Server-side applies `object` (cluster-scoped) as the sandbox.
+async fn apply(
+    client: &Client,
+    resource: &ApiResource,
+    object: &serde_json::Value,
+) -> Result<(), StartUpstreamError> {
+    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    Api::<DynamicObject>::all_with(client.clone(), resource)
+        .patch(
+            &name,
+            &PatchParams::apply("gpu-sandbox").force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|source| StartUpstreamError::Api {
+            action: format!("applying {} {name}", resource.kind),
+            source,
+        })
+}
