@@ -82,7 +82,17 @@ async fn delete_node_claim_recycles_a_karpenter_node_through_karpenters_own_term
     let pool = karpenter.pool().to_owned();
 
     let app = two_training_pods(&s, &karpenter).await;
-    let before = claims(&s.client, &pool).await;
+    // Karpenter writes a claim's status.nodeName when it registers the node, which may trail the
+    // pods starting there.
+    let before = common::eventually(
+        "two NodeClaims naming their nodes",
+        Duration::from_secs(30),
+        || async {
+            let seen = claims(&s.client, &pool).await;
+            seen.iter().all(|(_, _, node, _)| node.is_some()).then_some(seen)
+        },
+    )
+    .await;
     assert_eq!(before.len(), 2, "one NodeClaim per 8-GPU pod: {before:?}");
     let running = pods(&s.client, &s.namespace, &app.selector()).await;
     let broken = running[0]
