@@ -1,7 +1,8 @@
 //! `make demo` as a user runs it, minus the wait for Ctrl-C: the real `gpu-sandbox demo` and
 //! `gpu-remediator` binaries, built here, end to end (its own control plane, fleet, manifests,
 //! sample policy, the controller process under its service account). It must reach `Succeeded`,
-//! print its summary with every figure, say the PDBs held, and tear everything down.
+//! print its summary with every figure, say the PDBs held, show a new pod held off the quarantined
+//! node while `for` runs, and tear everything down.
 
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,9 @@ fn the_demo_recycles_a_node_and_prints_its_summary_with_budgets_honoured() {
     );
     for expected in [
         "FAULT on gpu-",
+        "QUARANTINED gpu-",
+        "stays Pending (0/",
+        "untolerated taint",
         "not remediated yet: a trigger holds",
         "policy h100-replace-on-gpu-loss governs the node",
         " Cordoned",

@@ -5,15 +5,18 @@
 //! that replaces deleted nodes; GPU workloads behind PDBs; `manifests/` applied (CRDs, namespace,
 //! RBAC); `config/policy-h100-replace.yaml` applied with its trigger's `for` shortened so nobody
 //! waits two minutes; the controller started as a process with only its service account's token;
-//! a GPU falls off the bus on the busiest node; the remediation is followed phase by phase; a
+//! a GPU falls off the bus on the busiest node; it is quarantined at once and a new GPU pod aimed
+//! at it is held off while `for` runs; the remediation is followed phase by phase; a
 //! summary. Then the cluster stays up (the `KUBECONFIG` line is printed) until Ctrl-C, unless
 //! `exit_after` is set (CI, the e2e test).
 //!
 //! - [`install`]: applies `manifests/` and speaks as one of its service accounts.
 //! - [`controller_process`]: the controller binary as a child that never outlives the demo.
+//! - [`held_off`]: the quarantine during `for`: a new GPU pod aimed at the broken node stays Pending.
 //! - [`progress`]: what is printed (pure).
 
 pub mod controller_process;
+pub mod held_off;
 pub mod install;
 pub mod progress;
 
@@ -216,6 +219,8 @@ async fn run_on(
          itself stays Ready"
     ));
 
+    show_quarantine(&admin, &broken, fault_at, options.trigger_for, clock).await?;
+
     explain(
         &options.controller,
         control_plane.kubeconfig_path(),
@@ -397,6 +402,32 @@ async fn controller_kubeconfig(
     let path = control_plane.data_dir().join("gpu-remediator.kubeconfig");
     std::fs::write(&path, text).map_err(step("writing the controller's kubeconfig"))?;
     Ok(path)
+}
+
+/// The quarantine while `for` runs (see [`held_off`]), said in one line.
+async fn show_quarantine(
+    admin: &Client,
+    broken: &str,
+    fault_at: Instant,
+    trigger_for: Duration,
+    clock: &Clock,
+) -> Result<(), RunDemoError> {
+    let held_off = held_off::show(admin, WORKLOAD_NAMESPACE, broken, fault_at, trigger_for)
+        .await
+        .map_err(|message| RunDemoError::Step {
+            step: "showing the quarantine",
+            message,
+        })?;
+    clock.say(&format!(
+        "QUARANTINED {broken} {:.0} ms after the fault (taint {}:NoSchedule), while the trigger's {}s `for` runs: \
+         new pod {} aimed at it stays Pending ({}); deleted",
+        held_off.quarantined_after.as_secs_f64() * 1000.0,
+        gpu_remediation_api::constants::QUARANTINE_TAINT_KEY,
+        trigger_for.as_secs(),
+        held_off.pod,
+        held_off.scheduler_says.trim_end_matches('.'),
+    ));
+    Ok(())
 }
 
 /// Waits until the controller holds its Lease.
