@@ -2,7 +2,8 @@
 //! that works succeeds after the dwell and releases the node; the fault back within the dwell
 //! escalates to a reboot proven by a new boot ID; a reboot object that completes without a new boot
 //! ID is no success and escalates to `Replace`; a node out of rungs is handed off, `ManualRequired`
-//! with its GPUs named. The step objects are carried out by the sandbox's repair operator
+//! with its GPUs named; on an 8-GPU node whose 8 pods hold one GPU each through DRA claims, a
+//! reset of GPU 3 evicts only GPU 3's pod. The step objects are carried out by the sandbox's repair operator
 //! (`gpu_sandbox::repair`); legacy one-action policies are the other test binaries, unchanged.
 
 mod common;
@@ -15,12 +16,19 @@ use gpu_remediation_api::{
     GpuRemediation, Phase,
     ladder::{HAND_OFF_LABEL, Rung, StepOutcome},
 };
+use gpu_remediator::dra::{Holders, pods_holding_on};
 use gpu_sandbox::{
+    ControlPlaneOptions, Dra, Fleet, FleetOptions, dra,
     hardware::{SimGpu, set_inventory},
     repair::{self, Behaviour, Repairer},
+    workload::{self, Workload},
 };
-use k8s_openapi::api::core::v1::Node;
-use kube::{Api, ResourceExt, api::ApiResource, core::GroupVersionKind};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api, ResourceExt,
+    api::{ApiResource, ListParams},
+    core::GroupVersionKind,
+};
 use scenario::{RunningController, Scenario, has_our_taint, is_unschedulable};
 use serde_json::json;
 
@@ -92,7 +100,7 @@ async fn released(s: &Scenario, node: &str) {
 
 #[tokio::test]
 async fn a_gpu_reset_that_works_succeeds_after_the_dwell_and_releases_the_node() {
-    let s = Scenario::new(1).await;
+    let s = scenario(1, false).await;
     let node = s.nodes()[0].clone();
     let ladder = json!([step(&s, "ResetGpu", "1m"), step(&s, "Reboot", "1m"), {"step": "Replace"}]);
     let repairer = setup(&s, ladder, "3s", Behaviour::default()).await;
@@ -147,7 +155,7 @@ async fn a_gpu_reset_that_works_succeeds_after_the_dwell_and_releases_the_node()
 
 #[tokio::test]
 async fn the_fault_back_within_the_dwell_escalates_to_a_reboot_proven_by_a_new_boot_id() {
-    let s = Scenario::new(1).await;
+    let s = scenario(1, false).await;
     let node = s.nodes()[0].clone();
     let ladder = json!([step(&s, "ResetGpu", "1m"), step(&s, "Reboot", "1m"), {"step": "Replace"}]);
     let _repairer = setup(&s, ladder, "6s", Behaviour::default()).await;
@@ -204,7 +212,7 @@ async fn the_fault_back_within_the_dwell_escalates_to_a_reboot_proven_by_a_new_b
 
 #[tokio::test]
 async fn a_reboot_object_done_without_a_new_boot_id_is_no_success_and_escalates_to_replace() {
-    let s = Scenario::new(1).await;
+    let s = scenario(1, false).await;
     let node = s.nodes()[0].clone();
     let ladder = json!([step(&s, "Reboot", "8s"), {"step": "Replace", "timeout": "1m"}]);
     let behaviour = Behaviour {
@@ -258,7 +266,7 @@ async fn a_reboot_object_done_without_a_new_boot_id_is_no_success_and_escalates_
 
 #[tokio::test]
 async fn out_of_rungs_the_node_is_handed_off_manual_required_with_its_gpus_named() {
-    let s = Scenario::new(1).await;
+    let s = scenario(1, false).await;
     let node = s.nodes()[0].clone();
     let ladder = json!([step(&s, "Reboot", "1m"), {"step": "HandOff"}]);
     let behaviour = Behaviour {
@@ -298,5 +306,141 @@ async fn out_of_rungs_the_node_is_handed_off_manual_required_with_its_gpus_named
         handed.labels().get(HAND_OFF_LABEL).map(String::as_str),
         Some("true")
     );
+    controller.stop().await;
+}
+
+/// The control plane of this binary: DRA on, so the GPU-scoped drain can be shown.
+fn with_dra() -> ControlPlaneOptions {
+    ControlPlaneOptions {
+        dra: Dra::On,
+        ..ControlPlaneOptions::default()
+    }
+}
+
+/// A scenario on the DRA control plane, whose fleet publishes its GPUs through the simulated DRA
+/// driver when `dra` is set.
+async fn scenario(nodes: usize, dra: bool) -> Scenario {
+    let client = common::cluster_with(with_dra).await.client();
+    if !dra {
+        return Scenario::new(nodes).await;
+    }
+    scenario::init_logs();
+    scenario::install_crds(&client).await;
+    let namespace = common::namespace().await;
+    let fleet = Fleet::start(
+        client.clone(),
+        FleetOptions {
+            nodes,
+            name_prefix: common::unique_name("ladder-dra"),
+            heartbeat_interval: Duration::from_secs(2),
+            dra: true,
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .expect("a fleet with DRA");
+    let scope = fleet.name().to_owned();
+    Scenario {
+        client,
+        namespace,
+        fleet,
+        scope,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_dra_pod_and_the_other_seven_never_restart() {
+    let s = scenario(1, true).await;
+    let node = s.nodes()[0].clone();
+    let ladder = json!([step(&s, "ResetGpu", "1m"), step(&s, "Reboot", "1m")]);
+    let _repairer = setup(&s, ladder, "3s", Behaviour::default()).await;
+    dra::create_claim_template(&s.client, &s.namespace, "one-gpu", 1)
+        .await
+        .expect("the claim template");
+    let app = Workload::new(&s.namespace, "train")
+        .replicas(8)
+        .on_nodes(&[&node])
+        .gpus_claimed_from("one-gpu");
+    workload::create(&s.client, &app.deployment())
+        .await
+        .expect("the deployment");
+    workload::wait_ready_pods(
+        &s.client,
+        &s.namespace,
+        &app.selector(),
+        8,
+        Duration::from_secs(90),
+    )
+    .await
+    .expect("8 pods running on their claimed GPUs");
+    let gpu3 = dra::node_gpus(&node, 8)[3].clone();
+    let pods_api = Api::<Pod>::namespaced(s.client.clone(), &s.namespace);
+    let before = pods_api.list(&ListParams::default()).await.unwrap().items;
+    let holders = eventually("GPU 3's pod known", Duration::from_secs(30), || async {
+        match pods_holding_on(&s.client, &node, std::slice::from_ref(&gpu3.uuid), &before).await {
+            Ok(Holders::Known(pods)) if pods.len() == 1 => Some(pods),
+            _ => None,
+        }
+    })
+    .await;
+    let holder = holders[0].name.clone();
+    let others: Vec<(String, Option<String>)> = before
+        .iter()
+        .filter(|p| p.name_any() != holder)
+        .map(|p| (p.name_any(), p.uid()))
+        .collect();
+    assert_eq!(others.len(), 7);
+    let controller = RunningController::start(&s.scope).await;
+
+    repair::xid(&s.client, &node, &gpu3, 48, "RESET_GPU")
+        .await
+        .unwrap();
+    let done = s
+        .wait_phase(&node, Phase::Succeeded, Duration::from_secs(90))
+        .await;
+
+    assert_eq!(steps(&done), [(Rung::ResetGpu, Some(StepOutcome::Succeeded))]);
+    let status = done.status.as_ref().unwrap();
+    let reset = &status.steps[0];
+    assert_eq!(
+        reset.evicted_pods,
+        [format!("{}/{holder}", s.namespace)],
+        "only GPU 3's pod was evicted"
+    );
+    assert!(
+        reset
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("reset proven"),
+        "{:?}",
+        reset.message
+    );
+    let scope = status
+        .drain
+        .as_ref()
+        .and_then(|d| d.scope.clone())
+        .unwrap_or_default();
+    assert!(scope.starts_with("GPU-scoped drain"), "{scope}");
+    let after = pods_api.list(&ListParams::default()).await.unwrap().items;
+    for (name, uid) in &others {
+        let pod = after
+            .iter()
+            .find(|p| p.name_any() == *name)
+            .unwrap_or_else(|| panic!("{name} is gone"));
+        assert_eq!(&pod.uid(), uid, "{name} was never replaced");
+        assert!(
+            pod.metadata.deletion_timestamp.is_none(),
+            "{name} was never evicted"
+        );
+    }
+    assert!(
+        after
+            .iter()
+            .filter(|p| p.name_any() == holder)
+            .all(|p| p.metadata.deletion_timestamp.is_some()),
+        "GPU 3's pod left"
+    );
+    released(&s, &node).await;
     controller.stop().await;
 }

@@ -289,6 +289,11 @@ pub struct DrainStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub evicted: Vec<String>,
+    /// With a ladder: which pods this drain takes and why (only those holding the failed GPU, for
+    /// a reset; else the whole node, and why the mapping is unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub scope: Option<String>,
 }
 
 /// A pod whose eviction is refused.

@@ -27,6 +27,8 @@ pub enum KeepReason {
     DaemonSet,
     /// Already `Succeeded` or `Failed`.
     Terminal,
+    /// Holds none of the failed GPUs: a reset's drain is scoped to the pods holding them.
+    OtherGpus,
 }
 
 /// What happens to one pod.
@@ -159,6 +161,20 @@ pub fn plan(pods: &[Pod]) -> Plan {
     plan
 }
 
+/// Narrows `plan` to the pods in `holders` (`namespace/name`): the others stay
+/// ([`KeepReason::OtherGpus`]), for a drain scoped to the pods holding a failed GPU.
+#[must_use]
+pub fn scoped_to(plan: Plan, holders: &std::collections::BTreeSet<String>) -> Plan {
+    let (leaving, others): (Vec<Leaving>, Vec<Leaving>) = plan
+        .leaving
+        .into_iter()
+        .partition(|pod| holders.contains(&pod.key()));
+    let mut staying = plan.staying;
+    staying.extend(others.into_iter().map(|pod| (pod.key(), KeepReason::OtherGpus)));
+    staying.sort();
+    Plan { leaving, staying }
+}
+
 /// The disruption budgets (as `namespace/name`) that cover a pod: same namespace, selector
 /// matches its labels. A budget without a selector covers nothing; an empty one covers every pod
 /// of its namespace, as in `policy/v1`.
@@ -223,6 +239,24 @@ mod tests {
             }),
             ..Pod::default()
         }
+    }
+
+    #[test]
+    fn a_gpu_scoped_plan_evicts_only_the_holders_and_keeps_the_others_for_holding_other_gpus() {
+        let pods: Vec<Pod> = (0..8).map(|i| pod(&format!("train-{i}"))).collect();
+        let holders = ["work/train-3".to_owned()].into();
+        let scoped = scoped_to(plan(&pods), &holders);
+        assert_eq!(
+            scoped.leaving.iter().map(Leaving::key).collect::<Vec<_>>(),
+            ["work/train-3"]
+        );
+        assert_eq!(scoped.staying.len(), 7);
+        assert!(
+            scoped
+                .staying
+                .iter()
+                .all(|(_, why)| *why == KeepReason::OtherGpus)
+        );
     }
 
     fn owned_by(mut pod: Pod, kind: &str) -> Pod {

@@ -19,11 +19,18 @@ use crate::{
     replace::TriggerReplacementError,
 };
 
+/// Placeholder in a step's template replaced by the UUID of the GPU the fault named.
+pub const GPU_UUID_PLACEHOLDER: &str = "{{gpuUUID}}";
+
 /// The step's template with `metadata.name` set to `<remediation>-<step>` unless it names itself,
-/// so each step of one remediation creates its own object.
+/// so each step of one remediation creates its own object, and [`GPU_UUID_PLACEHOLDER`] replaced
+/// by `gpu` (the failed GPU's UUID) where one is known.
 #[must_use]
-pub fn step_template(template: &Value, remediation: &str, rung: Rung) -> Value {
+pub fn step_template(template: &Value, remediation: &str, rung: Rung, gpu: Option<&str>) -> Value {
     let mut object = template.clone();
+    if let Some(gpu) = gpu {
+        substitute_gpu(&mut object, gpu);
+    }
     if let Value::Object(fields) = &mut object {
         let metadata = fields
             .entry("metadata")
@@ -40,6 +47,17 @@ pub fn step_template(template: &Value, remediation: &str, rung: Rung) -> Value {
         }
     }
     object
+}
+
+fn substitute_gpu(value: &mut Value, gpu: &str) {
+    match value {
+        Value::String(text) if text.contains(GPU_UUID_PLACEHOLDER) => {
+            *text = text.replace(GPU_UUID_PLACEHOLDER, gpu);
+        }
+        Value::Array(items) => items.iter_mut().for_each(|item| substitute_gpu(item, gpu)),
+        Value::Object(fields) => fields.values_mut().for_each(|field| substitute_gpu(field, gpu)),
+        _ => {}
+    }
 }
 
 /// Creates the step's object; a refusal is the lifecycle's to weigh.
@@ -63,7 +81,14 @@ pub(crate) async fn trigger_step(
     };
     let replacement = Replacement {
         strategy: Strategy::Template,
-        template: Some(step_template(template, &remediation.name_any(), rung)),
+        template: Some(step_template(
+            template,
+            &remediation.name_any(),
+            rung,
+            crate::lifecycle::ladder_evidence::failed_gpus(remediation)
+                .first()
+                .map(|gpu| gpu.uuid.as_str()),
+        )),
         timeout: rules.replacement.timeout,
     };
     match ctx
@@ -76,6 +101,45 @@ pub(crate) async fn trigger_step(
         Err(TriggerReplacementError::Fenced(fenced)) => Err(fenced.into()),
         Err(error) => Ok(Err(words(&error))),
     }
+}
+
+/// Narrows a reset's drain to the pods holding the failed GPUs, as DRA's claims and slices say;
+/// where that is unknown the whole node is drained, and the scope says why. A failed read is an
+/// error (the pass is retried), never a guess.
+pub(crate) async fn scope_drain(
+    ctx: &Context,
+    node: &str,
+    gpus: &[String],
+    plan: crate::drain::Plan,
+    pods: &[k8s_openapi::api::core::v1::Pod],
+) -> Result<(crate::drain::Plan, Option<String>), AdvanceRemediationError> {
+    use crate::dra::{Holders, pods_holding_on};
+    use gpu_remediation_api::ladder::STEP_MESSAGE_MAX;
+    let scope = match pods_holding_on(ctx.ops.client(), node, gpus, pods).await? {
+        Holders::Known(holders) => {
+            let names: std::collections::BTreeSet<String> = holders
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .collect();
+            let listed = names.iter().cloned().collect::<Vec<_>>().join(", ");
+            let scope = format!(
+                "{}: only the {} pods holding {} leave ({listed}); the node's other pods keep running",
+                crate::lifecycle::ladder::GPU_SCOPED,
+                names.len(),
+                gpus.join(", ")
+            );
+            let narrowed = crate::drain::scoped_to(plan, &names);
+            return Ok((
+                narrowed,
+                Some(crate::lifecycle::status::truncate(&scope, STEP_MESSAGE_MAX)),
+            ));
+        }
+        Holders::Unknown(reason) => format!("GPU-to-pod mapping unknown ({reason}): whole node drained"),
+    };
+    Ok((
+        plan,
+        Some(crate::lifecycle::status::truncate(&scope, STEP_MESSAGE_MAX)),
+    ))
 }
 
 /// Labels the node for a person; a refusal is the lifecycle's to weigh.
@@ -108,16 +172,58 @@ mod tests {
     #[test]
     fn an_unnamed_step_object_is_named_after_the_remediation_and_the_step() {
         let template = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"namespace": "ops"}});
-        let named = step_template(&template, "gpu-1-abc123", Rung::ResetGpu);
+        let named = step_template(&template, "gpu-1-abc123", Rung::ResetGpu, None);
         assert_eq!(named["metadata"]["name"], "gpu-1-abc123-resetgpu");
         assert_eq!(named["metadata"]["namespace"], "ops");
+    }
+
+    #[test]
+    fn the_failed_gpus_uuid_is_substituted_wherever_the_template_names_it() {
+        let template = json!({"apiVersion": "janitor.dgxc.nvidia.com/v1alpha1", "kind": "GPUReset",
+            "spec": {"nodeName": "{{nodeName}}", "selector": {"uuids": ["{{gpuUUID}}"]}}});
+        let rendered = step_template(&template, "r", Rung::ResetGpu, Some("GPU-3"));
+        assert_eq!(rendered["spec"]["selector"]["uuids"], json!(["GPU-3"]));
+        assert_eq!(
+            rendered["spec"]["nodeName"], "{{nodeName}}",
+            "the node is the renderer's"
+        );
+    }
+
+    #[test]
+    fn every_ladder_step_sample_is_a_valid_step_with_its_template() {
+        for (file, text) in [
+            (
+                "reset-job.yaml",
+                include_str!("../../../config/ladder-steps/reset-job.yaml"),
+            ),
+            (
+                "nvsentinel-gpu-reset.yaml",
+                include_str!("../../../config/ladder-steps/nvsentinel-gpu-reset.yaml"),
+            ),
+            (
+                "self-node-remediation.yaml",
+                include_str!("../../../config/ladder-steps/self-node-remediation.yaml"),
+            ),
+        ] {
+            let step: gpu_remediation_api::ladder::LadderStep =
+                serde_yaml::from_str(text).unwrap_or_else(|e| panic!("{file}: {e}"));
+            let template = step
+                .template
+                .as_ref()
+                .unwrap_or_else(|| panic!("{file}: no template"));
+            assert!(step.step.has_template(), "{file}");
+            assert!(
+                template["apiVersion"].is_string() && template["kind"].is_string(),
+                "{file}"
+            );
+        }
     }
 
     #[test]
     fn a_step_object_that_names_itself_keeps_its_name() {
         let template = json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "{{nodeName}}"}});
         assert_eq!(
-            step_template(&template, "r", Rung::Reboot)["metadata"]["name"],
+            step_template(&template, "r", Rung::Reboot, None)["metadata"]["name"],
             "{{nodeName}}"
         );
     }

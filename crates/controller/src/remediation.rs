@@ -76,6 +76,9 @@ pub enum AdvanceRemediationError {
     /// This replica may not act now.
     #[error("not acting: {0}")]
     Fenced(#[from] crate::leader::FenceError),
+    /// Reading which pods hold the failed GPU (`ResourceSlices`, `ResourceClaims`) failed.
+    #[error(transparent)]
+    ReadDevices(#[from] crate::dra::ReadDevicesError),
     /// The lifecycle kept asking after every answer (a bug in `lifecycle`).
     #[error("remediation {name}: the lifecycle asked more than {ASKS_PER_STEP} times in one step")]
     KeptAsking {
@@ -133,11 +136,20 @@ async fn step(
     let status = remediation.status.clone().unwrap_or_default();
     let node = ctx.caches.node(&remediation.spec.node_name);
     let since = remediation.spec.trigger.since.as_ref().map(|t| t.0);
-    let (pods, leaked) = if needs_pods(remediation, &status) {
-        let (plan, leaked) = list_plan(ctx, &remediation.spec.node_name, since).await?;
-        (Some(plan), leaked)
+    let (pods, leaked, drain_scope) = if needs_pods(remediation, &status) {
+        let (plan, leaked, listed) = list_plan(ctx, &remediation.spec.node_name, since).await?;
+        let reset =
+            rules.and_then(|rules| lifecycle::ladder_evidence::reset_scope(remediation, rules, &status));
+        let (plan, scope) = match reset {
+            Some(uuids) => {
+                crate::ladder_acts::scope_drain(ctx, &remediation.spec.node_name, &uuids, plan, &listed)
+                    .await?
+            }
+            None => (plan, None),
+        };
+        (Some(plan), leaked, scope)
     } else {
-        (None, None)
+        (None, None, None)
     };
     let step = rules.and_then(|rules| lifecycle::ladder::looked_at(&status, rules));
     let replacement = match (&status.replacement, rules) {
@@ -180,6 +192,7 @@ async fn step(
             let seen = Seen {
                 node: node.as_deref(),
                 pods: pods.as_ref(),
+                drain_scope: drain_scope.as_deref(),
                 budgets: &budgets,
                 in_flight: &in_flight,
                 asked_at: &asked_at,
@@ -508,13 +521,13 @@ async fn evict_one(
     (pod, answer)
 }
 
-/// The node's pods as a drain plan, and how many of them the scheduler placed after `since` (the
-/// fault's start; see `quarantine::leak`).
+/// The node's pods as a drain plan, how many of them the scheduler placed after `since` (the
+/// fault's start; see `quarantine::leak`), and the pods as listed.
 async fn list_plan(
     ctx: &Context,
     node: &str,
     since: Option<Timestamp>,
-) -> Result<(Plan, Option<u32>), AdvanceRemediationError> {
+) -> Result<(Plan, Option<u32>, Vec<Pod>), AdvanceRemediationError> {
     let pods = Api::<Pod>::all(ctx.ops.client().clone());
     let listed = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
@@ -524,7 +537,7 @@ async fn list_plan(
             source,
         })?;
     let leaked = since.map(|since| crate::quarantine::leak::scheduled_after(&listed.items, since));
-    Ok((drain::plan(&listed.items), leaked))
+    Ok((drain::plan(&listed.items), leaked, listed.items))
 }
 
 async fn drop_finalizer(ctx: &Context, remediation: &GpuRemediation) -> Result<(), AdvanceRemediationError> {

@@ -100,6 +100,10 @@ pub(super) fn advance(
         drained
             .evicted
             .truncate(gpu_remediation_api::ladder::STEP_PODS_MAX);
+        drained.scope = seen
+            .drain_scope
+            .map(str::to_owned)
+            .or_else(|| status.drain.as_ref().and_then(|d| d.scope.clone()));
     }
     let remaining = drained.pods_remaining;
     status.drain = Some(drained);
@@ -407,6 +411,7 @@ fn record_answers(
         blockers,
         would_evict: Vec::new(),
         evicted: previous.evicted.clone(),
+        scope: None,
     }
 }
 
@@ -436,20 +441,32 @@ fn hand_over(
 ) -> Settlement {
     let (phase, message) = match remediation.spec.action {
         _ if !rules.ladder.is_empty() => {
-            let mut first = super::ladder::first_step(remediation, rules, facts.now);
-            first.evicted_pods = status
-                .drain
-                .as_ref()
-                .map(|d| d.evicted.clone())
-                .unwrap_or_default();
-            let mut message = format!("drained; ladder step {} starts", first.step);
-            if first.step == gpu_remediation_api::ladder::Rung::ResetGpu {
-                let why = super::ladder::WHOLE_NODE_DRAINED;
-                first.message = Some(why.to_owned());
-                message = format!("{message} ({why})");
-            }
-            super::ladder::open(&mut status, first);
-            (Phase::Replacing, message)
+            let drained = status.drain.clone().unwrap_or_default();
+            // A step already open escalated from a GPU-scoped reset: its whole-node drain is done,
+            // and it starts now.
+            let reopened = status.steps.last_mut().filter(|s| s.end.is_none()).map(|open| {
+                open.start = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(facts.now);
+                open.evicted_pods.clone_from(&drained.evicted);
+                open.step
+            });
+            let step = if let Some(step) = reopened {
+                step
+            } else {
+                let mut first = super::ladder::first_step(remediation, rules, facts.now);
+                first.evicted_pods.clone_from(&drained.evicted);
+                first.message = drained.scope.clone().or_else(|| {
+                    (first.step == gpu_remediation_api::ladder::Rung::ResetGpu)
+                        .then(|| super::ladder::WHOLE_NODE_DRAINED.to_owned())
+                });
+                let step = first.step;
+                super::ladder::open(&mut status, first);
+                step
+            };
+            let scope = drained.scope.map(|s| format!(" ({s})")).unwrap_or_default();
+            (
+                Phase::Replacing,
+                format!("drained{scope}; ladder step {step} starts"),
+            )
         }
         Action::None => (
             Phase::Verifying,
@@ -533,6 +550,7 @@ pub(super) fn dry_run(seen: &Seen<'_>, facts: &Facts<'_>, mut status: GpuRemedia
         blockers,
         would_evict,
         evicted: Vec::new(),
+        scope: None,
     });
     Decision::Settle(status::move_to(
         status,

@@ -45,6 +45,8 @@ use crate::{
 pub const STEP_ESCALATED: &str = "StepEscalated";
 /// Why a reset's drain took every pod of the node: which pods hold the failed GPU is not known.
 pub const WHOLE_NODE_DRAINED: &str = "GPU-to-pod mapping unknown: whole node drained";
+/// How the scope of a reset's drain limited to the failed GPU's pods begins.
+pub const GPU_SCOPED: &str = "GPU-scoped drain";
 /// Event reason: the last rung handed the node to a person.
 pub const HANDED_OFF: &str = "HandedOff";
 
@@ -605,6 +607,35 @@ fn escalate(
     );
     open(&mut status, new_record(next.step, facts.now));
     status.replacement = None;
+    let scoped = status
+        .drain
+        .as_ref()
+        .and_then(|d| d.scope.as_deref())
+        .is_some_and(|s| s.starts_with(GPU_SCOPED));
+    if scoped && matches!(next.step, Rung::Reboot | Rung::Replace) {
+        // The reset's drain took only the failed GPU's pods: the node's other pods leave now.
+        let message = format!("{message}; the whole node is drained first");
+        status.drain = None;
+        set_condition(
+            &mut status,
+            remediation_conditions::DRAINED,
+            false,
+            STEP_ESCALATED,
+            "the next step needs the whole node",
+            facts.now,
+        );
+        let mut settled = status::move_to(
+            status,
+            Phase::Draining,
+            &message,
+            STEP_ESCALATED,
+            EventType::Warning,
+            facts.now,
+            Next::At(facts.now),
+        );
+        settled.drop_finalizer = false;
+        return Decision::Settle(settled);
+    }
     let mut settled: Settlement = status::move_to(
         status,
         Phase::Replacing,

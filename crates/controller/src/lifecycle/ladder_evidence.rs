@@ -91,6 +91,22 @@ pub fn start_index(remediation: &GpuRemediation, rules: &PolicySnapshot) -> usiz
     }
 }
 
+/// The failed GPUs a drain is scoped to: only for the drain before a recycle's first step when
+/// that step is `ResetGpu` (a re-drain after an escalation takes the whole node).
+#[must_use]
+pub fn reset_scope(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    status: &gpu_remediation_api::GpuRemediationStatus,
+) -> Option<Vec<String>> {
+    if rules.ladder.is_empty() || !status.steps.is_empty() {
+        return None;
+    }
+    let first = rules.ladder.get(start_index(remediation, rules))?;
+    let uuids: Vec<String> = failed_gpus(remediation).iter().map(|g| g.uuid.clone()).collect();
+    (first.step == Rung::ResetGpu && !uuids.is_empty()).then_some(uuids)
+}
+
 /// The step of the ladder for `rung`.
 #[must_use]
 pub fn step_of(rules: &PolicySnapshot, rung: Rung) -> Option<&LadderStep> {

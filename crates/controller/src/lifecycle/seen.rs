@@ -112,6 +112,8 @@ pub struct Seen<'a> {
     pub node: Option<&'a Node>,
     /// The node's pods, as the drain plans them (listed only in the phases that drain).
     pub pods: Option<&'a Plan>,
+    /// With a ladder: which pods the plan takes and why (see `DrainStatus::scope`).
+    pub drain_scope: Option<&'a str>,
     /// The disruption budgets.
     pub budgets: &'a [PodDisruptionBudget],
     /// Evictions asked by this controller (any remediation, this pass included) that each budget's

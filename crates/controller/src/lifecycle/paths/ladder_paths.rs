@@ -186,3 +186,45 @@ fn out_of_rungs_the_node_is_handed_off_cordoned_labelled_and_its_gpus_named() {
             .is_none_or(|l| !l.contains_key(HAND_OFF_LABEL))
     );
 }
+
+#[test]
+fn after_a_gpu_scoped_reset_fails_the_reboot_drains_the_whole_node_first() {
+    let mut setup = setup(&FULL, true);
+    setup.pods = 2;
+    let mut world = World::new(&setup, 7);
+    world.budget = None;
+    // Cordon, drain (the model's pods leave), hand over to ResetGpu, create its object.
+    for _ in 0..8 {
+        world.now += SignedDuration::from_secs(40);
+        world.happen(Event::PodsFinish);
+        pass(&mut world, Mood::Calm).expect("no invariant breaks");
+        if status(&world).phase == Phase::Verifying {
+            break;
+        }
+    }
+    let scoped = status(&world).drain.and_then(|d| d.scope).unwrap_or_default();
+    assert!(scoped.starts_with("GPU-scoped drain"), "{scoped}");
+    assert_eq!(status(&world).current_step, Some(Rung::ResetGpu));
+    // The reset's object reports done but the node stays broken past the step's timeout.
+    run(&mut world, 1, 11 * 60);
+    let escalated = status(&world);
+    assert_eq!(escalated.phase, Phase::Draining, "{:?}", escalated.message);
+    assert_eq!(escalated.current_step, Some(Rung::Reboot));
+    assert!(
+        escalated.steps.last().is_some_and(|s| s.end.is_none()),
+        "the reboot waits for its drain"
+    );
+    // The whole-node drain ends (no pods left), and the reboot starts then.
+    run(&mut world, 2, 10);
+    let rebooting = status(&world);
+    assert!(
+        matches!(rebooting.phase, Phase::Replacing | Phase::Verifying),
+        "{:?}",
+        rebooting.message
+    );
+    assert_eq!(
+        rebooting.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+        [Rung::ResetGpu, Rung::Reboot],
+        "the reboot's step is the one opened at the escalation"
+    );
+}

@@ -73,6 +73,18 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
     let observed = ((before.phase == Phase::Verifying && before.replacement.is_some() && legacy)
         || step_object)
         .then(|| world.observation(&record, mood));
+    // A reset's drain is GPU-scoped in the model whenever the ladder allows it (the model's plan
+    // is not narrowed: the scope's effect on the later steps is what is checked).
+    let scope = rules
+        .as_ref()
+        .and_then(|rules| super::ladder_evidence::reset_scope(&record, rules, &before))
+        .map(|gpus| {
+            format!(
+                "{}: only the pods holding {} leave",
+                super::ladder::GPU_SCOPED,
+                gpus.join(", ")
+            )
+        });
     let asked = world.asked_at.clone();
     let asked_at = move |uid: &str| asked.get(uid).copied();
     let mut answers = Answers::default();
@@ -93,6 +105,7 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
         let seen = Seen {
             node: node.as_ref(),
             pods: Some(&plan),
+            drain_scope: scope.as_deref(),
             budgets: &budgets,
             in_flight: &in_flight,
             asked_at: &asked_at,
@@ -461,8 +474,10 @@ fn walk(setup: &Setup, events: &[Event], dice: u64) -> Result<(), Violation> {
         pass(&mut world, Mood::Random).map_err(|v| format!("{v}\n  after {path:?}"))?;
     }
     // 4 (deadlines): from here nobody helps and every request is refused; within the policy's
-    // deadlines the remediation ends or asks a person.
-    for _ in 0..6 {
+    // deadlines the remediation ends or asks a person. Each look is past every single deadline;
+    // a ladder climbs one step per look (and may drain the whole node again after a GPU-scoped
+    // reset), so the longest path (cordon, drain, four steps, a second drain) needs ten.
+    for _ in 0..10 {
         world.now += SignedDuration::from_secs(horizon());
         pass(&mut world, Mood::Stubborn)
             .map_err(|v| format!("{v}\n  after {path:?} and the stubborn end"))?;
