@@ -106,18 +106,24 @@ impl Adopter {
                 { "type": "Hostname", "address": name },
             ]);
         }
+        // Known to the kubelet before the node reports Ready, so before the scheduler can bind a
+        // pod to it (the kubelet ignores pods of nodes it does not know).
+        let entry = self.registry.insert(&name, &node::node_ip(index));
         let nodes: Api<Node> = Api::all(self.client.clone());
-        nodes
+        if let Err(source) = nodes
             .patch_status(
                 &name,
                 &PatchParams::default(),
                 &Patch::Merge(json!({ "status": status })),
             )
             .await
-            .map_err(|source| AdoptNodeError::ReportStatus {
+        {
+            self.registry.remove(&name);
+            return Err(AdoptNodeError::ReportStatus {
                 node: name.clone(),
                 source,
-            })?;
+            });
+        }
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), NODE_LEASE_NAMESPACE);
         let uid = found.metadata.uid.clone().unwrap_or_default();
         match leases
@@ -130,13 +136,13 @@ impl Adopter {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.is_already_exists() => {}
             Err(source) => {
+                self.registry.remove(&name);
                 return Err(AdoptNodeError::CreateLease {
                     node: name.clone(),
                     source,
                 });
             }
         }
-        let entry = self.registry.insert(&name, &node::node_ip(index));
         let task = tokio::spawn(heartbeat::run(
             leases,
             name,
