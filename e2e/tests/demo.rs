@@ -2,7 +2,8 @@
 //! `gpu-remediator` binaries, built here, end to end (its own control plane, fleet, manifests,
 //! sample policy, the controller process under its service account). It must reach `Succeeded`,
 //! print its summary with every figure, say the PDBs held, show a new pod held off the quarantined
-//! node while `for` runs, and tear everything down.
+//! node while `for` runs, show the escalation ladder repairing a node by a GPU reset (no
+//! replacement), and tear everything down.
 
 use std::time::{Duration, Instant};
 
@@ -54,6 +55,9 @@ fn the_demo_recycles_a_node_and_prints_its_summary_with_budgets_honoured() {
         "training job llm-train: 2 pods on gpu-",
         "PDBs honoured:     yes",
         "the node group brought up gpu-",
+        "LADDER: policy demo-repair-before-replace governs gpu-",
+        "ResetGpu Succeeded in ",
+        "nothing replaced",
         "torn down",
     ] {
         assert!(stdout.contains(expected), "{expected:?} missing from:\n{stdout}");

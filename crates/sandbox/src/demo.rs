@@ -18,6 +18,7 @@
 pub mod controller_process;
 pub mod held_off;
 pub mod install;
+pub mod ladder;
 pub mod progress;
 
 use std::{
@@ -252,6 +253,7 @@ async fn run_on(
         )),
         None => clock.say("the node group has not replaced the node within 30s"),
     }
+    ladder::story(&admin, &fleet, clock).await?;
     figures.wall = clock.0.elapsed();
     println!();
     print!("{}", progress::summary(&figures));
