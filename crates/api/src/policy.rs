@@ -233,8 +233,9 @@ pub struct Safety {
     pub failure_domains: Vec<FailureDomain>,
     /// Slow start: at most 1 remediation in flight at first, doubled after each proven success
     /// (its node or replacement Ready and healthy for `release.healthyFor` after it ended), back to
-    /// 1 after a failure, never above `maxConcurrent`. Derived from the remediations kept, so it
-    /// survives restarts.
+    /// 1 after a failure, never above `maxConcurrent`. Each failure domain also has its own
+    /// allowance, folded the same way from its own nodes' remediations (never above its
+    /// `maxInFlight`). Derived from the remediations kept, so it survives restarts.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub slow_start: bool,
     /// Name the value of a node attribute most recent failures share, and optionally hold new

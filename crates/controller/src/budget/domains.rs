@@ -1,5 +1,8 @@
 //! Failure domains: which domains (a rack, an `NVLink` domain, a zone) are over their unhealthy
-//! limit and so hold their own nodes, and which are at their `maxInFlight`. Pure.
+//! limit and so hold their own nodes, and which are at their `maxInFlight` or, with slow start,
+//! at their own allowance (folded from the outcomes of their own nodes' remediations, as the
+//! policy's is from all of them: a rack earns its second slot from a fix proven in that rack).
+//! Pure.
 //!
 //! Counted from the nodes and remediations that exist at each pass, never remembered: a held
 //! domain resumes as soon as its counts fall (its nodes recover or are replaced, or the limit is
@@ -8,6 +11,8 @@
 use std::collections::BTreeMap;
 
 use gpu_remediation_api::correlated::{FailureDomain, HeldDomain};
+
+use super::slow_start::{Outcome, allowance};
 
 /// One governed node, as the domains see it.
 #[derive(Clone, Copy, Debug)]
@@ -43,6 +48,8 @@ pub struct Domains {
     /// Each node's domains.
     members: BTreeMap<String, Vec<Id>>,
     counts: BTreeMap<Id, Counts>,
+    /// With slow start: each domain's allowance.
+    allowed: BTreeMap<Id, u32>,
 }
 
 /// Why a node's domain keeps it from starting now.
@@ -50,14 +57,16 @@ pub struct Domains {
 pub enum DomainWait {
     /// The domain is over its unhealthy limit.
     Held(HeldDomain),
-    /// The domain has `maxInFlight` remediations in flight.
+    /// The domain has `maxInFlight` remediations in flight, or as many as its slow start allows.
     InFlight {
         /// `key=value`.
         domain: String,
         /// In flight in the domain.
         in_flight: u32,
-        /// Its `maxInFlight`.
+        /// Its `maxInFlight`, or its slow-start allowance when lower.
         limit: u32,
+        /// Whether the limit is the domain's slow-start allowance.
+        slow_start: bool,
     },
 }
 
@@ -121,15 +130,38 @@ impl Domains {
         held.or_else(|| {
             ids.iter().find_map(|id| {
                 let spec = &self.specs[id.0];
-                let limit = spec.max_in_flight?;
+                let (limit, slow_start) = match (spec.max_in_flight, self.allowed.get(id).copied()) {
+                    (Some(max), Some(allowed)) if allowed < max => (allowed, true),
+                    (Some(max), _) => (max, false),
+                    (None, Some(allowed)) => (allowed, true),
+                    (None, None) => return None,
+                };
                 let in_flight = self.counts[id].in_flight;
                 (in_flight >= limit).then(|| DomainWait::InFlight {
                     domain: format!("{}={}", spec.topology_key, id.1),
                     in_flight,
                     limit,
+                    slow_start,
                 })
             })
         })
+    }
+
+    /// Slow start per domain: each domain's allowance, folded from the outcomes of its own nodes'
+    /// remediations (a node no longer governed counts in no domain), capped at its `maxInFlight`
+    /// and at `max_concurrent`.
+    pub fn slow_start(&mut self, outcomes: &[Outcome], max_concurrent: u32) {
+        for id in self.counts.keys() {
+            let cap = self.specs[id.0]
+                .max_in_flight
+                .map_or(max_concurrent, |max| max.min(max_concurrent));
+            let own: Vec<Outcome> = outcomes
+                .iter()
+                .filter(|o| self.members.get(&o.node).is_some_and(|ids| ids.contains(id)))
+                .cloned()
+                .collect();
+            self.allowed.insert(id.clone(), allowance(&own, cap).allowed);
+        }
     }
 
     /// Counts a remediation admitted for `node` in its domains' in-flight.
@@ -260,7 +292,8 @@ mod tests {
             Some(DomainWait::InFlight {
                 domain: "example.com/rack=A".into(),
                 in_flight: 1,
-                limit: 1
+                limit: 1,
+                slow_start: false,
             })
         );
         assert_eq!(domains.wait_of("b0"), None, "another rack is not affected");
@@ -330,5 +363,82 @@ mod tests {
         );
         assert!(matches!(domains.wait_of("n1"), Some(DomainWait::Held(h)) if h.topology_key == RACK));
         assert_eq!(domains.of("n1"), ["zone=z1", "example.com/rack=B"]);
+    }
+
+    fn outcome(node: &str, secs: i64, kind: super::super::slow_start::OutcomeKind) -> Outcome {
+        Outcome {
+            remediation: format!("r-{node}-{secs}"),
+            node: node.into(),
+            at: jiff::Timestamp::from_second(1_800_000_000 + secs).unwrap(),
+            kind,
+        }
+    }
+
+    #[test]
+    fn with_slow_start_each_rack_earns_its_own_second_slot_from_a_fix_proven_in_it() {
+        use super::super::slow_start::OutcomeKind::Proven;
+        let mut domains = racks(
+            &rack_limit(Some(6), None, None),
+            &["a1", "a2", "b1", "b2"],
+            &["a1", "b1"],
+        );
+        domains.slow_start(&[outcome("a0", 10, Proven)], 8);
+        // Rack A proved a fix: 2 allowed, 1 in flight, a2 may start.
+        assert_eq!(domains.wait_of("a2"), None);
+        // Rack B has proven nothing: 1 allowed, 1 in flight, b2 waits, and says it is slow start.
+        assert_eq!(
+            domains.wait_of("b2"),
+            Some(DomainWait::InFlight {
+                domain: format!("{RACK}=B"),
+                in_flight: 1,
+                limit: 1,
+                slow_start: true,
+            })
+        );
+        domains.admit("a2");
+        assert!(matches!(
+            domains.wait_of("a3"),
+            Some(DomainWait::InFlight {
+                limit: 2,
+                slow_start: true,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_failure_in_a_rack_brings_its_allowance_back_to_one_and_a_lower_max_in_flight_still_wins() {
+        use super::super::slow_start::OutcomeKind::{Failed, Proven};
+        let outcomes = [
+            outcome("a0", 10, Proven),
+            outcome("a3", 20, Failed),
+            outcome("b0", 10, Proven),
+            outcome("b3", 20, Proven),
+        ];
+        let mut domains = racks(
+            &rack_limit(None, None, Some(2)),
+            &["a1", "a2", "b1", "b2", "b4"],
+            &["a1", "b1"],
+        );
+        domains.slow_start(&outcomes, 8);
+        assert!(matches!(
+            domains.wait_of("a2"),
+            Some(DomainWait::InFlight {
+                limit: 1,
+                slow_start: true,
+                ..
+            })
+        ));
+        // Rack B doubled twice (4), above its maxInFlight 2: the maxInFlight holds.
+        assert_eq!(domains.wait_of("b2"), None);
+        domains.admit("b2");
+        assert!(matches!(
+            domains.wait_of("b4"),
+            Some(DomainWait::InFlight {
+                limit: 2,
+                slow_start: false,
+                ..
+            })
+        ));
     }
 }

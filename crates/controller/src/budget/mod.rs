@@ -109,14 +109,17 @@ pub enum Deferral {
     },
     /// The node carries the value most recent failures share, and the policy holds those.
     SuspectHeld(SuspectStatus),
-    /// A failure domain of the node has `maxInFlight` remediations in flight.
+    /// A failure domain of the node has `maxInFlight` remediations in flight, or as many as its
+    /// slow start allows.
     DomainInFlight {
         /// `key=value`.
         domain: String,
         /// In flight in the domain.
         in_flight: u32,
-        /// The domain's `maxInFlight`.
+        /// The domain's `maxInFlight`, or its slow-start allowance when lower.
         limit: u32,
+        /// Whether the limit is the domain's slow-start allowance.
+        slow_start: bool,
     },
     /// `maxConcurrent` remediations are in flight.
     Concurrency {
@@ -197,8 +200,18 @@ impl Deferral {
                 domain,
                 in_flight,
                 limit,
+                slow_start: false,
             } => format!(
                 "{in_flight} remediations in flight in failure domain {domain}, its maxInFlight is {limit}"
+            ),
+            Self::DomainInFlight {
+                domain,
+                in_flight,
+                limit,
+                slow_start: true,
+            } => format!(
+                "{in_flight} remediations in flight in failure domain {domain}, its slow start allows {limit} \
+                 until more of its remediations prove themselves"
             ),
             Self::Concurrency { in_flight, limit } => {
                 format!("{in_flight} remediations in flight, maxConcurrent is {limit}")
@@ -232,10 +245,12 @@ impl From<DomainWait> for Deferral {
                 domain,
                 in_flight,
                 limit,
+                slow_start,
             } => Self::DomainInFlight {
                 domain,
                 in_flight,
                 limit,
+                slow_start,
             },
         }
     }
@@ -729,7 +744,8 @@ mod tests {
             Deferral::DomainInFlight {
                 domain: "rack=a".into(),
                 in_flight: 1,
-                limit: 1
+                limit: 1,
+                slow_start: false,
             }
         );
         assert!(decision.held_domains.is_empty());

@@ -390,3 +390,32 @@ fn a_policy_that_yields_twelve_nodes_counts_them_and_names_the_first_ten_with_th
     );
     assert!(governor.status.yielded.is_empty());
 }
+
+#[test]
+fn with_slow_start_and_racks_a_rack_that_proved_nothing_starts_one_node_while_the_policy_has_room() {
+    let mut policy = slow_start_policy();
+    policy.spec.safety.failure_domains = rack_policy(6).spec.safety.failure_domains;
+    let policy = Arc::new(policy);
+    let rems = [
+        finished("a0", gpu_remediation_api::Phase::Succeeded, 100),
+        finished("a4", gpu_remediation_api::Phase::Succeeded, 100),
+    ];
+    let fleet = plan(&[policy], &racks(&["a1", "b1", "b2", "b3"]), &rems, at(200));
+    let plan = &fleet.policies[0];
+    // Two fixes proven in rack A: the policy allows 4; rack B has proven nothing and allows 1.
+    assert_eq!(plan.status.slow_start.as_ref().unwrap().allowed, 4);
+    let mut started: Vec<&str> = plan.create.iter().map(|r| r.spec.node_name.as_str()).collect();
+    started.sort_unstable();
+    assert_eq!(started, ["a1", "b1"]);
+    assert_eq!(plan.status.waiting.len(), 2);
+    for waiting in &plan.status.waiting {
+        assert_eq!(waiting.reason, reasons::DEFERRED_DOMAIN_IN_FLIGHT);
+        assert!(
+            waiting
+                .message
+                .contains("failure domain example.com/rack=B, its slow start allows 1"),
+            "{}",
+            waiting.message
+        );
+    }
+}

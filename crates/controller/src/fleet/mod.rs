@@ -178,9 +178,13 @@ fn plan_policy(
     let found = candidates(&name, &unhealthy, remediations);
     let started = started(&name, remediations, now);
     let selected = count(nodes.len());
-    let domains = failure_domains(spec, nodes, &unhealthy, &started);
-    let (allowance, proven_at) = outcomes::slow_start(&name, spec, nodes, remediations, now);
+    let mut domains = failure_domains(spec, nodes, &unhealthy, &started);
+    let (slow_start, proven_at) = outcomes::slow_start(&name, spec, nodes, remediations, now);
     wake = earliest(wake, proven_at);
+    if let Some(slow) = &slow_start {
+        domains.slow_start(&slow.outcomes, slow.max_concurrent);
+    }
+    let allowance = slow_start.map(|s| s.allowance);
     let suspect = suspects::named(&name, spec, nodes, &unhealthy, remediations, now);
     let settling = settling(spec, &unhealthy, now);
     wake = earliest(wake, settling.values().min().copied());

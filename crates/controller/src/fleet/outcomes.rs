@@ -21,6 +21,18 @@ use crate::{
     time::{plus, signed},
 };
 
+/// With `safety.slowStart`: the policy's allowance now, the outcomes it was folded from (each
+/// failure domain folds its own nodes' into its allowance), `maxConcurrent` resolved, and when the
+/// next success will be proven.
+pub(super) struct SlowStart {
+    /// The policy's allowance.
+    pub allowance: Allowance,
+    /// The outcomes on record.
+    pub outcomes: Vec<Outcome>,
+    /// `maxConcurrent`, resolved over the governed nodes.
+    pub max_concurrent: u32,
+}
+
 /// With `safety.slowStart`, the allowance now; and when the next success will be proven.
 pub(super) fn slow_start(
     policy: &str,
@@ -28,7 +40,7 @@ pub(super) fn slow_start(
     nodes: &[&Node],
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
-) -> (Option<Allowance>, Option<Timestamp>) {
+) -> (Option<SlowStart>, Option<Timestamp>) {
     if !spec.safety.slow_start {
         return (None, None);
     }
@@ -38,7 +50,14 @@ pub(super) fn slow_start(
         .max_concurrent
         .resolve(u32::try_from(nodes.len()).unwrap_or(u32::MAX))
         .unwrap_or(1);
-    (Some(allowance(&found, max_concurrent)), wake)
+    (
+        Some(SlowStart {
+            allowance: allowance(&found, max_concurrent),
+            outcomes: found,
+            max_concurrent,
+        }),
+        wake,
+    )
 }
 
 /// The outcomes so far, and when the next success will be proven (to plan again then).
