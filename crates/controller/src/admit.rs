@@ -7,7 +7,9 @@
 //! one Event comes when it enters `ManualRequired`.
 
 use futures::{StreamExt as _, stream};
-use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, constants::reasons};
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy, GpuRemediationPolicyStatus, constants::reasons,
+};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
     Resource, ResourceExt,
@@ -99,11 +101,9 @@ pub async fn apply(
     let mut failed = None;
     for result in created {
         match result {
-            Ok(Start::Created(created, note)) => {
-                announcements.add(
-                    created.as_ref(),
-                    event(reasons::STARTED, &note, EventType::Normal),
-                );
+            // Announced on the policy; the record's own first Event is its first phase change
+            // (one write less per remediation).
+            Ok(Start::Created(note)) => {
                 announcements.add(policy, event(reasons::STARTED, &note, EventType::Normal));
             }
             Ok(Start::NoLongerDue(why)) => {
@@ -142,9 +142,7 @@ pub async fn apply(
         tracing::info!(remediation = %record, "approved past maxAttemptsPerNode: re-admitted");
         announcements.add(&updated, event(reasons::STARTED, &note, EventType::Normal));
     }
-    if policy.status.as_ref() != Some(&policy_status) {
-        ctx.ops.write_policy_status(policy, &policy_status).await?;
-    }
+    write_status(ctx, policy, &policy_status).await?;
     for waiting in &plan.newly_waiting {
         let note = format!("node {} waits: {}", waiting.node, waiting.message);
         tracing::info!(policy = %policy.name_any(), node = %waiting.node, reason = %waiting.reason, "node held back");
@@ -195,10 +193,64 @@ pub async fn apply(
     Ok(())
 }
 
+/// Writes the policy's planned status unless the server has it or this replica just wrote it
+/// (see [`needs_status_write`]).
+async fn write_status(
+    ctx: &Context,
+    policy: &GpuRemediationPolicy,
+    planned: &GpuRemediationPolicyStatus,
+) -> Result<(), WriteStatusError> {
+    let name = policy.name_any();
+    let written = ctx
+        .policy_status_written
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(&name)
+        .cloned();
+    if needs_status_write(policy, planned, written.as_ref()) {
+        ctx.ops.write_policy_status(policy, planned).await?;
+        ctx.policy_status_written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(
+                name,
+                WrittenStatus {
+                    over: policy.resource_version(),
+                    status: planned.clone(),
+                },
+            );
+    }
+    Ok(())
+}
+
+/// A policy status this replica wrote, and the policy's version it was written over.
+#[derive(Clone, Debug)]
+pub struct WrittenStatus {
+    /// The policy's `resourceVersion` the write was made over (what the cache held).
+    pub over: Option<String>,
+    /// The status written.
+    pub status: GpuRemediationPolicyStatus,
+}
+
+/// Whether `planned` must be written: the cached policy does not have it, and this replica did not
+/// just write it over that very version (the watch has not shown the write yet: writing it again
+/// would be a no-op patch).
+#[must_use]
+pub fn needs_status_write(
+    cached: &GpuRemediationPolicy,
+    planned: &GpuRemediationPolicyStatus,
+    written: Option<&WrittenStatus>,
+) -> bool {
+    if cached.status.as_ref() == Some(planned) {
+        return false;
+    }
+    !written.is_some_and(|w| w.over == cached.resource_version() && w.status == *planned)
+}
+
 /// What became of one admitted remediation.
 enum Start {
-    /// Created, with the note of the Event announcing it (on the remediation and on its policy).
-    Created(Box<GpuRemediation>, String),
+    /// Created, with the note of the Event announcing it (on its policy).
+    Created(String),
     /// Not created: a fresh read of its node found it no longer due (why).
     NoLongerDue(String),
 }
@@ -244,10 +296,63 @@ async fn start(
         created.spec.mode,
     );
     tracing::info!(remediation = %created.name_any(), node = %created.spec.node_name, "remediation started");
-    Ok(Start::Created(Box::new(created), note))
+    Ok(Start::Created(note))
 }
 
 /// An admission Event (cut to what the server takes).
 fn event(reason: &str, note: &str, type_: EventType) -> Event {
     Note::new(reason, type_, note).event("Admit")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(version: &str, in_flight: u32) -> GpuRemediationPolicy {
+        let mut policy: GpuRemediationPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpuremediation.dev/v1alpha1",
+            "kind": "GpuRemediationPolicy",
+            "metadata": {"name": "p", "resourceVersion": version},
+            "spec": {
+                "nodeSelector": {},
+                "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s"}],
+            },
+        }))
+        .expect("a valid policy");
+        policy.status = Some(status(in_flight));
+        policy
+    }
+
+    fn status(in_flight: u32) -> GpuRemediationPolicyStatus {
+        GpuRemediationPolicyStatus {
+            in_flight,
+            ..GpuRemediationPolicyStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_status_just_written_over_the_cached_version_is_not_written_again() {
+        let cached = policy("7", 0);
+        assert!(needs_status_write(&cached, &status(1), None));
+        assert!(
+            !needs_status_write(&cached, &status(0), None),
+            "the server has it"
+        );
+        let written = WrittenStatus {
+            over: Some("7".into()),
+            status: status(1),
+        };
+        assert!(
+            !needs_status_write(&cached, &status(1), Some(&written)),
+            "written over this very version: the watch has not shown it yet"
+        );
+        assert!(
+            needs_status_write(&cached, &status(2), Some(&written)),
+            "a different status is written"
+        );
+        assert!(
+            needs_status_write(&policy("9", 0), &status(1), Some(&written)),
+            "someone wrote the policy since: theirs is compared"
+        );
+    }
 }

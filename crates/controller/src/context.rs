@@ -79,6 +79,9 @@ pub struct Context {
     pub evictions_in_flight: Mutex<HashMap<String, Flight>>,
     /// Drain progress held back between status writes, and when each status was last written.
     pub progress: crate::progress::HeldProgress,
+    /// Each policy's status as this replica last wrote it, with the policy's version it was
+    /// written over: a pass that runs before the watch shows the write does not write it again.
+    pub policy_status_written: Mutex<HashMap<String, crate::admit::WrittenStatus>>,
 }
 
 impl Context {
@@ -95,6 +98,7 @@ impl Context {
             eviction_attempts: Mutex::default(),
             evictions_in_flight: Mutex::default(),
             progress: crate::progress::HeldProgress::default(),
+            policy_status_written: Mutex::default(),
         }
     }
 

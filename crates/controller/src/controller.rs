@@ -20,7 +20,7 @@ use std::{
     time::Duration,
 };
 
-use gpu_remediation_api::{GpuRemediation, Phase, policy::Mode};
+use gpu_remediation_api::{GpuRemediation, GpuRemediationStatus, Phase, policy::Mode};
 use jiff::Timestamp;
 use kube::{ResourceExt as _, runtime::events::Reporter};
 use tokio::{
@@ -199,13 +199,16 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) ->
         .collect();
     advances.forget_all_but(&pending);
     // Starting remediations first: their cordon is what a fault waits for.
-    pending.sort_by_key(|r| !is_starting(r));
+    pending.sort_by_cached_key(|r| !is_starting(ctx.progress.phase(r)));
     for remediation in pending {
         let name = remediation.name_any();
         if advances.is_running(&name) {
             continue;
         }
-        let concerned = concerns(changed, &remediation);
+        // Blockers held with the drain's progress (see `progress`) count as written.
+        let concerned = ctx
+            .progress
+            .with_status(&remediation, |status| concerns(changed, &remediation, status));
         match advances.due(&name) {
             Due::Now => advances.start(ctx, name, remediation),
             Due::At(at) if concerned || at <= now => advances.start(ctx, name, remediation),
@@ -226,7 +229,7 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) ->
 /// that would refuse; anything else may matter to all. Waking every draining remediation on every
 /// node or budget change would list each draining node's pods after every status report or
 /// eviction anywhere in the cluster.
-fn concerns(changed: &Changed, remediation: &GpuRemediation) -> bool {
+fn concerns(changed: &Changed, remediation: &GpuRemediation, status: Option<&GpuRemediationStatus>) -> bool {
     if changed.anything || changed.nodes.contains(&remediation.spec.node_name) {
         return true;
     }
@@ -236,24 +239,19 @@ fn concerns(changed: &Changed, remediation: &GpuRemediation) -> bool {
     if remediation.spec.mode == Mode::DryRun {
         return true;
     }
-    remediation
-        .status
-        .as_ref()
-        .and_then(|s| s.drain.as_ref())
-        .is_some_and(|drain| {
-            drain
-                .blockers
-                .iter()
-                .filter_map(|b| b.pdb.as_deref())
-                .flat_map(|named| named.split(','))
-                .any(|budget| changed.budgets.contains(budget))
-        })
+    status.and_then(|s| s.drain.as_ref()).is_some_and(|drain| {
+        drain
+            .blockers
+            .iter()
+            .filter_map(|b| b.pdb.as_deref())
+            .flat_map(|named| named.split(','))
+            .any(|budget| changed.budgets.contains(budget))
+    })
 }
 
 /// Whether the remediation's next step is the cordon (or before it): it advances in the
 /// starting lane.
-fn is_starting(remediation: &GpuRemediation) -> bool {
-    let phase = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
+fn is_starting(phase: Phase) -> bool {
     matches!(phase, Phase::Pending | Phase::AwaitingApproval)
 }
 
@@ -317,7 +315,8 @@ impl Advances {
 
     /// Starts an advance of `remediation` in its lane.
     fn start(&mut self, ctx: &Arc<Context>, name: String, remediation: Arc<GpuRemediation>) {
-        let lane = if is_starting(&remediation) {
+        // A cordon held for the drain's first write (see `progress`) has done its step.
+        let lane = if is_starting(ctx.progress.phase(&remediation)) {
             self.starting.clone()
         } else {
             self.carrying.clone()
@@ -345,7 +344,11 @@ impl Advances {
         }
         for remediation in ctx.caches.remediations() {
             let name = remediation.name_any();
-            if self.in_flight.contains(&name) && concerns(changed, &remediation) {
+            if self.in_flight.contains(&name)
+                && ctx
+                    .progress
+                    .with_status(&remediation, |status| concerns(changed, &remediation, status))
+            {
                 self.touched.insert(name);
             }
         }
@@ -418,6 +421,11 @@ mod tests {
 
     use super::*;
 
+    /// Whether the change concerns the remediation as written (nothing held).
+    fn concerned(changed: &Changed, remediation: &GpuRemediation) -> bool {
+        concerns(changed, remediation, remediation.status.as_ref())
+    }
+
     fn remediation(mode: &str, refused_by: &[&str]) -> GpuRemediation {
         let mut remediation: GpuRemediation = serde_json::from_value(serde_json::json!({
             "apiVersion": "gpuremediation.dev/v1alpha1",
@@ -470,9 +478,9 @@ mod tests {
     fn a_node_change_concerns_only_the_remediation_of_that_node() {
         let draining = remediation("Enforce", &["work/web"]);
         let node = draining.spec.node_name.clone();
-        assert!(concerns(&nodes(&[node.as_str()]), &draining));
+        assert!(concerned(&nodes(&[node.as_str()]), &draining));
         assert!(
-            !concerns(&nodes(&["gpu-elsewhere-1", "gpu-elsewhere-2"]), &draining),
+            !concerned(&nodes(&["gpu-elsewhere-1", "gpu-elsewhere-2"]), &draining),
             "other nodes reporting their status do not make this drain list its pods"
         );
     }
@@ -483,21 +491,21 @@ mod tests {
         let elsewhere = remediation("Enforce", &["other/db"]);
         let unrefused = remediation("Enforce", &[]);
         let change = budgets(&["work/web"]);
-        assert!(concerns(&change, &refused));
-        assert!(!concerns(&change, &elsewhere));
-        assert!(!concerns(&change, &unrefused));
+        assert!(concerned(&change, &refused));
+        assert!(!concerned(&change, &elsewhere));
+        assert!(!concerned(&change, &unrefused));
     }
 
     #[test]
     fn a_pod_under_several_budgets_is_concerned_by_each() {
         let refused = remediation("Enforce", &["work/a,work/b"]);
-        assert!(concerns(&budgets(&["work/b"]), &refused));
+        assert!(concerned(&budgets(&["work/b"]), &refused));
     }
 
     #[test]
     fn any_budget_change_concerns_a_dry_run_and_any_other_change_concerns_all() {
-        assert!(concerns(&budgets(&["x/y"]), &remediation("DryRun", &[])));
-        assert!(!concerns(&budgets(&[]), &remediation("DryRun", &[])));
-        assert!(concerns(&Changed::everything(), &remediation("Enforce", &[])));
+        assert!(concerned(&budgets(&["x/y"]), &remediation("DryRun", &[])));
+        assert!(!concerned(&budgets(&[]), &remediation("DryRun", &[])));
+        assert!(concerned(&Changed::everything(), &remediation("Enforce", &[])));
     }
 }

@@ -5,15 +5,24 @@
 //! once (with every progress held before it). A held status lasts only as long as the record's
 //! version it was based on: any other write to the record (a person's, a restart's) drops it, and
 //! at worst the counts of a few seconds of evictions go unreported.
+//!
+//! The cordon is the one phase change held: the drain follows it at once in the other lane, so
+//! `Cordoned` reaches the server with the drain's first write (its phase history keeps both), and
+//! its Event is folded into that write's Event ([`fold`]). The node's taint names the remediation,
+//! so a restart in between finds the cordon its own and goes on. It is held at most
+//! [`PROGRESS_INTERVAL`] from the cordon: a drain that cannot start (its pods cannot be listed)
+//! still shows `Cordoned`.
 
 use std::{
     collections::HashMap,
     sync::{Mutex, PoisonError},
 };
 
-use gpu_remediation_api::{GpuRemediation, GpuRemediationStatus, Phase};
+use gpu_remediation_api::{GpuRemediation, GpuRemediationStatus, Phase, constants::reasons};
 use jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
+
+use crate::lifecycle::{self, Note};
 
 /// The least time between two progress writes of one remediation.
 pub const PROGRESS_INTERVAL: SignedDuration = SignedDuration::from_secs(5);
@@ -44,6 +53,19 @@ pub enum Verdict {
     Write,
 }
 
+/// Whether `after` enters `Cordoned` from a phase before it (the server has the record before the
+/// cordon), and when it entered it.
+#[must_use]
+pub fn cordon_entered(
+    written: Option<&GpuRemediationStatus>,
+    after: &GpuRemediationStatus,
+) -> Option<Timestamp> {
+    let before_cordon = written.is_none_or(|w| matches!(w.phase, Phase::Pending | Phase::AwaitingApproval));
+    (after.phase == Phase::Cordoned && before_cordon)
+        .then(|| lifecycle::status::phase_entered(after, Phase::Cordoned))
+        .flatten()
+}
+
 /// Decides for a new status against the status the API server has and when it was last written.
 #[must_use]
 pub fn verdict(
@@ -55,18 +77,66 @@ pub fn verdict(
     if written == Some(after) {
         return Verdict::Unchanged;
     }
+    if let Some(cordoned) = cordon_entered(written, after) {
+        let due = crate::time::plus(cordoned, PROGRESS_INTERVAL);
+        return if now < due {
+            Verdict::HoldUntil(due)
+        } else {
+            Verdict::Write
+        };
+    }
     match written_at.map(|at| crate::time::plus(at, PROGRESS_INTERVAL)) {
         Some(due) if now < due && progress_only(written, after) => Verdict::HoldUntil(due),
         _ => Verdict::Write,
     }
 }
 
+/// The Events of a write that carries an earlier held phase change: the phase changes told in one
+/// Event (`Pending → Cordoned: …; Cordoned → Draining: …`), every other Event as it is, in order.
+#[must_use]
+pub fn fold(held: Vec<Note>, new: Vec<Note>) -> Vec<Note> {
+    let mut folded: Vec<Note> = Vec::new();
+    for note in held.into_iter().chain(new) {
+        match folded
+            .iter_mut()
+            .find(|n| n.reason == reasons::PHASE_CHANGED && note.reason == reasons::PHASE_CHANGED)
+        {
+            Some(first) => {
+                let text = format!("{}; {}", first.text, note.text);
+                *first = Note::new(
+                    reasons::PHASE_CHANGED,
+                    if first.warning || note.warning {
+                        kube::runtime::events::EventType::Warning
+                    } else {
+                        kube::runtime::events::EventType::Normal
+                    },
+                    &text,
+                );
+            }
+            None => folded.push(note),
+        }
+    }
+    folded
+}
+
+/// What is held of one remediation's status.
 #[derive(Debug)]
+struct Held {
+    /// The record's version the held status builds on.
+    base: Option<String>,
+    /// The status the server has at that version.
+    written: Option<GpuRemediationStatus>,
+    /// The status held.
+    status: GpuRemediationStatus,
+    /// The Events of a held phase change, published with the write that carries it.
+    notes: Vec<Note>,
+}
+
+#[derive(Debug, Default)]
 struct Entry {
-    written_at: Timestamp,
-    /// The record's version the held status builds on, the status the server has at that version,
-    /// and the status held.
-    held: Option<(Option<String>, Option<GpuRemediationStatus>, GpuRemediationStatus)>,
+    /// When this replica last wrote the status (never, for a record it has only held).
+    written_at: Option<Timestamp>,
+    held: Option<Held>,
 }
 
 /// The held progress of every remediation, and when each last had its status written.
@@ -88,10 +158,10 @@ impl HeldProgress {
         let version = remediation.resource_version();
         if let Some(entry) = entries.get_mut(&remediation.name_any()) {
             match &entry.held {
-                Some((base, written, held)) if *base == version => {
+                Some(held) if held.base == version => {
                     let mut resumed = remediation.clone();
-                    resumed.status = Some(held.clone());
-                    return (resumed, written.clone());
+                    resumed.status = Some(held.status.clone());
+                    return (resumed, held.written.clone());
                 }
                 Some(_) => entry.held = None,
                 None => {}
@@ -100,41 +170,87 @@ impl HeldProgress {
         (remediation.clone(), remediation.status.clone())
     }
 
+    /// `f` of `remediation`'s status as this replica sees it: the held one if it builds on this
+    /// very version, else the record's.
+    pub fn with_status<R>(
+        &self,
+        remediation: &GpuRemediation,
+        f: impl FnOnce(Option<&GpuRemediationStatus>) -> R,
+    ) -> R {
+        let version = remediation.resource_version();
+        let entries = self.entries();
+        let held = entries
+            .get(&remediation.name_any())
+            .and_then(|e| e.held.as_ref())
+            .filter(|held| held.base == version);
+        match held {
+            Some(held) => f(Some(&held.status)),
+            None => f(remediation.status.as_ref()),
+        }
+    }
+
+    /// The phase `remediation` is in once its held status (if it builds on this version) counts.
+    #[must_use]
+    pub fn phase(&self, remediation: &GpuRemediation) -> Phase {
+        self.with_status(remediation, |s| s.map(|s| s.phase).unwrap_or_default())
+    }
+
     /// When `name`'s status was last written by this replica.
     #[must_use]
     pub fn written_at(&self, name: &str) -> Option<Timestamp> {
-        self.entries().get(name).map(|e| e.written_at)
+        self.entries().get(name).and_then(|e| e.written_at)
     }
 
-    /// Holds `status` for `name`, built on `version` where the server has `written`.
+    /// Holds `status` for `name`, built on `version` where the server has `written`, with the
+    /// Events of a held phase change (`notes`, added to those still held).
     pub fn hold(
         &self,
         name: &str,
         version: Option<String>,
         written: Option<GpuRemediationStatus>,
         status: GpuRemediationStatus,
+        notes: Vec<Note>,
     ) {
-        if let Some(entry) = self.entries().get_mut(name) {
-            entry.held = Some((version, written, status));
-        }
+        let mut entries = self.entries();
+        let entry = entries.entry(name.to_owned()).or_default();
+        let mut kept = entry
+            .held
+            .take()
+            .filter(|held| held.base == version)
+            .map(|held| held.notes)
+            .unwrap_or_default();
+        kept.extend(notes);
+        entry.held = Some(Held {
+            base: version,
+            written,
+            status,
+            notes: kept,
+        });
     }
 
-    /// Records a write of `name`'s status at `now`: nothing is held any more.
-    pub fn wrote(&self, name: &str, now: Timestamp) {
-        self.entries().insert(
+    /// Records a write of `name`'s status at `now`: nothing is held any more. Returns the Events
+    /// of the held phase change the write carries.
+    pub fn wrote(&self, name: &str, now: Timestamp) -> Vec<Note> {
+        let previous = self.entries().insert(
             name.to_owned(),
             Entry {
-                written_at: now,
+                written_at: Some(now),
                 held: None,
             },
         );
+        previous
+            .and_then(|e| e.held)
+            .map(|held| held.notes)
+            .unwrap_or_default()
     }
 
-    /// Drops what is held for `name` (the server has it already).
-    pub fn release(&self, name: &str) {
-        if let Some(entry) = self.entries().get_mut(name) {
-            entry.held = None;
-        }
+    /// Drops what is held for `name` (the server has it already); returns the Events still held.
+    pub fn release(&self, name: &str) -> Vec<Note> {
+        self.entries()
+            .get_mut(name)
+            .and_then(|entry| entry.held.take())
+            .map(|held| held.notes)
+            .unwrap_or_default()
     }
 
     /// Forgets `name` (finished, or gone).
@@ -230,11 +346,17 @@ mod tests {
         .expect("a valid remediation");
         record.metadata.resource_version = Some("10".into());
         record.status = Some(draining(2));
-        held.wrote("r", at(0));
-        held.hold("r", Some("10".into()), Some(draining(2)), draining(5));
+        let _ = held.wrote("r", at(0));
+        held.hold("r", Some("10".into()), Some(draining(2)), draining(5), Vec::new());
         let (resumed, written) = held.resume(&record);
         assert_eq!(resumed.status, Some(draining(5)));
         assert_eq!(written, Some(draining(2)));
+        let expected = draining(5);
+        assert!(
+            held.with_status(&record, |s| s == Some(&expected)),
+            "what wakes the drain (its blockers) is judged on the held status"
+        );
+        assert_eq!(held.phase(&record), Phase::Draining);
         record.metadata.resource_version = Some("11".into());
         let (resumed, written) = held.resume(&record);
         assert_eq!(
@@ -243,5 +365,87 @@ mod tests {
             "someone wrote since: theirs stands"
         );
         assert_eq!(written, Some(draining(2)));
+    }
+
+    fn pending() -> GpuRemediationStatus {
+        GpuRemediationStatus::default()
+    }
+
+    fn cordoned_at(secs: i64) -> GpuRemediationStatus {
+        let mut status = pending();
+        lifecycle::status::enter(&mut status, Phase::Cordoned, "cordoned", at(secs));
+        status
+    }
+
+    #[test]
+    fn the_cordon_is_held_for_the_drains_first_write_at_most_one_interval() {
+        assert_eq!(
+            verdict(Some(&pending()), None, &cordoned_at(0), at(0)),
+            Verdict::HoldUntil(at(5))
+        );
+        assert_eq!(
+            verdict(None, None, &cordoned_at(0), at(1)),
+            Verdict::HoldUntil(at(5)),
+            "a record never written by this replica holds its cordon too"
+        );
+        assert_eq!(
+            verdict(Some(&pending()), None, &cordoned_at(0), at(5)),
+            Verdict::Write,
+            "a drain that has not written within the interval: the cordon is written"
+        );
+        let mut draining = cordoned_at(0);
+        lifecycle::status::enter(&mut draining, Phase::Draining, "evicting", at(1));
+        assert_eq!(
+            verdict(Some(&pending()), None, &draining, at(1)),
+            Verdict::Write,
+            "the drain's first write carries the cordon"
+        );
+        assert_eq!(
+            verdict(Some(&cordoned_at(0)), Some(at(0)), &cordoned_at(0), at(1)),
+            Verdict::Unchanged
+        );
+    }
+
+    #[test]
+    fn phase_changes_held_together_are_told_in_one_event_and_other_events_stay_apart() {
+        use kube::runtime::events::EventType;
+        let cordoned = Note::new(
+            reasons::PHASE_CHANGED,
+            EventType::Normal,
+            "Pending → Cordoned: cordoned",
+        );
+        let refused = Note::new("Refused", EventType::Warning, "evicting refused");
+        let draining = Note::new(
+            reasons::PHASE_CHANGED,
+            EventType::Normal,
+            "Cordoned → Draining: evicting",
+        );
+        let folded = fold(vec![cordoned], vec![refused.clone(), draining]);
+        assert_eq!(folded.len(), 2, "{folded:?}");
+        assert_eq!(
+            folded[0].text,
+            "Pending → Cordoned: cordoned; Cordoned → Draining: evicting"
+        );
+        assert!(!folded[0].warning);
+        assert_eq!(folded[1], refused);
+        assert_eq!(fold(Vec::new(), vec![refused.clone()]), vec![refused]);
+    }
+
+    #[test]
+    fn held_events_go_with_the_write_that_carries_them_and_die_with_their_version() {
+        use kube::runtime::events::EventType;
+        let held = HeldProgress::default();
+        let note = Note::new(reasons::PHASE_CHANGED, EventType::Normal, "Pending → Cordoned");
+        held.hold("r", Some("1".into()), None, cordoned_at(0), vec![note.clone()]);
+        assert_eq!(held.written_at("r"), None);
+        assert_eq!(held.wrote("r", at(1)), vec![note.clone()]);
+        assert_eq!(held.wrote("r", at(2)), Vec::new(), "published once");
+        held.hold("r", Some("1".into()), None, cordoned_at(0), vec![note.clone()]);
+        held.hold("r", Some("2".into()), None, cordoned_at(0), Vec::new());
+        assert_eq!(
+            held.release("r"),
+            Vec::new(),
+            "a newer version drops what the older one held"
+        );
     }
 }

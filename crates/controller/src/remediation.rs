@@ -42,8 +42,10 @@ pub use lifecycle::Next;
 /// cordon waits behind it.
 const STEPS_PER_PASS: usize = 4;
 
-/// How many asks one decision may chain (evict, then delete, then delete the stuck); the lifecycle
-/// never asks again what was answered, so more means a bug, reported as an error.
+/// How many asks one decision may chain (evict, then delete, then delete the stuck), besides one
+/// per pod of the node: an eviction round is asked again within the step while budgets regain room
+/// (each time for pods not asked yet). The lifecycle never asks again what was answered, so more
+/// means a bug, reported as an error.
 const ASKS_PER_STEP: usize = 6;
 
 /// Why a remediation could not be carried forward in this pass (it is retried in the next).
@@ -80,10 +82,12 @@ pub enum AdvanceRemediationError {
     #[error(transparent)]
     ReadDevices(#[from] crate::dra::ReadDevicesError),
     /// The lifecycle kept asking after every answer (a bug in `lifecycle`).
-    #[error("remediation {name}: the lifecycle asked more than {ASKS_PER_STEP} times in one step")]
+    #[error("remediation {name}: the lifecycle asked more than {limit} times in one step")]
     KeptAsking {
         /// The remediation.
         name: String,
+        /// The asks allowed.
+        limit: usize,
     },
 }
 
@@ -176,7 +180,8 @@ async fn step(
         status,
         remediation.creation_timestamp().map(|t| t.0),
     ));
-    for _ in 0..ASKS_PER_STEP {
+    let limit = ASKS_PER_STEP + pods.as_ref().map_or(0, |plan| plan.leaving.len());
+    for _ in 0..limit {
         let budgets: Vec<PodDisruptionBudget> =
             ctx.caches.budgets.state().iter().map(|b| (**b).clone()).collect();
         // Planned and reserved under one lock: two drains sharing a budget never spend the
@@ -224,6 +229,7 @@ async fn step(
     }
     Err(AdvanceRemediationError::KeptAsking {
         name: remediation.name_any(),
+        limit,
     })
 }
 
@@ -395,7 +401,8 @@ async fn settle(
     let before = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
     let after = settlement.status.phase;
     let measured = remediation.status.as_ref().and_then(|s| s.leaked_pods).is_none();
-    let (updated, hold_until) = write_if_changed(ctx, remediation, written, settlement.status).await?;
+    let (updated, hold_until, notes) =
+        write_if_changed(ctx, remediation, written, settlement.status, settlement.notes).await?;
     if let Some(leaked) = updated.status.as_ref().and_then(|s| s.leaked_pods)
         && measured
     {
@@ -411,8 +418,16 @@ async fn settle(
             report_recovery(ctx, remediation, status);
         }
     }
-    for note in &settlement.notes {
-        ctx.ops.publish(updated.as_ref(), note.event("Remediate")).await;
+    // A phase change's Events are told under the phase entered (the kube recorder aggregates
+    // Events by action and reason: under one action, a later phase change would only count up the
+    // first one's series, and its words would be lost).
+    let action = if before == after {
+        "Remediate".to_owned()
+    } else {
+        after.to_string()
+    };
+    for note in &notes {
+        ctx.ops.publish(updated.as_ref(), note.event(&action)).await;
     }
     if settlement.drop_finalizer {
         drop_finalizer(ctx, &updated).await?;
@@ -561,12 +576,16 @@ async fn drop_finalizer(ctx: &Context, remediation: &GpuRemediation) -> Result<(
     Ok(())
 }
 
+/// Writes `status` unless the server has it or it is held (see `progress`); returns the record as
+/// it now stands, until when its status is held, and the Events to publish now (`notes`, with those
+/// of a held phase change this write carries folded in; none while a phase change is held).
 async fn write_if_changed(
     ctx: &Context,
     remediation: &Arc<GpuRemediation>,
     written: Option<&GpuRemediationStatus>,
     status: GpuRemediationStatus,
-) -> Result<(Arc<GpuRemediation>, Option<Timestamp>), AdvanceRemediationError> {
+    notes: Vec<lifecycle::Note>,
+) -> Result<(Arc<GpuRemediation>, Option<Timestamp>, Vec<lifecycle::Note>), AdvanceRemediationError> {
     let name = remediation.name_any();
     let now = Timestamp::now();
     let with_status = |status: GpuRemediationStatus| {
@@ -576,24 +595,31 @@ async fn write_if_changed(
     };
     match progress::verdict(written, ctx.progress.written_at(&name), &status, now) {
         Verdict::Unchanged => {
-            ctx.progress.release(&name);
-            Ok((with_status(status), None))
+            let earlier = ctx.progress.release(&name);
+            Ok((with_status(status), None, progress::fold(earlier, notes)))
         }
         Verdict::HoldUntil(due) => {
+            let phase_change = progress::cordon_entered(written, &status).is_some();
+            let (held, now_notes) = if phase_change {
+                (notes, Vec::new())
+            } else {
+                (Vec::new(), notes)
+            };
             ctx.progress.hold(
                 &name,
                 remediation.resource_version(),
                 written.cloned(),
                 status.clone(),
+                held,
             );
-            Ok((with_status(status), Some(due)))
+            Ok((with_status(status), Some(due), now_notes))
         }
         Verdict::Write => {
             let mut updated = ctx.ops.write_remediation_status(remediation, &status).await?;
-            ctx.progress.wrote(&name, now);
+            let earlier = ctx.progress.wrote(&name, now);
             updated.managed_fields_mut().clear();
             ctx.caches.written_remediations.record(updated.clone());
-            Ok((Arc::new(updated), None))
+            Ok((Arc::new(updated), None, progress::fold(earlier, notes)))
         }
     }
 }

@@ -73,16 +73,7 @@ pub fn count(log: &str, username: &str) -> RequestCounts {
         if text("/user/username") != Some(username) {
             continue;
         }
-        let resource = match (text("/objectRef/resource"), text("/objectRef/subresource")) {
-            (Some(r), Some(s)) => format!("{r}/{s}"),
-            (Some(r), None) => r.to_owned(),
-            (None, _) => text("/requestURI")
-                .unwrap_or("?")
-                .split('?')
-                .next()
-                .unwrap_or("?")
-                .to_owned(),
-        };
+        let resource = resource_of(&event);
         let kind = format!("{} {resource}", text("/verb").unwrap_or("?"));
         match text("/stage") {
             Some("RequestReceived") => {
@@ -101,6 +92,68 @@ pub fn count(log: &str, username: &str) -> RequestCounts {
         }
     }
     counts
+}
+
+/// One request of a user as the audit log recorded it: for listing every write of a scenario.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AuditedRequest {
+    /// When the server received it (`requestReceivedTimestamp`).
+    pub at: String,
+    /// `create`, `update`, `patch`, ...
+    pub verb: String,
+    /// `nodes`, `pods/eviction`, `gpuremediations/status`, ...
+    pub resource: String,
+    /// The object's name, where the request names one.
+    pub name: Option<String>,
+    /// The answer's HTTP code.
+    pub code: Option<u64>,
+}
+
+impl AuditedRequest {
+    /// Whether the request changes something (not a read, a list or a watch).
+    #[must_use]
+    pub fn is_write(&self) -> bool {
+        !matches!(self.verb.as_str(), "get" | "list" | "watch")
+    }
+}
+
+/// Every request `username` made in `log` whose answer is recorded, in the order answered.
+#[must_use]
+pub fn requests(log: &str, username: &str) -> Vec<AuditedRequest> {
+    let mut listed = Vec::new();
+    for line in log.lines() {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let text = |pointer: &str| event.pointer(pointer).and_then(serde_json::Value::as_str);
+        if text("/user/username") != Some(username) || text("/stage") != Some("ResponseComplete") {
+            continue;
+        }
+        listed.push(AuditedRequest {
+            at: text("/requestReceivedTimestamp").unwrap_or("?").to_owned(),
+            verb: text("/verb").unwrap_or("?").to_owned(),
+            resource: resource_of(&event),
+            name: text("/objectRef/name").map(str::to_owned),
+            code: event
+                .pointer("/responseStatus/code")
+                .and_then(serde_json::Value::as_u64),
+        });
+    }
+    listed
+}
+
+fn resource_of(event: &serde_json::Value) -> String {
+    let text = |pointer: &str| event.pointer(pointer).and_then(serde_json::Value::as_str);
+    match (text("/objectRef/resource"), text("/objectRef/subresource")) {
+        (Some(r), Some(s)) => format!("{r}/{s}"),
+        (Some(r), None) => r.to_owned(),
+        (None, _) => text("/requestURI")
+            .unwrap_or("?")
+            .split('?')
+            .next()
+            .unwrap_or("?")
+            .to_owned(),
+    }
 }
 
 /// An audit log being read in slices: each [`AuditLog::since_mark`] reads what was appended after
@@ -177,6 +230,35 @@ mod tests {
         assert_eq!(counts.by_kind["create pods/eviction"], 2);
         assert_eq!(counts.by_kind["update nodes"], 1);
         assert_eq!(counts.refused_429["create pods/eviction"], 1);
+    }
+
+    #[test]
+    fn every_answered_request_is_listed_in_order_with_its_object_and_code() {
+        let me = "system:serviceaccount:bench:gpu-remediator";
+        let mut patched = serde_json::from_str::<serde_json::Value>(&event(
+            "ResponseComplete",
+            me,
+            "patch",
+            "gpuremediations",
+            Some("status"),
+            200,
+        ))
+        .unwrap();
+        patched["objectRef"]["name"] = serde_json::json!("gpu-1");
+        let log = [
+            event("RequestReceived", me, "list", "pods", None, 0),
+            event("ResponseComplete", me, "list", "pods", None, 200),
+            patched.to_string(),
+            event("ResponseComplete", "someone-else", "update", "nodes", None, 200),
+        ]
+        .join("\n");
+        let listed = requests(&log, me);
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        assert!(!listed[0].is_write());
+        assert_eq!(listed[1].resource, "gpuremediations/status");
+        assert_eq!(listed[1].name.as_deref(), Some("gpu-1"));
+        assert_eq!(listed[1].code, Some(200));
+        assert!(listed[1].is_write());
     }
 
     #[test]

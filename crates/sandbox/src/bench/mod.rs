@@ -6,6 +6,7 @@
 //! - [`audit`]: requests per peer by verb and resource, from the API server's audit log.
 //! - [`budget_sampler`]: the PDB violation sampler both peers and every fault are judged by.
 //! - [`cordon_watch`]: when each node was first held by the controller, and how many at once.
+//! - [`node_churn`]: every node's status rewritten on a period, as kubelets report it.
 //! - [`proxy`]: a loopback TCP proxy that adds latency and cuts connections.
 //! - [`latency`], [`drain`], [`footprint`], [`scale`] (bare-node fleets of 10,000 and more),
 //!   [`quarantine`] (the leak with quarantine on and off): the scenarios; [`report`]: percentiles
@@ -19,6 +20,7 @@ pub mod cordon_watch;
 pub mod drain;
 pub mod footprint;
 pub mod latency;
+pub mod node_churn;
 pub mod proxy;
 pub mod quarantine;
 pub mod report;

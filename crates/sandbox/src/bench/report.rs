@@ -142,6 +142,9 @@ pub fn markdown(results: &BenchResults) -> String {
             out.push('\n');
         }
     }
+    if !results.footprint.is_empty() {
+        out.push_str(&writes_tables(&results.footprint));
+    }
     if !results.scale.is_empty() {
         out.push_str(&scale_tables(&results.scale));
     }
@@ -178,6 +181,98 @@ pub fn quarantine_table(arms: &[QuarantineResult]) -> String {
         );
     }
     out.push('\n');
+    out
+}
+
+/// Writes and pod lists per remediation of every footprint run, and every write of a run that
+/// remediated one node, in order.
+#[must_use]
+pub fn writes_tables(footprint: &[FootprintResult]) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "### Writes and pod lists per remediation (audit log, the controller's account)
+
+",
+    );
+    out.push_str("| nodes (+ bare) | pods | remediations | node status writes by others | evictions each | writes each | writes less evictions | pod lists each | seconds |\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for f in footprint {
+        #[allow(clippy::cast_precision_loss, reason = "request counts are small")]
+        let evictions = f
+            .requests
+            .by_kind
+            .get("create pods/eviction")
+            .copied()
+            .unwrap_or(0) as f64
+            / f.remediations.max(1) as f64;
+        let churn = f.churn_period_seconds.map_or_else(
+            || "none".to_owned(),
+            |p| format!("{} (each node every {p:.0} s)", f.node_status_writes),
+        );
+        let _ = writeln!(
+            out,
+            "| {} (+ {}) | {} | {} | {churn} | {evictions:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            f.nodes,
+            f.bystanders,
+            f.pods,
+            f.remediations,
+            f.writes_per_remediation,
+            f.writes_per_remediation - evictions,
+            f.pod_lists_per_remediation,
+            f.remediation_seconds
+        );
+    }
+    out.push('\n');
+    for f in footprint.iter().filter(|f| f.remediations == 1) {
+        let _ = writeln!(
+            out,
+            "Every write of the one remediation on {} nodes ({} pods), in order (evictions folded):\n",
+            f.nodes, f.pods
+        );
+        out.push_str("| # | received | request | object | answer |\n|---:|---|---|---|---:|\n");
+        let mut row = 0;
+        let mut i = 0;
+        while i < f.writes.len() {
+            let w = &f.writes[i];
+            let mut run = 1;
+            if w.resource == "pods/eviction" {
+                while f.writes.get(i + run).is_some_and(|n| n.resource == w.resource) {
+                    run += 1;
+                }
+            }
+            row += 1;
+            let object = if run > 1 {
+                format!("{run} pods")
+            } else {
+                w.name.clone().unwrap_or_default()
+            };
+            let codes: std::collections::BTreeMap<u64, usize> =
+                f.writes[i..i + run]
+                    .iter()
+                    .fold(std::collections::BTreeMap::new(), |mut m, w| {
+                        *m.entry(w.code.unwrap_or(0)).or_default() += 1;
+                        m
+                    });
+            let answer = codes
+                .iter()
+                .map(|(c, n)| {
+                    if run > 1 {
+                        format!("{n}×{c}")
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(
+                out,
+                "| {row} | {} | {} {} | {object} | {answer} |",
+                w.at, w.verb, w.resource
+            );
+            i += run;
+        }
+        out.push('\n');
+    }
     out
 }
 

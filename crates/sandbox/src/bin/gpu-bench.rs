@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::Parser;
 use gpu_sandbox::ControlPlaneOptions;
 use gpu_sandbox::bench::bench_env::BenchEnv;
+use gpu_sandbox::bench::footprint::FootprintOptions;
 use gpu_sandbox::bench::latency::LatencyOptions;
 use gpu_sandbox::bench::quarantine::QuarantineOptions;
 use gpu_sandbox::bench::report::{self, BenchResults};
@@ -29,7 +30,7 @@ struct Cli {
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench/results.json")]
     out: PathBuf,
-    /// Scenarios to run (default: all): latency, drain, footprint, quarantine.
+    /// Scenarios to run (default: latency, drain, footprint, quarantine): those and churn.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Fleet sizes of the latency scenario.
@@ -47,6 +48,17 @@ struct Cli {
     /// Fleet sizes of the footprint scenario, as `nodes` or `nodes:pods_per_node`.
     #[arg(long, value_delimiter = ',', default_value = "100,100:20,1000,5000")]
     footprint: Vec<String>,
+    /// Nodes failed at once in each footprint run.
+    #[arg(long, default_value_t = 10)]
+    footprint_faults: usize,
+    /// The churn scenario (`--only churn`): the footprint run `20:20` padded with bare nodes to
+    /// this many nodes, once quiet and once with every node's status rewritten every
+    /// `--churn-period-seconds`; pod lists per remediation compared.
+    #[arg(long, default_value_t = 1000)]
+    churn_nodes: usize,
+    /// How often each node's status is rewritten in the churn scenario.
+    #[arg(long, default_value_t = 10)]
+    churn_period_seconds: u64,
     /// The full sizes: 20 pods per node on every latency fleet.
     #[arg(long)]
     full: bool,
@@ -82,8 +94,8 @@ async fn main() -> anyhow::Result<()> {
     let scaling = !cli.scale.is_empty();
     let wants = |name: &str| {
         if cli.only.is_empty() {
-            // `--scale` alone runs the scale scenario alone.
-            (name == "scale") == scaling
+            // `--scale` alone runs the scale scenario alone; churn runs only when named.
+            name != "churn" && (name == "scale") == scaling
         } else {
             cli.only.iter().any(|o| o == name) || (name == "scale" && scaling)
         }
@@ -193,11 +205,36 @@ async fn run(env: &BenchEnv, cli: &Cli, wants: impl Fn(&str) -> bool, results: &
                     .push(format!("--footprint {size}: not NODES or NODES:PODS_PER_NODE"));
                 continue;
             };
-            match footprint::run(env, nodes, pods_per_node, 10).await {
+            let options = FootprintOptions {
+                nodes,
+                pods_per_node,
+                faults: cli.footprint_faults.min(nodes),
+                bystanders: 0,
+                churn: None,
+            };
+            match footprint::run(env, &options).await {
                 Ok(result) => results.footprint.push(result),
                 Err(e) => results
                     .failures
                     .push(format!("the footprint scenario on {nodes} nodes: {e}")),
+            }
+        }
+    }
+    if wants("churn") {
+        for churn in [None, Some(Duration::from_secs(cli.churn_period_seconds))] {
+            let options = FootprintOptions {
+                nodes: 20,
+                pods_per_node: 20,
+                faults: 10,
+                bystanders: cli.churn_nodes.saturating_sub(20),
+                churn,
+            };
+            match footprint::run(env, &options).await {
+                Ok(result) => results.footprint.push(result),
+                Err(e) => results.failures.push(format!(
+                    "the churn scenario ({}): {e}",
+                    if churn.is_some() { "churning" } else { "quiet" }
+                )),
             }
         }
     }
