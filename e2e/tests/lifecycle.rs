@@ -180,12 +180,20 @@ async fn a_template_the_server_refuses_fails_at_the_replacement_timeout_and_free
         message.contains("replacement.timeout") && message.contains("404 page not found"),
         "{message}"
     );
-    let events = scenario::events_about(&s.client, &failed.name_any()).await;
+    // The Events follow the status write that carries the phase: wait for them.
+    let events = eventually(
+        "the refusal's and the timeout's Events",
+        Duration::from_secs(10),
+        || async {
+            let events = scenario::events_about(&s.client, &failed.name_any()).await;
+            events.contains_key("ReplacementTimeout").then_some(events)
+        },
+    )
+    .await;
     assert!(
         events.contains_key("Refused"),
         "an Event says the server refused: {events:?}"
     );
-    assert!(events.contains_key("ReplacementTimeout"), "{events:?}");
     eventually("the slot freed", Duration::from_secs(30), || async {
         let policy = Api::<GpuRemediationPolicy>::all(s.client.clone())
             .get(&s.scope)
