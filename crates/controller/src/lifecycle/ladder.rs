@@ -23,7 +23,7 @@
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationStatus, Phase,
     constants::{reasons, remediation_conditions},
-    ladder::{HAND_OFF_LABEL, LadderStep, Rung, STEP_MESSAGE_MAX, STEP_RECORDS_MAX, StepOutcome, StepRecord},
+    ladder::{HAND_OFF_LABEL, LadderStep, Rung, StepOutcome, StepRecord},
     policy::Strategy,
     remediation::PolicySnapshot,
 };
@@ -31,6 +31,9 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::EventType;
 
+use super::ladder_record::new_record;
+pub(super) use super::ladder_record::{close, open};
+pub use super::ladder_record::{handed_off, looked_at, newly_ended, replaced};
 use super::{
     Ask, CancelReason, Decision, Facts, Health, Identity, Next, Seen, Settlement, Words, cancel,
     ladder_evidence::{self as evidence, boot_id, is_ready},
@@ -50,49 +53,10 @@ pub const GPU_SCOPED: &str = "GPU-scoped drain";
 /// Event reason: the last rung handed the node to a person.
 pub const HANDED_OFF: &str = "HandedOff";
 
-/// Whether a status was ended by a hand-off (its node stays cordoned for a person).
-#[must_use]
-pub fn handed_off(status: &GpuRemediationStatus) -> bool {
-    status.phase == Phase::ManualRequired && status.steps.last().is_some_and(|s| s.step == Rung::HandOff)
-}
-
 /// The record of the step that starts now: the first one at hand-over.
 pub(super) fn first_step(remediation: &GpuRemediation, rules: &PolicySnapshot, now: Timestamp) -> StepRecord {
     let index = evidence::start_index(remediation, rules);
     new_record(rules.ladder[index].step, now)
-}
-
-fn new_record(step: Rung, now: Timestamp) -> StepRecord {
-    StepRecord {
-        step,
-        start: Time(now),
-        end: None,
-        outcome: None,
-        message: None,
-        object: None,
-        evidence: gpu_remediation_api::ladder::StepEvidence::default(),
-        evicted_pods: Vec::new(),
-    }
-}
-
-/// Opens `record` as the current step (a step still open, left by a phase written by hand, ends
-/// `Superseded`).
-pub(super) fn open(status: &mut GpuRemediationStatus, record: StepRecord) {
-    let now = record.start.0;
-    close(status, StepOutcome::Superseded, "another step started", now);
-    status.current_step = Some(record.step);
-    status.steps.push(record);
-    let excess = status.steps.len().saturating_sub(STEP_RECORDS_MAX);
-    status.steps.drain(..excess);
-}
-
-/// Ends the open step (if any) with `outcome`.
-pub(super) fn close(status: &mut GpuRemediationStatus, outcome: StepOutcome, message: &str, now: Timestamp) {
-    if let Some(open) = status.steps.last_mut().filter(|s| s.end.is_none()) {
-        open.end = Some(Time(now));
-        open.outcome = Some(outcome);
-        open.message = Some(status::truncate(message, STEP_MESSAGE_MAX));
-    }
 }
 
 /// One pass of the ladder in `Replacing` or `Verifying`.
@@ -647,107 +611,4 @@ fn escalate(
     );
     settled.drop_finalizer = false;
     Decision::Settle(settled)
-}
-
-/// Which object the acting layer looks at in `Verifying`: the open step's template object (looked
-/// at as the `Template` strategy does) or, for `Replace`, the replacement's.
-#[must_use]
-pub fn looked_at(
-    status: &GpuRemediationStatus,
-    rules: &PolicySnapshot,
-) -> Option<(Strategy, gpu_remediation_api::remediation::ObjectReference)> {
-    if rules.ladder.is_empty() || status.phase != Phase::Verifying {
-        return None;
-    }
-    let open = status.steps.last().filter(|s| s.end.is_none())?;
-    match open.step {
-        Rung::ResetGpu | Rung::Reboot => open.object.clone().map(|o| (Strategy::Template, o)),
-        Rung::Replace => status
-            .replacement
-            .clone()
-            .map(|o| (rules.replacement.strategy, o)),
-        Rung::HandOff => None,
-    }
-}
-
-/// The steps `after` ended that `before` had not (for the metrics of a status just written).
-#[must_use]
-pub fn newly_ended<'a>(
-    before: Option<&GpuRemediationStatus>,
-    after: &'a GpuRemediationStatus,
-) -> Vec<&'a StepRecord> {
-    let ended_before = |step: &StepRecord| {
-        before.is_some_and(|b| {
-            b.steps
-                .iter()
-                .any(|s| s.step == step.step && s.start == step.start && s.end.is_some())
-        })
-    };
-    after
-        .steps
-        .iter()
-        .filter(|s| s.end.is_some() && !ended_before(s))
-        .collect()
-}
-
-/// Whether a recycle's `Replace` step was triggered (its node was, or was being, replaced).
-#[must_use]
-pub fn replaced(status: &GpuRemediationStatus) -> bool {
-    status
-        .steps
-        .iter()
-        .any(|s| s.step == Rung::Replace && s.object.is_some())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn at(second: i64) -> Time {
-        Time(Timestamp::from_second(1_800_000_000 + second).expect("a time"))
-    }
-
-    fn step(rung: Rung, start: i64, end: Option<i64>) -> StepRecord {
-        let mut record = new_record(rung, at(start).0);
-        record.end = end.map(at);
-        record.outcome = end.map(|_| StepOutcome::Permanent);
-        record
-    }
-
-    #[test]
-    fn only_the_steps_this_write_ended_are_newly_ended() {
-        let before = GpuRemediationStatus {
-            steps: vec![step(Rung::ResetGpu, 0, Some(10)), step(Rung::Reboot, 10, None)],
-            ..GpuRemediationStatus::default()
-        };
-        let after = GpuRemediationStatus {
-            steps: vec![
-                step(Rung::ResetGpu, 0, Some(10)),
-                step(Rung::Reboot, 10, Some(50)),
-                step(Rung::Replace, 50, None),
-            ],
-            ..GpuRemediationStatus::default()
-        };
-        let ended: Vec<Rung> = newly_ended(Some(&before), &after)
-            .iter()
-            .map(|s| s.step)
-            .collect();
-        assert_eq!(ended, [Rung::Reboot]);
-        assert!(!replaced(&after), "the Replace step has no object yet");
-    }
-
-    #[test]
-    fn opening_a_step_supersedes_one_left_open_and_keeps_the_latest_sixteen() {
-        let mut status = GpuRemediationStatus::default();
-        for i in 0..20 {
-            open(&mut status, new_record(Rung::ResetGpu, at(i).0));
-        }
-        assert_eq!(status.steps.len(), STEP_RECORDS_MAX);
-        assert_eq!(status.steps.iter().filter(|s| s.end.is_none()).count(), 1);
-        assert!(
-            status.steps[..STEP_RECORDS_MAX - 1]
-                .iter()
-                .all(|s| s.outcome == Some(StepOutcome::Superseded))
-        );
-    }
 }

@@ -29,6 +29,7 @@ mod drain;
 pub mod eviction_round;
 pub mod ladder;
 pub mod ladder_evidence;
+mod ladder_record;
 #[cfg(test)]
 mod paths;
 mod replacement;
