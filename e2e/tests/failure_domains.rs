@@ -1,6 +1,7 @@
 //! Correlated failures against the real control plane: a failing rack held while another rack's
 //! node is remediated, the rack going on when its limit is raised; slow start earning a second
-//! slot from a proven success and keeping it over a controller restart; the driver label most failures share named, and its nodes held; a policy
+//! slot from a proven success and keeping it over a controller restart, doubling to `maxConcurrent`
+//! and falling back to 1 after a `Failed` remediation; the driver label most failures share named, and its nodes held; a policy
 //! that yields nodes to another counting and naming them, in its status and in `kubectl get`;
 //! recovery, uncordon and cancellation going through while the policy breaker or a domain holds;
 //! a held rack resuming when its nodes recover; `maxUnhealthy` as a count and a share, the lower
@@ -200,6 +201,116 @@ async fn slow_start_earns_a_second_slot_from_a_proven_success_and_keeps_it_over_
     assert_eq!(status.slow_start.map(|a| a.allowed), Some(2));
     assert_eq!(status.in_flight, 2);
     assert_eq!(in_flight_nodes(&s).await.len(), 2);
+    controller.stop().await;
+}
+
+/// Takes `node`'s in-flight reboot to `Succeeded` and heals its GPU, so the success is proven
+/// `release.healthyFor` later.
+async fn reboot_succeeds(s: &Scenario, node: &str) {
+    let replacing = eventually(
+        &format!("{node}'s reboot object"),
+        Duration::from_secs(30),
+        || async {
+            s.remediation_of(node)
+                .await
+                .and_then(|r| r.status.and_then(|st| st.replacement).map(|o| o.name))
+        },
+    )
+    .await;
+    scenario::report_rebooted(s, &replacing).await;
+    s.wait_phase(node, Phase::Verifying, Duration::from_secs(30))
+        .await;
+    s.heal_gpu(node).await;
+    s.wait_phase(node, Phase::Succeeded, Duration::from_secs(30))
+        .await;
+}
+
+#[tokio::test]
+async fn slow_start_doubles_to_max_concurrent_and_a_failed_remediation_brings_it_back_to_one() {
+    let s = Scenario::new(6).await;
+    common::install_crd(&s.client, common::REBOOT_CRD).await;
+    let nodes = s.nodes();
+    let mut spec = scenario::reboot_policy(&s, "5m");
+    scenario::merge(
+        &mut spec,
+        serde_json::json!({
+            "safety": {"maxConcurrent": 4, "slowStart": true},
+            "release": {"healthyFor": "2s"},
+        }),
+    );
+    s.policy(spec).await;
+    for node in &nodes {
+        s.break_gpu(node).await;
+    }
+    let controller = RunningController::start(&s.scope).await;
+    let status = status_when(&s, "one in flight", Duration::from_secs(30), |st| {
+        st.in_flight == 1 && st.waiting.len() == 5
+    })
+    .await;
+    assert_eq!(status.slow_start.map(|a| a.allowed), Some(1));
+
+    let first = in_flight_nodes(&s).await.remove(0);
+    reboot_succeeds(&s, &first).await;
+    let status = status_when(&s, "two in flight", Duration::from_secs(30), |st| {
+        st.in_flight == 2
+    })
+    .await;
+    assert_eq!(status.slow_start.map(|a| a.allowed), Some(2));
+
+    // The second proven success doubles it to 4, maxConcurrent: every remaining node in flight.
+    let second = in_flight_nodes(&s).await.remove(0);
+    reboot_succeeds(&s, &second).await;
+    let status = status_when(&s, "four in flight", Duration::from_secs(30), |st| {
+        st.in_flight == 4
+    })
+    .await;
+    let allowance = status.slow_start.unwrap();
+    assert_eq!(allowance.allowed, 4);
+    assert!(
+        allowance.message.contains("maxConcurrent 4") && allowance.message.contains("doubled"),
+        "{}",
+        allowance.message
+    );
+    assert!(status.waiting.is_empty(), "{:?}", status.waiting);
+
+    // One reboot reports failure: the remediation is Failed and the allowance falls back to 1.
+    let third = in_flight_nodes(&s).await.remove(0);
+    let object = eventually("the third reboot object", Duration::from_secs(30), || async {
+        s.remediation_of(&third)
+            .await
+            .and_then(|r| r.status.and_then(|st| st.replacement).map(|o| o.name))
+    })
+    .await;
+    scenario::report_reboot_failed(&s, &object).await;
+    let failed = s.wait_phase(&third, Phase::Failed, Duration::from_secs(30)).await;
+    let status = status_when(&s, "back to one", Duration::from_secs(30), |st| {
+        st.slow_start.as_ref().is_some_and(|a| a.allowed == 1)
+    })
+    .await;
+    let allowance = status.slow_start.unwrap();
+    assert!(
+        allowance.message.contains("back to 1") && allowance.message.contains(&failed.name_any()),
+        "{}",
+        allowance.message
+    );
+    // With 3 still in flight, a node failing again now waits for the slow start.
+    s.break_gpu(&first).await;
+    let status = status_when(
+        &s,
+        "the first node waiting again",
+        Duration::from_secs(30),
+        |st| st.waiting.iter().any(|w| w.node == first),
+    )
+    .await;
+    assert_eq!(status.in_flight, 3);
+    assert!(
+        status
+            .waiting
+            .iter()
+            .all(|w| w.reason == reasons::DEFERRED_SLOW_START),
+        "{:?}",
+        status.waiting
+    );
     controller.stop().await;
 }
 

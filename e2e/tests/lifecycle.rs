@@ -22,49 +22,12 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, ResourceExt,
-    api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
-    core::GroupVersionKind,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
 };
-use scenario::{RunningController, Scenario, has_our_taint, is_unschedulable};
+use scenario::{
+    RunningController, Scenario, has_our_taint, is_unschedulable, reboot_policy, report_rebooted,
+};
 use serde_json::json;
-
-/// The stand-in reboot kind (`common::REBOOT_CRD`).
-fn reboots(s: &Scenario) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "e2e.gpuremediation.dev",
-        "v1",
-        "FakeReboot",
-    ));
-    Api::namespaced_with(s.client.clone(), &s.namespace, &resource)
-}
-
-/// A reboot policy whose template makes one `FakeReboot` per remediation.
-fn reboot_policy(s: &Scenario, timeout: &str) -> serde_json::Value {
-    json!({
-        "action": "Reboot",
-        "safety": {"maxUnhealthy": "100%", "maxAttemptsPerNode": {"count": 5, "per": "1h"}},
-        "replacement": {
-            "strategy": "Template",
-            "timeout": timeout,
-            "template": {
-                "apiVersion": "e2e.gpuremediation.dev/v1",
-                "kind": "FakeReboot",
-                "metadata": {"name": "{{remediationName}}", "namespace": s.namespace},
-                "spec": {"node": "{{nodeName}}"},
-            },
-        },
-    })
-}
-
-/// Marks the reboot object done, as Self Node Remediation does when the node is back.
-async fn report_rebooted(s: &Scenario, name: &str) {
-    let patch =
-        json!({"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Rebooted"}]}});
-    reboots(s)
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap_or_else(|e| panic!("reporting {name} rebooted: {e}"));
-}
 
 fn replacement_name(remediation: &GpuRemediation) -> String {
     remediation

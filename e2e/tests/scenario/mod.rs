@@ -24,7 +24,8 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+    core::GroupVersionKind,
     runtime::{WatchStreamExt, watcher},
 };
 
@@ -449,4 +450,50 @@ pub async fn events_about(client: &Client, name: &str) -> BTreeMap<String, i32> 
         }
     }
     by_reason
+}
+
+/// The stand-in reboot kind (`common::REBOOT_CRD`).
+pub fn reboots(s: &Scenario) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "e2e.gpuremediation.dev",
+        "v1",
+        "FakeReboot",
+    ));
+    Api::namespaced_with(s.client.clone(), &s.namespace, &resource)
+}
+
+/// A reboot policy whose template makes one `FakeReboot` per remediation.
+pub fn reboot_policy(s: &Scenario, timeout: &str) -> serde_json::Value {
+    serde_json::json!({
+        "action": "Reboot",
+        "safety": {"maxUnhealthy": "100%", "maxAttemptsPerNode": {"count": 5, "per": "1h"}},
+        "replacement": {
+            "strategy": "Template",
+            "timeout": timeout,
+            "template": {
+                "apiVersion": "e2e.gpuremediation.dev/v1",
+                "kind": "FakeReboot",
+                "metadata": {"name": "{{remediationName}}", "namespace": s.namespace},
+                "spec": {"node": "{{nodeName}}"},
+            },
+        },
+    })
+}
+
+/// Marks the reboot object done, as Self Node Remediation does when the node is back.
+pub async fn report_rebooted(s: &Scenario, name: &str) {
+    let patch = serde_json::json!({"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Rebooted"}]}});
+    reboots(s)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("reporting {name} rebooted: {e}"));
+}
+
+/// Marks the reboot object failed, as Self Node Remediation does when the node does not come back.
+pub async fn report_reboot_failed(s: &Scenario, name: &str) {
+    let patch = serde_json::json!({"status": {"phase": "Failed"}});
+    reboots(s)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("reporting {name} failed: {e}"));
 }
