@@ -277,11 +277,24 @@ async fn force_delete_removes_what_the_budget_protects_after_the_timeout() {
     let done = s
         .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
         .await;
+    let left: Vec<_> = s
+        .pods_on(&broken)
+        .await
+        .into_iter()
+        .filter(|p| p.name_any().starts_with("pinned-"))
+        .map(|p| {
+            (
+                p.name_any(),
+                p.metadata.uid,
+                p.metadata.deletion_timestamp,
+                p.metadata.creation_timestamp,
+            )
+        })
+        .collect();
     assert!(
-        s.pods_on(&broken)
-            .await
-            .iter()
-            .all(|p| !p.name_any().starts_with("pinned-"))
+        left.is_empty(),
+        "pinned pods left on {broken}: {left:?}; status {:?}",
+        done.status
     );
     let history = &done.status.unwrap().phase_history;
     assert!(!history.iter().any(|t| t.phase == Phase::Blocked), "{history:?}");

@@ -244,6 +244,16 @@ fn block(
     }
 }
 
+/// How long past its `deletionTimestamp` a terminating pod may take to disappear before it counts
+/// as stuck: a live kubelet reports the pod gone shortly after the grace period, later under load.
+const KUBELET_SLACK: jiff::SignedDuration = jiff::SignedDuration::from_secs(10);
+
+/// Whether a pod is terminating and still there `KUBELET_SLACK` past its deadline (a terminating pod
+/// without a deadline is stuck at once).
+fn stuck_terminating(pod: &Leaving, now: Timestamp) -> bool {
+    pod.terminating && pod.gone_by.is_none_or(|by| by + KUBELET_SLACK <= now)
+}
+
 /// `onTimeout: ForceDelete`: delete the pods still running with the policy's grace period, and
 /// pods stuck terminating with grace 0 only where the policy allows it. What cannot be removed
 /// (a refused delete, a pod stuck terminating without the opt-in) leaves the drain `Blocked`
@@ -274,11 +284,12 @@ fn force_delete(
             grace: grace_period(rules),
         });
     }
-    // A pod still terminating past its own deadline is stuck (its kubelet is gone or hung).
+    // A pod still terminating well past its own deadline is stuck (its kubelet is gone or hung);
+    // just past it, a live kubelet may still be reporting the pod gone.
     let stuck: Vec<&Leaving> = plan
         .leaving
         .iter()
-        .filter(|p| p.terminating && p.gone_by.is_none_or(|by| by <= now))
+        .filter(|p| stuck_terminating(p, now))
         .collect();
     if rules.drain.allow_zero_grace_period {
         let unasked: Vec<Leaving> = stuck
@@ -756,6 +767,16 @@ mod tests {
             "{}",
             b.message
         );
+    }
+
+    #[test]
+    fn a_pod_just_past_its_grace_period_is_not_stuck_until_the_kubelet_has_had_its_slack() {
+        let mut going = pod();
+        assert!(!stuck_terminating(&going, at(100)), "a running pod is not stuck");
+        going.terminating = true;
+        going.gone_by = Some(at(10));
+        assert!(!stuck_terminating(&going, at(11)), "one second past the deadline");
+        assert!(stuck_terminating(&going, at(20)), "ten seconds past the deadline");
     }
 
     #[test]
