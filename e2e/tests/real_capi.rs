@@ -19,8 +19,7 @@ use std::time::Duration;
 use gpu_remediation_api::{GpuRemediation, Phase};
 use gpu_sandbox::{
     capi::{ClusterApi, resource},
-    fleet::FLEET_LABEL,
-    workload::{self, Budget, Workload},
+    workload,
 };
 use k8s_openapi::{
     api::core::v1::{Node, Pod},
@@ -108,25 +107,9 @@ async fn delete_machine_recycles_a_cluster_api_node_through_the_machine_set_with
     .await;
 
     // Two pods of 8 GPUs each, one per node.
-    let app = Workload::new(&s.namespace, "train")
-        .replicas(2)
-        .gpus(8)
-        .node_selector(FLEET_LABEL, s.fleet.name());
-    workload::create(&s.client, &app.deployment())
-        .await
-        .expect("deployment");
-    workload::create(&s.client, &app.pdb(&Budget::min_available(1)))
-        .await
-        .expect("pdb");
-    workload::wait_ready_pods(
-        &s.client,
-        &s.namespace,
-        &app.selector(),
-        2,
-        Duration::from_secs(90),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; Cluster API's log ends:\n{}", capi.log_tail(40)));
+    let app = s
+        .two_training_pods(Duration::from_secs(90), || capi.log_tail(40))
+        .await;
     workload::wait_pdb_allows(&s.client, &s.namespace, &app.name, 1, Duration::from_secs(30))
         .await
         .expect("the PDB allows one disruption");

@@ -17,9 +17,8 @@ use std::{collections::BTreeSet, time::Duration};
 
 use gpu_remediation_api::Phase;
 use gpu_sandbox::{
-    fleet::FLEET_LABEL,
     karpenter::{Disruption, Karpenter, KarpenterOptions, node_claim_resource},
-    workload::{self, Budget, Workload},
+    workload,
 };
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use kube::{
@@ -81,7 +80,10 @@ async fn delete_node_claim_recycles_a_karpenter_node_through_karpenters_own_term
         .unwrap_or_else(|e| panic!("starting Karpenter: {e}"));
     let pool = karpenter.pool().to_owned();
 
-    let app = two_training_pods(&s, &karpenter).await;
+    // Karpenter launches one 8-GPU node for each pod.
+    let app = s
+        .two_training_pods(Duration::from_secs(120), || karpenter.log_tail(40))
+        .await;
     // Karpenter writes a claim's status.nodeName when it registers the node, which may trail the
     // pods starting there.
     let before = common::eventually(
@@ -220,29 +222,4 @@ fn print_karpenter_log(karpenter: &Karpenter, broken: &str, new_node: &str) {
     {
         eprintln!("  {line}");
     }
-}
-
-/// Two pods of 8 GPUs each behind a PDB of `minAvailable: 1`: Karpenter launches one 8-GPU node
-/// for each. Returns once both run.
-async fn two_training_pods(s: &Scenario, karpenter: &Karpenter) -> Workload {
-    let app = Workload::new(&s.namespace, "train")
-        .replicas(2)
-        .gpus(8)
-        .node_selector(FLEET_LABEL, s.fleet.name());
-    workload::create(&s.client, &app.deployment())
-        .await
-        .expect("deployment");
-    workload::create(&s.client, &app.pdb(&Budget::min_available(1)))
-        .await
-        .expect("pdb");
-    workload::wait_ready_pods(
-        &s.client,
-        &s.namespace,
-        &app.selector(),
-        2,
-        Duration::from_secs(120),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; Karpenter's log ends:\n{}", karpenter.log_tail(40)));
-    app
 }

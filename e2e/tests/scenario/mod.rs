@@ -224,6 +224,26 @@ impl Scenario {
             .unwrap();
     }
 
+    /// Two pods of 8 GPUs each on the fleet's nodes, behind a PDB of `minAvailable: 1`: a
+    /// provisioner (Karpenter, Cluster API) gives each a node of its own. Returns once both run;
+    /// on a timeout the panic carries `log`, the provisioner's log tail.
+    pub async fn two_training_pods(&self, within: Duration, log: impl Fn() -> String) -> Workload {
+        let app = Workload::new(&self.namespace, "train")
+            .replicas(2)
+            .gpus(8)
+            .node_selector(FLEET_LABEL, self.fleet.name());
+        workload::create(&self.client, &app.deployment())
+            .await
+            .expect("deployment");
+        workload::create(&self.client, &app.pdb(&Budget::min_available(1)))
+            .await
+            .expect("pdb");
+        workload::wait_ready_pods(&self.client, &self.namespace, &app.selector(), 2, within)
+            .await
+            .unwrap_or_else(|e| panic!("{e}; the provisioner's log ends:\n{}", log()));
+        app
+    }
+
     /// A Deployment of `replicas` pods all on `node` (the other `spare` nodes are cordoned while
     /// it starts, then opened, so evicted pods have somewhere to go), behind a PDB.
     pub async fn protected_workload(
