@@ -41,18 +41,22 @@ fn step_kind() -> ApiResource {
     ))
 }
 
-/// A ladder step carried out by an object of the stand-in kind.
-fn step(s: &Scenario, rung: &str, timeout: &str) -> serde_json::Value {
-    json!({
-        "step": rung,
-        "timeout": timeout,
-        "template": {
+/// A ladder step: `ResetGpu` and `Reboot` are carried out by an object of the stand-in kind,
+/// `Replace` and `HandOff` by the controller itself.
+fn step(s: &Scenario, rung: &str, timeout: Option<&str>) -> serde_json::Value {
+    let mut step = json!({"step": rung});
+    if let Some(timeout) = timeout {
+        step["timeout"] = json!(timeout);
+    }
+    if matches!(rung, "ResetGpu" | "Reboot") {
+        step["template"] = json!({
             "apiVersion": "e2e.gpuremediation.dev/v1",
             "kind": "FakeReboot",
             "metadata": {"namespace": s.namespace},
             "spec": {"node": "{{nodeName}}", "action": rung},
-        },
-    })
+        });
+    }
+    step
 }
 
 /// An 8-GPU inventory on `node`, as the agent publishes it; returns GPU 3.
@@ -73,6 +77,56 @@ async fn setup(s: &Scenario, ladder: serde_json::Value, healthy_for: &str, behav
     }))
     .await;
     Repairer::start(s.client.clone(), &step_kind(), &s.namespace, behaviour)
+}
+
+/// One 8-GPU node under a ladder policy, with the repair operator and the controller running.
+struct LadderRun {
+    s: Scenario,
+    /// The node that faults.
+    node: String,
+    /// Its GPU 3, the one that faults.
+    gpu: SimGpu,
+    /// The node's boot ID before anything happened.
+    boot_before: String,
+    repairer: Repairer,
+    controller: RunningController,
+}
+
+impl LadderRun {
+    /// `rungs`: each step and its timeout (the policy's default where `None`).
+    async fn start(rungs: &[(&str, Option<&str>)], healthy_for: &str, behaviour: Behaviour) -> Self {
+        let s = scenario(1, false).await;
+        let node = s.nodes()[0].clone();
+        let ladder = rungs
+            .iter()
+            .map(|(rung, timeout)| step(&s, rung, *timeout))
+            .collect();
+        let repairer = setup(&s, serde_json::Value::Array(ladder), healthy_for, behaviour).await;
+        let gpu = eight_gpus(&s, &node).await;
+        let boot_before = boot_id(&s.node(&node).await);
+        let controller = RunningController::start(&s.scope).await;
+        Self {
+            s,
+            node,
+            gpu,
+            boot_before,
+            repairer,
+            controller,
+        }
+    }
+
+    /// GPU 3 reports XID `code`, whose catalog entry recommends `action`.
+    async fn xid(&self, code: u32, action: &str) {
+        repair::xid(&self.s.client, &self.node, &self.gpu, code, action)
+            .await
+            .unwrap();
+    }
+
+    async fn wait_phase(&self, phase: Phase) -> GpuRemediation {
+        self.s
+            .wait_phase(&self.node, phase, Duration::from_secs(60))
+            .await
+    }
 }
 
 fn steps(r: &GpuRemediation) -> Vec<(Rung, Option<StepOutcome>)> {
@@ -100,27 +154,26 @@ async fn released(s: &Scenario, node: &str) {
 
 #[tokio::test]
 async fn a_gpu_reset_that_works_succeeds_after_the_dwell_and_releases_the_node() {
-    let s = scenario(1, false).await;
-    let node = s.nodes()[0].clone();
-    let ladder = json!([step(&s, "ResetGpu", "1m"), step(&s, "Reboot", "1m"), {"step": "Replace"}]);
-    let repairer = setup(&s, ladder, "3s", Behaviour::default()).await;
-    let gpu = eight_gpus(&s, &node).await;
-    let boot_before = boot_id(&s.node(&node).await);
-    let controller = RunningController::start(&s.scope).await;
+    let run = LadderRun::start(
+        &[
+            ("ResetGpu", Some("1m")),
+            ("Reboot", Some("1m")),
+            ("Replace", None),
+        ],
+        "3s",
+        Behaviour::default(),
+    )
+    .await;
 
-    repair::xid(&s.client, &node, &gpu, 48, "RESET_GPU")
-        .await
-        .unwrap();
-    let done = s
-        .wait_phase(&node, Phase::Succeeded, Duration::from_secs(60))
-        .await;
+    run.xid(48, "RESET_GPU").await;
+    let done = run.wait_phase(Phase::Succeeded).await;
 
     assert_eq!(steps(&done), [(Rung::ResetGpu, Some(StepOutcome::Succeeded))]);
     let status = done.status.as_ref().unwrap();
     let reset = &status.steps[0];
     assert_eq!(
         reset.evidence.gpus_answering,
-        std::slice::from_ref(&gpu.uuid),
+        std::slice::from_ref(&run.gpu.uuid),
         "the same UUID answers"
     );
     assert_eq!(reset.evidence.dwell_seconds, Some(3));
@@ -145,30 +198,36 @@ async fn a_gpu_reset_that_works_succeeds_after_the_dwell_and_releases_the_node()
         "{:?}",
         reset.message
     );
-    released(&s, &node).await;
-    assert_eq!(boot_id(&s.node(&node).await), boot_before, "a reset is no reboot");
-    let repairs = repairer.repaired();
+    released(&run.s, &run.node).await;
+    assert_eq!(
+        boot_id(&run.s.node(&run.node).await),
+        run.boot_before,
+        "a reset is no reboot"
+    );
+    let repairs = run.repairer.repaired();
     assert_eq!(repairs.len(), 1, "{repairs:?}");
     assert_eq!(repairs[0].action, "ResetGpu");
-    controller.stop().await;
+    run.controller.stop().await;
 }
 
 #[tokio::test]
 async fn the_fault_back_within_the_dwell_escalates_to_a_reboot_proven_by_a_new_boot_id() {
-    let s = scenario(1, false).await;
-    let node = s.nodes()[0].clone();
-    let ladder = json!([step(&s, "ResetGpu", "1m"), step(&s, "Reboot", "1m"), {"step": "Replace"}]);
-    let _repairer = setup(&s, ladder, "6s", Behaviour::default()).await;
-    let gpu = eight_gpus(&s, &node).await;
-    let boot_before = boot_id(&s.node(&node).await);
-    let controller = RunningController::start(&s.scope).await;
+    let run = LadderRun::start(
+        &[
+            ("ResetGpu", Some("1m")),
+            ("Reboot", Some("1m")),
+            ("Replace", None),
+        ],
+        "6s",
+        Behaviour::default(),
+    )
+    .await;
+    let (s, node) = (&run.s, &run.node);
 
-    repair::xid(&s.client, &node, &gpu, 48, "RESET_GPU")
-        .await
-        .unwrap();
+    run.xid(48, "RESET_GPU").await;
     // The reset worked and the node is healthy, its dwell running ...
     eventually("the reset's dwell to start", Duration::from_secs(40), || async {
-        let r = s.remediation_of(&node).await?;
+        let r = s.remediation_of(node).await?;
         r.status?
             .steps
             .first()
@@ -177,12 +236,8 @@ async fn the_fault_back_within_the_dwell_escalates_to_a_reboot_proven_by_a_new_b
     })
     .await;
     // ... when the fault comes back.
-    repair::xid(&s.client, &node, &gpu, 48, "RESET_GPU")
-        .await
-        .unwrap();
-    let done = s
-        .wait_phase(&node, Phase::Succeeded, Duration::from_secs(60))
-        .await;
+    run.xid(48, "RESET_GPU").await;
+    let done = run.wait_phase(Phase::Succeeded).await;
 
     assert_eq!(
         steps(&done),
@@ -202,33 +257,29 @@ async fn the_fault_back_within_the_dwell_escalates_to_a_reboot_proven_by_a_new_b
         status.steps[0].message
     );
     let reboot = &status.steps[1].evidence;
-    assert_eq!(reboot.boot_id_before.as_deref(), Some(boot_before.as_str()));
-    let boot_after = boot_id(&s.node(&node).await);
-    assert_ne!(boot_after, boot_before, "the node booted");
+    assert_eq!(reboot.boot_id_before.as_deref(), Some(run.boot_before.as_str()));
+    let boot_after = boot_id(&s.node(node).await);
+    assert_ne!(boot_after, run.boot_before, "the node booted");
     assert_eq!(reboot.boot_id_after.as_deref(), Some(boot_after.as_str()));
-    released(&s, &node).await;
-    controller.stop().await;
+    released(s, node).await;
+    run.controller.stop().await;
 }
 
 #[tokio::test]
 async fn a_reboot_object_done_without_a_new_boot_id_is_no_success_and_escalates_to_replace() {
-    let s = scenario(1, false).await;
-    let node = s.nodes()[0].clone();
-    let ladder = json!([step(&s, "Reboot", "8s"), {"step": "Replace", "timeout": "1m"}]);
     let behaviour = Behaviour {
         reboot_boots: false,
         ..Behaviour::default()
     };
-    let repairer = setup(&s, ladder, "2s", behaviour).await;
-    let gpu = eight_gpus(&s, &node).await;
-    let controller = RunningController::start(&s.scope).await;
+    let run = LadderRun::start(
+        &[("Reboot", Some("8s")), ("Replace", Some("1m"))],
+        "2s",
+        behaviour,
+    )
+    .await;
 
-    repair::xid(&s.client, &node, &gpu, 79, "RESTART_BM")
-        .await
-        .unwrap();
-    let done = s
-        .wait_phase(&node, Phase::Succeeded, Duration::from_secs(60))
-        .await;
+    run.xid(79, "RESTART_BM").await;
+    let done = run.wait_phase(Phase::Succeeded).await;
 
     assert_eq!(
         steps(&done),
@@ -249,11 +300,11 @@ async fn a_reboot_object_done_without_a_new_boot_id_is_no_success_and_escalates_
         reboot.message
     );
     assert_eq!(reboot.evidence.boot_id_before, reboot.evidence.boot_id_after);
-    assert_eq!(repairer.repaired().len(), 1, "the reboot object was done");
+    assert_eq!(run.repairer.repaired().len(), 1, "the reboot object was done");
     // DeleteNode: the node is gone.
     eventually("the node deleted", Duration::from_secs(20), || async {
-        Api::<Node>::all(s.client.clone())
-            .get_opt(&node)
+        Api::<Node>::all(run.s.client.clone())
+            .get_opt(&run.node)
             .await
             .ok()
             .flatten()
@@ -261,28 +312,20 @@ async fn a_reboot_object_done_without_a_new_boot_id_is_no_success_and_escalates_
             .then_some(())
     })
     .await;
-    controller.stop().await;
+    run.controller.stop().await;
 }
 
 #[tokio::test]
 async fn out_of_rungs_the_node_is_handed_off_manual_required_with_its_gpus_named() {
-    let s = scenario(1, false).await;
-    let node = s.nodes()[0].clone();
-    let ladder = json!([step(&s, "Reboot", "1m"), {"step": "HandOff"}]);
     let behaviour = Behaviour {
         fails: true,
         ..Behaviour::default()
     };
-    let _repairer = setup(&s, ladder, "2s", behaviour).await;
-    let gpu = eight_gpus(&s, &node).await;
-    let controller = RunningController::start(&s.scope).await;
+    let run = LadderRun::start(&[("Reboot", Some("1m")), ("HandOff", None)], "2s", behaviour).await;
+    let gpu = &run.gpu;
 
-    repair::xid(&s.client, &node, &gpu, 79, "RESTART_BM")
-        .await
-        .unwrap();
-    let ended = s
-        .wait_phase(&node, Phase::ManualRequired, Duration::from_secs(60))
-        .await;
+    run.xid(79, "RESTART_BM").await;
+    let ended = run.wait_phase(Phase::ManualRequired).await;
 
     assert_eq!(
         steps(&ended),
@@ -297,7 +340,7 @@ async fn out_of_rungs_the_node_is_handed_off_manual_required_with_its_gpus_named
         gpu.uuid, gpu.serial
     );
     assert!(message.contains(&named), "{message}");
-    let handed = s.node(&node).await;
+    let handed = run.s.node(&run.node).await;
     assert!(
         is_unschedulable(&handed) && has_our_taint(&handed),
         "the cordon is kept"
@@ -306,7 +349,7 @@ async fn out_of_rungs_the_node_is_handed_off_manual_required_with_its_gpus_named
         handed.labels().get(HAND_OFF_LABEL).map(String::as_str),
         Some("true")
     );
-    controller.stop().await;
+    run.controller.stop().await;
 }
 
 /// The control plane of this binary: DRA on, so the GPU-scoped drain can be shown.
@@ -352,7 +395,7 @@ async fn scenario(nodes: usize, dra: bool) -> Scenario {
 async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_dra_pod_and_the_other_seven_never_restart() {
     let s = scenario(1, true).await;
     let node = s.nodes()[0].clone();
-    let ladder = json!([step(&s, "ResetGpu", "1m"), step(&s, "Reboot", "1m")]);
+    let ladder = json!([step(&s, "ResetGpu", Some("1m")), step(&s, "Reboot", Some("1m"))]);
     let _repairer = setup(&s, ladder, "3s", Behaviour::default()).await;
     dra::create_claim_template(&s.client, &s.namespace, "one-gpu", 1)
         .await

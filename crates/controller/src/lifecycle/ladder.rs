@@ -22,7 +22,7 @@
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationStatus, Phase,
-    constants::{reasons, remediation_conditions},
+    constants::remediation_conditions,
     ladder::{HAND_OFF_LABEL, LadderStep, Rung, StepOutcome, StepRecord},
     policy::Strategy,
     remediation::PolicySnapshot,
@@ -37,6 +37,7 @@ pub use super::ladder_record::{handed_off, looked_at, newly_ended, replaced};
 use super::{
     Ask, CancelReason, Decision, Facts, Health, Identity, Next, Seen, Settlement, Words, cancel,
     ladder_evidence::{self as evidence, boot_id, is_ready},
+    replacement,
     status::{self, set_condition},
 };
 use crate::{
@@ -86,22 +87,10 @@ pub(super) fn advance(
     let deadline = plus(record.start.0, signed(step.timeout.as_std()));
     match facts.identity {
         Identity::Replaced if record.step != Rung::Replace => {
-            close(
-                &mut status,
-                StepOutcome::Superseded,
-                CancelReason::NodeReplaced.message(),
-                facts.now,
-            );
-            return cancel(facts, status, CancelReason::NodeReplaced);
+            return supersede(facts, status, CancelReason::NodeReplaced);
         }
         Identity::Gone if record.step != Rung::Replace => {
-            close(
-                &mut status,
-                StepOutcome::Superseded,
-                CancelReason::NodeGone.message(),
-                facts.now,
-            );
-            return cancel(facts, status, CancelReason::NodeGone);
+            return supersede(facts, status, CancelReason::NodeGone);
         }
         _ => {}
     }
@@ -122,6 +111,13 @@ pub(super) fn advance(
     }
 }
 
+/// The admitted machine is no longer there: the open step ends `Superseded` and the remediation is
+/// cancelled for `reason`.
+fn supersede(facts: &Facts<'_>, mut status: GpuRemediationStatus, reason: CancelReason) -> Decision {
+    close(&mut status, StepOutcome::Superseded, reason.message(), facts.now);
+    cancel(facts, status, reason)
+}
+
 /// Asks for the step's object (or the replacement), and records it or the refusal.
 fn trigger(
     remediation: &GpuRemediation,
@@ -140,24 +136,8 @@ fn trigger(
     let Some(answer) = answer else {
         // Never act on a machine that is not the one admitted (a template acts on the node by name).
         match (facts.identity, rules.replacement.strategy) {
-            (Identity::Replaced, _) => {
-                close(
-                    &mut status,
-                    StepOutcome::Superseded,
-                    CancelReason::NodeReplaced.message(),
-                    facts.now,
-                );
-                return cancel(facts, status, CancelReason::NodeReplaced);
-            }
-            (Identity::Gone, Strategy::Template) => {
-                close(
-                    &mut status,
-                    StepOutcome::Superseded,
-                    CancelReason::NodeGone.message(),
-                    facts.now,
-                );
-                return cancel(facts, status, CancelReason::NodeGone);
-            }
+            (Identity::Replaced, _) => return supersede(facts, status, CancelReason::NodeReplaced),
+            (Identity::Gone, Strategy::Template) => return supersede(facts, status, CancelReason::NodeGone),
             _ => {}
         }
         return Decision::Ask(if rung == Rung::Replace {
@@ -183,24 +163,7 @@ fn trigger(
             if rung == Rung::Replace {
                 status.replacement = Some(reference.clone());
             }
-            status.refusal = None;
-            set_condition(
-                &mut status,
-                remediation_conditions::REPLACEMENT_TRIGGERED,
-                true,
-                "Triggered",
-                &message,
-                facts.now,
-            );
-            Decision::Settle(status::move_to(
-                status,
-                Phase::Verifying,
-                &message,
-                reasons::PHASE_CHANGED,
-                EventType::Normal,
-                facts.now,
-                Next::At(facts.now),
-            ))
+            replacement::triggered(status, &message, facts.now)
         }
         Err(words) => refused(remediation, rules, seen, facts, status, words, deadline),
     }

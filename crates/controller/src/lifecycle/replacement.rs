@@ -64,27 +64,33 @@ fn trigger(
                 describe(reference)
             );
             status.replacement = Some(reference.clone());
-            status.refusal = None;
-            set_condition(
-                &mut status,
-                remediation_conditions::REPLACEMENT_TRIGGERED,
-                true,
-                "Triggered",
-                &message,
-                facts.now,
-            );
-            Decision::Settle(status::move_to(
-                status,
-                Phase::Verifying,
-                &message,
-                reasons::PHASE_CHANGED,
-                EventType::Normal,
-                facts.now,
-                Next::At(facts.now),
-            ))
+            triggered(status, &message, facts.now)
         }
         Err(words) => refused(rules, seen, facts, status, words, deadline),
     }
+}
+
+/// The object that carries the replacement (or a ladder step) out exists: say so, and judge it from
+/// the next pass on.
+pub(super) fn triggered(mut status: GpuRemediationStatus, message: &str, now: Timestamp) -> Decision {
+    status.refusal = None;
+    set_condition(
+        &mut status,
+        remediation_conditions::REPLACEMENT_TRIGGERED,
+        true,
+        "Triggered",
+        message,
+        now,
+    );
+    Decision::Settle(status::move_to(
+        status,
+        Phase::Verifying,
+        message,
+        reasons::PHASE_CHANGED,
+        EventType::Normal,
+        now,
+        Next::At(now),
+    ))
 }
 
 /// Judges what was seen of the replacement.
