@@ -4,7 +4,9 @@
 //! `GpuHealthy` and publish Events about A, and is refused, with the policy's message, on node B's
 //! status, on A's `Ready` condition, on A's capacity, on a `lastTransitionTime` an hour in the
 //! future, on an annotation it does not publish, and on Events about B. A token bound to no pod
-//! is refused on A too.
+//! is refused on A too. The device plugin's GPU assignment (`gpuremediation.dev/gpu-pods`), which
+//! the controller believes when it narrows a GPU reset's drain, is accepted on A only, and only
+//! within its size bound.
 
 mod common;
 
@@ -269,5 +271,64 @@ async fn a_token_bound_to_a_pod_on_node_a_writes_only_node_as_gpu_healthy_condit
         Some("100"),
         "capacity unchanged"
     );
+    fleet.stop().await.expect("stopping the fleet");
+}
+
+#[tokio::test]
+async fn the_agent_publishes_its_gpu_pods_assignment_only_on_its_own_node_and_within_its_bound() {
+    let admin = cluster().await.client();
+    kubectl_apply("manifests/namespace.yaml").await;
+    kubectl_apply("manifests/agent/rbac.yaml").await;
+    kubectl_apply("manifests/agent/admission-policy.yaml").await;
+    let fleet = common::fleet(2).await;
+    let mut nodes = fleet.node_names();
+    nodes.sort();
+    let (a, b) = (nodes[0].clone(), nodes[1].clone());
+    let agent = agent_on(&admin, &a).await;
+    let assignment = |pods: usize| {
+        let pods: Vec<Value> = (0..pods)
+            .map(|i| json!({"namespace": "train", "name": format!("worker-{i:05}"), "gpus": [format!("GPU-{i:08}")]}))
+            .collect();
+        json!({"gpuremediation.dev/gpu-pods":
+            json!({"readAt": Timestamp::now().to_string(), "pods": pods}).to_string()})
+    };
+
+    // On node B, an assignment that would make the controller evict B's pods is refused (once the
+    // policy is loaded: the probe carries no assignment, so none lands on B before).
+    eventually("the policy refuses node B", Duration::from_secs(30), || async {
+        apply_status(&agent, &b, &json!({}), &gpu_healthy("True", Timestamp::now()))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    let message = refusal(
+        "an assignment on node B",
+        apply_status(&agent, &b, &assignment(1), &gpu_healthy("True", Timestamp::now())).await,
+    );
+    assert!(
+        message.contains(&format!("on node {a} may not write the status of node {b}")),
+        "{message}"
+    );
+    let on_b = Api::<Node>::all(admin.clone()).get(&b).await.unwrap();
+    assert!(
+        !on_b.annotations().contains_key("gpuremediation.dev/gpu-pods"),
+        "node B carries no assignment"
+    );
+
+    // On its own node it publishes one, within the bound.
+    let written = apply_status(&agent, &a, &assignment(8), &gpu_healthy("True", Timestamp::now()))
+        .await
+        .expect("the agent publishes its own node's assignment");
+    assert!(written.annotations().contains_key("gpuremediation.dev/gpu-pods"));
+
+    // Past 16384 bytes it is refused (the agent itself leaves pods out to stay within it).
+    let oversized = assignment(400);
+    assert!(oversized["gpuremediation.dev/gpu-pods"].as_str().unwrap().len() > 16_384);
+    let message = refusal(
+        "an oversized assignment",
+        apply_status(&agent, &a, &oversized, &gpu_healthy("True", Timestamp::now())).await,
+    );
+    assert!(message.contains("at most 16384 bytes"), "{message}");
     fleet.stop().await.expect("stopping the fleet");
 }

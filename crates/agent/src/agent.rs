@@ -14,6 +14,10 @@ use crate::{
     health::{DesiredCondition, HealthState, WarningPolicy, detector_fault},
     inventory::{FailedGpu, annotation_text, failed_gpus, inventory_of},
     liveness::Liveness,
+    pod_resources::{
+        assignment::{annotation_to_publish, assignment_of},
+        reader::PodResourcesReader,
+    },
     probe::{ReadGpusError, deadline::DeadlineReader},
     publish::NodePublisher,
     readings::Snapshot,
@@ -86,6 +90,14 @@ pub struct Agent {
     applied_at: Option<Instant>,
     node_read_at: Instant,
     liveness: Option<Liveness>,
+    /// The kubelet's pod-resources API, where the agent reads it.
+    pod_resources: Option<PodResourcesReader>,
+    /// The device plugin's assignment from the last successful read, and when that was.
+    gpu_pods: Option<(Vec<gpu_remediation_api::gpu_pods::PodDevices>, Timestamp)>,
+    /// The last failure to read it, logged once until it changes.
+    pod_resources_error: Option<String>,
+    /// NVML index → UUID from the last successful read, for index-named devices.
+    gpu_indices: std::collections::BTreeMap<u32, String>,
 }
 
 impl Agent {
@@ -133,7 +145,19 @@ impl Agent {
             applied_at: None,
             node_read_at: Instant::now(),
             liveness: None,
+            pod_resources: None,
+            gpu_pods: None,
+            pod_resources_error: None,
+            gpu_indices: std::collections::BTreeMap::new(),
         }
+    }
+
+    /// Reads the device plugin's GPU assignment from the kubelet at every tick and publishes it
+    /// (`gpuremediation.dev/gpu-pods`) when it changes, and at every resync.
+    #[must_use]
+    pub fn with_pod_resources(mut self, reader: PodResourcesReader) -> Self {
+        self.pod_resources = Some(reader);
+        self
     }
 
     /// Reports each completed tick to `liveness` (the `/healthz` endpoint).
@@ -181,7 +205,9 @@ impl Agent {
         if let Ok(snapshot) = &read {
             self.memory.remember(snapshot);
             self.inventory = Some(annotation_text(&inventory_of(snapshot)));
+            self.gpu_indices = snapshot.gpus.iter().map(|g| (g.index, g.uuid.clone())).collect();
         }
+        self.read_pod_resources().await;
         let now = now();
         let verdict = self.health.observe(&signals, now, &healthy_message);
         self.publish(&verdict.condition, now).await;
@@ -193,6 +219,29 @@ impl Agent {
         }
         if let Some(liveness) = &self.liveness {
             liveness.beat();
+        }
+    }
+
+    /// One read of the kubelet's pod resources; a failure keeps the last assignment with its
+    /// read time, so it ages until the controller stops trusting it.
+    async fn read_pod_resources(&mut self) {
+        let Some(reader) = &self.pod_resources else {
+            return;
+        };
+        match reader.list().await {
+            Ok(response) => {
+                if self.pod_resources_error.take().is_some() {
+                    tracing::info!(socket = %reader.socket().display(), "reading the kubelet's pod resources again");
+                }
+                self.gpu_pods = Some((assignment_of(&response, &self.gpu_indices), now()));
+            }
+            Err(err) => {
+                let text = err.to_string();
+                if self.pod_resources_error.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(error = %text, "cannot read the kubelet's pod resources; the GPU assignment ages");
+                    self.pod_resources_error = Some(text);
+                }
+            }
         }
     }
 
@@ -227,12 +276,23 @@ impl Agent {
     }
 
     async fn publish(&mut self, desired: &DesiredCondition, now: Timestamp) {
+        let resync_due = self
+            .applied_at
+            .is_none_or(|at| at.elapsed() >= self.settings.resync);
+        let previous_pods = self
+            .published
+            .as_ref()
+            .and_then(|published| published.annotations.gpu_pods.as_deref());
         let annotations = NodeAnnotations {
             inventory: self.inventory.clone(),
             failed_gpus: self
                 .health
                 .latch()
                 .map(|latch| annotation_text(&failed_gpus(latch, &self.memory, &self.recorded_failed))),
+            gpu_pods: self
+                .gpu_pods
+                .as_ref()
+                .map(|(pods, read_at)| annotation_to_publish(pods, *read_at, previous_pods, resync_due)),
         };
         let next = PublishedCondition::next(
             desired,
@@ -241,9 +301,6 @@ impl Agent {
             now,
             annotations,
         );
-        let resync_due = self
-            .applied_at
-            .is_none_or(|at| at.elapsed() >= self.settings.resync);
         if !next.differs_from(self.published.as_ref()) && !resync_due {
             return;
         }
@@ -254,6 +311,7 @@ impl Agent {
                     tracing::info!(
                         inventory = next.annotations.inventory.as_deref().unwrap_or("none"),
                         failed_gpus = next.annotations.failed_gpus.as_deref().unwrap_or("none"),
+                        gpu_pods = next.annotations.gpu_pods.as_deref().unwrap_or("none"),
                         "node GPU annotations changed"
                     );
                 }

@@ -1,11 +1,12 @@
 //! The `GpuHealthy` condition as it lives on the Node: reading what the agent needs from its node
 //! (the condition it published before, a latch to keep, a person's clear, the expected GPU count)
-//! and building the server-side apply body that writes only this one condition and the agent's two
-//! hardware annotations (`inventory`). Pure.
+//! and building the server-side apply body that writes only this one condition and the agent's
+//! annotations (the hardware `inventory` and `failed-gpus`, and the device plugin's `gpu-pods`
+//! assignment). Pure.
 
 use gpu_remediation_api::constants::{
-    CLEAR_ANNOTATION, FAILED_GPUS_ANNOTATION, GPU_COUNT_LABEL, GPU_INVENTORY_ANNOTATION, gpu_reasons,
-    node_conditions,
+    CLEAR_ANNOTATION, FAILED_GPUS_ANNOTATION, GPU_COUNT_LABEL, GPU_INVENTORY_ANNOTATION, GPU_PODS_ANNOTATION,
+    gpu_reasons, node_conditions,
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
@@ -23,6 +24,8 @@ pub struct NodeAnnotations {
     pub inventory: Option<String>,
     /// `gpuremediation.dev/failed-gpus`.
     pub failed_gpus: Option<String>,
+    /// `gpuremediation.dev/gpu-pods`: which pod holds which GPU through the device plugin.
+    pub gpu_pods: Option<String>,
 }
 
 /// The condition as last written (or found on the node at start-up).
@@ -84,6 +87,9 @@ impl PublishedCondition {
         }
         if let Some(failed) = &self.annotations.failed_gpus {
             annotations.insert(FAILED_GPUS_ANNOTATION.to_owned(), failed.clone().into());
+        }
+        if let Some(pods) = &self.annotations.gpu_pods {
+            annotations.insert(GPU_PODS_ANNOTATION.to_owned(), pods.clone().into());
         }
         json!({
             "apiVersion": "v1",
@@ -158,6 +164,7 @@ impl NodeView {
         let annotations = NodeAnnotations {
             inventory: annotation(GPU_INVENTORY_ANNOTATION),
             failed_gpus: annotation(FAILED_GPUS_ANNOTATION),
+            gpu_pods: annotation(GPU_PODS_ANNOTATION),
         };
         if let Some(text) = &annotations.failed_gpus {
             match serde_json::from_str(text) {
@@ -420,6 +427,7 @@ mod tests {
         written.annotations = NodeAnnotations {
             inventory: Some("[]".to_owned()),
             failed_gpus: Some(r#"[{"uuid":"GPU-1","reason":"GpuMissing"}]"#.to_owned()),
+            gpu_pods: Some(r#"{"readAt":"2027-01-15T08:00:00Z"}"#.to_owned()),
         };
         let body = written.apply_body("gpu-node-1", at(9));
         assert_eq!(
@@ -427,6 +435,7 @@ mod tests {
             json!({
                 "gpuremediation.dev/gpu-inventory": "[]",
                 "gpuremediation.dev/failed-gpus": r#"[{"uuid":"GPU-1","reason":"GpuMissing"}]"#,
+                "gpuremediation.dev/gpu-pods": r#"{"readAt":"2027-01-15T08:00:00Z"}"#,
             })
         );
     }

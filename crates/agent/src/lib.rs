@@ -3,7 +3,8 @@
 //!
 //! Readings flow one way: a [`probe`] produces a [`readings::Snapshot`], [`assess`] turns it into
 //! signals using the [`catalog`], [`health`] latches fatal ones and counts warnings, [`condition`]
-//! shapes what goes on the Node with the hardware [`inventory`], and [`publish`] writes it. [`agent`] runs that loop.
+//! shapes what goes on the Node with the hardware [`inventory`] and the device plugin's GPU assignment
+//! read from the kubelet ([`pod_resources`]), and [`publish`] writes it. [`agent`] runs that loop.
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -14,6 +15,7 @@ pub mod condition;
 pub mod health;
 pub mod inventory;
 pub mod liveness;
+pub mod pod_resources;
 pub mod probe;
 pub mod publish;
 pub mod readings;

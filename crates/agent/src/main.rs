@@ -13,6 +13,7 @@ use gpu_health_agent::{
     health::{HealthState, WarningPolicy},
     inventory::inventory_of,
     liveness::{self, Liveness},
+    pod_resources::reader::PodResourcesReader,
     probe::{Probe, deadline::DeadlineReader, file::FileProbe, nvml::NvmlProbe},
     publish::NodePublisher,
 };
@@ -75,6 +76,11 @@ struct Flags {
     /// Merge this file over the catalog, one XID at a time (per-cluster overrides).
     #[arg(long)]
     xid_catalog_override: Option<PathBuf>,
+    /// The kubelet's pod-resources socket, read at every tick for which pod holds which GPU through
+    /// the device plugin (published as the gpuremediation.dev/gpu-pods node annotation); empty:
+    /// not read, and not published.
+    #[arg(long, default_value = gpu_health_agent::pod_resources::reader::DEFAULT_SOCKET)]
+    pod_resources_socket: PathBuf,
     /// Serve `/healthz` (liveness: the loop keeps ticking) on this address, e.g. `0.0.0.0:8081`.
     #[arg(long)]
     health_listen: Option<std::net::SocketAddr>,
@@ -133,6 +139,11 @@ async fn main() -> anyhow::Result<()> {
     // mean the loop is stuck.
     let stale_after = (settings.interval * 3).max(Duration::from_secs(60)) + flags.read_timeout.as_std();
     let mut agent = Agent::start(settings, catalog, reader, publisher).await;
+    if !flags.pod_resources_socket.as_os_str().is_empty() {
+        // A hung kubelet must not hold up the GPU health loop for long.
+        let deadline = flags.read_timeout.as_std().min(Duration::from_secs(2));
+        agent = agent.with_pod_resources(PodResourcesReader::new(&flags.pod_resources_socket, deadline));
+    }
     if flags.once {
         agent.tick().await;
         return Ok(());

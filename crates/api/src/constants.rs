@@ -37,6 +37,10 @@ pub const GPU_INVENTORY_ANNOTATION: &str = "gpuremediation.dev/gpu-inventory";
 /// Node annotation the agent writes next to a `GpuHealthy=False` condition: the GPUs the fault
 /// names, as a JSON list of `{uuid, serial, index, pciBusId, reason}`; absent when none failed.
 pub const FAILED_GPUS_ANNOTATION: &str = "gpuremediation.dev/failed-gpus";
+/// Node annotation the agent writes: which pod holds which GPU through the device plugin, read
+/// from the kubelet's pod-resources API, and when (see `gpu_pods`); absent where the agent cannot
+/// read that API.
+pub const GPU_PODS_ANNOTATION: &str = "gpuremediation.dev/gpu-pods";
 /// Pod annotation read by the sandbox's simulated kubelet: how long a terminating pod takes to go
 /// (a duration such as `30s`), or `stall` to never finish.
 pub const SIM_TERMINATION_ANNOTATION: &str = "gpuremediation.dev/sim-termination";

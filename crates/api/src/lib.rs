@@ -10,6 +10,7 @@ pub mod constants;
 pub mod correlated;
 pub mod crds;
 pub mod duration;
+pub mod gpu_pods;
 pub mod hardware;
 pub mod ladder;
 pub mod ladder_schema;

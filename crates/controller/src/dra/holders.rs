@@ -9,17 +9,24 @@
 //! device) → the pods those claims are reserved for (`status.reservedFor`) or that name them
 //! (`spec.resourceClaims[].resourceClaimName`, `status.resourceClaimStatuses[]`).
 //!
-//! Unknown rather than a guess whenever a holder could escape the chain: a pod on the node that
-//! asks for an `nvidia.com/...` extended resource holds GPUs through the device plugin, which the
-//! API does not map to devices; a GPU no slice on the node publishes; a claim on a failed GPU
-//! reserved for something other than a pod.
+//! Pods asking for an `nvidia.com/...` extended resource hold GPUs through the device plugin,
+//! which the API does not map to devices: those come from the assignment the node's agent
+//! publishes ([`super::device_plugin`]), and the answer is the union of both ways.
+//!
+//! Unknown rather than a guess whenever a holder could escape the chain: a device-plugin pod the
+//! agent's assignment does not cover (see [`super::device_plugin`]); a GPU no slice on the node
+//! publishes while a pod on the node uses claims; a claim on a failed GPU reserved for something
+//! other than a pod; claims used on a server that does not serve DRA.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::ResourceExt;
 
-use super::wire::{ResourceClaim, ResourceSlice};
+use super::{
+    device_plugin::{PluginPod, plugin_holders},
+    wire::{ResourceClaim, ResourceSlice},
+};
 
 /// Resource names under this prefix are GPUs (or their partitions) handed out by a device plugin.
 pub const DEVICE_PLUGIN_GPU_PREFIX: &str = "nvidia.com/";
@@ -67,27 +74,65 @@ impl std::fmt::Display for DeviceId {
     }
 }
 
-/// The pods on `node` holding any of the GPUs `gpu_uuids`, from `claims` (those of the pods'
-/// namespaces), `slices` (those of the node) and `pods` (those bound to the node). Objects of
-/// other nodes among the inputs are ignored.
+/// What the mapping reads of one node, besides its pods.
+#[derive(Clone, Copy, Debug)]
+pub struct Sources<'a> {
+    /// The `ResourceClaims` of the namespaces of the node's pods that use claims.
+    pub claims: &'a [ResourceClaim],
+    /// The node's `ResourceSlices`.
+    pub slices: &'a [ResourceSlice],
+    /// Whether the server serves `resource.k8s.io/v1` (else nothing is allocated through DRA).
+    pub dra_served: bool,
+    /// The node's `gpuremediation.dev/gpu-pods` annotation: its agent's device-plugin assignment.
+    pub gpu_pods: Option<&'a str>,
+    /// Now, to judge the assignment's age.
+    pub now: jiff::Timestamp,
+}
+
+/// The pods on `node` holding any of the GPUs `gpu_uuids`, from `sources` (claims and slices for
+/// DRA, the agent's assignment for the device plugin) and `pods` (those bound to the node).
+/// Objects of other nodes among the inputs are ignored.
 #[must_use]
-pub fn pods_holding(
-    node: &str,
-    gpu_uuids: &[String],
-    claims: &[ResourceClaim],
-    slices: &[ResourceSlice],
-    pods: &[Pod],
-) -> Holders {
+pub fn pods_holding(node: &str, gpu_uuids: &[String], sources: &Sources<'_>, pods: &[Pod]) -> Holders {
     if gpu_uuids.is_empty() {
         return Holders::Unknown("the fault names no GPU".to_owned());
     }
-    let live: Vec<&Pod> = pods.iter().filter(|p| on_node(p, node) && !finished(p)).collect();
-    if let Some((pod, resource)) = live.iter().find_map(|p| device_plugin_gpu(p).map(|r| (*p, r))) {
+    let node_pods: Vec<&Pod> = pods.iter().filter(|p| on_node(p, node)).collect();
+    let live: Vec<&Pod> = node_pods.iter().copied().filter(|p| !finished(p)).collect();
+    let plugin_pods: Vec<(&Pod, String)> = live
+        .iter()
+        .filter_map(|p| device_plugin_gpu(p).map(|r| (*p, r)))
+        .collect();
+    let plugin_pods: Vec<PluginPod<'_>> = plugin_pods
+        .iter()
+        .map(|(pod, resource)| PluginPod { pod, resource })
+        .collect();
+    let mut holders = match plugin_holders(
+        node,
+        gpu_uuids,
+        &node_pods,
+        &plugin_pods,
+        sources.gpu_pods,
+        sources.now,
+    ) {
+        Ok(holders) => holders,
+        Err(why) => return Holders::Unknown(why),
+    };
+    let claim_users = live.iter().find(|p| uses_claims(p));
+    let Some(claim_user) = claim_users else {
+        // No live pod on the node uses a claim: nothing holds a GPU through DRA.
+        return Holders::Known(holders.into_iter().collect());
+    };
+    if !sources.dra_served {
         return Holders::Unknown(format!(
-            "pod {} asks for {resource} through the device plugin, which the API does not map to GPUs",
-            key(pod)
+            "pod {} uses resource claims, but the API server does not serve {}/{} (no Dynamic Resource \
+             Allocation)",
+            key(claim_user),
+            super::wire::GROUP,
+            super::wire::VERSION
         ));
     }
+    let (claims, slices) = (sources.claims, sources.slices);
     let mut failed = BTreeSet::new();
     for uuid in gpu_uuids {
         let devices = devices_of_gpu(node, uuid, slices);
@@ -98,7 +143,6 @@ pub fn pods_holding(
         }
         failed.extend(devices);
     }
-    let mut holders = BTreeSet::new();
     for claim in claims.iter().filter(|c| allocates_any(c, &failed)) {
         let namespace = claim.namespace().unwrap_or_default();
         let status = claim.status.as_ref();
@@ -246,7 +290,16 @@ fn on_node(pod: &Pod, node: &str) -> bool {
     pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
 }
 
-fn finished(pod: &Pod) -> bool {
+/// Whether the pod's spec names resource claims.
+fn uses_claims(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .is_some_and(|c| !c.is_empty())
+}
+
+/// Whether the pod has finished (it holds nothing any more).
+pub(super) fn finished(pod: &Pod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")

@@ -17,8 +17,27 @@ fn four_gpus() -> Fixture {
 }
 
 fn holders(fixture: &Fixture, uuids: &[&str]) -> Holders {
+    holders_with(fixture, uuids, true, None)
+}
+
+fn holders_with(fixture: &Fixture, uuids: &[&str], dra_served: bool, gpu_pods: Option<&str>) -> Holders {
     let uuids: Vec<String> = uuids.iter().map(|u| (*u).to_owned()).collect();
-    pods_holding("gpu-a", &uuids, &fixture.claims, &fixture.slices, &fixture.pods)
+    let sources = Sources {
+        claims: &fixture.claims,
+        slices: &fixture.slices,
+        dra_served,
+        gpu_pods,
+        now: jiff::Timestamp::from_second(1_800_000_000).unwrap(),
+    };
+    pods_holding("gpu-a", &uuids, &sources, &fixture.pods)
+}
+
+/// The fixture's `web` pod asking for one GPU through the device plugin.
+fn web_on_the_device_plugin(fixture: &mut Fixture) {
+    let web = pod_named(fixture, "web");
+    web.spec.as_mut().unwrap().containers[0] =
+        serde_json::from_value(json!({"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}))
+            .unwrap();
 }
 
 fn names(holders: &Holders) -> Vec<String> {
@@ -99,17 +118,44 @@ fn a_pod_of_another_node_holding_the_same_device_name_is_not_a_holder() {
 }
 
 #[test]
-fn a_pod_asking_for_a_gpu_through_the_device_plugin_makes_the_mapping_unknown() {
+fn a_device_plugin_pod_on_a_node_without_an_assignment_makes_the_mapping_unknown() {
     let mut fixture = four_gpus();
-    let web = pod_named(&mut fixture, "web");
-    web.spec.as_mut().unwrap().containers[0] =
-        serde_json::from_value(json!({"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}))
-            .unwrap();
+    web_on_the_device_plugin(&mut fixture);
     let why = unknown(&holders(&fixture, &["GPU-aaaa-1"]));
     assert!(
-        why.contains("apps/web") && why.contains("nvidia.com/gpu"),
+        why.contains("apps/web") && why.contains("nvidia.com/gpu") && why.contains("carries no"),
         "{why}"
     );
+}
+
+#[test]
+fn dra_and_device_plugin_holders_of_the_failed_gpus_are_evicted_together() {
+    let mut fixture = four_gpus();
+    web_on_the_device_plugin(&mut fixture);
+    // GPU-aaaa-1 is train-1's through DRA; the agent says web holds GPU-dddd-9 through the plugin.
+    let assignment = r#"{"readAt":"2027-01-15T07:59:00Z","pods":[{"namespace":"apps","name":"web","gpus":["GPU-dddd-9"]}]}"#;
+    assert_eq!(
+        names(&holders_with(&fixture, &["GPU-aaaa-1"], true, Some(assignment))),
+        ["ml/train-1"]
+    );
+}
+
+#[test]
+fn a_node_whose_pods_use_no_claims_needs_neither_slices_nor_a_dra_server() {
+    let mut fixture = four_gpus();
+    fixture.pods.retain(|p| p.metadata.name.as_deref() == Some("web"));
+    web_on_the_device_plugin(&mut fixture);
+    let assignment = r#"{"readAt":"2027-01-15T07:59:00Z","pods":[{"namespace":"apps","name":"web","gpus":["GPU-dddd-9"]}]}"#;
+    assert_eq!(
+        names(&holders_with(&fixture, &["GPU-dddd-9"], false, Some(assignment))),
+        ["apps/web"]
+    );
+}
+
+#[test]
+fn a_pod_using_claims_on_a_server_without_dra_makes_the_mapping_unknown() {
+    let why = unknown(&holders_with(&four_gpus(), &["GPU-aaaa-1"], false, None));
+    assert!(why.contains("does not serve resource.k8s.io/v1"), "{why}");
 }
 
 #[test]
@@ -128,10 +174,8 @@ fn an_init_container_asking_for_a_mig_slice_through_the_device_plugin_makes_the_
 #[test]
 fn a_finished_device_plugin_pod_holds_nothing_and_leaves_the_mapping_known() {
     let mut fixture = four_gpus();
+    web_on_the_device_plugin(&mut fixture);
     let web = pod_named(&mut fixture, "web");
-    web.spec.as_mut().unwrap().containers[0] =
-        serde_json::from_value(json!({"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}))
-            .unwrap();
     web.status.as_mut().unwrap().phase = Some("Succeeded".into());
     assert_eq!(names(&holders(&fixture, &["GPU-aaaa-1"])), ["ml/train-1"]);
 }

@@ -1,18 +1,20 @@
 //! Reads what [`super::holders`] decides from: the `ResourceSlices` of one node (listed by the
-//! `spec.nodeName` field selector, so the cost follows the node, not the fleet) and the
-//! `ResourceClaims` of the namespaces where the node's pods use claims. Nothing is cached: the
+//! `spec.nodeName` field selector, so the cost follows the node, not the fleet), the
+//! `ResourceClaims` of the namespaces where the node's pods use claims, and the node itself (its
+//! agent's device-plugin assignment). Nothing is cached: the
 //! mapping is needed once per GPU-scoped drain.
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::Pod;
+use gpu_remediation_api::gpu_pods::GPU_PODS_ANNOTATION;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, ObjectList},
 };
 
 use super::{
-    holders::{Holders, pods_holding},
+    holders::{Holders, Sources, pods_holding},
     wire::{self, ResourceClaim, ResourceSlice},
 };
 
@@ -31,6 +33,14 @@ pub enum ReadDevicesError {
     /// Listing the node's `ResourceSlices` failed.
     #[error("listing the ResourceSlices of node {node}: {source}")]
     Slices {
+        /// The node.
+        node: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Reading the node (for its agent's device-plugin assignment) failed.
+    #[error("reading node {node}: {source}")]
+    Node {
         /// The node.
         node: String,
         /// The API error.
@@ -88,20 +98,29 @@ pub async fn node_devices(
 }
 
 /// The pods on `node` (among `pods`, the node's pods) holding the GPUs `gpu_uuids`: reads the
-/// node's slices and claims, then decides with [`pods_holding`]. A server without DRA answers
-/// `Unknown`, saying so.
+/// node's slices and claims and its agent's device-plugin assignment (the node's
+/// `gpuremediation.dev/gpu-pods` annotation), then decides with [`pods_holding`].
 pub async fn pods_holding_on(
     client: &Client,
     node: &str,
     gpu_uuids: &[String],
     pods: &[Pod],
 ) -> Result<Holders, ReadDevicesError> {
-    Ok(match node_devices(client, node, pods).await? {
-        Some(devices) => pods_holding(node, gpu_uuids, &devices.claims, &devices.slices, pods),
-        None => Holders::Unknown(format!(
-            "the API server does not serve {}/{} (no Dynamic Resource Allocation)",
-            wire::GROUP,
-            wire::VERSION
-        )),
-    })
+    let gpu_pods = Api::<Node>::all(client.clone())
+        .get_opt(node)
+        .await
+        .map_err(|source| ReadDevicesError::Node {
+            node: node.to_owned(),
+            source,
+        })?
+        .and_then(|n| n.annotations().get(GPU_PODS_ANNOTATION).cloned());
+    let devices = node_devices(client, node, pods).await?;
+    let sources = Sources {
+        claims: devices.as_ref().map_or(&[], |d| d.claims.as_slice()),
+        slices: devices.as_ref().map_or(&[], |d| d.slices.as_slice()),
+        dra_served: devices.is_some(),
+        gpu_pods: gpu_pods.as_deref(),
+        now: jiff::Timestamp::now(),
+    };
+    Ok(pods_holding(node, gpu_uuids, &sources, pods))
 }

@@ -1,0 +1,153 @@
+//! Which device-plugin pods hold a node's failed GPUs, from the assignment the node's agent
+//! publishes (`gpuremediation.dev/gpu-pods`, read from the kubelet's pod-resources API; see
+//! `gpu_remediation_api::gpu_pods`). Pure.
+//!
+//! Trusted only as far as it can be checked against the API server's pods, and unknown (the caller
+//! drains the whole node, saying why) whenever a holder could escape it:
+//! - no assignment on the node, one that does not parse, or one older than
+//!   [`GPU_PODS_MAX_AGE_SECONDS`];
+//! - a live pod on the node asking for an `nvidia.com/...` resource that the assignment does not
+//!   name, or that was created after the assignment was read (the kubelet names pods without a
+//!   UID, so a newer pod of the same name is not the one it saw);
+//! - a pod named with a device the agent could not tie to a GPU (a MIG partition);
+//! - the assignment giving a failed GPU to a pod that is not a live pod of this node: a node's
+//!   agent (perhaps compromised) never makes the controller act on pods elsewhere, and a mapping
+//!   that does not match the node's pods is not believed for the rest either.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpu_remediation_api::gpu_pods::{GPU_PODS_ANNOTATION, GPU_PODS_MAX_AGE_SECONDS, GpuPods, PodDevices};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+use super::holders::{PodKey, finished};
+
+/// How far the node's clock (which stamps `readAt`) may be behind the API server's (which stamps
+/// a pod's creation): a pod created this close before the read counts as created after it.
+pub const CLOCK_SLACK: SignedDuration = SignedDuration::from_secs(5);
+
+/// A live pod of the node asking for an `nvidia.com/...` resource, and the first such resource.
+#[derive(Clone, Copy, Debug)]
+pub struct PluginPod<'a> {
+    /// The pod.
+    pub pod: &'a Pod,
+    /// The resource it asks for (for the reason).
+    pub resource: &'a str,
+}
+
+/// The pods among `node_pods` (every pod bound to the node, finished ones too) holding any of
+/// `gpu_uuids` through the device plugin, as the node's `annotation` says; `plugin_pods` are the
+/// live ones that ask for an `nvidia.com/...` resource. `Err`: why the assignment cannot be trusted.
+pub fn plugin_holders(
+    node: &str,
+    gpu_uuids: &[String],
+    node_pods: &[&Pod],
+    plugin_pods: &[PluginPod<'_>],
+    annotation: Option<&str>,
+    now: Timestamp,
+) -> Result<BTreeSet<PodKey>, String> {
+    let first = plugin_pods.first();
+    let Some(text) = annotation else {
+        return match first {
+            // No device-plugin pod, no assignment needed.
+            None => Ok(BTreeSet::new()),
+            Some(p) => Err(format!(
+                "pod {} asks for {} through the device plugin, and node {node} carries no {GPU_PODS_ANNOTATION} \
+                 assignment (no agent reading the kubelet's pod-resources API)",
+                key(p.pod),
+                p.resource
+            )),
+        };
+    };
+    let assignment = GpuPods::parse(text)
+        .map_err(|e| format!("the {GPU_PODS_ANNOTATION} assignment on node {node} does not parse: {e}"))?;
+    let read_at = assignment.read_at.0;
+    let age = now.duration_since(read_at);
+    if age > SignedDuration::from_secs(GPU_PODS_MAX_AGE_SECONDS) {
+        return Err(format!(
+            "the {GPU_PODS_ANNOTATION} assignment on node {node} was read at {read_at}, {}s ago: stale (older \
+             than {GPU_PODS_MAX_AGE_SECONDS}s; is the node's agent running?)",
+            age.as_secs()
+        ));
+    }
+    let by_name: BTreeMap<(&str, &str), Vec<&PodDevices>> =
+        assignment.pods.iter().fold(BTreeMap::new(), |mut map, entry| {
+            map.entry((entry.namespace.as_str(), entry.name.as_str()))
+                .or_insert_with(Vec::new)
+                .push(entry);
+            map
+        });
+    let omitted = if assignment.omitted > 0 {
+        format!(" ({} pods were left out of it)", assignment.omitted)
+    } else {
+        String::new()
+    };
+    for p in plugin_pods {
+        let (namespace, name) = (
+            p.pod.metadata.namespace.as_deref().unwrap_or_default(),
+            p.pod.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let Some(entries) = by_name.get(&(namespace, name)) else {
+            return Err(format!(
+                "pod {} asks for {} through the device plugin but is not in node {node}'s {GPU_PODS_ANNOTATION} \
+                 assignment read at {read_at}{omitted}",
+                key(p.pod),
+                p.resource
+            ));
+        };
+        if let Some(created) = p.pod.metadata.creation_timestamp.as_ref().map(|t| t.0)
+            && created > read_at - CLOCK_SLACK
+        {
+            return Err(format!(
+                "pod {} was created at {created}, after node {node}'s {GPU_PODS_ANNOTATION} assignment was read \
+                 at {read_at} (the kubelet names pods without a UID, so the assignment may be another pod's)",
+                key(p.pod)
+            ));
+        }
+        if let Some(device) = entries.iter().flat_map(|e| e.unmapped.iter()).next() {
+            return Err(format!(
+                "pod {} holds device {device}, which node {node}'s agent could not tie to a GPU UUID (a MIG \
+                 partition's parent GPU is not in the kubelet's pod resources)",
+                key(p.pod)
+            ));
+        }
+    }
+    let failed = |uuid: &String| gpu_uuids.iter().any(|f| f.eq_ignore_ascii_case(uuid));
+    let mut holders = BTreeSet::new();
+    for entry in assignment.pods.iter().filter(|e| e.gpus.iter().any(failed)) {
+        let on_node = node_pods.iter().find(|pod| {
+            pod.metadata.namespace.as_deref() == Some(entry.namespace.as_str())
+                && pod.metadata.name.as_deref() == Some(entry.name.as_str())
+        });
+        match on_node {
+            Some(pod) if !finished(pod) => {
+                holders.insert(key(pod));
+            }
+            // A finished pod holds nothing any more.
+            Some(_) => {}
+            None => {
+                return Err(format!(
+                    "node {node}'s {GPU_PODS_ANNOTATION} assignment gives failed GPU {} to pod {}/{}, which is not \
+                     a live pod of node {node}: the assignment does not match the node's pods",
+                    entry.gpus.iter().find(|u| failed(u)).map_or("", String::as_str),
+                    entry.namespace,
+                    entry.name
+                ));
+            }
+        }
+    }
+    Ok(holders)
+}
+
+fn key(pod: &Pod) -> PodKey {
+    PodKey {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        uid: pod.metadata.uid.clone(),
+    }
+}
+
+#[cfg(test)]
+#[path = "device_plugin_tests.rs"]
+mod tests;
