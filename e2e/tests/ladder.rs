@@ -3,7 +3,8 @@
 //! escalates to a reboot proven by a new boot ID; a reboot object that completes without a new boot
 //! ID is no success and escalates to `Replace`; a node out of rungs is handed off, `ManualRequired`
 //! with its GPUs named; on an 8-GPU node whose 8 pods hold one GPU each through DRA claims, a
-//! reset of GPU 3 evicts only GPU 3's pod. The step objects are carried out by the sandbox's repair operator
+//! reset of GPU 3 evicts only GPU 3's pod; a server error creating a step's object is retried within the
+//! step, not escalated. The step objects are carried out by the sandbox's repair operator
 //! (`gpu_sandbox::repair`); legacy one-action policies are the other test binaries, unchanged.
 
 mod common;
@@ -23,10 +24,13 @@ use gpu_sandbox::{
     repair::{self, Behaviour, Repairer},
     workload::{self, Workload},
 };
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::{
+    admissionregistration::v1::ValidatingWebhookConfiguration,
+    core::v1::{Node, Pod},
+};
 use kube::{
     Api, ResourceExt,
-    api::{ApiResource, ListParams},
+    api::{ApiResource, ListParams, PostParams},
     core::GroupVersionKind,
 };
 use scenario::{RunningController, Scenario, has_our_taint, is_unschedulable};
@@ -350,6 +354,122 @@ async fn out_of_rungs_the_node_is_handed_off_manual_required_with_its_gpus_named
         Some("true")
     );
     run.controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_server_error_creating_the_step_object_is_retried_within_the_step_not_escalated() {
+    let run = LadderRun::start(
+        &[
+            ("ResetGpu", Some("1m")),
+            ("Reboot", Some("1m")),
+            ("Replace", None),
+        ],
+        "2s",
+        Behaviour::default(),
+    )
+    .await;
+    let (s, node) = (&run.s, &run.node);
+    let webhook = UnreachableStepWebhook::install(&s.client, &s.namespace).await;
+
+    run.xid(48, "RESET_GPU").await;
+    // The server answers 500 (its webhook cannot be called): the step stays open and says why.
+    let refused = eventually(
+        "the reset's object refused with a 500",
+        Duration::from_secs(40),
+        || async {
+            let r = s.remediation_of(node).await?;
+            let status = r.status.clone()?;
+            (status.refusal.as_ref()?.code == Some(500)).then_some(r)
+        },
+    )
+    .await;
+    let since = refused
+        .status
+        .as_ref()
+        .unwrap()
+        .refusal
+        .as_ref()
+        .unwrap()
+        .since
+        .clone();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = s.remediation_of(node).await.expect("the remediation");
+    let status = still.status.as_ref().unwrap();
+    assert_eq!(status.phase, Phase::Replacing, "{:?}", status.message);
+    assert_eq!(steps(&still), [(Rung::ResetGpu, None)], "no escalation on a 5xx");
+    let refusal = status.refusal.as_ref().expect("still refused");
+    assert_eq!(
+        refusal.since, since,
+        "one refusal, retried, since its first answer"
+    );
+    assert!(
+        refusal.message.contains("failed calling webhook"),
+        "{}",
+        refusal.message
+    );
+
+    webhook.remove(&s.client).await;
+    let done = run.wait_phase(Phase::Succeeded).await;
+    assert_eq!(steps(&done), [(Rung::ResetGpu, Some(StepOutcome::Succeeded))]);
+    assert!(
+        done.status.as_ref().unwrap().refusal.is_none(),
+        "the refusal is cleared"
+    );
+    assert_eq!(
+        run.repairer.repaired().len(),
+        1,
+        "one reset object, once the server took it"
+    );
+    run.controller.stop().await;
+}
+
+/// A validating webhook on the creation of the stand-in step objects of one namespace whose
+/// endpoint is a closed port: with `failurePolicy: Fail` the API server answers every such create
+/// with a 500 (`failed calling webhook`), a server error the ladder must retry within the step.
+struct UnreachableStepWebhook {
+    name: String,
+}
+
+impl UnreachableStepWebhook {
+    async fn install(client: &kube::Client, namespace: &str) -> Self {
+        // A port bound and released: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let name = format!("unreachable-steps-{namespace}");
+        let config: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "webhooks": [{
+                "name": "unreachable-steps.e2e.gpuremediation.dev",
+                "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate")},
+                "rules": [{
+                    "operations": ["CREATE"],
+                    "apiGroups": ["e2e.gpuremediation.dev"],
+                    "apiVersions": ["v1"],
+                    "resources": ["fakereboots"],
+                }],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 2,
+            }],
+        }))
+        .expect("a valid webhook configuration");
+        Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .create(&PostParams::default(), &config)
+            .await
+            .expect("creating the webhook configuration");
+        Self { name }
+    }
+
+    async fn remove(self, client: &kube::Client) {
+        Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .delete(&self.name, &kube::api::DeleteParams::default())
+            .await
+            .expect("deleting the webhook configuration");
+    }
 }
 
 /// The control plane of this binary: DRA on, so the GPU-scoped drain can be shown.
