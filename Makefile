@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Builds (once, then cached outside the repo) and locates the pinned control plane binaries.
 CONTROLPLANE_BIN = $(shell e2e/controlplane/build.sh)
 
-.PHONY: help build test unit e2e e2e-real crds crds-check lint fmt controlplane demo bench chaos images argocd-health-test chart-test chart-sync alerts-test
+.PHONY: help build test unit e2e e2e-real bench-peer crds crds-check lint fmt controlplane demo bench chaos images argocd-health-test chart-test chart-sync alerts-test
 
 help:
 	@echo "make build         build every crate"
@@ -24,6 +24,7 @@ help:
 	@echo "make images        build the release binaries the Dockerfiles copy (into target/images/)"
 	@echo "make bench         benchmarks against kubectl drain on the sandbox (BENCH_ARGS=--full for the issue's sizes)"
 	@echo "                   BENCH_ARGS=\"--scale 10000,50000\": bare-node scale fleets (see docs/benchmarks.md)"
+	@echo "make bench-peer    Karpenter's node repair against the policy on two fleets (over 10 minutes)"
 	@echo "make chaos         the fault suite: API server restart, etcd pause, leader kill -9, flaky network, flaps, 30% down, nonsense edits"
 
 build:
@@ -116,6 +117,16 @@ images:
 bench:
 	$(CARGO) build --release -p gpu-remediator --bin gpu-remediator -p gpu-sandbox --bin gpu-bench
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" target/release/gpu-bench $(BENCH_ARGS)
+
+# Karpenter's own node repair (upstream, KWOK provider, NodeRepair gate) against the policy on two
+# identical fleets (docs/benchmarks.md, "Karpenter's node repair as a peer"). Over 10 minutes:
+# Karpenter's KWOK provider tolerates Ready=False for 10 minutes, hard-coded. Dev profile: the
+# figures are timer-bound, and a release build of the workspace costs more than the run.
+bench-peer:
+	$(CARGO) build -p gpu-remediator --bin gpu-remediator -p gpu-sandbox --bin gpu-bench
+	karpenter="$$(tools/build.sh karpenter-kwok)" && GPU_REMEDIATOR_KARPENTER="$$karpenter" \
+	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" \
+		$(TARGET_DIR)/debug/gpu-bench --only karpenter-peer --out $(TARGET_DIR)/bench/peer.json $(BENCH_ARGS)
 
 # DeleteNodeClaim and DeleteMachine against the real controllers: upstream Karpenter with its KWOK
 # provider and Cluster API's core manager (tools/karpenter-kwok, tools/capi-manager), built from their

@@ -74,6 +74,7 @@ async fn delete_node_claim_recycles_a_karpenter_node_through_karpenters_own_term
     let options = KarpenterOptions {
         node_repair: true,
         disruption: Disruption::default(),
+        kubeconfig: None,
     };
     let karpenter = Karpenter::start(cluster, &s.fleet, &options)
         .await

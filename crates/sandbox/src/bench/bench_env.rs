@@ -110,7 +110,12 @@ impl BenchEnv {
         std::fs::create_dir_all(&scratch).map_err(file_error(&scratch))?;
         let policy_file = scratch.join("audit-policy.yaml");
         let audit_log = scratch.join("audit.log");
-        let policy = audit::policy(&[&username("gpu-remediator"), &username("kubectl")]);
+        // Karpenter's identity exists only in the peer scenario (`karpenter_peer`).
+        let policy = audit::policy(&[
+            &username("gpu-remediator"),
+            &username("kubectl"),
+            &username("karpenter"),
+        ]);
         std::fs::write(&policy_file, policy).map_err(file_error(&policy_file))?;
         options
             .extra_apiserver_args

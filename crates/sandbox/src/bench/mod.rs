@@ -9,7 +9,8 @@
 //! - [`node_churn`]: every node's status rewritten on a period, as kubelets report it.
 //! - [`proxy`]: a loopback TCP proxy that adds latency and cuts connections.
 //! - [`latency`], [`drain`], [`footprint`], [`scale`] (bare-node fleets of 10,000 and more),
-//!   [`quarantine`] (the leak with quarantine on and off): the scenarios; [`report`]: percentiles
+//!   [`quarantine`] (the leak with quarantine on and off), [`karpenter_peer`] (Karpenter's own
+//!   node repair against the policy, `--only karpenter-peer`): the scenarios; [`report`]: percentiles
 //!   and the table.
 
 pub mod actor;
@@ -19,6 +20,7 @@ pub mod budget_sampler;
 pub mod cordon_watch;
 pub mod drain;
 pub mod footprint;
+pub mod karpenter_peer;
 pub mod latency;
 pub mod node_churn;
 pub mod proxy;

@@ -48,6 +48,8 @@ pub struct BenchResults {
     pub scale: Vec<ScaleResult>,
     /// The leak under a stream of GPU pods, quarantine off and on.
     pub quarantine: Vec<QuarantineResult>,
+    /// Karpenter's node repair against the policy (`--only karpenter-peer`).
+    pub karpenter_peer: Option<super::karpenter_peer::PeerComparison>,
     /// Scenarios that failed, with why (the others still ran).
     pub failures: Vec<String>,
 }
@@ -150,6 +152,9 @@ pub fn markdown(results: &BenchResults) -> String {
     }
     if !results.quarantine.is_empty() {
         out.push_str(&quarantine_table(&results.quarantine));
+    }
+    if let Some(peer) = &results.karpenter_peer {
+        out.push_str(&super::karpenter_peer::markdown(peer));
     }
     out
 }

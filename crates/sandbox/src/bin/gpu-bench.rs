@@ -13,6 +13,7 @@ use clap::Parser;
 use gpu_sandbox::ControlPlaneOptions;
 use gpu_sandbox::bench::bench_env::BenchEnv;
 use gpu_sandbox::bench::footprint::FootprintOptions;
+use gpu_sandbox::bench::karpenter_peer::{self, PeerOptions};
 use gpu_sandbox::bench::latency::LatencyOptions;
 use gpu_sandbox::bench::quarantine::QuarantineOptions;
 use gpu_sandbox::bench::report::{self, BenchResults};
@@ -30,7 +31,9 @@ struct Cli {
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench/results.json")]
     out: PathBuf,
-    /// Scenarios to run (default: latency, drain, footprint, quarantine): those and churn.
+    /// Scenarios to run (default: latency, drain, footprint, quarantine): those, churn and
+    /// karpenter-peer (Karpenter's node repair against the policy: over 10 minutes, needs the
+    /// Karpenter binary, `make bench-peer`).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Fleet sizes of the latency scenario.
@@ -59,6 +62,9 @@ struct Cli {
     /// How often each node's status is rewritten in the churn scenario.
     #[arg(long, default_value_t = 10)]
     churn_period_seconds: u64,
+    /// The karpenter-peer scenario: the policy trigger's `for` on `Ready=False`.
+    #[arg(long, default_value = "1m")]
+    peer_trigger_for: String,
     /// The full sizes: 20 pods per node on every latency fleet.
     #[arg(long)]
     full: bool,
@@ -94,8 +100,9 @@ async fn main() -> anyhow::Result<()> {
     let scaling = !cli.scale.is_empty();
     let wants = |name: &str| {
         if cli.only.is_empty() {
-            // `--scale` alone runs the scale scenario alone; churn runs only when named.
-            name != "churn" && (name == "scale") == scaling
+            // `--scale` alone runs the scale scenario alone; churn and the Karpenter peer run only
+            // when named.
+            !matches!(name, "churn" | "karpenter-peer") && (name == "scale") == scaling
         } else {
             cli.only.iter().any(|o| o == name) || (name == "scale" && scaling)
         }
@@ -218,6 +225,16 @@ async fn run(env: &BenchEnv, cli: &Cli, wants: impl Fn(&str) -> bool, results: &
                     .failures
                     .push(format!("the footprint scenario on {nodes} nodes: {e}")),
             }
+        }
+    }
+    if wants("karpenter-peer") {
+        let options = PeerOptions {
+            trigger_for: cli.peer_trigger_for.clone(),
+            ..PeerOptions::default()
+        };
+        match karpenter_peer::run(env, &options).await {
+            Ok(peer) => results.karpenter_peer = Some(peer),
+            Err(e) => results.failures.push(format!("the karpenter-peer scenario: {e}")),
         }
     }
     if wants("churn") {

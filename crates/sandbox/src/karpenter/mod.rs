@@ -39,6 +39,9 @@ pub struct KarpenterOptions {
     pub node_repair: bool,
     /// The pool's consolidation.
     pub disruption: Disruption,
+    /// The kubeconfig Karpenter talks with (default: the sandbox admin's). The bench gives it an
+    /// identity of its own so the API server's audit log can tell its requests apart.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// `karpenter.sh/v1` `NodePool`.
@@ -66,11 +69,12 @@ fn node_class_resource() -> ApiResource {
     )
 }
 
-/// Karpenter running for one fleet; dropping it terminates the process.
+/// Karpenter running for one or more fleets (a `NodePool` each); dropping it terminates the
+/// process.
 #[derive(Debug)]
 pub struct Karpenter {
     process: OwnedProcess,
-    pool: String,
+    pools: Vec<String>,
     log: PathBuf,
 }
 
@@ -83,50 +87,69 @@ impl Karpenter {
         fleet: &Fleet,
         options: &KarpenterOptions,
     ) -> Result<Self, StartUpstreamError> {
+        Self::start_for_fleets(control_plane, &[fleet], options).await
+    }
+
+    /// As [`Karpenter::start`], one process for several fleets: a node class and a `NodePool`
+    /// per fleet (each named after its fleet), the fleets' instance types in one file. One
+    /// Karpenter per cluster, as in production: two would both reconcile every pool.
+    pub async fn start_for_fleets(
+        control_plane: &ControlPlane,
+        fleets: &[&Fleet],
+        options: &KarpenterOptions,
+    ) -> Result<Self, StartUpstreamError> {
         let binary = upstream::locate("karpenter-kwok", BINARY_ENV)?;
         let client = control_plane.client();
         upstream::install_crds(&client, &binary).await?;
-        let shape = fleet.shape();
+        let names: Vec<String> = fleets.iter().map(|f| f.shape().fleet.clone()).collect();
         let dir = control_plane
             .data_dir()
-            .join(format!("karpenter-{}", shape.fleet));
+            .join(format!("karpenter-{}", names.join("-")));
         std::fs::create_dir_all(&dir).map_err(|source| StartUpstreamError::Write {
             path: dir.clone(),
             source,
         })?;
         let types_path = dir.join("instance-types.json");
-        std::fs::write(&types_path, objects::instance_types(shape).to_string()).map_err(|source| {
+        let shapes: Vec<&crate::fleet::NodeShape> = fleets.iter().map(|f| f.shape()).collect();
+        std::fs::write(&types_path, objects::instance_types_of(&shapes).to_string()).map_err(|source| {
             StartUpstreamError::Write {
                 path: types_path.clone(),
                 source,
             }
         })?;
-        apply(&client, &node_class_resource(), &objects::node_class(shape)).await?;
-        Api::<DynamicObject>::all_with(client.clone(), &node_class_resource())
-            .patch_status(
-                &shape.fleet,
-                &PatchParams::default(),
-                &Patch::Merge(objects::node_class_ready_status(
-                    &jiff::Timestamp::now().to_string(),
-                )),
+        for shape in shapes {
+            apply(&client, &node_class_resource(), &objects::node_class(shape)).await?;
+            Api::<DynamicObject>::all_with(client.clone(), &node_class_resource())
+                .patch_status(
+                    &shape.fleet,
+                    &PatchParams::default(),
+                    &Patch::Merge(objects::node_class_ready_status(
+                        &jiff::Timestamp::now().to_string(),
+                    )),
+                )
+                .await
+                .map_err(|source| StartUpstreamError::Api {
+                    action: format!("marking KWOKNodeClass {} Ready", shape.fleet),
+                    source,
+                })?;
+            apply(
+                &client,
+                &node_pool_resource(),
+                &objects::node_pool(shape, &options.disruption),
             )
-            .await
-            .map_err(|source| StartUpstreamError::Api {
-                action: format!("marking KWOKNodeClass {} Ready", shape.fleet),
-                source,
-            })?;
-        apply(
-            &client,
-            &node_pool_resource(),
-            &objects::node_pool(shape, &options.disruption),
-        )
-        .await?;
+            .await?;
+        }
 
         let log = dir.join("karpenter.log");
         let env = [
             (
                 "KUBECONFIG",
-                control_plane.kubeconfig_path().display().to_string(),
+                options
+                    .kubeconfig
+                    .as_deref()
+                    .unwrap_or(control_plane.kubeconfig_path())
+                    .display()
+                    .to_string(),
             ),
             ("DISABLE_LEADER_ELECTION", "true".to_owned()),
             ("METRICS_PORT", "0".to_owned()),
@@ -148,17 +171,19 @@ impl Karpenter {
         let process = upstream::spawn("karpenter", &binary, &env, &[], &log).await?;
         let karpenter = Self {
             process,
-            pool: shape.fleet.clone(),
+            pools: names,
             log,
         };
-        karpenter.wait_pool_ready(&client).await?;
+        for pool in &karpenter.pools {
+            karpenter.wait_pool_ready(&client, pool).await?;
+        }
         Ok(karpenter)
     }
 
-    /// The fleet's `NodePool` (named after the fleet).
+    /// The (first) fleet's `NodePool` (named after the fleet).
     #[must_use]
     pub fn pool(&self) -> &str {
-        &self.pool
+        self.pools.first().map_or("", String::as_str)
     }
 
     /// Karpenter's log file.
@@ -178,27 +203,22 @@ impl Karpenter {
         self.process.terminate().await;
     }
 
-    async fn wait_pool_ready(&self, client: &Client) -> Result<(), StartUpstreamError> {
+    async fn wait_pool_ready(&self, client: &Client, pool: &str) -> Result<(), StartUpstreamError> {
         let pools: Api<DynamicObject> = Api::all_with(client.clone(), &node_pool_resource());
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         loop {
-            let ready = pools
-                .get_opt(&self.pool)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|pool| {
-                    pool.data
-                        .pointer("/status/conditions")
-                        .and_then(serde_json::Value::as_array)
-                        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-                });
+            let ready = pools.get_opt(pool).await.ok().flatten().is_some_and(|pool| {
+                pool.data
+                    .pointer("/status/conditions")
+                    .and_then(serde_json::Value::as_array)
+                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+            });
             if ready {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(StartUpstreamError::NotReady {
-                    what: format!("Karpenter's NodePool {}", self.pool),
+                    what: format!("Karpenter's NodePool {pool}"),
                     waited: READY_TIMEOUT,
                     log_tail: self.process.log_tail(30),
                 });

@@ -46,6 +46,21 @@ pub fn instance_types(shape: &NodeShape) -> Value {
     }])
 }
 
+/// The instance-types file for several fleets: each distinct shape's type once (fleets of one
+/// shape share it).
+#[must_use]
+pub fn instance_types_of(shapes: &[&NodeShape]) -> Value {
+    let mut types: Vec<Value> = Vec::new();
+    for shape in shapes {
+        for instance in instance_types(shape).as_array().into_iter().flatten() {
+            if !types.iter().any(|t| t["name"] == instance["name"]) {
+                types.push(instance.clone());
+            }
+        }
+    }
+    Value::Array(types)
+}
+
 /// The fleet's `KWOKNodeClass` (named after the fleet).
 #[must_use]
 pub fn node_class(shape: &NodeShape) -> Value {
@@ -149,6 +164,25 @@ mod tests {
         let types = instance_types(&shape());
         assert_eq!(types[0]["name"], "gpu-8x-nvidia-h100-80gb-hbm3");
         assert_eq!(types[0]["resources"][GPU_RESOURCE], "8");
+    }
+
+    #[test]
+    fn fleets_of_one_shape_share_one_instance_type() {
+        let (a, mut b) = (shape(), shape());
+        b.fleet = "kp-2".to_owned();
+        let mut c = shape();
+        c.gpus = 4;
+        let types = instance_types_of(&[&a, &b, &c]);
+        let names: Vec<&str> = types
+            .as_array()
+            .expect("a list")
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["gpu-8x-nvidia-h100-80gb-hbm3", "gpu-4x-nvidia-h100-80gb-hbm3"]
+        );
     }
 
     #[test]
