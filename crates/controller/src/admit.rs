@@ -1,10 +1,11 @@
 //! Carries out the fleet plan for one policy: creates the admitted remediations, writes the
-//! policy's status when it changed, and publishes one Event per change (a remediation started, a
-//! node newly held back or held back for another reason, the circuit breaker opening or closing, a
-//! failure domain held or resumed),
+//! policy's status when it changed (a change of counts only is held briefly, see `policy_status`),
+//! and publishes one Event per change (a remediation started, a node newly held back or held back
+//! for another reason, the circuit breaker opening or closing, a failure domain held or resumed),
 //! never one per pass. Each admitted node is read afresh right before its remediation is created
-//! (the plan was made from the cache): one that recovered meanwhile is not remediated. A record for a node past `maxAttemptsPerNode` is created silently: its
-//! one Event comes when it enters `ManualRequired`.
+//! (the plan was made from the cache): one that recovered meanwhile is not remediated. A record for
+//! a node past `maxAttemptsPerNode` is created silently: its one Event comes when it enters
+//! `ManualRequired`.
 
 use futures::{StreamExt as _, stream};
 use gpu_remediation_api::{
@@ -22,6 +23,7 @@ use crate::{
     fleet::PolicyPlan,
     kubeops::{CreateRemediationError, DeleteRemediationError, ReadNodeError, WriteStatusError},
     lifecycle::Note,
+    policy_status,
 };
 
 /// Admitted remediations created at once.
@@ -72,12 +74,13 @@ impl Announcements {
 }
 
 /// Carries out one policy's plan, adding the Events it calls for to `announcements` (also those
-/// of the writes made before a failure).
+/// of the writes made before a failure). Returns until when a change of the policy's counts is
+/// held (see `policy_status`): the pass due then writes it.
 pub async fn apply(
     ctx: &Context,
     plan: PolicyPlan,
     announcements: &mut Announcements,
-) -> Result<(), ApplyPolicyPlanError> {
+) -> Result<Option<jiff::Timestamp>, ApplyPolicyPlanError> {
     let policy = plan.policy.as_ref();
     let name = policy.name_any();
     ctx.metrics.set_in_flight(&name, plan.status.in_flight);
@@ -142,7 +145,7 @@ pub async fn apply(
         tracing::info!(remediation = %record, "approved past maxAttemptsPerNode: re-admitted");
         announcements.add(&updated, event(reasons::STARTED, &note, EventType::Normal));
     }
-    write_status(ctx, policy, &policy_status).await?;
+    let held_until = write_status(ctx, policy, &policy_status).await?;
     for waiting in &plan.newly_waiting {
         let note = format!("node {} waits: {}", waiting.node, waiting.message);
         tracing::info!(policy = %policy.name_any(), node = %waiting.node, reason = %waiting.reason, "node held back");
@@ -190,16 +193,17 @@ pub async fn apply(
         );
         announcements.add(policy, event(reasons::DOMAIN_RESUMED, &note, EventType::Normal));
     }
-    Ok(())
+    Ok(held_until)
 }
 
 /// Writes the policy's planned status unless the server has it or this replica just wrote it
-/// (see [`needs_status_write`]).
+/// (see [`needs_status_write`]), or it changes counts only and is held (see `policy_status`;
+/// returns until when).
 async fn write_status(
     ctx: &Context,
     policy: &GpuRemediationPolicy,
     planned: &GpuRemediationPolicyStatus,
-) -> Result<(), WriteStatusError> {
+) -> Result<Option<jiff::Timestamp>, WriteStatusError> {
     let name = policy.name_any();
     let written = ctx
         .policy_status_written
@@ -207,20 +211,47 @@ async fn write_status(
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .get(&name)
         .cloned();
-    if needs_status_write(policy, planned, written.as_ref()) {
-        ctx.ops.write_policy_status(policy, planned).await?;
-        ctx.policy_status_written
+    let counts_held = || {
+        ctx.policy_counts_held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(
-                name,
-                WrittenStatus {
-                    over: policy.resource_version(),
-                    status: planned.clone(),
-                },
-            );
+    };
+    if !needs_status_write(policy, planned, written.as_ref()) {
+        counts_held().remove(&name);
+        return Ok(None);
     }
-    Ok(())
+    // What the server has: this replica's last write if the watch has not shown it yet.
+    let server = match &written {
+        Some(w) if w.over == policy.resource_version() => Some(&w.status),
+        _ => policy.status.as_ref(),
+    };
+    let now = jiff::Timestamp::now();
+    let since = counts_held().get(&name).copied();
+    match policy_status::verdict(server, planned, since, now) {
+        policy_status::Verdict::Unchanged => {
+            counts_held().remove(&name);
+            Ok(None)
+        }
+        policy_status::Verdict::HoldUntil(due) => {
+            counts_held().insert(name, since.unwrap_or(now));
+            Ok(Some(due))
+        }
+        policy_status::Verdict::Write => {
+            ctx.ops.write_policy_status(policy, planned).await?;
+            counts_held().remove(&name);
+            ctx.policy_status_written
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(
+                    name,
+                    WrittenStatus {
+                        over: policy.resource_version(),
+                        status: planned.clone(),
+                    },
+                );
+            Ok(None)
+        }
+    }
 }
 
 /// A policy status this replica wrote, and the policy's version it was written over.

@@ -82,6 +82,9 @@ pub struct Context {
     /// Each policy's status as this replica last wrote it, with the policy's version it was
     /// written over: a pass that runs before the watch shows the write does not write it again.
     pub policy_status_written: Mutex<HashMap<String, crate::admit::WrittenStatus>>,
+    /// Since when each policy's planned status has differed from the server's in counts only
+    /// (held, see `policy_status`).
+    pub policy_counts_held: Mutex<HashMap<String, jiff::Timestamp>>,
 }
 
 impl Context {
@@ -99,6 +102,7 @@ impl Context {
             evictions_in_flight: Mutex::default(),
             progress: crate::progress::HeldProgress::default(),
             policy_status_written: Mutex::default(),
+            policy_counts_held: Mutex::default(),
         }
     }
 

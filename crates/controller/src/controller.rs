@@ -184,10 +184,14 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) ->
     let mut announcements = admit::Announcements::default();
     for policy_plan in plan.policies {
         let policy = policy_plan.policy.metadata.name.clone().unwrap_or_default();
-        if let Err(error) = admit::apply(ctx, policy_plan, &mut announcements).await {
-            tracing::warn!(%policy, error = %error, "carrying out the policy's plan failed; retrying");
-            ctx.metrics.reconcile_error("policy");
-            next = next.min(error_retry);
+        match admit::apply(ctx, policy_plan, &mut announcements).await {
+            Ok(Some(counts_held_until)) => next = next.min(counts_held_until),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%policy, error = %error, "carrying out the policy's plan failed; retrying");
+                ctx.metrics.reconcile_error("policy");
+                next = next.min(error_retry);
+            }
         }
     }
 

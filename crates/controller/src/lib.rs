@@ -27,6 +27,7 @@ pub mod kubeops;
 pub mod ladder_acts;
 pub mod lifecycle;
 pub mod observe;
+pub mod policy_status;
 pub mod progress;
 pub mod quarantine;
 pub mod remediation;

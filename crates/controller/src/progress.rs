@@ -6,12 +6,20 @@
 //! version it was based on: any other write to the record (a person's, a restart's) drops it, and
 //! at worst the counts of a few seconds of evictions go unreported.
 //!
-//! The cordon is the one phase change held: the drain follows it at once in the other lane, so
-//! `Cordoned` reaches the server with the drain's first write (its phase history keeps both), and
-//! its Event is folded into that write's Event ([`fold`]). The node's taint names the remediation,
-//! so a restart in between finds the cordon its own and goes on. It is held at most
-//! [`PROGRESS_INTERVAL`] from the cordon: a drain that cannot start (its pods cannot be listed)
-//! still shows `Cordoned`.
+//! The cordon is the one phase change held on a timer: the drain follows it at once in the other
+//! lane, so `Cordoned`, and `Draining` with the drain's progress, reach the server together at most
+//! [`PROGRESS_INTERVAL`] after the cordon, or sooner with the next phase change (a drain done
+//! within the interval: `Verifying`); the phase history keeps every change with its time, and
+//! their Events are folded into that write's Event ([`fold`]). The node's taint names the
+//! remediation, so a restart in between finds the cordon its own and goes on. A drain that cannot
+//! start (its pods cannot be listed) still shows `Cordoned` once the interval is over; a drain
+//! refused by its budgets shows `Draining` with its blockers then.
+//!
+//! A status that the next step of the same advance follows at once ([`passed_through`]: a drain
+//! that has just ended, then `Verifying`) is held the same way and carried by that step's write,
+//! its Events folded into that write's: one status write and one Event for a chain of phase
+//! changes made within one advance. If the next step fails, the pass after it resumes from the
+//! held status and writes it.
 
 use std::{
     collections::HashMap,
@@ -53,15 +61,16 @@ pub enum Verdict {
     Write,
 }
 
-/// Whether `after` enters `Cordoned` from a phase before it (the server has the record before the
-/// cordon), and when it entered it.
+/// Whether `after` has entered `Cordoned` (and is still there, or draining) where the server has
+/// the record from before the cordon, and when it entered it: the cordon and the drain's first
+/// progress are held together, at most [`PROGRESS_INTERVAL`] from the cordon.
 #[must_use]
 pub fn cordon_entered(
     written: Option<&GpuRemediationStatus>,
     after: &GpuRemediationStatus,
 ) -> Option<Timestamp> {
     let before_cordon = written.is_none_or(|w| matches!(w.phase, Phase::Pending | Phase::AwaitingApproval));
-    (after.phase == Phase::Cordoned && before_cordon)
+    (matches!(after.phase, Phase::Cordoned | Phase::Draining) && before_cordon)
         .then(|| lifecycle::status::phase_entered(after, Phase::Cordoned))
         .flatten()
 }
@@ -89,6 +98,15 @@ pub fn verdict(
         Some(due) if now < due && progress_only(written, after) => Verdict::HoldUntil(due),
         _ => Verdict::Write,
     }
+}
+
+/// Whether a settlement's `status` may pass through without a write of its own because the next
+/// step of the same advance follows at once (its write carries this status's phase history and,
+/// folded, its Events): not a finished remediation's, and not one whose settlement releases the
+/// node or drops the finalizer (those are written as they happen).
+#[must_use]
+pub fn passed_through(status: &GpuRemediationStatus, releases: bool, drops_finalizer: bool) -> bool {
+    !status.phase.is_terminal() && !releases && !drops_finalizer
 }
 
 /// The Events of a write that carries an earlier held phase change: the phase changes told in one
@@ -306,6 +324,50 @@ mod tests {
     }
 
     #[test]
+    fn a_status_passes_through_unless_it_ends_releases_or_drops_the_finalizer() {
+        let drained = draining(20);
+        assert!(passed_through(&drained, false, false));
+        assert!(
+            !passed_through(&drained, true, false),
+            "a release is written as it happens"
+        );
+        assert!(!passed_through(&drained, false, true));
+        let mut succeeded = draining(20);
+        succeeded.phase = Phase::Succeeded;
+        assert!(
+            !passed_through(&succeeded, false, false),
+            "a finished remediation is written"
+        );
+    }
+
+    #[test]
+    fn a_chain_of_phase_changes_is_told_in_one_event() {
+        let held = vec![
+            Note::new(
+                reasons::PHASE_CHANGED,
+                kube::runtime::events::EventType::Normal,
+                "Pending → Cordoned: a",
+            ),
+            Note::new(
+                reasons::PHASE_CHANGED,
+                kube::runtime::events::EventType::Normal,
+                "Cordoned → Draining: b",
+            ),
+        ];
+        let new = vec![Note::new(
+            reasons::PHASE_CHANGED,
+            kube::runtime::events::EventType::Normal,
+            "Draining → Verifying: c",
+        )];
+        let folded = fold(held, new);
+        assert_eq!(folded.len(), 1);
+        assert_eq!(
+            folded[0].text,
+            "Pending → Cordoned: a; Cordoned → Draining: b; Draining → Verifying: c"
+        );
+    }
+
+    #[test]
     fn a_phase_change_or_any_other_field_is_written_at_once() {
         let written = draining(2);
         let mut verifying = draining(20);
@@ -378,7 +440,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cordon_is_held_for_the_drains_first_write_at_most_one_interval() {
+    fn the_cordon_and_the_drains_first_progress_are_held_at_most_one_interval() {
         assert_eq!(
             verdict(Some(&pending()), None, &cordoned_at(0), at(0)),
             Verdict::HoldUntil(at(5))
@@ -397,8 +459,20 @@ mod tests {
         lifecycle::status::enter(&mut draining, Phase::Draining, "evicting", at(1));
         assert_eq!(
             verdict(Some(&pending()), None, &draining, at(1)),
+            Verdict::HoldUntil(at(5)),
+            "the drain's progress is held with the cordon"
+        );
+        assert_eq!(
+            verdict(Some(&pending()), None, &draining, at(5)),
             Verdict::Write,
-            "the drain's first write carries the cordon"
+            "once the interval is over, one write carries the cordon and the drain"
+        );
+        let mut verifying = draining.clone();
+        lifecycle::status::enter(&mut verifying, Phase::Verifying, "drained", at(3));
+        assert_eq!(
+            verdict(Some(&pending()), None, &verifying, at(3)),
+            Verdict::Write,
+            "the next phase change is written at once, carrying both"
         );
         assert_eq!(
             verdict(Some(&cordoned_at(0)), Some(at(0)), &cordoned_at(0), at(1)),

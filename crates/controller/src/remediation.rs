@@ -101,7 +101,7 @@ pub async fn advance(
     let (resumed, mut written) = ctx.progress.resume(&remediation);
     let mut current = Arc::new(resumed);
     let mut hold_until = None;
-    for _ in 0..STEPS_PER_PASS {
+    for pass_step in 0..STEPS_PER_PASS {
         let live = ctx.caches.policy(&current.spec.policy_name);
         let rules = current
             .spec
@@ -112,17 +112,25 @@ pub async fn advance(
         let next = settlement.next;
         let entered = settlement.status.phase;
         let changed = current.status.as_ref() != Some(&settlement.status);
-        let settled = settle(ctx, &current, written.as_ref(), settlement).await?;
+        let due_now = matches!(next, Next::At(at) if at <= Timestamp::now());
+        let continues =
+            due_now && changed && entered != Phase::Cordoned && current.metadata.deletion_timestamp.is_none();
+        // A status the next step of this very advance follows at once (a drain that has just
+        // finished, then Verifying) is carried by that step's write (see `progress::passed_through`).
+        let passing = continues
+            && pass_step + 1 < STEPS_PER_PASS
+            && progress::passed_through(
+                &settlement.status,
+                settlement.release.is_some(),
+                settlement.drop_finalizer,
+            );
+        let settled = settle(ctx, &current, written.as_ref(), settlement, passing).await?;
         current = settled.remediation;
         hold_until = settled.hold_until;
         if hold_until.is_none() {
             written.clone_from(&current.status);
         }
-        let due_now = matches!(next, Next::At(at) if at <= Timestamp::now());
-        if !(due_now && changed)
-            || entered == Phase::Cordoned
-            || current.metadata.deletion_timestamp.is_some()
-        {
+        if !continues {
             // Held progress is written by the pass due when its interval is over.
             return Ok(next.or_at(hold_until));
         }
@@ -385,6 +393,7 @@ async fn settle(
     remediation: &Arc<GpuRemediation>,
     written: Option<&GpuRemediationStatus>,
     settlement: Settlement,
+    passing: bool,
 ) -> Result<Settled, AdvanceRemediationError> {
     let name = remediation.name_any();
     if let Some(Release {
@@ -401,8 +410,15 @@ async fn settle(
     let before = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
     let after = settlement.status.phase;
     let measured = remediation.status.as_ref().and_then(|s| s.leaked_pods).is_none();
-    let (updated, hold_until, notes) =
-        write_if_changed(ctx, remediation, written, settlement.status, settlement.notes).await?;
+    let (updated, hold_until, notes) = write_if_changed(
+        ctx,
+        remediation,
+        written,
+        settlement.status,
+        settlement.notes,
+        passing,
+    )
+    .await?;
     if let Some(leaked) = updated.status.as_ref().and_then(|s| s.leaked_pods)
         && measured
     {
@@ -579,12 +595,15 @@ async fn drop_finalizer(ctx: &Context, remediation: &GpuRemediation) -> Result<(
 /// Writes `status` unless the server has it or it is held (see `progress`); returns the record as
 /// it now stands, until when its status is held, and the Events to publish now (`notes`, with those
 /// of a held phase change this write carries folded in; none while a phase change is held).
+/// `passing`: the next step of this advance follows at once, and its write carries this status
+/// and its Events.
 async fn write_if_changed(
     ctx: &Context,
     remediation: &Arc<GpuRemediation>,
     written: Option<&GpuRemediationStatus>,
     status: GpuRemediationStatus,
     notes: Vec<lifecycle::Note>,
+    passing: bool,
 ) -> Result<(Arc<GpuRemediation>, Option<Timestamp>, Vec<lifecycle::Note>), AdvanceRemediationError> {
     let name = remediation.name_any();
     let now = Timestamp::now();
@@ -593,7 +612,21 @@ async fn write_if_changed(
         kept.status = Some(status);
         Arc::new(kept)
     };
-    match progress::verdict(written, ctx.progress.written_at(&name), &status, now) {
+    let verdict = match progress::verdict(written, ctx.progress.written_at(&name), &status, now) {
+        Verdict::Write | Verdict::HoldUntil(_) if passing => {
+            // Held with every Event it calls for: the next step's write publishes them, folded.
+            ctx.progress.hold(
+                &name,
+                remediation.resource_version(),
+                written.cloned(),
+                status.clone(),
+                notes,
+            );
+            return Ok((with_status(status), Some(now), Vec::new()));
+        }
+        verdict => verdict,
+    };
+    match verdict {
         Verdict::Unchanged => {
             let earlier = ctx.progress.release(&name);
             Ok((with_status(status), None, progress::fold(earlier, notes)))

@@ -38,6 +38,8 @@ mod conditions;
 #[cfg(test)]
 mod correlated_tests;
 mod outcomes;
+#[cfg(test)]
+mod pass_cost_tests;
 mod recheck;
 mod record;
 mod suspects;

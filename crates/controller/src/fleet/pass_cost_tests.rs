@@ -1,0 +1,190 @@
+//! What one controller pass costs over a large fleet, by stage: the pure planning a pass does over
+//! every cached node (`fleet::plan`, the hardware ledger's `amend` and `join::steps`). Not a
+//! correctness test: run by hand, in the build whose figures are wanted,
+//! `cargo test -p gpu-remediator --lib fleet::pass_cost_tests -- --ignored --nocapture`
+//! (`PASS_COST_NODES=10000,50000`, `PASS_COST_FAULTS=1,100`).
+
+use std::{sync::Arc, time::Instant};
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy, GpuRemediationPolicySpec, GpuRemediationSpec, GpuRemediationStatus,
+    Phase,
+    policy::{Action, ConditionStatus, Mode},
+    remediation::TriggerRecord,
+};
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus},
+    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::Time},
+};
+use kube::api::ObjectMeta;
+
+use crate::hardware;
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}
+
+fn policy() -> Arc<GpuRemediationPolicy> {
+    let spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({
+        "nodeSelector": {"matchLabels": {"gpu-sandbox/fleet": "scale"}},
+        "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "5s"}],
+        "action": "None",
+        "safety": {"maxConcurrent": "100%", "maxUnhealthy": "100%", "rate": {"limit": 10000, "per": "1h"},
+                   "maxAttemptsPerNode": {"count": 100, "per": "1h"}},
+        "drain": {"timeout": "10m"},
+        "release": {"healthyFor": "1s"},
+    }))
+    .unwrap();
+    let mut p = GpuRemediationPolicy::new("scale", spec);
+    p.metadata.generation = Some(1);
+    Arc::new(p)
+}
+
+/// A node as the scale bench registers it (labels, capacity, `Ready` and `GpuHealthy` conditions).
+fn node(index: usize, broken: bool) -> Arc<Node> {
+    let name = format!("gpu-{index:05}");
+    let condition = |type_: &str, status: &str, reason: &str| NodeCondition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        last_transition_time: Some(Time(at(0))),
+        ..NodeCondition::default()
+    };
+    let gpu = if broken {
+        condition("GpuHealthy", "False", "XID79")
+    } else {
+        condition("GpuHealthy", "True", "GpusHealthy")
+    };
+    let resources = [
+        ("cpu", "96"),
+        ("memory", "1Ti"),
+        ("pods", "110"),
+        ("nvidia.com/gpu", "8"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), Quantity(v.to_owned())))
+    .collect();
+    Arc::new(Node {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            uid: Some(format!("uid-{index}")),
+            labels: Some(
+                [
+                    ("kubernetes.io/hostname", name.as_str()),
+                    ("kubernetes.io/os", "linux"),
+                    ("kubernetes.io/arch", "amd64"),
+                    ("nvidia.com/gpu.present", "true"),
+                    ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+                    ("nvidia.com/gpu.count", "8"),
+                    ("gpu-sandbox/fleet", "scale"),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            ),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            provider_id: Some(format!("gpu-sandbox://{name}")),
+            ..NodeSpec::default()
+        }),
+        status: Some(NodeStatus {
+            capacity: Some(resources),
+            conditions: Some(vec![condition("Ready", "True", "KubeletReady"), gpu]),
+            ..NodeStatus::default()
+        }),
+    })
+}
+
+fn in_flight(index: usize) -> Arc<GpuRemediation> {
+    let node = format!("gpu-{index:05}");
+    let mut r = GpuRemediation::new(
+        &format!("{node}-abc"),
+        GpuRemediationSpec {
+            node_name: node,
+            policy_name: "scale".into(),
+            trigger: TriggerRecord {
+                condition_type: "GpuHealthy".into(),
+                status: ConditionStatus::False,
+                reason: "XID79".into(),
+                message: String::new(),
+                since: Some(Time(at(0))),
+            },
+            action: Action::None,
+            mode: Mode::Enforce,
+            node_uid: None,
+            previous_incident: None,
+            policy_snapshot: None,
+            hardware: None,
+        },
+    );
+    r.metadata.creation_timestamp = Some(Time(at(6)));
+    r.status = Some(GpuRemediationStatus {
+        phase: Phase::Draining,
+        ..GpuRemediationStatus::default()
+    });
+    Arc::new(r)
+}
+
+fn numbers(var: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(var).map_or_else(
+        |_| default.to_vec(),
+        |v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect(),
+    )
+}
+
+/// The median of `runs` timings of `f`, in milliseconds.
+fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let started = Instant::now();
+            f();
+            started.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+#[test]
+#[ignore = "a measurement, run by hand (see the module's header)"]
+fn one_pass_over_a_large_fleet_by_stage() {
+    let policies = vec![policy()];
+    let now = at(60);
+    println!("| nodes | faults | fleet::plan ms | hardware::amend ms | join::steps ms | pass total ms |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for size in numbers("PASS_COST_NODES", &[10_000, 50_000]) {
+        for faults in numbers("PASS_COST_FAULTS", &[1, 100]) {
+            let nodes: Vec<Arc<Node>> = (0..size).map(|i| node(i, i < faults)).collect();
+            // Every fault but the last has its remediation in flight; the last is admitted now.
+            let remediations: Vec<Arc<GpuRemediation>> =
+                (0..faults.saturating_sub(1)).map(in_flight).collect();
+            let failures = hardware::failures(&[], &remediations);
+            let plan_ms = median_ms(5, || {
+                std::hint::black_box(super::plan(&policies, &nodes, &remediations, now));
+            });
+            let mut planned = super::plan(&policies, &nodes, &remediations, now);
+            assert_eq!(planned.policies[0].create.len(), 1, "the last fault is admitted: {:?}", planned.policies[0].status.waiting.first());
+            let amend_ms = median_ms(5, || {
+                let mut plan = planned.clone();
+                hardware::amend(&mut plan, &nodes, &failures, now);
+                std::hint::black_box(plan);
+            });
+            hardware::amend(&mut planned, &nodes, &failures, now);
+            let join_ms = median_ms(5, || {
+                std::hint::black_box(hardware::join::steps(
+                    &policies,
+                    &nodes,
+                    &remediations,
+                    &failures,
+                    now,
+                ));
+            });
+            println!(
+                "| {size} | {faults} | {plan_ms:.1} | {amend_ms:.1} | {join_ms:.1} | {:.1} |",
+                plan_ms + amend_ms + join_ms
+            );
+        }
+    }
+}
