@@ -15,7 +15,10 @@
 //! candidate again, free of the attempts limit but still subject to pause, the circuit breaker,
 //! concurrency and rate; once admitted it goes back to `Pending` and proceeds like any other.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus, Phase,
@@ -147,14 +150,24 @@ pub fn plan(
         fleet.wake_at = earliest(fleet.wake_at, plan.quarantine.wake_at);
         fleet.policies.push(plan);
     }
-    let governor_of: BTreeMap<String, &str> = governed
+    let governor_of: HashMap<&str, &str> = governed
         .iter()
-        .flat_map(|(policy, nodes)| nodes.iter().map(move |n| (n.name_any(), *policy)))
+        .flat_map(|(policy, nodes)| {
+            nodes
+                .iter()
+                .filter_map(move |n| Some((n.metadata.name.as_deref()?, *policy)))
+        })
         .collect();
     let quarantine_plans: Vec<&quarantine::Plan> = fleet.policies.iter().map(|p| &p.quarantine).collect();
     fleet.orphan_quarantines = quarantine::orphans(
         nodes,
-        |node| governor_of.get(&node.name_any()).copied(),
+        |node| {
+            node.metadata
+                .name
+                .as_deref()
+                .and_then(|name| governor_of.get(name))
+                .copied()
+        },
         |policy| names.iter().any(|n| n == policy),
         &quarantine_plans,
         remediations,
@@ -447,6 +460,16 @@ fn failure_domains(
     unhealthy: &[(&Node, Evidence)],
     started: &[Started],
 ) -> budget::Domains {
+    if spec.safety.failure_domains.is_empty() {
+        return budget::Domains::count(&spec.safety.failure_domains, std::iter::empty());
+    }
+    // Looked up, not searched for: a pass costs the same with 1 or 100 unhealthy.
+    let unhealthy: HashSet<*const Node> = unhealthy.iter().map(|(u, _)| std::ptr::from_ref(*u)).collect();
+    let in_flight: HashSet<&str> = started
+        .iter()
+        .filter(|s| s.in_flight)
+        .map(|s| s.node.as_str())
+        .collect();
     let names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
     budget::Domains::count(
         &spec.safety.failure_domains,
@@ -456,8 +479,8 @@ fn failure_domains(
             .map(|(node, name)| budget::domains::Member {
                 node: name,
                 labels: node.labels(),
-                unhealthy: unhealthy.iter().any(|(u, _)| std::ptr::eq(*u, *node)),
-                in_flight: started.iter().any(|s| s.in_flight && s.node == *name),
+                unhealthy: unhealthy.contains(&std::ptr::from_ref(*node)),
+                in_flight: in_flight.contains(name.as_str()),
             }),
     )
 }

@@ -71,6 +71,10 @@ fn outcomes(
     let mut found = Vec::new();
     let mut wake: Option<Timestamp> = None;
     let healthy_for = signed(spec.release.healthy_for.as_std());
+    let by_name: std::collections::HashMap<&str, &Node> = nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, *n)))
+        .collect();
     for record in remediations
         .iter()
         .filter(|r| r.spec.policy_name == policy && r.spec.mode != Mode::DryRun)
@@ -92,7 +96,7 @@ fn outcomes(
             Phase::Failed => found.push(outcome(ended, OutcomeKind::Failed)),
             Phase::Succeeded => {
                 let proven_at = plus(ended, healthy_for);
-                let node = nodes.iter().find(|n| n.name_any() == record.spec.node_name);
+                let node = by_name.get(record.spec.node_name.as_str());
                 match node.map(|n| health_since(n, spec, now)) {
                     Some(Health::BrokenSince(since)) if since >= ended && since < proven_at => {
                         found.push(outcome(since, OutcomeKind::Failed));

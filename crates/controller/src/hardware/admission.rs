@@ -22,15 +22,38 @@ use super::{
 };
 use crate::fleet::FleetPlan;
 
+/// Up to how many records [`amend`] finds their nodes by walking the fleet.
+const FEW: usize = 4;
+
 /// Records each created remediation's hardware and sends repeat offenders to the last rung.
 pub fn amend(plan: &mut FleetPlan, nodes: &[Arc<Node>], failures: &Failures, now: Timestamp) {
+    let records: usize = plan
+        .policies
+        .iter()
+        .map(|p| p.create.len() + p.manual_required.len())
+        .sum();
+    if records == 0 {
+        return;
+    }
+    // A few records: a walk each (no copy of a name); many admitted at once: one index of the
+    // fleet, so a hundred cost one walk instead of a hundred.
+    let by_name: Option<std::collections::HashMap<&str, &Node>> = (records > FEW).then(|| {
+        nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref())))
+            .collect()
+    });
     for policy_plan in &mut plan.policies {
         let rule = policy_plan.policy.spec.safety.repeat_offender.clone();
         let node_of = |record: &GpuRemediation| {
-            nodes
-                .iter()
-                .find(|n| n.name_any() == record.spec.node_name)
-                .map(AsRef::as_ref)
+            let name = record.spec.node_name.as_str();
+            match &by_name {
+                Some(by_name) => by_name.get(name).copied(),
+                None => nodes
+                    .iter()
+                    .find(|n| n.metadata.name.as_deref() == Some(name))
+                    .map(AsRef::as_ref),
+            }
         };
         let mut kept = Vec::with_capacity(policy_plan.create.len());
         for mut record in std::mem::take(&mut policy_plan.create) {

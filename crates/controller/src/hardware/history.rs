@@ -40,6 +40,12 @@ pub struct Failures {
 }
 
 impl Failures {
+    /// Whether no failure is on record at all.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.by_hardware.is_empty()
+    }
+
     /// The failures of `hardware`, newest first.
     #[must_use]
     pub fn of(&self, kind: HardwareKind, id: &str) -> &[HardwareFailure] {

@@ -6,7 +6,7 @@
 //! hardware has aged out of the window is taken back (and the cordon it made lifted). Nodes with a
 //! remediation in flight are left to it. Pure: the steps to take, and the node edits they are.
 
-use std::sync::Arc;
+use std::{collections::HashSet, sync::Arc};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy,
@@ -72,22 +72,39 @@ pub fn steps(
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect();
     let claimants = governance::claimants(live.iter().copied());
+    // Looked up per node, not searched for: a pass costs the same with 1 or 100 in flight.
+    let in_flight: HashSet<&str> = remediations
+        .iter()
+        .filter(|r| !r.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
+        .map(|r| r.spec.node_name.as_str())
+        .collect();
     let mut out = Vec::new();
     for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
-        let name = node.name_any();
-        let in_flight = remediations
-            .iter()
-            .any(|r| r.spec.node_name == name && !r.status.as_ref().is_some_and(|s| s.phase.is_terminal()));
-        if in_flight {
+        if in_flight.contains(node.metadata.name.as_deref().unwrap_or_default()) {
+            continue;
+        }
+        let flagged = node
+            .labels()
+            .get(REPEAT_OFFENDER_LABEL)
+            .is_some_and(|v| v == "true");
+        let unchecked = has_unchecked_taint(node);
+        if failures.is_empty() && !flagged && !unchecked {
+            // No failure on record anywhere: nothing to flag, nothing flagged, no taint to lift.
             continue;
         }
         let rule = match governance::governor(node.labels(), &claimants) {
             Governor::Policy { policy, .. } => live
                 .iter()
-                .find(|p| p.name_any() == policy)
+                .find(|p| p.metadata.name.as_deref() == Some(policy.as_str()))
                 .and_then(|p| p.spec.safety.repeat_offender.clone()),
             _ => None,
         };
+        // No rule to flag it by, nothing flagged to clear and no taint to lift: the node's
+        // inventory need not be read.
+        if rule.is_none() && !flagged && !unchecked {
+            continue;
+        }
+        let name = node.name_any();
         let inventory = inventory_of(node);
         let ledger = gpu_remediation_api::hardware::HardwareLedger {
             gpus: inventory.clone(),
@@ -105,11 +122,6 @@ pub fn steps(
             )
         });
         let uid = node.metadata.uid.clone();
-        let flagged = node
-            .labels()
-            .get(REPEAT_OFFENDER_LABEL)
-            .is_some_and(|v| v == "true");
-        let unchecked = has_unchecked_taint(node);
         match (found, rule) {
             (Some(offence), Some(rule)) if !flagged || unchecked => out.push(JoinStep::Flag {
                 node: name,

@@ -28,7 +28,11 @@ pub mod device_apply;
 pub mod leak;
 pub mod taint;
 
-use std::{collections::BTreeSet, fmt::Write as _, sync::Arc};
+use std::{
+    collections::{BTreeSet, HashMap},
+    fmt::Write as _,
+    sync::Arc,
+};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicySpec,
@@ -131,22 +135,24 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         ..Plan::default()
     };
     let mut candidates: Vec<Add> = Vec::new();
+    // Each node's records looked up, not searched for: a pass costs the same with 1 or 100 faults.
+    let by_node = RecordsByNode::of(remediations);
     for node in nodes {
-        let name = node.name_any();
+        let records = by_node.on(node);
         let ours = taint::owner(node) == Some(policy);
         // A device-level quarantine holds the node too (its rules take the failed GPUs out).
         let tainted = ours && (taint::has_taint(node) || device::is_device_level(node));
-        let node_ref = NodeRef {
-            name: name.clone(),
+        let node_ref = || NodeRef {
+            name: node.name_any(),
             uid: node.metadata.uid.clone(),
         };
-        if held_by_remediation(node, policy, remediations) {
+        if held_by_remediation(node, policy, records) {
             out.held += u32::from(tainted);
             continue;
         }
         let conditions = conditions_of(node);
         let signal =
-            signal(conditions, spec, now).filter(|_| !episode_over(node, policy, spec, remediations, now));
+            signal(conditions, spec, now).filter(|_| !episode_over(node, policy, spec, records, now));
         match (signal, ours) {
             (Some(_), true) => {
                 // Our annotation without our taint: a person took the taint off; not again this
@@ -154,7 +160,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                 out.held += u32::from(tainted);
             }
             (Some((since, signal)), false) => candidates.push(Add {
-                node: node_ref,
+                node: node_ref(),
                 since,
                 signal,
             }),
@@ -165,7 +171,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
                     out.wake_at = Some(earliest(out.wake_at, plus(cleared, hysteresis)));
                 }
                 _ => out.lift.push(Lift {
-                    node: node_ref,
+                    node: node_ref(),
                     policy: policy.to_owned(),
                     why: lift_reason(tainted, spec),
                     unless_owner_exists: false,
@@ -262,13 +268,14 @@ pub fn orphans<'p>(
         .iter()
         .flat_map(|p| p.add.iter().map(|a| a.node.name.as_str()))
         .collect();
+    let by_node = RecordsByNode::of(remediations);
     nodes
         .iter()
         .filter_map(|node| {
             let owner = taint::owner(node)?;
             if governor(node) == Some(owner)
                 || added.contains(node.name_any().as_str())
-                || held_by_remediation(node, owner, remediations)
+                || held_by_remediation(node, owner, by_node.on(node))
             {
                 return None;
             }
@@ -335,22 +342,47 @@ fn cleared_at(
         .max()
 }
 
+/// The remediation records of each node, looked up by the node's name.
+pub struct RecordsByNode<'a>(HashMap<&'a str, Vec<&'a GpuRemediation>>);
+
+impl<'a> RecordsByNode<'a> {
+    /// Indexes `remediations` by node.
+    #[must_use]
+    pub fn of(remediations: &'a [Arc<GpuRemediation>]) -> Self {
+        let mut by_node: HashMap<&str, Vec<&GpuRemediation>> = HashMap::new();
+        for record in remediations {
+            by_node
+                .entry(record.spec.node_name.as_str())
+                .or_default()
+                .push(record);
+        }
+        Self(by_node)
+    }
+
+    /// The records of `node`.
+    #[must_use]
+    pub fn on(&self, node: &Node) -> &[&'a GpuRemediation] {
+        node.metadata
+            .name
+            .as_deref()
+            .and_then(|name| self.0.get(name))
+            .map_or(&[], Vec::as_slice)
+    }
+}
+
 /// Whether a remediation of `policy` holds the node: one still running, or a finished one still
-/// holding the cordon (action `None` keeps it). Its release lifts the quarantine.
-fn held_by_remediation(node: &Node, policy: &str, remediations: &[Arc<GpuRemediation>]) -> bool {
-    let name = node.name_any();
+/// holding the cordon (action `None` keeps it). Its release lifts the quarantine. `records`: the
+/// node's.
+fn held_by_remediation(node: &Node, policy: &str, records: &[&GpuRemediation]) -> bool {
     let cordon_holder = |key: &str| node.annotations().get(key).cloned();
     let holders = [
         cordon_holder(CORDONED_BY_ANNOTATION),
         cordon_holder(PRE_CORDONED_ANNOTATION),
     ];
-    remediations
-        .iter()
-        .filter(|r| r.spec.node_name == name && r.spec.policy_name == policy)
-        .any(|r| {
-            let phase = r.status.as_ref().map(|s| s.phase).unwrap_or_default();
-            !phase.is_terminal() || holders.iter().flatten().any(|h| *h == r.name_any())
-        })
+    records.iter().filter(|r| r.spec.policy_name == policy).any(|r| {
+        let phase = r.status.as_ref().map(|s| s.phase).unwrap_or_default();
+        !phase.is_terminal() || holders.iter().flatten().any(|h| *h == r.name_any())
+    })
 }
 
 /// Whether the node's current episode already had its remediation and it ended (finished,
@@ -359,7 +391,7 @@ fn episode_over(
     node: &Node,
     policy: &str,
     spec: &GpuRemediationPolicySpec,
-    remediations: &[Arc<GpuRemediation>],
+    records: &[&GpuRemediation],
     now: Timestamp,
 ) -> bool {
     let since = match detect::evaluate(conditions_of(node), &spec.triggers, now) {
@@ -372,10 +404,8 @@ fn episode_over(
         .get(CANCELLED_ANNOTATION)
         .is_some_and(|c| *c == crate::fleet::remediation_name(&name, policy, since));
     cancelled
-        || remediations.iter().any(|r| {
-            r.spec.node_name == name
-                && r.spec.policy_name == policy
-                && r.spec.trigger.since.as_ref().is_some_and(|t| t.0 == since)
+        || records.iter().any(|r| {
+            r.spec.policy_name == policy && r.spec.trigger.since.as_ref().is_some_and(|t| t.0 == since)
         })
 }
 
