@@ -98,25 +98,22 @@ impl ClusterApi {
                 action: format!("writing the kubeconfig Secret of cluster {cluster}"),
                 source,
             })?;
-        let control_planes = infra_resource("SandboxControlPlane", "sandboxcontrolplanes");
-        apply(
+        apply_reported(
             &client,
             namespace,
-            &control_planes,
+            &infra_resource("SandboxControlPlane", "sandboxcontrolplanes"),
             &objects::control_plane(namespace, cluster),
+            objects::control_plane_status(),
         )
         .await?;
-        Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &control_planes)
-            .patch_status(
-                cluster,
-                &PatchParams::default(),
-                &Patch::Merge(objects::control_plane_status()),
-            )
-            .await
-            .map_err(|source| StartUpstreamError::Api {
-                action: format!("reporting control plane {cluster} initialized"),
-                source,
-            })?;
+        apply_reported(
+            &client,
+            namespace,
+            &infra_resource("SandboxCluster", "sandboxclusters"),
+            &objects::infrastructure_cluster(namespace, cluster),
+            objects::infrastructure_cluster_status(),
+        )
+        .await?;
         let (host, port) = host_port(control_plane.server_url());
         apply(
             &client,
@@ -198,11 +195,22 @@ impl ClusterApi {
 
     /// Creates a `MachineHealthCheck` over pool `pool` ([`objects::machine_health_check`]).
     pub async fn health_check(&self, pool: &str, timeout_seconds: u32) -> Result<(), StartUpstreamError> {
+        self.health_check_with(pool, timeout_seconds, &[]).await
+    }
+
+    /// Creates a `MachineHealthCheck` over pool `pool` that also watches the conditions `more`
+    /// ([`objects::machine_health_check_with`]).
+    pub async fn health_check_with(
+        &self,
+        pool: &str,
+        timeout_seconds: u32,
+        more: &[(&str, &str, u32)],
+    ) -> Result<(), StartUpstreamError> {
         apply(
             &self.client,
             &self.namespace,
             &resource("MachineHealthCheck", "machinehealthchecks"),
-            &objects::machine_health_check(&self.namespace, &self.cluster, pool, timeout_seconds),
+            &objects::machine_health_check_with(&self.namespace, &self.cluster, pool, timeout_seconds, more),
         )
         .await
     }
@@ -284,6 +292,27 @@ fn infra_resource(kind: &str, plural: &str) -> ApiResource {
         &GroupVersionKind::gvk(objects::INFRA_GROUP, objects::INFRA_VERSION, kind),
         plural,
     )
+}
+
+/// Server-side applies `object` (one of the sandbox's own kinds, named like the cluster) and
+/// writes its `status`, as the provider that owns the kind would report it.
+async fn apply_reported(
+    client: &Client,
+    namespace: &str,
+    resource: &ApiResource,
+    object: &Value,
+    status: Value,
+) -> Result<(), StartUpstreamError> {
+    apply(client, namespace, resource, object).await?;
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    Api::<DynamicObject>::namespaced_with(client.clone(), namespace, resource)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .map(|_| ())
+        .map_err(|source| StartUpstreamError::Api {
+            action: format!("reporting the status of {} {namespace}/{name}", resource.kind),
+            source,
+        })
 }
 
 /// `https://HOST:PORT` split.

@@ -60,6 +60,7 @@ pub fn infra_crds() -> Vec<Value> {
         infra_crd("SandboxMachine", "sandboxmachines"),
         infra_crd("SandboxMachineTemplate", "sandboxmachinetemplates"),
         infra_crd("SandboxControlPlane", "sandboxcontrolplanes"),
+        infra_crd("SandboxCluster", "sandboxclusters"),
     ]
 }
 
@@ -103,7 +104,29 @@ pub fn control_plane_status() -> Value {
     }})
 }
 
-/// The `Cluster`: its control plane is the sandbox's (at `host:port`); no infrastructure cluster.
+/// The cluster's infrastructure object (`SandboxCluster`): nothing to provision, the sandbox is
+/// the cluster.
+#[must_use]
+pub fn infrastructure_cluster(namespace: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": format!("{INFRA_GROUP}/{INFRA_VERSION}"),
+        "kind": "SandboxCluster",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {},
+    })
+}
+
+/// The infrastructure cluster's status under the v1beta2 contract: provisioned. Without an
+/// infrastructure cluster reported provisioned the `Cluster`'s `InfrastructureReady` is `False`,
+/// and a `MachineHealthCheck` then remediates nothing ("don't penalize any Machine/Node if the
+/// cluster infrastructure is not ready").
+#[must_use]
+pub fn infrastructure_cluster_status() -> Value {
+    json!({"status": {"initialization": {"provisioned": true}}})
+}
+
+/// The `Cluster`: its control plane is the sandbox's (at `host:port`), its infrastructure a
+/// `SandboxCluster` of the same name.
 #[must_use]
 pub fn cluster(namespace: &str, name: &str, host: &str, port: u16) -> Value {
     json!({
@@ -112,6 +135,7 @@ pub fn cluster(namespace: &str, name: &str, host: &str, port: u16) -> Value {
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "controlPlaneRef": {"apiGroup": INFRA_GROUP, "kind": "SandboxControlPlane", "name": name},
+            "infrastructureRef": {"apiGroup": INFRA_GROUP, "kind": "SandboxCluster", "name": name},
             "controlPlaneEndpoint": {"host": host, "port": port},
         },
     })
@@ -163,6 +187,28 @@ pub fn machine_set(namespace: &str, cluster: &str, name: &str, replicas: u32) ->
 /// the Machine and the `MachineSet` replaces it).
 #[must_use]
 pub fn machine_health_check(namespace: &str, cluster: &str, pool: &str, timeout_seconds: u32) -> Value {
+    machine_health_check_with(namespace, cluster, pool, timeout_seconds, &[])
+}
+
+/// [`machine_health_check`] with more unhealthy node conditions: `(type, status, timeout
+/// seconds)` each, e.g. `("GpuHealthy", "False", 8)` (a health check on the GPU condition too).
+#[must_use]
+pub fn machine_health_check_with(
+    namespace: &str,
+    cluster: &str,
+    pool: &str,
+    timeout_seconds: u32,
+    more: &[(&str, &str, u32)],
+) -> Value {
+    let mut conditions = vec![
+        json!({"type": "Ready", "status": "Unknown", "timeoutSeconds": timeout_seconds}),
+        json!({"type": "Ready", "status": "False", "timeoutSeconds": timeout_seconds}),
+    ];
+    conditions.extend(
+        more.iter().map(
+            |(kind, status, timeout)| json!({"type": kind, "status": status, "timeoutSeconds": timeout}),
+        ),
+    );
     json!({
         "apiVersion": format!("{CAPI_GROUP}/v1beta2"),
         "kind": "MachineHealthCheck",
@@ -172,10 +218,7 @@ pub fn machine_health_check(namespace: &str, cluster: &str, pool: &str, timeout_
             "selector": {"matchLabels": {POOL_LABEL: pool}},
             "checks": {
                 "nodeStartupTimeoutSeconds": timeout_seconds,
-                "unhealthyNodeConditions": [
-                    {"type": "Ready", "status": "Unknown", "timeoutSeconds": timeout_seconds},
-                    {"type": "Ready", "status": "False", "timeoutSeconds": timeout_seconds},
-                ],
+                "unhealthyNodeConditions": conditions,
             },
         },
     })
@@ -259,5 +302,18 @@ mod tests {
         assert_eq!(node["spec"]["providerID"], "sandbox-capi://ns/pool-abcde");
         assert_eq!(node["metadata"]["labels"][FLEET_LABEL], "capi-1");
         assert_eq!(node["metadata"]["labels"][GPU_COUNT_LABEL], "8");
+    }
+
+    #[test]
+    fn a_health_check_can_watch_the_gpu_condition_beside_ready() {
+        let check = machine_health_check_with("ns", "gpu", "pool", 60, &[("GpuHealthy", "False", 8)]);
+        let conditions = check["spec"]["checks"]["unhealthyNodeConditions"]
+            .as_array()
+            .expect("a list");
+        assert_eq!(conditions.len(), 3);
+        assert_eq!(conditions[2]["type"], "GpuHealthy");
+        assert_eq!(conditions[2]["status"], "False");
+        assert_eq!(conditions[2]["timeoutSeconds"], 8);
+        assert_eq!(conditions[0]["timeoutSeconds"], 60);
     }
 }
