@@ -16,7 +16,7 @@
 //! concurrency and rate; once admitted it goes back to `Pending` and proceeds like any other.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashSet},
     sync::Arc,
 };
 
@@ -150,24 +150,16 @@ pub fn plan(
         fleet.wake_at = earliest(fleet.wake_at, plan.quarantine.wake_at);
         fleet.policies.push(plan);
     }
-    let governor_of: HashMap<&str, &str> = governed
-        .iter()
-        .flat_map(|(policy, nodes)| {
-            nodes
-                .iter()
-                .filter_map(move |n| Some((n.metadata.name.as_deref()?, *policy)))
-        })
-        .collect();
     let quarantine_plans: Vec<&quarantine::Plan> = fleet.policies.iter().map(|p| &p.quarantine).collect();
+    // Asked only of the few nodes carrying a quarantine: decided again for them rather than
+    // indexing the whole fleet on every pass.
+    let governor_of = |node: &Node| match governance::governor(node.labels(), &claimants) {
+        Governor::Policy { policy, .. } => names.iter().find(|n| **n == policy).map(String::as_str),
+        _ => None,
+    };
     fleet.orphan_quarantines = quarantine::orphans(
         nodes,
-        |node| {
-            node.metadata
-                .name
-                .as_deref()
-                .and_then(|name| governor_of.get(name))
-                .copied()
-        },
+        governor_of,
         |policy| names.iter().any(|n| n == policy),
         &quarantine_plans,
         remediations,
