@@ -9,7 +9,8 @@
 //! Machine, not two.
 //!
 //! The second test gives the health check a rule on the GPU condition itself, shorter than our
-//! drain, so both controllers act on the same broken Machine: still one replacement.
+//! drain, so both controllers act on the same broken Machine: still one replacement. The third
+//! has the health check act before the policy's trigger elapses: the policy then starts nothing.
 //!
 //! Ignored by plain `cargo test` (it needs the Cluster API binary); `make e2e-real` builds it and
 //! runs this with `--ignored`.
@@ -237,10 +238,17 @@ async fn health_check_failed(client: &Client, namespace: &str, machine: &str) ->
     }))
 }
 
-#[tokio::test]
-#[ignore = "needs the Cluster API binary: make e2e-real"]
-async fn a_health_check_on_the_gpu_condition_and_the_policy_replace_the_broken_machine_once() {
-    let _one_manager = ONE_MANAGER.lock().await;
+/// A pool of two Machines under a health check that also remediates `GpuHealthy=False` after
+/// `gpu_timeout_seconds`, the health check counting both healthy, and two 8-GPU pods (one per
+/// node, each taking `termination` to stop) behind `minAvailable: 1`.
+struct GpuCheckedPool {
+    s: Scenario,
+    capi: ClusterApi,
+    initial: Vec<MachineSeen>,
+    app: Workload,
+}
+
+async fn gpu_checked_pool(gpu_timeout_seconds: u32, termination: &str) -> GpuCheckedPool {
     let cluster = common::cluster().await;
     let s = Scenario::new(0).await;
     s.fleet.adopt_joining_nodes();
@@ -248,9 +256,7 @@ async fn a_health_check_on_the_gpu_condition_and_the_policy_replace_the_broken_m
         .await
         .unwrap_or_else(|e| panic!("starting Cluster API: {e}"));
     capi.machine_set("pool", 2).await.expect("the MachineSet");
-    // The health check remediates GpuHealthy=False after 8 s; our policy acts after 3 s, and its
-    // drain takes 20 s (each pod takes 20 s to terminate): the health check fires mid-drain.
-    capi.health_check_with("pool", 60, &[("GpuHealthy", "False", 8)])
+    capi.health_check_with("pool", 60, &[("GpuHealthy", "False", gpu_timeout_seconds)])
         .await
         .expect("the MachineHealthCheck");
     let initial = common::eventually(
@@ -282,7 +288,7 @@ async fn a_health_check_on_the_gpu_condition_and_the_policy_replace_the_broken_m
         .replicas(2)
         .gpus(8)
         .node_selector(FLEET_LABEL, s.fleet.name())
-        .termination("20s");
+        .termination(termination);
     workload::create(&s.client, &app.deployment())
         .await
         .expect("deployment");
@@ -301,6 +307,26 @@ async fn a_health_check_on_the_gpu_condition_and_the_policy_replace_the_broken_m
     workload::wait_pdb_allows(&s.client, &s.namespace, &app.name, 1, Duration::from_secs(30))
         .await
         .expect("the PDB allows one disruption");
+    GpuCheckedPool {
+        s,
+        capi,
+        initial,
+        app,
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the Cluster API binary: make e2e-real"]
+async fn a_health_check_on_the_gpu_condition_and_the_policy_replace_the_broken_machine_once() {
+    let _one_manager = ONE_MANAGER.lock().await;
+    // The health check remediates GpuHealthy=False after 8 s; our policy acts after 3 s, and its
+    // drain takes 20 s (each pod takes 20 s to terminate): the health check fires mid-drain.
+    let GpuCheckedPool {
+        s,
+        capi,
+        initial,
+        app,
+    } = gpu_checked_pool(8, "20s").await;
     let broken = initial[0].node.clone().expect("a node");
     let broken_machine = initial[0].name.clone();
 
@@ -359,6 +385,79 @@ async fn a_health_check_on_the_gpu_condition_and_the_policy_replace_the_broken_m
             .expect("reading the broken node")
             .is_none(),
         "the broken Machine's node is gone"
+    );
+    assert_budget_kept(&budget);
+
+    controller.stop().await;
+    capi.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the Cluster API binary: make e2e-real"]
+async fn a_health_check_that_acts_before_the_policys_trigger_leaves_it_nothing_to_replace() {
+    let _one_manager = ONE_MANAGER.lock().await;
+    // The health check remediates GpuHealthy=False after 3 s; the policy's trigger waits 40 s.
+    let GpuCheckedPool {
+        s,
+        capi,
+        initial,
+        app,
+    } = gpu_checked_pool(3, "1s").await;
+    let broken = initial[0].node.clone().expect("a node");
+    let budget = BudgetWatch::start(&s.client, &s.namespace, &app.selector());
+    s.policy(serde_json::json!({
+        "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "40s"}],
+        "action": "Replace",
+        "replacement": {"strategy": "DeleteMachine", "timeout": "3m"},
+    }))
+    .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let controller = RunningController::start(&s.scope).await;
+    let fault_at = Timestamp::now();
+    s.break_gpu(&broken).await;
+
+    common::eventually(
+        "Cluster API to delete the broken Machine's node",
+        Duration::from_secs(90),
+        || async {
+            Api::<Node>::all(s.client.clone())
+                .get_opt(&broken)
+                .await
+                .expect("reading the broken node")
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    workload::wait_ready_pods(
+        &s.client,
+        &s.namespace,
+        &app.selector(),
+        2,
+        Duration::from_secs(90),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; Cluster API's log ends:\n{}", capi.log_tail(40)));
+    // Past the trigger's 40 s: a remediation of the vanished node would have started by now.
+    let waited = Timestamp::now().duration_since(fault_at);
+    let rest = Duration::from_secs(45).saturating_sub(Duration::try_from(waited).unwrap_or_default());
+    tokio::time::sleep(rest).await;
+    let after = machines(&s.client, &s.namespace).await;
+    let new: Vec<&MachineSeen> = after.iter().filter(|m| m.created >= fault_at).collect();
+    assert_eq!(
+        new.len(),
+        1,
+        "one replacement Machine, not two: {initial:?} then {after:?}"
+    );
+    assert_eq!(after.len(), 2, "{after:?}");
+    let remediation = s.remediation_of(&broken).await;
+    assert!(
+        remediation
+            .as_ref()
+            .and_then(|r| r.status.as_ref())
+            .is_none_or(|st| st.phase == Phase::Cancelled),
+        "the policy started nothing on a node Cluster API had already replaced (or stopped it): {:#?}",
+        remediation.and_then(|r| r.status)
     );
     assert_budget_kept(&budget);
 
