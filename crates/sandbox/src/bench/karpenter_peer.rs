@@ -318,9 +318,10 @@ async fn observe(client: &Client, arm: &Arm, clock: &mut Clock, since: f64) -> R
             clock.first_action.get_or_insert(since);
         }
     }
-    if clock.claim_deleted.is_none() && clock.broken_gone.is_some() {
-        // Gone between two looks: the claim went with it.
-        clock.claim_deleted = clock.broken_gone;
+    if let Some(gone) = clock.broken_gone {
+        // Gone between two looks: the claim went with it, and deleting it was the first act.
+        clock.claim_deleted.get_or_insert(gone);
+        clock.first_action.get_or_insert(gone);
     }
     let pods = Api::<Pod>::namespaced(client.clone(), &arm.namespace)
         .list(&ListParams::default().labels(&arm.app.selector()))
