@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 
 use crate::controlplane::{OwnedProcess, SpawnComponentError};
@@ -229,4 +229,35 @@ pub async fn spawn(
         });
     }
     Ok(process)
+}
+
+/// Server-side applies `object` as the sandbox: in `namespace`, or cluster-scoped where `None`.
+pub async fn apply_object(
+    client: &Client,
+    namespace: Option<&str>,
+    resource: &ApiResource,
+    object: &serde_json::Value,
+) -> Result<(), StartUpstreamError> {
+    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    let (api, shown) = match namespace {
+        Some(namespace) => (
+            Api::<DynamicObject>::namespaced_with(client.clone(), namespace, resource),
+            format!("{namespace}/{name}"),
+        ),
+        None => (
+            Api::<DynamicObject>::all_with(client.clone(), resource),
+            name.clone(),
+        ),
+    };
+    api.patch(
+        &name,
+        &PatchParams::apply("gpu-sandbox").force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|source| StartUpstreamError::Api {
+        action: format!("applying {} {shown}", resource.kind),
+        source,
+    })
 }

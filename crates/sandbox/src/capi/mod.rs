@@ -115,9 +115,9 @@ impl ClusterApi {
         )
         .await?;
         let (host, port) = host_port(control_plane.server_url());
-        apply(
+        upstream::apply_object(
             &client,
-            namespace,
+            Some(namespace),
             &resource("Cluster", "clusters"),
             &objects::cluster(namespace, cluster, &host, port),
         )
@@ -177,16 +177,16 @@ impl ClusterApi {
     /// Creates machine pool `name`: a `SandboxMachineTemplate` and a `MachineSet` of `replicas`.
     pub async fn machine_set(&self, name: &str, replicas: u32) -> Result<(), StartUpstreamError> {
         let templates = infra_resource("SandboxMachineTemplate", "sandboxmachinetemplates");
-        apply(
+        upstream::apply_object(
             &self.client,
-            &self.namespace,
+            Some(&self.namespace),
             &templates,
             &objects::machine_template(&self.namespace, name, &self.fleet),
         )
         .await?;
-        apply(
+        upstream::apply_object(
             &self.client,
-            &self.namespace,
+            Some(&self.namespace),
             &resource("MachineSet", "machinesets"),
             &objects::machine_set(&self.namespace, &self.cluster, name, replicas),
         )
@@ -206,9 +206,9 @@ impl ClusterApi {
         timeout_seconds: u32,
         more: &[(&str, &str, u32)],
     ) -> Result<(), StartUpstreamError> {
-        apply(
+        upstream::apply_object(
             &self.client,
-            &self.namespace,
+            Some(&self.namespace),
             &resource("MachineHealthCheck", "machinehealthchecks"),
             &objects::machine_health_check_with(&self.namespace, &self.cluster, pool, timeout_seconds, more),
         )
@@ -303,7 +303,7 @@ async fn apply_reported(
     object: &Value,
     status: Value,
 ) -> Result<(), StartUpstreamError> {
-    apply(client, namespace, resource, object).await?;
+    upstream::apply_object(client, Some(namespace), resource, object).await?;
     let name = object["metadata"]["name"].as_str().unwrap_or_default();
     Api::<DynamicObject>::namespaced_with(client.clone(), namespace, resource)
         .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
@@ -320,27 +320,6 @@ fn host_port(url: &str) -> (String, u16) {
     let authority = url.split("://").nth(1).unwrap_or(url);
     let (host, port) = authority.rsplit_once(':').unwrap_or((authority, "443"));
     (host.to_owned(), port.trim_end_matches('/').parse().unwrap_or(443))
-}
-
-async fn apply(
-    client: &Client,
-    namespace: &str,
-    resource: &ApiResource,
-    object: &Value,
-) -> Result<(), StartUpstreamError> {
-    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-    Api::<DynamicObject>::namespaced_with(client.clone(), namespace, resource)
-        .patch(
-            &name,
-            &PatchParams::apply("gpu-sandbox").force(),
-            &Patch::Apply(object),
-        )
-        .await
-        .map(|_| ())
-        .map_err(|source| StartUpstreamError::Api {
-            action: format!("applying {} {namespace}/{name}", resource.kind),
-            source,
-        })
 }
 
 #[cfg(test)]

@@ -118,7 +118,8 @@ impl Karpenter {
             }
         })?;
         for shape in shapes {
-            apply(&client, &node_class_resource(), &objects::node_class(shape)).await?;
+            upstream::apply_object(&client, None, &node_class_resource(), &objects::node_class(shape))
+                .await?;
             Api::<DynamicObject>::all_with(client.clone(), &node_class_resource())
                 .patch_status(
                     &shape.fleet,
@@ -132,8 +133,9 @@ impl Karpenter {
                     action: format!("marking KWOKNodeClass {} Ready", shape.fleet),
                     source,
                 })?;
-            apply(
+            upstream::apply_object(
                 &client,
+                None,
                 &node_pool_resource(),
                 &objects::node_pool(shape, &options.disruption),
             )
@@ -226,25 +228,4 @@ impl Karpenter {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
-}
-
-/// Server-side applies `object` (cluster-scoped) as the sandbox.
-async fn apply(
-    client: &Client,
-    resource: &ApiResource,
-    object: &serde_json::Value,
-) -> Result<(), StartUpstreamError> {
-    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-    Api::<DynamicObject>::all_with(client.clone(), resource)
-        .patch(
-            &name,
-            &PatchParams::apply("gpu-sandbox").force(),
-            &Patch::Apply(object),
-        )
-        .await
-        .map(|_| ())
-        .map_err(|source| StartUpstreamError::Api {
-            action: format!("applying {} {name}", resource.kind),
-            source,
-        })
 }
