@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use gpu_remediation_api::gpu_pods::GpuPods;
 use jiff::Timestamp;
 
 use crate::{
@@ -15,7 +16,7 @@ use crate::{
     inventory::{FailedGpu, annotation_text, failed_gpus, inventory_of},
     liveness::Liveness,
     pod_resources::{
-        assignment::{annotation_to_publish, assignment_of},
+        assignment::{annotation_to_publish, assignment_of, restamp_due},
         reader::PodResourcesReader,
     },
     probe::{ReadGpusError, deadline::DeadlineReader},
@@ -73,6 +74,15 @@ fn now() -> Timestamp {
     Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH)
 }
 
+/// The device plugin's assignment as last read.
+struct ReadAssignment {
+    pods: Vec<gpu_remediation_api::gpu_pods::PodDevices>,
+    /// When it was read.
+    read_at: Timestamp,
+    /// When its pods last changed.
+    changed_at: Timestamp,
+}
+
 /// The running agent for one node.
 pub struct Agent {
     settings: AgentSettings,
@@ -92,8 +102,8 @@ pub struct Agent {
     liveness: Option<Liveness>,
     /// The kubelet's pod-resources API, where the agent reads it.
     pod_resources: Option<PodResourcesReader>,
-    /// The device plugin's assignment from the last successful read, and when that was.
-    gpu_pods: Option<(Vec<gpu_remediation_api::gpu_pods::PodDevices>, Timestamp)>,
+    /// The device plugin's assignment from the last successful read.
+    gpu_pods: Option<ReadAssignment>,
     /// The last failure to read it, logged once until it changes.
     pod_resources_error: Option<String>,
     /// NVML index → UUID from the last successful read, for index-named devices.
@@ -233,7 +243,16 @@ impl Agent {
                 if self.pod_resources_error.take().is_some() {
                     tracing::info!(socket = %reader.socket().display(), "reading the kubelet's pod resources again");
                 }
-                self.gpu_pods = Some((assignment_of(&response, &self.gpu_indices), now()));
+                let (pods, read_at) = (assignment_of(&response, &self.gpu_indices), now());
+                let changed_at = match &self.gpu_pods {
+                    Some(last) if last.pods == pods => last.changed_at,
+                    _ => read_at,
+                };
+                self.gpu_pods = Some(ReadAssignment {
+                    pods,
+                    read_at,
+                    changed_at,
+                });
             }
             Err(err) => {
                 let text = err.to_string();
@@ -289,10 +308,13 @@ impl Agent {
                 .health
                 .latch()
                 .map(|latch| annotation_text(&failed_gpus(latch, &self.memory, &self.recorded_failed))),
-            gpu_pods: self
-                .gpu_pods
-                .as_ref()
-                .map(|(pods, read_at)| annotation_to_publish(pods, *read_at, previous_pods, resync_due)),
+            gpu_pods: self.gpu_pods.as_ref().map(|read| {
+                let published_at = previous_pods
+                    .and_then(|text| GpuPods::parse(text).ok())
+                    .map(|published| published.read_at.0);
+                let refresh = restamp_due(published_at, read.changed_at, now, resync_due);
+                annotation_to_publish(&read.pods, read.read_at, previous_pods, refresh)
+            }),
         };
         let next = PublishedCondition::next(
             desired,

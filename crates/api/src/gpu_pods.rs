@@ -30,6 +30,14 @@ pub const GPU_PODS_MAX_BYTES: usize = 16_384;
 /// minutes by default) and whenever it changes, so an older one means the agent stopped reading.
 pub const GPU_PODS_MAX_AGE_SECONDS: i64 = 900;
 
+/// How far the node's clock (which stamps `readAt`) may be behind the API server's (which stamps a
+/// pod's creation): a reader counts a pod created this close before a read as created after it.
+pub const GPU_PODS_CLOCK_SLACK_SECONDS: i64 = 5;
+/// How long after the assignment changed the agent stamps it once more, so a pod seen within
+/// [`GPU_PODS_CLOCK_SLACK_SECONDS`] of its creation is covered seconds later, not only at the next
+/// resync. Longer than the slack.
+pub const GPU_PODS_SETTLE_SECONDS: i64 = 2 * GPU_PODS_CLOCK_SLACK_SECONDS;
+
 /// The assignment: every pod on the node holding a device of an `nvidia.com/...` resource.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

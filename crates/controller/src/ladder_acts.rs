@@ -103,18 +103,52 @@ pub(crate) async fn trigger_step(
     }
 }
 
-/// Narrows a reset's drain to the pods holding the failed GPUs, as DRA's claims and slices say;
-/// where that is unknown the whole node is drained, and the scope says why. A failed read is an
-/// error (the pass is retried), never a guess.
+/// How a reset's drain scope starts when the GPU-to-pod mapping is unknown.
+pub const MAPPING_UNKNOWN: &str = "GPU-to-pod mapping unknown";
+
+/// What a pass of a reset's drain does with the scope an earlier pass decided (`previous`): a
+/// drain of the whole node stays whole (its pods leaving must not narrow it: a node whose last
+/// device-plugin pod left would look mapped, and its other pods would stay); a GPU-scoped one looks
+/// again (its holders leave, a mapping may turn unknown) and keeps its first words while it stays
+/// scoped; none yet: decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScopePass {
+    /// Drain the whole node, as decided before.
+    KeepWhole,
+    /// Map again; keep the earlier words if it stays GPU-scoped.
+    MapAgain,
+    /// Map for the first time.
+    Decide,
+}
+
+/// The pass for a drain whose earlier scope is `previous`.
+#[must_use]
+pub fn scope_pass(previous: Option<&str>) -> ScopePass {
+    match previous {
+        Some(scope) if scope.starts_with(MAPPING_UNKNOWN) => ScopePass::KeepWhole,
+        Some(_) => ScopePass::MapAgain,
+        None => ScopePass::Decide,
+    }
+}
+
+/// Narrows a reset's drain to the pods holding the failed GPUs, as DRA's claims and slices and the
+/// agent's device-plugin assignment say; where that is unknown the whole node is drained, and the
+/// scope says why. `previous`: the scope an earlier pass of this drain decided (see [`scope_pass`]).
+/// A failed read is an error (the pass is retried), never a guess.
 pub(crate) async fn scope_drain(
     ctx: &Context,
     node: &str,
     gpus: &[String],
     plan: crate::drain::Plan,
     pods: &[k8s_openapi::api::core::v1::Pod],
+    previous: Option<&str>,
 ) -> Result<(crate::drain::Plan, Option<String>), AdvanceRemediationError> {
     use crate::dra::{Holders, pods_holding_on};
     use gpu_remediation_api::ladder::STEP_MESSAGE_MAX;
+    let pass = scope_pass(previous);
+    if pass == ScopePass::KeepWhole {
+        return Ok((plan, None));
+    }
     let scope = match pods_holding_on(ctx.ops.client(), node, gpus, pods).await? {
         Holders::Known(holders) => {
             let names: std::collections::BTreeSet<String> = holders
@@ -129,12 +163,11 @@ pub(crate) async fn scope_drain(
                 gpus.join(", ")
             );
             let narrowed = crate::drain::scoped_to(plan, &names);
-            return Ok((
-                narrowed,
-                Some(crate::lifecycle::status::truncate(&scope, STEP_MESSAGE_MAX)),
-            ));
+            let words = (pass == ScopePass::Decide)
+                .then(|| crate::lifecycle::status::truncate(&scope, STEP_MESSAGE_MAX));
+            return Ok((narrowed, words));
         }
-        Holders::Unknown(reason) => format!("GPU-to-pod mapping unknown ({reason}): whole node drained"),
+        Holders::Unknown(reason) => format!("{MAPPING_UNKNOWN} ({reason}): whole node drained"),
     };
     Ok((
         plan,
@@ -217,6 +250,27 @@ mod tests {
                 "{file}"
             );
         }
+    }
+
+    #[test]
+    fn a_whole_node_drain_stays_whole_and_a_gpu_scoped_one_maps_again() {
+        assert_eq!(
+            scope_pass(Some(
+                "GPU-to-pod mapping unknown (pod a/b asks for nvidia.com/gpu ...): whole node drained"
+            )),
+            ScopePass::KeepWhole
+        );
+        assert_eq!(
+            scope_pass(Some(
+                "GPU-scoped drain: only the 1 pods holding GPU-3 leave (a/b)"
+            )),
+            ScopePass::MapAgain
+        );
+        assert_eq!(scope_pass(None), ScopePass::Decide);
+        assert!(
+            crate::lifecycle::ladder::WHOLE_NODE_DRAINED.starts_with(MAPPING_UNKNOWN),
+            "the lifecycle's own words for a whole-node reset drain keep it whole too"
+        );
     }
 
     #[test]

@@ -154,8 +154,16 @@ async fn step(
             rules.and_then(|rules| lifecycle::ladder_evidence::reset_scope(remediation, rules, &status));
         let (plan, scope) = match reset {
             Some(uuids) => {
-                crate::ladder_acts::scope_drain(ctx, &remediation.spec.node_name, &uuids, plan, &listed)
-                    .await?
+                let previous = status.drain.as_ref().and_then(|d| d.scope.as_deref());
+                crate::ladder_acts::scope_drain(
+                    ctx,
+                    &remediation.spec.node_name,
+                    &uuids,
+                    plan,
+                    &listed,
+                    previous,
+                )
+                .await?
             }
             None => (plan, None),
         };

@@ -6,7 +6,9 @@
 //! `spec.node` and `spec.action` (`ResetGpu` or `Reboot`) and no `status` yet is carried out:
 //! - `ResetGpu`: the reset GPU answers again, as the agent reports it after a reset (its file probe
 //!   reads the GPU healthy): `GpuHealthy=True` (`GpusHealthy`) and no `failed-gpus` annotation;
-//!   the GPU inventory is left as it is (the same UUIDs answer);
+//!   the GPU inventory is left as it is (the same UUIDs answer). Where a real agent runs on the
+//!   node ([`Heal::ClearAnnotation`]), the operator only writes the agent's clear annotation, as the
+//!   reset Job sample does, and the agent reports the rest;
 //! - `Reboot`: the node boots again: a new `status.nodeInfo.bootID`, `Ready=True`, and the agent
 //!   (whose latch does not survive a boot) reports `GpuHealthy=True`;
 //!
@@ -19,7 +21,7 @@ use std::{
     time::Duration,
 };
 
-use gpu_remediation_api::constants::FAILED_GPUS_ANNOTATION;
+use gpu_remediation_api::constants::{CLEAR_ANNOTATION, FAILED_GPUS_ANNOTATION};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
@@ -48,6 +50,21 @@ pub struct Behaviour {
     pub fails: bool,
     /// How long a repair takes before it reports.
     pub takes: Duration,
+    /// How a repair that helps shows on the node.
+    pub heal_by: Heal,
+}
+
+/// How a repair that helps makes the node report healthy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Heal {
+    /// The operator writes what the agent would (`GpuHealthy=True`, no `failed-gpus`): no agent
+    /// runs on the node.
+    #[default]
+    Condition,
+    /// The operator writes the agent's clear annotation (`gpuremediation.dev/clear`, now), as the
+    /// reset Job sample does after `nvidia-smi --gpu-reset`: the real agent on the node drops its
+    /// latch, reads its GPUs again and reports them itself.
+    ClearAnnotation,
 }
 
 impl Default for Behaviour {
@@ -58,6 +75,7 @@ impl Default for Behaviour {
             reboot_heals: true,
             fails: false,
             takes: Duration::from_millis(500),
+            heal_by: Heal::Condition,
         }
     }
 }
@@ -214,7 +232,13 @@ async fn carry_out(
         }
         _ => false,
     };
-    if heals {
+    if heals && behaviour.heal_by == Heal::ClearAnnotation {
+        let cleared = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH);
+        let patch = json!({"metadata": {"annotations": {CLEAR_ANNOTATION: cleared.to_string()}}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    } else if heals {
         let patch = json!({"metadata": {"annotations": {FAILED_GPUS_ANNOTATION: null}}});
         nodes
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))

@@ -10,8 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use gpu_remediation_api::gpu_pods::{GpuPods, PodDevices};
-use jiff::Timestamp;
+use gpu_remediation_api::gpu_pods::{GPU_PODS_SETTLE_SECONDS, GpuPods, PodDevices};
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::proto::ListPodResourcesResponse;
@@ -63,6 +63,21 @@ fn gpu_of(id: &str, gpus: &BTreeMap<u32, String>) -> Option<String> {
         return Some(id.to_owned());
     }
     id.parse::<u32>().ok().and_then(|index| gpus.get(&index).cloned())
+}
+
+/// Whether the published assignment (stamped `published_at`) is to be stamped again now: at every
+/// resync, and once [`GPU_PODS_SETTLE_SECONDS`] after its pods last changed (`changed_at`) when its
+/// stamp is older than that, so a pod read in its first seconds (which the controller counts as
+/// created after the read) is covered seconds later.
+#[must_use]
+pub fn restamp_due(
+    published_at: Option<Timestamp>,
+    changed_at: Timestamp,
+    now: Timestamp,
+    resync_due: bool,
+) -> bool {
+    let settled = changed_at + SignedDuration::from_secs(GPU_PODS_SETTLE_SECONDS);
+    resync_due || published_at.is_some_and(|stamp| stamp < settled && now >= settled)
 }
 
 /// The annotation to publish for `pods`, read successfully at `read_at`: the `previous` text as it
@@ -199,6 +214,19 @@ mod tests {
         let refreshed = annotation_to_publish(&pods, at(60), Some(&first), true);
         assert_ne!(refreshed, first, "a refresh stamps the new read");
         assert_eq!(GpuPods::parse(&refreshed).unwrap().read_at, Time(at(60)));
+    }
+
+    #[test]
+    fn a_changed_assignment_is_stamped_once_more_after_it_settles_then_only_at_resync() {
+        // Changed at 0 and published stamped 1: not yet, then once at 10, then no more.
+        assert!(!restamp_due(Some(at(1)), at(0), at(5), false));
+        assert!(restamp_due(Some(at(1)), at(0), at(10), false));
+        assert!(!restamp_due(Some(at(10)), at(0), at(30), false));
+        assert!(restamp_due(Some(at(10)), at(0), at(30), true), "at resync");
+        assert!(
+            !restamp_due(None, at(0), at(30), false),
+            "nothing published: a first write anyway"
+        );
     }
 
     #[test]

@@ -10,13 +10,16 @@
 //!   name, or that was created after the assignment was read (the kubelet names pods without a
 //!   UID, so a newer pod of the same name is not the one it saw);
 //! - a pod named with a device the agent could not tie to a GPU (a MIG partition);
-//! - the assignment giving a failed GPU to a pod that is not a live pod of this node: a node's
-//!   agent (perhaps compromised) never makes the controller act on pods elsewhere, and a mapping
-//!   that does not match the node's pods is not believed for the rest either.
+//! - the assignment giving a failed GPU to a pod that runs on another node: a node's agent (perhaps
+//!   compromised) never makes the controller act on pods elsewhere (holders are only ever taken
+//!   from the node's own pods), and a mapping that does not match the node's pods is not believed
+//!   for the rest either. A named pod that is merely gone (evicted since the read) holds nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpu_remediation_api::gpu_pods::{GPU_PODS_ANNOTATION, GPU_PODS_MAX_AGE_SECONDS, GpuPods, PodDevices};
+use gpu_remediation_api::gpu_pods::{
+    GPU_PODS_ANNOTATION, GPU_PODS_CLOCK_SLACK_SECONDS, GPU_PODS_MAX_AGE_SECONDS, GpuPods, PodDevices,
+};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -24,8 +27,9 @@ use kube::ResourceExt;
 use super::holders::{PodKey, finished};
 
 /// How far the node's clock (which stamps `readAt`) may be behind the API server's (which stamps
-/// a pod's creation): a pod created this close before the read counts as created after it.
-pub const CLOCK_SLACK: SignedDuration = SignedDuration::from_secs(5);
+/// a pod's creation): a pod created this close before the read counts as created after it (the
+/// agent stamps a changed assignment again once this has passed).
+pub const CLOCK_SLACK: SignedDuration = SignedDuration::from_secs(GPU_PODS_CLOCK_SLACK_SECONDS);
 
 /// A live pod of the node asking for an `nvidia.com/...` resource, and the first such resource.
 #[derive(Clone, Copy, Debug)]
@@ -38,12 +42,15 @@ pub struct PluginPod<'a> {
 
 /// The pods among `node_pods` (every pod bound to the node, finished ones too) holding any of
 /// `gpu_uuids` through the device plugin, as the node's `annotation` says; `plugin_pods` are the
-/// live ones that ask for an `nvidia.com/...` resource. `Err`: why the assignment cannot be trusted.
+/// live ones that ask for an `nvidia.com/...` resource; `elsewhere`, the pods the assignment names
+/// as holders that the API server has on other nodes (see [`named_off_node`]). `Err`: why the
+/// assignment cannot be trusted.
 pub fn plugin_holders(
     node: &str,
     gpu_uuids: &[String],
     node_pods: &[&Pod],
     plugin_pods: &[PluginPod<'_>],
+    elsewhere: &[Pod],
     annotation: Option<&str>,
     now: Timestamp,
 ) -> Result<BTreeSet<PodKey>, String> {
@@ -116,28 +123,72 @@ pub fn plugin_holders(
     let failed = |uuid: &String| gpu_uuids.iter().any(|f| f.eq_ignore_ascii_case(uuid));
     let mut holders = BTreeSet::new();
     for entry in assignment.pods.iter().filter(|e| e.gpus.iter().any(failed)) {
-        let on_node = node_pods.iter().find(|pod| {
+        let named = |pod: &&&Pod| {
             pod.metadata.namespace.as_deref() == Some(entry.namespace.as_str())
                 && pod.metadata.name.as_deref() == Some(entry.name.as_str())
-        });
-        match on_node {
+        };
+        match node_pods.iter().find(named) {
             Some(pod) if !finished(pod) => {
                 holders.insert(key(pod));
             }
             // A finished pod holds nothing any more.
             Some(_) => {}
             None => {
-                return Err(format!(
-                    "node {node}'s {GPU_PODS_ANNOTATION} assignment gives failed GPU {} to pod {}/{}, which is not \
-                     a live pod of node {node}: the assignment does not match the node's pods",
-                    entry.gpus.iter().find(|u| failed(u)).map_or("", String::as_str),
-                    entry.namespace,
-                    entry.name
-                ));
+                let bound_elsewhere = |pod: &&Pod| {
+                    let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+                    bound.is_some_and(|n| n != node)
+                        && pod.metadata.namespace.as_deref() == Some(entry.namespace.as_str())
+                        && pod.metadata.name.as_deref() == Some(entry.name.as_str())
+                };
+                if let Some(other) = elsewhere.iter().find(bound_elsewhere) {
+                    return Err(format!(
+                        "node {node}'s {GPU_PODS_ANNOTATION} assignment gives failed GPU {} to pod {}/{}, which \
+                         runs on node {}: the assignment does not match the node's pods",
+                        entry.gpus.iter().find(|u| failed(u)).map_or("", String::as_str),
+                        entry.namespace,
+                        entry.name,
+                        other
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.node_name.as_deref())
+                            .unwrap_or("none")
+                    ));
+                }
+                // Gone since the agent's read (evicted, deleted): it holds nothing.
             }
         }
     }
     Ok(holders)
+}
+
+/// The pods (namespace, name) the node's assignment gives any of `gpu_uuids` that are not bound to
+/// the node (`node_pods`): the caller looks them up, so a pod named there that runs on another
+/// node is told from one that is merely gone. Nothing for an assignment that does not parse.
+#[must_use]
+pub fn named_off_node(
+    gpu_uuids: &[String],
+    node_pods: &[&Pod],
+    annotation: Option<&str>,
+) -> Vec<(String, String)> {
+    let Some(assignment) = annotation.and_then(|text| GpuPods::parse(text).ok()) else {
+        return Vec::new();
+    };
+    assignment
+        .pods
+        .into_iter()
+        .filter(|e| {
+            e.gpus
+                .iter()
+                .any(|u| gpu_uuids.iter().any(|f| f.eq_ignore_ascii_case(u)))
+        })
+        .filter(|e| {
+            !node_pods.iter().any(|pod| {
+                pod.metadata.namespace.as_deref() == Some(e.namespace.as_str())
+                    && pod.metadata.name.as_deref() == Some(e.name.as_str())
+            })
+        })
+        .map(|e| (e.namespace, e.name))
+        .collect()
 }
 
 fn key(pod: &Pod) -> PodKey {

@@ -56,8 +56,21 @@ fn decide(pods: &[Pod], failed: &[String], annotation: Option<&str>) -> Result<V
             resource: "nvidia.com/gpu",
         })
         .collect();
-    plugin_holders(NODE, failed, &node_pods, &plugin_pods, annotation, at(0))
-        .map(|set| set.iter().map(ToString::to_string).collect())
+    let elsewhere: Vec<Pod> = pods
+        .iter()
+        .filter(|p| p.spec.as_ref().unwrap().node_name.as_deref() != Some(NODE))
+        .cloned()
+        .collect();
+    plugin_holders(
+        NODE,
+        failed,
+        &node_pods,
+        &plugin_pods,
+        &elsewhere,
+        annotation,
+        at(0),
+    )
+    .map(|set| set.iter().map(ToString::to_string).collect())
 }
 
 #[test]
@@ -82,7 +95,7 @@ fn the_holder_keeps_its_uid_so_only_the_pod_that_was_seen_is_evicted() {
             resource: "nvidia.com/gpu",
         })
         .collect();
-    let held = plugin_holders(NODE, &[uuid(3)], &node_pods, &plugin, Some(&note), at(0)).unwrap();
+    let held = plugin_holders(NODE, &[uuid(3)], &node_pods, &plugin, &[], Some(&note), at(0)).unwrap();
     assert_eq!(held.first().unwrap().uid.as_deref(), Some("uid-3"));
 }
 
@@ -196,9 +209,25 @@ fn an_assignment_giving_the_failed_gpu_to_a_pod_of_another_node_is_unknown() {
     note["pods"][8]["gpus"] = json!([uuid(2)]);
     let why = decide(&pods, &[uuid(3)], Some(&note.to_string())).unwrap_err();
     assert!(
-        why.contains("gives failed GPU")
-            && why.contains("to pod train/worker-3, which is not a live pod of node gpu-a"),
+        why.contains("gives failed GPU") && why.contains("to pod train/worker-3, which runs on node gpu-b"),
         "{why}"
+    );
+}
+
+#[test]
+fn a_holder_gone_since_the_agents_read_holds_nothing() {
+    // worker-3 was evicted and deleted; the agent has not read the kubelet since.
+    let mut pods = eight();
+    let note = assignment(&pods, at(-30));
+    pods.remove(3);
+    assert_eq!(
+        named_off_node(&[uuid(3)], &pods.iter().collect::<Vec<_>>(), Some(&note)),
+        [("train".to_owned(), "worker-3".to_owned())],
+        "looked up"
+    );
+    assert_eq!(
+        decide(&pods, &[uuid(3)], Some(&note)).unwrap(),
+        Vec::<String>::new()
     );
 }
 

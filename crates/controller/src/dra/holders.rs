@@ -85,6 +85,9 @@ pub struct Sources<'a> {
     pub dra_served: bool,
     /// The node's `gpuremediation.dev/gpu-pods` annotation: its agent's device-plugin assignment.
     pub gpu_pods: Option<&'a str>,
+    /// The pods the assignment gives a failed GPU that the server has bound to other nodes
+    /// (looked up for [`super::device_plugin::named_off_node`]).
+    pub named_elsewhere: &'a [Pod],
     /// Now, to judge the assignment's age.
     pub now: jiff::Timestamp,
 }
@@ -112,6 +115,7 @@ pub fn pods_holding(node: &str, gpu_uuids: &[String], sources: &Sources<'_>, pod
         gpu_uuids,
         &node_pods,
         &plugin_pods,
+        sources.named_elsewhere,
         sources.gpu_pods,
         sources.now,
     ) {

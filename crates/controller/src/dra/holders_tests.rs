@@ -27,6 +27,7 @@ fn holders_with(fixture: &Fixture, uuids: &[&str], dra_served: bool, gpu_pods: O
         slices: &fixture.slices,
         dra_served,
         gpu_pods,
+        named_elsewhere: &[],
         now: jiff::Timestamp::from_second(1_800_000_000).unwrap(),
     };
     pods_holding("gpu-a", &uuids, &sources, &fixture.pods)

@@ -14,6 +14,7 @@ use kube::{
 };
 
 use super::{
+    device_plugin::named_off_node,
     holders::{Holders, Sources, pods_holding},
     wire::{self, ResourceClaim, ResourceSlice},
 };
@@ -43,6 +44,14 @@ pub enum ReadDevicesError {
     Node {
         /// The node.
         node: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Reading a pod the node's device-plugin assignment names failed.
+    #[error("reading pod {pod}, named by the node's GPU assignment: {source}")]
+    NamedPod {
+        /// The pod.
+        pod: String,
         /// The API error.
         source: kube::Error,
     },
@@ -115,7 +124,23 @@ pub async fn pods_holding_on(
         })?
         .and_then(|n| n.annotations().get(GPU_PODS_ANNOTATION).cloned());
     let devices = node_devices(client, node, pods).await?;
+    let on_node: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .collect();
+    let mut named_elsewhere = Vec::new();
+    for (namespace, name) in named_off_node(gpu_uuids, &on_node, gpu_pods.as_deref()) {
+        let found = Api::<Pod>::namespaced(client.clone(), &namespace)
+            .get_opt(&name)
+            .await
+            .map_err(|source| ReadDevicesError::NamedPod {
+                pod: format!("{namespace}/{name}"),
+                source,
+            })?;
+        named_elsewhere.extend(found);
+    }
     let sources = Sources {
+        named_elsewhere: &named_elsewhere,
         claims: devices.as_ref().map_or(&[], |d| d.claims.as_slice()),
         slices: devices.as_ref().map_or(&[], |d| d.slices.as_slice()),
         dra_served: devices.is_some(),

@@ -3,6 +3,9 @@
 //! A pod that arrives is made Running and Ready (Pending pods bypass PDBs, so this matters); a
 //! terminating pod is finalised with a grace-0 delete preconditioned on its UID, after the delay
 //! named by its `gpuremediation.dev/sim-termination` annotation, or never if that says `stall`.
+//! Pods asking for `nvidia.com/gpu` are handed GPUs by the simulated device plugin
+//! ([`super::device_plugin`]) before they run (failed with `UnexpectedAdmissionError`, as the real
+//! kubelet does, when their node has too few free), and give them back once finished or gone.
 
 use std::collections::HashSet;
 use std::str::FromStr;
@@ -20,7 +23,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use super::registry::NodeRegistry;
+use super::{device_plugin::DevicePlugin, registry::NodeRegistry};
 
 /// The annotation value that makes a terminating pod never finish.
 pub const STALL: &str = "stall";
@@ -150,6 +153,7 @@ pub fn running_status_patch(pod: &Pod, pod_ip: &str, host_ip: &str, now: Timesta
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Work {
     Run,
+    Reject,
     Finalise,
 }
 
@@ -160,18 +164,33 @@ pub struct Kubelet {
     in_flight: Mutex<HashSet<(String, Work)>>,
     permits: Semaphore,
     pod_ips: AtomicU64,
+    devices: Arc<Mutex<DevicePlugin>>,
 }
 
 impl Kubelet {
-    /// A kubelet for the nodes in `nodes`, making at most `concurrency` API requests at once.
-    pub fn new(client: Client, nodes: Arc<NodeRegistry>, concurrency: usize) -> Self {
+    /// A kubelet for the nodes in `nodes` of `gpus_per_node` GPUs each, making at most
+    /// `concurrency` API requests at once.
+    pub fn new(client: Client, nodes: Arc<NodeRegistry>, concurrency: usize, gpus_per_node: u32) -> Self {
         Self {
             client,
             nodes,
             in_flight: Mutex::new(HashSet::new()),
             permits: Semaphore::new(concurrency.max(1)),
             pod_ips: AtomicU64::new(0),
+            devices: Arc::new(Mutex::new(DevicePlugin::new(gpus_per_node))),
         }
+    }
+
+    /// The device plugin's state (which pod holds which GPU).
+    pub fn devices(&self) -> Arc<Mutex<DevicePlugin>> {
+        Arc::clone(&self.devices)
+    }
+
+    fn release_devices(&self, uid: &str) {
+        self.devices
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .release(uid);
     }
 
     /// Watches every bound pod and acts on those of the fleet's nodes, until the task is aborted.
@@ -185,7 +204,12 @@ impl Kubelet {
                 Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
                     Arc::clone(&self).observe(pod);
                 }
-                Ok(watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitDone) => {}
+                Ok(watcher::Event::Delete(pod)) => {
+                    if let Some(uid) = pod.metadata.uid.as_deref() {
+                        self.release_devices(uid);
+                    }
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "simulated kubelet: pod watch failed; retrying");
                 }
@@ -217,13 +241,29 @@ impl Kubelet {
         if let Some(problem) = problem {
             tracing::warn!(pod = %pod.name_any(), %problem, "simulated kubelet: finalising at once");
         }
-        let work = match step {
-            KubeletStep::Nothing | KubeletStep::Stall => return,
-            KubeletStep::MakeRunning => Work::Run,
-            KubeletStep::Finalise { .. } => Work::Finalise,
-        };
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
+        };
+        let finished = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        let admitted = if finished {
+            self.release_devices(&uid);
+            Ok(Vec::new())
+        } else if matches!(step, KubeletStep::Finalise { .. } | KubeletStep::Stall) {
+            Ok(Vec::new())
+        } else {
+            self.devices
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .allocate(&node, &pod)
+        };
+        let work = match (&step, &admitted) {
+            (KubeletStep::MakeRunning, Err(_)) => Work::Reject,
+            (KubeletStep::Nothing | KubeletStep::Stall, _) => return,
+            (KubeletStep::MakeRunning, Ok(_)) => Work::Run,
+            (KubeletStep::Finalise { .. }, _) => Work::Finalise,
         };
         if !self
             .in_flight
@@ -234,10 +274,14 @@ impl Kubelet {
             return;
         }
         tokio::spawn(async move {
-            match step {
-                KubeletStep::MakeRunning => self.make_running(&pod, &host_ip).await,
-                KubeletStep::Finalise { after } => self.finalise(&pod, &uid, after).await,
-                KubeletStep::Nothing | KubeletStep::Stall => {}
+            match (step, admitted) {
+                (KubeletStep::MakeRunning, Err(refused)) => self.reject(&pod, &refused.to_string()).await,
+                (KubeletStep::MakeRunning, Ok(_)) => self.make_running(&pod, &host_ip).await,
+                (KubeletStep::Finalise { after }, _) => {
+                    self.finalise(&pod, &uid, after).await;
+                    self.release_devices(&uid);
+                }
+                (KubeletStep::Nothing | KubeletStep::Stall, _) => {}
             }
             self.in_flight
                 .lock()
@@ -267,6 +311,21 @@ impl Kubelet {
                     tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
                 }
             }
+        }
+    }
+
+    /// Fails a pod the device plugin could not serve, as the real kubelet's admission does.
+    async fn reject(&self, pod: &Pod, message: &str) {
+        let patch =
+            json!({"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": message}});
+        let namespace = pod.namespace().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let _permit = self.permits.acquire().await.expect("semaphore open");
+        if let Err(e) = pods
+            .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!(%namespace, pod = %pod.name_any(), error = %e, "simulated kubelet: rejecting failed");
         }
     }
 

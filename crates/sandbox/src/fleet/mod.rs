@@ -5,9 +5,11 @@
 //! pods through the pod garbage collector).
 
 mod adopt;
+pub mod device_plugin;
 mod heartbeat;
 pub mod kubelet;
 pub mod node;
+pub mod pod_resources;
 mod registry;
 
 use std::collections::BTreeMap;
@@ -211,6 +213,7 @@ impl Fleet {
             client.clone(),
             Arc::clone(&registry),
             options.kubelet_concurrency,
+            options.gpus_per_node,
         ));
         let kubelet_task = tokio::spawn(Arc::clone(&kubelet).run());
         let fleet = Self {
@@ -460,6 +463,28 @@ impl Fleet {
                 node: node.to_owned(),
                 source,
             })
+    }
+
+    /// Serves node `node`'s kubelet pod-resources API (which pod holds which GPU through the
+    /// simulated device plugin) on the unix socket `socket`, for a real agent run with
+    /// `--pod-resources-socket`, until the returned server is dropped.
+    pub fn serve_pod_resources(
+        &self,
+        node: &str,
+        socket: &std::path::Path,
+    ) -> std::io::Result<pod_resources::PodResourcesServer> {
+        pod_resources::serve(socket, node, self.kubelet.devices())
+    }
+
+    /// The GPU UUIDs each pod (`namespace/name`) of node `node` holds through the simulated
+    /// device plugin.
+    #[must_use]
+    pub fn device_plugin_holders(&self, node: &str) -> BTreeMap<String, Vec<String>> {
+        self.kubelet
+            .devices()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .holders(node)
     }
 
     /// Stops every heartbeat and kubelet task and deletes the fleet's nodes.

@@ -1,0 +1,308 @@
+//! The escalation ladder's GPU-scoped drain for device-plugin pods, on the real control plane: on
+//! an 8-GPU node running 8 single-GPU pods handed their GPUs by the simulated device plugin, the
+//! real agent reads the (simulated) kubelet's pod-resources API over its unix socket and publishes
+//! which pod holds which GPU (`gpuremediation.dev/gpu-pods`); a `RESET_GPU`-class XID on GPU 3
+//! then evicts only the pod on GPU 3, the reset runs (the repair operator writes the agent's clear
+//! annotation, as the reset Job sample does), the agent reports the GPU healthy, the remediation
+//! succeeds after the dwell, and the other 7 pods never restart. On a node whose assignment is
+//! missing, the whole node is drained and the status says why.
+
+#[macro_use]
+mod agent_support;
+mod common;
+mod scenario;
+
+use std::time::Duration;
+
+use agent_support::{
+    AgentProcess, Probe, agent_kubeconfig, gpu, scratch, wait_for_condition, write_probe_file,
+};
+use common::eventually;
+use gpu_remediation_api::{
+    GpuRemediation, Phase,
+    constants::{GPU_PODS_ANNOTATION, gpu_reasons},
+    gpu_pods::{GPU_PODS_CLOCK_SLACK_SECONDS, GpuPods},
+    ladder::{Rung, StepOutcome},
+};
+use gpu_sandbox::{
+    dra,
+    fleet::pod_resources::PodResourcesServer,
+    hardware::{SimGpu, set_inventory},
+    repair::{self, Behaviour, Heal, Repairer},
+    workload::{self, Workload},
+};
+use k8s_openapi::{api::core::v1::Pod, jiff::SignedDuration};
+use kube::{
+    Api, ResourceExt,
+    api::{ApiResource, ListParams},
+    core::GroupVersionKind,
+};
+use scenario::{RunningController, Scenario, has_our_taint, is_unschedulable};
+use serde_json::{Value, json};
+
+/// A `ResetGpu` → `Reboot` ladder whose steps are objects of the stand-in kind
+/// (`common::REBOOT_CRD`), carried out by the sandbox's repair operator under `behaviour`.
+async fn ladder(s: &Scenario, behaviour: Behaviour) -> Repairer {
+    common::install_crd(&s.client, common::REBOOT_CRD).await;
+    let step = |rung: &str| {
+        json!({"step": rung, "timeout": "1m", "template": {
+            "apiVersion": "e2e.gpuremediation.dev/v1", "kind": "FakeReboot",
+            "metadata": {"namespace": s.namespace},
+            "spec": {"node": "{{nodeName}}", "action": rung},
+        }})
+    };
+    s.policy(json!({
+        "ladder": [step("ResetGpu"), step("Reboot")],
+        "release": {"healthyFor": "3s"},
+        "safety": {"maxUnhealthy": "100%"},
+    }))
+    .await;
+    let kind = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "e2e.gpuremediation.dev",
+        "v1",
+        "FakeReboot",
+    ));
+    Repairer::start(s.client.clone(), &kind, &s.namespace, behaviour)
+}
+
+/// 8 pods of one GPU each through the device plugin, on `node`, running.
+async fn eight_training_pods(s: &Scenario, node: &str) -> Vec<Pod> {
+    let app = Workload::new(&s.namespace, "train")
+        .replicas(8)
+        .on_nodes(&[node])
+        .gpus(1);
+    workload::create(&s.client, &app.deployment())
+        .await
+        .expect("the deployment");
+    workload::wait_ready_pods(
+        &s.client,
+        &s.namespace,
+        &app.selector(),
+        8,
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("8 pods running on their GPUs")
+}
+
+/// The probe file of `node`'s 8 GPUs (the UUIDs and serials the simulated device plugin hands
+/// out), with `xid` on GPU 3 when given.
+fn probe_file(node: &str, gpus: &[SimGpu], xid: Option<u64>) -> Value {
+    let readings: Vec<Value> = gpus
+        .iter()
+        .map(|g| {
+            let mut reading = gpu(node, g.index);
+            reading["uuid"] = json!(g.uuid);
+            reading["serial"] = json!(g.serial);
+            reading
+        })
+        .collect();
+    let mut file = json!({"gpus": readings});
+    if let Some(xid) = xid {
+        file["xidEvents"] = json!([{"id": 1, "xid": xid, "gpuUuid": gpus[3].uuid}]);
+    }
+    file
+}
+
+/// The real agent on `node` (file probe: its 8 GPUs `gpus`), reading the simulated kubelet's
+/// pod-resources API over a unix socket; returns once it reports the node healthy, with the
+/// server, the agent and its probe file.
+async fn real_agent(
+    s: &Scenario,
+    node: &str,
+    gpus: &[SimGpu],
+) -> (PodResourcesServer, AgentProcess, std::path::PathBuf) {
+    let dir = scratch("ladder-device-plugin");
+    let socket = dir.join("kubelet.sock");
+    let server = s
+        .fleet
+        .serve_pod_resources(node, &socket)
+        .expect("serving the pod-resources API");
+    let probe = dir.join("gpus.json");
+    write_probe_file(&probe, &probe_file(node, gpus, None));
+    let kubeconfig = agent_kubeconfig(&s.client, &dir).await;
+    let agent = AgentProcess::start(
+        Probe::File,
+        node,
+        &kubeconfig,
+        &probe,
+        &dir,
+        &["--pod-resources-socket", socket.to_str().unwrap()],
+    )
+    .await;
+    wait_for_condition(
+        &s.client,
+        node,
+        "True",
+        gpu_reasons::HEALTHY,
+        Duration::from_secs(60),
+        &agent,
+    )
+    .await;
+    (server, agent, probe)
+}
+
+fn steps(r: &GpuRemediation) -> Vec<(Rung, Option<StepOutcome>)> {
+    r.status
+        .as_ref()
+        .map(|s| s.steps.iter().map(|st| (st.step, st.outcome)).collect())
+        .unwrap_or_default()
+}
+
+/// Each pod's name and UID.
+fn identities(pods: &[Pod]) -> Vec<(String, Option<String>)> {
+    pods.iter().map(|p| (p.name_any(), p.uid())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_device_plugin_pod_and_the_other_seven_never_restart() {
+    let s = Scenario::new(1).await;
+    let node = s.nodes()[0].clone();
+    let gpus = dra::node_gpus(&node, 8);
+    let (_kubelet_api, agent, probe) = real_agent(&s, &node, &gpus).await;
+    let behaviour = Behaviour {
+        heal_by: Heal::ClearAnnotation,
+        ..Behaviour::default()
+    };
+    let repairer = ladder(&s, behaviour).await;
+    let before = eight_training_pods(&s, &node).await;
+
+    // The agent publishes the kubelet's assignment: 8 pods, one GPU each, as the plugin handed them;
+    // a pod read within the clock slack of its creation is covered once the agent stamps the
+    // assignment again (GPU_PODS_SETTLE_SECONDS later).
+    let held = s.fleet.device_plugin_holders(&node);
+    assert_eq!(held.len(), 8, "{held:?}");
+    let newest = before
+        .iter()
+        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .max()
+        .unwrap();
+    let covering = newest + SignedDuration::from_secs(GPU_PODS_CLOCK_SLACK_SECONDS);
+    let published = eventually(
+        "the agent's assignment covering the 8 pods",
+        Duration::from_secs(30),
+        || async {
+            let node = s.node(&node).await;
+            let assignment = GpuPods::parse(node.annotations().get(GPU_PODS_ANNOTATION)?).ok()?;
+            (assignment.pods.len() == 8 && assignment.read_at.0 > covering).then_some(assignment)
+        },
+    )
+    .await;
+    for entry in &published.pods {
+        assert_eq!(
+            held.get(&format!("{}/{}", entry.namespace, entry.name)),
+            Some(&entry.gpus),
+            "the agent publishes what the kubelet handed out"
+        );
+    }
+    let holder = held
+        .iter()
+        .find(|(_, uuids)| uuids.contains(&gpus[3].uuid))
+        .map(|(pod, _)| pod.clone())
+        .expect("a pod on GPU 3");
+    let others: Vec<(String, Option<String>)> = identities(&before)
+        .into_iter()
+        .filter(|(name, _)| format!("{}/{name}", s.namespace) != holder)
+        .collect();
+    assert_eq!(others.len(), 7);
+    let controller = RunningController::start(&s.scope).await;
+
+    // XID 95 (uncontained ECC: the catalog recommends RESET_GPU) on GPU 3.
+    write_probe_file(&probe, &probe_file(&node, &gpus, Some(95)));
+    let done = s
+        .wait_phase(&node, Phase::Succeeded, Duration::from_secs(60))
+        .await;
+
+    assert_eq!(steps(&done), [(Rung::ResetGpu, Some(StepOutcome::Succeeded))]);
+    let status = done.status.as_ref().unwrap();
+    let reset = &status.steps[0];
+    let scope = status
+        .drain
+        .as_ref()
+        .and_then(|d| d.scope.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        reset.evicted_pods,
+        std::slice::from_ref(&holder),
+        "only GPU 3's pod was evicted; the drain's scope: {scope}"
+    );
+    assert_eq!(
+        reset.evidence.gpus_answering,
+        std::slice::from_ref(&gpus[3].uuid),
+        "the same UUID answers"
+    );
+    assert!(
+        scope.starts_with("GPU-scoped drain") && scope.contains(&holder),
+        "{scope}"
+    );
+    let after = Api::<Pod>::namespaced(s.client.clone(), &s.namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    for (name, uid) in &others {
+        let pod = after
+            .iter()
+            .find(|p| p.name_any() == *name)
+            .unwrap_or_else(|| panic!("{name} is gone"));
+        assert_eq!(&pod.uid(), uid, "{name} was never replaced");
+        assert!(
+            pod.metadata.deletion_timestamp.is_none(),
+            "{name} was never evicted"
+        );
+    }
+    let repairs = repairer.repaired();
+    assert_eq!(repairs.len(), 1, "{repairs:?}");
+    assert_eq!(repairs[0].action, "ResetGpu");
+    eventually("the node released", Duration::from_secs(20), || async {
+        let node = s.node(&node).await;
+        (!is_unschedulable(&node) && !has_our_taint(&node)).then_some(())
+    })
+    .await;
+    controller.stop().await;
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_an_assignment_is_drained_whole_and_the_status_says_why() {
+    let s = Scenario::new(1).await;
+    let node = s.nodes()[0].clone();
+    // No agent reads this node's kubelet: its inventory is published, its assignment is not.
+    let gpus = dra::node_gpus(&node, 8);
+    set_inventory(&s.client, &node, &gpus).await.unwrap();
+    let _repairer = ladder(&s, Behaviour::default()).await;
+    let before = eight_training_pods(&s, &node).await;
+    let controller = RunningController::start(&s.scope).await;
+
+    repair::xid(&s.client, &node, &gpus[3], 95, "RESET_GPU")
+        .await
+        .unwrap();
+    let done = s
+        .wait_phase(&node, Phase::Succeeded, Duration::from_secs(60))
+        .await;
+
+    assert_eq!(steps(&done), [(Rung::ResetGpu, Some(StepOutcome::Succeeded))]);
+    let status = done.status.as_ref().unwrap();
+    let mut evicted = status.steps[0].evicted_pods.clone();
+    evicted.sort();
+    let mut all: Vec<String> = before
+        .iter()
+        .map(|p| format!("{}/{}", s.namespace, p.name_any()))
+        .collect();
+    all.sort();
+    assert_eq!(evicted, all, "the whole node was drained");
+    let scope = status
+        .drain
+        .as_ref()
+        .and_then(|d| d.scope.clone())
+        .unwrap_or_default();
+    assert!(
+        scope.starts_with("GPU-to-pod mapping unknown")
+            && scope.contains("asks for nvidia.com/gpu through the device plugin")
+            && scope.contains(&format!(
+                "node {node} carries no {GPU_PODS_ANNOTATION} assignment"
+            )),
+        "{scope}"
+    );
+    controller.stop().await;
+}
