@@ -178,6 +178,12 @@ pub fn explain(
             remediation: done.name_any(),
             phase: done.status.as_ref().map(|s| s.phase).unwrap_or_default(),
         };
+        let steps = done
+            .status
+            .as_ref()
+            .map(|s| s.steps.as_slice())
+            .unwrap_or_default();
+        explanation.facts.extend(super::ladder_steps::step_lines(steps));
         return explanation;
     }
     admission(
@@ -343,6 +349,9 @@ fn describe_in_flight(current: &GpuRemediation, explanation: &mut Explanation) {
             ));
         }
     }
+    explanation
+        .facts
+        .extend(super::ladder_steps::step_lines(&status.steps));
 }
 
 /// What the triggers say (`detect`). `None` (with the outcome set) unless the node is unhealthy.
@@ -712,6 +721,36 @@ mod tests {
                 remediation: "gpu-1-abc".into(),
                 phase: Phase::Draining
             }
+        );
+    }
+
+    #[test]
+    fn a_remediation_on_the_ladder_shows_each_step_with_its_evidence_and_pods() {
+        let nodes = [node(
+            "gpu-1",
+            &json!({"gpu": "true"}),
+            Some(("False", "XID95", LONG_AGO)),
+        )];
+        let mut climbing = (*remediation("gpu-1", LONG_AGO, Phase::Replacing)).clone();
+        climbing.status.as_mut().unwrap().steps = serde_yaml::from_str(
+            "- {step: ResetGpu, start: '2026-06-01T11:59:10Z', evictedPods: [train/worker-3], \
+             message: 'GPU-scoped drain: only the 1 pods holding GPU-3 leave (train/worker-3)'}",
+        )
+        .unwrap();
+        let e = explain(
+            "gpu-1",
+            &nodes,
+            &[policy("gpus", &json!({}))],
+            &[Arc::new(climbing)],
+            now(),
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains(
+                "\n  step 1 ResetGpu: running, since 2026-06-01T11:59:10Z\n    evicted (1): train/worker-3\n    \
+                 GPU-scoped drain: only the 1 pods holding GPU-3 leave (train/worker-3)\n"
+            ),
+            "{text}"
         );
     }
 

@@ -1,6 +1,7 @@
 //! `kubectl gpu history NODE`: a node's `GpuRemediation` records, oldest first, one line each
-//! with its policy, phase, trigger reason, action, and when it started and finished. Pure: the
-//! records come from the caller.
+//! with its policy, phase, trigger reason, action, and when it started and finished, followed by
+//! its ladder steps where it climbed one (see [`super::ladder_steps`]). Pure: the records come
+//! from the caller.
 
 use std::fmt::Write as _;
 
@@ -25,6 +26,8 @@ pub struct Row {
     pub created: Option<Timestamp>,
     /// When it entered its final phase, if it has.
     pub finished: Option<Timestamp>,
+    /// Its ladder steps, as lines (none without a ladder).
+    pub steps: Vec<String>,
 }
 
 /// The records of `node` among `remediations` (any order, any nodes), oldest first.
@@ -60,6 +63,7 @@ pub fn rows(node: &str, remediations: &[GpuRemediation]) -> Vec<Row> {
                 action: format!("{:?}", r.spec.action),
                 created: r.metadata.creation_timestamp.as_ref().map(|t| t.0),
                 finished,
+                steps: super::ladder_steps::step_lines(&status.steps),
             }
         })
         .collect();
@@ -110,13 +114,18 @@ pub fn render(node: &str, rows: &[Row]) -> String {
         .map(|c| table.iter().map(|line| line[c].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
-    for line in &table {
+    // The header, then each row followed by its steps.
+    let steps = std::iter::once(&[][..]).chain(rows.iter().map(|r| r.steps.as_slice()));
+    for (line, steps) in table.iter().zip(steps) {
         let mut text = String::new();
         for (cell, width) in line.iter().zip(&widths) {
             let _ = write!(text, "{cell:<width$}   ");
         }
         out.push_str(text.trim_end());
         out.push('\n');
+        for step in steps {
+            let _ = writeln!(out, "    {step}");
+        }
     }
     out
 }
@@ -190,6 +199,33 @@ mod tests {
             lines[2].ends_with(
                 "Cordoned    XID79        Replace   2026-06-02T10:00:00Z   -                      -"
             ),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn a_record_that_climbed_the_ladder_lists_its_steps_under_its_line() {
+        let mut climbed = record(
+            "n1-a",
+            "n1",
+            "2026-11-30T22:00:00Z",
+            &[("Succeeded", "2026-11-30T22:00:20Z")],
+            "XID95",
+        );
+        climbed.status.as_mut().unwrap().steps = serde_yaml::from_str(
+            "- {step: ResetGpu, start: '2026-11-30T22:00:05Z', end: '2026-11-30T22:00:20Z', outcome: Succeeded, \
+             evictedPods: [train/worker-3], evidence: {gpusAnswering: [GPU-3], dwellSeconds: 3}}",
+        )
+        .unwrap();
+        let table = render("n1", &rows("n1", &[climbed]));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[2..],
+            [
+                "    step 1 ResetGpu: Succeeded, 2026-11-30T22:00:05Z -> 2026-11-30T22:00:20Z (took 15s)",
+                "      evidence: GPU GPU-3 answering; dwell 3s",
+                "      evicted (1): train/worker-3",
+            ],
             "{table}"
         );
     }

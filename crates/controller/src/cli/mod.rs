@@ -9,6 +9,7 @@ pub mod commands;
 pub mod explain;
 pub mod hardware_history;
 pub mod history;
+pub mod ladder_steps;
 pub mod locate;
 pub mod overlap;
 pub mod server_words;
