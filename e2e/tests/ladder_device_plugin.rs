@@ -159,13 +159,14 @@ async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_device_plugin_pod_and_the_othe
     let s = Scenario::new(1).await;
     let node = s.nodes()[0].clone();
     let gpus = dra::node_gpus(&node, 8);
-    let (_kubelet_api, agent, probe) = real_agent(&s, &node, &gpus).await;
     let behaviour = Behaviour {
         heal_by: Heal::ClearAnnotation,
         ..Behaviour::default()
     };
     let repairer = ladder(&s, behaviour).await;
+    // The pods first: the agent then reads them well past the clock slack of their creation.
     let before = eight_training_pods(&s, &node).await;
+    let (_kubelet_api, agent, probe) = real_agent(&s, &node, &gpus).await;
 
     // The agent publishes the kubelet's assignment: 8 pods, one GPU each, as the plugin handed them;
     // a pod read within the clock slack of its creation is covered once the agent stamps the
