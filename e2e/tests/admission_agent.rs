@@ -47,6 +47,20 @@ async fn kubectl_apply(file: &str) {
     );
 }
 
+/// The namespace, the agent's RBAC and its admission policy, applied once per test binary: two tests
+/// applying them at once race (`kubectl apply` of a missing object creates it, and one loses with
+/// `AlreadyExists`).
+async fn install_agent_manifests() {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async {
+            kubectl_apply("manifests/namespace.yaml").await;
+            kubectl_apply("manifests/agent/rbac.yaml").await;
+            kubectl_apply("manifests/agent/admission-policy.yaml").await;
+        })
+        .await;
+}
+
 /// A token of the agent's service account, bound to `pod` when given (as the kubelet's projected
 /// token is), or to nothing.
 async fn token(admin: &Client, pod: Option<&Pod>) -> String {
@@ -148,9 +162,7 @@ async fn agent_on(admin: &Client, node: &str) -> Client {
 #[tokio::test]
 async fn a_token_bound_to_a_pod_on_node_a_writes_only_node_as_gpu_healthy_condition() {
     let admin = cluster().await.client();
-    kubectl_apply("manifests/namespace.yaml").await;
-    kubectl_apply("manifests/agent/rbac.yaml").await;
-    kubectl_apply("manifests/agent/admission-policy.yaml").await;
+    install_agent_manifests().await;
     let fleet = common::fleet(2).await;
     let mut nodes = fleet.node_names();
     nodes.sort();
@@ -277,9 +289,7 @@ async fn a_token_bound_to_a_pod_on_node_a_writes_only_node_as_gpu_healthy_condit
 #[tokio::test]
 async fn the_agent_publishes_its_gpu_pods_assignment_only_on_its_own_node_and_within_its_bound() {
     let admin = cluster().await.client();
-    kubectl_apply("manifests/namespace.yaml").await;
-    kubectl_apply("manifests/agent/rbac.yaml").await;
-    kubectl_apply("manifests/agent/admission-policy.yaml").await;
+    install_agent_manifests().await;
     let fleet = common::fleet(2).await;
     let mut nodes = fleet.node_names();
     nodes.sort();
