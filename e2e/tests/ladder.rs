@@ -586,17 +586,7 @@ async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_dra_pod_and_the_other_seven_ne
         .unwrap_or_default();
     assert!(scope.starts_with("GPU-scoped drain"), "{scope}");
     let after = pods_api.list(&ListParams::default()).await.unwrap().items;
-    for (name, uid) in &others {
-        let pod = after
-            .iter()
-            .find(|p| p.name_any() == *name)
-            .unwrap_or_else(|| panic!("{name} is gone"));
-        assert_eq!(&pod.uid(), uid, "{name} was never replaced");
-        assert!(
-            pod.metadata.deletion_timestamp.is_none(),
-            "{name} was never evicted"
-        );
-    }
+    scenario::assert_untouched(&after, &others);
     assert!(
         after
             .iter()

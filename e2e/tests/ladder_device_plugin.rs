@@ -241,17 +241,7 @@ async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_device_plugin_pod_and_the_othe
         .await
         .unwrap()
         .items;
-    for (name, uid) in &others {
-        let pod = after
-            .iter()
-            .find(|p| p.name_any() == *name)
-            .unwrap_or_else(|| panic!("{name} is gone"));
-        assert_eq!(&pod.uid(), uid, "{name} was never replaced");
-        assert!(
-            pod.metadata.deletion_timestamp.is_none(),
-            "{name} was never evicted"
-        );
-    }
+    scenario::assert_untouched(&after, &others);
     let repairs = repairer.repaired();
     assert_eq!(repairs.len(), 1, "{repairs:?}");
     assert_eq!(repairs[0].action, "ResetGpu");

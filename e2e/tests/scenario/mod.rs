@@ -442,6 +442,22 @@ pub fn has_our_taint(node: &Node) -> bool {
         .is_some_and(|ts| ts.iter().any(|t| t.key == REMEDIATION_TAINT_KEY))
 }
 
+/// Every pod of `others` (name, UID) is still in `after` with the same UID and not terminating:
+/// never evicted, never replaced.
+pub fn assert_untouched(after: &[Pod], others: &[(String, Option<String>)]) {
+    for (name, uid) in others {
+        let pod = after
+            .iter()
+            .find(|p| p.name_any() == *name)
+            .unwrap_or_else(|| panic!("{name} is gone"));
+        assert_eq!(&pod.uid(), uid, "{name} was never replaced");
+        assert!(
+            pod.metadata.deletion_timestamp.is_none(),
+            "{name} was never evicted"
+        );
+    }
+}
+
 pub fn is_unschedulable(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
 }

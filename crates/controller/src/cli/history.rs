@@ -71,16 +71,6 @@ pub fn rows(node: &str, remediations: &[GpuRemediation]) -> Vec<Row> {
     rows
 }
 
-/// `1h2m3s`, `4m0s`, `12s`.
-fn span(seconds: i64) -> String {
-    let (h, m, s) = (seconds / 3600, seconds % 3600 / 60, seconds % 60);
-    match (h, m) {
-        (0, 0) => format!("{s}s"),
-        (0, _) => format!("{m}m{s}s"),
-        _ => format!("{h}h{m}m{s}s"),
-    }
-}
-
 /// The table: a header and one aligned line per row, or a sentence when there is none.
 #[must_use]
 pub fn render(node: &str, rows: &[Row]) -> String {
@@ -96,7 +86,7 @@ pub fn render(node: &str, rows: &[Row]) -> String {
     ];
     for row in rows {
         let took = match (row.created, row.finished) {
-            (Some(start), Some(end)) => span(end.as_second() - start.as_second()),
+            (Some(start), Some(end)) => super::ladder_steps::span(end.as_second() - start.as_second()),
             _ => "-".to_owned(),
         };
         table.push([
@@ -237,6 +227,13 @@ mod tests {
 
     #[test]
     fn spans_read_like_durations() {
-        assert_eq!([span(12), span(240), span(3723)], ["12s", "4m0s", "1h2m3s"]);
+        assert_eq!(
+            [
+                super::super::ladder_steps::span(12),
+                super::super::ladder_steps::span(240),
+                super::super::ladder_steps::span(3723)
+            ],
+            ["12s", "4m0s", "1h2m3s"]
+        );
     }
 }

@@ -69,7 +69,7 @@ pub fn step_lines(steps: &[StepRecord]) -> Vec<String> {
 }
 
 /// `1h2m3s`, `4m0s`, `12s`.
-fn span(seconds: i64) -> String {
+pub(super) fn span(seconds: i64) -> String {
     let (h, m, s) = (seconds / 3600, seconds % 3600 / 60, seconds % 60);
     match (h, m) {
         (0, 0) => format!("{s}s"),
