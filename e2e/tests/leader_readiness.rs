@@ -3,7 +3,7 @@
 //! `--lease-namespace` naming another namespace, which does not exist: it is not ready and says it
 //! has no permission on the Lease; granted Lease rights everywhere, it is still not ready and says
 //! the Lease cannot be created (no such namespace); once the namespace exists, it leads and is
-//! ready.
+//! ready. It takes its initial list of nodes streamed, as the real API server serves it.
 
 mod leader_support;
 
@@ -103,6 +103,15 @@ async fn a_replica_that_cannot_take_part_in_the_election_is_not_ready_and_says_w
             .await
             .is_some_and(|holder| holder.starts_with(&test)),
         "it leads"
+    );
+    // Under the shipped RBAC it asked the server whether it serves streaming lists, and took its
+    // initial list of nodes that way (one watch instead of pages; see `observe::initial_list`).
+    assert!(
+        replica
+            .log_text()
+            .contains(r#""message":"initial list of nodes chosen","node_initial_list":"Streamed""#),
+        "{}",
+        replica.log_tail()
     );
     replica.terminate().await;
 }

@@ -85,6 +85,21 @@ pub fn governor(labels: &BTreeMap<String, String>, policies: &[Claimant<'_>]) ->
     }
 }
 
+/// The name of the policy that governs a node with `labels`, without naming those that yield to
+/// it: what a pass over every node asks of each, so it allocates nothing (agrees with
+/// [`governor`]).
+#[must_use]
+pub fn governing<'a>(labels: &BTreeMap<String, String>, policies: &[Claimant<'a>]) -> Option<&'a str> {
+    if is_opted_out(labels) {
+        return None;
+    }
+    policies
+        .iter()
+        .filter(|p| p.selector.matches(labels))
+        .min_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.name.cmp(b.name)))
+        .map(|p| p.name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,5 +206,42 @@ mod tests {
                 overlapping: vec!["beta".into()]
             }
         );
+    }
+
+    #[test]
+    fn the_governing_name_agrees_with_the_governor_in_every_case() {
+        let all = NodeSelector::default();
+        let h100 = selector(&[("product", "H100")]);
+        let claimant = |name, priority, selector| Claimant {
+            name,
+            priority,
+            selector,
+        };
+        let policy_sets = [
+            vec![],
+            vec![claimant("h100", 0, &h100)],
+            vec![claimant("a-low", 0, &all), claimant("z-high", 10, &all)],
+            vec![
+                claimant("beta", 5, &all),
+                claimant("alpha", 5, &all),
+                claimant("h100", 5, &h100),
+            ],
+            vec![claimant("h100", 9, &h100), claimant("all", 1, &all)],
+        ];
+        let nodes = [
+            labels(&[]),
+            labels(&[("product", "H100")]),
+            labels(&[("product", "A100")]),
+            labels(&[("product", "H100"), (OPT_OUT_LABEL, "true")]),
+        ];
+        for policies in &policy_sets {
+            for node in &nodes {
+                let expected = match governor(node, policies) {
+                    Governor::Policy { policy, .. } => Some(policy),
+                    Governor::OptedOut | Governor::Unselected => None,
+                };
+                assert_eq!(governing(node, policies).map(str::to_owned), expected, "{node:?}");
+            }
+        }
     }
 }

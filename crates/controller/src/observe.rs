@@ -8,7 +8,8 @@
 //! kubelets write. Pods are never cached: `remediation` lists one node's pods when it drains it.
 //!
 //! A watch event wakes the controller only when something a decision reads changed (a
-//! fingerprint per object), so kubelet status churn does not cause passes.
+//! fingerprint per object), so kubelet status churn and other controllers' node annotations do
+//! not cause passes.
 //!
 //! The policy and remediation watches read untyped objects and decode each one
 //! ([`undecodable::Decoder`]): an object stored out of range (before a schema bound existed) is
@@ -40,8 +41,10 @@ use kube::{
 use serde::Serialize;
 use tokio::sync::Notify;
 
+pub mod initial_list;
 pub mod undecodable;
 
+pub use initial_list::InitialList;
 pub use undecodable::Undecodable;
 
 /// The stores the controller reads, shared by every pass.
@@ -189,8 +192,16 @@ impl Caches {
         fence: &crate::leader::Fence,
         wake: Arc<Notify>,
     ) -> Result<Self, StartCachesError> {
-        let mut policy_config = watcher::Config::default().any_semantic();
-        let mut remediation_config = watcher::Config::default().any_semantic();
+        let config = || watcher::Config::default().any_semantic();
+        // Nodes are what is many: their initial list is streamed where the server serves it. The
+        // other kinds are few and keep paginated lists, which a server whose watch cache is still
+        // starting (just after a CRD is created, or after a restart) serves from etcd instead of
+        // refusing with 429 until it is ready.
+        let node_watch = InitialList::probe(client)
+            .await
+            .watch(Api::<Node>::all(client.clone()), config());
+        let mut policy_config = config();
+        let mut remediation_config = config();
         if let Some(selector) = policy_selector {
             // Records carry their policy's labels (see `fleet::new_remediation`).
             policy_config = policy_config.labels(selector);
@@ -223,8 +234,7 @@ impl Caches {
             Some(written_remediations.clone()),
         );
         let nodes = spawn_reflector(
-            Api::<Node>::all(client.clone()),
-            watcher::Config::default().any_semantic(),
+            node_watch,
             prune_node,
             node_fingerprint,
             Waker::new(wake.clone(), {
@@ -240,8 +250,7 @@ impl Caches {
         );
         let disrupted = Disrupted::default();
         let budgets = spawn_reflector(
-            Api::<PodDisruptionBudget>::all(client.clone()),
-            watcher::Config::default().any_semantic(),
+            watcher(Api::<PodDisruptionBudget>::all(client.clone()), config()).default_backoff(),
             {
                 let disrupted = disrupted.clone();
                 move |budget: &mut PodDisruptionBudget| {
@@ -262,8 +271,7 @@ impl Caches {
             None,
         );
         let hardware_records = spawn_reflector(
-            Api::<GpuHardwareRecord>::all(client.clone()),
-            watcher::Config::default().any_semantic(),
+            watcher(Api::<GpuHardwareRecord>::all(client.clone()), config()).default_backoff(),
             |r: &mut GpuHardwareRecord| r.managed_fields_mut().clear(),
             |r: &GpuHardwareRecord| hash_of(&r.spec),
             Waker::new(wake, anything(&changes)),
@@ -318,10 +326,9 @@ impl Caches {
     }
 }
 
-/// Runs a watch with its reflector on the runtime; returns its store.
+/// Runs a watch (`events`, with its backoff) with its reflector on the runtime; returns its store.
 fn spawn_reflector<K, M, F>(
-    api: Api<K>,
-    config: watcher::Config,
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     prune: M,
     fingerprint: F,
     wake: Waker,
@@ -339,10 +346,7 @@ where
     F: Fn(&K) -> u64 + Send + 'static,
 {
     let (store, writer) = reflector::store();
-    let events = watcher(api, config)
-        .default_backoff()
-        .modify(prune)
-        .reflect(writer);
+    let events = events.modify(prune).reflect(writer);
     tokio::spawn(wake_on_change(events, fingerprint, wake, written));
     store
 }
@@ -513,13 +517,27 @@ fn node_fingerprint(node: &Node) -> u64 {
             )
         })
         .collect();
+    // Only our own annotations: no decision reads another controller's, and some write theirs on
+    // every node at once (the TTL controller re-annotates the whole fleet when its size crosses a
+    // boundary), which must not start passes.
+    let ours: Vec<_> = node
+        .annotations()
+        .iter()
+        .filter(|(key, _)| is_ours(key))
+        .collect();
     hash_of(&(
         node.labels(),
-        node.annotations(),
+        ours,
         node.spec.as_ref().map(|s| (&s.unschedulable, &s.taints)),
         conditions,
         node.metadata.deletion_timestamp.as_ref().map(|t| t.0),
     ))
+}
+
+/// Whether an annotation key is in our group (`gpuremediation.dev/…`).
+fn is_ours(key: &str) -> bool {
+    key.strip_prefix(gpu_remediation_api::GROUP)
+        .is_some_and(|rest| rest.starts_with('/'))
 }
 
 fn policy_fingerprint(policy: &GpuRemediationPolicy) -> u64 {
@@ -632,23 +650,31 @@ impl<K: Resource> Overlay<K> {
             .written
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Almost always: nothing of ours is waiting for its watch event, and the fleet's cache
+        // is the view as it is (a pass over 50,000 nodes must not copy their names to find that).
+        if written.is_empty() {
+            return cached;
+        }
         let mut merged: Vec<Arc<K>> = Vec::with_capacity(cached.len() + written.len());
-        let mut seen = std::collections::HashSet::new();
+        // The written objects the cache holds (caught up with or not); the others are added.
+        let mut cached_too = std::collections::HashSet::new();
         for object in cached {
-            let name = object.name_any();
-            match written.get(&name) {
-                Some((ours, _)) if is_newer(ours.as_ref(), &object) => merged.push(ours.clone()),
+            let name = object.meta().name.as_deref().unwrap_or_default();
+            match written.get(name) {
+                Some((ours, _)) if is_newer(ours.as_ref(), &object) => {
+                    cached_too.insert(name.to_owned());
+                    merged.push(ours.clone());
+                }
                 Some(_) => {
-                    written.remove(&name);
+                    written.remove(name);
                     merged.push(object);
                 }
                 None => merged.push(object),
             }
-            seen.insert(name);
         }
-        written.retain(|name, (_, at)| seen.contains(name) || at.elapsed() <= UNSEEN_WRITE_GRACE);
+        written.retain(|name, (_, at)| cached_too.contains(name) || at.elapsed() <= UNSEEN_WRITE_GRACE);
         for (name, (ours, _)) in written.iter() {
-            if !seen.contains(name) {
+            if !cached_too.contains(name) {
                 merged.push(ours.clone());
             }
         }
@@ -797,6 +823,34 @@ mod tests {
         assert_ne!(
             node_fingerprint(&node("True", 1)),
             node_fingerprint(&node("False", 1))
+        );
+    }
+
+    #[test]
+    fn another_controllers_annotation_does_not_change_a_nodes_fingerprint_but_ours_do() {
+        let node = |annotations: &[(&str, &str)]| {
+            let mut n = Node::default();
+            n.metadata.annotations = Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            );
+            n
+        };
+        let plain = node_fingerprint(&node(&[]));
+        assert_eq!(
+            node_fingerprint(&node(&[("node.alpha.kubernetes.io/ttl", "30")])),
+            plain
+        );
+        assert_eq!(
+            node_fingerprint(&node(&[("gpuremediation.devx/other", "x")])),
+            plain,
+            "a group that only starts like ours"
+        );
+        assert_ne!(
+            node_fingerprint(&node(&[("gpuremediation.dev/cordoned-by", "r")])),
+            plain
         );
     }
 }

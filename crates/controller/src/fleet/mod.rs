@@ -125,17 +125,26 @@ pub fn plan(
     let mut governed: BTreeMap<&str, Vec<&Node>> = BTreeMap::new();
     let mut yielded: BTreeMap<&str, Yielded> = BTreeMap::new();
     for node in nodes {
-        if let Governor::Policy { policy, overlapping } = governance::governor(node.labels(), &claimants) {
-            let Some(winner) = names.iter().find(|n| **n == policy) else {
-                continue;
-            };
-            governed.entry(winner.as_str()).or_default().push(node);
+        // Asked of every node, so without allocating; the policies that yield are named only for
+        // the nodes more than one selects.
+        let Some(policy) = governance::governing(node.labels(), &claimants) else {
+            continue;
+        };
+        let Some(winner) = names.iter().find(|n| *n == policy) else {
+            continue;
+        };
+        governed.entry(winner.as_str()).or_default().push(node);
+        let selecting = claimants.iter().filter(|c| c.selector.matches(node.labels()));
+        if selecting.count() < 2 {
+            continue;
+        }
+        if let Governor::Policy { overlapping, .. } = governance::governor(node.labels(), &claimants) {
             for loser in overlapping {
                 if let Some(loser) = names.iter().find(|n| **n == loser) {
                     yielded
                         .entry(loser.as_str())
                         .or_default()
-                        .insert(node.name_any(), policy.clone());
+                        .insert(node.name_any(), policy.to_owned());
                 }
             }
         }
@@ -153,9 +162,9 @@ pub fn plan(
     let quarantine_plans: Vec<&quarantine::Plan> = fleet.policies.iter().map(|p| &p.quarantine).collect();
     // Asked only of the few nodes carrying a quarantine: decided again for them rather than
     // indexing the whole fleet on every pass.
-    let governor_of = |node: &Node| match governance::governor(node.labels(), &claimants) {
-        Governor::Policy { policy, .. } => names.iter().find(|n| **n == policy).map(String::as_str),
-        _ => None,
+    let governor_of = |node: &Node| {
+        governance::governing(node.labels(), &claimants)
+            .and_then(|policy| names.iter().find(|n| *n == policy).map(String::as_str))
     };
     fleet.orphan_quarantines = quarantine::orphans(
         nodes,

@@ -21,7 +21,7 @@ use super::{
     history::{Failures, carried_hardware, offence},
     ledger::{host_of, inventory_of},
 };
-use crate::governance::{self, Governor};
+use crate::governance;
 
 /// The owner a repeat offender's cordon is recorded under (`gpuremediation.dev/cordoned-by`): no
 /// remediation has that name, so a remediation that follows treats the cordon as another's and
@@ -78,27 +78,27 @@ pub fn steps(
         .filter(|r| !r.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
         .map(|r| r.spec.node_name.as_str())
         .collect();
+    let any_rule = live.iter().any(|p| p.spec.safety.repeat_offender.is_some());
     let mut out = Vec::new();
     for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
-        if in_flight.contains(node.metadata.name.as_deref().unwrap_or_default()) {
-            continue;
-        }
         let flagged = node
             .labels()
             .get(REPEAT_OFFENDER_LABEL)
             .is_some_and(|v| v == "true");
         let unchecked = has_unchecked_taint(node);
-        if failures.is_empty() && !flagged && !unchecked {
-            // No failure on record anywhere: nothing to flag, nothing flagged, no taint to lift.
+        if (failures.is_empty() || !any_rule) && !flagged && !unchecked {
+            // No failure on record anywhere, or no rule to flag by: nothing to flag, nothing
+            // flagged, no taint to lift (the cheapest look, asked first of every node).
             continue;
         }
-        let rule = match governance::governor(node.labels(), &claimants) {
-            Governor::Policy { policy, .. } => live
-                .iter()
-                .find(|p| p.metadata.name.as_deref() == Some(policy.as_str()))
-                .and_then(|p| p.spec.safety.repeat_offender.clone()),
-            _ => None,
-        };
+        if in_flight.contains(node.metadata.name.as_deref().unwrap_or_default()) {
+            continue;
+        }
+        let rule = governance::governing(node.labels(), &claimants).and_then(|policy| {
+            live.iter()
+                .find(|p| p.metadata.name.as_deref() == Some(policy))
+                .and_then(|p| p.spec.safety.repeat_offender.as_ref())
+        });
         // No rule to flag it by, nothing flagged to clear and no taint to lift: the node's
         // inventory need not be read.
         if rule.is_none() && !flagged && !unchecked {
@@ -112,7 +112,7 @@ pub fn steps(
             ..Default::default()
         };
         let hardware = carried_hardware(&ledger);
-        let found = rule.as_ref().and_then(|rule| {
+        let found = rule.and_then(|rule| {
             offence(
                 failures,
                 hardware.iter().map(|(kind, id)| (*kind, id.as_str())),

@@ -138,8 +138,15 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
     // Each node's records looked up, not searched for: a pass costs the same with 1 or 100 faults.
     let by_node = RecordsByNode::of(remediations);
     for node in nodes {
-        let records = by_node.on(node);
         let ours = taint::owner(node) == Some(policy);
+        let conditions = conditions_of(node);
+        let signalled = signal(conditions, spec, now);
+        // Neither signalling nor quarantined by this policy (most of the fleet, most of the time):
+        // nothing to decide, and its records are not looked up.
+        if signalled.is_none() && !ours {
+            continue;
+        }
+        let records = by_node.on(node);
         // A device-level quarantine holds the node too (its rules take the failed GPUs out).
         let tainted = ours && (taint::has_taint(node) || device::is_device_level(node));
         let node_ref = || NodeRef {
@@ -150,9 +157,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             out.held += u32::from(tainted);
             continue;
         }
-        let conditions = conditions_of(node);
-        let signal =
-            signal(conditions, spec, now).filter(|_| !episode_over(node, policy, spec, records, now));
+        let signal = signalled.filter(|_| !episode_over(node, policy, spec, records, now));
         match (signal, ours) {
             (Some(_), true) => {
                 // Our annotation without our taint: a person took the taint off; not again this
