@@ -8,28 +8,40 @@ use std::time::Duration;
 
 use chaos_support::{World, assert_running};
 use gpu_remediation_api::Phase;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, api::ListParams};
 
 /// Deployments of these sizes on the broken node: ten evictions in a row for the largest, each
 /// waiting for a replacement (PDB `maxUnavailable: 1`), and each evicted pod taking 3 s to
 /// terminate, so the drain lasts long enough to be hit in the middle.
 const SIZES: [i32; 3] = [10, 6, 4];
 
-/// Waits until the drain of `node` is under way: some pods evicted, some still to go.
+/// Waits until the drain of `node` is under way: some of its pods evicted (terminating), some
+/// still to go. Read from the pods, not the record: the drain's progress is written at most once per
+/// 5 s (`progress`), and these 20 pods leave in a few seconds.
 async fn mid_drain(world: &World, node: &str) {
-    gpu_sandbox::bench::bench_env::eventually(
-        "the drain to be under way",
-        Duration::from_secs(120),
-        || async {
-            let all = world.env.remediations(&world.scope).await.ok()?;
-            let remediation = all.into_iter().find(|r| r.spec.node_name == node)?;
-            let status = remediation.status?;
-            let drain = status.drain?;
-            (status.phase == Phase::Draining && drain.pods_evicted >= 1 && drain.pods_remaining >= 1)
-                .then_some(())
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    let pods = Api::<Pod>::namespaced(world.env.client.clone(), &world.scope);
+    let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let mut ticks = tokio::time::interval(Duration::from_millis(50));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        ticks.tick().await;
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after 120s waiting for the drain of {node} to be under way"
+        );
+        let Ok(listed) = pods.list(&on_node).await else {
+            continue;
+        };
+        let evicted = listed
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+            .count();
+        if evicted >= 1 && evicted < listed.items.len() {
+            return;
+        }
+    }
 }
 
 #[tokio::test]
