@@ -22,26 +22,20 @@ const SIZES: [i32; 3] = [10, 6, 4];
 async fn mid_drain(world: &World, node: &str) {
     let pods = Api::<Pod>::namespaced(world.env.client.clone(), &world.scope);
     let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    let mut ticks = tokio::time::interval(Duration::from_millis(50));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        ticks.tick().await;
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after 120s waiting for the drain of {node} to be under way"
-        );
-        let Ok(listed) = pods.list(&on_node).await else {
-            continue;
-        };
-        let evicted = listed
-            .items
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_some())
-            .count();
-        if evicted >= 1 && evicted < listed.items.len() {
-            return;
-        }
-    }
+    gpu_sandbox::bench::bench_env::eventually(
+        "the drain to be under way",
+        Duration::from_secs(120),
+        || async {
+            let listed = pods.list(&on_node).await.ok()?.items;
+            let evicted = listed
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_some())
+                .count();
+            (evicted >= 1 && evicted < listed.len()).then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[tokio::test]

@@ -42,9 +42,10 @@ use serde::Serialize;
 use tokio::sync::Notify;
 
 pub mod initial_list;
+mod overlay;
 pub mod undecodable;
 
-pub use initial_list::InitialList;
+pub use overlay::Overlay;
 pub use undecodable::Undecodable;
 
 /// The stores the controller reads, shared by every pass.
@@ -193,13 +194,11 @@ impl Caches {
         wake: Arc<Notify>,
     ) -> Result<Self, StartCachesError> {
         let config = || watcher::Config::default().any_semantic();
-        // Nodes are what is many: their initial list is streamed where the server serves it. The
-        // other kinds are few and keep paginated lists, which a server whose watch cache is still
+        // Nodes are what is many: their initial list is streamed, falling back to pages if that
+        // fails (`initial_list`). The other kinds are few and keep paginated lists, which a server whose watch cache is still
         // starting (just after a CRD is created, or after a restart) serves from etcd instead of
         // refusing with 429 until it is ready.
-        let node_watch = InitialList::probe(client)
-            .await
-            .watch(Api::<Node>::all(client.clone()), config());
+        let node_watch = initial_list::watch(Api::<Node>::all(client.clone()), config());
         let mut policy_config = config();
         let mut remediation_config = config();
         if let Some(selector) = policy_selector {
@@ -571,135 +570,8 @@ fn budget_fingerprint(budget: &PodDisruptionBudget) -> u64 {
     ))
 }
 
-/// How long a write the cache has never shown stays laid over it. A watch delivers our own write
-/// within milliseconds; a write still missing after this is of an object deleted since, and must
-/// not haunt the view (a ghost remediation would hold a budget slot forever).
-const UNSEEN_WRITE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// A write we made, and when.
-type Written<K> = (Arc<K>, std::time::Instant);
-
-/// Our own writes, laid over a watch cache until it has caught up with them.
-pub struct Overlay<K> {
-    written: Arc<Mutex<HashMap<String, Written<K>>>>,
-}
-
-impl<K> Clone for Overlay<K> {
-    fn clone(&self) -> Self {
-        Self {
-            written: self.written.clone(),
-        }
-    }
-}
-
-impl<K> Default for Overlay<K> {
-    fn default() -> Self {
-        Self {
-            written: Arc::default(),
-        }
-    }
-}
-
-impl<K: Resource> Overlay<K> {
-    /// Records the object the API server returned for a create or an update.
-    pub fn record(&self, object: K) {
-        let mut written = self
-            .written
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        written.insert(object.name_any(), (Arc::new(object), std::time::Instant::now()));
-    }
-
-    /// The newer of the cached object and our last write of it.
-    #[must_use]
-    pub fn pick(&self, name: &str, cached: Option<Arc<K>>) -> Option<Arc<K>> {
-        let mut written = self
-            .written
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match (written.get(name), cached) {
-            (Some((ours, _)), Some(cached)) if is_newer(ours.as_ref(), &cached) => Some(ours.clone()),
-            (Some(_), Some(cached)) => {
-                written.remove(name);
-                Some(cached)
-            }
-            (Some((_, at)), None) if at.elapsed() > UNSEEN_WRITE_GRACE => {
-                written.remove(name);
-                None
-            }
-            (Some((ours, _)), None) => Some(ours.clone()),
-            (None, cached) => cached,
-        }
-    }
-
-    /// Forgets our write of an object that is gone.
-    pub fn forget(&self, name: &str) {
-        let mut written = self
-            .written
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        written.remove(name);
-    }
-
-    /// The cache's objects with newer written versions swapped in and written ones the cache has
-    /// not seen yet added; entries the cache caught up with, or never showed within the grace
-    /// period, are dropped.
-    #[must_use]
-    pub fn merge(&self, cached: Vec<Arc<K>>) -> Vec<Arc<K>> {
-        let mut written = self
-            .written
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Almost always: nothing of ours is waiting for its watch event, and the fleet's cache
-        // is the view as it is (a pass over 50,000 nodes must not copy their names to find that).
-        if written.is_empty() {
-            return cached;
-        }
-        let mut merged: Vec<Arc<K>> = Vec::with_capacity(cached.len() + written.len());
-        // The written objects the cache holds (caught up with or not); the others are added.
-        let mut cached_too = std::collections::HashSet::new();
-        for object in cached {
-            let name = object.meta().name.as_deref().unwrap_or_default();
-            match written.get(name) {
-                Some((ours, _)) if is_newer(ours.as_ref(), &object) => {
-                    cached_too.insert(name.to_owned());
-                    merged.push(ours.clone());
-                }
-                Some(_) => {
-                    written.remove(name);
-                    merged.push(object);
-                }
-                None => merged.push(object),
-            }
-        }
-        written.retain(|name, (_, at)| cached_too.contains(name) || at.elapsed() <= UNSEEN_WRITE_GRACE);
-        for (name, (ours, _)) in written.iter() {
-            if !cached_too.contains(name) {
-                merged.push(ours.clone());
-            }
-        }
-        merged
-    }
-}
-
-/// Whether `ours` is a later version than `cached` of the same object. Resource versions are
-/// opaque in general, but etcd's are increasing integers; when either does not parse, the cache
-/// wins (it is the safe side: at worst one idempotent step repeats).
-fn is_newer<K: Resource>(ours: &K, cached: &K) -> bool {
-    if ours.uid() != cached.uid() {
-        return false;
-    }
-    let version = |r: &K| r.resource_version().and_then(|v| v.parse::<u64>().ok());
-    matches!((version(ours), version(cached)), (Some(a), Some(b)) if a > b)
-}
-
 #[cfg(test)]
 mod tests {
-    use gpu_remediation_api::{
-        GpuRemediationSpec,
-        policy::{Action, ConditionStatus, Mode},
-        remediation::TriggerRecord,
-    };
     use k8s_openapi::{
         api::core::v1::{NodeCondition, NodeStatus},
         apimachinery::pkg::apis::meta::v1::Time,
@@ -727,74 +599,6 @@ mod tests {
         disrupted.record(&budget, at(3));
         assert_eq!(disrupted.last_listed("work/web", "web-0"), Some(at(2)));
         assert_eq!(disrupted.last_listed("other/web", "web-0"), None);
-    }
-
-    fn remediation(name: &str, version: &str) -> GpuRemediation {
-        let mut r = GpuRemediation::new(
-            name,
-            GpuRemediationSpec {
-                node_name: "gpu-1".into(),
-                policy_name: "p".into(),
-                trigger: TriggerRecord {
-                    condition_type: "GpuHealthy".into(),
-                    status: ConditionStatus::False,
-                    reason: "XID79".into(),
-                    message: String::new(),
-                    since: None,
-                },
-                action: Action::Replace,
-                mode: Mode::Enforce,
-                node_uid: None,
-                previous_incident: None,
-                policy_snapshot: None,
-                hardware: None,
-            },
-        );
-        r.metadata.resource_version = Some(version.into());
-        r.metadata.uid = Some(format!("uid-{name}"));
-        r
-    }
-
-    #[test]
-    fn a_remediation_just_created_is_seen_before_its_watch_event() {
-        let overlay = Overlay::<GpuRemediation>::default();
-        overlay.record(remediation("new", "10"));
-        let merged = overlay.merge(vec![Arc::new(remediation("old", "5"))]);
-        let mut names: Vec<_> = merged.iter().map(|r| r.name_any()).collect();
-        names.sort();
-        assert_eq!(names, vec!["new", "old"]);
-    }
-
-    #[test]
-    fn our_newer_write_wins_until_the_cache_catches_up() {
-        let overlay = Overlay::<GpuRemediation>::default();
-        overlay.record(remediation("r", "12"));
-        let merged = overlay.merge(vec![Arc::new(remediation("r", "11"))]);
-        assert_eq!(merged[0].resource_version().as_deref(), Some("12"));
-        let merged = overlay.merge(vec![Arc::new(remediation("r", "12"))]);
-        assert_eq!(merged.len(), 1);
-        assert!(
-            overlay.written.lock().unwrap().is_empty(),
-            "caught up: the overlay entry is dropped"
-        );
-    }
-
-    #[test]
-    fn a_write_the_cache_never_shows_stops_haunting_the_view() {
-        let overlay = Overlay::<GpuRemediation>::default();
-        overlay.record(remediation("deleted-since", "10"));
-        let backdated = std::time::Instant::now()
-            .checked_sub(UNSEEN_WRITE_GRACE * 2)
-            .unwrap();
-        overlay
-            .written
-            .lock()
-            .unwrap()
-            .get_mut("deleted-since")
-            .unwrap()
-            .1 = backdated;
-        assert!(overlay.merge(vec![]).is_empty());
-        assert!(overlay.pick("deleted-since", None).is_none());
     }
 
     #[test]

@@ -224,16 +224,4 @@ mod tests {
     fn a_node_without_records_says_so() {
         assert_eq!(render("n9", &rows("n9", &[])), "no remediations of node n9\n");
     }
-
-    #[test]
-    fn spans_read_like_durations() {
-        assert_eq!(
-            [
-                super::super::ladder_steps::span(12),
-                super::super::ladder_steps::span(240),
-                super::super::ladder_steps::span(3723)
-            ],
-            ["12s", "4m0s", "1h2m3s"]
-        );
-    }
 }

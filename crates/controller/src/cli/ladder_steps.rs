@@ -149,4 +149,9 @@ steps:
     fn a_remediation_without_a_ladder_prints_no_steps() {
         assert!(step_lines(&[]).is_empty());
     }
+
+    #[test]
+    fn spans_read_like_durations() {
+        assert_eq!([span(12), span(240), span(3723)], ["12s", "4m0s", "1h2m3s"]);
+    }
 }

@@ -1,5 +1,5 @@
-//! How the node watch takes its initial list: streamed where the API server serves streaming
-//! lists (`sendInitialEvents`, its `WatchList` feature: asked, not assumed), paginated otherwise.
+//! How the node watch takes its initial list: streamed (`sendInitialEvents`, the API server's
+//! `WatchList` feature), falling back to pages for good if the streamed list fails.
 //!
 //! A paginated list of 50,000 nodes is 100 requests one after the other, and the controller
 //! decodes each page while the server waits for the next request: the server's time and ours add
@@ -7,101 +7,33 @@
 //! streamed list is one watch whose initial events the server writes while the controller decodes
 //! the ones before, so the two overlap.
 //!
-//! Whether the server serves it is asked once, at start, with a watch that selects nothing: a
-//! server that serves it answers with the bookmark that ends the (empty) initial events; one that
-//! does not refuses the request or never sends that bookmark. Either way the answer is logged, and
-//! the watches use what the server serves.
+//! Nothing is asked of the server first: every server the shipped manifests run on (they need
+//! `admissionregistration.k8s.io/v1`, Kubernetes 1.30 or later) knows `sendInitialEvents`, and one
+//! that does not serve it refuses the watch, which falls back at once. Which way the list went is
+//! logged.
 
-use std::{pin::Pin, time::Duration};
+use std::pin::Pin;
 
 use futures::{Stream, StreamExt, stream::BoxStream};
-use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, Client, Resource,
-    api::WatchParams,
+    Api, Resource,
     runtime::{WatchStreamExt, watcher},
 };
 use serde::de::DeserializeOwned;
 
-/// A label no object carries: the probe's watch selects nothing, so its initial events are only
-/// the bookmark that ends them.
-const PROBE_SELECTOR: &str = "gpuremediation.dev/streaming-list-probe=never-set";
-
-/// The annotation of the bookmark that ends a watch's initial events.
-const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
-
-/// How long the probe waits for the server's answer (the server answers an empty selection at
-/// once; a server that ignores `sendInitialEvents` sends nothing until the timeout).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How the watches take their initial lists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InitialList {
-    /// One watch with `sendInitialEvents=true`.
-    Streamed,
-    /// Pages of a list, then a watch.
-    Paginated,
-}
-
-impl InitialList {
-    /// Asks the server whether it serves streaming lists (one watch of nodes that selects none).
-    pub async fn probe(client: &Client) -> Self {
-        let api = Api::<Node>::all(client.clone());
-        let params = WatchParams::streaming_lists()
-            .labels(PROBE_SELECTOR)
-            .timeout(u32::try_from(PROBE_TIMEOUT.as_secs()).unwrap_or(5));
-        let answer = tokio::time::timeout(PROBE_TIMEOUT + Duration::from_secs(1), async {
-            let mut events = std::pin::pin!(api.watch(&params, "0").await?);
-            while let Some(event) = events.next().await {
-                if let kube::api::WatchEvent::Bookmark(bookmark) = event? {
-                    return Ok::<bool, kube::Error>(ends_initial_events(&bookmark.metadata.annotations));
-                }
-            }
-            Ok(false)
-        })
-        .await;
-        let streamed = match answer {
-            Ok(Ok(true)) => true,
-            Ok(Ok(false)) => {
-                tracing::info!(
-                    "the API server does not end initial events with a bookmark: the node list is paginated"
-                );
-                false
-            }
-            Ok(Err(error)) => {
-                tracing::info!(%error, "the API server refuses streaming lists: the node list is paginated");
-                false
-            }
-            Err(_) => {
-                tracing::info!(
-                    timeout = ?PROBE_TIMEOUT,
-                    "the API server did not answer the streaming-list probe: the node list is paginated"
-                );
-                false
-            }
-        };
-        let chosen = if streamed { Self::Streamed } else { Self::Paginated };
-        tracing::info!(node_initial_list = ?chosen, "initial list of nodes chosen");
-        chosen
-    }
-
-    /// The watch of `api` under `config`, its initial lists taken this way. A streamed watch whose
-    /// initial list fails falls back to pages for good (see [`falling_back`]).
-    #[must_use]
-    pub fn watch<K>(self, api: Api<K>, config: watcher::Config) -> BoxStream<'static, WatchEvent<K>>
-    where
-        K: Resource + Clone + std::fmt::Debug + DeserializeOwned + Send + 'static,
-    {
-        let paginated = watcher(api.clone(), config.clone()).default_backoff();
-        match self {
-            Self::Paginated => paginated.boxed(),
-            Self::Streamed => falling_back(
-                watcher(api, config.streaming_lists()).default_backoff(),
-                paginated,
-            )
-            .boxed(),
-        }
-    }
+/// The watch of `api` under `config`, its initial list streamed, falling back to pages for good
+/// (see [`falling_back`]).
+#[must_use]
+pub fn watch<K>(api: Api<K>, config: watcher::Config) -> BoxStream<'static, WatchEvent<K>>
+where
+    K: Resource + Clone + std::fmt::Debug + DeserializeOwned + Send + 'static,
+{
+    let paginated = watcher(api.clone(), config.clone()).default_backoff();
+    falling_back(
+        watcher(api, config.streaming_lists()).default_backoff(),
+        paginated,
+    )
+    .boxed()
 }
 
 /// One item of a watch.
@@ -111,10 +43,9 @@ type WatchEvent<K> = Result<watcher::Event<K>, watcher::Error>;
 /// (which starts with an initial list of its own, so the store is rebuilt from it).
 ///
 /// A streamed list fails when the watch answers an error, or when a new initial list starts before
-/// the one under way has ended: the server closes a streamed watch that reads its initial events
-/// more slowly than the objects change (its `unresponsive watcher` rule), and at 50,000 nodes a
-/// fleet whose nodes update themselves can make every new attempt fail the same way. A paginated
-/// list has no such limit.
+/// the one under way has ended: the server closed streamed watches of nodes here, at 1,000 and at
+/// 50,000 nodes, while another controller was rewriting every node, and nothing says a next
+/// attempt fares better. A paginated list does not depend on keeping pace with the server.
 pub fn falling_back<K, E, S, P>(streamed: S, paginated: P) -> impl Stream<Item = Result<watcher::Event<K>, E>>
 where
     E: std::fmt::Display,
@@ -141,7 +72,10 @@ where
                         Some(Ok(event)) => {
                             let listing = match event {
                                 watcher::Event::Init => true,
-                                watcher::Event::InitDone => false,
+                                watcher::Event::InitDone => {
+                                    tracing::info!("an initial list was streamed");
+                                    false
+                                }
                                 _ => listing,
                             };
                             return Some((Ok(event), Source::Streamed(streamed, paginated, listing)));
@@ -159,23 +93,9 @@ where
     })
 }
 
-/// Whether a bookmark's annotations mark the end of the initial events.
-fn ends_initial_events(annotations: &std::collections::BTreeMap<String, String>) -> bool {
-    annotations.get(INITIAL_EVENTS_END).is_some_and(|v| v == "true")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_the_bookmark_marked_as_the_end_of_initial_events_proves_streaming_lists() {
-        let marked = [(INITIAL_EVENTS_END.to_owned(), "true".to_owned())].into();
-        assert!(ends_initial_events(&marked));
-        assert!(!ends_initial_events(&std::collections::BTreeMap::new()));
-        let other = [(INITIAL_EVENTS_END.to_owned(), "false".to_owned())].into();
-        assert!(!ends_initial_events(&other));
-    }
 
     type Event = Result<watcher::Event<&'static str>, String>;
 
