@@ -103,6 +103,7 @@ pub async fn run_with_telemetry(
     let ctx = Arc::new(Context::new(settings, ops, caches, telemetry.metrics));
     tracing::info!(policy_selector = ?ctx.settings.policy_selector, "caches ready; controller running");
     let mut advances = Advances::new(&ctx.settings);
+    let mut index = fleet::index::NodeIndex::default();
     // The first pass, and every pass the resync starts, looks at every remediation; a pass a watch
     // event starts looks at those the change concerns and those due; a pass started by an
     // advance ending or by a timer looks at those due.
@@ -116,11 +117,12 @@ pub async fn run_with_telemetry(
         }
         if last_full_pass.elapsed() >= ctx.settings.resync {
             changed.anything = true;
+            changed.nodes_listed = true;
         }
         if changed.anything {
             last_full_pass = tokio::time::Instant::now();
         }
-        let next = pass(&ctx, &mut advances, &std::mem::take(&mut changed)).await;
+        let next = pass(&ctx, &mut advances, &mut index, &std::mem::take(&mut changed)).await;
         let sleep = until(next, ctx.settings.resync);
         tokio::select! {
             () = wake.notified() => {
@@ -147,15 +149,41 @@ pub async fn run_with_telemetry(
 /// One pass over the fleet: plans it, carries out each policy's plan, and starts an advance for
 /// every remediation that needs one and is due or concerned by what `changed`. Returns when the
 /// next pass is due at the latest.
-async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) -> Timestamp {
+///
+/// The plan looks only at the nodes `index` names (kept from `changed`): those not healthy by their
+/// policy's triggers, carrying anything of ours, or named by a remediation. The rest of the fleet
+/// only counts, and the index's census holds the counts.
+async fn pass(
+    ctx: &Arc<Context>,
+    advances: &mut Advances,
+    index: &mut fleet::index::NodeIndex,
+    changed: &Changed,
+) -> Timestamp {
     let now = Timestamp::now();
     let error_retry = crate::time::plus(now, crate::time::signed(ctx.settings.error_backoff));
     let mut next = crate::time::plus(now, crate::time::signed(ctx.settings.resync));
 
     let policies = ctx.caches.policies.state();
-    let nodes = ctx.caches.all_nodes();
     let remediations = ctx.caches.remediations();
-    let mut plan = fleet::plan(&policies, &nodes, &remediations, now);
+    let node_changes = if changed.nodes_listed {
+        fleet::index::NodeChanges::Everything
+    } else {
+        fleet::index::NodeChanges::Nodes(&changed.nodes)
+    };
+    index.refresh(
+        &policies,
+        node_changes,
+        |name| ctx.caches.node(name),
+        || ctx.caches.all_nodes(),
+    );
+    let written = ctx.caches.written_node_names();
+    let candidates: Vec<String> = index
+        .candidates(&remediations, &written)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let nodes = ctx.caches.nodes_named(&candidates);
+    let mut plan = fleet::plan_with(&policies, &index.census(), &nodes, &remediations, now);
     // The hardware ledger: each new record names its node's GPUs; repeat offenders skip rungs.
     let failures = hardware::failures(&ctx.caches.hardware_records.state(), &remediations);
     hardware::amend(&mut plan, &nodes, &failures, now);
@@ -164,7 +192,7 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) ->
     }
     // Quarantines first: stopping new placements is what a fresh signal waits for.
     for policy_plan in &mut plan.policies {
-        if let Err(error) = quarantine::apply::apply(ctx, policy_plan).await {
+        if let Err(error) = quarantine::apply::apply(ctx, policy_plan, &candidates).await {
             tracing::warn!(policy = ?policy_plan.policy.metadata.name, %error, "writing a quarantine failed; retrying");
             ctx.metrics.reconcile_error("policy");
             next = next.min(error_retry);
@@ -176,7 +204,7 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) ->
         next = next.min(error_retry);
     }
     // Device-level quarantines' rules follow the nodes' annotations written just above.
-    if let Err(error) = quarantine::device_apply::reconcile(ctx).await {
+    if let Err(error) = quarantine::device_apply::reconcile(ctx, &candidates).await {
         tracing::warn!(%error, "making the device quarantine rules follow the nodes failed; retrying");
         ctx.metrics.reconcile_error("policy");
         next = next.min(error_retry);
@@ -222,7 +250,7 @@ async fn pass(ctx: &Arc<Context>, advances: &mut Advances, changed: &Changed) ->
         }
     }
     // After the advances have started: a fault's cordon does not wait for the ledger's writes.
-    hardware::act::sync(ctx, &policies, now).await;
+    hardware::act::sync(ctx, &policies, &candidates, now).await;
     announcements.publish(ctx).await;
     next
 }
@@ -466,6 +494,7 @@ mod tests {
         Changed {
             anything: false,
             nodes: std::collections::BTreeSet::new(),
+            nodes_listed: false,
             budgets: changed.iter().map(|b| (*b).to_owned()).collect(),
         }
     }
@@ -474,6 +503,7 @@ mod tests {
         Changed {
             anything: false,
             nodes: changed.iter().map(|n| (*n).to_owned()).collect(),
+            nodes_listed: false,
             budgets: std::collections::BTreeSet::new(),
         }
     }

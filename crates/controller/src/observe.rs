@@ -123,6 +123,9 @@ pub struct Changed {
     /// (a fleet whose nodes report their status every few seconds must not make every draining
     /// remediation list its pods each time).
     pub nodes: BTreeSet<String>,
+    /// The node watch listed afresh (or the loop resyncs): any node may have changed, not only
+    /// those in `nodes` (`fleet::index` indexes the fleet afresh).
+    pub nodes_listed: bool,
     /// Disruption budgets that changed, as `namespace/name`: they concern only the remediations
     /// whose evictions they refuse.
     pub budgets: BTreeSet<String>,
@@ -135,6 +138,7 @@ impl Changed {
         Self {
             anything: true,
             nodes: BTreeSet::new(),
+            nodes_listed: true,
             budgets: BTreeSet::new(),
         }
     }
@@ -143,6 +147,7 @@ impl Changed {
     pub fn merge(&mut self, other: Self) {
         self.anything |= other.anything;
         self.nodes.extend(other.nodes);
+        self.nodes_listed |= other.nodes_listed;
         self.budgets.extend(other.budgets);
     }
 }
@@ -242,7 +247,10 @@ impl Caches {
                     Some(name) => changes.note(|c| {
                         c.nodes.insert(name);
                     }),
-                    None => changes.note(|c| c.anything = true),
+                    None => changes.note(|c| {
+                        c.anything = true;
+                        c.nodes_listed = true;
+                    }),
                 }
             }),
             Some(written_nodes.clone()),
@@ -310,6 +318,18 @@ impl Caches {
     pub fn node(&self, name: &str) -> Option<Arc<Node>> {
         self.written_nodes
             .pick(name, self.nodes.get(&reflector::ObjectRef::new(name)))
+    }
+
+    /// The nodes of `names` that exist, with our own recent writes laid over the cache.
+    #[must_use]
+    pub fn nodes_named(&self, names: &[String]) -> Vec<Arc<Node>> {
+        names.iter().filter_map(|name| self.node(name)).collect()
+    }
+
+    /// The names of the nodes we wrote whose watch events have not come yet.
+    #[must_use]
+    pub fn written_node_names(&self) -> Vec<String> {
+        self.written_nodes.names()
     }
 
     /// Every node, with our own recent writes laid over the cache.
@@ -487,7 +507,7 @@ fn prune_budget(budget: &mut PodDisruptionBudget) {
     budget.annotations_mut().clear();
 }
 
-fn hash_of<T: Serialize>(value: &T) -> u64 {
+pub(crate) fn hash_of<T: Serialize>(value: &T) -> u64 {
     let mut hasher = DefaultHasher::new();
     // Serialising our own in-memory values cannot fail.
     serde_json::to_vec(value).unwrap_or_default().hash(&mut hasher);
@@ -533,8 +553,9 @@ fn node_fingerprint(node: &Node) -> u64 {
     ))
 }
 
-/// Whether an annotation key is in our group (`gpuremediation.dev/…`).
-fn is_ours(key: &str) -> bool {
+/// Whether an annotation, label or taint key is in our group (`gpuremediation.dev/…`).
+#[must_use]
+pub fn is_ours(key: &str) -> bool {
     key.strip_prefix(gpu_remediation_api::GROUP)
         .is_some_and(|rest| rest.starts_with('/'))
 }

@@ -39,7 +39,20 @@ pub struct Counts {
 }
 
 /// A domain: the index of its `failureDomains` entry and its value of that key.
-type Id = (usize, String);
+pub type Id = (usize, String);
+
+/// How many governed nodes each domain holds: counted once over the whole fleet (`fleet::census`),
+/// while the rest of a domain's counts come from the few nodes a pass looks at.
+pub type Sizes = BTreeMap<Id, u32>;
+
+/// Counts one governed node, with `labels`, into the `sizes` of the domains `specs` define.
+pub fn size_in(sizes: &mut Sizes, specs: &[FailureDomain], labels: &BTreeMap<String, String>) {
+    for (index, spec) in specs.iter().enumerate() {
+        if let Some(value) = labels.get(&spec.topology_key) {
+            *sizes.entry((index, value.clone())).or_default() += 1;
+        }
+    }
+}
 
 /// The domains of one policy, counted at one pass.
 #[derive(Clone, Debug, Default)]
@@ -71,9 +84,26 @@ pub enum DomainWait {
 }
 
 impl Domains {
-    /// Counts `members` into the domains `specs` define.
+    /// Counts `members`, every node the policy governs, into the domains `specs` define.
     #[must_use]
     pub fn count<'a>(specs: &[FailureDomain], members: impl IntoIterator<Item = Member<'a>>) -> Self {
+        let members: Vec<Member<'a>> = members.into_iter().collect();
+        let mut sizes = Sizes::new();
+        for member in &members {
+            size_in(&mut sizes, specs, member.labels);
+        }
+        Self::count_within(specs, &sizes, members)
+    }
+
+    /// Counts `members` into the domains `specs` define, whose sizes (every governed node, members
+    /// or not) are `sizes`. The nodes left out of `members` must be healthy with nothing in
+    /// flight: they count in their domains' sizes only.
+    #[must_use]
+    pub fn count_within<'a>(
+        specs: &[FailureDomain],
+        sizes: &Sizes,
+        members: impl IntoIterator<Item = Member<'a>>,
+    ) -> Self {
         let mut domains = Self {
             specs: specs.to_vec(),
             ..Self::default()
@@ -81,6 +111,16 @@ impl Domains {
         if specs.is_empty() {
             return domains;
         }
+        domains.counts = sizes
+            .iter()
+            .map(|(id, selected)| {
+                let counts = Counts {
+                    selected: *selected,
+                    ..Counts::default()
+                };
+                (id.clone(), counts)
+            })
+            .collect();
         for member in members {
             let ids: Vec<Id> = specs
                 .iter()
@@ -89,7 +129,6 @@ impl Domains {
                 .collect();
             for id in &ids {
                 let counts = domains.counts.entry(id.clone()).or_default();
-                counts.selected += 1;
                 counts.unhealthy += u32::from(member.unhealthy);
                 counts.in_flight += u32::from(member.in_flight);
             }

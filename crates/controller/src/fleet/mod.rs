@@ -37,9 +37,11 @@ use k8s_openapi::{
 };
 use kube::ResourceExt;
 
+mod census;
 mod conditions;
 #[cfg(test)]
 mod correlated_tests;
+pub mod index;
 mod outcomes;
 #[cfg(test)]
 mod pass_cost_tests;
@@ -47,6 +49,7 @@ mod recheck;
 mod record;
 mod suspects;
 
+pub use census::{Census, Governed};
 pub use conditions::condition;
 use conditions::{conditions, has_true_condition, suspect_condition};
 pub use recheck::{no_longer_due, not_started};
@@ -55,8 +58,7 @@ pub use record::{new_remediation, remediation_name, snapshot_of};
 use crate::{
     budget::{self, Candidate, Deferral, Started},
     detect::{self, Evidence, Verdict},
-    governance::{self, Governor},
-    quarantine,
+    governance, quarantine,
 };
 
 /// The nodes a policy selects and yields to another: node name to the governing policy's.
@@ -105,10 +107,25 @@ pub struct FleetPlan {
     pub orphan_quarantines: Vec<quarantine::Lift>,
 }
 
-/// Plans the fleet at `now`.
+/// Plans the fleet at `now`, looking at every node.
 #[must_use]
 pub fn plan(
     policies: &[Arc<GpuRemediationPolicy>],
+    nodes: &[Arc<Node>],
+    remediations: &[Arc<GpuRemediation>],
+    now: Timestamp,
+) -> FleetPlan {
+    plan_with(policies, &Census::take(policies, nodes), nodes, remediations, now)
+}
+
+/// Plans the fleet at `now` from its `census`, looking only at the `nodes` that may need a
+/// decision: every node that is not healthy by its policy's triggers or carries anything of ours,
+/// and every node a remediation names (`index::NodeIndex::candidates`). The plan is the same as
+/// [`plan`]'s over the whole fleet: the nodes left out only count, and the census counts them.
+#[must_use]
+pub fn plan_with(
+    policies: &[Arc<GpuRemediationPolicy>],
+    census: &Census,
     nodes: &[Arc<Node>],
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
@@ -121,40 +138,21 @@ pub fn plan(
     let names: Vec<String> = policies.iter().map(|p| p.name_any()).collect();
     let claimants = governance::claimants(policies.iter().copied());
 
-    // Which policy governs each node, and which nodes each policy yields to whom.
+    // Which policy governs each node looked at.
     let mut governed: BTreeMap<&str, Vec<&Node>> = BTreeMap::new();
-    let mut yielded: BTreeMap<&str, Yielded> = BTreeMap::new();
     for node in nodes {
-        // Asked of every node, so without allocating; the policies that yield are named only for
-        // the nodes more than one selects.
         let Some(policy) = governance::governing(node.labels(), &claimants) else {
             continue;
         };
-        let Some(winner) = names.iter().find(|n| *n == policy) else {
-            continue;
-        };
-        governed.entry(winner.as_str()).or_default().push(node);
-        let selecting = claimants.iter().filter(|c| c.selector.matches(node.labels()));
-        if selecting.count() < 2 {
-            continue;
-        }
-        if let Governor::Policy { overlapping, .. } = governance::governor(node.labels(), &claimants) {
-            for loser in overlapping {
-                if let Some(loser) = names.iter().find(|n| **n == loser) {
-                    yielded
-                        .entry(loser.as_str())
-                        .or_default()
-                        .insert(node.name_any(), policy.to_owned());
-                }
-            }
+        if let Some(winner) = names.iter().find(|n| *n == policy) {
+            governed.entry(winner.as_str()).or_default().push(node);
         }
     }
 
     let mut fleet = FleetPlan::default();
     for (policy, name) in policies.into_iter().zip(&names) {
         let nodes = governed.get(name.as_str()).map_or(&[][..], Vec::as_slice);
-        let yields = yielded.get(name.as_str());
-        let (plan, wake) = plan_policy(policy, nodes, yields, remediations, now);
+        let (plan, wake) = plan_policy(policy, nodes, census.of(name), remediations, now);
         fleet.wake_at = earliest(fleet.wake_at, wake);
         fleet.wake_at = earliest(fleet.wake_at, plan.quarantine.wake_at);
         fleet.policies.push(plan);
@@ -183,7 +181,7 @@ pub fn plan(
 fn plan_policy(
     policy: &Arc<GpuRemediationPolicy>,
     nodes: &[&Node],
-    yielded: Option<&Yielded>,
+    governed: &Governed,
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
 ) -> (PolicyPlan, Option<Timestamp>) {
@@ -193,9 +191,11 @@ fn plan_policy(
 
     let found = candidates(&name, &unhealthy, remediations);
     let started = started(&name, remediations, now);
-    let selected = count(nodes.len());
-    let mut domains = failure_domains(spec, nodes, &unhealthy, &started);
-    let (slow_start, proven_at) = outcomes::slow_start(&name, spec, nodes, remediations, now);
+    // Nothing yielded reads as no list at all.
+    let yielded = Some(&governed.yielded).filter(|y| !y.is_empty());
+    let selected = governed.selected;
+    let mut domains = failure_domains(spec, &governed.domain_sizes, nodes, &unhealthy, &started);
+    let (slow_start, proven_at) = outcomes::slow_start(&name, spec, selected, nodes, remediations, now);
     wake = earliest(wake, proven_at);
     if let Some(slow) = &slow_start {
         domains.slow_start(&slow.outcomes, slow.max_concurrent);
@@ -224,7 +224,7 @@ fn plan_policy(
         readmit,
         manual_required,
     } = records(policy, &decision, &found, remediations, invalid.is_none(), now);
-    let quarantine = plan_quarantine(&name, spec, nodes, remediations, invalid.is_none(), now);
+    let quarantine = plan_quarantine(&name, spec, selected, nodes, remediations, invalid.is_none(), now);
     let counted = if spec.mode == Mode::DryRun {
         0
     } else {
@@ -337,6 +337,7 @@ fn invalid_reason(spec: &gpu_remediation_api::GpuRemediationPolicySpec) -> Optio
 fn plan_quarantine(
     name: &str,
     spec: &gpu_remediation_api::GpuRemediationPolicySpec,
+    selected: u32,
     nodes: &[&Node],
     remediations: &[Arc<GpuRemediation>],
     valid: bool,
@@ -345,6 +346,7 @@ fn plan_quarantine(
     quarantine::plan(&quarantine::Inputs {
         policy: name,
         spec,
+        selected,
         nodes,
         remediations,
         valid,
@@ -454,9 +456,11 @@ fn settling(
         .collect()
 }
 
-/// The policy's failure domains, counted over its governed nodes.
+/// The policy's failure domains: their sizes from the census, the rest counted over the governed
+/// nodes looked at.
 fn failure_domains(
     spec: &gpu_remediation_api::GpuRemediationPolicySpec,
+    sizes: &budget::domains::Sizes,
     nodes: &[&Node],
     unhealthy: &[(&Node, Evidence)],
     started: &[Started],
@@ -472,8 +476,9 @@ fn failure_domains(
         .map(|s| s.node.as_str())
         .collect();
     let names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
-    budget::Domains::count(
+    budget::Domains::count_within(
         &spec.safety.failure_domains,
+        sizes,
         nodes
             .iter()
             .zip(&names)

@@ -37,6 +37,7 @@ pub(super) struct SlowStart {
 pub(super) fn slow_start(
     policy: &str,
     spec: &GpuRemediationPolicySpec,
+    selected: u32,
     nodes: &[&Node],
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
@@ -45,11 +46,7 @@ pub(super) fn slow_start(
         return (None, None);
     }
     let (found, wake) = outcomes(policy, spec, nodes, remediations, now);
-    let max_concurrent = spec
-        .safety
-        .max_concurrent
-        .resolve(u32::try_from(nodes.len()).unwrap_or(u32::MAX))
-        .unwrap_or(1);
+    let max_concurrent = spec.safety.max_concurrent.resolve(selected).unwrap_or(1);
     (
         Some(SlowStart {
             allowance: allowance(&found, max_concurrent),

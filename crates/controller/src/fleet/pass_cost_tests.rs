@@ -1,5 +1,7 @@
-//! What one controller pass costs over a large fleet, by stage: the pure planning a pass does over
-//! every cached node (`fleet::plan`, the hardware ledger's `amend` and `join::steps`). Not a
+//! What one controller pass costs over a large fleet, by stage: the pure planning over every cached
+//! node (`fleet::plan`, the hardware ledger's `amend` and `join::steps`), and the planning a pass
+//! does since it keeps a node index (`index::NodeIndex::refresh` with the faulty nodes as the
+//! changed ones, then `fleet::plan_with` over the candidates the index names). Not a
 //! correctness test: run by hand, in the build whose figures are wanted,
 //! `cargo test -p gpu-remediator --lib fleet::pass_cost_tests -- --ignored --nocapture`
 //! (`PASS_COST_NODES=10000,50000`, `PASS_COST_FAULTS=1,100`). Beside the faults in flight, the
@@ -154,9 +156,9 @@ fn one_pass_over_a_large_fleet_by_stage() {
     let policies = vec![policy()];
     let now = at(60);
     println!(
-        "| nodes | faults | admitted in the pass | fleet::plan ms | hardware::amend ms | join::steps ms | total ms |"
+        "| nodes | faults | admitted in the pass | fleet::plan ms | hardware::amend ms | join::steps ms | total ms | indexed plan ms |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for size in numbers("PASS_COST_NODES", &[10_000, 50_000]) {
         for faults in numbers("PASS_COST_FAULTS", &[1, 100]) {
             // The faulty nodes spread over the fleet, as faults are (not all at its start).
@@ -200,11 +202,60 @@ fn one_pass_over_a_large_fleet_by_stage() {
                         now,
                     ));
                 });
+                let indexed_ms = indexed_plan_ms(&policies, &nodes, &remediations, faults, fault, now);
                 println!(
-                    "| {size} | {faults} | {admitted} | {plan_ms:.1} | {amend_ms:.1} | {join_ms:.1} | {:.1} |",
+                    "| {size} | {faults} | {admitted} | {plan_ms:.1} | {amend_ms:.1} | {join_ms:.1} | {:.1} | {indexed_ms:.2} |",
                     plan_ms + amend_ms + join_ms
                 );
             }
         }
     }
+}
+
+/// A pass's planning with the node index: the faulty nodes are the ones the watch saw change; the
+/// index looks them up, names the candidates, and the plan looks at those. The plan is checked to
+/// be the whole fleet's.
+fn indexed_plan_ms(
+    policies: &[Arc<GpuRemediationPolicy>],
+    nodes: &[Arc<Node>],
+    remediations: &[Arc<GpuRemediation>],
+    faults: usize,
+    fault: impl Fn(usize) -> usize,
+    now: Timestamp,
+) -> f64 {
+    use std::collections::{BTreeSet, HashMap};
+
+    use super::index::{NodeChanges, NodeIndex};
+
+    let by_name: HashMap<String, Arc<Node>> = nodes
+        .iter()
+        .map(|n| (n.metadata.name.clone().unwrap_or_default(), n.clone()))
+        .collect();
+    let changed: BTreeSet<String> = (0..faults).map(|k| format!("gpu-{:05}", fault(k))).collect();
+    let mut index = NodeIndex::default();
+    index.refresh(policies, NodeChanges::Everything, |_| None, || nodes.to_vec());
+    let mut planned = None;
+    let ms = median_ms(5, || {
+        index.refresh(
+            policies,
+            NodeChanges::Nodes(&changed),
+            |name| by_name.get(name).cloned(),
+            || unreachable!("no node joined, left or was relabelled"),
+        );
+        let looked_at: Vec<Arc<Node>> = index
+            .candidates(remediations, &[])
+            .into_iter()
+            .filter_map(|name| by_name.get(name).cloned())
+            .collect();
+        planned = Some(super::plan_with(
+            policies,
+            &index.census(),
+            &looked_at,
+            remediations,
+            now,
+        ));
+    });
+    let whole = super::plan(policies, nodes, remediations, now);
+    assert_eq!(format!("{planned:?}"), format!("{:?}", Some(whole)));
+    ms
 }

@@ -37,8 +37,15 @@ use crate::{
 };
 
 /// Brings the records up to date with every remediation on record, forgets expired records, and
-/// carries out the join steps. Failures are logged and retried on the next pass.
-pub async fn sync(ctx: &Context, policies: &[Arc<GpuRemediationPolicy>], now: Timestamp) {
+/// carries out the join steps. Failures are logged and retried on the next pass. `looked_at` names
+/// the nodes the pass looked at: every node flagged or tainted by the ledger is among them, and the
+/// whole fleet is read only when a node may have to be flagged (`join::needs_every_node`).
+pub async fn sync(
+    ctx: &Context,
+    policies: &[Arc<GpuRemediationPolicy>],
+    looked_at: &[String],
+    now: Timestamp,
+) {
     let records = ctx.caches.hardware_records.state();
     let remediations = ctx.caches.remediations();
     for record in history::records_to_write(&records, &remediations) {
@@ -59,7 +66,11 @@ pub async fn sync(ctx: &Context, policies: &[Arc<GpuRemediationPolicy>], now: Ti
         }
     }
     let failures = history::failures(&records, &remediations);
-    let nodes = ctx.caches.all_nodes();
+    let nodes = if join::needs_every_node(policies, &failures) {
+        ctx.caches.all_nodes()
+    } else {
+        ctx.caches.nodes_named(looked_at)
+    };
     for step in join::steps(policies, &nodes, &remediations, &failures, now) {
         if let Err(error) = carry_out(ctx, &step, now).await {
             tracing::warn!(?step, %error, "a hardware check of a node failed; next pass retries");

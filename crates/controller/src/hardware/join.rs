@@ -58,6 +58,17 @@ pub enum JoinStep {
     },
 }
 
+/// Whether [`steps`] must look at every node: when some hardware has failed and some policy flags
+/// repeat offenders, any node may carry it. Otherwise only the nodes already flagged or tainted
+/// (all carrying something of ours) can need a step.
+#[must_use]
+pub fn needs_every_node(policies: &[Arc<GpuRemediationPolicy>], failures: &Failures) -> bool {
+    !failures.is_empty()
+        && policies
+            .iter()
+            .any(|p| p.metadata.deletion_timestamp.is_none() && p.spec.safety.repeat_offender.is_some())
+}
+
 /// The steps the fleet needs now.
 #[must_use]
 pub fn steps(
@@ -78,7 +89,7 @@ pub fn steps(
         .filter(|r| !r.status.as_ref().is_some_and(|s| s.phase.is_terminal()))
         .map(|r| r.spec.node_name.as_str())
         .collect();
-    let any_rule = live.iter().any(|p| p.spec.safety.repeat_offender.is_some());
+    let every_node = needs_every_node(policies, failures);
     let mut out = Vec::new();
     for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
         let flagged = node
@@ -86,7 +97,7 @@ pub fn steps(
             .get(REPEAT_OFFENDER_LABEL)
             .is_some_and(|v| v == "true");
         let unchecked = has_unchecked_taint(node);
-        if (failures.is_empty() || !any_rule) && !flagged && !unchecked {
+        if !every_node && !flagged && !unchecked {
             // No failure on record anywhere, or no rule to flag by: nothing to flag, nothing
             // flagged, no taint to lift (the cheapest look, asked first of every node).
             continue;

@@ -69,6 +69,17 @@ impl<K: Resource> Overlay<K> {
         }
     }
 
+    /// The names of the objects written and not yet caught up with (as far as the last look knew).
+    #[must_use]
+    pub fn names(&self) -> Vec<String> {
+        self.written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     /// Forgets our write of an object that is gone.
     pub fn forget(&self, name: &str) {
         let mut written = self

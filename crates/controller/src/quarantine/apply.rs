@@ -39,7 +39,8 @@ static LIMITED: LazyLock<Mutex<HashMap<String, bool>>> = LazyLock::new(Mutex::de
 
 /// Writes one policy's quarantines and lifts, then their Events. Every edit is tried; the first
 /// failure is returned (the next pass tries again).
-pub async fn apply(ctx: &Context, plan: &mut PolicyPlan) -> Result<(), EditNodeError> {
+/// `looked_at` names the nodes the plan looked at: every node carrying a quarantine is among them.
+pub async fn apply(ctx: &Context, plan: &mut PolicyPlan, looked_at: &[String]) -> Result<(), EditNodeError> {
     report_device_level(ctx, plan).await;
     let plan = &*plan;
     let policy = plan.policy.name_any();
@@ -49,7 +50,7 @@ pub async fn apply(ctx: &Context, plan: &mut PolicyPlan) -> Result<(), EditNodeE
         .buffer_unordered(EDIT_CONCURRENCY)
         .collect()
         .await;
-    added.extend(extend_all(ctx, &policy).await);
+    added.extend(extend_all(ctx, &policy, looked_at).await);
     let lifted = lift_all(ctx, &quarantine.lift).await;
     ctx.metrics
         .set_quarantined(&policy, plan.status.quarantined_nodes);
@@ -208,9 +209,10 @@ async fn quarantine(
 
 /// Decides again the device-level quarantines of `policy` whose fault now names a GPU they do
 /// not hold (a second GPU failed during the episode).
-async fn extend_all(ctx: &Context, policy: &str) -> Vec<Written> {
+/// The nodes are read afresh: the quarantines just written are among them.
+async fn extend_all(ctx: &Context, policy: &str, looked_at: &[String]) -> Vec<Written> {
     let mut results = Vec::new();
-    for node in ctx.caches.all_nodes() {
+    for node in ctx.caches.nodes_named(looked_at) {
         if taint::owner(&node) != Some(policy) || !device::misses_a_failed_gpu(&node) {
             continue;
         }

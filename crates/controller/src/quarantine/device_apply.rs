@@ -107,9 +107,11 @@ pub async fn quarantine_devices(
 }
 
 /// Makes the rules follow the nodes' annotations (see [`device::reconcile`]): creates the missing
-/// rules of this controller's policies, deletes those no node names.
-pub async fn reconcile(ctx: &Context) -> Result<(), ReconcileRulesError> {
-    let nodes = ctx.caches.all_nodes();
+/// rules of this controller's policies, deletes those no node names. `looked_at` names the nodes
+/// the pass looked at: every node carrying a device-level quarantine is among them (read afresh,
+/// with the quarantines this pass wrote).
+pub async fn reconcile(ctx: &Context, looked_at: &[String]) -> Result<(), ReconcileRulesError> {
+    let nodes = ctx.caches.nodes_named(looked_at);
     let any_marked = nodes.iter().any(|n| device::is_device_level(n));
     if !any_marked && !RULES_MAY_EXIST.load(Ordering::Relaxed) {
         return Ok(());

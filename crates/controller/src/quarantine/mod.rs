@@ -103,7 +103,10 @@ pub struct Inputs<'a> {
     pub policy: &'a str,
     /// Its spec.
     pub spec: &'a GpuRemediationPolicySpec,
-    /// The nodes it governs.
+    /// How many nodes it governs.
+    pub selected: u32,
+    /// The nodes it governs that may need a decision (all of them, or at least every one that
+    /// signals or carries its quarantine).
     pub nodes: &'a [&'a Node],
     /// Every remediation record.
     pub remediations: &'a [Arc<GpuRemediation>],
@@ -119,12 +122,12 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
     let Inputs {
         policy,
         spec,
+        selected,
         nodes,
         remediations,
         valid,
         now,
     } = *inputs;
-    let selected = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
     let max = spec.quarantine.max.as_ref().unwrap_or(&spec.safety.max_unhealthy);
     let limit = max.resolve(selected).unwrap_or(0);
     let may_add = valid && !spec.paused && spec.mode != Mode::DryRun;

@@ -103,6 +103,7 @@ fn decide(
     plan(&Inputs {
         policy: "p",
         spec,
+        selected: u32::try_from(nodes.len()).unwrap(),
         nodes: &nodes,
         remediations: records,
         valid: true,
@@ -198,6 +199,7 @@ fn a_dry_run_a_paused_and_an_invalid_policy_quarantine_nothing_new() {
     let invalid = plan(&Inputs {
         policy: "p",
         spec: &spec(),
+        selected: u32::try_from(refs.len()).unwrap(),
         nodes: &refs,
         remediations: &[],
         valid: false,

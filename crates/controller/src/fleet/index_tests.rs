@@ -1,0 +1,299 @@
+//! The index's promise, checked over random fleets: a plan over the candidates it names, with its
+//! census, is the plan over the whole fleet; and an index kept up to date from changed names
+//! names the same candidates and holds the same census as one built afresh.
+
+use std::collections::BTreeSet;
+
+use gpu_remediation_api::{
+    GpuRemediationPolicySpec, GpuRemediationSpec, GpuRemediationStatus, Phase,
+    constants::{QUARANTINE_TAINT_KEY, QUARANTINED_BY_ANNOTATION, REPEAT_OFFENDER_LABEL},
+    policy::{Action, ConditionStatus, Mode},
+    remediation::TriggerRecord,
+};
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::{NodeCondition, NodeSpec, NodeStatus, Taint},
+    apimachinery::pkg::apis::meta::v1::Time,
+};
+use kube::{ResourceExt as _, api::ObjectMeta};
+use proptest::prelude::{ProptestConfig, prop, prop_assert_eq, proptest};
+
+use super::*;
+use crate::fleet;
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}
+
+/// Two overlapping policies: one over group `a` with racks as failure domains, slow start, a
+/// suspect rule and quarantine; one over `h100` nodes, of higher priority.
+fn policies() -> Vec<Arc<GpuRemediationPolicy>> {
+    let spec = |selector: serde_json::Value, priority: i32, safety: serde_json::Value| {
+        let spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({
+            "nodeSelector": selector,
+            "priority": priority,
+            "triggers": [
+                {"conditionType": "GpuHealthy", "status": "False", "for": "30s"},
+                {"conditionType": "Ready", "status": "Unknown", "for": "60s", "quarantine": false},
+            ],
+            "action": "None",
+            "safety": safety,
+            "quarantine": {"enabled": true, "hysteresis": "20s"},
+            "release": {"healthyFor": "30s"},
+        }))
+        .unwrap();
+        spec
+    };
+    let group = spec(
+        serde_json::json!({"matchLabels": {"group": "a"}}),
+        0,
+        serde_json::json!({
+            "maxConcurrent": 3, "maxUnhealthy": "50%", "slowStart": true,
+            "failureDomains": [{"topologyKey": "rack", "maxUnhealthyCount": 2, "maxInFlight": 1}],
+            "suspect": {"window": "1h", "share": "60%", "minFailures": 2, "attributes": ["driver"], "hold": true},
+        }),
+    );
+    let h100 = spec(
+        serde_json::json!({"matchLabels": {"model": "h100"}}),
+        10,
+        serde_json::json!({"maxConcurrent": "20%", "maxUnhealthy": "100%"}),
+    );
+    [("group", group), ("h100", h100)]
+        .into_iter()
+        .map(|(name, spec)| {
+            let mut p = GpuRemediationPolicy::new(name, spec);
+            p.metadata.generation = Some(1);
+            Arc::new(p)
+        })
+        .collect()
+}
+
+/// One node, as drawn: (group, rack, h100, driver, `GpuHealthy` status, since, `Ready` unknown,
+/// cordoned, quarantined by a policy).
+type Drawn = (u8, u8, bool, bool, u8, i64, bool, bool, u8);
+
+fn drawn() -> impl proptest::strategy::Strategy<Value = Drawn> {
+    (
+        0..3u8,
+        0..3u8,
+        prop::bool::weighted(0.3),
+        prop::bool::ANY,
+        0..6u8,
+        0..120i64,
+        prop::bool::weighted(0.1),
+        prop::bool::weighted(0.1),
+        0..6u8,
+    )
+}
+
+fn node(index: usize, drawn: Drawn) -> Arc<Node> {
+    let (group, rack, h100, driver, gpu, since, unknown, cordoned, quarantined) = drawn;
+    let mut labels = vec![
+        ("rack".to_owned(), format!("r{rack}")),
+        ("driver".to_owned(), if driver { "570" } else { "550" }.to_owned()),
+    ];
+    if group < 2 {
+        labels.push(("group".to_owned(), ["a", "b"][usize::from(group)].to_owned()));
+    }
+    if h100 {
+        labels.push(("model".to_owned(), "h100".to_owned()));
+    }
+    let condition = |type_: &str, status: &str| NodeCondition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: Some("Drawn".into()),
+        last_transition_time: Some(Time(at(since))),
+        ..NodeCondition::default()
+    };
+    // Mostly healthy, as fleets are.
+    let gpu = ["True", "True", "True", "False", "Unknown", "True"][usize::from(gpu)];
+    let ready = if unknown { "Unknown" } else { "True" };
+    let owner = match quarantined {
+        0 => Some("group"),
+        1 => Some("h100"),
+        _ => None,
+    };
+    Arc::new(Node {
+        metadata: ObjectMeta {
+            name: Some(format!("n{index:02}")),
+            uid: Some(format!("uid-{index}")),
+            labels: Some(labels.into_iter().collect()),
+            annotations: owner.map(|o| [(QUARANTINED_BY_ANNOTATION.to_owned(), o.to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            unschedulable: cordoned.then_some(true),
+            taints: owner.map(|_| {
+                vec![Taint {
+                    key: QUARANTINE_TAINT_KEY.into(),
+                    effect: "NoSchedule".into(),
+                    ..Taint::default()
+                }]
+            }),
+            ..NodeSpec::default()
+        }),
+        status: Some(NodeStatus {
+            conditions: Some(vec![condition("Ready", ready), condition("GpuHealthy", gpu)]),
+            ..NodeStatus::default()
+        }),
+    })
+}
+
+/// A record of node `index` under `policy` in `phase`, its episode begun at `since`.
+fn record(index: usize, policy: u8, phase: u8, since: i64) -> Arc<GpuRemediation> {
+    let node = format!("n{index:02}");
+    let policy = ["group", "h100"][usize::from(policy % 2)];
+    let phase = [Phase::Succeeded, Phase::Failed, Phase::Draining, Phase::Pending][usize::from(phase % 4)];
+    let mut r = GpuRemediation::new(
+        &fleet::remediation_name(&node, policy, at(since)),
+        GpuRemediationSpec {
+            node_name: node,
+            policy_name: policy.into(),
+            trigger: TriggerRecord {
+                condition_type: "GpuHealthy".into(),
+                status: ConditionStatus::False,
+                reason: "Drawn".into(),
+                message: String::new(),
+                since: Some(Time(at(since))),
+            },
+            action: Action::None,
+            mode: Mode::Enforce,
+            node_uid: None,
+            previous_incident: None,
+            policy_snapshot: None,
+            hardware: None,
+        },
+    );
+    r.metadata.creation_timestamp = Some(Time(at(since + 30)));
+    r.status = Some(GpuRemediationStatus {
+        phase,
+        ..GpuRemediationStatus::default()
+    });
+    Arc::new(r)
+}
+
+/// The plan over the index's candidates, as text (plans hold no map of unstable order).
+fn planned_from(index: &NodeIndex, nodes: &[Arc<Node>], records: &[Arc<GpuRemediation>], now: i64) -> String {
+    let candidates = index.candidates(records, &[]);
+    let looked_at: Vec<Arc<Node>> = nodes
+        .iter()
+        .filter(|n| candidates.contains(n.metadata.name.as_deref().unwrap_or_default()))
+        .cloned()
+        .collect();
+    format!(
+        "{:?}",
+        fleet::plan_with(&policies(), &index.census(), &looked_at, records, at(now))
+    )
+}
+
+fn built(nodes: &[Arc<Node>]) -> NodeIndex {
+    let mut index = NodeIndex::default();
+    index.refresh(&policies(), NodeChanges::Everything, |_| None, || nodes.to_vec());
+    index
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn a_plan_over_the_candidates_is_the_plan_over_the_whole_fleet(
+        fleet in prop::collection::vec(drawn(), 1..30),
+        records in prop::collection::vec((0..30usize, 0..2u8, 0..4u8, 0..120i64), 0..6),
+        now in 100..200i64,
+    ) {
+        let nodes: Vec<Arc<Node>> = fleet.into_iter().enumerate().map(|(i, d)| node(i, d)).collect();
+        let records: Vec<Arc<GpuRemediation>> = records
+            .into_iter()
+            .map(|(i, policy, phase, since)| record(i % nodes.len(), policy, phase, since))
+            .collect();
+        let whole = format!("{:?}", fleet::plan(&policies(), &nodes, &records, at(now)));
+
+        prop_assert_eq!(planned_from(&built(&nodes), &nodes, &records, now), whole);
+    }
+
+    #[test]
+    fn an_index_kept_from_changed_names_is_the_index_built_afresh(
+        before in prop::collection::vec(drawn(), 1..30),
+        edits in prop::collection::vec((0..40usize, prop::option::weighted(0.8, drawn())), 1..12),
+    ) {
+        let mut nodes: Vec<Option<Arc<Node>>> =
+            before.into_iter().enumerate().map(|(i, d)| Some(node(i, d))).collect();
+        let present = |nodes: &[Option<Arc<Node>>]| nodes.iter().flatten().cloned().collect::<Vec<_>>();
+        let mut index = built(&present(&nodes));
+        let mut changed = BTreeSet::new();
+        // Nodes change, join (beyond the fleet) and leave (`None`).
+        for (i, edit) in edits {
+            if i >= nodes.len() {
+                nodes.resize(i + 1, None);
+            }
+            nodes[i] = edit.map(|d| node(i, d));
+            changed.insert(format!("n{i:02}"));
+        }
+        let now = present(&nodes);
+        let lookup = |name: &str| now.iter().find(|n| n.metadata.name.as_deref() == Some(name)).cloned();
+        index.refresh(&policies(), NodeChanges::Nodes(&changed), lookup, || now.clone());
+        let afresh = built(&now);
+
+        prop_assert_eq!(index.candidates(&[], &[]), afresh.candidates(&[], &[]));
+        prop_assert_eq!(index.census(), afresh.census());
+        prop_assert_eq!(planned_from(&index, &now, &[], 150), planned_from(&afresh, &now, &[], 150));
+    }
+}
+
+#[test]
+fn a_healthy_untouched_node_is_not_a_candidate_and_a_signalling_or_touched_one_is() {
+    let healthy = (0, 0, false, true, 0, 0, false, false, 5);
+    let broken = (0, 0, false, true, 3, 0, false, false, 5);
+    let cordoned = (0, 0, false, true, 0, 0, false, true, 5);
+    let quarantined = (0, 0, false, true, 0, 0, false, false, 0);
+    let nodes: Vec<Arc<Node>> = [healthy, broken, cordoned, quarantined, healthy]
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| node(i, d))
+        .collect();
+    let index = built(&nodes);
+    let named = [record(4, 0, 0, 10)];
+
+    assert_eq!(index.candidates(&[], &[]), BTreeSet::from(["n01", "n02", "n03"]));
+    assert_eq!(
+        index.candidates(&named, &["n00".to_owned()]),
+        BTreeSet::from(["n00", "n01", "n02", "n03", "n04"])
+    );
+    assert_eq!(index.census().of("group").selected, 5);
+}
+
+#[test]
+fn a_label_of_our_group_the_controller_does_not_write_makes_no_node_notable() {
+    let mut fleet_labelled = (*node(0, (0, 0, false, true, 0, 0, false, false, 5))).clone();
+    fleet_labelled
+        .labels_mut()
+        .insert("gpuremediation.dev/sim-fleet".to_owned(), "scale".to_owned());
+    let mut flagged = (*node(1, (0, 0, false, true, 0, 0, false, false, 5))).clone();
+    flagged
+        .labels_mut()
+        .insert(REPEAT_OFFENDER_LABEL.to_owned(), "true".to_owned());
+
+    let index = built(&[Arc::new(fleet_labelled), Arc::new(flagged)]);
+
+    assert_eq!(index.candidates(&[], &[]), BTreeSet::from(["n01"]));
+}
+
+#[test]
+fn another_policy_spec_indexes_afresh() {
+    let nodes = vec![node(0, (0, 0, false, true, 0, 0, false, false, 5))];
+    let mut index = built(&nodes);
+    let mut changed_policies = policies();
+    let mut spec = changed_policies[0].spec.clone();
+    spec.triggers[0].status = ConditionStatus::True;
+    changed_policies[0] = Arc::new(GpuRemediationPolicy::new("group", spec));
+
+    index.refresh(
+        &changed_policies,
+        NodeChanges::Nodes(&BTreeSet::new()),
+        |_| None,
+        || nodes.clone(),
+    );
+
+    // `GpuHealthy=True` is now a trigger: the healthy node signals.
+    assert_eq!(index.candidates(&[], &[]), BTreeSet::from(["n00"]));
+}
