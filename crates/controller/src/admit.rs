@@ -7,6 +7,8 @@
 //! a node past `maxAttemptsPerNode` is created silently: its one Event comes when it enters
 //! `ManualRequired`.
 
+use std::sync::Arc;
+
 use futures::{StreamExt as _, stream};
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationPolicyStatus, constants::reasons,
@@ -74,12 +76,15 @@ impl Announcements {
 }
 
 /// Carries out one policy's plan, adding the Events it calls for to `announcements` (also those
-/// of the writes made before a failure). Returns until when a change of the policy's counts is
-/// held (see `policy_status`): the pass due then writes it.
+/// of the writes made before a failure), and handing each remediation created to `created` as soon
+/// as it exists (its cordon need not wait for the others' records, nor for the policy's status).
+/// Returns until when a change of the policy's counts is held (see `policy_status`): the pass due
+/// then writes it.
 pub async fn apply(
     ctx: &Context,
     plan: PolicyPlan,
     announcements: &mut Announcements,
+    created: &mut (dyn FnMut(Arc<GpuRemediation>) + Send),
 ) -> Result<Option<jiff::Timestamp>, ApplyPolicyPlanError> {
     let policy = plan.policy.as_ref();
     let name = policy.name_any();
@@ -96,18 +101,16 @@ pub async fn apply(
     // cordon, and one at a time costs tens of milliseconds per node.
     // Futures built before they enter the stream (see `remediation::evict_all`).
     let starts: Vec<_> = plan.create.iter().map(|r| start(ctx, policy, r)).collect();
-    let created: Vec<Result<Start, ApplyPolicyPlanError>> = stream::iter(starts)
-        .buffer_unordered(CREATE_CONCURRENCY)
-        .collect()
-        .await;
+    let mut creating = stream::iter(starts).buffer_unordered(CREATE_CONCURRENCY);
     let mut policy_status = plan.status.clone();
     let mut failed = None;
-    for result in created {
+    while let Some(result) = creating.next().await {
         match result {
             // Announced on the policy; the record's own first Event is its first phase change
             // (one write less per remediation).
-            Ok(Start::Created(note)) => {
+            Ok(Start::Created { note, record }) => {
                 announcements.add(policy, event(reasons::STARTED, &note, EventType::Normal));
+                created(record);
             }
             Ok(Start::NoLongerDue(why)) => {
                 tracing::info!(policy = %name, "{why}: no remediation started");
@@ -280,8 +283,14 @@ pub fn needs_status_write(
 
 /// What became of one admitted remediation.
 enum Start {
-    /// Created, with the note of the Event announcing it (on its policy).
-    Created(String),
+    /// Created: the record as the server returned it, and the note of the Event announcing it (on
+    /// its policy).
+    Created {
+        /// The record.
+        record: Arc<GpuRemediation>,
+        /// The Event's note.
+        note: String,
+    },
     /// Not created: a fresh read of its node found it no longer due (why).
     NoLongerDue(String),
 }
@@ -327,7 +336,10 @@ async fn start(
         created.spec.mode,
     );
     tracing::info!(remediation = %created.name_any(), node = %created.spec.node_name, "remediation started");
-    Ok(Start::Created(note))
+    Ok(Start::Created {
+        record: Arc::new(created),
+        note,
+    })
 }
 
 /// An admission Event (cut to what the server takes).

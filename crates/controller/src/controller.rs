@@ -212,7 +212,9 @@ async fn pass(
     let mut announcements = admit::Announcements::default();
     for policy_plan in plan.policies {
         let policy = policy_plan.policy.metadata.name.clone().unwrap_or_default();
-        match admit::apply(ctx, policy_plan, &mut announcements).await {
+        // Each record's cordon starts as soon as the record exists.
+        let mut created = |record: Arc<GpuRemediation>| advances.start(ctx, record.name_any(), record);
+        match admit::apply(ctx, policy_plan, &mut announcements, &mut created).await {
             Ok(Some(counts_held_until)) => next = next.min(counts_held_until),
             Ok(None) => {}
             Err(error) => {
