@@ -340,9 +340,10 @@ async fn a_false_signal_on_every_node_quarantines_only_the_limit_and_the_policy_
     // first to see them all says so too.
     let status = eventually("the policy's status", Duration::from_secs(10), || async {
         let status = policies.get(&s.scope).await.ok()?.status?;
-        let all_seen = status.conditions.iter().any(|c| {
-            c.type_ == policy_conditions::QUARANTINE_LIMITED && c.message.contains("7 nodes show")
-        });
+        let all_seen = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == policy_conditions::QUARANTINE_LIMITED && c.message.contains("7 nodes show"));
         (status.quarantined_nodes == 3 && all_seen).then_some(status)
     })
     .await;

@@ -8,12 +8,12 @@
 //! of ours (an annotation or taint in `gpuremediation.dev/`, or a label the controller writes), it
 //! is cordoned, or it is being deleted. (Other labels in our group, such as a fleet's own selector
 //! label or `gpuremediation.dev/exclude`, are the fleet's: they choose the governing policy, which
-//! the census counts.) Every other node is healthy and untouched by every policy, and a plan only counts it:
-//! the [`Census`] holds those counts, taken again when a node joins, leaves or is relabelled, or a
-//! policy's spec changes. The candidates a pass plans over are the notable nodes, every node a
-//! remediation names (finished ones too: slow start reads how they fared) and every node we wrote
-//! whose watch event has not come yet; `fleet::plan_with` over them is the plan over the whole
-//! fleet (a property test below checks this over random fleets).
+//! the census counts.) Every other node is healthy and untouched by every policy, and a plan only
+//! counts it: the [`Census`] holds those counts, taken again when a node joins, leaves or is
+//! relabelled, or a policy's spec changes. The candidates a pass plans over are the notable nodes,
+//! every node a remediation names (finished ones too: slow start reads how they fared) and every
+//! node we wrote whose watch event has not come yet; `fleet::plan_with` over them is the plan over
+//! the whole fleet (the property tests in `index_tests.rs` check this over random fleets).
 
 use std::{
     collections::{BTreeSet, HashMap},
