@@ -35,7 +35,11 @@ pub struct Census {
 }
 
 /// Nothing governed: a policy the census has not seen yet.
-static NOTHING: std::sync::LazyLock<Governed> = std::sync::LazyLock::new(Governed::default);
+static NOTHING: Governed = Governed {
+    selected: 0,
+    domain_sizes: BTreeMap::new(),
+    yielded: BTreeMap::new(),
+};
 
 impl Census {
     /// Counts every node of `nodes` for the policy that governs it.

@@ -5,10 +5,9 @@
 use std::collections::BTreeSet;
 
 use gpu_remediation_api::{
-    GpuRemediationPolicySpec, GpuRemediationSpec, GpuRemediationStatus, Phase,
+    GpuRemediationPolicySpec, Phase,
     constants::{QUARANTINE_TAINT_KEY, QUARANTINED_BY_ANNOTATION, REPEAT_OFFENDER_LABEL},
-    policy::{Action, ConditionStatus, Mode},
-    remediation::TriggerRecord,
+    policy::ConditionStatus,
 };
 use jiff::Timestamp;
 use k8s_openapi::{
@@ -141,35 +140,9 @@ fn node(index: usize, drawn: Drawn) -> Arc<Node> {
 
 /// A record of node `index` under `policy` in `phase`, its episode begun at `since`.
 fn record(index: usize, policy: u8, phase: u8, since: i64) -> Arc<GpuRemediation> {
-    let node = format!("n{index:02}");
     let policy = ["group", "h100"][usize::from(policy % 2)];
     let phase = [Phase::Succeeded, Phase::Failed, Phase::Draining, Phase::Pending][usize::from(phase % 4)];
-    let mut r = GpuRemediation::new(
-        &fleet::remediation_name(&node, policy, at(since)),
-        GpuRemediationSpec {
-            node_name: node,
-            policy_name: policy.into(),
-            trigger: TriggerRecord {
-                condition_type: "GpuHealthy".into(),
-                status: ConditionStatus::False,
-                reason: "Drawn".into(),
-                message: String::new(),
-                since: Some(Time(at(since))),
-            },
-            action: Action::None,
-            mode: Mode::Enforce,
-            node_uid: None,
-            previous_incident: None,
-            policy_snapshot: None,
-            hardware: None,
-        },
-    );
-    r.metadata.creation_timestamp = Some(Time(at(since + 30)));
-    r.status = Some(GpuRemediationStatus {
-        phase,
-        ..GpuRemediationStatus::default()
-    });
-    Arc::new(r)
+    fleet::tests::existing(&format!("n{index:02}"), policy, since, phase, since + 30)
 }
 
 /// The plan over the index's candidates, as text (plans hold no map of unstable order).

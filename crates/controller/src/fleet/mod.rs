@@ -831,7 +831,15 @@ mod tests {
         })
     }
 
-    fn existing(node: &str, policy: &str, since: i64, phase: Phase, created: i64) -> Arc<GpuRemediation> {
+    /// A record of `node` under `policy` in `phase`, its episode begun at `since` (shared with the
+    /// index's tests).
+    pub(super) fn existing(
+        node: &str,
+        policy: &str,
+        since: i64,
+        phase: Phase,
+        created: i64,
+    ) -> Arc<GpuRemediation> {
         let mut r = GpuRemediation::new(
             &remediation_name(node, policy, at(since)),
             GpuRemediationSpec {
