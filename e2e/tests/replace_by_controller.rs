@@ -6,10 +6,19 @@
 
 mod common;
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
+use futures::StreamExt as _;
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
-use gpu_remediator::{Settings, leader::Fence};
+use gpu_remediator::{
+    Settings,
+    controller::{Telemetry, run_with_telemetry},
+    leader::Fence,
+    telemetry::Metrics,
+};
 use gpu_sandbox::{
     Fleet, FleetOptions,
     fleet::FLEET_LABEL,
@@ -21,6 +30,7 @@ use kube::{
     Api, Client, ResourceExt as _,
     api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams},
     core::GroupVersionKind,
+    runtime::{WatchStreamExt as _, watcher},
 };
 use serde_json::json;
 use tokio::sync::OnceCell;
@@ -54,6 +64,8 @@ struct Scenario {
     fleet: Arc<Fleet>,
     name: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The in-process controller's metrics.
+    metrics: Metrics,
 }
 
 impl Scenario {
@@ -102,6 +114,7 @@ impl Scenario {
             fleet,
             name,
             stop: None,
+            metrics: Metrics::new(),
         }
     }
 
@@ -114,8 +127,12 @@ impl Scenario {
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let config = common::cluster().await.config();
+        let telemetry = Telemetry {
+            metrics: self.metrics.clone(),
+            health: None,
+        };
         tokio::spawn(async move {
-            gpu_remediator::run(config, settings, Fence::standalone(), async move {
+            run_with_telemetry(config, settings, Fence::standalone(), telemetry, async move {
                 let _ = stopped.await;
             })
             .await
@@ -156,6 +173,37 @@ impl Scenario {
         .await
     }
 
+    /// How many advances of a remediation failed (and were retried) so far.
+    fn remediation_errors(&self) -> u64 {
+        let series = r#"gpu_remediator_reconcile_errors_total{reconciler="remediation"} "#;
+        self.metrics
+            .encode()
+            .lines()
+            .find_map(|line| line.strip_prefix(series))
+            .map_or(0, |value| value.parse().expect("a counter's value"))
+    }
+
+    /// Every version of `node`'s remediation the watch delivers: its phase, and whether it names
+    /// the replacement's object.
+    fn watch_phases(&self, node: &str) -> Arc<Mutex<Vec<(Phase, bool)>>> {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let api = Api::<GpuRemediation>::all(self.client.clone());
+        let config = watcher::Config::default().labels(&format!("{NODE_LABEL}={node}"));
+        let record = seen.clone();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(watcher(api, config).applied_objects());
+            while let Some(Ok(remediation)) = stream.next().await {
+                if let Some(status) = remediation.status {
+                    record
+                        .lock()
+                        .unwrap()
+                        .push((status.phase, status.replacement.is_some()));
+                }
+            }
+        });
+        seen
+    }
+
     async fn node(&self, node: &str) -> Option<Node> {
         Api::<Node>::all(self.client.clone())
             .get_opt(node)
@@ -188,6 +236,7 @@ async fn the_controller_replaces_a_cluster_api_node_by_deleting_its_machine() {
     // The pool's Machines predate the failure by more than the API's one-second timestamps.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     s.start_controller().await;
+    let versions = s.watch_phases(&broken);
 
     s.break_node(&broken).await;
     let done = s
@@ -198,7 +247,18 @@ async fn the_controller_replaces_a_cluster_api_node_by_deleting_its_machine() {
     let replacement = status.replacement.expect("the Machine is recorded");
     assert_eq!(
         (replacement.kind.as_str(), replacement.name.as_str()),
-        ("Machine", format!("pool-{broken}").as_str())
+        ("Machine", format!("pool-{broken}").as_str()),
+        "the Machine deleted, not the node found gone by a second try"
+    );
+    let versions = versions.lock().unwrap().clone();
+    assert!(
+        versions.contains(&(Phase::Replacing, false)),
+        "Replacing is on record before the Machine is deleted: {versions:?}"
+    );
+    assert_eq!(
+        s.remediation_errors(),
+        0,
+        "no advance failed (the trigger's own write to the record is no conflict)"
     );
     let replaced = common::eventually(
         "the provider to record the replacement",

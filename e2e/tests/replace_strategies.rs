@@ -204,7 +204,8 @@ async fn delete_node_removes_the_node_then_its_pods_and_a_new_node_joins() {
         .for_strategy(Strategy::DeleteNode)
         .trigger(&remediation, &policy)
         .await
-        .expect("trigger");
+        .expect("trigger")
+        .reference;
 
     assert_eq!(
         (reference.kind.as_str(), reference.name.as_str()),
@@ -268,11 +269,12 @@ async fn delete_machine_deletes_the_cluster_api_machine_and_waits_for_the_machin
     let policy = replacement(Strategy::DeleteMachine, None, Duration::from_secs(120));
 
     let triggered_at = trigger_instant().await;
-    let reference = replacers
+    let triggered = replacers
         .for_strategy(Strategy::DeleteMachine)
         .trigger(&remediation, &policy)
         .await
         .expect("trigger");
+    let reference = triggered.reference.clone();
 
     assert_eq!(reference.kind, "Machine");
     assert_eq!(
@@ -293,6 +295,14 @@ async fn delete_machine_deletes_the_cluster_api_machine_and_waits_for_the_machin
             .get(REPLACEMENT_SELECTOR_ANNOTATION)
             .map(String::as_str),
         Some("cluster.x-k8s.io/set-name=gpu-pool")
+    );
+    assert_eq!(
+        triggered
+            .rewritten
+            .as_ref()
+            .map(kube::ResourceExt::resource_version),
+        Some(recorded.resource_version()),
+        "the trigger hands back the record as it wrote it (the status write after it is made over it)"
     );
     let progress = follow(
         &client,
@@ -361,7 +371,8 @@ async fn delete_node_claim_deletes_the_karpenter_claim_naming_the_node_and_the_n
         .for_strategy(Strategy::DeleteNodeClaim)
         .trigger(&remediation, &policy)
         .await
-        .expect("trigger");
+        .expect("trigger")
+        .reference;
 
     assert_eq!(
         (reference.api_version.as_str(), reference.kind.as_str()),
@@ -437,12 +448,14 @@ async fn a_template_object_is_created_owned_by_the_remediation_and_followed_unti
         .for_strategy(Strategy::Template)
         .trigger(&remediation, &policy)
         .await
-        .expect("trigger");
+        .expect("trigger")
+        .reference;
     let again = replacers
         .for_strategy(Strategy::Template)
         .trigger(&remediation, &policy)
         .await
-        .expect("second trigger");
+        .expect("second trigger")
+        .reference;
 
     assert_eq!(again, reference, "a repeated trigger finds the same object");
     let reboots = fake_reboots(&client, &namespace);
@@ -528,7 +541,8 @@ async fn a_template_object_that_never_reports_done_fails_the_replacement_at_its_
         .for_strategy(Strategy::Template)
         .trigger(&remediation, &policy)
         .await
-        .expect("trigger");
+        .expect("trigger")
+        .reference;
     let progress = follow(
         &client,
         &replacers,
@@ -569,7 +583,8 @@ async fn a_template_object_reporting_failure_fails_the_replacement() {
         .for_strategy(Strategy::Template)
         .trigger(&remediation, &policy)
         .await
-        .expect("trigger");
+        .expect("trigger")
+        .reference;
     fake_reboots(&client, &namespace)
         .patch_status(
             &reference.name,

@@ -97,7 +97,8 @@ pub(crate) async fn trigger_step(
         .trigger(remediation, &replacement)
         .await
     {
-        Ok(reference) => Ok(Ok(reference)),
+        // A template's trigger creates its object and never writes the remediation.
+        Ok(triggered) => Ok(Ok(triggered.reference)),
         Err(TriggerReplacementError::Fenced(fenced)) => Err(fenced.into()),
         Err(error) => Ok(Err(words(&error))),
     }

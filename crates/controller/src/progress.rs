@@ -19,7 +19,8 @@
 //! that has just ended, then `Verifying`) is held the same way and carried by that step's write,
 //! its Events folded into that write's: one status write and one Event for a chain of phase
 //! changes made within one advance. If the next step fails, the pass after it resumes from the
-//! held status and writes it.
+//! held status and writes it. `Replacing` is never held: the replacement it triggers cannot be
+//! taken back, so the record says so first.
 
 use std::{
     collections::HashMap,
@@ -102,11 +103,15 @@ pub fn verdict(
 
 /// Whether a settlement's `status` may pass through without a write of its own because the next
 /// step of the same advance follows at once (its write carries this status's phase history and,
-/// folded, its Events): not a finished remediation's, and not one whose settlement releases the
-/// node or drops the finalizer (those are written as they happen).
+/// folded, its Events): not a finished remediation's, not one whose settlement releases the node
+/// or drops the finalizer (those are written as they happen), and not `Replacing`. The step after
+/// `Replacing` deletes a Machine, a `NodeClaim` or the node, or creates a reboot's object: what
+/// cannot be taken back is on record before it is done, so a replica that stops in between (or a
+/// status write that fails after it) leaves a record that says `Replacing` and triggers again,
+/// idempotently, never one that says `Draining` about a node that is gone.
 #[must_use]
 pub fn passed_through(status: &GpuRemediationStatus, releases: bool, drops_finalizer: bool) -> bool {
-    !status.phase.is_terminal() && !releases && !drops_finalizer
+    !status.phase.is_terminal() && status.phase != Phase::Replacing && !releases && !drops_finalizer
 }
 
 /// The Events of a write that carries an earlier held phase change: the phase changes told in one
@@ -262,6 +267,19 @@ impl HeldProgress {
             .unwrap_or_default()
     }
 
+    /// Moves what is held for `name` over `from` onto `to`: the record's version changed by a
+    /// write of this replica's own that leaves the status alone (see `replace::Triggered`).
+    pub fn rebase(&self, name: &str, from: Option<&str>, to: Option<String>) {
+        if let Some(held) = self
+            .entries()
+            .get_mut(name)
+            .and_then(|entry| entry.held.as_mut())
+            .filter(|held| held.base.as_deref() == from)
+        {
+            held.base = to;
+        }
+    }
+
     /// Drops what is held for `name` (the server has it already); returns the Events still held.
     pub fn release(&self, name: &str) -> Vec<Note> {
         self.entries()
@@ -338,6 +356,29 @@ mod tests {
             !passed_through(&succeeded, false, false),
             "a finished remediation is written"
         );
+        let mut replacing = draining(20);
+        replacing.phase = Phase::Replacing;
+        assert!(
+            !passed_through(&replacing, false, false),
+            "Replacing is on record before the replacement is triggered"
+        );
+    }
+
+    #[test]
+    fn a_held_status_follows_the_records_version_across_our_own_write() {
+        let held = HeldProgress::default();
+        let mut record = record("10");
+        held.hold("r", Some("10".into()), Some(draining(2)), draining(5), Vec::new());
+        held.rebase("r", Some("10"), Some("11".into()));
+        record.metadata.resource_version = Some("11".into());
+        assert_eq!(held.resume(&record).0.status, Some(draining(5)));
+        held.rebase("r", Some("10"), Some("12".into()));
+        record.metadata.resource_version = Some("12".into());
+        assert_eq!(
+            held.resume(&record).0.status,
+            Some(draining(2)),
+            "a rebase from a version the held status is not over moves nothing"
+        );
     }
 
     #[test]
@@ -390,9 +431,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_held_status_lasts_only_as_long_as_the_version_it_builds_on() {
-        let held = HeldProgress::default();
+    /// Record `r` at `version`, whose server status is `draining(2)`.
+    fn record(version: &str) -> GpuRemediation {
         let mut record: GpuRemediation = serde_json::from_value(serde_json::json!({
             "apiVersion": "gpuremediation.dev/v1alpha1",
             "kind": "GpuRemediation",
@@ -406,8 +446,15 @@ mod tests {
             },
         }))
         .expect("a valid remediation");
-        record.metadata.resource_version = Some("10".into());
+        record.metadata.resource_version = Some(version.into());
         record.status = Some(draining(2));
+        record
+    }
+
+    #[test]
+    fn a_held_status_lasts_only_as_long_as_the_version_it_builds_on() {
+        let held = HeldProgress::default();
+        let mut record = record("10");
         let _ = held.wrote("r", at(0));
         held.hold("r", Some("10".into()), Some(draining(2)), draining(5), Vec::new());
         let (resumed, written) = held.resume(&record);

@@ -108,7 +108,23 @@ pub async fn advance(
             .policy_snapshot
             .clone()
             .or_else(|| live.as_deref().map(snapshot_of));
-        let settlement = step(ctx, &current, rules.as_ref()).await?;
+        let Stepped {
+            settlement,
+            rewritten,
+        } = step(ctx, &current, rules.as_ref()).await?;
+        if let Some(rewritten) = rewritten {
+            // The step's own write to the record (see `replace::Triggered`): the status is written
+            // over the version it made.
+            ctx.progress.rebase(
+                &current.name_any(),
+                current.resource_version().as_deref(),
+                rewritten.resource_version(),
+            );
+            current = Arc::new(GpuRemediation {
+                metadata: rewritten.metadata,
+                ..(*current).clone()
+            });
+        }
         let next = settlement.next;
         let entered = settlement.status.phase;
         let changed = current.status.as_ref() != Some(&settlement.status);
@@ -138,12 +154,18 @@ pub async fn advance(
     Ok(Next::At(Timestamp::now()).or_at(hold_until))
 }
 
+/// A step's settlement, and the record as the step itself wrote it, if it did.
+struct Stepped {
+    settlement: Settlement,
+    rewritten: Option<GpuRemediation>,
+}
+
 /// Sees, decides, and puts the lifecycle's asks to the server until it settles.
 async fn step(
     ctx: &Context,
     remediation: &GpuRemediation,
     rules: Option<&PolicySnapshot>,
-) -> Result<Settlement, AdvanceRemediationError> {
+) -> Result<Stepped, AdvanceRemediationError> {
     let now = Timestamp::now();
     let status = remediation.status.clone().unwrap_or_default();
     let node = ctx.caches.node(&remediation.spec.node_name);
@@ -197,6 +219,7 @@ async fn step(
         remediation.creation_timestamp().map(|t| t.0),
     ));
     let limit = ASKS_PER_STEP + pods.as_ref().map_or(0, |plan| plan.leaving.len());
+    let mut rewritten = None;
     for _ in 0..limit {
         let budgets: Vec<PodDisruptionBudget> =
             ctx.caches.budgets.state().iter().map(|b| (**b).clone()).collect();
@@ -238,9 +261,17 @@ async fn step(
                 if settlement.status.leaked_pods.is_none() {
                     settlement.status.leaked_pods = leaked;
                 }
-                return Ok(settlement);
+                return Ok(Stepped {
+                    settlement,
+                    rewritten,
+                });
             }
-            Decision::Ask(ask) => carry_out(ctx, remediation, rules, ask, &mut answers, now).await?,
+            Decision::Ask(ask) => {
+                let asked = rewritten.as_ref().unwrap_or(remediation);
+                if let Some(written) = carry_out(ctx, asked, rules, ask, &mut answers, now).await? {
+                    rewritten = Some(written);
+                }
+            }
         }
     }
     Err(AdvanceRemediationError::KeptAsking {
@@ -272,7 +303,8 @@ fn pace(ctx: &Context) -> Pace {
     }
 }
 
-/// Puts one ask to the server and keeps its answer.
+/// Puts one ask to the server and keeps its answer; with the record as the ask wrote it, if it
+/// wrote to it.
 async fn carry_out(
     ctx: &Context,
     remediation: &GpuRemediation,
@@ -280,7 +312,7 @@ async fn carry_out(
     ask: Ask,
     answers: &mut Answers,
     now: Timestamp,
-) -> Result<(), AdvanceRemediationError> {
+) -> Result<Option<GpuRemediation>, AdvanceRemediationError> {
     let name = remediation.name_any();
     match ask {
         Ask::Cordon(node) => {
@@ -338,21 +370,29 @@ async fn carry_out(
                 unreachable!("the lifecycle triggers a replacement only under rules")
             };
             let strategy = rules.replacement.strategy;
-            let answer = match ctx
+            let (answer, rewritten) = match ctx
                 .replacers
                 .for_strategy(strategy)
                 .trigger(remediation, &rules.replacement)
                 .await
             {
-                Ok(reference) => Ok(reference),
+                Ok(replace::Triggered { reference, rewritten }) => (Ok(reference), rewritten),
                 Err(replace::TriggerReplacementError::Fenced(fenced)) => return Err(fenced.into()),
-                Err(error) => Err(Words {
-                    action: format!("triggering the replacement ({strategy:?})"),
-                    code: error.code(),
-                    message: error.to_string(),
-                }),
+                Err(error) => {
+                    let words = Words {
+                        action: format!("triggering the replacement ({strategy:?})"),
+                        code: error.code(),
+                        message: error.to_string(),
+                    };
+                    (Err(words), None)
+                }
             };
             answers.trigger = Some(answer);
+            if let Some(mut written) = rewritten {
+                written.managed_fields_mut().clear();
+                ctx.caches.written_remediations.record(written.clone());
+                return Ok(Some(written));
+            }
         }
         Ask::TriggerStep(rung) => {
             let Some(rules) = rules else {
@@ -364,7 +404,7 @@ async fn carry_out(
             answers.hand_off = Some(crate::ladder_acts::hand_off(ctx, &node, &name).await?);
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Looks at the replacement (or a ladder step's object) through `strategy`; a failure to look is

@@ -2,7 +2,7 @@
 //! [`super::template::render`]) and follow what it reports. Resolving the kind by discovery
 //! gives its plural and scope, so any kind works.
 
-use futures::{FutureExt as _, future::BoxFuture};
+use futures::{FutureExt as _, TryFutureExt as _, future::BoxFuture};
 use gpu_remediation_api::{GpuRemediation, policy::Replacement, remediation::ObjectReference};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
@@ -14,7 +14,7 @@ use kube::{
 };
 
 use super::{
-    Kube, ObserveReplacementError, Replace, TriggerReplacementError, node_presence, presence,
+    Kube, ObserveReplacementError, Replace, TriggerReplacementError, Triggered, node_presence, presence,
     template::{self, render},
     verify::{Observation, Presence, ReplacementNode, Reported},
 };
@@ -197,8 +197,10 @@ impl Replace for CreateTemplate {
         &'a self,
         remediation: &'a GpuRemediation,
         replacement: &'a Replacement,
-    ) -> BoxFuture<'a, Result<ObjectReference, TriggerReplacementError>> {
-        self.create(remediation, replacement).boxed()
+    ) -> BoxFuture<'a, Result<Triggered, TriggerReplacementError>> {
+        self.create(remediation, replacement)
+            .map_ok(Triggered::from)
+            .boxed()
     }
 
     fn observe<'a>(

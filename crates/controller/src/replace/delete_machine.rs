@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 
 use super::{
     Kube, ObserveReplacementError, REPLACEMENT_SELECTOR_ANNOTATION, Replace, TriggerReplacementError,
-    node_presence, presence,
+    Triggered, node_presence, presence,
     verify::{Observation, ReplacementNode, Reported, node_is_ready},
 };
 
@@ -82,7 +82,7 @@ impl DeleteMachine {
         Self { kube }
     }
 
-    async fn delete(&self, remediation: &GpuRemediation) -> Result<ObjectReference, TriggerReplacementError> {
+    async fn delete(&self, remediation: &GpuRemediation) -> Result<Triggered, TriggerReplacementError> {
         let node_name = &remediation.spec.node_name;
         let nodes: Api<Node> = Api::all(self.kube.client.clone());
         let node = nodes
@@ -94,13 +94,13 @@ impl DeleteMachine {
             })?;
         let Some(node) = node else {
             // Gone already (a retry after the Machine was deleted): nothing left to find.
-            return Ok(ObjectReference {
+            return Ok(Triggered::from(ObjectReference {
                 api_version: "v1".to_owned(),
                 kind: "Node".to_owned(),
                 name: node_name.clone(),
                 namespace: None,
                 uid: None,
-            });
+            }));
         };
         let annotation = |key: &'static str| {
             node.metadata
@@ -136,17 +136,20 @@ impl DeleteMachine {
             uid: machine.as_ref().and_then(|machine| machine.metadata.uid.clone()),
         };
         let Some(machine) = machine else {
-            return Ok(reference);
+            return Ok(Triggered::from(reference));
         };
-        if let Some(set) = machine
+        let rewritten = match machine
             .metadata
             .labels
             .as_ref()
             .and_then(|labels| labels.get(MACHINE_SET_LABEL))
         {
-            self.remember_selector(remediation, &format!("{MACHINE_SET_LABEL}={set}"))
-                .await?;
-        }
+            Some(set) => {
+                self.remember_selector(remediation, &format!("{MACHINE_SET_LABEL}={set}"))
+                    .await?
+            }
+            None => None,
+        };
         self.kube
             .delete_stamped(
                 &machines,
@@ -156,22 +159,25 @@ impl DeleteMachine {
             )
             .await
             .map_err(|error| error.during(action("deleting")))?;
-        Ok(reference)
+        Ok(Triggered { reference, rewritten })
     }
 
-    /// Records on the remediation which Machines may replace the deleted one, before deleting it.
+    /// Records on the remediation which Machines may replace the deleted one, before deleting it;
+    /// with the remediation as written, if this wrote it. The write is made over the version read
+    /// (a person's edit since is a conflict, and the next pass reads again), so the version it
+    /// returns differs from the one read by this write alone.
     async fn remember_selector(
         &self,
         remediation: &GpuRemediation,
         selector: &str,
-    ) -> Result<(), TriggerReplacementError> {
+    ) -> Result<Option<GpuRemediation>, TriggerReplacementError> {
         let recorded = remediation
             .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(REPLACEMENT_SELECTOR_ANNOTATION));
         if recorded.map(String::as_str) == Some(selector) {
-            return Ok(());
+            return Ok(None);
         }
         let name = remediation.meta().name.clone().unwrap_or_default();
         let remediations: Api<GpuRemediation> = Api::all(self.kube.client.clone());
@@ -180,16 +186,17 @@ impl DeleteMachine {
         if let Some(claim) = self.kube.fence.claim() {
             annotations[CLAIM_ANNOTATION] = json!(claim.as_ref());
         }
-        let patch: BTreeMap<&str, Value> =
-            BTreeMap::from([("metadata", json!({"annotations": annotations}))]);
-        remediations
+        let metadata =
+            json!({"annotations": annotations, "resourceVersion": remediation.meta().resource_version});
+        let patch: BTreeMap<&str, Value> = BTreeMap::from([("metadata", metadata)]);
+        let written = remediations
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(|source| TriggerReplacementError::Api {
                 action: format!("annotating GpuRemediation {name}"),
                 source,
             })?;
-        Ok(())
+        Ok(Some(written))
     }
 
     async fn look(
@@ -308,7 +315,7 @@ impl Replace for DeleteMachine {
         &'a self,
         remediation: &'a GpuRemediation,
         _replacement: &'a Replacement,
-    ) -> BoxFuture<'a, Result<ObjectReference, TriggerReplacementError>> {
+    ) -> BoxFuture<'a, Result<Triggered, TriggerReplacementError>> {
         self.delete(remediation).boxed()
     }
 

@@ -2,13 +2,15 @@
 //! cloud provider or node group brings a new machine on its own schedule (not one-to-one, so no
 //! replacement is awaited).
 
-use futures::{FutureExt as _, future::BoxFuture};
+use futures::{FutureExt as _, TryFutureExt as _, future::BoxFuture};
 use gpu_remediation_api::{GpuRemediation, policy::Replacement, remediation::ObjectReference};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::DeleteParams};
 
-use super::{Kube, ObserveReplacementError, Replace, TriggerReplacementError, node_presence, presence};
+use super::{
+    Kube, ObserveReplacementError, Replace, TriggerReplacementError, Triggered, node_presence, presence,
+};
 use crate::replace::verify::{Observation, ReplacementNode, Reported};
 
 /// The `DeleteNode` strategy.
@@ -86,8 +88,8 @@ impl Replace for DeleteNode {
         &'a self,
         remediation: &'a GpuRemediation,
         _replacement: &'a Replacement,
-    ) -> BoxFuture<'a, Result<ObjectReference, TriggerReplacementError>> {
-        self.delete(remediation).boxed()
+    ) -> BoxFuture<'a, Result<Triggered, TriggerReplacementError>> {
+        self.delete(remediation).map_ok(Triggered::from).boxed()
     }
 
     fn observe<'a>(

@@ -3,7 +3,7 @@
 //! for pending pods on its own schedule (often while the drain runs), not one-to-one per deleted
 //! claim, so no replacement is awaited.
 
-use futures::{FutureExt as _, future::BoxFuture};
+use futures::{FutureExt as _, TryFutureExt as _, future::BoxFuture};
 use gpu_remediation_api::{GpuRemediation, policy::Replacement, remediation::ObjectReference};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
@@ -15,7 +15,7 @@ use kube::{
 use serde_json::Value;
 
 use super::{
-    Kube, ObserveReplacementError, Replace, TriggerReplacementError, node_presence, presence,
+    Kube, ObserveReplacementError, Replace, TriggerReplacementError, Triggered, node_presence, presence,
     verify::{Observation, ReplacementNode, Reported},
 };
 
@@ -152,8 +152,8 @@ impl Replace for DeleteNodeClaim {
         &'a self,
         remediation: &'a GpuRemediation,
         _replacement: &'a Replacement,
-    ) -> BoxFuture<'a, Result<ObjectReference, TriggerReplacementError>> {
-        self.delete(remediation).boxed()
+    ) -> BoxFuture<'a, Result<Triggered, TriggerReplacementError>> {
+        self.delete(remediation).map_ok(Triggered::from).boxed()
     }
 
     fn observe<'a>(

@@ -14,7 +14,8 @@
 //!
 //! 1. `Replacing`: `replacers.for_strategy(policy.spec.replacement.strategy).trigger(&remediation,
 //!    &policy.spec.replacement)`; record the returned reference in `status.replacement` and move
-//!    to `Verifying`. `trigger` is idempotent: calling it again after a crash finds the same object
+//!    to `Verifying` (a trigger that wrote to the remediation returns it as written, and the status
+//!    write that follows is made over that version). `trigger` is idempotent: calling it again after a crash finds the same object
 //!    (or finds it gone) instead of acting twice.
 //! 2. `Verifying`, on every reconcile: `observe(&remediation, &reference, triggered_at)` (with
 //!    `triggered_at` = [`replacing_since`] of the status) then
@@ -176,6 +177,26 @@ impl ObserveReplacementError {
     }
 }
 
+/// A replacement started.
+#[derive(Debug, Clone)]
+pub struct Triggered {
+    /// The object that carries it out (for `status.replacement`).
+    pub reference: ObjectReference,
+    /// The remediation as the trigger wrote it, if it did (`DeleteMachine` records the replacement
+    /// Machines' selector on it), under the version it was given: the status write that follows
+    /// is made over this version, not the one before the trigger's own write.
+    pub rewritten: Option<GpuRemediation>,
+}
+
+impl From<ObjectReference> for Triggered {
+    fn from(reference: ObjectReference) -> Self {
+        Self {
+            reference,
+            rewritten: None,
+        }
+    }
+}
+
 /// One replacement strategy.
 pub trait Replace: Send + Sync {
     /// Starts the replacement of `remediation`'s node under the policy's `replacement` settings
@@ -184,7 +205,7 @@ pub trait Replace: Send + Sync {
         &'a self,
         remediation: &'a GpuRemediation,
         replacement: &'a Replacement,
-    ) -> BoxFuture<'a, Result<ObjectReference, TriggerReplacementError>>;
+    ) -> BoxFuture<'a, Result<Triggered, TriggerReplacementError>>;
 
     /// Looks at a triggered replacement. `remediation` must be current (its annotations are read);
     /// `triggered_at` is when `Replacing` was entered.
