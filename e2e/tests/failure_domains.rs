@@ -218,8 +218,18 @@ async fn reboot_succeeds(s: &Scenario, node: &str) {
     )
     .await;
     scenario::report_rebooted(s, &replacing).await;
-    s.wait_phase(node, Phase::Verifying, Duration::from_secs(30))
-        .await;
+    // The reboot reported done, the node standing, may already count as a success before the heal.
+    eventually(
+        &format!("{node}'s remediation to see the reboot"),
+        Duration::from_secs(30),
+        || async {
+            s.remediation_of(node)
+                .await
+                .and_then(|r| r.status)
+                .filter(|st| matches!(st.phase, Phase::Verifying | Phase::Succeeded))
+        },
+    )
+    .await;
     s.heal_gpu(node).await;
     s.wait_phase(node, Phase::Succeeded, Duration::from_secs(30))
         .await;
