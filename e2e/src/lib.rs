@@ -1,6 +1,6 @@
 //! End-to-end tests against a real local control plane live in `tests/`; this library holds what
-//! several of them share and that needs no control plane: building the binaries they run, and
-//! waiting for a condition.
+//! several of them share and that needs no control plane: building the binaries they run, waiting
+//! for a condition, and reading a sample of the metrics.
 #![forbid(unsafe_code)]
 
 use std::{
@@ -73,4 +73,17 @@ where
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The value of the sample `series` (name with labels, as `/metrics` prints it), if present.
+#[must_use]
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|line| {
+            line.strip_prefix(series)
+                .is_some_and(|rest| rest.starts_with(' '))
+        })
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
 }

@@ -10,6 +10,7 @@ mod leader_support;
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use e2e::eventually;
+use e2e::sample;
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
 use gpu_sandbox::{
     Fleet, FleetOptions,
@@ -21,7 +22,7 @@ use kube::{
     Api,
     api::{ListParams, PostParams},
 };
-use leader_support::{ReplicaOptions, ReplicaProcess, cluster, controller_account, create_namespace, sample};
+use leader_support::{ReplicaOptions, ReplicaProcess, cluster, controller_account, create_namespace};
 use serde_json::json;
 
 const DASHBOARD: &str = "manifests/optional/dashboard/gpu-remediator.json";

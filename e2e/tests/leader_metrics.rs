@@ -6,6 +6,7 @@ mod leader_support;
 use std::{sync::Arc, time::Duration};
 
 use e2e::eventually;
+use e2e::sample;
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
 use gpu_sandbox::{
     Fleet, FleetOptions,
@@ -19,7 +20,7 @@ use kube::{
 };
 use leader_support::{
     ReplicaOptions, ReplicaProcess, cluster, controller_account, create_namespace, free_port,
-    kubeconfig_with_token, lease_holder, sample,
+    kubeconfig_with_token, lease_holder,
 };
 use serde_json::json;
 

@@ -174,13 +174,11 @@ impl Scenario {
     }
 
     /// How many advances of a remediation failed (and were retried) so far.
-    fn remediation_errors(&self) -> u64 {
-        let series = r#"gpu_remediator_reconcile_errors_total{reconciler="remediation"} "#;
-        self.metrics
-            .encode()
-            .lines()
-            .find_map(|line| line.strip_prefix(series))
-            .map_or(0, |value| value.parse().expect("a counter's value"))
+    fn remediation_errors(&self) -> Option<f64> {
+        e2e::sample(
+            &self.metrics.encode(),
+            r#"gpu_remediator_reconcile_errors_total{reconciler="remediation"}"#,
+        )
     }
 
     /// Every version of `node`'s remediation the watch delivers: its phase, and whether it names
@@ -255,10 +253,11 @@ async fn the_controller_replaces_a_cluster_api_node_by_deleting_its_machine() {
         versions.contains(&(Phase::Replacing, false)),
         "Replacing is on record before the Machine is deleted: {versions:?}"
     );
-    assert_eq!(
-        s.remediation_errors(),
-        0,
-        "no advance failed (the trigger's own write to the record is no conflict)"
+    // A counter: below one is none.
+    assert!(
+        s.remediation_errors().unwrap_or_default() < 1.0,
+        "no advance failed (the trigger's own write to the record is no conflict): {:?}",
+        s.remediation_errors()
     );
     let replaced = common::eventually(
         "the provider to record the replacement",

@@ -1,13 +1,13 @@
 //! Carries one remediation forward: sees what its phase needs (the node from the cache, the
 //! node's pods while it drains, the replacement while it is verified), asks
 //! [`lifecycle::decide`], puts the lifecycle's asks to the server and hands the answers back, then
-//! carries out the settlement (release, status, Events, finalizer) and reports it in metrics.
+//! has [`settle`] carry out the settlement (release, status, Events, finalizer, metrics).
 //!
 //! Every decision is in `lifecycle`; this module only reads, writes and counts. Steps are
 //! idempotent and decided from what the API server holds, so a restart, a new leader or a repeated
 //! pass resumes where the record says, without repeating an action.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use futures::{StreamExt, stream};
 use gpu_remediation_api::{
@@ -24,17 +24,20 @@ use crate::{
     fleet::snapshot_of,
     kubeops::{DeletePodError, DropFinalizerError, EditNodeError, EvictPodError, NodeEdit, WriteStatusError},
     lifecycle::{
-        self, Answers, Ask, CordonAnswer, Decision, EvictionAnswer, Pace, Release, Seen, Settlement, Words,
+        self, Answers, Ask, CordonAnswer, Decision, EvictionAnswer, Pace, Seen, Settlement, Words,
         eviction_round::{self, Flight},
     },
     observe::prune_node,
-    progress::{self, Verdict},
+    progress,
     replace::{self, Observation},
     telemetry::EvictionResult,
     time::signed,
 };
 
+mod settle;
+
 pub use lifecycle::Next;
+use settle::settle;
 
 /// How many settlements one call carries out at most before handing back to the loop (a
 /// settlement that is due again at once continues, e.g. Draining → Replacing → Verifying). The
@@ -427,138 +430,6 @@ async fn look_at(
         })
 }
 
-/// A settlement carried out: the record as it now stands (with a held status laid over it), and
-/// until when its status is held back.
-struct Settled {
-    remediation: Arc<GpuRemediation>,
-    hold_until: Option<Timestamp>,
-}
-
-/// Carries out a settlement: release, status, Events, finalizer, metrics. `written` is the status
-/// the server has.
-async fn settle(
-    ctx: &Context,
-    remediation: &Arc<GpuRemediation>,
-    written: Option<&GpuRemediationStatus>,
-    settlement: Settlement,
-    passing: bool,
-) -> Result<Settled, AdvanceRemediationError> {
-    let name = remediation.name_any();
-    if let Some(Release {
-        node,
-        remember_cancel,
-    }) = &settlement.release
-        && let NodeEdit::Written(written) = ctx
-            .ops
-            .release_node(node, &name, &remediation.spec.policy_name, *remember_cancel)
-            .await?
-    {
-        remember_node(ctx, *written);
-    }
-    let before = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
-    let after = settlement.status.phase;
-    let measured = remediation.status.as_ref().and_then(|s| s.leaked_pods).is_none();
-    let (updated, hold_until, notes) = write_if_changed(
-        ctx,
-        remediation,
-        written,
-        settlement.status,
-        settlement.notes,
-        passing,
-    )
-    .await?;
-    if let Some(leaked) = updated.status.as_ref().and_then(|s| s.leaked_pods)
-        && measured
-    {
-        ctx.metrics.leaked_pods(&remediation.spec.policy_name, leaked);
-    }
-    if after.is_terminal() {
-        ctx.progress.forget(&name);
-    }
-    report_steps(ctx, remediation, updated.status.as_ref());
-    if before != after {
-        report_phase_change(ctx, remediation, before, after);
-        if let Some(status) = &updated.status {
-            report_recovery(ctx, remediation, status);
-        }
-    }
-    // A phase change's Events are told under the phase entered (the kube recorder aggregates
-    // Events by action and reason: under one action, a later phase change would only count up the
-    // first one's series, and its words would be lost).
-    let action = if before == after {
-        "Remediate".to_owned()
-    } else {
-        after.to_string()
-    };
-    for note in &notes {
-        ctx.ops.publish(updated.as_ref(), note.event(&action)).await;
-    }
-    if settlement.drop_finalizer {
-        drop_finalizer(ctx, &updated).await?;
-    }
-    Ok(Settled {
-        remediation: updated,
-        hold_until,
-    })
-}
-
-/// Metrics for a phase change: the time spent in the phase left, the cordon's latency from the
-/// trigger, and the outcome of a finished remediation.
-fn report_phase_change(ctx: &Context, remediation: &GpuRemediation, before: Phase, after: Phase) {
-    let policy = &remediation.spec.policy_name;
-    let now = Timestamp::now();
-    let since = |t: Timestamp| Duration::try_from(now.duration_since(t)).unwrap_or_default();
-    let entered_before = remediation
-        .status
-        .as_ref()
-        .and_then(|s| lifecycle::status::phase_entered(s, before))
-        .or_else(|| remediation.creation_timestamp().map(|t| t.0));
-    if let Some(entered) = entered_before {
-        ctx.metrics.phase_finished(policy, before, since(entered));
-    }
-    if after == Phase::Cordoned
-        && let Some(triggered) = &remediation.spec.trigger.since
-    {
-        ctx.metrics.detected_to_cordoned(policy, since(triggered.0));
-    }
-    if after.is_terminal() {
-        ctx.metrics
-            .remediation_finished(policy, remediation.spec.action, after);
-    }
-}
-
-/// Metrics for the ladder steps the status just written ended, and for a ladder recycle that
-/// just finished (whether it needed a replacement).
-fn report_steps(ctx: &Context, remediation: &GpuRemediation, written: Option<&GpuRemediationStatus>) {
-    let Some(after) = written else { return };
-    let before = remediation.status.as_ref();
-    let policy = &remediation.spec.policy_name;
-    for step in lifecycle::ladder::newly_ended(before, after) {
-        if let (Some(end), Some(outcome)) = (&step.end, step.outcome) {
-            let took = Duration::try_from(end.0.duration_since(step.start.0)).unwrap_or_default();
-            ctx.metrics.step_finished(policy, step.step, outcome, took);
-        }
-    }
-    let finished = |s: Option<&GpuRemediationStatus>| {
-        s.is_some_and(|s| matches!(s.phase, Phase::Succeeded | Phase::Failed | Phase::ManualRequired))
-    };
-    if !after.steps.is_empty() && finished(Some(after)) && !finished(before) {
-        ctx.metrics
-            .recycle_finished(policy, lifecycle::ladder::replaced(after));
-    }
-}
-
-/// The time to recovery of a remediation that just succeeded, as its status records it.
-fn report_recovery(ctx: &Context, remediation: &GpuRemediation, status: &GpuRemediationStatus) {
-    if let Some(seconds) = status.time_to_recovery_seconds {
-        ctx.metrics.time_to_recovery(
-            &remediation.spec.policy_name,
-            status.phase,
-            Duration::from_secs(seconds),
-        );
-    }
-}
-
 fn remember_node(ctx: &Context, mut node: k8s_openapi::api::core::v1::Node) {
     prune_node(&mut node);
     ctx.caches.written_nodes.record(node);
@@ -617,92 +488,6 @@ async fn list_plan(
         })?;
     let leaked = since.map(|since| crate::quarantine::leak::scheduled_after(&listed.items, since));
     Ok((drain::plan(&listed.items), leaked, listed.items))
-}
-
-async fn drop_finalizer(ctx: &Context, remediation: &GpuRemediation) -> Result<(), AdvanceRemediationError> {
-    if !remediation
-        .finalizers()
-        .iter()
-        .any(|f| f == REMEDIATION_FINALIZER)
-    {
-        return Ok(());
-    }
-    match ctx.ops.drop_finalizer(remediation).await? {
-        // A record being deleted goes once its last finalizer is dropped: never lay it over the
-        // cache, or it would linger in the view.
-        Some(updated)
-            if updated.metadata.deletion_timestamp.is_none() || !updated.finalizers().is_empty() =>
-        {
-            ctx.caches.written_remediations.record(updated);
-        }
-        Some(_) | None => ctx.caches.written_remediations.forget(&remediation.name_any()),
-    }
-    Ok(())
-}
-
-/// Writes `status` unless the server has it or it is held (see `progress`); returns the record as
-/// it now stands, until when its status is held, and the Events to publish now (`notes`, with those
-/// of a held phase change this write carries folded in; none while a phase change is held).
-/// `passing`: the next step of this advance follows at once, and its write carries this status
-/// and its Events.
-async fn write_if_changed(
-    ctx: &Context,
-    remediation: &Arc<GpuRemediation>,
-    written: Option<&GpuRemediationStatus>,
-    status: GpuRemediationStatus,
-    notes: Vec<lifecycle::Note>,
-    passing: bool,
-) -> Result<(Arc<GpuRemediation>, Option<Timestamp>, Vec<lifecycle::Note>), AdvanceRemediationError> {
-    let name = remediation.name_any();
-    let now = Timestamp::now();
-    let with_status = |status: GpuRemediationStatus| {
-        let mut kept = (**remediation).clone();
-        kept.status = Some(status);
-        Arc::new(kept)
-    };
-    let verdict = match progress::verdict(written, ctx.progress.written_at(&name), &status, now) {
-        Verdict::Write | Verdict::HoldUntil(_) if passing => {
-            // Held with every Event it calls for: the next step's write publishes them, folded.
-            ctx.progress.hold(
-                &name,
-                remediation.resource_version(),
-                written.cloned(),
-                status.clone(),
-                notes,
-            );
-            return Ok((with_status(status), Some(now), Vec::new()));
-        }
-        verdict => verdict,
-    };
-    match verdict {
-        Verdict::Unchanged => {
-            let earlier = ctx.progress.release(&name);
-            Ok((with_status(status), None, progress::fold(earlier, notes)))
-        }
-        Verdict::HoldUntil(due) => {
-            let phase_change = progress::cordon_entered(written, &status).is_some();
-            let (held, now_notes) = if phase_change {
-                (notes, Vec::new())
-            } else {
-                (Vec::new(), notes)
-            };
-            ctx.progress.hold(
-                &name,
-                remediation.resource_version(),
-                written.cloned(),
-                status.clone(),
-                held,
-            );
-            Ok((with_status(status), Some(due), now_notes))
-        }
-        Verdict::Write => {
-            let mut updated = ctx.ops.write_remediation_status(remediation, &status).await?;
-            let earlier = ctx.progress.wrote(&name, now);
-            updated.managed_fields_mut().clear();
-            ctx.caches.written_remediations.record(updated.clone());
-            Ok((Arc::new(updated), None, progress::fold(earlier, notes)))
-        }
-    }
 }
 
 /// Whether a remediation is still ours to advance (not finished, or finished but still holding

@@ -474,18 +474,6 @@ pub async fn http_get(address: &str, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// The value of the sample `series` (name with labels, as `/metrics` prints it), if present.
-pub fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find(|line| {
-            line.strip_prefix(series)
-                .is_some_and(|rest| rest.starts_with(' '))
-        })
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-}
-
 /// One audited request.
 #[derive(Debug, Clone)]
 pub struct AuditEvent {
