@@ -71,7 +71,7 @@ async fn controller_token(admin: &Client) -> String {
     let role: ClusterRole = serde_json::from_value(json!({
         "metadata": {"name": "e2e-fence-evictions"},
         "rules": [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-                  {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "update", "delete"]},
+                  {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "update", "patch", "delete"]},
                   {"apiGroups": ["gpuremediation.dev"], "resources": ["gpuremediations"],
                    "verbs": ["get", "create", "update", "patch", "delete"]},
                   {"apiGroups": ["gpuremediation.dev"], "resources": ["gpuremediations/status"],
@@ -191,17 +191,6 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
         "{message}"
     );
 
-    let target = NodeRef {
-        name: node.clone(),
-        uid: None,
-    };
-    let cordon = deposed.cordon_node(&target, "e2e-fence").await;
-    let message = format!("{cordon:?}");
-    assert!(
-        message.contains("fenced: this write carries the claim replica-a/3"),
-        "{message}"
-    );
-
     let unfenced = ops(&controller, Fence::standalone());
     let refused = unfenced.evict(&victim, None, false).await;
     let message = format!("{refused:?}");
@@ -214,21 +203,6 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
         .await
         .expect("the current claim is admitted");
     assert!(matches!(outcome, EvictionAnswer::Accepted), "{outcome:?}");
-    let NodeEdit::Written(cordoned) = current
-        .cordon_node(&target, "e2e-fence")
-        .await
-        .expect("the current claim cordons")
-    else {
-        panic!("the node exists")
-    };
-    assert_eq!(
-        cordoned
-            .annotations()
-            .get("gpuremediation.dev/claim")
-            .map(String::as_str),
-        Some("replica-b/4")
-    );
-    assert_eq!(cordoned.spec.and_then(|s| s.unschedulable), Some(true));
     let created = current
         .create_remediation(&remediation(&node))
         .await
@@ -246,9 +220,66 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
     stale_keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(600));
     stale_keeper.claimed_as("replica-a", 3);
     let deposed = ops(&controller, stale_fence);
+    node_edits_are_fenced_both_ways(&admin, &deposed, &current, &node).await;
     status_writes_are_fenced_and_preconditioned(&deposed, &current, &created).await;
     deletes_are_fenced(&admin, &controller, &deposed, &current, created, &node).await;
     fleet.stop().await.expect("stopping the fleet");
+}
+
+/// Node edits, both ways a node is edited: read and replaced (nothing seen), and patched over the
+/// node as seen (`node_patch`), which the policy sees as an update of the whole node.
+async fn node_edits_are_fenced_both_ways(admin: &Client, deposed: &KubeOps, current: &KubeOps, node: &str) {
+    let target = NodeRef {
+        name: node.to_owned(),
+        uid: None,
+    };
+    let nodes = Api::<Node>::all(admin.clone());
+    let seen = nodes.get(node).await.unwrap();
+    for seen in [None, Some(&seen)] {
+        let cordon = deposed.cordon_node(&target, seen, "e2e-fence").await;
+        let message = format!("{cordon:?}");
+        assert!(message.contains(STALE), "seen {}: {message}", seen.is_some());
+    }
+    // The node as seen is behind (someone labelled it since): the patch over it conflicts, and the
+    // edit is made again over the node as read, keeping their label.
+    let meanwhile = json!({"metadata": {"labels": {"e2e/meanwhile": "1"}}});
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&meanwhile))
+        .await
+        .unwrap();
+    let NodeEdit::Written(cordoned) = current
+        .cordon_node(&target, Some(&seen), "e2e-fence")
+        .await
+        .expect("the current claim cordons")
+    else {
+        panic!("the node exists")
+    };
+    assert_eq!(
+        cordoned
+            .annotations()
+            .get("gpuremediation.dev/claim")
+            .map(String::as_str),
+        Some("replica-b/4")
+    );
+    assert_eq!(
+        cordoned.labels().get("e2e/meanwhile").map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(cordoned.spec.as_ref().and_then(|s| s.unschedulable), Some(true));
+    // Over the node as it is now, the release is one patch, admitted under the current claim.
+    let NodeEdit::Written(released) = current
+        .release_node(&target, Some(&cordoned), "e2e-fence", "p", false)
+        .await
+        .expect("the current claim releases")
+    else {
+        panic!("the node exists")
+    };
+    assert_eq!(released.spec.as_ref().and_then(|s| s.unschedulable), None);
+    assert!(
+        !released
+            .annotations()
+            .contains_key("gpuremediation.dev/cordoned-by")
+    );
 }
 
 /// Status writes: the claim rides in `status.claim` (the status subresource drops metadata), and

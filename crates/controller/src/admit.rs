@@ -24,12 +24,13 @@ use crate::{
     fleet,
     fleet::PolicyPlan,
     kubeops::{CreateRemediationError, DeleteRemediationError, ReadNodeError, WriteStatusError},
-    lifecycle::Note,
+    lifecycle::{Note, status},
     policy_status,
 };
 
-/// Admitted remediations created at once.
-const CREATE_CONCURRENCY: usize = 8;
+/// Admitted remediations created at once: as many as advance at once to their cordon (the
+/// controller's default `remediation_concurrency`), so that ten faults together wait for no slot.
+const CREATE_CONCURRENCY: usize = 16;
 
 /// Why a policy's plan could not be carried out (it is planned again in the next pass).
 #[derive(Debug, thiserror::Error)]
@@ -67,12 +68,41 @@ impl Announcements {
         self.0.push((object.object_ref(&()), event));
     }
 
-    /// Publishes them, in the order they were made.
+    /// Publishes them, one Event per object, reason and type, in the order they were first made
+    /// (see [`aggregate`]).
     pub async fn publish(self, ctx: &Context) {
-        for (reference, event) in self.0 {
+        for (reference, event) in aggregate(self.0) {
             ctx.ops.publish_to(&reference, event).await;
         }
     }
+}
+
+/// Says the Events of one pass about one object with one reason and type in one Event: ten
+/// remediations started together are one Event on the policy whose note lists them (cut to what
+/// the server takes), one write, where the recorder would create the first and patch its series
+/// nine times.
+fn aggregate(events: Vec<(ObjectReference, Event)>) -> Vec<(ObjectReference, Event)> {
+    let mut groups: Vec<(ObjectReference, Event, Vec<String>)> = Vec::new();
+    for (reference, event) in events {
+        let note = event.note.clone().unwrap_or_default();
+        let same = |(r, e, _): &&mut (ObjectReference, Event, Vec<String>)| {
+            *r == reference && e.reason == event.reason && e.type_ == event.type_ && e.action == event.action
+        };
+        match groups.iter_mut().find(same) {
+            Some((_, _, notes)) => notes.push(note),
+            None => groups.push((reference, event, vec![note])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(reference, mut event, notes)| {
+            if notes.len() > 1 {
+                let text = format!("{} at once: {}", notes.len(), notes.join("; "));
+                event.note = Some(status::truncate(&text, status::NOTE_MAX));
+            }
+            (reference, event)
+        })
+        .collect()
 }
 
 /// Carries out one policy's plan, adding the Events it calls for to `announcements` (also those
@@ -397,5 +427,62 @@ mod tests {
             needs_status_write(&policy("9", 0), &status(1), Some(&written)),
             "someone wrote the policy since: theirs is compared"
         );
+    }
+
+    fn announced(policy: &str, reason: &str, note: &str) -> (ObjectReference, Event) {
+        let reference = ObjectReference {
+            name: Some(policy.to_owned()),
+            ..ObjectReference::default()
+        };
+        (reference, event(reason, note, EventType::Normal))
+    }
+
+    #[test]
+    fn remediations_started_together_are_said_in_one_event_per_policy() {
+        let events = vec![
+            announced("p", reasons::STARTED, "node a: remediation a-1 started"),
+            announced("q", reasons::STARTED, "node c: remediation c-1 started"),
+            announced("p", "NodeHeldBack", "node z held back"),
+            announced("p", reasons::STARTED, "node b: remediation b-1 started"),
+        ];
+        let published = aggregate(events);
+        let said: Vec<(Option<&str>, &str, Option<&str>)> = published
+            .iter()
+            .map(|(r, e)| (r.name.as_deref(), e.reason.as_str(), e.note.as_deref()))
+            .collect();
+        assert_eq!(
+            said,
+            [
+                (
+                    Some("p"),
+                    reasons::STARTED,
+                    Some("2 at once: node a: remediation a-1 started; node b: remediation b-1 started")
+                ),
+                (
+                    Some("q"),
+                    reasons::STARTED,
+                    Some("node c: remediation c-1 started")
+                ),
+                (Some("p"), "NodeHeldBack", Some("node z held back")),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_hundred_notes_in_one_event_are_cut_to_what_the_server_takes() {
+        let events = (0..100)
+            .map(|i| {
+                announced(
+                    "p",
+                    reasons::STARTED,
+                    &format!("node gpu-{i:03}: remediation started"),
+                )
+            })
+            .collect();
+        let published = aggregate(events);
+        assert_eq!(published.len(), 1);
+        let note = published[0].1.note.as_deref().unwrap();
+        assert!(note.starts_with("100 at once: node gpu-000"), "{note}");
+        assert!(note.len() <= status::NOTE_MAX, "{}", note.len());
     }
 }

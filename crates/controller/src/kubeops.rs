@@ -7,10 +7,14 @@
 //! for evictions so that a 429 from a disruption budget comes back to us at once (to be recorded
 //! as a blocker and retried when the budget changes) instead of being retried silently for minutes.
 //!
-//! Nodes are changed by read-modify-replace with the read's resourceVersion, never by patch or
-//! server-side apply: `spec.taints` is an atomic list, so any patch that carries our taint would
-//! overwrite taints others added meanwhile. A conflict means someone else wrote first; we read
-//! again and redo the edit.
+//! A node is changed over one version of it, never blindly: `spec.taints` is an atomic list, so a
+//! patch that carries our taint without a precondition would overwrite taints others added
+//! meanwhile (and server-side apply would take the list's ownership). The edit is first made
+//! over the node as the watch last delivered it and sent as a merge patch preconditioned on that
+//! resourceVersion (see [`crate::node_patch`]): one request, no read. When the cache is behind
+//! (409), or the edit is not one a patch carries, the node is read and replaced with the read's
+//! resourceVersion; a conflict there means someone else wrote first, and we read again and redo
+//! the edit.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -395,9 +399,16 @@ impl KubeOps {
     }
 
     /// Cordons `node` for `remediation` (see `cordon::cordon`), only if it is still the node of
-    /// the admitted UID.
-    pub async fn cordon_node(&self, node: &NodeRef, remediation: &str) -> Result<NodeEdit, EditNodeError> {
-        self.edit_node(node, |n| cordon::cordon(n, remediation)).await
+    /// the admitted UID; `seen` is the node as the watch last delivered it (see
+    /// [`Self::edit_node`]).
+    pub async fn cordon_node(
+        &self,
+        node: &NodeRef,
+        seen: Option<&Node>,
+        remediation: &str,
+    ) -> Result<NodeEdit, EditNodeError> {
+        self.edit_node(node, seen, |n| cordon::cordon(n, remediation))
+            .await
     }
 
     /// Releases what `remediation` owns on `node` (see `cordon::release`) and the quarantine
@@ -407,11 +418,12 @@ impl KubeOps {
     pub async fn release_node(
         &self,
         node: &NodeRef,
+        seen: Option<&Node>,
         remediation: &str,
         policy: &str,
         remember_cancel: bool,
     ) -> Result<NodeEdit, EditNodeError> {
-        self.edit_node(node, |n| {
+        self.edit_node(node, seen, |n| {
             let released = cordon::release(n, remediation);
             let lifted = quarantine::taint::lift(n, policy);
             let remembered = remember_cancel && cordon::remember_cancelled(n, remediation);
@@ -425,9 +437,10 @@ impl KubeOps {
     pub async fn quarantine_node(
         &self,
         node: &NodeRef,
+        seen: Option<&Node>,
         policy: &str,
     ) -> Result<(NodeEdit, bool), EditNodeError> {
-        self.edit_node_changing(node, |n| quarantine::taint::quarantine(n, policy))
+        self.edit_node_changing(node, seen, |n| quarantine::taint::quarantine(n, policy))
             .await
     }
 
@@ -436,9 +449,10 @@ impl KubeOps {
     pub async fn lift_quarantine(
         &self,
         node: &NodeRef,
+        seen: Option<&Node>,
         policy: &str,
     ) -> Result<(NodeEdit, bool), EditNodeError> {
-        self.edit_node_changing(node, |n| quarantine::taint::lift(n, policy))
+        self.edit_node_changing(node, seen, |n| quarantine::taint::lift(n, policy))
             .await
     }
 
@@ -447,11 +461,12 @@ impl KubeOps {
     pub async fn edit_node_changing(
         &self,
         target: &NodeRef,
+        seen: Option<&Node>,
         edit: impl Fn(&mut Node) -> bool,
     ) -> Result<(NodeEdit, bool), EditNodeError> {
         let changed = AtomicBool::new(false);
         let answer = self
-            .edit_node(target, |n| {
+            .edit_node(target, seen, |n| {
                 let edited = edit(n);
                 changed.store(edited, Ordering::Relaxed);
                 edited
@@ -460,12 +475,21 @@ impl KubeOps {
         Ok((answer, changed.load(Ordering::Relaxed)))
     }
 
-    /// Read-modify-replace of a node, preconditioned on its resourceVersion (the read's) and its
-    /// UID (the admitted one, carried in the replaced object: the server refuses a replace whose
-    /// UID differs from the stored node's).
+    /// Edits a node, only if it is still the node of the admitted UID. `edit` changes the node it
+    /// is given and says whether it changed anything; it may be called more than once (on the node
+    /// as `seen`, then as read), and what it did last is what was written.
+    ///
+    /// First over `seen` (the node as the watch last delivered it), sent as a merge patch
+    /// preconditioned on that resourceVersion: one request. When there is no `seen` node of the
+    /// admitted UID, when `edit` finds nothing to change in it (the cache may be behind) or changes
+    /// more than a patch carries, or when the server answers 409 (it is behind), a
+    /// read-modify-replace preconditioned on the read's resourceVersion and the admitted UID
+    /// (carried in the replaced object: the server refuses a replace whose UID differs from the
+    /// stored node's).
     pub async fn edit_node(
         &self,
         target: &NodeRef,
+        seen: Option<&Node>,
         edit: impl Fn(&mut Node) -> bool,
     ) -> Result<NodeEdit, EditNodeError> {
         let name = target.name.as_str();
@@ -474,6 +498,23 @@ impl KubeOps {
             node: name.to_owned(),
             source,
         };
+        let seen = seen.filter(|node| target.uid.is_none() || node.metadata.uid == target.uid);
+        if let Some(seen) = seen {
+            let mut edited = seen.clone();
+            if edit(&mut edited) {
+                self.fence.check().map_err(|e| failed(e.into()))?;
+                claim::annotate(&mut edited, self.fence.claim().as_deref());
+                if let Some(patch) = crate::node_patch::merge_patch(seen, &edited) {
+                    match api.patch(name, &patch_params(), &Patch::Merge(&patch)).await {
+                        Ok(written) => return Ok(NodeEdit::Written(Box::new(written))),
+                        // Someone wrote since the watch's version: read it and edit again.
+                        Err(kube::Error::Api(status)) if status.is_conflict() => {}
+                        Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(NodeEdit::Gone),
+                        Err(error) => return Err(failed(error.into())),
+                    }
+                }
+            }
+        }
         for _ in 0..NODE_CONFLICT_RETRIES {
             let Some(mut node) = api.get_opt(name).await.map_err(|e| failed(e.into()))? else {
                 return Ok(NodeEdit::Gone);
@@ -618,6 +659,13 @@ fn post_params() -> PostParams {
     PostParams {
         dry_run: false,
         field_manager: Some(field_managers::CONTROLLER.into()),
+    }
+}
+
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(field_managers::CONTROLLER.into()),
+        ..PatchParams::default()
     }
 }
 
@@ -776,7 +824,7 @@ mod tests {
             name: "gpu-1".into(),
             uid: Some("uid-1".into()),
         };
-        let (edit, changed) = ops.quarantine_node(&target, "p").await.unwrap();
+        let (edit, changed) = ops.quarantine_node(&target, None, "p").await.unwrap();
         assert!(matches!(edit, NodeEdit::Written(_)));
         assert!(!changed, "nothing changed, nothing to announce");
         assert!(server.await.unwrap(), "no write was sent");
@@ -798,11 +846,105 @@ mod tests {
             name: "gpu-1".into(),
             uid: Some("uid-1".into()),
         };
-        let (_, changed) = ops.lift_quarantine(&target, "p").await.unwrap();
+        let (_, changed) = ops.lift_quarantine(&target, None, "p").await.unwrap();
         assert!(changed);
         let (method, body) = server.await.unwrap();
         assert_eq!(method, http::Method::PUT);
         assert_eq!(body["metadata"]["resourceVersion"], "7");
         assert_eq!(body["spec"]["taints"], serde_json::json!([]));
+    }
+
+    fn seen(tainted: bool) -> Node {
+        serde_json::from_value(node(tainted)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_cordon_over_the_node_as_seen_is_one_patch_preconditioned_on_its_version() {
+        let (ops, mut handle) = ops(Fence::standalone());
+        let server = tokio::spawn(async move {
+            let (request, respond) = handle.next_request().await.expect("the patch");
+            let (method, uri) = (request.method().clone(), request.uri().to_string());
+            let content_type = request.headers()[http::header::CONTENT_TYPE].clone();
+            let body = body_json(request).await;
+            respond.send_response(reply(200, &node(true)));
+            let more = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
+            (method, uri, content_type, body, more.is_err())
+        });
+        let target = NodeRef {
+            name: "gpu-1".into(),
+            uid: Some("uid-1".into()),
+        };
+        let edit = ops
+            .cordon_node(&target, Some(&seen(false)), "gpu-1-abc")
+            .await
+            .unwrap();
+        assert!(matches!(edit, NodeEdit::Written(_)));
+        let (method, uri, content_type, body, alone) = server.await.unwrap();
+        assert_eq!(method, http::Method::PATCH);
+        assert!(uri.starts_with("/api/v1/nodes/gpu-1?"), "{uri}");
+        assert_eq!(content_type, "application/merge-patch+json");
+        assert_eq!(body["metadata"]["resourceVersion"], "7");
+        assert_eq!(body["spec"]["unschedulable"], true);
+        assert!(alone, "no read before or after");
+    }
+
+    #[tokio::test]
+    async fn a_patch_over_a_version_the_server_has_moved_past_is_redone_over_a_fresh_read() {
+        let (ops, mut handle) = ops(Fence::standalone());
+        let server = tokio::spawn(async move {
+            let (request, respond) = handle.next_request().await.expect("the patch");
+            assert_eq!(request.method(), http::Method::PATCH);
+            let conflict = serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409, "reason": "Conflict",
+                "message": "the object has been modified",
+            });
+            respond.send_response(reply(409, &conflict));
+            let (request, respond) = handle.next_request().await.expect("the read");
+            assert_eq!(request.method(), http::Method::GET);
+            let mut fresh = node(false);
+            fresh["metadata"]["resourceVersion"] = "9".into();
+            respond.send_response(reply(200, &fresh));
+            let (request, respond) = handle.next_request().await.expect("the replace");
+            let method = request.method().clone();
+            let body = body_json(request).await;
+            respond.send_response(reply(200, &body));
+            (method, body)
+        });
+        let target = NodeRef {
+            name: "gpu-1".into(),
+            uid: Some("uid-1".into()),
+        };
+        let edit = ops
+            .cordon_node(&target, Some(&seen(false)), "gpu-1-abc")
+            .await
+            .unwrap();
+        assert!(matches!(edit, NodeEdit::Written(_)));
+        let (method, body) = server.await.unwrap();
+        assert_eq!(method, http::Method::PUT);
+        assert_eq!(body["metadata"]["resourceVersion"], "9");
+        assert_eq!(body["spec"]["unschedulable"], true);
+    }
+
+    #[tokio::test]
+    async fn a_node_seen_with_another_uid_is_not_patched_but_read() {
+        let (ops, mut handle) = ops(Fence::standalone());
+        let server = tokio::spawn(async move {
+            let (request, respond) = handle.next_request().await.expect("the read");
+            let method = request.method().clone();
+            let mut other = node(false);
+            other["metadata"]["uid"] = "uid-2".into();
+            respond.send_response(reply(200, &other));
+            method
+        });
+        let target = NodeRef {
+            name: "gpu-1".into(),
+            uid: Some("uid-2-admitted".into()),
+        };
+        let edit = ops
+            .cordon_node(&target, Some(&seen(false)), "gpu-1-abc")
+            .await
+            .unwrap();
+        assert!(matches!(edit, NodeEdit::Replaced));
+        assert_eq!(server.await.unwrap(), http::Method::GET);
     }
 }

@@ -184,7 +184,9 @@ pub(crate) async fn hand_off(
 ) -> Result<Result<(), Words>, AdvanceRemediationError> {
     match ctx
         .ops
-        .edit_node(node, |n| crate::cordon::hand_off(n, remediation))
+        .edit_node(node, ctx.caches.node(&node.name).as_deref(), |n| {
+            crate::cordon::hand_off(n, remediation)
+        })
         .await
     {
         Ok(NodeEdit::Written(_) | NodeEdit::Gone | NodeEdit::Replaced) => Ok(Ok(())),

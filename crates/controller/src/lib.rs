@@ -26,6 +26,7 @@ pub mod hardware;
 pub mod kubeops;
 pub mod ladder_acts;
 pub mod lifecycle;
+pub mod node_patch;
 pub mod observe;
 pub mod policy_status;
 pub mod progress;

@@ -319,7 +319,8 @@ async fn carry_out(
     let name = remediation.name_any();
     match ask {
         Ask::Cordon(node) => {
-            let answer = match ctx.ops.cordon_node(&node, &name).await {
+            let seen = ctx.caches.node(&node.name);
+            let answer = match ctx.ops.cordon_node(&node, seen.as_deref(), &name).await {
                 Ok(NodeEdit::Written(written)) => {
                     let theirs = crate::cordon::cordon_of(&written, &name) == lifecycle::Cordon::Theirs;
                     remember_node(ctx, *written);

@@ -1,7 +1,7 @@
 //! Carries out the ledger's writes, each behind the leader fence: the `GpuHardwareRecord`s that
 //! gain a failure (created, or replaced with the read's resourceVersion), the records past their
 //! retention (deleted), one `RepeatOffender` Event per remediation sent to the last rung, and the
-//! node steps of `join` (label, cordon and lifting the unchecked taint by read-modify-replace, the
+//! node steps of `join` (label, cordon and lifting the unchecked taint over one version of the node (`KubeOps::edit_node`), the
 //! `GpuRepeatOffender` condition by server-side apply of the node's status, an Event).
 //!
 //! A write that fails (a conflict, the record's watch behind) is made again on the next pass: the
@@ -181,7 +181,11 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
     match step {
         JoinStep::Lift { node, uid } => {
             ctx.ops
-                .edit_node(&node_ref(node, uid.as_ref()), join::lift)
+                .edit_node(
+                    &node_ref(node, uid.as_ref()),
+                    ctx.caches.node(node).as_deref(),
+                    join::lift,
+                )
                 .await?;
             tracing::info!(%node, "node's GPUs checked against the hardware records: none past its limit");
         }
@@ -193,7 +197,11 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
         } => {
             let cordon = *cordon;
             ctx.ops
-                .edit_node(&node_ref(node, uid.as_ref()), |n| join::flag(n, cordon))
+                .edit_node(
+                    &node_ref(node, uid.as_ref()),
+                    ctx.caches.node(node).as_deref(),
+                    |n| join::flag(n, cordon),
+                )
                 .await?;
             let message = format!(
                 "{}{}",
@@ -209,7 +217,11 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
         }
         JoinStep::Unflag { node, uid } => {
             ctx.ops
-                .edit_node(&node_ref(node, uid.as_ref()), join::unflag)
+                .edit_node(
+                    &node_ref(node, uid.as_ref()),
+                    ctx.caches.node(node).as_deref(),
+                    join::unflag,
+                )
                 .await?;
             let message = "no GPU or host of this node is past its policy's safety.repeatOffender limit";
             write_condition(ctx, node, false, message, now).await?;

@@ -13,7 +13,7 @@ use kube::runtime::events::EventType;
 use super::{Next, Release, Settlement, Words, dated};
 
 /// The longest Event note; the API server refuses longer ones.
-const NOTE_MAX: usize = 1000;
+pub const NOTE_MAX: usize = 1000;
 
 /// An Event to publish about the remediation.
 #[derive(Clone, Debug, PartialEq, Eq)]

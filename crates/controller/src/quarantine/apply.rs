@@ -191,7 +191,11 @@ async fn quarantine(
                 (edit, _) => (edit, how),
             }
         }
-        Target::Node(why) => match ctx.ops.quarantine_node(node, policy).await? {
+        Target::Node(why) => match ctx
+            .ops
+            .quarantine_node(node, ctx.caches.node(&node.name).as_deref(), policy)
+            .await?
+        {
             // Already quarantined (a pass that came before the watch showed the last write): it was
             // announced then.
             (NodeEdit::Written(_), false) => return Ok(None),
@@ -243,7 +247,12 @@ async fn lift(ctx: &Context, lift: &Lift) -> Written {
     }
     // A lift that found nothing of ours (already lifted by a pass the watch had not shown yet)
     // announces nothing.
-    let (NodeEdit::Written(written), true) = ctx.ops.lift_quarantine(&lift.node, &lift.policy).await? else {
+    let seen = ctx.caches.node(&lift.node.name);
+    let (NodeEdit::Written(written), true) = ctx
+        .ops
+        .lift_quarantine(&lift.node, seen.as_deref(), &lift.policy)
+        .await?
+    else {
         return Ok(None);
     };
     remember(ctx, *written);

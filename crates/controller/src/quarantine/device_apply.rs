@@ -90,7 +90,9 @@ pub async fn quarantine_devices(
 ) -> Result<(NodeEdit, bool), EditNodeError> {
     let (edit, changed) = ctx
         .ops
-        .edit_node_changing(node, |n| device::mark(n, policy, devices))
+        .edit_node_changing(node, ctx.caches.node(&node.name).as_deref(), |n| {
+            device::mark(n, policy, devices)
+        })
         .await?;
     if let NodeEdit::Written(_) = &edit {
         RULES_MAY_EXIST.store(true, Ordering::Relaxed);

@@ -39,7 +39,13 @@ pub(super) async fn settle(
     }) = &settlement.release
         && let NodeEdit::Written(written) = ctx
             .ops
-            .release_node(node, &name, &remediation.spec.policy_name, *remember_cancel)
+            .release_node(
+                node,
+                ctx.caches.node(&node.name).as_deref(),
+                &name,
+                &remediation.spec.policy_name,
+                *remember_cancel,
+            )
             .await?
     {
         remember_node(ctx, *written);

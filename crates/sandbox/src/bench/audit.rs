@@ -99,6 +99,8 @@ pub fn count(log: &str, username: &str) -> RequestCounts {
 pub struct AuditedRequest {
     /// When the server received it (`requestReceivedTimestamp`).
     pub at: String,
+    /// When the server answered it (`stageTimestamp` of `ResponseComplete`).
+    pub done: String,
     /// `create`, `update`, `patch`, ...
     pub verb: String,
     /// `nodes`, `pods/eviction`, `gpuremediations/status`, ...
@@ -131,6 +133,7 @@ pub fn requests(log: &str, username: &str) -> Vec<AuditedRequest> {
         }
         listed.push(AuditedRequest {
             at: text("/requestReceivedTimestamp").unwrap_or("?").to_owned(),
+            done: text("/stageTimestamp").unwrap_or("?").to_owned(),
             verb: text("/verb").unwrap_or("?").to_owned(),
             resource: resource_of(&event),
             name: text("/objectRef/name").map(str::to_owned),

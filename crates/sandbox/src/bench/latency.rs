@@ -52,6 +52,11 @@ pub struct LatencyResult {
     pub samples_ms: Vec<f64>,
     /// The controller's peak RSS after the round.
     pub controller_peak_rss_mib: f64,
+    /// The instant the faults' `for` elapsed (RFC 3339): every sample is measured from it.
+    pub due: String,
+    /// The controller's requests from the faults' write to the last cordon seen, as the audit
+    /// log has them (received and answered), in the order answered: where a round's time went.
+    pub requests: Vec<super::audit::AuditedRequest>,
 }
 
 /// Fleet options every bench fleet shares: heartbeats every 30 s so that thousands of simulated
@@ -226,6 +231,8 @@ pub(crate) async fn run_rounds(
         let at = bench_env::next_whole_second(Duration::from_millis(300));
         let wait = at.duration_since(Timestamp::now());
         tokio::time::sleep(Duration::try_from(wait).unwrap_or_default()).await;
+        let mut log = env.audit();
+        log.mark();
         bench_env::set_condition_at(&env.client, &broken, "False", "XID79", at).await?;
         let due = at
             .checked_add(SignedDuration::try_from(options.trigger_for).unwrap_or_default())
@@ -237,6 +244,7 @@ pub(crate) async fn run_rounds(
         })
         .await;
         let first = everyone.unwrap_or_else(|_| watch.first_held());
+        let requests = super::audit::requests(&log.since_mark(), &env.controller.username);
         // Every node of `broken` was released (or never held) before this round, and `reset`
         // forgot its earlier cordons: each sample is this round's.
         let mut samples: Vec<f64> = broken
@@ -256,6 +264,8 @@ pub(crate) async fn run_rounds(
             max_ms: samples.last().copied().unwrap_or(f64::NAN),
             samples_ms: samples,
             controller_peak_rss_mib: usage.map_or(f64::NAN, |u| mib(u.peak_rss_bytes)),
+            due: due.to_string(),
+            requests,
         };
         eprintln!(
             "latency: {} nodes, {} faults: {}/{} cordoned, p50 {:.0} ms, p99 {:.0} ms",
