@@ -141,6 +141,12 @@ pub async fn apply(
             Ok(Start::Created { note, record }) => {
                 announcements.add(policy, event(reasons::STARTED, &note, EventType::Normal));
                 created(record);
+                // The advance just started asks for the cordon at once: let it send that before
+                // this pass's own writes (the policy's status, the ledger, Events), so that it
+                // takes the client's idle connection and they wait for a new one (the client
+                // speaks HTTP/1.1: a request with no idle connection opens one, tens of
+                // milliseconds on a loaded server).
+                tokio::task::yield_now().await;
             }
             Ok(Start::NoLongerDue(why)) => {
                 tracing::info!(policy = %name, "{why}: no remediation started");
