@@ -2,7 +2,8 @@
 //! policy's status when it changed (a change of counts only is held briefly, see `policy_status`),
 //! and publishes one Event per change (a remediation started, a node newly held back or held back
 //! for another reason, the circuit breaker opening or closing, a failure domain held or resumed),
-//! never one per pass. Each admitted node is read afresh right before its remediation is created
+//! never one per pass; the changes of one pass with the same object and reason (ten remediations
+//! started, four nodes held back) are said in one Event that names them all. Each admitted node is read afresh right before its remediation is created
 //! (the plan was made from the cache): one that recovered meanwhile is not remediated. A record for
 //! a node past `maxAttemptsPerNode` is created silently: its one Event comes when it enters
 //! `ManualRequired`.

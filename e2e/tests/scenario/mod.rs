@@ -488,6 +488,22 @@ pub async fn events_about(client: &Client, name: &str) -> BTreeMap<String, i32> 
     by_reason
 }
 
+/// The notes of the Events about object `name` with `reason`.
+pub async fn event_notes(client: &Client, name: &str, reason: &str) -> Vec<String> {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.reason.as_deref() == Some(reason)
+        })
+        .filter_map(|e| e.note)
+        .collect()
+}
+
 /// The stand-in reboot kind (`common::REBOOT_CRD`).
 pub fn reboots(s: &Scenario) -> Api<DynamicObject> {
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
