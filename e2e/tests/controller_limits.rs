@@ -407,12 +407,12 @@ async fn each_change_is_announced_by_one_event_not_one_per_pass() {
         Some(&2),
         "one for the breaker, one for the nodes it holds back: {events:?}"
     );
-    let notes = scenario::event_notes(&s.client, &s.scope, "CircuitOpen").await;
+    let held_notes = scenario::event_notes(&s.client, &s.scope, "CircuitOpen").await;
     assert!(
-        nodes[..4].iter().all(|node| notes
+        nodes[..4].iter().all(|node| held_notes
             .iter()
             .any(|note| note.starts_with("4 at once") && note.contains(node.as_str()))),
-        "{notes:?}"
+        "{held_notes:?}"
     );
     controller.stop().await;
 }

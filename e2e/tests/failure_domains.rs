@@ -141,10 +141,10 @@ async fn a_failing_rack_is_held_while_another_rack_is_remediated_and_goes_on_whe
     .await;
     // One for the rack and one naming the nodes it holds, never one per pass.
     assert_eq!(events.get(reasons::DOMAIN_HELD), Some(&2), "{events:?}");
-    let notes = scenario::event_notes(&s.client, &s.scope, reasons::DOMAIN_HELD).await;
+    let held_notes = scenario::event_notes(&s.client, &s.scope, reasons::DOMAIN_HELD).await;
     assert!(
-        notes.iter().any(|note| note.starts_with("4 at once")),
-        "{notes:?}"
+        held_notes.iter().any(|note| note.starts_with("4 at once")),
+        "{held_notes:?}"
     );
     assert_eq!(events.get(reasons::DOMAIN_RESUMED), Some(&1), "{events:?}");
     controller.stop().await;
