@@ -240,9 +240,20 @@ async fn node_edits_are_fenced_both_ways(admin: &Client, deposed: &KubeOps, curr
         let message = format!("{cordon:?}");
         assert!(message.contains(STALE), "seen {}: {message}", seen.is_some());
     }
-    // The node as seen is behind (someone labelled it since): the patch over it conflicts, and the
-    // edit is made again over the node as read, keeping their label.
-    let meanwhile = json!({"metadata": {"labels": {"e2e/meanwhile": "1"}}});
+    // The node as seen is behind (someone labelled and tainted it since): the patch over it
+    // conflicts, and the edit is made again over the node as read, keeping their taint (a patch
+    // applied over the stale taint list would have dropped it) and their label.
+    let mut taints = seen
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    taints.push(k8s_openapi::api::core::v1::Taint {
+        key: "e2e/meanwhile".into(),
+        effect: "NoSchedule".into(),
+        ..Default::default()
+    });
+    let meanwhile = json!({"metadata": {"labels": {"e2e/meanwhile": "1"}}, "spec": {"taints": taints}});
     nodes
         .patch(node, &PatchParams::default(), &Patch::Merge(&meanwhile))
         .await
@@ -264,6 +275,11 @@ async fn node_edits_are_fenced_both_ways(admin: &Client, deposed: &KubeOps, curr
     assert_eq!(
         cordoned.labels().get("e2e/meanwhile").map(String::as_str),
         Some("1")
+    );
+    let kept = cordoned.spec.as_ref().and_then(|s| s.taints.as_ref());
+    assert!(
+        kept.is_some_and(|t| t.iter().any(|t| t.key == "e2e/meanwhile")),
+        "{kept:?}"
     );
     assert_eq!(cordoned.spec.as_ref().and_then(|s| s.unschedulable), Some(true));
     // Over the node as it is now, the release is one patch, admitted under the current claim.

@@ -323,12 +323,14 @@ impl Fleet {
                 source,
             })?;
         // The create keeps the status a kubelet registers with on some versions and drops it on
-        // others; report it explicitly so the node is Ready either way.
+        // others; report it explicitly so the node is Ready either way. Strategic, as a kubelet's:
+        // conditions merge by type, so one a controller wrote since the create (the ledger's
+        // GpuRepeatOffender on a joining node) is kept, where a merge patch replaced the list.
         nodes
             .patch_status(
                 &name,
                 &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({ "status": node.status })),
+                &Patch::Strategic(serde_json::json!({ "status": node.status })),
             )
             .await
             .map_err(|source| AddNodesError::ReportStatus {
