@@ -29,10 +29,6 @@ use crate::{
     policy_status,
 };
 
-/// Admitted remediations created at once: as many as advance at once to their cordon (the
-/// controller's default `remediation_concurrency`), so that ten faults together wait for no slot.
-const CREATE_CONCURRENCY: usize = 16;
-
 /// Why a policy's plan could not be carried out (it is planned again in the next pass).
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyPolicyPlanError {
@@ -128,11 +124,12 @@ pub async fn apply(
             c.type_ == gpu_remediation_api::constants::policy_conditions::CIRCUIT_OPEN && c.status == "True"
         }),
     );
-    // Created a few at once: when many nodes fail together, each waits for its record before its
-    // cordon, and one at a time costs tens of milliseconds per node.
+    // Created as many at once as advance at once to their cordon (`remediation_concurrency`): when
+    // many nodes fail together, each waits for its record before its cordon, and one at a time
+    // costs tens of milliseconds per node.
     // Futures built before they enter the stream (see `remediation::evict_all`).
     let starts: Vec<_> = plan.create.iter().map(|r| start(ctx, policy, r)).collect();
-    let mut creating = stream::iter(starts).buffer_unordered(CREATE_CONCURRENCY);
+    let mut creating = stream::iter(starts).buffer_unordered(ctx.settings.remediation_concurrency.max(1));
     let mut policy_status = plan.status.clone();
     let mut failed = None;
     while let Some(result) = creating.next().await {

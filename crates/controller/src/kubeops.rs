@@ -16,8 +16,6 @@
 //! resourceVersion; a conflict there means someone else wrote first, and we read again and redo
 //! the edit.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus,
     constants::{CLAIM_ANNOTATION, REMEDIATION_FINALIZER, field_managers},
@@ -39,15 +37,14 @@ use serde_json::json;
 
 use crate::{
     claim::{self, DeleteStampedError},
-    cordon,
     drain::Leaving,
     leader::Fence,
-    lifecycle::{EvictionAnswer, NodeRef, Words},
-    quarantine,
+    lifecycle::{EvictionAnswer, Words},
 };
 
-/// How many times a node edit is retried after a conflict before giving up for this pass.
-const NODE_CONFLICT_RETRIES: usize = 5;
+mod node_edit;
+
+pub use node_edit::{EditNodeError, NodeEdit};
 
 /// The clients and the fence every write goes through.
 #[derive(Clone)]
@@ -122,26 +119,6 @@ pub struct WriteStatusError {
     pub source: WriteError,
 }
 
-/// Why cordoning or releasing a node failed.
-#[derive(Debug, thiserror::Error)]
-pub enum EditNodeError {
-    /// The write was refused.
-    #[error("editing node {node} failed: {source}")]
-    Write {
-        /// The node.
-        node: String,
-        /// What went wrong.
-        #[source]
-        source: WriteError,
-    },
-    /// Others kept writing the node between our read and our replace.
-    #[error("editing node {node} kept conflicting with other writers ({NODE_CONFLICT_RETRIES} tries)")]
-    KeptConflicting {
-        /// The node.
-        node: String,
-    },
-}
-
 /// Why deleting an expired remediation failed.
 #[derive(Debug, thiserror::Error)]
 #[error("deleting expired remediation {name} failed: {source}")]
@@ -185,17 +162,6 @@ pub struct DeletePodError {
     /// What went wrong.
     #[source]
     pub source: WriteError,
-}
-
-/// What a node edit found.
-#[derive(Debug, Clone)]
-pub enum NodeEdit {
-    /// The node as written (or as read, when nothing needed to change).
-    Written(Box<Node>),
-    /// No node of that name.
-    Gone,
-    /// A node of that name with another UID: not ours to edit.
-    Replaced,
 }
 
 impl KubeOps {
@@ -398,148 +364,6 @@ impl KubeOps {
             .map_err(|source| DropFinalizerError { name, source })
     }
 
-    /// Cordons `node` for `remediation` (see `cordon::cordon`), only if it is still the node of
-    /// the admitted UID; `seen` is the node as the watch last delivered it (see
-    /// [`Self::edit_node`]).
-    pub async fn cordon_node(
-        &self,
-        node: &NodeRef,
-        seen: Option<&Node>,
-        remediation: &str,
-    ) -> Result<NodeEdit, EditNodeError> {
-        self.edit_node(node, seen, |n| cordon::cordon(n, remediation))
-            .await
-    }
-
-    /// Releases what `remediation` owns on `node` (see `cordon::release`) and the quarantine
-    /// of its `policy` it took over (see `quarantine::taint::lift`), only if it is still the node
-    /// of the admitted UID; `remember_cancel` also notes a person's cancel on it. A node that is
-    /// gone needs no release.
-    pub async fn release_node(
-        &self,
-        node: &NodeRef,
-        seen: Option<&Node>,
-        remediation: &str,
-        policy: &str,
-        remember_cancel: bool,
-    ) -> Result<NodeEdit, EditNodeError> {
-        self.edit_node(node, seen, |n| {
-            let released = cordon::release(n, remediation);
-            let lifted = quarantine::taint::lift(n, policy);
-            let remembered = remember_cancel && cordon::remember_cancelled(n, remediation);
-            released || lifted || remembered
-        })
-        .await
-    }
-
-    /// Quarantines `node` for `policy` (see `quarantine::taint::quarantine`), only if it is still
-    /// the node of that UID; with whether the node changed (already quarantined: it did not).
-    pub async fn quarantine_node(
-        &self,
-        node: &NodeRef,
-        seen: Option<&Node>,
-        policy: &str,
-    ) -> Result<(NodeEdit, bool), EditNodeError> {
-        self.edit_node_changing(node, seen, |n| quarantine::taint::quarantine(n, policy))
-            .await
-    }
-
-    /// Lifts `policy`'s quarantine from `node` (see `quarantine::taint::lift`); another owner's
-    /// is left as it is. With whether the node changed (nothing of ours on it: it did not).
-    pub async fn lift_quarantine(
-        &self,
-        node: &NodeRef,
-        seen: Option<&Node>,
-        policy: &str,
-    ) -> Result<(NodeEdit, bool), EditNodeError> {
-        self.edit_node_changing(node, seen, |n| quarantine::taint::lift(n, policy))
-            .await
-    }
-
-    /// [`Self::edit_node`], with whether the edit changed the node as last read: an edit that
-    /// found nothing to do wrote nothing, and its caller announces nothing.
-    pub async fn edit_node_changing(
-        &self,
-        target: &NodeRef,
-        seen: Option<&Node>,
-        edit: impl Fn(&mut Node) -> bool,
-    ) -> Result<(NodeEdit, bool), EditNodeError> {
-        let changed = AtomicBool::new(false);
-        let answer = self
-            .edit_node(target, seen, |n| {
-                let edited = edit(n);
-                changed.store(edited, Ordering::Relaxed);
-                edited
-            })
-            .await?;
-        Ok((answer, changed.load(Ordering::Relaxed)))
-    }
-
-    /// Edits a node, only if it is still the node of the admitted UID. `edit` changes the node it
-    /// is given and says whether it changed anything; it may be called more than once (on the node
-    /// as `seen`, then as read), and what it did last is what was written.
-    ///
-    /// First over `seen` (the node as the watch last delivered it), sent as a merge patch
-    /// preconditioned on that resourceVersion: one request. When there is no `seen` node of the
-    /// admitted UID, when `edit` finds nothing to change in it (the cache may be behind) or changes
-    /// more than a patch carries, or when the server answers 409 (it is behind), a
-    /// read-modify-replace preconditioned on the read's resourceVersion and the admitted UID
-    /// (carried in the replaced object: the server refuses a replace whose UID differs from the
-    /// stored node's).
-    pub async fn edit_node(
-        &self,
-        target: &NodeRef,
-        seen: Option<&Node>,
-        edit: impl Fn(&mut Node) -> bool,
-    ) -> Result<NodeEdit, EditNodeError> {
-        let name = target.name.as_str();
-        let api = Api::<Node>::all(self.client.clone());
-        let failed = |source: WriteError| EditNodeError::Write {
-            node: name.to_owned(),
-            source,
-        };
-        let seen = seen.filter(|node| target.uid.is_none() || node.metadata.uid == target.uid);
-        if let Some(seen) = seen {
-            let mut edited = seen.clone();
-            if edit(&mut edited) {
-                self.fence.check().map_err(|e| failed(e.into()))?;
-                claim::annotate(&mut edited, self.fence.claim().as_deref());
-                if let Some(patch) = crate::node_patch::merge_patch(seen, &edited) {
-                    match api.patch(name, &patch_params(), &Patch::Merge(&patch)).await {
-                        Ok(written) => return Ok(NodeEdit::Written(Box::new(written))),
-                        // Someone wrote since the watch's version: read it and edit again.
-                        Err(kube::Error::Api(status)) if status.is_conflict() => {}
-                        Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(NodeEdit::Gone),
-                        Err(error) => return Err(failed(error.into())),
-                    }
-                }
-            }
-        }
-        for _ in 0..NODE_CONFLICT_RETRIES {
-            let Some(mut node) = api.get_opt(name).await.map_err(|e| failed(e.into()))? else {
-                return Ok(NodeEdit::Gone);
-            };
-            if target.uid.is_some() && node.metadata.uid != target.uid {
-                return Ok(NodeEdit::Replaced);
-            }
-            if !edit(&mut node) {
-                return Ok(NodeEdit::Written(Box::new(node)));
-            }
-            self.fence.check().map_err(|e| failed(e.into()))?;
-            claim::annotate(&mut node, self.fence.claim().as_deref());
-            // `node` carries the resourceVersion of our read: the replace fails on any write since.
-            match api.replace(name, &post_params(), &node).await {
-                Ok(written) => return Ok(NodeEdit::Written(Box::new(written))),
-                Err(kube::Error::Api(status)) if status.is_conflict() => {}
-                Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(NodeEdit::Gone),
-                Err(error) => return Err(failed(error.into())),
-            }
-        }
-        Err(EditNodeError::KeptConflicting {
-            node: name.to_owned(),
-        })
-    }
-
     /// Asks the server to evict a pod through a typed `policy/v1` Eviction (so the delete options
     /// are honoured), on the client that does not retry 429. `dry_run` asks the server to check
     /// the disruption budgets without evicting.
@@ -662,27 +486,18 @@ fn post_params() -> PostParams {
     }
 }
 
-fn patch_params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(field_managers::CONTROLLER.into()),
-        ..PatchParams::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
-
-    use gpu_remediation_api::constants::QUARANTINE_TAINT_KEY;
 
     use http::{Request, Response};
     use kube::client::Body;
 
     use super::*;
 
-    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+    pub(super) type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
-    fn ops(fence: Fence) -> (KubeOps, Handle) {
+    pub(super) fn ops(fence: Fence) -> (KubeOps, Handle) {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let reporter = Reporter {
@@ -707,12 +522,12 @@ mod tests {
         }
     }
 
-    async fn body_json(request: Request<Body>) -> serde_json::Value {
+    pub(super) async fn body_json(request: Request<Body>) -> serde_json::Value {
         let bytes = request.into_body().collect_bytes().await.unwrap();
         serde_json::from_slice(&bytes).unwrap()
     }
 
-    fn reply(code: u16, body: &serde_json::Value) -> Response<Body> {
+    pub(super) fn reply(code: u16, body: &serde_json::Value) -> Response<Body> {
         Response::builder()
             .status(code)
             .body(Body::from(serde_json::to_vec(body).unwrap()))
@@ -792,159 +607,5 @@ mod tests {
         assert_eq!(status.code, 429);
         assert_eq!(crate::drain::budget_named_in(&status).as_deref(), Some("web"));
         assert!(server.await.unwrap(), "the refused eviction was asked only once");
-    }
-
-    fn node(tainted: bool) -> serde_json::Value {
-        let taints = if tainted {
-            serde_json::json!([{"key": QUARANTINE_TAINT_KEY, "effect": "NoSchedule"}])
-        } else {
-            serde_json::json!([])
-        };
-        serde_json::json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "gpu-1", "uid": "uid-1", "resourceVersion": "7",
-                         "annotations": {gpu_remediation_api::constants::QUARANTINED_BY_ANNOTATION: "p"}},
-            "spec": {"taints": taints},
-        })
-    }
-
-    #[tokio::test]
-    async fn a_quarantine_edit_that_finds_nothing_to_do_writes_nothing_and_says_so() {
-        let (ops, mut handle) = ops(Fence::standalone());
-        let server = tokio::spawn(async move {
-            let (request, respond) = handle.next_request().await.expect("the read");
-            assert_eq!(request.method(), http::Method::GET);
-            respond.send_response(reply(200, &node(true)));
-            // Already quarantined: no replace follows.
-            tokio::time::timeout(Duration::from_millis(300), handle.next_request())
-                .await
-                .is_err()
-        });
-        let target = NodeRef {
-            name: "gpu-1".into(),
-            uid: Some("uid-1".into()),
-        };
-        let (edit, changed) = ops.quarantine_node(&target, None, "p").await.unwrap();
-        assert!(matches!(edit, NodeEdit::Written(_)));
-        assert!(!changed, "nothing changed, nothing to announce");
-        assert!(server.await.unwrap(), "no write was sent");
-    }
-
-    #[tokio::test]
-    async fn a_lift_that_removes_our_taint_writes_once_and_says_it_changed_the_node() {
-        let (ops, mut handle) = ops(Fence::standalone());
-        let server = tokio::spawn(async move {
-            let (_, respond) = handle.next_request().await.expect("the read");
-            respond.send_response(reply(200, &node(true)));
-            let (request, respond) = handle.next_request().await.expect("the replace");
-            let method = request.method().clone();
-            let body = body_json(request).await;
-            respond.send_response(reply(200, &body));
-            (method, body)
-        });
-        let target = NodeRef {
-            name: "gpu-1".into(),
-            uid: Some("uid-1".into()),
-        };
-        let (_, changed) = ops.lift_quarantine(&target, None, "p").await.unwrap();
-        assert!(changed);
-        let (method, body) = server.await.unwrap();
-        assert_eq!(method, http::Method::PUT);
-        assert_eq!(body["metadata"]["resourceVersion"], "7");
-        assert_eq!(body["spec"]["taints"], serde_json::json!([]));
-    }
-
-    fn seen(tainted: bool) -> Node {
-        serde_json::from_value(node(tainted)).unwrap()
-    }
-
-    #[tokio::test]
-    async fn a_cordon_over_the_node_as_seen_is_one_patch_preconditioned_on_its_version() {
-        let (ops, mut handle) = ops(Fence::standalone());
-        let server = tokio::spawn(async move {
-            let (request, respond) = handle.next_request().await.expect("the patch");
-            let (method, uri) = (request.method().clone(), request.uri().to_string());
-            let content_type = request.headers()[http::header::CONTENT_TYPE].clone();
-            let body = body_json(request).await;
-            respond.send_response(reply(200, &node(true)));
-            let more = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
-            (method, uri, content_type, body, more.is_err())
-        });
-        let target = NodeRef {
-            name: "gpu-1".into(),
-            uid: Some("uid-1".into()),
-        };
-        let edit = ops
-            .cordon_node(&target, Some(&seen(false)), "gpu-1-abc")
-            .await
-            .unwrap();
-        assert!(matches!(edit, NodeEdit::Written(_)));
-        let (method, uri, content_type, body, alone) = server.await.unwrap();
-        assert_eq!(method, http::Method::PATCH);
-        assert!(uri.starts_with("/api/v1/nodes/gpu-1?"), "{uri}");
-        assert_eq!(content_type, "application/merge-patch+json");
-        assert_eq!(body["metadata"]["resourceVersion"], "7");
-        assert_eq!(body["spec"]["unschedulable"], true);
-        assert!(alone, "no read before or after");
-    }
-
-    #[tokio::test]
-    async fn a_patch_over_a_version_the_server_has_moved_past_is_redone_over_a_fresh_read() {
-        let (ops, mut handle) = ops(Fence::standalone());
-        let server = tokio::spawn(async move {
-            let (request, respond) = handle.next_request().await.expect("the patch");
-            assert_eq!(request.method(), http::Method::PATCH);
-            let conflict = serde_json::json!({
-                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409, "reason": "Conflict",
-                "message": "the object has been modified",
-            });
-            respond.send_response(reply(409, &conflict));
-            let (request, respond) = handle.next_request().await.expect("the read");
-            assert_eq!(request.method(), http::Method::GET);
-            let mut fresh = node(false);
-            fresh["metadata"]["resourceVersion"] = "9".into();
-            respond.send_response(reply(200, &fresh));
-            let (request, respond) = handle.next_request().await.expect("the replace");
-            let method = request.method().clone();
-            let body = body_json(request).await;
-            respond.send_response(reply(200, &body));
-            (method, body)
-        });
-        let target = NodeRef {
-            name: "gpu-1".into(),
-            uid: Some("uid-1".into()),
-        };
-        let edit = ops
-            .cordon_node(&target, Some(&seen(false)), "gpu-1-abc")
-            .await
-            .unwrap();
-        assert!(matches!(edit, NodeEdit::Written(_)));
-        let (method, body) = server.await.unwrap();
-        assert_eq!(method, http::Method::PUT);
-        assert_eq!(body["metadata"]["resourceVersion"], "9");
-        assert_eq!(body["spec"]["unschedulable"], true);
-    }
-
-    #[tokio::test]
-    async fn a_node_seen_with_another_uid_is_not_patched_but_read() {
-        let (ops, mut handle) = ops(Fence::standalone());
-        let server = tokio::spawn(async move {
-            let (request, respond) = handle.next_request().await.expect("the read");
-            let method = request.method().clone();
-            let mut other = node(false);
-            other["metadata"]["uid"] = "uid-2".into();
-            respond.send_response(reply(200, &other));
-            method
-        });
-        let target = NodeRef {
-            name: "gpu-1".into(),
-            uid: Some("uid-2-admitted".into()),
-        };
-        let edit = ops
-            .cordon_node(&target, Some(&seen(false)), "gpu-1-abc")
-            .await
-            .unwrap();
-        assert!(matches!(edit, NodeEdit::Replaced));
-        assert_eq!(server.await.unwrap(), http::Method::GET);
     }
 }
