@@ -50,7 +50,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub enum RunControllerError {
     /// The Kubernetes clients could not be built from the configuration.
     #[error("building the Kubernetes clients failed: {0}")]
-    Client(#[source] crate::transport::TransportError),
+    Client(#[source] kube::Error),
     /// The watches could not start.
     #[error(transparent)]
     Caches(#[from] StartCachesError),

@@ -3,10 +3,9 @@
 //! the API server's fence policy to check (see [`crate::claim`]). Status writes are
 //! preconditioned on the resourceVersion they were decided from.
 //!
-//! Two clients, both over [`crate::transport`] (HTTP/2, no client-side retries): the ordinary one,
-//! and one for evictions, so that a 429 from a disruption budget comes back to us at once (to be
-//! recorded as a blocker and retried when the budget changes) and a drain's burst has a connection
-//! of its own.
+//! Two clients: the ordinary one, and one whose config has the default retry layer disabled, used
+//! for evictions so that a 429 from a disruption budget comes back to us at once (to be recorded
+//! as a blocker and retried when the budget changes) instead of being retried silently for minutes.
 //!
 //! A node is changed over one version of it, never blindly: `spec.taints` is an atomic list, so a
 //! patch that carries our taint without a precondition would overwrite taints others added
@@ -41,7 +40,6 @@ use crate::{
     drain::Leaving,
     leader::Fence,
     lifecycle::{EvictionAnswer, Words},
-    transport::{self, TransportError},
 };
 
 mod node_edit;
@@ -168,14 +166,14 @@ pub struct DeletePodError {
 
 impl KubeOps {
     /// Builds the two clients from one configuration.
-    pub fn new(config: &kube::Config, fence: Fence, reporter: Reporter) -> Result<Self, TransportError> {
-        // No client-side retries on any write (the transport has none): a retry (kube's default:
-        // up to 3 on 429/503/504, ~2 s) could land after the claim's deadline; a failed write is
-        // retried by the next pass, which checks the fence again (issue 13). Evictions have a
-        // client of their own, so that a drain's burst never queues behind the watches' stream
-        // limit or a slow status write on the shared connection.
-        let client = transport::client(config)?;
-        let eviction_client = transport::client(config)?;
+    pub fn new(config: &kube::Config, fence: Fence, reporter: Reporter) -> Result<Self, kube::Error> {
+        let mut no_retry = config.clone();
+        no_retry.default_retry = false;
+        // No client-side retries on any write either: a retry (up to 3 on 429/503/504, ~2 s) could
+        // land after the claim's deadline; a failed write is retried by the next pass, which checks
+        // the fence again (issue 13).
+        let client = Client::try_from(no_retry.clone())?;
+        let eviction_client = Client::try_from(no_retry)?;
         let recorder = Recorder::new(client.clone(), reporter);
         Ok(Self {
             client,

@@ -33,7 +33,6 @@ pub mod progress;
 pub mod quarantine;
 pub mod remediation;
 pub mod time;
-pub mod transport;
 
 pub use context::{Context, Settings};
 pub use controller::{RunControllerError, run};
