@@ -68,9 +68,7 @@ impl Announcements {
     /// Publishes them, one Event per object, reason and type, in the order they were first made
     /// (see [`aggregate`]).
     pub async fn publish(self, ctx: &Context) {
-        for (reference, event) in aggregate(self.0) {
-            ctx.ops.publish_to(&reference, event).await;
-        }
+        ctx.ops.publish_all(aggregate(self.0)).await;
     }
 }
 

@@ -116,20 +116,21 @@ pub async fn lift_orphans(ctx: &Context, orphans: &[Lift]) -> Result<(), EditNod
     announce(ctx, lift_all(ctx, orphans).await).await
 }
 
-/// Publishes the Event of each edit written; returns the last failure, if any.
+/// Publishes the Event of each edit written, several at once (one per node: see
+/// `KubeOps::publish_all`); returns the last failure, if any.
 async fn announce(ctx: &Context, results: impl IntoIterator<Item = Written>) -> Result<(), EditNodeError> {
     let mut failed = None;
+    let mut events = Vec::new();
     for result in results {
         match result {
             Ok(Some((target, note))) => {
-                ctx.ops
-                    .publish_to(&node_reference(&target), note.event("Quarantine"))
-                    .await;
+                events.push((node_reference(&target), note.event("Quarantine")));
             }
             Ok(None) => {}
             Err(error) => failed = Some(error),
         }
     }
+    ctx.ops.publish_all(events).await;
     failed.map_or(Ok(()), Err)
 }
 
