@@ -24,7 +24,7 @@ use crate::{
     context::Context,
     fleet,
     fleet::PolicyPlan,
-    kubeops::{CreateRemediationError, DeleteRemediationError, ReadNodeError, WriteStatusError},
+    kubeops::{self, CreateRemediationError, DeleteRemediationError, ReadNodeError, WriteStatusError},
     lifecycle::{Note, status},
     policy_status,
 };
@@ -65,8 +65,8 @@ impl Announcements {
         self.0.push((object.object_ref(&()), event));
     }
 
-    /// Publishes them, one Event per object, reason and type, in the order they were first made
-    /// (see [`aggregate`]).
+    /// Publishes them, one Event per object, reason and type (see [`aggregate`]), several at once
+    /// (see `KubeOps::publish_all`).
     pub async fn publish(self, ctx: &Context) {
         ctx.ops.publish_all(aggregate(self.0)).await;
     }
@@ -77,25 +77,18 @@ impl Announcements {
 /// the server takes), one write, where the recorder would create the first and patch its series
 /// nine times.
 fn aggregate(events: Vec<(ObjectReference, Event)>) -> Vec<(ObjectReference, Event)> {
-    let mut groups: Vec<(ObjectReference, Event, Vec<String>)> = Vec::new();
-    for (reference, event) in events {
-        let note = event.note.clone().unwrap_or_default();
-        let same = |(r, e, _): &&mut (ObjectReference, Event, Vec<String>)| {
-            *r == reference && e.reason == event.reason && e.type_ == event.type_ && e.action == event.action
-        };
-        match groups.iter_mut().find(same) {
-            Some((_, _, notes)) => notes.push(note),
-            None => groups.push((reference, event, vec![note])),
-        }
-    }
-    groups
+    kubeops::series(events)
         .into_iter()
-        .map(|(reference, mut event, notes)| {
-            if notes.len() > 1 {
-                let text = format!("{} at once: {}", notes.len(), notes.join("; "));
-                event.note = Some(status::truncate(&text, status::NOTE_MAX));
+        .map(|(reference, mut events)| {
+            if events.len() > 1 {
+                let notes: Vec<String> = events
+                    .iter()
+                    .map(|e| e.note.clone().unwrap_or_default())
+                    .collect();
+                let text = format!("{} at once: {}", events.len(), notes.join("; "));
+                events[0].note = Some(status::truncate(&text, status::NOTE_MAX));
             }
-            (reference, event)
+            (reference, events.swap_remove(0))
         })
         .collect()
 }

@@ -116,8 +116,8 @@ pub async fn lift_orphans(ctx: &Context, orphans: &[Lift]) -> Result<(), EditNod
     announce(ctx, lift_all(ctx, orphans).await).await
 }
 
-/// Publishes the Event of each edit written, several at once (one per node: see
-/// `KubeOps::publish_all`); returns the last failure, if any.
+/// Publishes the Event of each edit written, several at once (see `KubeOps::publish_all`); returns
+/// the last failure, if any.
 async fn announce(ctx: &Context, results: impl IntoIterator<Item = Written>) -> Result<(), EditNodeError> {
     let mut failed = None;
     let mut events = Vec::new();
