@@ -24,7 +24,8 @@ for copy in manifests/optional/dashboard/gpu-remediator.json:gpu-remediator.json
   manifests/agent/admission-policy.yaml:agent-admission-policy.yaml \
   manifests/approval/rbac.yaml:approval-rbac.yaml \
   manifests/approval/admission-policy.yaml:approval-admission-policy.yaml \
-  manifests/controller/fence-policy.yaml:fence-policy.yaml; do
+  manifests/controller/fence-policy.yaml:fence-policy.yaml \
+  manifests/controller/flow-schemas.yaml:flow-schemas.yaml; do
   cmp -s "${copy%%:*}" "${chart}/files/${copy#*:}" \
     || { echo "${chart}/files/${copy#*:} differs from ${copy%%:*}" >&2; stale=true; }
 done

@@ -30,23 +30,6 @@ use serde_json::{Value, json};
 const NAMESPACE: &str = "gpu-remediation";
 const SERVICE_ACCOUNT: &str = "gpu-health-agent";
 
-async fn kubectl_apply(file: &str) {
-    let cluster = cluster().await;
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file);
-    let output = Command::new(cluster.kubectl())
-        .arg("--kubeconfig")
-        .arg(cluster.kubeconfig_path())
-        .args(["apply", "-f"])
-        .arg(&path)
-        .output()
-        .expect("kubectl runs");
-    assert!(
-        output.status.success(),
-        "kubectl apply -f {file}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 /// The namespace, the agent's RBAC and its admission policy, applied once per test binary: two tests
 /// applying them at once race (`kubectl apply` of a missing object creates it, and one loses with
 /// `AlreadyExists`).
@@ -54,9 +37,9 @@ async fn install_agent_manifests() {
     static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     INSTALLED
         .get_or_init(|| async {
-            kubectl_apply("manifests/namespace.yaml").await;
-            kubectl_apply("manifests/agent/rbac.yaml").await;
-            kubectl_apply("manifests/agent/admission-policy.yaml").await;
+            common::kubectl_apply("manifests/namespace.yaml").await;
+            common::kubectl_apply("manifests/agent/rbac.yaml").await;
+            common::kubectl_apply("manifests/agent/admission-policy.yaml").await;
         })
         .await;
 }

@@ -40,23 +40,6 @@ const NAMESPACE: &str = "gpu-remediation";
 const STALE: &str = "fenced: this write carries the claim replica-a/3";
 const ACCOUNT: &str = "gpu-remediator";
 
-async fn kubectl_apply(file: &str) {
-    let cluster = cluster().await;
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file);
-    let output = Command::new(cluster.kubectl())
-        .arg("--kubeconfig")
-        .arg(cluster.kubeconfig_path())
-        .args(["apply", "-f"])
-        .arg(&path)
-        .output()
-        .expect("kubectl runs");
-    assert!(
-        output.status.success(),
-        "kubectl apply -f {file}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 /// The controller's service account with eviction rights only, and a token of it.
 async fn controller_token(admin: &Client) -> String {
     let account = ServiceAccount {
@@ -145,7 +128,7 @@ fn ops(client: &Client, fence: Fence) -> KubeOps {
 #[tokio::test]
 async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_current_one_admitted() {
     let admin = cluster().await.client();
-    kubectl_apply("manifests/namespace.yaml").await;
+    common::kubectl_apply("manifests/namespace.yaml").await;
     for (_, yaml) in gpu_remediation_api::crds::render_all() {
         common::install_crd(&admin, &yaml).await;
     }
@@ -159,7 +142,7 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
         .create(&PostParams::default(), &lease)
         .await
         .unwrap();
-    kubectl_apply("manifests/controller/fence-policy.yaml").await;
+    common::kubectl_apply("manifests/controller/fence-policy.yaml").await;
     let fleet = common::fleet(1).await;
     let node = fleet.node_names()[0].clone();
     let controller = cluster().await.client_with_token(&token);

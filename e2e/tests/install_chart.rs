@@ -96,6 +96,7 @@ async fn the_chart_with_default_values_is_accepted_by_the_api_server() {
         "Role",
         "ConfigMap",
         "PodDisruptionBudget",
+        "FlowSchema",
     ] {
         assert!(kinds.contains(&kind), "no {kind} in {kinds:?}");
     }

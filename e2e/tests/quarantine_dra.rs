@@ -215,26 +215,6 @@ async fn new_pods_land_on_the_healthy_gpus_only(s: &Scenario, node: &str, claims
     assert!(!has_quarantine_taint(&still) && !is_unschedulable(&still));
 }
 
-/// `kubectl apply -f <repo>/<file>` on the shared cluster.
-async fn kubectl_apply(file: &str) {
-    let cluster = common::cluster().await;
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(file);
-    let output = std::process::Command::new(cluster.kubectl())
-        .arg("--kubeconfig")
-        .arg(cluster.kubeconfig_path())
-        .args(["apply", "-f"])
-        .arg(&path)
-        .output()
-        .expect("kubectl runs");
-    assert!(
-        output.status.success(),
-        "kubectl apply -f {file}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 /// The controller's own code, as its service account under the shipped `ClusterRole`
 /// (`manifests/controller/rbac.yaml`), with `claim` as its claim on the leader Lease.
 fn controller_ops(
@@ -262,8 +242,8 @@ async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
     use k8s_openapi::api::{coordination::v1::Lease, core::v1::ServiceAccount};
 
     let admin = cluster_with(with_device_taints).await.client();
-    kubectl_apply("manifests/namespace.yaml").await;
-    kubectl_apply("manifests/controller/rbac.yaml").await;
+    common::kubectl_apply("manifests/namespace.yaml").await;
+    common::kubectl_apply("manifests/controller/rbac.yaml").await;
     let lease: Lease = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "gpu-remediator", "namespace": "gpu-remediation"},
         "spec": {"holderIdentity": "replica-b", "leaseTransitions": 4, "leaseDurationSeconds": 15},
@@ -272,7 +252,7 @@ async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
     let _ = Api::<Lease>::namespaced(admin.clone(), "gpu-remediation")
         .create(&kube::api::PostParams::default(), &lease)
         .await;
-    kubectl_apply("manifests/controller/fence-policy.yaml").await;
+    common::kubectl_apply("manifests/controller/fence-policy.yaml").await;
     let request = serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 3600}})).unwrap();
     let token = Api::<ServiceAccount>::namespaced(admin.clone(), "gpu-remediation")
         .create_token_request("gpu-remediator", &kube::api::PostParams::default(), &request)

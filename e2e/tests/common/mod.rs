@@ -204,3 +204,25 @@ pub async fn install_generated_crds(client: &kube::Client) {
         })
         .await;
 }
+
+/// `kubectl apply -f <repo>/<file>` on the shared cluster (a shipped manifest, as a user applies
+/// it).
+///
+/// # Panics
+/// If kubectl cannot run or refuses the file.
+pub async fn kubectl_apply(file: &str) {
+    let cluster = cluster().await;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file);
+    let output = std::process::Command::new(cluster.kubectl())
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig_path())
+        .args(["apply", "-f"])
+        .arg(&path)
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        output.status.success(),
+        "kubectl apply -f {file}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

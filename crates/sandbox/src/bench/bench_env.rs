@@ -8,6 +8,7 @@ use std::time::Duration;
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, constants::node_conditions, crds};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::flowcontrol::v1::FlowSchema;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -143,6 +144,26 @@ impl BenchEnv {
             kubectl,
             controller_binary: controller_binary.to_owned(),
         })
+    }
+
+    /// Installs the shipped FlowSchemas (`manifests/controller/flow-schemas.yaml`) for the bench's
+    /// service accounts, as an installation has them: the controller's fault path in
+    /// `workload-high`, its Lease in `leader-election`. `kubectl`'s identity keeps the cluster's
+    /// defaults, as `kubectl drain` has no FlowSchema of its own.
+    pub async fn install_flow_schemas(&self) -> Result<(), BenchSetupError> {
+        let api = Api::<FlowSchema>::all(self.client.clone());
+        for schema in shipped_flow_schemas(BENCH_NAMESPACE)? {
+            let name = schema.name_any();
+            retrying(&format!("creating FlowSchema {name}"), || async {
+                match api.create(&PostParams::default(), &schema).await {
+                    Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
+                    created => created.map(drop),
+                }
+            })
+            .await
+            .map_err(api_error(format!("creating FlowSchema {name}")))?;
+        }
+        Ok(())
     }
 
     /// The audit log, marked at its current end.
@@ -343,6 +364,22 @@ where
     }
 }
 
+/// The shipped FlowSchemas with their service accounts and Lease namespace moved to `namespace`.
+fn shipped_flow_schemas(namespace: &str) -> Result<Vec<FlowSchema>, BenchSetupError> {
+    const SHIPPED: &str = include_str!("../../../../manifests/controller/flow-schemas.yaml");
+    let moved = SHIPPED
+        .replace("namespace: gpu-remediation\n", &format!("namespace: {namespace}\n"))
+        .replace("namespaces: [gpu-remediation]", &format!("namespaces: [{namespace}]"));
+    serde_yaml::Deserializer::from_str(&moved)
+        .map(|document| {
+            serde::Deserialize::deserialize(document).map_err(|e| BenchSetupError::Api {
+                what: "parsing manifests/controller/flow-schemas.yaml".into(),
+                source: kube::Error::Service(Box::new(e)),
+            })
+        })
+        .collect()
+}
+
 async fn install_crds(client: &Client) -> Result<(), BenchSetupError> {
     let api = Api::<CustomResourceDefinition>::all(client.clone());
     for (file, yaml) in crds::render_all() {
@@ -399,5 +436,33 @@ fn merge(base: &mut serde_json::Value, over: serde_json::Value) {
             }
         }
         (base, over) => *base = over,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_flow_schemas_name_the_benchs_service_accounts_and_lease_namespace() {
+        let schemas = shipped_flow_schemas("gpu-bench").unwrap();
+        let names: Vec<_> = schemas.iter().map(ResourceExt::name_any).collect();
+        assert_eq!(names, ["gpu-remediator-fault-path", "gpu-remediator-leader-election"]);
+        let json = serde_json::to_string(&schemas).unwrap();
+        assert!(!json.contains("gpu-remediation\""), "{json}");
+        for schema in &schemas {
+            let spec = schema.spec.as_ref().unwrap();
+            for rule in spec.rules.iter().flatten() {
+                for subject in &rule.subjects {
+                    let account = subject.service_account.as_ref().unwrap();
+                    assert_eq!(account.namespace, "gpu-bench");
+                }
+                for resources in rule.resource_rules.iter().flatten() {
+                    for namespace in resources.namespaces.iter().flatten() {
+                        assert_eq!(namespace, "gpu-bench");
+                    }
+                }
+            }
+        }
     }
 }

@@ -38,6 +38,8 @@ pub struct BenchResults {
     pub started: String,
     /// What ran the controller (binary path and whether it is a release build).
     pub controller_binary: String,
+    /// Whether the shipped FlowSchemas were installed (`--without-flow-schemas` leaves them out).
+    pub flow_schemas: bool,
     /// Detection-to-cordon latency.
     pub latency: Vec<LatencyResult>,
     /// The drain against `kubectl drain`.
@@ -60,6 +62,12 @@ pub fn markdown(results: &BenchResults) -> String {
     let mut out = String::new();
     for failure in &results.failures {
         let _ = writeln!(out, "**Failed:** {failure}\n");
+    }
+    if !results.flow_schemas {
+        out.push_str(
+            "_Without the shipped FlowSchemas (`--without-flow-schemas`): every request of the \
+             controller in the cluster's default `service-accounts` flow._\n\n",
+        );
     }
     if !results.latency.is_empty() {
         out.push_str("### Detection to cordon (from the moment `for` elapses)\n\n");

@@ -74,6 +74,10 @@ struct Cli {
     /// alone unless `--only` names others too.
     #[arg(long, value_delimiter = ',')]
     scale: Vec<usize>,
+    /// Leave out the shipped FlowSchemas (`manifests/controller/flow-schemas.yaml`): every request
+    /// of the controller in the cluster's default `service-accounts` flow, as before they shipped.
+    #[arg(long)]
+    without_flow_schemas: bool,
 }
 
 #[tokio::main]
@@ -119,10 +123,14 @@ async fn main() -> anyhow::Result<()> {
     let env = BenchEnv::start(&controller_bin, options)
         .await
         .context("starting the bench sandbox")?;
+    if !cli.without_flow_schemas {
+        env.install_flow_schemas().await.context("installing the FlowSchemas")?;
+    }
     eprintln!("sandbox ready; scratch files in {}", env.scratch.display());
     let mut results = BenchResults {
         started: jiff::Timestamp::now().to_string(),
         controller_binary: controller_bin.display().to_string(),
+        flow_schemas: !cli.without_flow_schemas,
         ..BenchResults::default()
     };
     run(&env, &cli, wants, &mut results).await;
