@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::{path::Path, process::Command, time::Duration};
+use std::time::Duration;
 
 use common::{cluster, eventually};
 use k8s_openapi::{

@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::{path::Path, process::Command, time::Duration};
+use std::time::Duration;
 
 use common::{cluster, eventually};
 use gpu_remediation_api::{

@@ -75,9 +75,16 @@ impl Classifier {
             .method(method.clone())
             .uri(uri)
             .header(http::header::CONTENT_TYPE, content_type)
-            .body(body.map(|b| serde_json::to_vec(b).unwrap()).unwrap_or_default().into())
+            .body(
+                body.map(|b| serde_json::to_vec(b).unwrap())
+                    .unwrap_or_default()
+                    .into(),
+            )
             .unwrap();
-        let response = client.send(request).await.unwrap_or_else(|e| panic!("{method} {uri}: {e}"));
+        let response = client
+            .send(request)
+            .await
+            .unwrap_or_else(|e| panic!("{method} {uri}: {e}"));
         let header = |name: &str| {
             response
                 .headers()
@@ -88,7 +95,10 @@ impl Classifier {
                 .to_owned()
         };
         let name = |names: &BTreeMap<String, String>, uid: String| {
-            names.get(&uid).cloned().unwrap_or_else(|| format!("unknown uid {uid}"))
+            names
+                .get(&uid)
+                .cloned()
+                .unwrap_or_else(|| format!("unknown uid {uid}"))
         };
         Served {
             status: response.status().as_u16(),
@@ -141,8 +151,8 @@ async fn installed(admin: &Client) -> (String, String) {
         })
         .await;
     common::install_generated_crds(admin).await;
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": common::unique_name("apf-node")}}))
-        .unwrap();
+    let node: Node =
+        serde_json::from_value(json!({"metadata": {"name": common::unique_name("apf-node")}})).unwrap();
     let node = Api::<Node>::all(admin.clone())
         .create(&PostParams::default(), &node)
         .await
@@ -183,7 +193,12 @@ async fn the_fault_path_is_served_by_workload_high_and_a_drains_evictions_stay_i
     let phase = json!({"status": {"phase": "Cordoned"}});
     let fault_path = [
         (Method::GET, format!("/api/v1/nodes/{node}"), JSON, None),
-        (Method::PATCH, format!("/api/v1/nodes/{node}"), MERGE, Some(&cordon)),
+        (
+            Method::PATCH,
+            format!("/api/v1/nodes/{node}"),
+            MERGE,
+            Some(&cordon),
+        ),
         (
             Method::POST,
             "/apis/gpuremediation.dev/v1alpha1/gpuremediations".to_owned(),
@@ -198,8 +213,13 @@ async fn the_fault_path_is_served_by_workload_high_and_a_drains_evictions_stay_i
         ),
     ];
     for (method, uri, content_type, body) in fault_path {
-        let served = classifier.send(&controller, method.clone(), &uri, content_type, body).await;
-        assert!(served.status < 300, "{method} {uri} as the controller: {served:?}");
+        let served = classifier
+            .send(&controller, method.clone(), &uri, content_type, body)
+            .await;
+        assert!(
+            served.status < 300,
+            "{method} {uri} as the controller: {served:?}"
+        );
         assert_eq!(
             (served.flow_schema.as_str(), served.priority_level.as_str()),
             ("gpu-remediator-fault-path", "workload-high"),
@@ -223,13 +243,26 @@ async fn the_fault_path_is_served_by_workload_high_and_a_drains_evictions_stay_i
             format!("/api/v1/namespaces/default/pods/{pod}/eviction"),
             Some(&eviction),
         ),
-        (Method::GET, format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{node}"), None),
-        (Method::POST, "/api/v1/namespaces/default/events".to_owned(), Some(&event)),
+        (
+            Method::GET,
+            format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{node}"),
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/v1/namespaces/default/events".to_owned(),
+            Some(&event),
+        ),
         (Method::GET, "/api/v1/nodes?limit=500".to_owned(), None),
     ];
     for (method, uri, body) in bulk {
-        let served = classifier.send(&controller, method.clone(), &uri, JSON, body).await;
-        assert!(served.status < 300, "{method} {uri} as the controller: {served:?}");
+        let served = classifier
+            .send(&controller, method.clone(), &uri, JSON, body)
+            .await;
+        assert!(
+            served.status < 300,
+            "{method} {uri} as the controller: {served:?}"
+        );
         assert_eq!(
             (served.flow_schema.as_str(), served.priority_level.as_str()),
             ("service-accounts", "workload-low"),
@@ -248,8 +281,12 @@ async fn the_controllers_lease_is_served_by_leader_election() {
     let name = common::unique_name("apf-lease");
     let lease = json!({"metadata": {"name": name}, "spec": {"holderIdentity": "replica-a"}});
 
-    let created = classifier.send(&controller, Method::POST, &leases, JSON, Some(&lease)).await;
-    let read = classifier.send(&controller, Method::GET, &format!("{leases}/{name}"), JSON, None).await;
+    let created = classifier
+        .send(&controller, Method::POST, &leases, JSON, Some(&lease))
+        .await;
+    let read = classifier
+        .send(&controller, Method::GET, &format!("{leases}/{name}"), JSON, None)
+        .await;
     let stored: Value = serde_json::to_value(
         Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(admin.clone(), NAMESPACE)
             .get(&name)
@@ -257,7 +294,15 @@ async fn the_controllers_lease_is_served_by_leader_election() {
             .unwrap(),
     )
     .unwrap();
-    let renewed = classifier.send(&controller, Method::PUT, &format!("{leases}/{name}"), JSON, Some(&stored)).await;
+    let renewed = classifier
+        .send(
+            &controller,
+            Method::PUT,
+            &format!("{leases}/{name}"),
+            JSON,
+            Some(&stored),
+        )
+        .await;
     for served in [created, read, renewed] {
         assert!(served.status < 300, "{served:?}");
         assert_eq!(
@@ -280,13 +325,17 @@ async fn the_agents_condition_is_on_the_fault_path_and_its_reads_are_not() {
     });
     let status = format!("/api/v1/nodes/{node}/status?fieldManager=gpu-health-agent&force=true");
 
-    let written = classifier.send(&agent, Method::PATCH, &status, APPLY, Some(&condition)).await;
+    let written = classifier
+        .send(&agent, Method::PATCH, &status, APPLY, Some(&condition))
+        .await;
     assert!(written.status < 300, "{written:?}");
     assert_eq!(
         (written.flow_schema.as_str(), written.priority_level.as_str()),
         ("gpu-remediator-fault-path", "workload-high")
     );
-    let read = classifier.send(&agent, Method::GET, &format!("/api/v1/nodes/{node}"), JSON, None).await;
+    let read = classifier
+        .send(&agent, Method::GET, &format!("/api/v1/nodes/{node}"), JSON, None)
+        .await;
     assert!(read.status < 300, "{read:?}");
     assert_eq!(read.flow_schema, "service-accounts");
 }
@@ -301,7 +350,13 @@ async fn a_service_account_the_manifest_does_not_name_gains_nothing() {
     let cordon = json!({"spec": {"unschedulable": true}});
 
     let served = classifier
-        .send(&impostor, Method::PATCH, &format!("/api/v1/nodes/{node}"), MERGE, Some(&cordon))
+        .send(
+            &impostor,
+            Method::PATCH,
+            &format!("/api/v1/nodes/{node}"),
+            MERGE,
+            Some(&cordon),
+        )
         .await;
     // Classified before it is authorized (and refused: it has no rights).
     assert_eq!(served.status, 403, "{served:?}");

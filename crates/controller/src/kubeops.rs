@@ -16,7 +16,6 @@
 //! resourceVersion; a conflict there means someone else wrote first, and we read again and redo
 //! the edit.
 
-use futures::{StreamExt as _, stream};
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus,
     constants::{CLAIM_ANNOTATION, REMEDIATION_FINALIZER, field_managers},
@@ -43,12 +42,12 @@ use crate::{
     lifecycle::{EvictionAnswer, Words},
 };
 
+mod event_queue;
 mod node_edit;
 
+pub use event_queue::{EVENT_CONCURRENCY, series};
+use event_queue::{EventQueue, EventWriter};
 pub use node_edit::{EditNodeError, NodeEdit};
-
-/// Events [`KubeOps::publish_all`] writes at once.
-pub const EVENT_CONCURRENCY: usize = 8;
 
 /// The clients and the fence every write goes through.
 #[derive(Clone)]
@@ -56,7 +55,7 @@ pub struct KubeOps {
     client: Client,
     eviction_client: Client,
     fence: Fence,
-    recorder: Recorder,
+    events: EventQueue,
 }
 
 /// A write refused by the fence or the API server.
@@ -178,24 +177,30 @@ impl KubeOps {
         // the fence again (issue 13).
         let client = Client::try_from(no_retry.clone())?;
         let eviction_client = Client::try_from(no_retry)?;
-        let recorder = Recorder::new(client.clone(), reporter);
+        let events = EventQueue::new(EventWriter::new(
+            Recorder::new(client.clone(), reporter),
+            fence.clone(),
+        ));
         Ok(Self {
             client,
             eviction_client,
             fence,
-            recorder,
+            events,
         })
     }
 
     /// From two clients built elsewhere (tests use mocks); `eviction_client` must not retry 429.
     #[must_use]
     pub fn from_clients(client: Client, eviction_client: Client, fence: Fence, reporter: Reporter) -> Self {
-        let recorder = Recorder::new(client.clone(), reporter);
+        let events = EventQueue::new(EventWriter::new(
+            Recorder::new(client.clone(), reporter),
+            fence.clone(),
+        ));
         Self {
             client,
             eviction_client,
             fence,
-            recorder,
+            events,
         }
     }
 
@@ -467,60 +472,16 @@ impl KubeOps {
         self.publish_to(&object.object_ref(&()), event).await;
     }
 
-    /// Publishes `events`, [`EVENT_CONCURRENCY`] series at a time (each Event as
-    /// [`KubeOps::publish_to`]); the Events of one [`series`] go one after the other, in order,
-    /// since the recorder folds them into one series, which concurrent writes would split. One after
-    /// the other, a hundred quarantines were a hundred Event writes in a row, and under a busy
-    /// server (up to 0.9 s each) the pass, and with it every new fault's quarantine and admission,
-    /// waited 13 s for them (`docs/benchmarks.md`, 1,000 nodes, 20,000 pods).
+    /// Queues `events` to be written behind the caller (see [`event_queue`]): the pass does not
+    /// wait for its reports. The Events of one series go in order.
     pub async fn publish_all(&self, events: impl IntoIterator<Item = (ObjectReference, Event)>) {
-        let publishing: Vec<_> = series(events)
-            .into_iter()
-            .map(|(reference, events)| async move {
-                for event in events {
-                    self.publish_to(&reference, event).await;
-                }
-            })
-            .collect();
-        stream::iter(publishing)
-            .buffer_unordered(EVENT_CONCURRENCY)
-            .collect::<()>()
-            .await;
+        self.events.publish_all(events).await;
     }
 
     /// [`KubeOps::publish`], about the object `reference` names.
     pub async fn publish_to(&self, reference: &ObjectReference, event: Event) {
-        if let Err(error) = self.fence.check() {
-            tracing::debug!(%error, reason = %event.reason, "event not published: not the leader");
-            return;
-        }
-        if let Err(error) = self.recorder.publish(&event, reference).await {
-            tracing::warn!(%error, reason = %event.reason, object = ?reference.name, "publishing an event failed");
-        }
+        self.events.writer().write(reference, event).await;
     }
-}
-
-/// `events` grouped by the series the recorder would fold them into (object, reason, action and
-/// type), each group in its order, the groups in the order of their first Event.
-#[must_use]
-pub fn series(
-    events: impl IntoIterator<Item = (ObjectReference, Event)>,
-) -> Vec<(ObjectReference, Vec<Event>)> {
-    let mut groups: Vec<(ObjectReference, Vec<Event>)> = Vec::new();
-    for (reference, event) in events {
-        let same = |(r, group): &&mut (ObjectReference, Vec<Event>)| {
-            let first = &group[0];
-            *r == reference
-                && first.reason == event.reason
-                && first.action == event.action
-                && first.type_ == event.type_
-        };
-        match groups.iter_mut().find(same) {
-            Some((_, group)) => group.push(event),
-            None => groups.push((reference, vec![event])),
-        }
-    }
-    groups
 }
 
 fn apply_params() -> PatchParams {
@@ -580,62 +541,6 @@ mod tests {
             .status(code)
             .body(Body::from(serde_json::to_vec(body).unwrap()))
             .unwrap()
-    }
-
-    /// A `Quarantined` Event about node `gpu-{node}`.
-    fn quarantined(node: usize) -> (ObjectReference, Event) {
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(format!("gpu-{node}")),
-            ..ObjectReference::default()
-        };
-        let event = Event {
-            type_: kube::runtime::events::EventType::Normal,
-            reason: "Quarantined".into(),
-            note: Some(format!("gpu-{node} quarantined")),
-            action: "Quarantine".into(),
-            secondary: None,
-        };
-        (reference, event)
-    }
-
-    #[tokio::test]
-    async fn two_events_of_one_series_are_sent_one_after_the_other() {
-        let (ops, mut handle) = ops(Fence::standalone());
-        let events = vec![quarantined(0), quarantined(0)];
-        let publishing = tokio::spawn(async move { ops.publish_all(events).await });
-        let (_, respond) = handle.next_request().await.expect("the first Event");
-        let early = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
-        assert!(
-            early.is_err(),
-            "the second Event of the series was sent before the first was answered"
-        );
-        respond.send_response(reply(201, &serde_json::json!({})));
-        let (_, respond) = handle.next_request().await.expect("the second Event");
-        respond.send_response(reply(201, &serde_json::json!({})));
-        publishing.await.expect("publishing ends once answered");
-    }
-
-    #[tokio::test]
-    async fn a_passs_events_about_different_nodes_are_all_sent_before_the_first_is_answered() {
-        let (ops, mut handle) = ops(Fence::standalone());
-        let events: Vec<_> = (0..3).map(quarantined).collect();
-        let publishing = tokio::spawn(async move { ops.publish_all(events).await });
-        // One after the other, the second would never arrive while the first waits for its answer.
-        let mut unanswered = Vec::new();
-        for _ in 0..3 {
-            let (request, respond) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
-                .await
-                .expect("every Event is sent before the first is answered")
-                .expect("a request");
-            assert!(request.uri().path().ends_with("/events"), "{}", request.uri());
-            unanswered.push(respond);
-        }
-        for respond in unanswered {
-            respond.send_response(reply(201, &serde_json::json!({})));
-        }
-        publishing.await.expect("publishing ends once answered");
     }
 
     #[tokio::test]

@@ -212,7 +212,9 @@ pub async fn install_generated_crds(client: &kube::Client) {
 /// If kubectl cannot run or refuses the file.
 pub async fn kubectl_apply(file: &str) {
     let cluster = cluster().await;
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(file);
     let output = std::process::Command::new(cluster.kubectl())
         .arg("--kubeconfig")
         .arg(cluster.kubeconfig_path())

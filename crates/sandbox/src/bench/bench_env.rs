@@ -368,8 +368,14 @@ where
 fn shipped_flow_schemas(namespace: &str) -> Result<Vec<FlowSchema>, BenchSetupError> {
     const SHIPPED: &str = include_str!("../../../../manifests/controller/flow-schemas.yaml");
     let moved = SHIPPED
-        .replace("namespace: gpu-remediation\n", &format!("namespace: {namespace}\n"))
-        .replace("namespaces: [gpu-remediation]", &format!("namespaces: [{namespace}]"));
+        .replace(
+            "namespace: gpu-remediation\n",
+            &format!("namespace: {namespace}\n"),
+        )
+        .replace(
+            "namespaces: [gpu-remediation]",
+            &format!("namespaces: [{namespace}]"),
+        );
     serde_yaml::Deserializer::from_str(&moved)
         .map(|document| {
             serde::Deserialize::deserialize(document).map_err(|e| BenchSetupError::Api {
@@ -447,7 +453,10 @@ mod tests {
     fn the_shipped_flow_schemas_name_the_benchs_service_accounts_and_lease_namespace() {
         let schemas = shipped_flow_schemas("gpu-bench").unwrap();
         let names: Vec<_> = schemas.iter().map(ResourceExt::name_any).collect();
-        assert_eq!(names, ["gpu-remediator-fault-path", "gpu-remediator-leader-election"]);
+        assert_eq!(
+            names,
+            ["gpu-remediator-fault-path", "gpu-remediator-leader-election"]
+        );
         let json = serde_json::to_string(&schemas).unwrap();
         assert!(!json.contains("gpu-remediation\""), "{json}");
         for schema in &schemas {

@@ -124,7 +124,9 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("starting the bench sandbox")?;
     if !cli.without_flow_schemas {
-        env.install_flow_schemas().await.context("installing the FlowSchemas")?;
+        env.install_flow_schemas()
+            .await
+            .context("installing the FlowSchemas")?;
     }
     eprintln!("sandbox ready; scratch files in {}", env.scratch.display());
     let mut results = BenchResults {
