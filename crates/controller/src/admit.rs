@@ -291,6 +291,25 @@ pub struct WrittenStatus {
     pub status: GpuRemediationPolicyStatus,
 }
 
+/// `cached` as the server has it: with the status this replica last wrote over that very version,
+/// if the watch has not shown the write yet. The plan compares its decisions (the circuit, the
+/// held domains, the waiting nodes) with the policy's status to announce each change once; planned
+/// from the cached status alone, a pass that ran before the watch caught up announced them again.
+#[must_use]
+pub fn as_written(
+    cached: &Arc<GpuRemediationPolicy>,
+    written: Option<&WrittenStatus>,
+) -> Arc<GpuRemediationPolicy> {
+    match written {
+        Some(w) if w.over == cached.resource_version() && cached.status.as_ref() != Some(&w.status) => {
+            let mut policy = GpuRemediationPolicy::clone(cached);
+            policy.status = Some(w.status.clone());
+            Arc::new(policy)
+        }
+        _ => Arc::clone(cached),
+    }
+}
+
 /// Whether `planned` must be written: the cached policy does not have it, and this replica did not
 /// just write it over that very version (the watch has not shown the write yet: writing it again
 /// would be a no-op patch).
@@ -396,6 +415,20 @@ mod tests {
             in_flight,
             ..GpuRemediationPolicyStatus::default()
         }
+    }
+
+    #[test]
+    fn a_pass_before_the_watch_shows_the_last_status_write_plans_from_that_write() {
+        let cached = Arc::new(policy("7", 0));
+        let written = WrittenStatus {
+            over: Some("7".into()),
+            status: status(1),
+        };
+        assert_eq!(as_written(&cached, Some(&written)).status, Some(status(1)));
+        assert_eq!(as_written(&cached, None).status, Some(status(0)));
+        // The watch has delivered a later version: that is what the server has.
+        let later = Arc::new(policy("9", 0));
+        assert_eq!(as_written(&later, Some(&written)).status, Some(status(0)));
     }
 
     #[test]

@@ -163,7 +163,18 @@ async fn pass(
     let error_retry = crate::time::plus(now, crate::time::signed(ctx.settings.error_backoff));
     let mut next = crate::time::plus(now, crate::time::signed(ctx.settings.resync));
 
-    let policies = ctx.caches.policies.state();
+    let policies: Vec<_> = {
+        let written = ctx
+            .policy_status_written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        ctx.caches
+            .policies
+            .state()
+            .iter()
+            .map(|policy| admit::as_written(policy, written.get(&policy.name_any())))
+            .collect()
+    };
     let remediations = ctx.caches.remediations();
     let node_changes = if changed.nodes_listed {
         fleet::index::NodeChanges::Everything
