@@ -34,6 +34,18 @@ struct Served {
     priority_level: String,
 }
 
+impl Served {
+    /// Asserts it succeeded and was served by `expected` (FlowSchema, priority level).
+    fn assert_by(&self, expected: (&str, &str), what: &str) {
+        assert!(self.status < 300, "{what}: {self:?}");
+        assert_eq!(
+            (self.flow_schema.as_str(), self.priority_level.as_str()),
+            expected,
+            "{what}"
+        );
+    }
+}
+
 /// The cluster's FlowSchemas and priority levels by UID (the response headers carry UIDs).
 struct Classifier {
     flow_schemas: BTreeMap<String, String>,
@@ -216,14 +228,9 @@ async fn the_fault_path_is_served_by_workload_high_and_a_drains_evictions_stay_i
         let served = classifier
             .send(&controller, method.clone(), &uri, content_type, body)
             .await;
-        assert!(
-            served.status < 300,
-            "{method} {uri} as the controller: {served:?}"
-        );
-        assert_eq!(
-            (served.flow_schema.as_str(), served.priority_level.as_str()),
+        served.assert_by(
             ("gpu-remediator-fault-path", "workload-high"),
-            "{method} {uri} as the controller"
+            &format!("{method} {uri} as the controller"),
         );
     }
 
@@ -259,14 +266,9 @@ async fn the_fault_path_is_served_by_workload_high_and_a_drains_evictions_stay_i
         let served = classifier
             .send(&controller, method.clone(), &uri, JSON, body)
             .await;
-        assert!(
-            served.status < 300,
-            "{method} {uri} as the controller: {served:?}"
-        );
-        assert_eq!(
-            (served.flow_schema.as_str(), served.priority_level.as_str()),
+        served.assert_by(
             ("service-accounts", "workload-low"),
-            "{method} {uri} as the controller"
+            &format!("{method} {uri} as the controller"),
         );
     }
 }
@@ -303,12 +305,8 @@ async fn the_controllers_lease_is_served_by_leader_election() {
             Some(&stored),
         )
         .await;
-    for served in [created, read, renewed] {
-        assert!(served.status < 300, "{served:?}");
-        assert_eq!(
-            (served.flow_schema.as_str(), served.priority_level.as_str()),
-            ("gpu-remediator-leader-election", "leader-election")
-        );
+    for (served, what) in [(created, "create"), (read, "get"), (renewed, "update")] {
+        served.assert_by(("gpu-remediator-leader-election", "leader-election"), what);
     }
 }
 
@@ -328,10 +326,9 @@ async fn the_agents_condition_is_on_the_fault_path_and_its_reads_are_not() {
     let written = classifier
         .send(&agent, Method::PATCH, &status, APPLY, Some(&condition))
         .await;
-    assert!(written.status < 300, "{written:?}");
-    assert_eq!(
-        (written.flow_schema.as_str(), written.priority_level.as_str()),
-        ("gpu-remediator-fault-path", "workload-high")
+    written.assert_by(
+        ("gpu-remediator-fault-path", "workload-high"),
+        "the agent's condition",
     );
     let read = classifier
         .send(&agent, Method::GET, &format!("/api/v1/nodes/{node}"), JSON, None)

@@ -224,38 +224,23 @@ pub async fn apply(
     Ok(held_until)
 }
 
-/// Writes the policy's planned status unless the server has it or this replica just wrote it
-/// (see [`needs_status_write`]), or it changes counts only and is held (see `policy_status`;
-/// returns until when).
+/// Writes the policy's planned status unless the server has it (`policy` is the plan's: as this
+/// replica last wrote it, see [`as_written`]), or it changes counts only and is held (see
+/// `policy_status`; returns until when).
 async fn write_status(
     ctx: &Context,
     policy: &GpuRemediationPolicy,
     planned: &GpuRemediationPolicyStatus,
 ) -> Result<Option<jiff::Timestamp>, WriteStatusError> {
     let name = policy.name_any();
-    let written = ctx
-        .policy_status_written
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(&name)
-        .cloned();
     let counts_held = || {
         ctx.policy_counts_held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     };
-    if !needs_status_write(policy, planned, written.as_ref()) {
-        counts_held().remove(&name);
-        return Ok(None);
-    }
-    // What the server has: this replica's last write if the watch has not shown it yet.
-    let server = match &written {
-        Some(w) if w.over == policy.resource_version() => Some(&w.status),
-        _ => policy.status.as_ref(),
-    };
     let now = jiff::Timestamp::now();
     let since = counts_held().get(&name).copied();
-    match policy_status::verdict(server, planned, since, now) {
+    match policy_status::verdict(policy.status.as_ref(), planned, since, now) {
         policy_status::Verdict::Unchanged => {
             counts_held().remove(&name);
             Ok(None)
@@ -308,21 +293,6 @@ pub fn as_written(
         }
         _ => Arc::clone(cached),
     }
-}
-
-/// Whether `planned` must be written: the cached policy does not have it, and this replica did not
-/// just write it over that very version (the watch has not shown the write yet: writing it again
-/// would be a no-op patch).
-#[must_use]
-pub fn needs_status_write(
-    cached: &GpuRemediationPolicy,
-    planned: &GpuRemediationPolicyStatus,
-    written: Option<&WrittenStatus>,
-) -> bool {
-    if cached.status.as_ref() == Some(planned) {
-        return false;
-    }
-    !written.is_some_and(|w| w.over == cached.resource_version() && w.status == *planned)
 }
 
 /// What became of one admitted remediation.
@@ -418,41 +388,29 @@ mod tests {
     }
 
     #[test]
-    fn a_pass_before_the_watch_shows_the_last_status_write_plans_from_that_write() {
+    fn a_pass_before_the_watch_shows_the_last_status_write_plans_and_writes_from_that_write() {
         let cached = Arc::new(policy("7", 0));
+        let server = |written: Option<&WrittenStatus>| as_written(&cached, written).status.clone();
+        assert_eq!(server(None), Some(status(0)), "the server has what the cache has");
         let written = WrittenStatus {
             over: Some("7".into()),
             status: status(1),
         };
-        assert_eq!(as_written(&cached, Some(&written)).status, Some(status(1)));
-        assert_eq!(as_written(&cached, None).status, Some(status(0)));
-        // The watch has delivered a later version: that is what the server has.
-        let later = Arc::new(policy("9", 0));
-        assert_eq!(as_written(&later, Some(&written)).status, Some(status(0)));
-    }
-
-    #[test]
-    fn a_status_just_written_over_the_cached_version_is_not_written_again() {
-        let cached = policy("7", 0);
-        assert!(needs_status_write(&cached, &status(1), None));
-        assert!(
-            !needs_status_write(&cached, &status(0), None),
-            "the server has it"
+        assert_eq!(
+            server(Some(&written)),
+            Some(status(1)),
+            "written over this very version: the watch has not shown it yet (not written again)"
         );
-        let written = WrittenStatus {
-            over: Some("7".into()),
-            status: status(1),
-        };
-        assert!(
-            !needs_status_write(&cached, &status(1), Some(&written)),
-            "written over this very version: the watch has not shown it yet"
-        );
-        assert!(
-            needs_status_write(&cached, &status(2), Some(&written)),
+        assert_ne!(
+            server(Some(&written)),
+            Some(status(2)),
             "a different status is written"
         );
-        assert!(
-            needs_status_write(&policy("9", 0), &status(1), Some(&written)),
+        // The watch has delivered a later version: that is what the server has.
+        let later = Arc::new(policy("9", 0));
+        assert_eq!(
+            as_written(&later, Some(&written)).status,
+            Some(status(0)),
             "someone wrote the policy since: theirs is compared"
         );
     }

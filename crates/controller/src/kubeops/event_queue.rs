@@ -190,6 +190,18 @@ mod tests {
             .is_ok()
     }
 
+    /// Asserts that two Events are sent in turn: `second` only once the first is answered.
+    async fn sent_in_turn(handle: &mut super::super::tests::Handle, second: &str) {
+        let (_, respond) = handle.next_request().await.expect("the first Event");
+        assert!(
+            !sent_early(handle).await,
+            "{second} was sent before the first was answered"
+        );
+        respond.send_response(reply(201, &serde_json::json!({})));
+        let (_, respond) = handle.next_request().await.expect("the second Event");
+        respond.send_response(reply(201, &serde_json::json!({})));
+    }
+
     #[tokio::test]
     async fn a_pass_goes_on_before_its_events_are_answered() {
         let (ops, mut handle) = ops(Fence::standalone());
@@ -210,14 +222,7 @@ mod tests {
     async fn two_events_of_one_series_are_sent_one_after_the_other() {
         let (ops, mut handle) = ops(Fence::standalone());
         ops.publish_all(vec![quarantined(0), quarantined(0)]).await;
-        let (_, respond) = handle.next_request().await.expect("the first Event");
-        assert!(
-            !sent_early(&mut handle).await,
-            "the second Event of the series was sent before the first was answered"
-        );
-        respond.send_response(reply(201, &serde_json::json!({})));
-        let (_, respond) = handle.next_request().await.expect("the second Event");
-        respond.send_response(reply(201, &serde_json::json!({})));
+        sent_in_turn(&mut handle, "the second Event of the series").await;
     }
 
     #[tokio::test]
@@ -225,14 +230,7 @@ mod tests {
         let (ops, mut handle) = ops(Fence::standalone());
         ops.publish_all(vec![quarantined(0)]).await;
         ops.publish_all(vec![quarantined(0)]).await;
-        let (_, respond) = handle.next_request().await.expect("the first pass's Event");
-        assert!(
-            !sent_early(&mut handle).await,
-            "the second pass's Event was sent before the first pass's was answered"
-        );
-        respond.send_response(reply(201, &serde_json::json!({})));
-        let (_, respond) = handle.next_request().await.expect("the second pass's Event");
-        respond.send_response(reply(201, &serde_json::json!({})));
+        sent_in_turn(&mut handle, "the second pass's Event").await;
     }
 
     #[tokio::test]
