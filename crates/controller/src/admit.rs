@@ -3,10 +3,11 @@
 //! and publishes one Event per change (a remediation started, a node newly held back or held back
 //! for another reason, the circuit breaker opening or closing, a failure domain held or resumed),
 //! never one per pass; the changes of one pass with the same object and reason (ten remediations
-//! started, four nodes held back) are said in one Event that names them all. Each admitted node is read afresh right before its remediation is created
-//! (the plan was made from the cache): one that recovered meanwhile is not remediated. A record for
-//! a node past `maxAttemptsPerNode` is created silently: its one Event comes when it enters
-//! `ManualRequired`.
+//! started, four nodes held back) are said in one Event that names them all. Each admitted node is
+//! read afresh right before its remediation is created (the plan was made from our cache; the read
+//! is at least as fresh as it, from the API server's watch cache, see `kubeops::node_read`): one
+//! that recovered meanwhile is not remediated. A record for a node past `maxAttemptsPerNode` is
+//! created silently: its one Event comes when it enters `ManualRequired`.
 
 use std::sync::Arc;
 
@@ -316,7 +317,12 @@ async fn start(
     policy: &GpuRemediationPolicy,
     remediation: &GpuRemediation,
 ) -> Result<Start, ApplyPolicyPlanError> {
-    let fresh = ctx.ops.read_node(&remediation.spec.node_name).await?;
+    let node_name = &remediation.spec.node_name;
+    let known = ctx
+        .caches
+        .node(node_name)
+        .and_then(|seen| seen.metadata.resource_version.clone());
+    let fresh = ctx.ops.read_node(node_name, known.as_deref()).await?;
     if let Some(why) = fleet::no_longer_due(
         remediation,
         fresh.as_ref(),

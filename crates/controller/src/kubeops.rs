@@ -23,7 +23,7 @@ use gpu_remediation_api::{
 };
 use k8s_openapi::{
     api::{
-        core::v1::{Node, ObjectReference, Pod},
+        core::v1::{ObjectReference, Pod},
         policy::v1::Eviction,
     },
     apimachinery::pkg::apis::meta::v1::{DeleteOptions, Preconditions},
@@ -44,10 +44,12 @@ use crate::{
 
 mod event_queue;
 mod node_edit;
+mod node_read;
 
 pub use event_queue::{EVENT_CONCURRENCY, series};
 use event_queue::{EventQueue, EventWriter};
 pub use node_edit::{EditNodeError, NodeEdit};
+pub use node_read::ReadNodeError;
 
 /// The clients and the fence every write goes through.
 #[derive(Clone)]
@@ -96,17 +98,6 @@ pub struct CreateRemediationError {
     /// What went wrong.
     #[source]
     pub source: WriteError,
-}
-
-/// Why reading a node failed.
-#[derive(Debug, thiserror::Error)]
-#[error("reading node {node} failed: {source}")]
-pub struct ReadNodeError {
-    /// The node.
-    pub node: String,
-    /// What went wrong.
-    #[source]
-    pub source: kube::Error,
 }
 
 /// Why writing a status failed.
@@ -214,17 +205,6 @@ impl KubeOps {
     #[must_use]
     pub fn fence(&self) -> &Fence {
         &self.fence
-    }
-
-    /// Reads a node from the server, past the cache (`None`: it is gone).
-    pub async fn read_node(&self, name: &str) -> Result<Option<Node>, ReadNodeError> {
-        Api::<Node>::all(self.client.clone())
-            .get_opt(name)
-            .await
-            .map_err(|source| ReadNodeError {
-                node: name.to_owned(),
-                source,
-            })
     }
 
     /// Creates a remediation; an existing one of the same name (a repeated pass) is returned as is.
