@@ -3,7 +3,8 @@
 //! workloads), a token is requested for the manifests' `gpu-remediator` service account, and the
 //! controller, leader election included, runs with nothing but that token. It must complete a
 //! remediation, and the server must refuse what the base role does not grant: deleting a pod,
-//! which only the optional `force-delete` component allows.
+//! which only the optional `force-delete` component allows. Admission's last look at a node (a read
+//! naming a version, served from the API server's watch cache) is allowed and never older than it.
 
 mod common;
 
@@ -398,6 +399,56 @@ async fn a_direct_pod_delete_is_refused_unless_the_optional_force_delete_role_is
             .unwrap()
             .is_none_or(|pod| pod.metadata.deletion_timestamp.is_some()),
         "the pod is deleted"
+    );
+    fleet.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_last_look_at_a_node_is_at_least_as_fresh_as_the_version_named_and_the_role_allows_it() {
+    let admin = installed().await;
+    let fleet = common::fleet(1).await;
+    let node = fleet.node_names()[0].clone();
+    let reporter = kube::runtime::events::Reporter {
+        controller: "gpu-remediator".into(),
+        instance: None,
+    };
+    let as_controller = Client::try_from(service_account_config(&admin).await).unwrap();
+    let ops = KubeOps::from_clients(
+        as_controller.clone(),
+        as_controller,
+        Fence::standalone(),
+        reporter,
+    );
+
+    // A write the controller's watch may not have delivered yet: a read naming its version is
+    // answered from the API server's watch cache once that cache holds it, never older.
+    let written = Api::<Node>::all(admin.clone())
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"e2e.gpuremediation.dev/seen": "fresh"}}})),
+        )
+        .await
+        .unwrap();
+    let version = written.resource_version().unwrap();
+    let read = ops
+        .read_node(&node, Some(&version))
+        .await
+        .expect("the base role reads nodes")
+        .expect("the node exists");
+    assert_eq!(
+        read.labels()
+            .get("e2e.gpuremediation.dev/seen")
+            .map(String::as_str),
+        Some("fresh"),
+        "the read is at least as fresh as version {version}"
+    );
+    assert!(
+        ops.read_node("no-such-node", Some(&version))
+            .await
+            .unwrap()
+            .is_none(),
+        "a node that does not exist reads as gone"
     );
     fleet.stop().await.unwrap();
 }
