@@ -40,6 +40,9 @@ pub struct Settings {
     pub remediation_concurrency: usize,
     /// This replica's name in Events (`reportingInstance`), e.g. the pod name.
     pub instance: Option<String>,
+    /// Connections to the API server kept open while leading (see `kubeops::keep_warm`): as many
+    /// as the two lanes' advances and admission's creates use at once.
+    pub warm_connections: usize,
 }
 
 impl Default for Settings {
@@ -54,6 +57,7 @@ impl Default for Settings {
             replacement_poll: Duration::from_secs(5),
             remediation_concurrency: 16,
             instance: None,
+            warm_connections: 32,
         }
     }
 }

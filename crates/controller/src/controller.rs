@@ -32,7 +32,7 @@ use crate::{
     admit,
     context::{Context, Settings},
     fleet, hardware,
-    kubeops::KubeOps,
+    kubeops::{self, KubeOps},
     leader::Fence,
     observe::{Caches, Changed, StartCachesError},
     quarantine,
@@ -100,6 +100,13 @@ pub async fn run_with_telemetry(
     if let Some(health) = &telemetry.health {
         health.mark_caches_synced();
     }
+    // A JoinSet aborts its tasks when dropped: the connections are kept until the controller ends.
+    let mut warm = JoinSet::new();
+    warm.spawn(kubeops::keep_warm(
+        ops.client().clone(),
+        fence.clone(),
+        settings.warm_connections,
+    ));
     let ctx = Arc::new(Context::new(settings, ops, caches, telemetry.metrics));
     tracing::info!(policy_selector = ?ctx.settings.policy_selector, "caches ready; controller running");
     let mut advances = Advances::new(&ctx.settings);

@@ -45,11 +45,13 @@ use crate::{
 mod event_queue;
 mod node_edit;
 mod node_read;
+mod warm;
 
 pub use event_queue::{EVENT_CONCURRENCY, series};
 use event_queue::{EventQueue, EventWriter};
 pub use node_edit::{EditNodeError, NodeEdit};
 pub use node_read::ReadNodeError;
+pub use warm::keep_warm;
 
 /// The clients and the fence every write goes through.
 #[derive(Clone)]

@@ -70,6 +70,10 @@ struct RunArgs {
     /// How often to look at the cluster even when no watch event arrives.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     resync: Duration,
+    /// Connections to the API server kept open while leading, so that a burst of faults does not
+    /// wait for new ones: as many requests for the server's version, at once, every minute (0: none).
+    #[arg(long, env = "GPU_REMEDIATOR_WARM_CONNECTIONS", default_value_t = Settings::default().warm_connections)]
+    warm_connections: usize,
 }
 
 /// How long a replica that lost its Lease waits for the controller to stop before it exits.
@@ -159,6 +163,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         policy_selector: args.policy_selector,
         resync: args.resync,
         instance: Some(identity.clone()),
+        warm_connections: args.warm_connections,
         ..Settings::default()
     };
     tracing::info!(%identity, leader_elect = args.leader_elect, listen = %args.listen, "starting");

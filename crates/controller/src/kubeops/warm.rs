@@ -1,0 +1,80 @@
+//! Keeps connections to the API server open for the fault path. kube's client speaks HTTP/1.1: a
+//! request that finds no idle connection opens one (a TCP and TLS handshake, tens of milliseconds
+//! on a loaded server, and the server's core to spare), and the API server closes a connection left
+//! idle for 90 s. So a burst of faults after a quiet hour would open a connection for nearly every
+//! request of its first cordons. While this replica leads, every [`WARM_EVERY`] it asks the server
+//! for its version (no etcd, no object) that many times at once, so that as many connections stay
+//! open: a fixed cost of `connections` small requests a minute.
+
+use std::time::Duration;
+
+use kube::Client;
+
+use crate::leader::Fence;
+
+/// How often the connections are used: under the API server's 90 s idle timeout.
+pub const WARM_EVERY: Duration = Duration::from_secs(60);
+
+/// Keeps `connections` connections of `client` open while `fence` is held; never returns (abort it).
+pub async fn keep_warm(client: Client, fence: Fence, connections: usize) {
+    if connections == 0 {
+        return std::future::pending().await;
+    }
+    loop {
+        fence.acquired().await;
+        let answers = futures::future::join_all((0..connections).map(|_| client.apiserver_version())).await;
+        let failed = answers.iter().filter(|answer| answer.is_err()).count();
+        if failed > 0 {
+            tracing::debug!(
+                failed,
+                connections,
+                "keeping connections open: some version requests failed"
+            );
+        }
+        tokio::time::sleep(WARM_EVERY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::tests::{ops, reply};
+    use super::*;
+
+    fn version() -> serde_json::Value {
+        serde_json::json!({"major": "1", "minor": "35", "gitVersion": "v1.35.4"})
+    }
+
+    #[tokio::test]
+    async fn a_leader_asks_as_many_times_at_once_as_connections_it_keeps() {
+        let (ops, mut handle) = ops(Fence::standalone());
+        let warm = tokio::spawn(keep_warm(ops.client().clone(), ops.fence().clone(), 3));
+        // All three are in flight before any is answered: three connections, not one used thrice.
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let (request, respond) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+                .await
+                .expect("a request while the others wait")
+                .expect("the client is alive");
+            assert_eq!(request.uri().path(), "/version");
+            held.push(respond);
+        }
+        for respond in held {
+            respond.send_response(reply(200, &version()));
+        }
+        let more = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
+        assert!(more.is_err(), "nothing more until the next round");
+        warm.abort();
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_does_not_lead_keeps_nothing_open() {
+        let (fence, _keeper) = Fence::keeper();
+        let (ops, mut handle) = ops(fence);
+        let warm = tokio::spawn(keep_warm(ops.client().clone(), ops.fence().clone(), 3));
+        let request = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
+        assert!(request.is_err(), "a follower sends nothing");
+        warm.abort();
+    }
+}
