@@ -518,6 +518,23 @@ mod tests {
         serde_json::from_slice(&bytes).unwrap()
     }
 
+    /// The next `count` requests, each taken before any is answered (a request sent only after an
+    /// answer never comes, and the wait fails): the caller answers them.
+    pub(super) async fn held_at_once(
+        handle: &mut Handle,
+        count: usize,
+    ) -> Vec<(Request<Body>, tower_test::mock::SendResponse<Response<Body>>)> {
+        let mut held = Vec::new();
+        for _ in 0..count {
+            let request = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+                .await
+                .expect("every request is sent before the first is answered")
+                .expect("the client is alive");
+            held.push(request);
+        }
+        held
+    }
+
     pub(super) fn reply(code: u16, body: &serde_json::Value) -> Response<Body> {
         Response::builder()
             .status(code)

@@ -162,7 +162,7 @@ pub fn series(
 mod tests {
     use std::time::Duration;
 
-    use super::super::tests::{ops, reply};
+    use super::super::tests::{held_at_once, ops, reply};
     use super::*;
 
     /// A `Quarantined` Event about node `gpu-{node}`.
@@ -238,16 +238,8 @@ mod tests {
         let (ops, mut handle) = ops(Fence::standalone());
         ops.publish_all((0..3).map(quarantined)).await;
         // One after the other, the second would never arrive while the first waits for its answer.
-        let mut unanswered = Vec::new();
-        for _ in 0..3 {
-            let (request, respond) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
-                .await
-                .expect("every Event is sent before the first is answered")
-                .expect("a request");
+        for (request, respond) in held_at_once(&mut handle, 3).await {
             assert!(request.uri().path().ends_with("/events"), "{}", request.uri());
-            unanswered.push(respond);
-        }
-        for respond in unanswered {
             respond.send_response(reply(201, &serde_json::json!({})));
         }
     }

@@ -15,20 +15,28 @@ use crate::leader::Fence;
 /// How often the connections are used: under the API server's 90 s idle timeout.
 pub const WARM_EVERY: Duration = Duration::from_secs(60);
 
-/// Keeps `connections` connections of `client` open while `fence` is held; never returns (abort it).
+/// The longest one round of requests may take; the next round comes a minute later all the same.
+const ROUND_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Keeps `connections` connections of `client` open while `fence` is held, until aborted (0: returns
+/// at once).
 pub async fn keep_warm(client: Client, fence: Fence, connections: usize) {
     if connections == 0 {
-        return std::future::pending().await;
+        return;
     }
     loop {
         fence.acquired().await;
-        let answers = futures::future::join_all((0..connections).map(|_| client.apiserver_version())).await;
-        let failed = answers.iter().filter(|answer| answer.is_err()).count();
+        let round = futures::future::join_all((0..connections).map(|_| client.apiserver_version()));
+        let failed = match tokio::time::timeout(ROUND_DEADLINE, round).await {
+            Ok(answers) => answers.iter().filter(|answer| answer.is_err()).count(),
+            Err(_) => connections,
+        };
         if failed > 0 {
-            tracing::debug!(
+            // Only latency is at stake: the fault path opens what it needs.
+            tracing::warn!(
                 failed,
                 connections,
-                "keeping connections open: some version requests failed"
+                "keeping connections to the API server open: version requests failed or took over 10 s"
             );
         }
         tokio::time::sleep(WARM_EVERY).await;
@@ -39,7 +47,7 @@ pub async fn keep_warm(client: Client, fence: Fence, connections: usize) {
 mod tests {
     use std::time::Duration;
 
-    use super::super::tests::{ops, reply};
+    use super::super::tests::{held_at_once, ops, reply};
     use super::*;
 
     fn version() -> serde_json::Value {
@@ -51,21 +59,26 @@ mod tests {
         let (ops, mut handle) = ops(Fence::standalone());
         let warm = tokio::spawn(keep_warm(ops.client().clone(), ops.fence().clone(), 3));
         // All three are in flight before any is answered: three connections, not one used thrice.
-        let mut held = Vec::new();
-        for _ in 0..3 {
-            let (request, respond) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
-                .await
-                .expect("a request while the others wait")
-                .expect("the client is alive");
+        for (request, respond) in held_at_once(&mut handle, 3).await {
             assert_eq!(request.uri().path(), "/version");
-            held.push(respond);
-        }
-        for respond in held {
             respond.send_response(reply(200, &version()));
         }
         let more = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
         assert!(more.is_err(), "nothing more until the next round");
         warm.abort();
+    }
+
+    #[tokio::test]
+    async fn none_asked_for_ends_at_once_and_sends_nothing() {
+        let (ops, mut handle) = ops(Fence::standalone());
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            keep_warm(ops.client().clone(), ops.fence().clone(), 0),
+        )
+        .await
+        .expect("keeping no connection ends at once");
+        let request = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
+        assert!(request.is_err(), "nothing is sent");
     }
 
     #[tokio::test]
