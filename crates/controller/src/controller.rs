@@ -6,8 +6,9 @@
 //!
 //! Advances run as tasks of their own, at most one per remediation, so that one slow drain round
 //! (a PDB refusing, an API server answering slowly) never holds up another node's cordon. They
-//! run in two lanes with a concurrency limit each: remediations that are still starting (their
-//! next step is the cordon) never wait behind remediations that are draining or being replaced.
+//! run in two lanes with a concurrency limit each (`lanes`): remediations that are still starting
+//! (their next step is the cordon) never wait behind remediations that are draining or being
+//! replaced, and those hold back while a cordon is under way.
 //!
 //! A pass runs only while this replica's leader claim is current; a follower keeps its caches
 //! warm and waits. Passes are level-triggered from the API server's state, so an advance that fails
@@ -24,7 +25,7 @@ use gpu_remediation_api::{GpuRemediation, GpuRemediationStatus, Phase, policy::M
 use jiff::Timestamp;
 use kube::{ResourceExt as _, runtime::events::Reporter};
 use tokio::{
-    sync::{Notify, Semaphore},
+    sync::Notify,
     task::{JoinError, JoinSet},
 };
 
@@ -33,6 +34,7 @@ use crate::{
     context::{Context, Settings},
     fleet, hardware,
     kubeops::{self, KubeOps},
+    lanes::{Lane, Lanes},
     leader::Fence,
     observe::{Caches, Changed, StartCachesError},
     quarantine,
@@ -331,23 +333,19 @@ struct Advances {
     touched: HashSet<String>,
     /// When each remediation that has been advanced wants the next advance.
     due: HashMap<String, Due>,
-    /// Permits for advances of starting remediations (up to the cordon).
-    starting: Arc<Semaphore>,
-    /// Permits for every other advance (drains, replacements, releases).
-    carrying: Arc<Semaphore>,
+    /// The lanes they run in: starting (up to the cordon) first, then carrying (see `lanes`).
+    lanes: Lanes,
 }
 
 impl Advances {
     fn new(settings: &Settings) -> Self {
-        let permits = settings.remediation_concurrency.max(1);
         Self {
             running: JoinSet::new(),
             names: HashMap::new(),
             in_flight: HashSet::new(),
             touched: HashSet::new(),
             due: HashMap::new(),
-            starting: Arc::new(Semaphore::new(permits)),
-            carrying: Arc::new(Semaphore::new(permits)),
+            lanes: Lanes::new(settings.remediation_concurrency),
         }
     }
 
@@ -369,14 +367,15 @@ impl Advances {
     fn start(&mut self, ctx: &Arc<Context>, name: String, remediation: Arc<GpuRemediation>) {
         // A cordon held for the drain's first write (see `progress`) has done its step.
         let lane = if is_starting(ctx.progress.phase(&remediation)) {
-            self.starting.clone()
+            Lane::Starting
         } else {
-            self.carrying.clone()
+            Lane::Carrying
         };
+        // Entered now, before the task runs: a carrying advance spawned next already yields to it.
+        let ticket = self.lanes.enter(lane);
         let ctx = ctx.clone();
         let task = self.running.spawn(async move {
-            // The semaphore is never closed, so a permit always comes.
-            let _permit = lane.acquire_owned().await;
+            let _turn = ticket.turn().await;
             remediation::advance(&ctx, remediation).await
         });
         self.names.insert(task.id(), name.clone());

@@ -25,6 +25,7 @@ pub mod governance;
 pub mod hardware;
 pub mod kubeops;
 pub mod ladder_acts;
+pub mod lanes;
 pub mod lifecycle;
 pub mod node_patch;
 pub mod observe;

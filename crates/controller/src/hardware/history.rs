@@ -222,6 +222,11 @@ pub fn describe(offence: &RepeatOffence) -> String {
 /// The records to write so that every remediation's failures are in them: each record that
 /// gains an entry, as it should be stored (existing records keep their metadata, and so their
 /// resourceVersion, for a conflict-checked replace).
+///
+/// A remediation still `Pending` (its cordon not yet made, or not yet reported) is left for a
+/// later pass: in a burst of faults the records would compete with the cordons for the API
+/// server, and nothing decided meanwhile needs them, since [`failures`] counts the remediations
+/// on record as well as the records.
 #[must_use]
 pub fn records_to_write(
     records: &[Arc<GpuHardwareRecord>],
@@ -232,7 +237,7 @@ pub fn records_to_write(
     let mut changed: BTreeMap<String, GpuHardwareRecord> = BTreeMap::new();
     let mut ordered: Vec<&Arc<GpuRemediation>> = remediations
         .iter()
-        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .filter(|r| r.metadata.deletion_timestamp.is_none() && past_pending(r))
         .collect();
     ordered.sort_by_key(|r| (r.spec.trigger.since.as_ref().map(|t| t.0), r.name_any()));
     for remediation in ordered {
@@ -313,10 +318,18 @@ pub fn records_to_forget(records: &[Arc<GpuHardwareRecord>], now: Timestamp) -> 
     forget.into_iter().collect()
 }
 
+/// Whether the remediation has left `Pending` as its status says.
+fn past_pending(remediation: &GpuRemediation) -> bool {
+    remediation
+        .status
+        .as_ref()
+        .is_some_and(|status| status.phase != gpu_remediation_api::Phase::Pending)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use gpu_remediation_api::{
-        GpuRemediationSpec,
+        GpuRemediationSpec, GpuRemediationStatus, Phase,
         hardware::LedgerGpu,
         policy::{Action, ConditionStatus, OffenderAction},
         remediation::TriggerRecord,
@@ -329,7 +342,8 @@ pub(crate) mod tests {
         Timestamp::from_second(1_800_000_000 + hours * 3600).unwrap()
     }
 
-    /// A remediation of `node` at hour `hour` whose fault names GPU `serial`, on `host`.
+    /// A remediation of `node` at hour `hour` whose fault names GPU `serial`, on `host`, past its
+    /// cordon (see [`pending`]).
     pub(crate) fn remediation(
         name: &str,
         node: &str,
@@ -367,6 +381,20 @@ pub(crate) mod tests {
             },
         );
         r.metadata.creation_timestamp = Some(Time(at(hour)));
+        r.status = Some(GpuRemediationStatus {
+            phase: Phase::Draining,
+            ..GpuRemediationStatus::default()
+        });
+        Arc::new(r)
+    }
+
+    /// `remediation` as admitted: no status yet, or `Pending`.
+    fn pending(remediation: &GpuRemediation, status: Option<Phase>) -> Arc<GpuRemediation> {
+        let mut r = remediation.clone();
+        r.status = status.map(|phase| GpuRemediationStatus {
+            phase,
+            ..GpuRemediationStatus::default()
+        });
         Arc::new(r)
     }
 
@@ -405,6 +433,23 @@ pub(crate) mod tests {
         assert_eq!(gpu.failures[0].node, "node-a");
         assert_eq!(gpu.failures[0].remediation, "a-1");
         assert_eq!(gpu.failures[0].gpu.as_deref(), Some("GPU-S1"));
+    }
+
+    #[test]
+    fn a_remediation_still_pending_is_recorded_once_it_reports_its_cordon_and_counted_meanwhile() {
+        let cordoned = remediation("a-1", "node-a", 0, "S1", None);
+        for admitted in [pending(&cordoned, None), pending(&cordoned, Some(Phase::Pending))] {
+            assert!(records_to_write(&[], std::slice::from_ref(&admitted)).is_empty());
+            // Decisions made meanwhile still see the failure.
+            assert_eq!(failures(&[], &[admitted]).of(HardwareKind::Gpu, "S1").len(), 1);
+        }
+        let written = records_to_write(&[], &[pending(&cordoned, Some(Phase::Cordoned))]);
+        assert_eq!(written.len(), 1);
+        // A remediation that ended before its cordon is recorded too.
+        assert_eq!(
+            records_to_write(&[], &[pending(&cordoned, Some(Phase::Cancelled))]).len(),
+            1
+        );
     }
 
     #[test]
