@@ -119,12 +119,17 @@ pub struct Turn {
 mod tests {
     use super::*;
 
+    /// How long (in paused time) entering `lane` waited for its turn, and the turn.
+    async fn waited(lanes: &Lanes, lane: Lane) -> (Duration, Turn) {
+        let started = tokio::time::Instant::now();
+        let turn = lanes.enter(lane).turn().await;
+        (started.elapsed(), turn)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_carrying_advance_goes_at_once_when_no_fault_waits_for_its_cordon() {
         let lanes = Lanes::new(2);
-        let started = tokio::time::Instant::now();
-        let _turn = lanes.enter(Lane::Carrying).turn().await;
-        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(waited(&lanes, Lane::Carrying).await.0, Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
@@ -157,18 +162,14 @@ mod tests {
     async fn a_stream_of_faults_delays_a_carrying_advance_by_at_most_the_yield() {
         let lanes = Lanes::new(2);
         let _cordon = lanes.enter(Lane::Starting);
-        let started = tokio::time::Instant::now();
-        let _turn = lanes.enter(Lane::Carrying).turn().await;
-        assert_eq!(started.elapsed(), YIELD_AT_MOST);
+        assert_eq!(waited(&lanes, Lane::Carrying).await.0, YIELD_AT_MOST);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_starting_advance_never_waits_for_the_carrying_lane() {
         let lanes = Lanes::new(1);
         let _drain = lanes.enter(Lane::Carrying).turn().await;
-        let started = tokio::time::Instant::now();
-        let _cordon = lanes.enter(Lane::Starting).turn().await;
-        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(waited(&lanes, Lane::Starting).await.0, Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

@@ -343,7 +343,7 @@ pub(crate) mod tests {
     }
 
     /// A remediation of `node` at hour `hour` whose fault names GPU `serial`, on `host`, past its
-    /// cordon (see [`pending`]).
+    /// cordon (`Draining`; see [`with_phase`]).
     pub(crate) fn remediation(
         name: &str,
         node: &str,
@@ -388,10 +388,10 @@ pub(crate) mod tests {
         Arc::new(r)
     }
 
-    /// `remediation` as admitted: no status yet, or `Pending`.
-    fn pending(remediation: &GpuRemediation, status: Option<Phase>) -> Arc<GpuRemediation> {
+    /// `remediation` with no status (`None`: as just admitted) or one in `phase`.
+    fn with_phase(remediation: &GpuRemediation, phase: Option<Phase>) -> Arc<GpuRemediation> {
         let mut r = remediation.clone();
-        r.status = status.map(|phase| GpuRemediationStatus {
+        r.status = phase.map(|phase| GpuRemediationStatus {
             phase,
             ..GpuRemediationStatus::default()
         });
@@ -438,16 +438,19 @@ pub(crate) mod tests {
     #[test]
     fn a_remediation_still_pending_is_recorded_once_it_reports_its_cordon_and_counted_meanwhile() {
         let cordoned = remediation("a-1", "node-a", 0, "S1", None);
-        for admitted in [pending(&cordoned, None), pending(&cordoned, Some(Phase::Pending))] {
+        for admitted in [
+            with_phase(&cordoned, None),
+            with_phase(&cordoned, Some(Phase::Pending)),
+        ] {
             assert!(records_to_write(&[], std::slice::from_ref(&admitted)).is_empty());
             // Decisions made meanwhile still see the failure.
             assert_eq!(failures(&[], &[admitted]).of(HardwareKind::Gpu, "S1").len(), 1);
         }
-        let written = records_to_write(&[], &[pending(&cordoned, Some(Phase::Cordoned))]);
+        let written = records_to_write(&[], &[with_phase(&cordoned, Some(Phase::Cordoned))]);
         assert_eq!(written.len(), 1);
         // A remediation that ended before its cordon is recorded too.
         assert_eq!(
-            records_to_write(&[], &[pending(&cordoned, Some(Phase::Cancelled))]).len(),
+            records_to_write(&[], &[with_phase(&cordoned, Some(Phase::Cancelled))]).len(),
             1
         );
     }

@@ -122,8 +122,8 @@ mod tests {
             uris[0].contains("resourceVersion=7"),
             "the first asks the watch cache: {uris:?}"
         );
-        // One 504 is enough: the controller's clients have kube's retry layer off (`KubeOps::new`),
-        // so the cache is not asked again before etcd is.
+        // One 504 is enough: `read_node` does not ask the cache again before etcd. (Nor does the
+        // client: `KubeOps::new` turns kube's retry layer off; this mock client has none.)
         assert_eq!(uris.len(), 2, "{uris:?}");
     }
 
