@@ -466,10 +466,23 @@ where
     }
 }
 
-/// Keeps what decisions read of a Node: metadata without managedFields, `unschedulable`, taints,
-/// and conditions without heartbeat times.
+/// Keeps what decisions read of a Node: metadata without managedFields and with only our own
+/// annotations, `unschedulable`, taints, and conditions without heartbeat times.
+///
+/// No decision reads another controller's annotation (see `node_fingerprint`), and every node
+/// carries some: the TTL controller's on every node, on real hosts also the attach-detach one and
+/// Node Feature Discovery's, which run to kilobytes. Leaving them out is safe for writes: an edit
+/// over a cached node is sent as a merge patch of what it changed (`node_patch`), and a replace
+/// is made over a fresh read.
 pub fn prune_node(node: &mut Node) {
-    node.managed_fields_mut().clear();
+    // `None`, not an emptied Vec, which would keep the decoded entries' buffer.
+    node.metadata.managed_fields = None;
+    if let Some(annotations) = node.metadata.annotations.as_mut() {
+        annotations.retain(|key, _| is_ours(key));
+        if annotations.is_empty() {
+            node.metadata.annotations = None;
+        }
+    }
     if let Some(spec) = node.spec.as_mut() {
         spec.config_source = None;
         spec.pod_cidrs = None;
@@ -649,6 +662,33 @@ mod tests {
             node_fingerprint(&node("True", 1)),
             node_fingerprint(&node("False", 1))
         );
+    }
+
+    #[test]
+    fn a_cached_node_keeps_our_annotations_only_and_no_managed_fields() {
+        let mut node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "gpu-1",
+                "annotations": {
+                    "node.alpha.kubernetes.io/ttl": "0",
+                    "nfd.node.kubernetes.io/feature-labels": "cpu-cpuid.AVX512F,cpu-cpuid.AMXTILE",
+                    "gpuremediation.dev/cordoned-by": "gpu-1-r",
+                },
+                "managedFields": [{"manager": "kubelet", "operation": "Update"}],
+            },
+        }))
+        .expect("a node");
+        prune_node(&mut node);
+        assert_eq!(
+            node.metadata.annotations,
+            Some([("gpuremediation.dev/cordoned-by".to_owned(), "gpu-1-r".to_owned())].into())
+        );
+        assert_eq!(node.metadata.managed_fields, None);
+
+        node.metadata.annotations =
+            Some([("node.alpha.kubernetes.io/ttl".to_owned(), "0".to_owned())].into());
+        prune_node(&mut node);
+        assert_eq!(node.metadata.annotations, None, "none of ours: no map at all");
     }
 
     #[test]
