@@ -4,7 +4,7 @@
 //! Four watches feed reflector stores: policies (optionally narrowed by a label selector, so
 //! several controllers can share a cluster in tests), remediations, Nodes and
 //! disruption budgets. Nodes and PDBs are pruned as they arrive (no managedFields, images,
-//! heartbeat times, capacity lists), so memory grows with what decisions read, not with what
+//! heartbeat times, capacity lists, other controllers' annotations; [`relevant`]), so memory grows with what decisions read, not with what
 //! kubelets write. Pods are never cached: `remediation` lists one node's pods when it drains it.
 //!
 //! A watch event wakes the controller only when something a decision reads changed (a
@@ -20,8 +20,7 @@
 //! counts a remediation late and a phase is never repeated from a stale cache.
 
 use std::{
-    collections::{BTreeSet, HashMap, hash_map::DefaultHasher},
-    hash::{Hash, Hasher},
+    collections::{BTreeSet, HashMap},
     sync::{Arc, Mutex},
 };
 
@@ -38,14 +37,19 @@ use kube::{
         watcher,
     },
 };
-use serde::Serialize;
 use tokio::sync::Notify;
 
 pub mod initial_list;
 mod overlay;
+mod relevant;
 pub mod undecodable;
 
 pub use overlay::Overlay;
+pub(crate) use relevant::hash_of;
+use relevant::{
+    budget_fingerprint, node_fingerprint, policy_fingerprint, prune_budget, remediation_fingerprint,
+};
+pub use relevant::{is_ours, prune_node};
 pub use undecodable::Undecodable;
 
 /// The stores the controller reads, shared by every pass.
@@ -466,67 +470,6 @@ where
     }
 }
 
-/// Keeps what decisions read of a Node: metadata without managedFields and with only our own
-/// annotations, `unschedulable`, taints, and conditions without heartbeat times.
-///
-/// No decision reads another controller's annotation (see `node_fingerprint`), and every node
-/// carries some: the TTL controller's on every node, on real hosts also the attach-detach one and
-/// Node Feature Discovery's, which run to kilobytes. Leaving them out is safe for writes: an edit
-/// over a cached node is sent as a merge patch of what it changed (`node_patch`), and a replace
-/// is made over a fresh read.
-pub fn prune_node(node: &mut Node) {
-    // `None`, not an emptied Vec, which would keep the decoded entries' buffer.
-    node.metadata.managed_fields = None;
-    if let Some(annotations) = node.metadata.annotations.as_mut() {
-        annotations.retain(|key, _| is_ours(key));
-        if annotations.is_empty() {
-            node.metadata.annotations = None;
-        }
-    }
-    if let Some(spec) = node.spec.as_mut() {
-        spec.config_source = None;
-        spec.pod_cidrs = None;
-        spec.pod_cidr = None;
-    }
-    if let Some(status) = node.status.as_mut() {
-        let conditions = status.conditions.take().map(|mut conditions| {
-            for condition in &mut conditions {
-                condition.last_heartbeat_time = None;
-            }
-            conditions
-        });
-        // The system UUID identifies the host for the hardware ledger, the boot ID proves a
-        // ladder's reboot; the rest of nodeInfo goes.
-        let node_info = status
-            .node_info
-            .take()
-            .map(|info| k8s_openapi::api::core::v1::NodeSystemInfo {
-                system_uuid: info.system_uuid,
-                boot_id: info.boot_id,
-                ..Default::default()
-            });
-        *status = k8s_openapi::api::core::v1::NodeStatus {
-            conditions,
-            node_info,
-            ..Default::default()
-        };
-    }
-}
-
-// `status.disruptedPods` stays: it names the pods whose eviction the budget has already granted
-// (a blocker explains a refusal with it), and it holds entries only while evictions settle.
-fn prune_budget(budget: &mut PodDisruptionBudget) {
-    budget.managed_fields_mut().clear();
-    budget.annotations_mut().clear();
-}
-
-pub(crate) fn hash_of<T: Serialize>(value: &T) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    // Serialising our own in-memory values cannot fail.
-    serde_json::to_vec(value).unwrap_or_default().hash(&mut hasher);
-    hasher.finish()
-}
-
 /// `namespace/name`, or `name` for a cluster-scoped object.
 fn key_of<K: Resource>(object: &K) -> String {
     match object.meta().namespace.as_deref() {
@@ -535,81 +478,9 @@ fn key_of<K: Resource>(object: &K) -> String {
     }
 }
 
-fn node_fingerprint(node: &Node) -> u64 {
-    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
-    let conditions: Vec<_> = conditions
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            (
-                &c.type_,
-                &c.status,
-                &c.reason,
-                c.last_transition_time.as_ref().map(|t| t.0),
-            )
-        })
-        .collect();
-    // Only our own annotations: no decision reads another controller's, and some write theirs on
-    // every node at once (the TTL controller re-annotates the whole fleet when its size crosses a
-    // boundary), which must not start passes.
-    let ours: Vec<_> = node
-        .annotations()
-        .iter()
-        .filter(|(key, _)| is_ours(key))
-        .collect();
-    hash_of(&(
-        node.labels(),
-        ours,
-        node.spec.as_ref().map(|s| (&s.unschedulable, &s.taints)),
-        conditions,
-        node.metadata.deletion_timestamp.as_ref().map(|t| t.0),
-    ))
-}
-
-/// Whether an annotation, label or taint key is in our group (`gpuremediation.dev/…`).
-#[must_use]
-pub fn is_ours(key: &str) -> bool {
-    key.strip_prefix(gpu_remediation_api::GROUP)
-        .is_some_and(|rest| rest.starts_with('/'))
-}
-
-fn policy_fingerprint(policy: &GpuRemediationPolicy) -> u64 {
-    hash_of(&(
-        &policy.spec,
-        policy.labels(),
-        policy.metadata.deletion_timestamp.as_ref().map(|t| t.0),
-    ))
-}
-
-fn remediation_fingerprint(remediation: &GpuRemediation) -> u64 {
-    hash_of(&(
-        remediation.annotations(),
-        remediation.finalizers(),
-        remediation.metadata.deletion_timestamp.as_ref().map(|t| t.0),
-        remediation.status.as_ref().map(|s| s.phase),
-    ))
-}
-
-fn budget_fingerprint(budget: &PodDisruptionBudget) -> u64 {
-    hash_of(&(
-        &budget.spec,
-        budget.status.as_ref().map(|s| {
-            (
-                s.disruptions_allowed,
-                s.current_healthy,
-                s.desired_healthy,
-                s.observed_generation,
-            )
-        }),
-    ))
-}
-
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::{
-        api::core::v1::{NodeCondition, NodeStatus},
-        apimachinery::pkg::apis::meta::v1::Time,
-    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
 
@@ -633,89 +504,5 @@ mod tests {
         disrupted.record(&budget, at(3));
         assert_eq!(disrupted.last_listed("work/web", "web-0"), Some(at(2)));
         assert_eq!(disrupted.last_listed("other/web", "web-0"), None);
-    }
-
-    #[test]
-    fn heartbeats_do_not_change_a_nodes_fingerprint_but_conditions_do() {
-        let condition = |status: &str, heartbeat: i64| NodeCondition {
-            type_: "GpuHealthy".into(),
-            status: status.into(),
-            last_heartbeat_time: Some(Time(jiff::Timestamp::from_second(heartbeat).unwrap())),
-            ..NodeCondition::default()
-        };
-        let node = |status: &str, heartbeat: i64| {
-            let mut n = Node {
-                status: Some(NodeStatus {
-                    conditions: Some(vec![condition(status, heartbeat)]),
-                    ..NodeStatus::default()
-                }),
-                ..Node::default()
-            };
-            prune_node(&mut n);
-            n
-        };
-        assert_eq!(
-            node_fingerprint(&node("True", 1)),
-            node_fingerprint(&node("True", 2))
-        );
-        assert_ne!(
-            node_fingerprint(&node("True", 1)),
-            node_fingerprint(&node("False", 1))
-        );
-    }
-
-    #[test]
-    fn a_cached_node_keeps_our_annotations_only_and_no_managed_fields() {
-        let mut node: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {
-                "name": "gpu-1",
-                "annotations": {
-                    "node.alpha.kubernetes.io/ttl": "0",
-                    "nfd.node.kubernetes.io/feature-labels": "cpu-cpuid.AVX512F,cpu-cpuid.AMXTILE",
-                    "gpuremediation.dev/cordoned-by": "gpu-1-r",
-                },
-                "managedFields": [{"manager": "kubelet", "operation": "Update"}],
-            },
-        }))
-        .expect("a node");
-        prune_node(&mut node);
-        assert_eq!(
-            node.metadata.annotations,
-            Some([("gpuremediation.dev/cordoned-by".to_owned(), "gpu-1-r".to_owned())].into())
-        );
-        assert_eq!(node.metadata.managed_fields, None);
-
-        node.metadata.annotations =
-            Some([("node.alpha.kubernetes.io/ttl".to_owned(), "0".to_owned())].into());
-        prune_node(&mut node);
-        assert_eq!(node.metadata.annotations, None, "none of ours: no map at all");
-    }
-
-    #[test]
-    fn another_controllers_annotation_does_not_change_a_nodes_fingerprint_but_ours_do() {
-        let node = |annotations: &[(&str, &str)]| {
-            let mut n = Node::default();
-            n.metadata.annotations = Some(
-                annotations
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-            );
-            n
-        };
-        let plain = node_fingerprint(&node(&[]));
-        assert_eq!(
-            node_fingerprint(&node(&[("node.alpha.kubernetes.io/ttl", "30")])),
-            plain
-        );
-        assert_eq!(
-            node_fingerprint(&node(&[("gpuremediation.devx/other", "x")])),
-            plain,
-            "a group that only starts like ours"
-        );
-        assert_ne!(
-            node_fingerprint(&node(&[("gpuremediation.dev/cordoned-by", "r")])),
-            plain
-        );
     }
 }
