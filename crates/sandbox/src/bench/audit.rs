@@ -9,9 +9,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// The audit policy: every stage but `ResponseStarted` of every request `users` make.
+/// The audit policy: every stage but `ResponseStarted` of every request `users` make, and what
+/// `extra_rules` (whole rules, indented as a policy's list items) select of the other users'.
 #[must_use]
-pub fn policy(users: &[&str]) -> String {
+pub fn policy(users: &[&str], extra_rules: &[&str]) -> String {
     let users = users
         .iter()
         .map(|u| format!("\"{u}\""))
@@ -24,8 +25,9 @@ omitStages: [\"ResponseStarted\", \"Panic\"]
 rules:
   - level: Metadata
     users: [{users}]
-  - level: None
-"
+{extra}  - level: None
+",
+        extra = extra_rules.concat()
     )
 }
 
@@ -265,9 +267,14 @@ mod tests {
     }
 
     #[test]
-    fn the_policy_names_only_the_measured_users() {
-        let text = policy(&["a", "b"]);
-        assert!(text.contains("users: [\"a\", \"b\"]"), "{text}");
+    fn the_policy_names_the_measured_users_then_the_extra_rules_then_nothing_else() {
+        let text = policy(&["a", "b"], &["  - level: Request\n    verbs: [\"update\"]\n"]);
+        assert!(
+            text.contains("users: [\"a\", \"b\"]\n  - level: Request\n"),
+            "{text}"
+        );
         assert!(text.trim_end().ends_with("- level: None"), "{text}");
+        let parsed: serde_json::Value = serde_yaml::from_str(&text).expect("a YAML policy");
+        assert_eq!(parsed["rules"].as_array().map(Vec::len), Some(3), "{text}");
     }
 }

@@ -112,11 +112,15 @@ impl BenchEnv {
         let policy_file = scratch.join("audit-policy.yaml");
         let audit_log = scratch.join("audit.log");
         // Karpenter's identity exists only in the peer scenario (`karpenter_peer`).
-        let policy = audit::policy(&[
-            &username("gpu-remediator"),
-            &username("kubectl"),
-            &username("karpenter"),
-        ]);
+        let policy = audit::policy(
+            &[
+                &username("gpu-remediator"),
+                &username("kubectl"),
+                &username("karpenter"),
+            ],
+            // Every budget status write, with its body: where a drain's time goes (`drain_links`).
+            &[super::drain_links::AUDIT_RULE],
+        );
         std::fs::write(&policy_file, policy).map_err(file_error(&policy_file))?;
         options
             .extra_apiserver_args

@@ -3,7 +3,8 @@
 //! drained by the controller on one fleet and by `kubectl drain --ignore-daemonsets
 //! --delete-emptydir-data --force` (the pinned release's kubectl) on an identical one. Both are
 //! timed by the same watch (from the node turning unschedulable to its last pod gone) and judged
-//! by the same PDB sampler; the audit log counts each peer's requests.
+//! by the same PDB sampler; the audit log counts each peer's requests and splits its drain link by
+//! link into the budgets' part and its own (`drain_links`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -18,6 +19,7 @@ use kube::{Api, ResourceExt};
 use super::audit::{self, RequestCounts};
 use super::bench_env::{self, BenchEnv, BenchSetupError, api_error, eventually};
 use super::budget_sampler::BudgetSampler;
+use super::drain_links::{self, DrainLinks};
 use super::latency::{fleet_options, wait_policy_observed};
 use crate::Fleet;
 use crate::workload::{self, Budget, Workload};
@@ -40,6 +42,8 @@ pub struct DrainPeerResult {
     pub least_margin: i64,
     /// The peer's requests during the drain.
     pub requests: RequestCounts,
+    /// Its time, link by link: the budgets' part and its own.
+    pub links: DrainLinks,
 }
 
 /// Both peers, side by side.
@@ -226,7 +230,9 @@ async fn controller_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResu
         },
     )
     .await?;
-    let requests = audit::count(&log.since_mark(), &env.controller.username);
+    let log = log.since_mark();
+    let requests = audit::count(&log, &env.controller.username);
+    let links = drain_links::measure(&log, &env.controller.username, &stage.namespace);
     let budget = sampler.finish();
     controller.terminate().await;
     if let Err(e) = env.delete_policy(&scope).await {
@@ -239,6 +245,7 @@ async fn controller_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResu
         violations: budget.violations.len(),
         least_margin: budget.least_margin.values().copied().min().unwrap_or(0),
         requests,
+        links,
     })
 }
 
@@ -270,7 +277,9 @@ async fn kubectl_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResult,
         )));
     }
     let (seconds, pods) = clock.wait(Duration::from_secs(60)).await?;
-    let requests = audit::count(&log.since_mark(), &env.kubectl.username);
+    let log = log.since_mark();
+    let requests = audit::count(&log, &env.kubectl.username);
+    let links = drain_links::measure(&log, &env.kubectl.username, &stage.namespace);
     let budget = sampler.finish();
     Ok(DrainPeerResult {
         peer: "kubectl drain".to_owned(),
@@ -279,6 +288,7 @@ async fn kubectl_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResult,
         violations: budget.violations.len(),
         least_margin: budget.least_margin.values().copied().min().unwrap_or(0),
         requests,
+        links,
     })
 }
 

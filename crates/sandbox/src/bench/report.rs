@@ -122,6 +122,7 @@ pub fn markdown(results: &BenchResults) -> String {
             "\nRatio (kubectl drain time / gpu-remediator drain time): **{:.2}x**\n",
             d.ratio
         );
+        out.push_str(&drain_links_table(d));
     }
     if !results.footprint.is_empty() {
         out.push_str("### Controller footprint (separate process; VmHWM and utime+stime from /proc)\n\n");
@@ -163,6 +164,51 @@ pub fn markdown(results: &BenchResults) -> String {
     }
     if let Some(peer) = &results.karpenter_peer {
         out.push_str(&super::karpenter_peer::markdown(peer));
+    }
+    out
+}
+
+/// Each peer's drain split link by link (`drain_links`): the budgets' part, the drainer's part
+/// (and how much of it the drainer still had its own evictions unanswered), and the longest
+/// Deployment's chain of budget parts beside a fifth of `kubectl drain`'s time.
+#[must_use]
+pub fn drain_links_table(d: &DrainComparison) -> String {
+    let mut out = String::from(
+        "Where the drain's time goes, link by link (one Deployment's eviction granted → its budget \
+         written with room again → the peer's next eviction of it received; audit log):\n\n\
+         | peer | links (not split) | budget's part p50 / p99 / max | drainer's part p50 / p99 / max | of it, own evictions unanswered p50 / max | longest chain of budget parts |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+    );
+    for p in [&d.controller, &d.kubectl] {
+        let l = &p.links;
+        let chain = l
+            .longest_chain
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |(name, s)| format!("{s:.1} s ({name})"));
+        let _ = writeln!(
+            out,
+            "| {} | {} ({}) | {:.0} / {:.0} / {:.0} ms | {:.0} / {:.0} / {:.0} ms | {:.0} / {:.0} ms | {chain} |",
+            p.peer,
+            l.links,
+            l.unattributed,
+            l.budget.p50_ms,
+            l.budget.p99_ms,
+            l.budget.max_ms,
+            l.drainer.p50_ms,
+            l.drainer.p99_ms,
+            l.drainer.max_ms,
+            l.drainer_behind_own_requests.p50_ms,
+            l.drainer_behind_own_requests.max_ms,
+        );
+    }
+    if let Some((name, chain)) = &d.controller.links.longest_chain {
+        let _ = writeln!(
+            out,
+            "\nIn the controller's drain the budgets alone took {chain:.1} s along {name}'s chain (this \
+             drain's figure: it grows with the replacements running at once); a fifth of `kubectl \
+             drain`'s time is {:.1} s.\n",
+            d.kubectl.seconds / 5.0
+        );
     }
     out
 }
@@ -345,6 +391,9 @@ pub fn scale_tables(scale: &[ScaleResult]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::audit::RequestCounts;
+    use super::super::drain::DrainPeerResult;
+    use super::super::drain_links::{DrainLinks, Spread};
     use super::*;
 
     #[test]
@@ -388,6 +437,57 @@ mod tests {
                 "| off | 6 | 2 | 6 s | 4.0/s | 8 (5, 3) | n/a | n/a |",
                 "| on | 6 | 2 | 6 s | 4.0/s | 0 (0, 0) | 20 ms | 40 ms |"
             ]
+        );
+    }
+
+    #[test]
+    fn the_drain_links_table_has_a_row_per_peer_and_the_fifth_of_kubectls_time() {
+        let peer = |peer: &str, seconds: f64, chain: Option<(String, f64)>| DrainPeerResult {
+            peer: peer.to_owned(),
+            seconds,
+            pods: 100,
+            violations: 0,
+            least_margin: 0,
+            requests: RequestCounts::default(),
+            links: DrainLinks {
+                links: 84,
+                unattributed: 0,
+                budget: Spread {
+                    p50_ms: 434.0,
+                    p99_ms: 1182.0,
+                    max_ms: 1182.0,
+                },
+                drainer: Spread {
+                    p50_ms: 87.0,
+                    p99_ms: 311.0,
+                    max_ms: 311.0,
+                },
+                drainer_behind_own_requests: Spread {
+                    p50_ms: 63.0,
+                    p99_ms: 280.0,
+                    max_ms: 280.0,
+                },
+                longest_chain: chain,
+            },
+        };
+        let table = drain_links_table(&DrainComparison {
+            controller: peer("gpu-remediator", 5.7, Some(("app-06".to_owned(), 3.7))),
+            kubectl: peer("kubectl drain", 18.5, None),
+            ratio: 18.5 / 5.7,
+        });
+        assert!(
+            table.contains(
+                "| gpu-remediator | 84 (0) | 434 / 1182 / 1182 ms | 87 / 311 / 311 ms | 63 / 280 ms | 3.7 s (app-06) |"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("| kubectl drain | 84 (0) |") && table.contains("| - |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("a fifth of `kubectl drain`'s time is 3.7 s"),
+            "{table}"
         );
     }
 }
