@@ -88,6 +88,9 @@ pub struct BenchEnv {
     pub kubectl: Identity,
     /// The `gpu-remediator` binary.
     pub controller_binary: PathBuf,
+    /// Whether the shipped fence is installed ([`BenchEnv::install_fence`]): controllers then
+    /// elect on a Lease in the bench namespace, and their writes carry the claim.
+    pub fenced: bool,
 }
 
 fn username(name: &str) -> String {
@@ -147,7 +150,19 @@ impl BenchEnv {
             controller,
             kubectl,
             controller_binary: controller_binary.to_owned(),
+            fenced: false,
         })
+    }
+
+    /// Installs the shipped fence policy for the controller's identity and its Lease in the bench
+    /// namespace (`bench::fence`); every controller started afterwards elects on that Lease.
+    ///
+    /// # Errors
+    /// The policy could not be installed.
+    pub async fn install_fence(&mut self) -> Result<(), BenchSetupError> {
+        super::fence::install(&self.client, &self.controller.username, BENCH_NAMESPACE).await?;
+        self.fenced = true;
+        Ok(())
     }
 
     /// Installs the shipped FlowSchemas (`manifests/controller/flow-schemas.yaml`) for the bench's
@@ -176,8 +191,10 @@ impl BenchEnv {
         AuditLog::new(&self.audit_log)
     }
 
-    /// Starts a controller enforcing only `scope`'s policies, alone (no election), as the
-    /// controller identity, talking to `kubeconfig` (default: its own, straight to the server).
+    /// Starts a controller enforcing only `scope`'s policies, as the controller identity, talking
+    /// to `kubeconfig` (default: its own, straight to the server): alone (no election), or, once
+    /// the fence is installed, elected on the bench namespace's Lease (the scenarios run one
+    /// controller at a time; each releases the Lease when it stops).
     pub fn start_controller(
         &self,
         scope: &str,
@@ -188,7 +205,7 @@ impl BenchEnv {
             kubeconfig: kubeconfig.map_or_else(|| self.controller.kubeconfig.clone(), Path::to_owned),
             policy_selector: format!("{SCOPE_LABEL}={scope}"),
             identity: format!("controller-{scope}"),
-            lease_namespace: None,
+            lease_namespace: self.fenced.then(|| BENCH_NAMESPACE.to_owned()),
             log_dir: self.scratch.clone(),
             extra_args: Vec::new(),
         })

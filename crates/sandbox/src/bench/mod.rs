@@ -6,6 +6,7 @@
 //! - [`audit`]: requests per peer by verb and resource, from the API server's audit log.
 //! - [`budget_sampler`]: the PDB violation sampler both peers and every fault are judged by.
 //! - [`drain_links`]: a drain's time split, link by link, into its budgets' part and the drainer's.
+//! - [`fence`]: the shipped fence policy on the bench's controller (`--with-fence`), and its probe.
 //! - [`cordon_watch`]: when each node was first held by the controller, and how many at once.
 //! - [`node_churn`]: every node's status rewritten on a period, as kubelets report it.
 //! - [`proxy`]: a loopback TCP proxy that adds latency and cuts connections.
@@ -21,6 +22,7 @@ pub mod budget_sampler;
 pub mod cordon_watch;
 pub mod drain;
 pub mod drain_links;
+pub mod fence;
 pub mod footprint;
 pub mod karpenter_peer;
 pub mod latency;

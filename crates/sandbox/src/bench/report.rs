@@ -40,6 +40,8 @@ pub struct BenchResults {
     pub controller_binary: String,
     /// Whether the shipped FlowSchemas were installed (`--without-flow-schemas` leaves them out).
     pub flow_schemas: bool,
+    /// Whether the shipped fence policy was in force and the controller elected (`--with-fence`).
+    pub fence: bool,
     /// Detection-to-cordon latency.
     pub latency: Vec<LatencyResult>,
     /// The drain against `kubectl drain`.
@@ -69,6 +71,13 @@ pub fn markdown(results: &BenchResults) -> String {
              controller in the cluster's default `service-accounts` flow._\n\n",
         );
     }
+    out.push_str(if results.fence {
+        "_With the shipped fence policy in force (`--with-fence`): the controller elected on a Lease \
+         in the bench namespace, every write carrying its claim._\n\n"
+    } else {
+        "_Without the fence policy: the controller ran alone, its writes carried no claim and no \
+         admission policy checked them (`--with-fence` runs it as installed)._\n\n"
+    });
     if !results.latency.is_empty() {
         out.push_str("### Detection to cordon (from the moment `for` elapses)\n\n");
         out.push_str(
@@ -386,6 +395,16 @@ pub fn scale_tables(scale: &[ScaleResult]) -> String {
         out,
         "| {NVSENTINEL} | 100,000 | - | - | 235 GB in all (65 GB of components, 170 GB of MongoDB) | - | - | - | - |\n"
     );
+    for s in scale {
+        if let Some(fence) = &s.fence {
+            let _ = writeln!(
+                out,
+                "The fence on {} nodes: the probe (a dry-run write without a claim) was refused: \"{}\"; \
+                 the controller's writes refused during the idle window and the rounds: {}.\n",
+                s.nodes, fence.probe_refusal, fence.writes_refused
+            );
+        }
+    }
     out
 }
 

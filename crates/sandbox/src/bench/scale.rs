@@ -7,7 +7,9 @@
 //! all of them. Nothing runs behind them: no kubelet, no Lease heartbeats, no pods (the two cores
 //! cannot carry 50,000 heartbeats), and kube-controller-manager runs without its node-lifecycle
 //! controller, so that silent nodes are not marked `Unknown` and tainted. A fault is the
-//! `GpuHealthy=False` condition written on the node, as the node agent writes it.
+//! `GpuHealthy=False` condition written on the node, as the node agent writes it. With
+//! `--with-fence` the controller elects and the shipped fence policy checks each of its writes, as
+//! in an installation; a probe shows the fence in force before the idle window.
 //!
 //! Reported per size: registration time (harness, not the controller), the controller's time from
 //! start to `/readyz` (every watch listed), its peak RSS and CPU once idle, its requests per second
@@ -64,6 +66,18 @@ pub struct ScaleResult {
     /// The machine's load averages (1, 5, 15 min) when the fleet was registered and when the
     /// rounds ended: figures under load are upper bounds.
     pub load_average: [String; 2],
+    /// With the fence in force (`--with-fence`): the probe's refusal and the controller's writes
+    /// refused during the rounds (a claim the fence did not accept: none expected).
+    pub fence: Option<FenceCheck>,
+}
+
+/// What shows the fence was in force during a fleet's rounds.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FenceCheck {
+    /// The API server's refusal of the probe (a dry-run write without a claim).
+    pub probe_refusal: String,
+    /// The controller's writes answered 403 during the idle window and the rounds.
+    pub writes_refused: usize,
 }
 
 #[allow(clippy::cast_precision_loss, reason = "bytes shown in MiB")]
@@ -166,6 +180,28 @@ pub async fn run(
     Ok(result)
 }
 
+/// Waits for the controller to lead (its claim on the bench Lease), then probes the fence.
+async fn fence_in_force(
+    env: &BenchEnv,
+    scope: &str,
+    controller: &super::actor::ControllerProcess,
+) -> Result<String, BenchSetupError> {
+    let identity = format!("controller-{scope}");
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(env.client.clone(), super::bench_env::BENCH_NAMESPACE);
+    eventually("the controller to lead", Duration::from_secs(120), || async {
+        let lease = leases.get_opt("gpu-remediator").await.ok()??;
+        let holder = lease.spec?.holder_identity?;
+        holder.starts_with(&identity).then_some(())
+    })
+    .await
+    .map_err(|e| BenchSetupError::Step(format!("{e}\n{}", controller.log_tail(30))))?;
+    let as_controller = super::fence::client_of(&env.controller.kubeconfig).await?;
+    let refusal = super::fence::probe(&as_controller, &crate::fleet::node::node_name(scope, 0)).await?;
+    eprintln!("scale: the fence is in force: {refusal}");
+    Ok(refusal)
+}
+
 async fn measure(
     env: &BenchEnv,
     scope: &str,
@@ -191,6 +227,11 @@ async fn measure(
     .await?;
     let ready_seconds = started.elapsed().as_secs_f64();
     wait_policy_observed(env, scope).await?;
+    let probe_refusal = if env.fenced {
+        Some(fence_in_force(env, scope, &controller).await?)
+    } else {
+        None
+    };
     let mut log = env.audit();
     log.mark();
     tokio::time::sleep(IDLE_WINDOW).await;
@@ -215,6 +256,13 @@ async fn measure(
     }
     controller.terminate().await;
     let rounds = rounds?;
+    let fence = probe_refusal.map(|probe_refusal| FenceCheck {
+        probe_refusal,
+        writes_refused: audit::requests(&log.since_mark(), &env.controller.username)
+            .iter()
+            .filter(|r| r.is_write() && r.code == Some(403))
+            .count(),
+    });
     #[allow(clippy::cast_precision_loss, reason = "request counts are small")]
     let idle_requests_per_second = idle_requests as f64 / IDLE_WINDOW.as_secs_f64();
     let result = ScaleResult {
@@ -228,6 +276,7 @@ async fn measure(
         peak_rss_mib: after.as_ref().map_or(f64::NAN, |u| mib(u.peak_rss_bytes)),
         rounds_cpu_seconds: after.map_or(f64::NAN, |u| u.cpu_seconds - idle.cpu_seconds),
         load_average: [String::new(), load_average()],
+        fence,
     };
     eprintln!(
         "scale: {nodes} nodes: ready in {:.2} s, idle {:.1} MiB, {:.2} requests/s idle, peak {:.1} MiB",

@@ -78,6 +78,12 @@ struct Cli {
     /// of the controller in the cluster's default `service-accounts` flow, as before they shipped.
     #[arg(long)]
     without_flow_schemas: bool,
+    /// Run the controller as an installation does: elected on a Lease in the bench namespace,
+    /// with the shipped fence policy (`manifests/controller/fence-policy.yaml`) in force, so that
+    /// every write carries its claim and is checked; before the scale rounds a dry-run write
+    /// without the claim must be refused
+    #[arg(long)]
+    with_fence: bool,
 }
 
 #[tokio::main]
@@ -120,7 +126,7 @@ async fn main() -> anyhow::Result<()> {
         // Bare nodes send no heartbeats: nothing may mark them Unknown and taint them.
         options.controllers.retain(|c| c != "node-lifecycle-controller");
     }
-    let env = BenchEnv::start(&controller_bin, options)
+    let mut env = BenchEnv::start(&controller_bin, options)
         .await
         .context("starting the bench sandbox")?;
     if !cli.without_flow_schemas {
@@ -128,11 +134,15 @@ async fn main() -> anyhow::Result<()> {
             .await
             .context("installing the FlowSchemas")?;
     }
+    if cli.with_fence {
+        env.install_fence().await.context("installing the fence policy")?;
+    }
     eprintln!("sandbox ready; scratch files in {}", env.scratch.display());
     let mut results = BenchResults {
         started: jiff::Timestamp::now().to_string(),
         controller_binary: controller_bin.display().to_string(),
         flow_schemas: !cli.without_flow_schemas,
+        fence: cli.with_fence,
         ..BenchResults::default()
     };
     run(&env, &cli, wants, &mut results).await;
