@@ -36,7 +36,14 @@ pub fn before_write(write: &str) {
     // from the wait, and runs on only once continued.
     let stopped =
         this_thread_id().and_then(|tid| std::process::Command::new("kill").args(["-STOP", &tid]).status());
-    tracing::warn!(write, ?stopped, "test hook: continued; sending the write");
+    match stopped {
+        Ok(status) if status.success() => tracing::warn!(write, "test hook: continued; sending the write"),
+        other => tracing::error!(
+            write,
+            ?other,
+            "test hook: could not stop this process; sending the write"
+        ),
+    }
 }
 
 /// This thread's id: `/proc/thread-self` links to `<pid>/task/<tid>`.

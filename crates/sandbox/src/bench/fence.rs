@@ -62,15 +62,14 @@ pub async fn install(client: &Client, username: &str, namespace: &str) -> Result
 /// # Errors
 /// The kubeconfig could not be read or used.
 pub async fn client_of(path: &std::path::Path) -> Result<Client, BenchSetupError> {
-    let step = |what: &str| {
-        let what = format!("{what} {}", path.display());
-        move |e: String| BenchSetupError::Step(format!("{what}: {e}"))
+    let failed = |e: &dyn std::fmt::Display| {
+        BenchSetupError::Step(format!("a client from kubeconfig {}: {e}", path.display()))
     };
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| step("reading")(e.to_string()))?;
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| failed(&e))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| step("using")(e.to_string()))?;
-    Client::try_from(config).map_err(|e| step("a client from")(e.to_string()))
+        .map_err(|e| failed(&e))?;
+    Client::try_from(config).map_err(|e| failed(&e))
 }
 
 /// Proves the fence in force: `controller` (the controller's identity) asks for a dry-run label

@@ -81,7 +81,8 @@ struct Cli {
     /// Run the controller as an installation does: elected on a Lease in the bench namespace,
     /// with the shipped fence policy (`manifests/controller/fence-policy.yaml`) in force, so that
     /// every write carries its claim and is checked; before the scale rounds a dry-run write
-    /// without the claim must be refused
+    /// without the claim must be refused (measured with `--scale`; the other scenarios start
+    /// their controllers the same way, one at a time)
     #[arg(long)]
     with_fence: bool,
 }
