@@ -194,12 +194,7 @@ fn millis(from: Timestamp, to: Timestamp) -> f64 {
 /// `app-03` for the pod `app-03-7d9f8b6c4d-x2k9p`: a Deployment's pod name less its
 /// `ReplicaSet`'s hash and its own suffix.
 fn deployment_of(pod: &str) -> String {
-    let mut parts: Vec<&str> = pod.rsplitn(3, '-').collect();
-    if parts.len() == 3 {
-        parts.pop().unwrap_or(pod).to_owned()
-    } else {
-        pod.to_owned()
-    }
+    pod.rsplitn(3, '-').nth(2).unwrap_or(pod).to_owned()
 }
 
 #[cfg(test)]
@@ -208,22 +203,27 @@ mod tests {
 
     const ME: &str = "system:serviceaccount:bench:gpu-remediator";
 
-    fn eviction(pod: &str, received: &str, answered: &str, code: u64) -> String {
+    /// `ms` milliseconds after 10:00 on the day of the fixtures, as the audit log writes times.
+    fn at(ms: u32) -> String {
+        format!("2026-12-02T10:00:{:02}.{:03}Z", ms / 1000, ms % 1000)
+    }
+
+    fn eviction(pod: &str, received_ms: u32, answered_ms: u32, code: u64) -> String {
         serde_json::json!({
             "stage": "ResponseComplete", "verb": "create", "user": {"username": ME},
             "objectRef": {"resource": "pods", "subresource": "eviction", "namespace": "drain", "name": pod},
-            "requestReceivedTimestamp": received, "stageTimestamp": answered,
+            "requestReceivedTimestamp": at(received_ms), "stageTimestamp": at(answered_ms),
             "responseStatus": {"code": code},
         })
         .to_string()
     }
 
-    fn budget_written(pdb: &str, answered: &str, allowed: i64) -> String {
+    fn budget_written(pdb: &str, answered_ms: u32, allowed: i64) -> String {
         serde_json::json!({
             "stage": "ResponseComplete", "verb": "update",
             "user": {"username": "system:serviceaccount:kube-system:disruption-controller"},
             "objectRef": {"resource": "poddisruptionbudgets", "subresource": "status", "namespace": "drain", "name": pdb},
-            "requestReceivedTimestamp": answered, "stageTimestamp": answered,
+            "requestReceivedTimestamp": at(answered_ms), "stageTimestamp": at(answered_ms),
             "requestObject": {"status": {"disruptionsAllowed": allowed}},
             "responseStatus": {"code": 200},
         })
@@ -239,67 +239,28 @@ mod tests {
     #[test]
     fn each_link_splits_at_the_budget_write_that_showed_room() {
         let log = [
-            eviction(
-                "app-00-abc-1",
-                "2026-12-02T10:00:00.000Z",
-                "2026-12-02T10:00:00.010Z",
-                201,
-            ),
+            eviction("app-00-abc-1", 0, 10, 201),
             // The server's own write when it grants: no room.
-            budget_written("app-00", "2026-12-02T10:00:00.008Z", 0),
+            budget_written("app-00", 8, 0),
             // Refused while the budget has no room: not a link.
-            eviction(
-                "app-00-abc-2",
-                "2026-12-02T10:00:00.100Z",
-                "2026-12-02T10:00:00.105Z",
-                429,
-            ),
-            budget_written("app-00", "2026-12-02T10:00:01.010Z", 1),
+            eviction("app-00-abc-2", 100, 105, 429),
+            budget_written("app-00", 1_010, 1),
             // Room written again before the drainer acted: the link counts from the first.
-            budget_written("app-00", "2026-12-02T10:00:01.020Z", 1),
-            eviction(
-                "app-00-abc-2",
-                "2026-12-02T10:00:01.030Z",
-                "2026-12-02T10:00:01.040Z",
-                201,
-            ),
-            budget_written("app-00", "2026-12-02T10:00:03.040Z", 1),
-            eviction(
-                "app-00-abc-3",
-                "2026-12-02T10:00:03.100Z",
-                "2026-12-02T10:00:03.110Z",
-                201,
-            ),
+            budget_written("app-00", 1_020, 1),
+            eviction("app-00-abc-2", 1_030, 1_040, 201),
+            budget_written("app-00", 3_040, 1),
+            eviction("app-00-abc-3", 3_100, 3_110, 201),
             // Another Deployment, one link.
-            eviction(
-                "app-01-def-1",
-                "2026-12-02T10:00:00.000Z",
-                "2026-12-02T10:00:00.020Z",
-                201,
-            ),
+            eviction("app-01-def-1", 0, 20, 201),
             // An eviction of another Deployment still unanswered when app-01's room is written:
             // the drainer's next eviction of app-01 waits for it (6 of its 10 ms).
-            eviction(
-                "app-02-ghi-1",
-                "2026-12-02T10:00:00.500Z",
-                "2026-12-02T10:00:00.526Z",
-                429,
-            ),
-            budget_written("app-01", "2026-12-02T10:00:00.520Z", 1),
-            eviction(
-                "app-01-def-2",
-                "2026-12-02T10:00:00.530Z",
-                "2026-12-02T10:00:00.540Z",
-                201,
-            ),
-            // Someone else's eviction and another namespace's budget are not ours.
-            eviction(
-                "app-01-def-3",
-                "2026-12-02T10:00:00.600Z",
-                "2026-12-02T10:00:00.610Z",
-                201,
-            )
-            .replace(ME, "someone-else"),
+            eviction("app-02-ghi-1", 500, 526, 429),
+            // Another namespace's budget of the same name: not this drain's room.
+            budget_written("app-01", 510, 1).replace("\"namespace\":\"drain\"", "\"namespace\":\"other\""),
+            budget_written("app-01", 520, 1),
+            eviction("app-01-def-2", 530, 540, 201),
+            // Someone else's eviction is not ours.
+            eviction("app-01-def-3", 600, 610, 201).replace(ME, "someone-else"),
             "not json".to_owned(),
         ]
         .join("\n");
@@ -326,18 +287,8 @@ mod tests {
     #[test]
     fn a_grant_with_no_room_written_since_the_last_one_is_counted_apart() {
         let log = [
-            eviction(
-                "app-00-abc-1",
-                "2026-12-02T10:00:00.000Z",
-                "2026-12-02T10:00:00.010Z",
-                201,
-            ),
-            eviction(
-                "app-00-abc-2",
-                "2026-12-02T10:00:00.020Z",
-                "2026-12-02T10:00:00.030Z",
-                201,
-            ),
+            eviction("app-00-abc-1", 0, 10, 201),
+            eviction("app-00-abc-2", 20, 30, 201),
         ]
         .join("\n");
         let links = measure(&log, ME, "drain");

@@ -5,7 +5,6 @@
 //! dry-run write without a claim, shows the fence in force before anything is measured.
 
 use kube::api::{Patch, PatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 
 use super::bench_env::{BenchSetupError, api_error};
@@ -55,21 +54,6 @@ pub async fn install(client: &Client, username: &str, namespace: &str) -> Result
     install::apply(client, &objects)
         .await
         .map_err(|e| BenchSetupError::Step(format!("applying the fence policy: {e}")))
-}
-
-/// A client acting as the identity whose kubeconfig is `path`.
-///
-/// # Errors
-/// The kubeconfig could not be read or used.
-pub async fn client_of(path: &std::path::Path) -> Result<Client, BenchSetupError> {
-    let failed = |e: &dyn std::fmt::Display| {
-        BenchSetupError::Step(format!("a client from kubeconfig {}: {e}", path.display()))
-    };
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| failed(&e))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| failed(&e))?;
-    Client::try_from(config).map_err(|e| failed(&e))
 }
 
 /// Proves the fence in force: `controller` (the controller's identity) asks for a dry-run label

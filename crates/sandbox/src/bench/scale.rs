@@ -196,7 +196,7 @@ async fn fence_in_force(
     })
     .await
     .map_err(|e| BenchSetupError::Step(format!("{e}\n{}", controller.log_tail(30))))?;
-    let as_controller = super::fence::client_of(&env.controller.kubeconfig).await?;
+    let as_controller = super::actor::client_for(&env.control_plane, &env.controller);
     let refusal = super::fence::probe(&as_controller, &crate::fleet::node::node_name(scope, 0)).await?;
     eprintln!("scale: the fence is in force: {refusal}");
     Ok(refusal)
