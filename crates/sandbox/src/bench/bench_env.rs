@@ -121,8 +121,9 @@ impl BenchEnv {
                 &username("kubectl"),
                 &username("karpenter"),
             ],
-            // Every budget status write, with its body: where a drain's time goes (`drain_links`).
-            &[super::drain_links::AUDIT_RULE],
+            // Every budget status write and the drain fleets' pod status writes, with their
+            // bodies: where a drain's time goes (`drain_links`).
+            &[&super::drain_links::audit_rules(&super::drain::NAMESPACES)],
         );
         std::fs::write(&policy_file, policy).map_err(file_error(&policy_file))?;
         options

@@ -27,6 +27,10 @@ use crate::workload::{self, Budget, Workload};
 /// Deployment sizes: 3 to 10 replicas, 100 pods in all.
 pub const DEPLOYMENT_SIZES: [i32; 16] = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 6, 7, 8, 9, 6];
 
+/// The two fleets' namespaces: the controller's, then `kubectl drain`'s (the audit policy keeps
+/// their pods' status writes, see [`drain_links::audit_rules`]).
+pub const NAMESPACES: [&str; 2] = ["drain-ctl", "drain-kubectl"];
+
 /// One peer's drain.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DrainPeerResult {
@@ -295,8 +299,9 @@ async fn kubectl_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResult,
 /// Stages two identical fleets, drains one with each peer (the controller first), and compares.
 pub async fn run(env: &BenchEnv) -> Result<DrainComparison, BenchSetupError> {
     eprintln!("drain: staging two fleets of 4 nodes with 100 pods on the first node of each");
-    let ours = stage(env, "drain-ctl").await?;
-    let theirs = stage(env, "drain-kubectl").await?;
+    let [ours, theirs] = NAMESPACES;
+    let ours = stage(env, ours).await?;
+    let theirs = stage(env, theirs).await?;
     let controller = controller_drain(env, &ours).await?;
     eprintln!("drain: gpu-remediator {:.1} s", controller.seconds);
     let kubectl = kubectl_drain(env, &theirs).await?;

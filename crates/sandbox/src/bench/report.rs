@@ -210,6 +210,34 @@ pub fn drain_links_table(d: &DrainComparison) -> String {
             l.drainer_behind_own_requests.max_ms,
         );
     }
+    out.push_str(
+        "\nThe budget's part split at the replacement's Ready (the simulated kubelet's status write), \
+         and the budget writes (kube-controller-manager's disruption controller syncs one budget at a \
+         time):\n\n\
+         | peer | workload's part p50 / p99 / max | disruption controller's part p50 / p99 / max | links with no Ready seen | its budget writes while the peer evicted (received while another was unanswered) | each in the server p50 / p99 | between one answered and the next received p50 / p99 |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for p in [&d.controller, &d.kubectl] {
+        let l = &p.links;
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} / {:.0} / {:.0} ms | {:.0} / {:.0} / {:.0} ms | {} | {} ({}) | {:.0} / {:.0} ms | {:.0} / {:.0} ms |",
+            p.peer,
+            l.workload.p50_ms,
+            l.workload.p99_ms,
+            l.workload.max_ms,
+            l.disruption_controller.p50_ms,
+            l.disruption_controller.p99_ms,
+            l.disruption_controller.max_ms,
+            l.ready_not_seen,
+            l.budget_writes,
+            l.budget_writes_overlapping,
+            l.budget_write.p50_ms,
+            l.budget_write.p99_ms,
+            l.between_budget_writes.p50_ms,
+            l.between_budget_writes.p99_ms,
+        );
+    }
     if let Some((name, chain)) = &d.controller.links.longest_chain {
         let _ = writeln!(
             out,
@@ -487,6 +515,29 @@ mod tests {
                     max_ms: 280.0,
                 },
                 longest_chain: chain,
+                workload: Spread {
+                    p50_ms: 120.0,
+                    p99_ms: 300.0,
+                    max_ms: 310.0,
+                },
+                disruption_controller: Spread {
+                    p50_ms: 290.0,
+                    p99_ms: 900.0,
+                    max_ms: 950.0,
+                },
+                ready_not_seen: 2,
+                budget_writes: 205,
+                budget_writes_overlapping: 0,
+                budget_write: Spread {
+                    p50_ms: 13.0,
+                    p99_ms: 30.0,
+                    max_ms: 31.0,
+                },
+                between_budget_writes: Spread {
+                    p50_ms: 4.0,
+                    p99_ms: 40.0,
+                    max_ms: 41.0,
+                },
             },
         };
         let table = drain_links_table(&DrainComparison {
@@ -502,6 +553,10 @@ mod tests {
         );
         assert!(
             table.contains("| kubectl drain | 84 (0) |") && table.contains("| - |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| gpu-remediator | 120 / 300 / 310 ms | 290 / 900 / 950 ms | 2 | 205 (0) | 13 / 30 ms | 4 / 40 ms |"),
             "{table}"
         );
         assert!(
