@@ -37,7 +37,7 @@ use kube::{
         watcher,
     },
 };
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 pub mod initial_list;
 mod overlay;
@@ -76,6 +76,9 @@ pub struct Caches {
     pub undecodable: Undecodable,
     /// When the budget watch last saw each budget list each pod as disrupted.
     pub disrupted: Disrupted,
+    /// Counts the changes the budget watch delivers: a drain with evictions still unanswered wakes
+    /// on it, so that a budget showing room is used at once (`remediation::evictions`).
+    pub budget_changes: watch::Receiver<u64>,
 }
 
 /// When the budget watch last saw each budget (`namespace/name`) list each pod among its
@@ -260,27 +263,40 @@ impl Caches {
             Some(written_nodes.clone()),
         );
         let disrupted = Disrupted::default();
-        let budgets = spawn_reflector(
-            watcher(Api::<PodDisruptionBudget>::all(client.clone()), config()).default_backoff(),
-            {
+        let (count_budget_change, budget_changes) = watch::channel(0_u64);
+        // A version's listing is recorded once the version is in the store (after `reflect`), so
+        // that budgets read after a listing was read count that listing (`remediation::step`).
+        let (budgets, budget_writer) = reflector::store();
+        let budget_events = watcher(Api::<PodDisruptionBudget>::all(client.clone()), config())
+            .default_backoff()
+            .modify(prune_budget)
+            .reflect(budget_writer)
+            .inspect({
                 let disrupted = disrupted.clone();
-                move |budget: &mut PodDisruptionBudget| {
-                    disrupted.record(budget, Timestamp::now());
-                    prune_budget(budget);
+                move |event| {
+                    if let Ok(watcher::Event::Apply(budget) | watcher::Event::InitApply(budget)) = event {
+                        disrupted.record(budget, Timestamp::now());
+                    }
                 }
-            },
-            budget_fingerprint,
-            Waker::new(wake.clone(), {
-                let changes = changes.clone();
-                move |key: Option<String>| match key {
+            });
+        let budget_waker = Waker::new(wake.clone(), {
+            let changes = changes.clone();
+            move |key: Option<String>| {
+                match key {
                     Some(key) => changes.note(|c| {
                         c.budgets.insert(key);
                     }),
                     None => changes.note(|c| c.anything = true),
                 }
-            }),
+                count_budget_change.send_modify(|count| *count = count.wrapping_add(1));
+            }
+        });
+        tokio::spawn(wake_on_change(
+            budget_events,
+            budget_fingerprint,
+            budget_waker,
             None,
-        );
+        ));
         let hardware_records = spawn_reflector(
             watcher(Api::<GpuHardwareRecord>::all(client.clone()), config()).default_backoff(),
             |r: &mut GpuHardwareRecord| r.managed_fields_mut().clear(),
@@ -308,6 +324,7 @@ impl Caches {
             changes,
             undecodable,
             disrupted,
+            budget_changes,
         })
     }
 

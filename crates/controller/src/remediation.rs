@@ -7,7 +7,7 @@
 //! idempotent and decided from what the API server holds, so a restart, a new leader or a repeated
 //! pass resumes where the record says, without repeating an action.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use futures::{StreamExt, stream};
 use gpu_remediation_api::{
@@ -34,7 +34,10 @@ use crate::{
     time::signed,
 };
 
+mod evictions;
 mod settle;
+
+use evictions::InFlight;
 
 pub use lifecycle::Next;
 use settle::settle;
@@ -164,6 +167,10 @@ struct Stepped {
 }
 
 /// Sees, decides, and puts the lifecycle's asks to the server until it settles.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one pass of seeing, then one loop of deciding and acting whose arms are the step's cases"
+)]
 async fn step(
     ctx: &Context,
     remediation: &GpuRemediation,
@@ -222,10 +229,15 @@ async fn step(
         remediation.creation_timestamp().map(|t| t.0),
     ));
     let limit = ASKS_PER_STEP + pods.as_ref().map_or(0, |plan| plan.leaving.len());
+    let mut asks = 0;
     let mut rewritten = None;
-    for _ in 0..limit {
-        let budgets: Vec<PodDisruptionBudget> =
-            ctx.caches.budgets.state().iter().map(|b| (**b).clone()).collect();
+    // Evictions asked and not yet answered; the step decides again at each answer and each change
+    // of a budget, and settles only once all are answered.
+    let mut flying = InFlight::new(ctx.settings.eviction_concurrency);
+    let mut budget_changes = ctx.caches.budget_changes.clone();
+    budget_changes.mark_unchanged();
+    loop {
+        answers.evictions_unanswered.clone_from(flying.unanswered());
         // Planned and reserved under one lock: two drains sharing a budget never spend the
         // same room (nothing awaits while it is held).
         let decision = {
@@ -233,7 +245,21 @@ async fn step(
                 .evictions_in_flight
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let listed = |budget: &str, pod: &str| ctx.caches.disrupted.last_listed(budget, pod);
+            // The watch's word on each eviction in flight, read before the budgets: a listing is
+            // recorded once its version is in the store (`observe`), so the budgets read after it
+            // count every eviction it says they count (read the other way round, a budget version
+            // arriving in between made an eviction look counted by a status that did not hold it).
+            let words: BTreeMap<(String, String), Timestamp> = flights
+                .values()
+                .flat_map(|flight| flight.budgets.iter().map(move |key| (key, &flight.pod)))
+                .filter_map(|(key, pod)| {
+                    let at = ctx.caches.disrupted.last_listed(key, pod)?;
+                    Some(((key.clone(), pod.clone()), at))
+                })
+                .collect();
+            let listed = |budget: &str, pod: &str| words.get(&(budget.to_owned(), pod.to_owned())).copied();
+            let budgets: Vec<PodDisruptionBudget> =
+                ctx.caches.budgets.state().iter().map(|b| (**b).clone()).collect();
             flights.retain(|_, flight| !flight.counted(&budgets, &listed, now));
             let in_flight = eviction_round::in_flight(flights.values(), &budgets, &listed, now);
             let seen = Seen {
@@ -259,6 +285,18 @@ async fn step(
             decision
         };
         match decision {
+            // Decided while evictions are still in the server: their answers, or room shown by a
+            // budget meanwhile, may change it. Wait for either, then decide again.
+            Decision::Settle(_) if !flying.is_empty() => {
+                let woken = async {
+                    if budget_changes.changed().await.is_err() {
+                        // The budget watch is gone: wait for the answers alone.
+                        std::future::pending::<()>().await;
+                    }
+                };
+                let answered = flying.next(woken).await;
+                take(ctx, &mut flying, answered, &mut answers, now).await?;
+            }
             Decision::Settle(mut settlement) => {
                 // Measured once, at the first look at the node's pods (the cordon's step).
                 if settlement.status.leaked_pods.is_none() {
@@ -269,18 +307,84 @@ async fn step(
                     rewritten,
                 });
             }
+            Decision::Ask(_) if asks == limit => {
+                let answered = flying.all().await;
+                take(ctx, &mut flying, answered, &mut answers, now).await?;
+                return Err(AdvanceRemediationError::KeptAsking {
+                    name: remediation.name_any(),
+                    limit,
+                });
+            }
+            Decision::Ask(Ask::Evict { pods, grace }) => {
+                asks += 1;
+                for pod in pods {
+                    let uid = pod.uid.clone();
+                    flying.ask(uid, evict_one(ctx, pod, grace, false));
+                }
+            }
+            // Any other ask is decided from every eviction's answer.
+            Decision::Ask(_) if !flying.is_empty() => {
+                let answered = flying.all().await;
+                take(ctx, &mut flying, answered, &mut answers, now).await?;
+            }
             Decision::Ask(ask) => {
+                asks += 1;
                 let asked = rewritten.as_ref().unwrap_or(remediation);
-                if let Some(written) = carry_out(ctx, asked, rules, ask, &mut answers, now).await? {
+                if let Some(written) = carry_out(ctx, asked, rules, ask, &mut answers).await? {
                     rewritten = Some(written);
                 }
             }
         }
     }
-    Err(AdvanceRemediationError::KeptAsking {
-        name: remediation.name_any(),
-        limit,
-    })
+}
+
+/// Keeps one eviction's answer; the error if it could not be asked.
+fn keep(
+    ctx: &Context,
+    answers: &mut Answers,
+    pod: Leaving,
+    answer: Result<EvictionAnswer, EvictPodError>,
+    now: Timestamp,
+) -> Option<EvictPodError> {
+    ctx.record_eviction_attempt(&pod.uid, now);
+    if !matches!(answer, Ok(EvictionAnswer::Accepted)) {
+        // Not granted: it spends no budget.
+        ctx.evictions_in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&pod.uid);
+    }
+    match answer {
+        Ok(answer) => {
+            answers.evictions.push((pod, answer));
+            None
+        }
+        Err(error) => Some(error),
+    }
+}
+
+/// Keeps the evictions' `answered`; the first that could not be asked (the fence) ends the step,
+/// once every other eviction in flight is answered too.
+async fn take(
+    ctx: &Context,
+    flying: &mut InFlight<'_, (Leaving, Result<EvictionAnswer, EvictPodError>)>,
+    answered: Vec<(Leaving, Result<EvictionAnswer, EvictPodError>)>,
+    answers: &mut Answers,
+    now: Timestamp,
+) -> Result<(), AdvanceRemediationError> {
+    let mut failed = None;
+    for (pod, answer) in answered {
+        failed = failed.or(keep(ctx, answers, pod, answer, now));
+    }
+    if failed.is_some() {
+        for (pod, answer) in flying.all().await {
+            failed = failed.or(keep(ctx, answers, pod, answer, now));
+        }
+    }
+    match failed {
+        Some(error) => Err(error.into()),
+        None => Ok(()),
+    }
 }
 
 /// Whether this pass must list the node's pods: the phases that drain, and a dry run's record.
@@ -314,7 +418,6 @@ async fn carry_out(
     rules: Option<&PolicySnapshot>,
     ask: Ask,
     answers: &mut Answers,
-    now: Timestamp,
 ) -> Result<Option<GpuRemediation>, AdvanceRemediationError> {
     let name = remediation.name_any();
     match ask {
@@ -339,19 +442,7 @@ async fn carry_out(
             };
             answers.cordon = Some(answer);
         }
-        Ask::Evict { pods, grace } => {
-            for (pod, answer) in evict_all(ctx, pods, grace, false).await {
-                ctx.record_eviction_attempt(&pod.uid, now);
-                if !matches!(answer, Ok(EvictionAnswer::Accepted)) {
-                    // Not granted: it spends no budget.
-                    ctx.evictions_in_flight
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .remove(&pod.uid);
-                }
-                answers.evictions.push((pod, answer?));
-            }
-        }
+        Ask::Evict { .. } => unreachable!("the step keeps evictions in flight itself"),
         Ask::DryRunEvict(pods) => {
             let mut asked = Vec::new();
             for (pod, answer) in evict_all(ctx, pods, None, true).await {

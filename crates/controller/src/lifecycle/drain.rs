@@ -45,14 +45,16 @@ pub(super) fn advance(
         return Decision::Settle(status::unchanged(status, false, Next::At(now)));
     };
     let grace = grace_period(rules);
-    let answered: BTreeSet<&str> = seen
+    // Asked in this step, answered or not: never asked twice.
+    let asked: BTreeSet<&str> = seen
         .answers
         .evictions
         .iter()
         .map(|(p, _)| p.uid.as_str())
+        .chain(seen.answers.evictions_unanswered.iter().map(String::as_str))
         .collect();
     let round = eviction_round::plan(
-        plan.to_evict().filter(|pod| !answered.contains(pod.uid.as_str())),
+        plan.to_evict().filter(|pod| !asked.contains(pod.uid.as_str())),
         &eviction_round::Room {
             budgets: seen.budgets,
             in_flight: seen.in_flight,

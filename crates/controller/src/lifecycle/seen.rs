@@ -2,7 +2,7 @@
 //! admitted, whether it recovered), its pods and budgets, and the server's answers to this pass's
 //! asks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_remediation_api::remediation::ObjectReference;
 use jiff::{SignedDuration, Timestamp};
@@ -91,8 +91,12 @@ pub enum CordonAnswer {
 pub struct Answers {
     /// The cordon's.
     pub cordon: Option<CordonAnswer>,
-    /// Each eviction asked.
+    /// Each eviction asked and answered.
     pub evictions: Vec<(Leaving, EvictionAnswer)>,
+    /// Evictions asked whose answers have not come yet, by pod UID: not asked again (the acting
+    /// layer decides again as answers and budget changes come, and settles only once every
+    /// eviction it asked is answered).
+    pub evictions_unanswered: BTreeSet<String>,
     /// Each dry-run eviction asked (mode `DryRun`).
     pub dry_run: Option<Vec<(Leaving, EvictionAnswer)>>,
     /// Each forced deletion asked.

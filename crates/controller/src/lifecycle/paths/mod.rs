@@ -22,7 +22,10 @@
 //!    has an outcome and an end, at most one step is open, and a remediation succeeds by a repair
 //!    step only with its evidence (a reset: the failed GPU listed by the agent; a reboot: a boot ID
 //!    other than the one before it). Invariants 1 to 7 hold on every rung (a hand-off, like
-//!    `Failed`, keeps the cordon for a person).
+//!    `Failed`, keeps the cordon for a person);
+//! 9. an eviction asked and not yet answered is never asked again: the acting layer decides again
+//!    while evictions are in the server (at each answer and each change of a budget), so some
+//!    passes here hold answers back for a decision or more, as a slow server does.
 //!
 //! `PROPTEST_CASES` sets the number of paths (100,000 by default).
 
@@ -44,7 +47,7 @@ use gpu_remediation_api::ladder::{HANDED_OFF_BY_ANNOTATION, Rung, StepOutcome};
 use super::{
     Answers, Ask, CordonAnswer, Decision, EvictionAnswer, Next, Pace, Seen, Settlement, decide, status,
 };
-use crate::{cordon, replace::Reported};
+use crate::{cordon, drain::Leaving, replace::Reported};
 
 /// A violated invariant, with the path so far.
 type Violation = String;
@@ -91,12 +94,17 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
     let node = world.node.clone();
     // The budget as the watch saw it when the pass began; grants in this pass are in flight.
     let budgets = world.budgets();
-    for _ in 0..6 {
+    // Answers the server has given that the acting layer has not yet heard (invariant 9).
+    let mut unheard: Vec<(Leaving, EvictionAnswer)> = Vec::new();
+    for _ in 0..12 {
+        answers.evictions_unanswered = unheard.iter().map(|(pod, _)| pod.uid.clone()).collect();
+        // An eviction unanswered keeps its budget's room reserved whatever its answer will be.
         let granted = answers
             .evictions
             .iter()
             .filter(|(_, a)| matches!(a, EvictionAnswer::Accepted))
-            .count();
+            .count()
+            + unheard.len();
         let in_flight = if budgets.is_empty() || granted == 0 {
             std::collections::BTreeMap::new()
         } else {
@@ -118,7 +126,31 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
             },
         };
         match decide(&dated, rules.as_ref(), &seen, world.now) {
-            Decision::Ask(ask) => answer(world, &record, rules.as_ref(), &before, ask, &mut answers, mood)?,
+            Decision::Ask(Ask::Evict { pods, .. })
+                if pods
+                    .iter()
+                    .any(|pod| answers.evictions_unanswered.contains(&pod.uid)) =>
+            {
+                return Err("an eviction asked again before its answer came".into());
+            }
+            Decision::Ask(ask) => {
+                let evicting = matches!(ask, Ask::Evict { .. });
+                answer(world, &record, rules.as_ref(), &before, ask, &mut answers, mood)?;
+                // A slow server: the last answers of this round are not heard yet.
+                if evicting && mood == Mood::Random && world.roll(3) == 0 {
+                    let keep = answers
+                        .evictions
+                        .len()
+                        .saturating_sub(1 + usize::try_from(world.roll(3)).unwrap_or(0));
+                    unheard.extend(answers.evictions.split_off(keep));
+                }
+            }
+            // The acting layer settles only once every eviction is answered: it hears one more
+            // (or, with the dice, all of them) and decides again.
+            Decision::Settle(_) if !unheard.is_empty() => {
+                let heard = if world.roll(2) == 0 { unheard.len() } else { 1 };
+                answers.evictions.extend(unheard.drain(..heard));
+            }
             Decision::Settle(settlement) => return settle(world, &record, &before, &settlement),
         }
     }
