@@ -15,7 +15,7 @@ use gpu_remediation_api::{
     remediation::PolicySnapshot,
 };
 use jiff::Timestamp;
-use k8s_openapi::api::{core::v1::Pod, policy::v1::PodDisruptionBudget};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt, api::ListParams};
 
 use crate::{
@@ -258,8 +258,8 @@ async fn step(
                 })
                 .collect();
             let listed = |budget: &str, pod: &str| words.get(&(budget.to_owned(), pod.to_owned())).copied();
-            let budgets: Vec<PodDisruptionBudget> =
-                ctx.caches.budgets.state().iter().map(|b| (**b).clone()).collect();
+            let leaving = pods.iter().flat_map(|plan| plan.leaving.iter());
+            let budgets = eviction_round::in_reach(&ctx.caches.budgets.state(), leaving, flights.values());
             flights.retain(|_, flight| !flight.counted(&budgets, &listed, now));
             let in_flight = eviction_round::in_flight(flights.values(), &budgets, &listed, now);
             let seen = Seen {

@@ -11,7 +11,7 @@
 //! (which the server refuses with 500), is sent and, if refused, asked again after the backoff.
 //! Pure.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -205,6 +205,37 @@ fn is_healthy(budget: &PodDisruptionBudget) -> bool {
         .is_some_and(|s| s.desired_healthy > 0 && s.current_healthy >= s.desired_healthy)
 }
 
+/// The budgets a drain step plans with, cloned from the watch's `store`: those in the namespaces
+/// of `pods` (a budget covers only pods of its own namespace) and of the budgets `flights` were
+/// planned under (the room they hold is weighed in the same pass). The cluster's other budgets are
+/// never copied, however many there are, and a step decides again at every answer.
+#[must_use]
+pub fn in_reach<'a>(
+    store: impl IntoIterator<Item = &'a std::sync::Arc<PodDisruptionBudget>>,
+    pods: impl IntoIterator<Item = &'a Leaving>,
+    flights: impl IntoIterator<Item = &'a Flight>,
+) -> Vec<PodDisruptionBudget> {
+    let mut namespaces: BTreeSet<&str> = pods.into_iter().map(|p| p.namespace.as_str()).collect();
+    for flight in flights {
+        namespaces.extend(
+            flight
+                .budgets
+                .iter()
+                .filter_map(|key| key.split_once('/').map(|(ns, _)| ns)),
+        );
+    }
+    store
+        .into_iter()
+        .filter(|b| {
+            b.metadata
+                .namespace
+                .as_deref()
+                .is_some_and(|ns| namespaces.contains(ns))
+        })
+        .map(|b| (**b).clone())
+        .collect()
+}
+
 fn find<'a>(budgets: &'a [PodDisruptionBudget], key: &str) -> Option<&'a PodDisruptionBudget> {
     budgets.iter().find(|b| find_key(b) == key)
 }
@@ -291,6 +322,29 @@ mod tests {
                 now: at(2),
             },
         )
+    }
+
+    #[test]
+    fn a_step_reads_only_the_budgets_of_its_pods_and_its_flights_namespaces() {
+        let elsewhere = |ns: &str, name: &str| {
+            let mut b = budget(name, "web", 1);
+            b.metadata.namespace = Some(ns.into());
+            std::sync::Arc::new(b)
+        };
+        let store = [
+            std::sync::Arc::new(budget("web", "web", 1)),
+            elsewhere("train", "job"),
+            elsewhere("other", "db"),
+        ];
+        let flight = Flight {
+            pod: "job-0".into(),
+            budgets: vec!["train/job".into()],
+            planned_at: at(0),
+        };
+        let read = in_reach(&store, &[pod("web-0", "web")], [&flight]);
+        let keys: Vec<String> = read.iter().map(find_key).collect();
+        assert_eq!(keys, ["work/web", "train/job"]);
+        assert!(in_reach(&store, &[], []).is_empty());
     }
 
     fn names(pods: &[Leaving]) -> Vec<&str> {
