@@ -13,11 +13,7 @@ use std::path::{Path, PathBuf};
 /// `extra_rules` (whole rules, indented as a policy's list items) select of the other users'.
 #[must_use]
 pub fn policy(users: &[&str], extra_rules: &[&str]) -> String {
-    let users = users
-        .iter()
-        .map(|u| format!("\"{u}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let users = flow_list(users);
     format!(
         "apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -29,6 +25,16 @@ rules:
 ",
         extra = extra_rules.concat()
     )
+}
+
+/// `"a", "b"`: the items of a policy's flow-style list (`users: [...]`, `namespaces: [...]`).
+#[must_use]
+pub fn flow_list(items: &[&str]) -> String {
+    items
+        .iter()
+        .map(|item| format!("\"{item}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The API server flags that turn auditing on with `policy_file`, logging to `log_file`.

@@ -34,11 +34,7 @@ use super::report::percentile;
 /// simulated kubelet reporting a replacement Ready).
 #[must_use]
 pub fn audit_rules(namespaces: &[&str]) -> String {
-    let namespaces = namespaces
-        .iter()
-        .map(|n| format!("\"{n}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let namespaces = super::audit::flow_list(namespaces);
     format!(
         "  - level: Request
     verbs: [\"update\", \"patch\"]
@@ -195,8 +191,8 @@ pub fn measure(log: &str, username: &str, namespace: &str) -> DrainLinks {
         .iter()
         .map(|&(received, answered)| millis(received, answered))
         .collect();
-    let (overlapping, between) = writer_pace(budget_writes.clone());
     links.budget_writes = budget_writes.len();
+    let (overlapping, between) = writer_pace(budget_writes);
     links.budget_writes_overlapping = overlapping;
     links.budget_write = Spread::of(&durations);
     links.between_budget_writes = between;
