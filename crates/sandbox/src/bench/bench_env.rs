@@ -91,6 +91,8 @@ pub struct BenchEnv {
     /// Whether the shipped fence is installed ([`BenchEnv::install_fence`]): controllers then
     /// elect on a Lease in the bench namespace, and their writes carry the claim.
     pub fenced: bool,
+    /// Whether the shipped approval policy is installed ([`BenchEnv::install_approval`]).
+    pub approval: bool,
 }
 
 fn username(name: &str) -> String {
@@ -152,6 +154,7 @@ impl BenchEnv {
             kubectl,
             controller_binary: controller_binary.to_owned(),
             fenced: false,
+            approval: false,
         })
     }
 
@@ -163,6 +166,17 @@ impl BenchEnv {
     pub async fn install_fence(&mut self) -> Result<(), BenchSetupError> {
         super::fence::install(&self.client, &self.controller.username, BENCH_NAMESPACE).await?;
         self.fenced = true;
+        Ok(())
+    }
+
+    /// Installs the shipped approval policy (`bench::approval`): every create and update of a
+    /// remediation is checked by the API server from then on.
+    ///
+    /// # Errors
+    /// The policy could not be installed.
+    pub async fn install_approval(&mut self) -> Result<(), BenchSetupError> {
+        super::approval::install(&self.client).await?;
+        self.approval = true;
         Ok(())
     }
 

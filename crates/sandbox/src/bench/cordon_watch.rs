@@ -1,14 +1,16 @@
 //! Watches a fleet's nodes and records, by the watching process's own clock, when each node was
 //! first seen cordoned by the controller (unschedulable and carrying the remediation taint), and
 //! the most nodes the controller held at any one instant: the latency benchmark reads the first,
-//! the fault suite asserts the second against the policy's budget.
+//! the fault suite asserts the second against the policy's budget. It also records when each node
+//! was seen turning faulty (`GpuHealthy=False`) and then quarantined (the quarantine taint), both
+//! by the same watch, so that the time between is the controller's and not the harness's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
-use gpu_remediation_api::constants::REMEDIATION_TAINT_KEY;
+use gpu_remediation_api::constants::{QUARANTINE_TAINT_KEY, REMEDIATION_TAINT_KEY, node_conditions};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -24,12 +26,55 @@ pub fn is_held(node: &Node) -> bool {
             .is_some_and(|ts| ts.iter().any(|t| t.key == REMEDIATION_TAINT_KEY))
 }
 
+/// Whether `node` carries the controller's quarantine taint.
+#[must_use]
+pub fn is_quarantined(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == QUARANTINE_TAINT_KEY))
+}
+
+/// Whether `node` reports a GPU fault (`GpuHealthy=False`), as the node agent writes it.
+#[must_use]
+pub fn is_faulty(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == node_conditions::GPU_HEALTHY && c.status == "False")
+        })
+}
+
+/// When each node of a set was first seen entering it: a node counts again only after it was
+/// seen leaving and then forgotten, so a state a node already had is never stamped as new.
+#[derive(Default)]
+struct Edges {
+    now_in: BTreeSet<String>,
+    first_in: BTreeMap<String, Timestamp>,
+}
+
+impl Edges {
+    /// Records `node`'s state as seen at `now`; `listing` when it comes from the watch's (re)list,
+    /// which shows a state, not its start.
+    fn see(&mut self, node: &str, is_in: bool, now: Timestamp, listing: bool) {
+        if !is_in {
+            self.now_in.remove(node);
+        } else if self.now_in.insert(node.to_owned()) && !listing {
+            self.first_in.entry(node.to_owned()).or_insert(now);
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     listed: bool,
     held: BTreeSet<String>,
     first_held: BTreeMap<String, Timestamp>,
     most_held: usize,
+    faulty: Edges,
+    quarantined: Edges,
 }
 
 /// A running node watch.
@@ -76,6 +121,9 @@ impl CordonWatch {
                     watcher::Event::InitDone => state.listed = true,
                     watcher::Event::InitApply(node) | watcher::Event::Apply(node) => {
                         let name = node.name_any();
+                        let listing = !state.listed;
+                        state.faulty.see(&name, is_faulty(&node), now, listing);
+                        state.quarantined.see(&name, is_quarantined(&node), now, listing);
                         if is_held(&node) {
                             state.first_held.entry(name.clone()).or_insert(now);
                             state.held.insert(name);
@@ -84,7 +132,10 @@ impl CordonWatch {
                         }
                     }
                     watcher::Event::Delete(node) => {
-                        state.held.remove(&node.name_any());
+                        let name = node.name_any();
+                        state.held.remove(&name);
+                        state.faulty.see(&name, false, now, false);
+                        state.quarantined.see(&name, false, now, false);
                     }
                 }
                 state.most_held = state.most_held.max(state.held.len());
@@ -114,13 +165,46 @@ impl CordonWatch {
         self.lock().first_held.clone()
     }
 
-    /// Forgets when `nodes` were first held, so that the next time each is held counts as its
-    /// first (a benchmark reusing released nodes).
+    /// Forgets when `nodes` were first held, turned faulty and were quarantined, so that the next
+    /// time counts as their first (a benchmark reusing released nodes).
     pub fn forget_first_held(&self, nodes: &[String]) {
         let mut state = self.lock();
         for node in nodes {
             state.first_held.remove(node);
+            state.faulty.first_in.remove(node);
+            state.quarantined.first_in.remove(node);
         }
+    }
+
+    /// When each node was first seen quarantined since it was last forgotten.
+    #[must_use]
+    pub fn first_quarantined(&self) -> BTreeMap<String, Timestamp> {
+        self.lock().quarantined.first_in.clone()
+    }
+
+    /// The nodes carrying the quarantine taint now.
+    #[must_use]
+    pub fn quarantined(&self) -> BTreeSet<String> {
+        self.lock().quarantined.now_in.clone()
+    }
+
+    /// For each node seen turning faulty and then quarantined since it was last forgotten, the
+    /// time between the two sightings, ms.
+    #[must_use]
+    pub fn fault_to_quarantine_ms(&self) -> BTreeMap<String, f64> {
+        let state = self.lock();
+        state
+            .faulty
+            .first_in
+            .iter()
+            .filter_map(|(node, faulted)| {
+                let quarantined = state.quarantined.first_in.get(node)?;
+                Some((
+                    node.clone(),
+                    quarantined.duration_since(*faulted).as_secs_f64() * 1000.0,
+                ))
+            })
+            .collect()
     }
 
     /// The nodes held now.
@@ -139,5 +223,31 @@ impl CordonWatch {
 impl Drop for CordonWatch {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_a_node_already_had_when_listed_is_not_stamped_as_its_start() {
+        let mut edges = Edges::default();
+        let t = |s: i64| Timestamp::from_second(s).expect("time");
+        edges.see("listed-in", true, t(1), true);
+        edges.see("listed-in", true, t(2), false);
+        edges.see("entered", false, t(1), true);
+        edges.see("entered", true, t(3), false);
+        edges.see("entered", true, t(4), false);
+        assert_eq!(edges.first_in.get("listed-in"), None);
+        assert_eq!(edges.first_in.get("entered"), Some(&t(3)));
+        // Left and entered again: the first entry stands until the bench forgets it.
+        edges.see("entered", false, t(5), false);
+        edges.see("entered", true, t(6), false);
+        assert_eq!(edges.first_in.get("entered"), Some(&t(3)));
+        edges.first_in.remove("entered");
+        edges.see("entered", false, t(7), false);
+        edges.see("entered", true, t(8), false);
+        assert_eq!(edges.first_in.get("entered"), Some(&t(8)));
     }
 }

@@ -54,6 +54,18 @@ pub struct LatencyResult {
     pub controller_peak_rss_mib: f64,
     /// The instant the faults' `for` elapsed (RFC 3339): every sample is measured from it.
     pub due: String,
+    /// Nodes of the round seen quarantined after their fault was seen (the quarantine taint, at
+    /// the fault's first sight, before `for`: from then on no new pod lands there).
+    pub quarantined: usize,
+    /// Fault seen to quarantine seen (both by the bench's node watch, so the harness's own writes
+    /// are not in it), median, ms.
+    pub quarantine_p50_ms: f64,
+    /// 99th percentile.
+    pub quarantine_p99_ms: f64,
+    /// Worst.
+    pub quarantine_max_ms: f64,
+    /// Every fault-to-quarantine latency, ms, sorted.
+    pub quarantine_samples_ms: Vec<f64>,
     /// The controller's requests from the faults' write to the last cordon seen, as the audit
     /// log has them (received and answered), in the order answered: where a round's time went.
     pub requests: Vec<super::audit::AuditedRequest>,
@@ -253,6 +265,13 @@ pub(crate) async fn run_rounds(
             .map(|t| t.duration_since(due).as_secs_f64() * 1000.0)
             .collect();
         samples.sort_by(f64::total_cmp);
+        let to_quarantine = watch.fault_to_quarantine_ms();
+        let mut quarantine: Vec<f64> = broken
+            .iter()
+            .filter_map(|n| to_quarantine.get(n))
+            .copied()
+            .collect();
+        quarantine.sort_by(f64::total_cmp);
         let usage = controller.usage();
         let result = LatencyResult {
             nodes: options.nodes,
@@ -263,13 +282,28 @@ pub(crate) async fn run_rounds(
             p99_ms: percentile(&samples, 99.0).unwrap_or(f64::NAN),
             max_ms: samples.last().copied().unwrap_or(f64::NAN),
             samples_ms: samples,
+            quarantined: quarantine.len(),
+            quarantine_p50_ms: percentile(&quarantine, 50.0).unwrap_or(f64::NAN),
+            quarantine_p99_ms: percentile(&quarantine, 99.0).unwrap_or(f64::NAN),
+            quarantine_max_ms: quarantine.last().copied().unwrap_or(f64::NAN),
+            quarantine_samples_ms: quarantine,
             controller_peak_rss_mib: usage.map_or(f64::NAN, |u| mib(u.peak_rss_bytes)),
             due: due.to_string(),
             requests,
         };
         eprintln!(
-            "latency: {} nodes, {} faults: {}/{} cordoned, p50 {:.0} ms, p99 {:.0} ms",
-            result.nodes, faults, result.cordoned, faults, result.p50_ms, result.p99_ms
+            "latency: {} nodes, {} faults: {}/{} cordoned, p50 {:.0} ms, p99 {:.0} ms; {}/{} quarantined, \
+             p50 {:.0} ms, p99 {:.0} ms from the fault seen",
+            result.nodes,
+            faults,
+            result.cordoned,
+            faults,
+            result.p50_ms,
+            result.p99_ms,
+            result.quarantined,
+            faults,
+            result.quarantine_p50_ms,
+            result.quarantine_p99_ms
         );
         results.push(result);
     }

@@ -7,6 +7,8 @@
 //! - [`budget_sampler`]: the PDB violation sampler both peers and every fault are judged by.
 //! - [`drain_links`]: a drain's time split, link by link, into its budgets' part and the drainer's.
 //! - [`fence`]: the shipped fence policy on the bench's controller (`--with-fence`), and its probe.
+//! - [`approval`]: the shipped approval policy on every remediation's create and update
+//!   (`--with-approval`), and its probe.
 //! - [`cordon_watch`]: when each node was first held by the controller, and how many at once.
 //! - [`node_churn`]: every node's status rewritten on a period, as kubelets report it.
 //! - [`proxy`]: a loopback TCP proxy that adds latency and cuts connections.
@@ -16,6 +18,7 @@
 //!   and the table.
 
 pub mod actor;
+pub mod approval;
 pub mod audit;
 pub mod bench_env;
 pub mod budget_sampler;

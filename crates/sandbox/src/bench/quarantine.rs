@@ -5,20 +5,16 @@
 //! node watch seeing the quarantine taint. Each fault is healed (and its node released) before the
 //! next. Both arms run in one `make bench`, one after the other, on fleets of the same shape.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures::StreamExt;
-use gpu_remediation_api::constants::QUARANTINE_TAINT_KEY;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 
 use super::actor::ensure_namespace;
 use super::bench_env::{self, BenchEnv, BenchSetupError, api_error, eventually};
+use super::cordon_watch::CordonWatch;
 use super::latency::{fleet_options, wait_policy_observed};
 use super::report::percentile;
 use crate::Fleet;
@@ -116,7 +112,9 @@ async fn run_arm(
     let mut controller = env.start_controller(&scope, None)?;
     let measured = async {
         wait_policy_observed(env, &scope).await?;
-        let watch = TaintWatch::start(&env.client, &fleet.selector());
+        let watch = CordonWatch::start(&env.client, &fleet.selector())
+            .await
+            .map_err(|e| BenchSetupError::Step(e.to_string()))?;
         let stream = PodStream::start(&env.client, &scope, &scope, options);
         let mut names = fleet.node_names();
         names.sort();
@@ -163,7 +161,7 @@ async fn faults(
     options: &QuarantineOptions,
     scope: &str,
     names: &[String],
-    watch: &TaintWatch,
+    watch: &CordonWatch,
 ) -> Result<(Vec<usize>, Vec<f64>), BenchSetupError> {
     // The stream fills the fleet before the first fault.
     tokio::time::sleep(options.pod_lifetime).await;
@@ -206,7 +204,7 @@ async fn faults(
             "quarantine {scope}: fault on {node}: {count} pods leaked ({bound} stream pods bound on the fleet)"
         );
         leaked.push(count);
-        if let Some(seen) = watch.first_seen(node) {
+        if let Some(seen) = watch.first_quarantined().get(node) {
             samples.push(seen.duration_since(at).as_secs_f64() * 1000.0);
         }
         bench_env::set_condition_at(&env.client, broken, "True", "GpusHealthy", Timestamp::now()).await?;
@@ -216,10 +214,10 @@ async fn faults(
                 .iter()
                 .filter(|r| r.spec.node_name == *node)
                 .all(|r| r.status.as_ref().is_some_and(|s| s.phase.is_terminal()));
-            (done && !watch.tainted(node)).then_some(())
+            (done && !watch.quarantined().contains(node)).then_some(())
         })
         .await?;
-        watch.forget(node);
+        watch.forget_first_held(broken);
         // The fleet fills again before the next fault.
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
@@ -236,68 +234,6 @@ fn scheduled_at(pod: &Pod) -> Option<Timestamp> {
         .find(|c| c.type_ == "PodScheduled" && c.status == "True")
         .and_then(|c| c.last_transition_time.as_ref())
         .map(|t| t.0)
-}
-
-#[derive(Default)]
-struct Taints {
-    first_seen: BTreeMap<String, Timestamp>,
-    tainted: BTreeMap<String, bool>,
-}
-
-/// Watches a fleet's nodes for the quarantine taint: when each was first seen carrying it (by this
-/// process's clock), and whether it carries it now.
-struct TaintWatch {
-    state: Arc<Mutex<Taints>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TaintWatch {
-    fn start(client: &Client, selector: &str) -> Self {
-        let state = Arc::new(Mutex::new(Taints::default()));
-        let shared = state.clone();
-        let nodes: Api<Node> = Api::all(client.clone());
-        let config = watcher::Config::default().labels(selector);
-        let task = tokio::spawn(async move {
-            let mut events = std::pin::pin!(watcher(nodes, config).default_backoff().applied_objects());
-            while let Some(event) = events.next().await {
-                let Ok(node) = event else { continue };
-                let now = Timestamp::now();
-                let carries = node
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.taints.as_ref())
-                    .is_some_and(|ts| ts.iter().any(|t| t.key == QUARANTINE_TAINT_KEY));
-                let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
-                if carries {
-                    state.first_seen.entry(node.name_any()).or_insert(now);
-                }
-                state.tainted.insert(node.name_any(), carries);
-            }
-        });
-        Self { state, task }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Taints> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn first_seen(&self, node: &str) -> Option<Timestamp> {
-        self.lock().first_seen.get(node).copied()
-    }
-
-    fn tainted(&self, node: &str) -> bool {
-        self.lock().tainted.get(node).copied().unwrap_or(false)
-    }
-
-    fn forget(&self, node: &str) {
-        self.lock().first_seen.remove(node);
-    }
-}
-
-impl Drop for TaintWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// A new one-GPU pod on the fleet every `pod_every`, each deleted `pod_lifetime` after it was

@@ -42,6 +42,9 @@ pub struct BenchResults {
     pub flow_schemas: bool,
     /// Whether the shipped fence policy was in force and the controller elected (`--with-fence`).
     pub fence: bool,
+    /// Whether the shipped approval policy checked every remediation's create and update
+    /// (`--with-approval`).
+    pub approval: bool,
     /// Detection-to-cordon latency.
     pub latency: Vec<LatencyResult>,
     /// The drain against `kubectl drain`.
@@ -78,6 +81,12 @@ pub fn markdown(results: &BenchResults) -> String {
         "_Without the fence policy: the controller ran alone, its writes carried no claim and no \
          admission policy checked them (`--with-fence` runs it as installed)._\n\n"
     });
+    if results.approval {
+        out.push_str(
+            "_With the shipped approval policy in force (`--with-approval`): every create and update of \
+             a remediation checked by the API server._\n\n",
+        );
+    }
     if !results.latency.is_empty() {
         out.push_str("### Detection to cordon (from the moment `for` elapses)\n\n");
         out.push_str(
@@ -402,6 +411,31 @@ pub fn scale_tables(scale: &[ScaleResult]) -> String {
         out,
         "| {NVSENTINEL} | 50,000 | (not stated per fault count) | - | 26 ms | 165 ms | 373 ms | - |\n"
     );
+    out.push_str(
+        "### Scale fleets: first signal to quarantine (the fault seen to the quarantine taint seen, \
+         both by the bench's node watch; from then on no new pod lands on the node)\n\n",
+    );
+    out.push_str("| who | nodes | simultaneous faults | quarantined | p50 | p99 | max |\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
+    for s in scale {
+        for r in &s.rounds {
+            let _ = writeln!(
+                out,
+                "| gpu-remediator (measured here) | {} | {} | {}/{} | {:.0} ms | {:.0} ms | {:.0} ms |",
+                s.nodes,
+                r.faults,
+                r.quarantined,
+                r.faults,
+                r.quarantine_p50_ms,
+                r.quarantine_p99_ms,
+                r.quarantine_max_ms,
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "| {NVSENTINEL}: health event to cordon | 50,000 | (not stated per fault count) | - | 26 ms | 165 ms | 373 ms |\n"
+    );
     out.push_str("### Scale fleets: the controller's cost\n\n");
     out.push_str("| who | nodes | registration (harness) | start to /readyz | idle RSS | idle CPU | idle requests/s | peak RSS after the rounds | CPU during the rounds |\n");
     out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -432,6 +466,15 @@ pub fn scale_tables(scale: &[ScaleResult]) -> String {
                 s.nodes, fence.probe_refusal, fence.writes_refused
             );
         }
+        if let Some(approval) = &s.approval {
+            let _ = writeln!(
+                out,
+                "The approval policy on {} nodes: the probe (a dry-run create approved in another user's \
+                 name) was refused: \"{}\"; the controller's creates and updates of remediations refused \
+                 during the idle window and the rounds: {}.\n",
+                s.nodes, approval.probe_refusal, approval.records_refused
+            );
+        }
     }
     out
 }
@@ -457,6 +500,68 @@ mod tests {
     fn a_single_fault_has_the_same_p50_and_p99() {
         assert_eq!(percentile(&[3.0, 1.0, 2.0], 50.0), Some(2.0));
         assert_eq!(percentile(&[3.0, 1.0, 2.0], 99.0), Some(3.0));
+    }
+
+    #[test]
+    fn the_scale_tables_give_each_round_its_cordon_and_its_quarantine_and_the_probes_refusals() {
+        let round = |faults: usize, cordon: Vec<f64>, quarantine: Vec<f64>| LatencyResult {
+            nodes: 50_000,
+            pods: 0,
+            faults,
+            cordoned: cordon.len(),
+            p50_ms: percentile(&cordon, 50.0).unwrap_or(f64::NAN),
+            p99_ms: percentile(&cordon, 99.0).unwrap_or(f64::NAN),
+            max_ms: cordon.last().copied().unwrap_or(f64::NAN),
+            samples_ms: cordon,
+            quarantined: quarantine.len(),
+            quarantine_p50_ms: percentile(&quarantine, 50.0).unwrap_or(f64::NAN),
+            quarantine_p99_ms: percentile(&quarantine, 99.0).unwrap_or(f64::NAN),
+            quarantine_max_ms: quarantine.last().copied().unwrap_or(f64::NAN),
+            quarantine_samples_ms: quarantine,
+            controller_peak_rss_mib: 250.0,
+            due: String::new(),
+            requests: Vec::new(),
+        };
+        let fleet = ScaleResult {
+            nodes: 50_000,
+            registration_seconds: 150.0,
+            ready_seconds: 9.0,
+            idle_peak_rss_mib: 248.0,
+            idle_cpu_seconds: 7.0,
+            idle_requests_per_second: 1.0,
+            // The second fault's quarantine was not seen: one of two.
+            rounds: vec![
+                round(1, vec![24.0], vec![56.0]),
+                round(2, vec![90.0, 140.0], vec![52.0]),
+            ],
+            peak_rss_mib: 250.0,
+            rounds_cpu_seconds: 1.2,
+            load_average: ["1".to_owned(), "2".to_owned()],
+            fence: None,
+            approval: Some(super::super::scale::ApprovalCheck {
+                probe_refusal: "an approval names its approver".to_owned(),
+                records_refused: 0,
+            }),
+        };
+        let tables = scale_tables(&[fleet]);
+        let rows: Vec<&str> = tables
+            .lines()
+            .filter(|l| l.starts_with("| gpu-remediator"))
+            .collect();
+        assert_eq!(
+            rows[..4],
+            [
+                "| gpu-remediator (measured here) | 50000 | 1 | 1/1 | 24 ms | 24 ms | 24 ms | 1 → 2 |",
+                "| gpu-remediator (measured here) | 50000 | 2 | 2/2 | 90 ms | 140 ms | 140 ms | 1 → 2 |",
+                "| gpu-remediator (measured here) | 50000 | 1 | 1/1 | 56 ms | 56 ms | 56 ms |",
+                "| gpu-remediator (measured here) | 50000 | 2 | 1/2 | 52 ms | 52 ms | 52 ms |",
+            ]
+        );
+        assert!(tables.contains("first signal to quarantine"), "{tables}");
+        assert!(
+            tables.contains("was refused: \"an approval names its approver\"; the controller's creates and updates of remediations refused during the idle window and the rounds: 0."),
+            "{tables}"
+        );
     }
 
     #[test]

@@ -69,6 +69,9 @@ pub struct ScaleResult {
     /// With the fence in force (`--with-fence`): the probe's refusal and the controller's writes
     /// refused during the rounds (a claim the fence did not accept: none expected).
     pub fence: Option<FenceCheck>,
+    /// With the approval policy in force (`--with-approval`): the probe's refusal and the
+    /// controller's creates and updates of remediations refused during the rounds (none expected).
+    pub approval: Option<ApprovalCheck>,
 }
 
 /// What shows the fence was in force during a fleet's rounds.
@@ -78,6 +81,16 @@ pub struct FenceCheck {
     pub probe_refusal: String,
     /// The controller's writes answered 403 during the idle window and the rounds.
     pub writes_refused: usize,
+}
+
+/// What shows the approval policy was in force during a fleet's rounds.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ApprovalCheck {
+    /// The API server's refusal of the probe (a dry-run create approved in another user's name).
+    pub probe_refusal: String,
+    /// The controller's creates and updates of remediations answered 403 during the idle window
+    /// and the rounds.
+    pub records_refused: usize,
 }
 
 #[allow(clippy::cast_precision_loss, reason = "bytes shown in MiB")]
@@ -232,6 +245,16 @@ async fn measure(
     } else {
         None
     };
+    let approval_refusal = if env.approval {
+        // As the bench's other identity: cluster-admin, so it may approve, and outside the fence.
+        let approver = super::actor::client_for(&env.control_plane, &env.kubectl);
+        let node = crate::fleet::node::node_name(scope, 0);
+        let refusal = super::approval::probe(&approver, &node, scope).await?;
+        eprintln!("scale: the approval policy is in force: {refusal}");
+        Some(refusal)
+    } else {
+        None
+    };
     let mut log = env.audit();
     log.mark();
     tokio::time::sleep(IDLE_WINDOW).await;
@@ -256,12 +279,17 @@ async fn measure(
     }
     controller.terminate().await;
     let rounds = rounds?;
+    let refused: Vec<_> = audit::requests(&log.since_mark(), &env.controller.username)
+        .into_iter()
+        .filter(|r| r.is_write() && r.code == Some(403))
+        .collect();
     let fence = probe_refusal.map(|probe_refusal| FenceCheck {
         probe_refusal,
-        writes_refused: audit::requests(&log.since_mark(), &env.controller.username)
-            .iter()
-            .filter(|r| r.is_write() && r.code == Some(403))
-            .count(),
+        writes_refused: refused.len(),
+    });
+    let approval = approval_refusal.map(|probe_refusal| ApprovalCheck {
+        probe_refusal,
+        records_refused: refused.iter().filter(|r| r.resource == "gpuremediations").count(),
     });
     #[allow(clippy::cast_precision_loss, reason = "request counts are small")]
     let idle_requests_per_second = idle_requests as f64 / IDLE_WINDOW.as_secs_f64();
@@ -277,6 +305,7 @@ async fn measure(
         rounds_cpu_seconds: after.map_or(f64::NAN, |u| u.cpu_seconds - idle.cpu_seconds),
         load_average: [String::new(), load_average()],
         fence,
+        approval,
     };
     eprintln!(
         "scale: {nodes} nodes: ready in {:.2} s, idle {:.1} MiB, {:.2} requests/s idle, peak {:.1} MiB",

@@ -20,6 +20,10 @@ use gpu_sandbox::bench::report::{self, BenchResults};
 use gpu_sandbox::bench::{drain, footprint, latency, quarantine, scale};
 
 #[derive(Parser)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "command-line switches: each bool is one flag the operator types"
+)]
 #[command(
     version,
     about = "Benchmarks of gpu-remediator against kubectl drain on the sandbox"
@@ -85,6 +89,11 @@ struct Cli {
     /// their controllers the same way, one at a time)
     #[arg(long)]
     with_fence: bool,
+    /// Install the shipped approval policy (`manifests/approval/admission-policy.yaml`): the API
+    /// server checks every create and update of a remediation; before the scale rounds a dry-run
+    /// create approved in another user's name must be refused (measured with `--scale`)
+    #[arg(long)]
+    with_approval: bool,
 }
 
 #[tokio::main]
@@ -138,12 +147,18 @@ async fn main() -> anyhow::Result<()> {
     if cli.with_fence {
         env.install_fence().await.context("installing the fence policy")?;
     }
+    if cli.with_approval {
+        env.install_approval()
+            .await
+            .context("installing the approval policy")?;
+    }
     eprintln!("sandbox ready; scratch files in {}", env.scratch.display());
     let mut results = BenchResults {
         started: jiff::Timestamp::now().to_string(),
         controller_binary: controller_bin.display().to_string(),
         flow_schemas: !cli.without_flow_schemas,
         fence: cli.with_fence,
+        approval: cli.with_approval,
         ..BenchResults::default()
     };
     run(&env, &cli, wants, &mut results).await;
