@@ -16,23 +16,25 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
+/// Whether `node` carries a taint of key `key`.
+fn carries_taint(node: &Node, key: &str) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == key))
+}
+
 /// Whether `node` is cordoned by the controller: unschedulable with the remediation taint.
 #[must_use]
 pub fn is_held(node: &Node) -> bool {
-    let spec = node.spec.as_ref();
-    spec.and_then(|s| s.unschedulable).unwrap_or(false)
-        && spec
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|ts| ts.iter().any(|t| t.key == REMEDIATION_TAINT_KEY))
+    node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+        && carries_taint(node, REMEDIATION_TAINT_KEY)
 }
 
 /// Whether `node` carries the controller's quarantine taint.
 #[must_use]
 pub fn is_quarantined(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| ts.iter().any(|t| t.key == QUARANTINE_TAINT_KEY))
+    carries_taint(node, QUARANTINE_TAINT_KEY)
 }
 
 /// Whether `node` reports a GPU fault (`GpuHealthy=False`), as the node agent writes it.

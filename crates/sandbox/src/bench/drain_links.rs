@@ -67,7 +67,9 @@ pub struct Spread {
 }
 
 impl Spread {
-    fn of(values: &[f64]) -> Self {
+    /// The spread of `values` (all zero when there are none).
+    #[must_use]
+    pub fn of(values: &[f64]) -> Self {
         Self {
             p50_ms: percentile(values, 50.0).unwrap_or(0.0),
             p99_ms: percentile(values, 99.0).unwrap_or(0.0),

@@ -54,16 +54,11 @@ pub struct LatencyResult {
     pub controller_peak_rss_mib: f64,
     /// The instant the faults' `for` elapsed (RFC 3339): every sample is measured from it.
     pub due: String,
-    /// Nodes of the round seen quarantined after their fault was seen (the quarantine taint, at
-    /// the fault's first sight, before `for`: from then on no new pod lands there).
-    pub quarantined: usize,
-    /// Fault seen to quarantine seen (both by the bench's node watch, so the harness's own writes
-    /// are not in it), median, ms.
-    pub quarantine_p50_ms: f64,
-    /// 99th percentile.
-    pub quarantine_p99_ms: f64,
-    /// Worst.
-    pub quarantine_max_ms: f64,
+    /// Fault seen to quarantine seen, for each node of the round seen quarantined after its fault
+    /// was seen (the quarantine taint, at the fault's first sight, before `for`: from then on no
+    /// new pod lands there); both by the bench's node watch, so the harness's own writes are not
+    /// in it. Zero when none was seen: read it with `quarantine_samples_ms`' length.
+    pub quarantine: super::drain_links::Spread,
     /// Every fault-to-quarantine latency, ms, sorted.
     pub quarantine_samples_ms: Vec<f64>,
     /// The controller's requests from the faults' write to the last cordon seen, as the audit
@@ -282,10 +277,7 @@ pub(crate) async fn run_rounds(
             p99_ms: percentile(&samples, 99.0).unwrap_or(f64::NAN),
             max_ms: samples.last().copied().unwrap_or(f64::NAN),
             samples_ms: samples,
-            quarantined: quarantine.len(),
-            quarantine_p50_ms: percentile(&quarantine, 50.0).unwrap_or(f64::NAN),
-            quarantine_p99_ms: percentile(&quarantine, 99.0).unwrap_or(f64::NAN),
-            quarantine_max_ms: quarantine.last().copied().unwrap_or(f64::NAN),
+            quarantine: super::drain_links::Spread::of(&quarantine),
             quarantine_samples_ms: quarantine,
             controller_peak_rss_mib: usage.map_or(f64::NAN, |u| mib(u.peak_rss_bytes)),
             due: due.to_string(),
@@ -300,10 +292,10 @@ pub(crate) async fn run_rounds(
             faults,
             result.p50_ms,
             result.p99_ms,
-            result.quarantined,
+            result.quarantine_samples_ms.len(),
             faults,
-            result.quarantine_p50_ms,
-            result.quarantine_p99_ms
+            result.quarantine.p50_ms,
+            result.quarantine.p99_ms
         );
         results.push(result);
     }

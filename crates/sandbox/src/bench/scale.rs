@@ -279,10 +279,15 @@ async fn measure(
     }
     controller.terminate().await;
     let rounds = rounds?;
-    let refused: Vec<_> = audit::requests(&log.since_mark(), &env.controller.username)
-        .into_iter()
-        .filter(|r| r.is_write() && r.code == Some(403))
-        .collect();
+    // The audit log is read only when a policy was in force to refuse anything.
+    let refused: Vec<_> = if probe_refusal.is_some() || approval_refusal.is_some() {
+        audit::requests(&log.since_mark(), &env.controller.username)
+            .into_iter()
+            .filter(|r| r.is_write() && r.code == Some(403))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let fence = probe_refusal.map(|probe_refusal| FenceCheck {
         probe_refusal,
         writes_refused: refused.len(),
