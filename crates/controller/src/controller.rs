@@ -113,6 +113,7 @@ pub async fn run_with_telemetry(
     tracing::info!(policy_selector = ?ctx.settings.policy_selector, "caches ready; controller running");
     let mut advances = Advances::new(&ctx.settings);
     let mut index = fleet::index::NodeIndex::default();
+    let mut ledger = hardware::act::Ledger::default();
     // The first pass, and every pass the resync starts, looks at every remediation; a pass a watch
     // event starts looks at those the change concerns and those due; a pass started by an
     // advance ending or by a timer looks at those due.
@@ -131,7 +132,8 @@ pub async fn run_with_telemetry(
         if changed.anything {
             last_full_pass = tokio::time::Instant::now();
         }
-        let next = pass(&ctx, &mut advances, &mut index, &std::mem::take(&mut changed)).await;
+        let since_last = std::mem::take(&mut changed);
+        let next = pass(&ctx, &mut advances, &mut index, &mut ledger, &since_last).await;
         let sleep = until(next, ctx.settings.resync);
         tokio::select! {
             () = wake.notified() => {
@@ -147,6 +149,7 @@ pub async fn run_with_telemetry(
                 }
             }
             () = tokio::time::sleep(sleep) => {}
+            () = ledger.owed_pass() => {}
             () = fence.lost() => tracing::warn!("leader claim lost: acting stops until it is current again"),
             () = &mut shutdown => break,
         }
@@ -166,6 +169,7 @@ async fn pass(
     ctx: &Arc<Context>,
     advances: &mut Advances,
     index: &mut fleet::index::NodeIndex,
+    ledger: &mut hardware::act::Ledger,
     changed: &Changed,
 ) -> Timestamp {
     let now = Timestamp::now();
@@ -205,7 +209,7 @@ async fn pass(
     let nodes = ctx.caches.nodes_named(&candidates);
     let mut plan = fleet::plan_with(&policies, &index.census(), &nodes, &remediations, now);
     // The hardware ledger: each new record names its node's GPUs; repeat offenders skip rungs.
-    let failures = hardware::failures(&ctx.caches.hardware_records.state(), &remediations);
+    let failures = hardware::failures(&ctx.caches.hardware_records(), &remediations);
     hardware::amend(&mut plan, &nodes, &failures, now);
     if let Some(at) = plan.wake_at {
         next = next.min(at);
@@ -271,8 +275,9 @@ async fn pass(
             Due::OnChange => {}
         }
     }
-    // After the advances have started: a fault's cordon does not wait for the ledger's writes.
-    hardware::act::sync(ctx, &policies, &candidates, now).await;
+    // Behind the pass: neither a fault's cordon nor the next faults' quarantines wait for the
+    // ledger's writes.
+    ledger.start(hardware::act::sync(ctx.clone(), policies, candidates, now));
     announcements.publish(ctx).await;
     next
 }

@@ -69,6 +69,9 @@ pub struct Caches {
     pub written_remediations: Overlay<GpuRemediation>,
     /// Our own writes to nodes (cordon, release), until their watch catches up.
     pub written_nodes: Overlay<Node>,
+    /// Our own writes to hardware records, until their watch catches up (the ledger's next sync
+    /// may start before it does, see `hardware::act::Ledger`).
+    pub written_hardware_records: Overlay<GpuHardwareRecord>,
     /// What changed since the loop last looked.
     pub changes: Changes,
     /// Policies and remediations stored in a shape the controller cannot decode, left out of the
@@ -220,6 +223,7 @@ impl Caches {
         }
         let written_remediations = Overlay::default();
         let written_nodes = Overlay::default();
+        let written_hardware_records = Overlay::default();
         let changes = Changes::default();
         let anything = |changes: &Changes| {
             let changes = changes.clone();
@@ -302,7 +306,7 @@ impl Caches {
             |r: &mut GpuHardwareRecord| r.managed_fields_mut().clear(),
             |r: &GpuHardwareRecord| hash_of(&r.spec),
             Waker::new(wake, anything(&changes)),
-            None,
+            Some(written_hardware_records.clone()),
         );
         for ready in [
             policies.wait_until_ready().await,
@@ -321,6 +325,7 @@ impl Caches {
             hardware_records,
             written_remediations,
             written_nodes,
+            written_hardware_records,
             changes,
             undecodable,
             disrupted,
@@ -332,6 +337,12 @@ impl Caches {
     #[must_use]
     pub fn remediations(&self) -> Vec<Arc<GpuRemediation>> {
         self.written_remediations.merge(self.remediations.state())
+    }
+
+    /// Every hardware record, with our own recent writes laid over the cache.
+    #[must_use]
+    pub fn hardware_records(&self) -> Vec<Arc<GpuHardwareRecord>> {
+        self.written_hardware_records.merge(self.hardware_records.state())
     }
 
     /// The node named `name`, if it exists.
