@@ -110,9 +110,9 @@ pub async fn sync(
         let before = records.iter().find(|r| r.name_any() == name);
         match write_record(ctx, &record, before.is_some()).await {
             Ok(written) => {
-                let mut kept = written.clone();
-                kept.managed_fields_mut().clear();
-                ctx.caches.written_hardware_records.record(kept);
+                let mut written = written;
+                written.managed_fields_mut().clear();
+                ctx.caches.written_hardware_records.record(written.clone());
                 announce_offences(ctx, before.map(AsRef::as_ref), &written, &remediations).await;
             }
             Err(error) => {
@@ -364,6 +364,15 @@ mod tests {
 
     use super::*;
 
+    /// Starts a sync that runs until the returned sender is used (or dropped).
+    fn start_held(ledger: &mut Ledger) -> oneshot::Sender<()> {
+        let (end, ended) = oneshot::channel::<()>();
+        ledger.start(async move {
+            let _ = ended.await;
+        });
+        end
+    }
+
     /// Whether `owed_pass` resolves within 100 ms.
     async fn owes_a_pass(ledger: &mut Ledger) -> bool {
         tokio::time::timeout(Duration::from_millis(100), ledger.owed_pass())
@@ -374,10 +383,7 @@ mod tests {
     #[tokio::test]
     async fn a_pass_that_finds_a_sync_under_way_starts_none_and_is_owed_a_pass_when_it_ends() {
         let mut ledger = Ledger::default();
-        let (end, ended) = oneshot::channel::<()>();
-        ledger.start(async move {
-            let _ = ended.await;
-        });
+        let end = start_held(&mut ledger);
         let second_ran = Arc::new(AtomicBool::new(false));
         ledger.start({
             let ran = second_ran.clone();
@@ -406,10 +412,7 @@ mod tests {
     #[tokio::test]
     async fn the_owed_pass_starts_a_sync_again_and_owes_nothing_more() {
         let mut ledger = Ledger::default();
-        let (end, ended) = oneshot::channel::<()>();
-        ledger.start(async move {
-            let _ = ended.await;
-        });
+        let end = start_held(&mut ledger);
         ledger.start(async {});
         end.send(()).unwrap();
         assert!(owes_a_pass(&mut ledger).await);
