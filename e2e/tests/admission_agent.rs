@@ -240,6 +240,20 @@ async fn a_token_bound_to_a_pod_on_node_a_writes_only_node_as_gpu_healthy_condit
         .create(&PostParams::default(), &event(&a))
         .await
         .expect("an Event about its own node");
+    // The Events' policy is a policy of its own, loaded on its own: the wait for node B's status
+    // above says nothing of it (CI once saw an Event about B admitted just after that wait).
+    eventually(
+        "the policy refuses an Event about B",
+        Duration::from_secs(30),
+        || async {
+            events
+                .create(&PostParams::default(), &event(&b))
+                .await
+                .is_err()
+                .then_some(())
+        },
+    )
+    .await;
     let message = refusal(
         "an Event about B",
         events.create(&PostParams::default(), &event(&b)).await,
