@@ -126,6 +126,35 @@ fn event(node: &str) -> Event {
     .unwrap()
 }
 
+/// The agent on node `own` publishes an Event about it, and is refused, by the policy, one about
+/// node `other`.
+async fn events_only_about(agent: &Client, own: &str, other: &str) {
+    let events: Api<Event> = Api::namespaced(agent.clone(), "default");
+    events
+        .create(&PostParams::default(), &event(own))
+        .await
+        .expect("an Event about its own node");
+    // The Events' policy is a policy of its own, loaded on its own: the caller's wait for the node
+    // status policy says nothing of it (CI once saw an Event about B admitted just after that wait).
+    eventually(
+        "the policy refuses an Event about B",
+        Duration::from_secs(30),
+        || async {
+            events
+                .create(&PostParams::default(), &event(other))
+                .await
+                .is_err()
+                .then_some(())
+        },
+    )
+    .await;
+    let message = refusal(
+        "an Event about B",
+        events.create(&PostParams::default(), &event(other)).await,
+    );
+    assert!(message.contains("Events only about its own node"), "{message}");
+}
+
 /// A client of the agent on `node`: a token bound to a pod there, as the kubelet projects it.
 async fn agent_on(admin: &Client, node: &str) -> Client {
     let pod: Pod = serde_json::from_value(json!({
@@ -235,30 +264,7 @@ async fn a_token_bound_to_a_pod_on_node_a_writes_only_node_as_gpu_healthy_condit
     );
     assert!(message.contains("no annotation but"), "{message}");
 
-    let events: Api<Event> = Api::namespaced(agent.clone(), "default");
-    events
-        .create(&PostParams::default(), &event(&a))
-        .await
-        .expect("an Event about its own node");
-    // The Events' policy is a policy of its own, loaded on its own: the wait for node B's status
-    // above says nothing of it (CI once saw an Event about B admitted just after that wait).
-    eventually(
-        "the policy refuses an Event about B",
-        Duration::from_secs(30),
-        || async {
-            events
-                .create(&PostParams::default(), &event(&b))
-                .await
-                .is_err()
-                .then_some(())
-        },
-    )
-    .await;
-    let message = refusal(
-        "an Event about B",
-        events.create(&PostParams::default(), &event(&b)).await,
-    );
-    assert!(message.contains("Events only about its own node"), "{message}");
+    events_only_about(&agent, &a, &b).await;
 
     let unbound = cluster().await.client_with_token(&token(&admin, None).await);
     let message = refusal(

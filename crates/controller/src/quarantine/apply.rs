@@ -32,10 +32,11 @@ use crate::{
 };
 
 /// Node edits made at once: as many as the connections kept warm (`Settings::warm_connections`),
-/// so a burst's patches open no new connection. A pass waits for its slowest edit before it plans
-/// the faults that arrived meanwhile. A hundred faults' patches took 0.83–1.56 s to write at 8 at a
-/// time, 0.60–0.92 s at 32 (1.23 s in one run on a loaded machine), at 1,000 and 50,000 nodes
-/// (`docs/benchmarks.md`, first signal to quarantine).
+/// so a burst's patches open no new connection. What bounds a burst is the API server's throughput,
+/// not this number: 25 alternated runs at 1,000 and 50,000 nodes wrote a hundred patches in
+/// 0.50–1.32 s at 8, 16 or 32 at a time alike, each patch staying in the server about as much
+/// longer as more were in flight (p50 21–45 ms at 8, 53–170 ms at 32), and the hundred faults' p99
+/// could not be told apart (`docs/benchmarks.md`, first signal to quarantine).
 const EDIT_CONCURRENCY: usize = 32;
 
 /// Whether each policy's quarantine limit was reached at this process's last pass.
