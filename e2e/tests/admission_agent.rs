@@ -135,9 +135,10 @@ async fn events_only_about(agent: &Client, own: &str, other: &str) {
         .await
         .expect("an Event about its own node");
     // The Events' policy is a policy of its own, loaded on its own: the caller's wait for the node
-    // status policy says nothing of it (CI once saw an Event about B admitted just after that wait).
+    // status policy says nothing of it (CI once saw an Event about the other node admitted just after
+    // that wait).
     eventually(
-        "the policy refuses an Event about B",
+        &format!("the policy refuses an Event about {other}"),
         Duration::from_secs(30),
         || async {
             events
@@ -149,7 +150,7 @@ async fn events_only_about(agent: &Client, own: &str, other: &str) {
     )
     .await;
     let message = refusal(
-        "an Event about B",
+        &format!("an Event about {other}"),
         events.create(&PostParams::default(), &event(other)).await,
     );
     assert!(message.contains("Events only about its own node"), "{message}");

@@ -473,7 +473,22 @@ async fn released_and_cancelled_while_held(
     for node in &nodes[2..4] {
         s.break_gpu(node).await;
     }
-    status_when(&s, "the limit holding", Duration::from_secs(30), &held).await;
+    // Both new failures counted and held before the first node heals: were only one counted, the
+    // heal would bring the unhealthy count under the limit and rightly let that one start (make test
+    // once healed the first node 0.5 s before the controller counted the fourth failure).
+    let both_waiting = |st: &GpuRemediationPolicyStatus| {
+        held(st)
+            && nodes[2..4]
+                .iter()
+                .all(|n| st.waiting.iter().any(|w| &w.node == n))
+    };
+    status_when(
+        &s,
+        "the limit holding both new failures",
+        Duration::from_secs(30),
+        both_waiting,
+    )
+    .await;
 
     s.heal_gpu(&nodes[0]).await;
     s.wait_phase(&nodes[0], Phase::Succeeded, Duration::from_secs(30))
