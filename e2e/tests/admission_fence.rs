@@ -19,10 +19,10 @@ use gpu_remediation_api::{
 };
 use gpu_remediator::{
     drain::Leaving,
-    kubeops::{KubeOps, NodeEdit},
     leader::Fence,
     lifecycle::{EvictionAnswer, NodeRef},
     replace::Replacers,
+    write::{NodeEdit, Writer},
 };
 use k8s_openapi::api::{
     coordination::v1::Lease,
@@ -117,12 +117,12 @@ fn remediation(node: &str) -> GpuRemediation {
     .unwrap()
 }
 
-fn ops(client: &Client, fence: Fence) -> KubeOps {
+fn ops(client: &Client, fence: Fence) -> Writer {
     let reporter = Reporter {
         controller: "gpu-remediator".into(),
         instance: Some("e2e-fence".into()),
     };
-    KubeOps::from_clients(client.clone(), client.clone(), fence, reporter)
+    Writer::from_clients(client.clone(), client.clone(), fence, reporter)
 }
 
 #[tokio::test]
@@ -211,7 +211,7 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
 
 /// Node edits, both ways a node is edited: read and replaced (nothing seen), and patched over the
 /// node as seen (`node_patch`), which the policy sees as an update of the whole node.
-async fn node_edits_are_fenced_both_ways(admin: &Client, deposed: &KubeOps, current: &KubeOps, node: &str) {
+async fn node_edits_are_fenced_both_ways(admin: &Client, deposed: &Writer, current: &Writer, node: &str) {
     let target = NodeRef {
         name: node.to_owned(),
         uid: None,
@@ -284,8 +284,8 @@ async fn node_edits_are_fenced_both_ways(admin: &Client, deposed: &KubeOps, curr
 /// Status writes: the claim rides in `status.claim` (the status subresource drops metadata), and
 /// the read's resourceVersion is a precondition.
 async fn status_writes_are_fenced_and_preconditioned(
-    deposed: &KubeOps,
-    current: &KubeOps,
+    deposed: &Writer,
+    current: &Writer,
     created: &GpuRemediation,
 ) {
     let status = GpuRemediationStatus {
@@ -320,8 +320,8 @@ async fn status_writes_are_fenced_and_preconditioned(
 async fn deletes_are_fenced(
     admin: &Client,
     controller: &Client,
-    deposed: &KubeOps,
-    current: &KubeOps,
+    deposed: &Writer,
+    current: &Writer,
     created: GpuRemediation,
     node: &str,
 ) {
@@ -365,17 +365,23 @@ async fn deletes_are_fenced(
     let nodes = Api::<Node>::all(admin.clone());
     let target = remediation(node);
     let replacement = Replacement::default();
-    let refused = Replacers::new(controller.clone(), deposed.fence().clone())
-        .for_strategy(Strategy::DeleteNode)
-        .trigger(&target, &replacement)
-        .await;
+    let refused = Replacers::new(gpu_remediator::write::Writer::over(
+        controller.clone(),
+        deposed.fence().clone(),
+    ))
+    .for_strategy(Strategy::DeleteNode)
+    .trigger(&target, &replacement)
+    .await;
     let message = format!("{refused:?}");
     assert!(message.contains(STALE), "a node delete: {message}");
     assert!(nodes.get_opt(node).await.unwrap().is_some(), "the node stays");
-    Replacers::new(controller.clone(), current.fence().clone())
-        .for_strategy(Strategy::DeleteNode)
-        .trigger(&target, &replacement)
-        .await
-        .expect("the current claim deletes the node");
+    Replacers::new(gpu_remediator::write::Writer::over(
+        controller.clone(),
+        current.fence().clone(),
+    ))
+    .for_strategy(Strategy::DeleteNode)
+    .trigger(&target, &replacement)
+    .await
+    .expect("the current claim deletes the node");
     assert!(nodes.get_opt(node).await.unwrap().is_none(), "the node is gone");
 }

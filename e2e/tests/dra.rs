@@ -100,9 +100,14 @@ async fn eight_single_gpu_pods_get_eight_distinct_devices_and_gpu_3_maps_to_exac
         .await
         .expect("the node's pods")
         .items;
-    let holders = pods_holding_on(&client, &node, &[gpu3], &pods)
-        .await
-        .expect("the mapping");
+    let holders = pods_holding_on(
+        &gpu_remediator::read::Reader::new(client.clone()),
+        &node,
+        &[gpu3],
+        &pods,
+    )
+    .await
+    .expect("the mapping");
     let Holders::Known(holders) = holders else {
         panic!("the mapping of a DRA-only node is known, got {holders:?}");
     };

@@ -540,7 +540,14 @@ async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_dra_pod_and_the_other_seven_ne
     let pods_api = Api::<Pod>::namespaced(s.client.clone(), &s.namespace);
     let before = pods_api.list(&ListParams::default()).await.unwrap().items;
     let holders = eventually("GPU 3's pod known", Duration::from_secs(30), || async {
-        match pods_holding_on(&s.client, &node, std::slice::from_ref(&gpu3.uuid), &before).await {
+        match pods_holding_on(
+            &gpu_remediator::read::Reader::new(s.client.clone()),
+            &node,
+            std::slice::from_ref(&gpu3.uuid),
+            &before,
+        )
+        .await
+        {
             Ok(Holders::Known(pods)) if pods.len() == 1 => Some(pods),
             _ => None,
         }

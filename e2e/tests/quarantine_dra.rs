@@ -220,10 +220,7 @@ async fn new_pods_land_on_the_healthy_gpus_only(s: &Scenario, node: &str, claims
 fn controller_ops(
     client: &kube::Client,
     claim: (&str, i32),
-) -> (
-    gpu_remediator::kubeops::KubeOps,
-    gpu_remediator::leader::FenceKeeper,
-) {
+) -> (gpu_remediator::write::Writer, gpu_remediator::leader::FenceKeeper) {
     let (fence, keeper) = gpu_remediator::leader::Fence::keeper();
     keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(600));
     keeper.claimed_as(claim.0, claim.1);
@@ -231,7 +228,7 @@ fn controller_ops(
         controller: "gpu-remediator".into(),
         instance: Some("e2e-device-fence".into()),
     };
-    let ops = gpu_remediator::kubeops::KubeOps::from_clients(client.clone(), client.clone(), fence, reporter);
+    let ops = gpu_remediator::write::Writer::from_clients(client.clone(), client.clone(), fence, reporter);
     (ops, keeper)
 }
 

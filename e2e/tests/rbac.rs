@@ -15,8 +15,8 @@ use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase};
 use gpu_remediator::{
     Settings,
     drain::Leaving,
-    kubeops::KubeOps,
     leader::{ElectionConfig, Elector, Fence, lease_client},
+    write::Writer,
 };
 use gpu_sandbox::{
     demo::install,
@@ -356,7 +356,7 @@ async fn a_direct_pod_delete_is_refused_unless_the_optional_force_delete_role_is
         instance: None,
     };
     let as_controller = Client::try_from(service_account_config(&admin).await).unwrap();
-    let ops = KubeOps::from_clients(as_controller.clone(), as_controller, fence, reporter);
+    let ops = Writer::from_clients(as_controller.clone(), as_controller, fence, reporter);
     let solo_pod = pods.get("solo").await.unwrap();
     let leaving = Leaving {
         namespace: namespace.clone(),
@@ -413,7 +413,7 @@ async fn the_last_look_at_a_node_is_at_least_as_fresh_as_the_version_named_and_t
         instance: None,
     };
     let as_controller = Client::try_from(service_account_config(&admin).await).unwrap();
-    let ops = KubeOps::from_clients(
+    let ops = Writer::from_clients(
         as_controller.clone(),
         as_controller,
         Fence::standalone(),
@@ -432,6 +432,7 @@ async fn the_last_look_at_a_node_is_at_least_as_fresh_as_the_version_named_and_t
         .unwrap();
     let version = written.resource_version().unwrap();
     let read = ops
+        .reader()
         .read_node(&node, Some(&version))
         .await
         .expect("the base role reads nodes")
@@ -444,7 +445,8 @@ async fn the_last_look_at_a_node_is_at_least_as_fresh_as_the_version_named_and_t
         "the read is at least as fresh as version {version}"
     );
     assert!(
-        ops.read_node("no-such-node", Some(&version))
+        ops.reader()
+            .read_node("no-such-node", Some(&version))
             .await
             .unwrap()
             .is_none(),

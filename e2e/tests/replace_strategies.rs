@@ -196,7 +196,10 @@ async fn delete_node_removes_the_node_then_its_pods_and_a_new_node_joins() {
         .await
         .expect("creating a pod on the node");
     let remediation = remediation(&client, &broken, Action::Replace).await;
-    let replacers = Replacers::new(client.clone(), Fence::standalone());
+    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
+        client.clone(),
+        Fence::standalone(),
+    ));
     let policy = replacement(Strategy::DeleteNode, None, Duration::from_secs(120));
 
     let triggered_at = trigger_instant().await;
@@ -265,7 +268,10 @@ async fn delete_machine_deletes_the_cluster_api_machine_and_waits_for_the_machin
     // seconds: let the pool's Machines predate the failure, as they do outside a test.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let remediation = remediation(&client, &broken, Action::Replace).await;
-    let replacers = Replacers::new(client.clone(), Fence::standalone());
+    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
+        client.clone(),
+        Fence::standalone(),
+    ));
     let policy = replacement(Strategy::DeleteMachine, None, Duration::from_secs(120));
 
     let triggered_at = trigger_instant().await;
@@ -363,7 +369,10 @@ async fn delete_node_claim_deletes_the_karpenter_claim_naming_the_node_and_the_n
     .expect("provider");
     let broken = fleet.node_names()[1].clone();
     let remediation = remediation(&client, &broken, Action::Replace).await;
-    let replacers = Replacers::new(client.clone(), Fence::standalone());
+    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
+        client.clone(),
+        Fence::standalone(),
+    ));
     let policy = replacement(Strategy::DeleteNodeClaim, None, Duration::from_secs(120));
 
     let triggered_at = trigger_instant().await;
@@ -436,7 +445,10 @@ async fn a_template_object_is_created_owned_by_the_remediation_and_followed_unti
     let fleet = fleet(&client, 1).await;
     let node = fleet.node_names()[0].clone();
     let remediation = remediation(&client, &node, Action::Reboot).await;
-    let replacers = Replacers::new(client.clone(), Fence::standalone());
+    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
+        client.clone(),
+        Fence::standalone(),
+    ));
     let policy = replacement(
         Strategy::Template,
         Some(reboot_template(&namespace)),
@@ -529,7 +541,10 @@ async fn a_template_object_that_never_reports_done_fails_the_replacement_at_its_
     let fleet = fleet(&client, 1).await;
     let node = fleet.node_names()[0].clone();
     let remediation = remediation(&client, &node, Action::Reboot).await;
-    let replacers = Replacers::new(client.clone(), Fence::standalone());
+    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
+        client.clone(),
+        Fence::standalone(),
+    ));
     let policy = replacement(
         Strategy::Template,
         Some(reboot_template(&namespace)),
@@ -571,7 +586,10 @@ async fn a_template_object_reporting_failure_fails_the_replacement() {
     let fleet = fleet(&client, 1).await;
     let node = fleet.node_names()[0].clone();
     let remediation = remediation(&client, &node, Action::Reboot).await;
-    let replacers = Replacers::new(client.clone(), Fence::standalone());
+    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
+        client.clone(),
+        Fence::standalone(),
+    ));
     let policy = replacement(
         Strategy::Template,
         Some(reboot_template(&namespace)),
@@ -620,7 +638,7 @@ async fn a_replica_without_a_current_claim_deletes_nothing() {
     let node = fleet.node_names()[0].clone();
     let remediation = remediation(&client, &node, Action::Replace).await;
     let (unheld, _keeper) = Fence::keeper();
-    let replacers = Replacers::new(client.clone(), unheld);
+    let replacers = Replacers::new(gpu_remediator::write::Writer::over(client.clone(), unheld));
     let policy = replacement(Strategy::DeleteNode, None, Duration::from_secs(120));
 
     let refused = replacers
@@ -644,7 +662,10 @@ async fn delete_machine_on_a_node_cluster_api_does_not_manage_says_so() {
     let fleet = fleet(&client, 1).await;
     let node = fleet.node_names()[0].clone();
     let remediation = remediation(&client, &node, Action::Replace).await;
-    let replacers = Replacers::new(client.clone(), Fence::standalone());
+    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
+        client.clone(),
+        Fence::standalone(),
+    ));
     let policy = replacement(Strategy::DeleteMachine, None, Duration::from_secs(120));
 
     let refused = replacers

@@ -5,7 +5,7 @@
 //! never one per pass; the changes of one pass with the same object and reason (ten remediations
 //! started, four nodes held back) are said in one Event that names them all. Each admitted node is
 //! read afresh right before its remediation is created (the plan was made from our cache; the read
-//! is at least as fresh as it, from the API server's watch cache, see `kubeops::node_read`): one
+//! is at least as fresh as it, from the API server's watch cache, see `write::node_read`): one
 //! that recovered meanwhile is not remediated. A record for a node past `maxAttemptsPerNode` is
 //! created silently: its one Event comes when it enters `ManualRequired`.
 
@@ -25,9 +25,10 @@ use crate::{
     context::Context,
     fleet,
     fleet::PolicyPlan,
-    kubeops::{self, CreateRemediationError, DeleteRemediationError, ReadNodeError, WriteStatusError},
     lifecycle::{Note, status},
     policy_status,
+    read::ReadNodeError,
+    write::{self, CreateRemediationError, DeleteRemediationError, WriteStatusError},
 };
 
 /// Why a policy's plan could not be carried out (it is planned again in the next pass).
@@ -67,9 +68,9 @@ impl Announcements {
     }
 
     /// Publishes them, one Event per object, reason and type (see [`aggregate`]), several at once
-    /// (see `KubeOps::publish_all`).
+    /// (see `Writer::publish_all`).
     pub async fn publish(self, ctx: &Context) {
-        ctx.ops.publish_all(aggregate(self.0)).await;
+        ctx.writer.publish_all(aggregate(self.0)).await;
     }
 }
 
@@ -78,7 +79,7 @@ impl Announcements {
 /// the server takes), one write, where the recorder would create the first and patch its series
 /// nine times.
 fn aggregate(events: Vec<(ObjectReference, Event)>) -> Vec<(ObjectReference, Event)> {
-    kubeops::series(events)
+    write::series(events)
         .into_iter()
         .map(|(reference, mut events)| {
             if events.len() > 1 {
@@ -149,23 +150,19 @@ pub async fn apply(
         return Err(error);
     }
     for record in &plan.manual_required {
-        let mut created = ctx.ops.create_remediation(record).await?;
-        created.managed_fields_mut().clear();
-        ctx.caches.written_remediations.record(created.clone());
+        let created = ctx.writer.create_remediation(record).await?;
         tracing::info!(remediation = %created.name_any(), node = %created.spec.node_name, "node past maxAttemptsPerNode: a person must act");
     }
     for (stored, status) in &plan.readmit {
         let record = &stored.name_any();
-        let mut updated = ctx
-            .ops
+        let updated = ctx
+            .writer
             .write_remediation_status(stored, status)
             .await
             .map_err(|source| ApplyPolicyPlanError::Readmit {
                 name: record.clone(),
                 source,
             })?;
-        updated.managed_fields_mut().clear();
-        ctx.caches.written_remediations.record(updated.clone());
         ctx.metrics.remediation_started(&name, updated.spec.action);
         let note = format!(
             "remediation {record} of node {}: approved past maxAttemptsPerNode and admitted by the budget; proceeding",
@@ -182,7 +179,7 @@ pub async fn apply(
     }
     for expired in &plan.expired {
         tracing::info!(policy = %name, remediation = %expired, "deleting a finished remediation past history.ttl");
-        ctx.ops.delete_remediation(expired).await?;
+        ctx.writer.delete_remediation(expired).await?;
     }
     match plan.circuit_change {
         Some(true) => {
@@ -251,7 +248,7 @@ async fn write_status(
             Ok(Some(due))
         }
         policy_status::Verdict::Write => {
-            ctx.ops.write_policy_status(policy, planned).await?;
+            ctx.writer.write_policy_status(policy, planned).await?;
             counts_held().remove(&name);
             ctx.policy_status_written
                 .lock()
@@ -322,7 +319,7 @@ async fn start(
         .caches
         .node(node_name)
         .and_then(|seen| seen.metadata.resource_version.clone());
-    let fresh = ctx.ops.read_node(node_name, known.as_deref()).await?;
+    let fresh = ctx.reader.read_node(node_name, known.as_deref()).await?;
     if let Some(why) = fleet::no_longer_due(
         remediation,
         fresh.as_ref(),
@@ -331,9 +328,7 @@ async fn start(
     ) {
         return Ok(Start::NoLongerDue(why));
     }
-    let mut created = ctx.ops.create_remediation(remediation).await?;
-    created.managed_fields_mut().clear();
-    ctx.caches.written_remediations.record(created.clone());
+    let created = ctx.writer.create_remediation(remediation).await?;
     ctx.metrics
         .remediation_started(&policy.name_any(), created.spec.action);
     if let (Some(previous), Some(since)) = (&created.spec.previous_incident, &created.spec.trigger.since) {

@@ -10,8 +10,8 @@ use std::{
 use jiff::Timestamp;
 
 use crate::{
-    kubeops::KubeOps, lifecycle::eviction_round::Flight, observe::Caches, replace::Replacers,
-    telemetry::Metrics,
+    lifecycle::eviction_round::Flight, observe::Caches, read::Reader, replace::Replacers, telemetry::Metrics,
+    write::Writer,
 };
 
 /// How the controller runs. `Default` is what production uses.
@@ -40,7 +40,7 @@ pub struct Settings {
     pub remediation_concurrency: usize,
     /// This replica's name in Events (`reportingInstance`), e.g. the pod name.
     pub instance: Option<String>,
-    /// Connections to the API server kept open while leading (see `kubeops::keep_warm`): as many
+    /// Connections to the API server kept open while leading (see `write::keep_warm`): as many
     /// as the two lanes' advances and admission's creates use at once.
     pub warm_connections: usize,
 }
@@ -66,8 +66,10 @@ impl Default for Settings {
 pub struct Context {
     /// How the controller runs.
     pub settings: Settings,
-    /// Every write, behind the leader fence.
-    pub ops: KubeOps,
+    /// The one writer: every write, behind the leader fence.
+    pub writer: Writer,
+    /// Reads not served from the caches.
+    pub reader: Reader,
     /// The watch caches and our recent writes.
     pub caches: Caches,
     /// The replacement strategies (each write behind the same fence).
@@ -94,11 +96,12 @@ pub struct Context {
 impl Context {
     /// A context over these parts.
     #[must_use]
-    pub fn new(settings: Settings, ops: KubeOps, caches: Caches, metrics: Metrics) -> Self {
-        let replacers = Replacers::new(ops.client().clone(), ops.fence().clone());
+    pub fn new(settings: Settings, writer: Writer, caches: Caches, metrics: Metrics) -> Self {
+        let replacers = Replacers::new(writer.clone());
         Self {
             settings,
-            ops,
+            reader: writer.reader(),
+            writer,
             caches,
             replacers,
             metrics,

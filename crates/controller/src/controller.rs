@@ -28,18 +28,19 @@ use tokio::{
     sync::Notify,
     task::{JoinError, JoinSet},
 };
+use tracing::Instrument as _;
 
 use crate::{
     admit,
     context::{Context, Settings},
     fleet, hardware,
-    kubeops::{self, KubeOps},
     lanes::{Lane, Lanes},
     leader::Fence,
     observe::{Caches, Changed, StartCachesError},
     quarantine,
     remediation::{self, AdvanceRemediationError, Next},
     telemetry::{Health, Metrics},
+    write::{self, Overlays, Writer},
 };
 
 /// How long a stopping controller waits for the advances under way to end. An advance cut short
@@ -90,12 +91,21 @@ pub async fn run_with_telemetry(
         controller: "gpu-remediator".to_owned(),
         instance: settings.instance.clone(),
     };
-    let ops = KubeOps::new(&config, fence.clone(), reporter).map_err(RunControllerError::Client)?;
+    let writer = Writer::new(
+        &config,
+        fence.clone(),
+        reporter,
+        Overlays::new(crate::observe::prune_node),
+        telemetry.metrics.clone(),
+    )
+    .map_err(RunControllerError::Client)?;
+    // The watches' own client: a watch holds its connection, and reads nothing else.
+    let watch_client = kube::Client::try_from(config.clone()).map_err(RunControllerError::Client)?;
     let wake = Arc::new(Notify::new());
     let caches = Caches::start(
-        ops.client(),
+        &watch_client,
         settings.policy_selector.as_deref(),
-        ops.fence(),
+        &writer,
         wake.clone(),
     )
     .await?;
@@ -104,12 +114,12 @@ pub async fn run_with_telemetry(
     }
     // A JoinSet aborts its tasks when dropped: the connections are kept until the controller ends.
     let mut warm = JoinSet::new();
-    warm.spawn(kubeops::keep_warm(
-        ops.client().clone(),
+    warm.spawn(write::keep_warm(
+        writer.reader(),
         fence.clone(),
         settings.warm_connections,
     ));
-    let ctx = Arc::new(Context::new(settings, ops, caches, telemetry.metrics));
+    let ctx = Arc::new(Context::new(settings, writer, caches, telemetry.metrics));
     tracing::info!(policy_selector = ?ctx.settings.policy_selector, "caches ready; controller running");
     let mut advances = Advances::new(&ctx.settings);
     let mut index = fleet::index::NodeIndex::default();
@@ -218,19 +228,19 @@ async fn pass(
     for policy_plan in &mut plan.policies {
         if let Err(error) = quarantine::apply::apply(ctx, policy_plan, &candidates).await {
             tracing::warn!(policy = ?policy_plan.policy.metadata.name, %error, "writing a quarantine failed; retrying");
-            ctx.metrics.reconcile_error("policy");
+            ctx.metrics.reconcile_error("policy", write::metric_label(&error));
             next = next.min(error_retry);
         }
     }
     if let Err(error) = quarantine::apply::lift_orphans(ctx, &plan.orphan_quarantines).await {
         tracing::warn!(%error, "lifting an orphaned quarantine failed; retrying");
-        ctx.metrics.reconcile_error("policy");
+        ctx.metrics.reconcile_error("policy", write::metric_label(&error));
         next = next.min(error_retry);
     }
     // Device-level quarantines' rules follow the nodes' annotations written just above.
     if let Err(error) = quarantine::device_apply::reconcile(ctx, &candidates).await {
         tracing::warn!(%error, "making the device quarantine rules follow the nodes failed; retrying");
-        ctx.metrics.reconcile_error("policy");
+        ctx.metrics.reconcile_error("policy", write::metric_label(&error));
         next = next.min(error_retry);
     }
     let mut announcements = admit::Announcements::default();
@@ -243,7 +253,7 @@ async fn pass(
             Ok(None) => {}
             Err(error) => {
                 tracing::warn!(%policy, error = %error, "carrying out the policy's plan failed; retrying");
-                ctx.metrics.reconcile_error("policy");
+                ctx.metrics.reconcile_error("policy", write::metric_label(&error));
                 next = next.min(error_retry);
             }
         }
@@ -379,10 +389,25 @@ impl Advances {
         // Entered now, before the task runs: a carrying advance spawned next already yields to it.
         let ticket = self.lanes.enter(lane);
         let ctx = ctx.clone();
-        let task = self.running.spawn(async move {
-            let _turn = ticket.turn().await;
-            remediation::advance(&ctx, remediation).await
-        });
+        let span = crate::telemetry::remediation_span(
+            &name,
+            &remediation.spec.node_name,
+            &remediation.spec.policy_name,
+            remediation
+                .status
+                .as_ref()
+                .map(|s| s.phase)
+                .unwrap_or_default()
+                .as_str(),
+        );
+        // Boxed: an advance's future is large (its steps' state), and the set holds many.
+        let task = self.running.spawn(
+            async move {
+                let _turn = ticket.turn().await;
+                Box::pin(remediation::advance(&ctx, remediation)).await
+            }
+            .instrument(span),
+        );
         self.names.insert(task.id(), name.clone());
         self.due.remove(&name);
         self.in_flight.insert(name);
@@ -430,12 +455,13 @@ impl Advances {
             Ok(Ok(Next::At(at))) => Due::At(at),
             Ok(Err(error)) => {
                 tracing::warn!(remediation = %name, error = %error, "advancing the remediation failed; retrying");
-                ctx.metrics.reconcile_error("remediation");
+                ctx.metrics
+                    .reconcile_error("remediation", write::metric_label(&error));
                 Due::At(retry)
             }
             Err(error) => {
                 tracing::error!(remediation = %name, %error, "advancing the remediation panicked; retrying");
-                ctx.metrics.reconcile_error("remediation");
+                ctx.metrics.reconcile_error("remediation", "internal");
                 Due::At(retry)
             }
         };

@@ -1,5 +1,5 @@
 //! Cordon and release as edits of a Node object, and who owns a node's cordon. Pure; the write
-//! around these edits (a preconditioned patch or a read-modify-replace) lives in `kubeops`.
+//! around these edits (a preconditioned patch or a read-modify-replace) lives in `write`.
 //!
 //! Ownership is recorded on the node itself, so it survives restarts: `cordoned-by` names the
 //! remediation that made the node unschedulable (ours to lift), `pre-cordoned` names the one that

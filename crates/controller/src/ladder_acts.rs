@@ -13,10 +13,10 @@ use serde_json::Value;
 
 use crate::{
     context::Context,
-    kubeops::{EditNodeError, NodeEdit},
     lifecycle::{NodeRef, Words, ladder_evidence::step_of},
     remediation::AdvanceRemediationError,
     replace::TriggerReplacementError,
+    write::{EditNodeError, NodeEdit},
 };
 
 /// Placeholder in a step's template replaced by the UUID of the GPU the fault named.
@@ -150,7 +150,7 @@ pub(crate) async fn scope_drain(
     if pass == ScopePass::KeepWhole {
         return Ok((plan, None));
     }
-    let scope = match pods_holding_on(ctx.ops.client(), node, gpus, pods).await? {
+    let scope = match pods_holding_on(&ctx.reader, node, gpus, pods).await? {
         Holders::Known(holders) => {
             let names: std::collections::BTreeSet<String> = holders
                 .iter()
@@ -183,7 +183,7 @@ pub(crate) async fn hand_off(
     remediation: &str,
 ) -> Result<Result<(), Words>, AdvanceRemediationError> {
     match ctx
-        .ops
+        .writer
         .edit_node(node, ctx.caches.node(&node.name).as_deref(), |n| {
             crate::cordon::hand_off(n, remediation)
         })

@@ -2,7 +2,8 @@
 //! cordon, drain through the Eviction API and hand them over for replacement.
 //!
 //! Decisions are pure modules (`detect`, `governance`, `budget`, `drain`, `cordon`, `lifecycle`);
-//! `observe` keeps the caches, `kubeops` makes every mutating call (each behind the leader fence),
+//! `observe` keeps the caches, `read` reads what they do not hold, `write` is the one writer (every
+//! mutating call, behind the leader fence: no other module holds a client that can write),
 //! `fleet` plans every policy, `admit` and `remediation` carry plans out and report them in status
 //! and Events, and `controller` runs the loop.
 #![forbid(unsafe_code)]
@@ -12,7 +13,6 @@ pub mod telemetry;
 
 pub mod admit;
 pub mod budget;
-pub mod claim;
 pub mod cli;
 pub mod context;
 pub mod controller;
@@ -23,7 +23,6 @@ pub mod drain;
 pub mod fleet;
 pub mod governance;
 pub mod hardware;
-pub mod kubeops;
 pub mod ladder_acts;
 pub mod lanes;
 pub mod lifecycle;
@@ -32,8 +31,10 @@ pub mod observe;
 pub mod policy_status;
 pub mod progress;
 pub mod quarantine;
+pub mod read;
 pub mod remediation;
 pub mod time;
+pub mod write;
 
 pub use context::{Context, Settings};
 pub use controller::{RunControllerError, run};

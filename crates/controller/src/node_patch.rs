@@ -5,7 +5,7 @@
 //! node: `spec.taints` is an atomic list and the patch replaces it whole, which is safe exactly
 //! because no other write can have come in between (one would have moved the resourceVersion,
 //! and the server answers 409). That makes it the same write as a read-modify-replace, without
-//! the read (`kubeops::KubeOps::edit_node` uses it first and falls back to reading on a 409).
+//! the read (`write::Writer::edit_node` uses it first and falls back to reading on a 409).
 //!
 //! Pure: no IO, no clock.
 

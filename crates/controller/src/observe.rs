@@ -15,9 +15,10 @@
 //! ([`undecodable::Decoder`]): an object stored out of range (before a schema bound existed) is
 //! left out and reported, and never fails the watch, nor the readiness that waits for its list.
 //!
-//! Writes the controller makes are visible at once through [`Overlay`]: a remediation created or
-//! updated in one pass is seen by the next even before its watch event arrives, so the budget never
-//! counts a remediation late and a phase is never repeated from a stale cache.
+//! Writes the controller makes are visible at once through the writer's overlays
+//! ([`crate::write::Overlays`]): a remediation created or updated in one pass is seen by the next
+//! even before its watch event arrives, so the budget never counts a remediation late and a phase
+//! is never repeated from a stale cache. The writer records into them; the caches only read.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -39,12 +40,12 @@ use kube::{
 };
 use tokio::sync::{Notify, watch};
 
+use crate::write::{Overlay, Writer};
+
 pub mod initial_list;
-mod overlay;
 mod relevant;
 pub mod undecodable;
 
-pub use overlay::Overlay;
 pub(crate) use relevant::hash_of;
 use relevant::{
     budget_fingerprint, node_fingerprint, policy_fingerprint, prune_budget, remediation_fingerprint,
@@ -202,10 +203,12 @@ impl Caches {
     /// Starts the four watches on the runtime and returns their stores once every initial list has
     /// completed, so no pass decides from a partial view. `wake` is notified on every relevant
     /// change.
+    /// Our own writes are read from `writer`'s overlays, and undecodable objects are reported
+    /// through it.
     pub async fn start(
         client: &Client,
         policy_selector: Option<&str>,
-        fence: &crate::leader::Fence,
+        writer: &Writer,
         wake: Arc<Notify>,
     ) -> Result<Self, StartCachesError> {
         let config = || watcher::Config::default().any_semantic();
@@ -221,15 +224,15 @@ impl Caches {
             policy_config = policy_config.labels(selector);
             remediation_config = remediation_config.labels(selector);
         }
-        let written_remediations = Overlay::default();
-        let written_nodes = Overlay::default();
-        let written_hardware_records = Overlay::default();
+        let written_remediations = writer.overlays().remediations.clone();
+        let written_nodes = writer.overlays().nodes.clone();
+        let written_hardware_records = writer.overlays().hardware_records.clone();
         let changes = Changes::default();
         let anything = |changes: &Changes| {
             let changes = changes.clone();
             move |_: Option<String>| changes.note(|c| c.anything = true)
         };
-        let undecodable = Undecodable::start(client.clone(), fence.clone());
+        let undecodable = Undecodable::start(writer.clone());
         let policies = spawn_decoding_reflector(
             client,
             &undecodable,

@@ -16,22 +16,22 @@ use gpu_remediation_api::{
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use kube::{Api, ResourceExt, api::ListParams};
+use kube::{ResourceExt, api::ListParams};
 
 use crate::{
     context::Context,
     drain::{self, Leaving, Plan},
     fleet::snapshot_of,
-    kubeops::{DeletePodError, DropFinalizerError, EditNodeError, EvictPodError, NodeEdit, WriteStatusError},
     lifecycle::{
         self, Answers, Ask, CordonAnswer, Decision, EvictionAnswer, Pace, Seen, Settlement, Words,
         eviction_round::{self, Flight},
     },
-    observe::prune_node,
     progress,
+    read::Scope,
     replace::{self, Observation},
     telemetry::EvictionResult,
     time::signed,
+    write::{DeletePodError, DropFinalizerError, EditNodeError, EvictPodError, NodeEdit, WriteStatusError},
 };
 
 mod evictions;
@@ -108,6 +108,14 @@ pub async fn advance(
     let mut current = Arc::new(resumed);
     let mut hold_until = None;
     for pass_step in 0..STEPS_PER_PASS {
+        crate::telemetry::logs::record_phase(
+            current
+                .status
+                .as_ref()
+                .map(|s| s.phase)
+                .unwrap_or_default()
+                .as_str(),
+        );
         let live = ctx.caches.policy(&current.spec.policy_name);
         let rules = current
             .spec
@@ -423,10 +431,9 @@ async fn carry_out(
     match ask {
         Ask::Cordon(node) => {
             let seen = ctx.caches.node(&node.name);
-            let answer = match ctx.ops.cordon_node(&node, seen.as_deref(), &name).await {
+            let answer = match ctx.writer.cordon_node(&node, seen.as_deref(), &name).await {
                 Ok(NodeEdit::Written(written)) => {
                     let theirs = crate::cordon::cordon_of(&written, &name) == lifecycle::Cordon::Theirs;
-                    remember_node(ctx, *written);
                     CordonAnswer::Cordoned { theirs }
                 }
                 Ok(NodeEdit::Gone) => CordonAnswer::NodeGone,
@@ -453,7 +460,7 @@ async fn carry_out(
         Ask::Delete { pods, grace } => {
             for pod in pods {
                 tracing::warn!(pod = %pod.key(), ?grace, "drain timed out: deleting the pod (onTimeout: ForceDelete)");
-                let answer = ctx.ops.force_delete(&pod, grace).await?;
+                let answer = ctx.writer.force_delete(&pod, grace).await?;
                 if answer.is_ok() {
                     ctx.metrics.eviction(EvictionResult::ForceDeleted);
                 }
@@ -483,9 +490,7 @@ async fn carry_out(
                 }
             };
             answers.trigger = Some(answer);
-            if let Some(mut written) = rewritten {
-                written.managed_fields_mut().clear();
-                ctx.caches.written_remediations.record(written.clone());
+            if let Some(written) = rewritten {
                 return Ok(Some(written));
             }
         }
@@ -522,11 +527,6 @@ async fn look_at(
         })
 }
 
-fn remember_node(ctx: &Context, mut node: k8s_openapi::api::core::v1::Node) {
-    prune_node(&mut node);
-    ctx.caches.written_nodes.record(node);
-}
-
 /// Asks for every eviction in `pods`, at most `eviction_concurrency` at once.
 async fn evict_all(
     ctx: &Context,
@@ -552,7 +552,7 @@ async fn evict_one(
     grace: Option<i64>,
     dry_run: bool,
 ) -> (Leaving, Result<EvictionAnswer, EvictPodError>) {
-    let answer = ctx.ops.evict(&pod, grace, dry_run).await;
+    let answer = ctx.writer.evict(&pod, grace, dry_run).await;
     ctx.metrics.eviction(match &answer {
         Ok(_) if dry_run => EvictionResult::DryRun,
         Ok(EvictionAnswer::Accepted) => EvictionResult::Evicted,
@@ -570,9 +570,13 @@ async fn list_plan(
     node: &str,
     since: Option<Timestamp>,
 ) -> Result<(Plan, Option<u32>, Vec<Pod>), AdvanceRemediationError> {
-    let pods = Api::<Pod>::all(ctx.ops.client().clone());
-    let listed = pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+    let listed = ctx
+        .reader
+        .list::<Pod>(
+            Scope::Cluster,
+            &(),
+            &ListParams::default().fields(&format!("spec.nodeName={node}")),
+        )
         .await
         .map_err(|source| AdvanceRemediationError::ListPods {
             node: node.to_owned(),

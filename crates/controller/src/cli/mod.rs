@@ -22,10 +22,10 @@ use gpu_remediation_api::{
     constants::NODE_LABEL,
     hardware::{HardwareKind, record_name},
 };
-use k8s_openapi::api::{authentication::v1::SelfSubjectReview, core::v1::Node};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    api::ListParams,
     config::{KubeConfigOptions, Kubeconfig},
 };
 
@@ -168,8 +168,7 @@ fn shared<T>(items: Vec<T>) -> Vec<Arc<T>> {
 /// # Errors
 /// When the review fails or names nobody.
 pub async fn whoami(client: Client) -> Result<String, CliError> {
-    let review = Api::<SelfSubjectReview>::all(client)
-        .create(&PostParams::default(), &SelfSubjectReview::default())
+    let review = crate::write::person::review_self(client)
         .await
         .map_err(api_error("asking the API server who you are (SelfSubjectReview)"))?;
     review
@@ -191,7 +190,7 @@ pub async fn approve_remediation(client: Client, name: &str) -> Result<String, C
         .get(name)
         .await
         .map_err(api_error(format!("reading gpuremediation {name}")))?;
-    let user = whoami(client).await?;
+    let user = whoami(client.clone()).await?;
     match approve::decide(&record, &user)? {
         approve::Decision::AlreadyApproved { by } => Ok(format!(
             "gpuremediation/{name} was already approved{}",
@@ -200,15 +199,7 @@ pub async fn approve_remediation(client: Client, name: &str) -> Result<String, C
         approve::Decision::Patch(mut patch) => {
             // Only the version read: a record that moved on meanwhile is re-read, not approved blind.
             patch["metadata"]["resourceVersion"] = record.metadata.resource_version.clone().into();
-            remediations
-                .patch(
-                    name,
-                    &PatchParams {
-                        field_manager: Some(FIELD_MANAGER.to_owned()),
-                        ..PatchParams::default()
-                    },
-                    &Patch::Merge(&patch),
-                )
+            crate::write::person::patch::<GpuRemediation>(client.clone(), name, FIELD_MANAGER, &patch)
                 .await
                 .map_err(api_error(format!("approving gpuremediation {name}")))?;
             Ok(format!("gpuremediation/{name} approved by {user}"))

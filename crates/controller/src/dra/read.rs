@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use gpu_remediation_api::gpu_pods::GPU_PODS_ANNOTATION;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
-    Api, Client, ResourceExt,
+    ResourceExt,
     api::{ListParams, ObjectList},
 };
 
@@ -18,6 +18,7 @@ use super::{
     holders::{Holders, Sources, pods_holding},
     wire::{self, ResourceClaim, ResourceSlice},
 };
+use crate::read::{Reader, Scope};
 
 /// What the mapping reads of one node.
 #[derive(Clone, Debug, Default)]
@@ -69,13 +70,15 @@ pub enum ReadDevicesError {
 /// `resource.k8s.io/v1` (before Kubernetes 1.34, or DRA turned off), so nothing is allocated
 /// through DRA.
 pub async fn node_devices(
-    client: &Client,
+    reader: &Reader,
     node: &str,
     pods: &[Pod],
 ) -> Result<Option<NodeDevices>, ReadDevicesError> {
-    let slices_api = Api::<ResourceSlice>::all_with(client.clone(), &wire::resource_slices());
     let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    let slices = match slices_api.list(&params).await {
+    let slices = match reader
+        .list::<ResourceSlice>(Scope::Cluster, &wire::resource_slices(), &params)
+        .await
+    {
         Ok(list) => list.items,
         Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(None),
         Err(source) => {
@@ -96,9 +99,12 @@ pub async fn node_devices(
         .collect();
     let mut claims = Vec::new();
     for namespace in namespaces {
-        let api = Api::<ResourceClaim>::namespaced_with(client.clone(), &namespace, &wire::resource_claims());
-        let listed: ObjectList<ResourceClaim> = api
-            .list(&ListParams::default())
+        let listed: ObjectList<ResourceClaim> = reader
+            .list(
+                Scope::Namespace(&namespace),
+                &wire::resource_claims(),
+                &ListParams::default(),
+            )
             .await
             .map_err(|source| ReadDevicesError::Claims { namespace, source })?;
         claims.extend(listed.items);
@@ -110,28 +116,28 @@ pub async fn node_devices(
 /// node's slices and claims and its agent's device-plugin assignment (the node's
 /// `gpuremediation.dev/gpu-pods` annotation), then decides with [`pods_holding`].
 pub async fn pods_holding_on(
-    client: &Client,
+    reader: &Reader,
     node: &str,
     gpu_uuids: &[String],
     pods: &[Pod],
 ) -> Result<Holders, ReadDevicesError> {
-    let gpu_pods = Api::<Node>::all(client.clone())
-        .get_opt(node)
+    let gpu_pods = reader
+        .get_opt::<Node>(Scope::Cluster, &(), node)
         .await
         .map_err(|source| ReadDevicesError::Node {
             node: node.to_owned(),
             source,
         })?
         .and_then(|n| n.annotations().get(GPU_PODS_ANNOTATION).cloned());
-    let devices = node_devices(client, node, pods).await?;
+    let devices = node_devices(reader, node, pods).await?;
     let on_node: Vec<&Pod> = pods
         .iter()
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
         .collect();
     let mut named_elsewhere = Vec::new();
     for (namespace, name) in named_off_node(gpu_uuids, &on_node, gpu_pods.as_deref()) {
-        let found = Api::<Pod>::namespaced(client.clone(), &namespace)
-            .get_opt(&name)
+        let found = reader
+            .get_opt::<Pod>(Scope::Namespace(&namespace), &(), &name)
             .await
             .map_err(|source| ReadDevicesError::NamedPod {
                 pod: format!("{namespace}/{name}"),

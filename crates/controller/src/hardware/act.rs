@@ -1,7 +1,7 @@
 //! Carries out the ledger's writes, each behind the leader fence: the `GpuHardwareRecord`s that
 //! gain a failure (created, or replaced with the read's resourceVersion), the records past their
 //! retention (deleted), one `RepeatOffender` Event per remediation sent to the last rung, and the
-//! node steps of `join` (label, cordon and lifting the unchecked taint over one version of the node (`KubeOps::edit_node`), the
+//! node steps of `join` (label, cordon and lifting the unchecked taint over one version of the node (`Writer::edit_node`), the
 //! `GpuRepeatOffender` condition by server-side apply of the node's status, an Event).
 //!
 //! A write that fails (a conflict, the record's watch behind) is made again on the next pass: the
@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 
 use gpu_remediation_api::{
     GpuHardwareRecord, GpuRemediation, GpuRemediationPolicy,
-    constants::{CLAIM_ANNOTATION, field_managers, node_conditions, reasons},
+    constants::{node_conditions, reasons},
     hardware::RepeatOffence,
 };
 use jiff::Timestamp;
@@ -25,11 +25,7 @@ use k8s_openapi::{
     api::core::v1::{Node, ObjectReference},
     apimachinery::pkg::apis::meta::v1::Time,
 };
-use kube::{
-    Api, ResourceExt,
-    api::{Patch, PatchParams, PostParams},
-    runtime::events::EventType,
-};
+use kube::{ResourceExt, api::DeleteParams, runtime::events::EventType};
 use serde_json::json;
 
 use super::{
@@ -38,8 +34,9 @@ use super::{
 };
 use crate::{
     context::Context,
-    kubeops::WriteError,
     lifecycle::{NodeRef, Note},
+    read::Scope,
+    write::{DeleteStampedError, WriteError},
 };
 
 /// The ledger's sync running behind the pass: at most one at a time, so two never write the same
@@ -110,9 +107,6 @@ pub async fn sync(
         let before = records.iter().find(|r| r.name_any() == name);
         match write_record(ctx, &record, before.is_some()).await {
             Ok(written) => {
-                let mut written = written;
-                written.managed_fields_mut().clear();
-                ctx.caches.written_hardware_records.record(written.clone());
                 announce_offences(ctx, before.map(AsRef::as_ref), &written, &remediations).await;
             }
             Err(error) => {
@@ -122,7 +116,7 @@ pub async fn sync(
     }
     for name in history::records_to_forget(&records, now) {
         match delete_record(ctx, &name).await {
-            Ok(()) => ctx.caches.written_hardware_records.forget(&name),
+            Ok(()) => ctx.writer.overlays().hardware_records.forget(&name),
             Err(error) => {
                 tracing::warn!(record = %name, %error, "deleting an expired hardware record failed");
             }
@@ -181,7 +175,7 @@ async fn announce_offences(
         );
         tracing::info!(remediation = %failure.remediation, "{note}");
         let event = Note::new(reasons::REPEAT_OFFENDER, EventType::Warning, &note).event("Admit");
-        ctx.ops.publish(remediation.as_ref(), event).await;
+        ctx.writer.publish(remediation.as_ref(), event).await;
     }
 }
 
@@ -192,42 +186,25 @@ async fn write_record(
     record: &GpuHardwareRecord,
     exists: bool,
 ) -> Result<GpuHardwareRecord, WriteError> {
-    let api = Api::<GpuHardwareRecord>::all(ctx.ops.client().clone());
     let mut record = record.clone();
     record.managed_fields_mut().clear();
-    ctx.ops.fence().check()?;
-    if let Some(claim) = ctx.ops.fence().claim() {
-        record
-            .annotations_mut()
-            .insert(CLAIM_ANNOTATION.to_owned(), claim.to_string());
-    }
-    let params = PostParams {
-        dry_run: false,
-        field_manager: Some(field_managers::CONTROLLER.into()),
-    };
-    let written = if exists {
-        api.replace(&record.name_any(), &params, &record).await?
+    if exists {
+        ctx.writer.replace(&(), &record).await
     } else {
-        api.create(&params, &record).await?
-    };
-    Ok(written)
+        ctx.writer.create(&(), &record).await
+    }
 }
 
 async fn delete_record(ctx: &Context, name: &str) -> Result<(), WriteError> {
-    let api = Api::<GpuHardwareRecord>::all(ctx.ops.client().clone());
     // The claim stamped first, the delete preconditioned on it (the fence policy's delete rule).
-    match crate::claim::delete_stamped(
-        &api,
-        name,
-        None,
-        ctx.ops.fence(),
-        &kube::api::DeleteParams::default(),
-    )
-    .await
+    match ctx
+        .writer
+        .delete_stamped::<GpuHardwareRecord>(&(), Scope::Cluster, name, None, &DeleteParams::default())
+        .await
     {
         // Kept conflicting: the next pass tries again (the record is still past its retention).
-        Ok(_) | Err(crate::claim::DeleteStampedError::KeptConflicting) => Ok(()),
-        Err(crate::claim::DeleteStampedError::Write(error)) => Err(error),
+        Ok(_) | Err(DeleteStampedError::KeptConflicting) => Ok(()),
+        Err(DeleteStampedError::Write(error)) => Err(error),
     }
 }
 
@@ -235,7 +212,7 @@ async fn delete_record(ctx: &Context, name: &str) -> Result<(), WriteError> {
 #[derive(Debug, thiserror::Error)]
 enum StepError {
     #[error(transparent)]
-    Edit(#[from] crate::kubeops::EditNodeError),
+    Edit(#[from] crate::write::EditNodeError),
     #[error(transparent)]
     Write(#[from] WriteError),
 }
@@ -243,7 +220,7 @@ enum StepError {
 async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(), StepError> {
     match step {
         JoinStep::Lift { node, uid } => {
-            ctx.ops
+            ctx.writer
                 .edit_node(
                     &node_ref(node, uid.as_ref()),
                     ctx.caches.node(node).as_deref(),
@@ -259,7 +236,7 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
             cordon,
         } => {
             let cordon = *cordon;
-            ctx.ops
+            ctx.writer
                 .edit_node(
                     &node_ref(node, uid.as_ref()),
                     ctx.caches.node(node).as_deref(),
@@ -279,7 +256,7 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
             announce_node(ctx, node, uid.as_ref(), offence, &message).await;
         }
         JoinStep::Unflag { node, uid } => {
-            ctx.ops
+            ctx.writer
                 .edit_node(
                     &node_ref(node, uid.as_ref()),
                     ctx.caches.node(node).as_deref(),
@@ -309,28 +286,17 @@ async fn write_condition(
     message: &str,
     now: Timestamp,
 ) -> Result<(), WriteError> {
-    let api = Api::<Node>::all(ctx.ops.client().clone());
     let mut chars = message.chars();
     let message: String = chars.by_ref().take(32_000).collect();
-    let patch = json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "status": {"conditions": [{
-            "type": node_conditions::GPU_REPEAT_OFFENDER,
-            "status": if offender { "True" } else { "False" },
-            "reason": reasons::REPEAT_OFFENDER,
-            "message": message,
-            "lastTransitionTime": Time(now),
-            "lastHeartbeatTime": Time(now),
-        }]},
-    });
-    ctx.ops.fence().check()?;
-    api.patch_status(
-        node,
-        &PatchParams::apply(field_managers::CONTROLLER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    let status = json!({"conditions": [{
+        "type": node_conditions::GPU_REPEAT_OFFENDER,
+        "status": if offender { "True" } else { "False" },
+        "reason": reasons::REPEAT_OFFENDER,
+        "message": message,
+        "lastTransitionTime": Time(now),
+        "lastHeartbeatTime": Time(now),
+    }]});
+    ctx.writer.apply_status::<Node>(&(), node, None, status).await?;
     Ok(())
 }
 
@@ -350,7 +316,7 @@ async fn announce_node(
     };
     tracing::warn!(%node, kind = ?offence.kind, id = %offence.id, "{message}");
     let event = Note::new(reasons::REPEAT_OFFENDER, EventType::Warning, message).event("CheckHardware");
-    ctx.ops.publish_to(&reference, event).await;
+    ctx.writer.publish_to(&reference, event).await;
 }
 
 #[cfg(test)]

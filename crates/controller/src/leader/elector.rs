@@ -28,7 +28,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
     jiff::Timestamp,
 };
-use kube::{Api, Client, api::PostParams};
+use kube::{Client, api::PostParams};
 use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{debug, info, warn};
 
@@ -109,7 +109,7 @@ pub enum ElectionEnd {
 /// Runs leader election for one replica. See the module docs for how `main` uses it.
 #[derive(Debug)]
 pub struct Elector {
-    leases: Api<Lease>,
+    leases: crate::write::lease::Leases,
     config: ElectionConfig,
     keeper: FenceKeeper,
 }
@@ -125,7 +125,7 @@ impl Elector {
     #[must_use]
     pub fn new(client: Client, config: ElectionConfig, keeper: FenceKeeper) -> Self {
         Self {
-            leases: Api::namespaced(client, &config.namespace),
+            leases: crate::write::lease::Leases::new(client, &config.namespace),
             config,
             keeper,
         }
@@ -231,7 +231,7 @@ impl Elector {
                         ..LeaseSpec::default()
                     }),
                 };
-                timeout(limit, self.leases.create(&params, &lease)).await
+                timeout(limit, self.leases.create_lease(&params, &lease)).await
             }
             Decision::Acquire | Decision::Renew => {
                 let Some(mut lease) = known.lease.clone() else {
@@ -253,7 +253,8 @@ impl Elector {
                 // replace is refused with 409 if anyone wrote in between.
                 timeout(
                     limit,
-                    self.leases.replace(&self.config.lease_name, &params, &lease),
+                    self.leases
+                        .replace_lease(&self.config.lease_name, &params, &lease),
                 )
                 .await
             }
@@ -376,7 +377,9 @@ impl Elector {
         spec.lease_duration_seconds = Some(1);
         spec.renew_time = Some(MicroTime(Timestamp::now()));
         let params = PostParams::default();
-        let release = self.leases.replace(&self.config.lease_name, &params, &lease);
+        let release = self
+            .leases
+            .replace_lease(&self.config.lease_name, &params, &lease);
         // The renew deadline, not the retry period: a loaded API server may take longer than one retry
         // to answer, and a release that lands spares followers the whole lease duration.
         match timeout(deadline, release).await {

@@ -14,19 +14,16 @@ use std::{
     sync::{Arc, LazyLock, Mutex, PoisonError},
 };
 
-use gpu_remediation_api::{
-    GpuRemediationPolicy,
-    constants::{field_managers, policy_conditions},
-};
+use gpu_remediation_api::{GpuRemediationPolicy, constants::policy_conditions};
 use k8s_openapi::{
     api::core::v1::ObjectReference,
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
 };
 use kube::{
-    Api, Client, Resource, ResourceExt,
-    api::{DynamicObject, Patch, PatchParams},
+    Resource, ResourceExt,
+    api::DynamicObject,
     runtime::{
-        events::{Event, EventType, Recorder, Reporter},
+        events::{Event, EventType},
         watcher,
     },
 };
@@ -37,7 +34,7 @@ use prometheus_client::{
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-use crate::leader::Fence;
+use crate::write::Writer;
 
 /// The Event and condition reason of an object the controller cannot decode.
 pub const REASON: &str = "Undecodable";
@@ -71,12 +68,12 @@ pub struct Undecodable {
 }
 
 impl Undecodable {
-    /// A registry whose findings a task spawned on the runtime reports through `client`, while
-    /// `fence` holds (a follower reports what it found once it leads).
+    /// A registry whose findings a task spawned on the runtime reports through `writer`, while its
+    /// fence holds (a follower reports what it found once it leads).
     #[must_use]
-    pub fn start(client: Client, fence: Fence) -> Self {
+    pub fn start(writer: Writer) -> Self {
         let (reports, findings) = mpsc::unbounded_channel();
-        tokio::spawn(report(client, fence, findings));
+        tokio::spawn(report(writer, findings));
         Self {
             found: Arc::default(),
             reports,
@@ -224,16 +221,9 @@ impl<K: Resource<DynamicType = ()> + Clone + DeserializeOwned> Decoder<K> {
 }
 
 /// Reports each finding: a `Warning` Event on the object; on a policy, its conditions too.
-async fn report(client: Client, fence: Fence, mut findings: mpsc::UnboundedReceiver<Finding>) {
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: field_managers::CONTROLLER.to_owned(),
-            instance: None,
-        },
-    );
+async fn report(writer: Writer, mut findings: mpsc::UnboundedReceiver<Finding>) {
     while let Some(finding) = findings.recv().await {
-        fence.acquired().await;
+        writer.fence().acquired().await;
         let name = finding.reference.name.clone().unwrap_or_default();
         let note = format!(
             "the controller cannot read this object and leaves it out until it is fixed or deleted: {}",
@@ -246,11 +236,9 @@ async fn report(client: Client, fence: Fence, mut findings: mpsc::UnboundedRecei
             action: "Decode".to_owned(),
             secondary: None,
         };
-        if let Err(error) = recorder.publish(&event, &finding.reference).await {
-            tracing::warn!(%error, %name, "publishing the undecodable-object event failed");
-        }
+        writer.publish_to(&finding.reference, event).await;
         if finding.reference.kind.as_deref() == Some(GpuRemediationPolicy::kind(&()).as_ref())
-            && let Err(error) = mark_policy_invalid(&client, &fence, &name, &finding, &note).await
+            && let Err(error) = mark_policy_invalid(&writer, &name, &finding, &note).await
         {
             tracing::warn!(%error, policy = %name, "marking the undecodable policy Invalid failed");
         }
@@ -260,12 +248,11 @@ async fn report(client: Client, fence: Fence, mut findings: mpsc::UnboundedRecei
 /// Sets `Ready=False` and `Invalid=True` (reason `Undecodable`) on the policy `name`, as the same
 /// field manager as the controller's own status writes, which replace them once it decodes again.
 async fn mark_policy_invalid(
-    client: &Client,
-    fence: &Fence,
+    writer: &Writer,
     name: &str,
     finding: &Finding,
     message: &str,
-) -> Result<(), crate::kubeops::WriteError> {
+) -> Result<(), crate::write::WriteError> {
     let generation = finding.generation;
     let now = Time(jiff::Timestamp::now());
     let condition = |type_: &str| Condition {
@@ -281,27 +268,19 @@ async fn mark_policy_invalid(
         last_transition_time: now.clone(),
         observed_generation: generation,
     };
-    // Only over the version found (a fixed policy is the controller's again), under our claim.
-    let patch = serde_json::json!({
-        "apiVersion": GpuRemediationPolicy::api_version(&()),
-        "kind": GpuRemediationPolicy::kind(&()),
-        "metadata": {"resourceVersion": finding.resource_version},
-        "status": {
-            "conditions": [condition(policy_conditions::READY), condition(policy_conditions::INVALID)],
-            "claim": fence.claim().as_deref(),
-        },
+    // Only over the version found (a fixed policy is the controller's again), under our claim. As
+    // an untyped object: the stored policy is the one that does not decode.
+    let status = serde_json::json!({
+        "conditions": [condition(policy_conditions::READY), condition(policy_conditions::INVALID)],
     });
-    fence.check()?;
-    Api::<DynamicObject>::all_with(
-        client.clone(),
-        &kube::api::ApiResource::erase::<GpuRemediationPolicy>(&()),
-    )
-    .patch_status(
-        name,
-        &PatchParams::apply(field_managers::CONTROLLER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    writer
+        .apply_status::<DynamicObject>(
+            &kube::api::ApiResource::erase::<GpuRemediationPolicy>(&()),
+            name,
+            finding.resource_version.as_deref(),
+            status,
+        )
+        .await?;
     Ok(())
 }
 

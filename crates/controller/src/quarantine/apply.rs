@@ -1,4 +1,4 @@
-//! Carries out the quarantine decisions: writes each taint added or lifted (through `kubeops`,
+//! Carries out the quarantine decisions: writes each taint added or lifted (through `write`,
 //! behind the leader fence, with the node's resourceVersion and UID as preconditions), or, where
 //! the fault names GPUs allocated through DRA, the device-level quarantine (`device_apply`), then
 //! publishes one Event per node changed (an edit that found the node already as planned, because a
@@ -16,7 +16,7 @@ use gpu_remediation_api::GpuRemediationPolicy;
 use gpu_remediation_api::constants::{policy_conditions, reasons};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use kube::{Api, Resource as _, ResourceExt as _, runtime::events::EventType};
+use kube::{Resource as _, ResourceExt as _, runtime::events::EventType};
 
 use super::{
     Add, Lift,
@@ -26,9 +26,9 @@ use super::{
 use crate::{
     context::Context,
     fleet::PolicyPlan,
-    kubeops::{EditNodeError, NodeEdit},
     lifecycle::{NodeRef, Note},
-    observe::prune_node,
+    read::Scope,
+    write::{EditNodeError, NodeEdit},
 };
 
 /// Node edits made at once: as many as the connections kept warm (`Settings::warm_connections`),
@@ -82,7 +82,7 @@ pub async fn apply(ctx: &Context, plan: &mut PolicyPlan, looked_at: &[String]) -
             EventType::Warning,
             &limited.message,
         );
-        ctx.ops
+        ctx.writer
             .publish(plan.policy.as_ref(), note.event("Quarantine"))
             .await;
     }
@@ -100,7 +100,7 @@ async fn report_device_level(ctx: &Context, plan: &mut PolicyPlan) {
     if !quarantines {
         return;
     }
-    let served = device_apply::served(ctx.ops.client()).await;
+    let served = device_apply::served(&ctx.reader).await;
     let previous = plan
         .policy
         .status
@@ -121,7 +121,7 @@ pub async fn lift_orphans(ctx: &Context, orphans: &[Lift]) -> Result<(), EditNod
     announce(ctx, lift_all(ctx, orphans).await).await
 }
 
-/// Publishes the Event of each edit written, several at once (see `KubeOps::publish_all`); returns
+/// Publishes the Event of each edit written, several at once (see `Writer::publish_all`); returns
 /// the last failure, if any.
 async fn announce(ctx: &Context, results: impl IntoIterator<Item = Written>) -> Result<(), EditNodeError> {
     let mut failed = None;
@@ -135,7 +135,7 @@ async fn announce(ctx: &Context, results: impl IntoIterator<Item = Written>) -> 
             Err(error) => failed = Some(error),
         }
     }
-    ctx.ops.publish_all(events).await;
+    ctx.writer.publish_all(events).await;
     failed.map_or(Ok(()), Err)
 }
 
@@ -150,10 +150,9 @@ async fn lift_all(ctx: &Context, lifts: &[Lift]) -> Vec<Written> {
 }
 
 async fn add(ctx: &Context, policy: &str, add: &Add) -> Written {
-    let Some((how, written)) = quarantine(ctx, policy, &add.node).await? else {
+    let Some(how) = quarantine(ctx, policy, &add.node).await? else {
         return Ok(None);
     };
-    remember(ctx, written);
     let elapsed = Duration::try_from(Timestamp::now().duration_since(add.since)).unwrap_or_default();
     ctx.metrics.signal_to_quarantine(policy, elapsed);
     tracing::info!(node = %add.node.name, %policy, signal = %add.signal, ?elapsed, %how, "node quarantined");
@@ -171,11 +170,7 @@ async fn add(ctx: &Context, policy: &str, add: &Add) -> Written {
 /// Quarantines `node` for `policy`: its failed GPUs' devices where the fault names GPUs allocated
 /// through DRA and the server serves `DeviceTaintRule`, else the node taint. Returns what was
 /// done, in words, and the node as written (`None`: the node is gone or replaced).
-async fn quarantine(
-    ctx: &Context,
-    policy: &str,
-    node: &NodeRef,
-) -> Result<Option<(String, Node)>, EditNodeError> {
+async fn quarantine(ctx: &Context, policy: &str, node: &NodeRef) -> Result<Option<String>, EditNodeError> {
     let target = match ctx.caches.node(&node.name) {
         Some(cached) => device_apply::choose(ctx, &cached).await,
         None => Target::Node("the node is not in the cache".to_owned()),
@@ -198,7 +193,7 @@ async fn quarantine(
             }
         }
         Target::Node(why) => match ctx
-            .ops
+            .writer
             .quarantine_node(node, ctx.caches.node(&node.name).as_deref(), policy)
             .await?
         {
@@ -212,7 +207,7 @@ async fn quarantine(
         },
     };
     Ok(match edit {
-        NodeEdit::Written(written) => Some((how, *written)),
+        NodeEdit::Written(_) => Some(how),
         NodeEdit::Gone | NodeEdit::Replaced => None,
     })
 }
@@ -231,8 +226,7 @@ async fn extend_all(ctx: &Context, policy: &str, looked_at: &[String]) -> Vec<Wr
             uid: node.metadata.uid.clone(),
         };
         results.push(match quarantine(ctx, policy, &target).await {
-            Ok(Some((how, written))) => {
-                remember(ctx, written);
+            Ok(Some(how)) => {
                 tracing::info!(node = %target.name, %policy, %how, "quarantine extended to another failed GPU");
                 let text = format!(
                     "quarantine of node {} by policy {policy} extended: another GPU failed; {how}",
@@ -254,14 +248,13 @@ async fn lift(ctx: &Context, lift: &Lift) -> Written {
     // A lift that found nothing of ours (already lifted by a pass the watch had not shown yet)
     // announces nothing.
     let seen = ctx.caches.node(&lift.node.name);
-    let (NodeEdit::Written(written), true) = ctx
-        .ops
+    let (NodeEdit::Written(_), true) = ctx
+        .writer
         .lift_quarantine(&lift.node, seen.as_deref(), &lift.policy)
         .await?
     else {
         return Ok(None);
     };
-    remember(ctx, *written);
     tracing::info!(node = %lift.node.name, policy = %lift.policy, why = %lift.why, "quarantine lifted");
     let text = format!(
         "quarantine of node {} by policy {} lifted: {}",
@@ -276,19 +269,17 @@ async fn lift(ctx: &Context, lift: &Lift) -> Written {
 /// Whether the API server holds policy `name` (one this controller's selector leaves out). A
 /// failed read counts as existing: a quarantine is lifted only on a certain answer.
 async fn owner_exists(ctx: &Context, name: &str) -> bool {
-    let policies = Api::<GpuRemediationPolicy>::all(ctx.ops.client().clone());
-    match policies.get_opt(name).await {
+    match ctx
+        .reader
+        .get_opt::<GpuRemediationPolicy>(Scope::Cluster, &(), name)
+        .await
+    {
         Ok(found) => found.is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
         Err(error) => {
             tracing::debug!(policy = %name, %error, "reading a quarantine's policy failed; keeping it");
             true
         }
     }
-}
-
-fn remember(ctx: &Context, mut node: Node) {
-    prune_node(&mut node);
-    ctx.caches.written_nodes.record(node);
 }
 
 fn node_reference(node: &NodeRef) -> ObjectReference {

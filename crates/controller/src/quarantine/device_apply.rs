@@ -1,9 +1,7 @@
 //! Carries out device-level quarantine (see [`super::device`]): asks the server whether it serves
 //! `DeviceTaintRule`, reads a quarantined node's `ResourceSlice`s to find its failed GPUs'
 //! devices, records them on the node and creates one rule per device, and each pass makes the
-//! rules follow the nodes' annotations. Every write goes through the leader fence and carries the
-//! claim (creates: the claim annotation; deletes: stamped, then preconditioned, see
-//! `crate::claim`).
+//! rules follow the nodes' annotations. Every write goes through the one writer (`crate::write`).
 
 use std::{
     sync::{
@@ -16,17 +14,17 @@ use std::{
 use gpu_remediation_api::{GpuRemediationPolicy, constants::DEVICE_QUARANTINE_LABEL};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, Client, ResourceExt as _,
-    api::{DeleteParams, ListParams, PostParams},
+    ResourceExt as _,
+    api::{DeleteParams, ListParams},
 };
 
 use super::device::{self, QuarantinedDevice, Target};
 use crate::{
-    claim,
     context::Context,
     dra::wire::{self, DeviceTaintRule, ResourceSlice},
-    kubeops::{EditNodeError, KubeOps, NodeEdit, WriteError},
     lifecycle::NodeRef,
+    read::{Reader, Scope},
+    write::{DeleteStampedError, EditNodeError, NodeEdit, WriteError, Writer},
 };
 
 /// How long an answer about `DeviceTaintRule` being served is trusted.
@@ -40,7 +38,7 @@ static RULES_MAY_EXIST: AtomicBool = AtomicBool::new(true);
 /// Whether the server serves `resource.k8s.io/v1alpha3` `devicetaintrules` (asked through
 /// discovery at most once per [`SERVED_TTL`]). A failed question answers `false` (a node taint is
 /// the safe side) and is asked again next time.
-pub async fn served(client: &Client) -> bool {
+pub async fn served(reader: &Reader) -> bool {
     if let Ok(cached) = SERVED.lock()
         && let Some((at, served)) = *cached
         && at.elapsed() < SERVED_TTL
@@ -48,7 +46,7 @@ pub async fn served(client: &Client) -> bool {
         return served;
     }
     let version = format!("{}/{}", wire::GROUP, wire::TAINT_RULE_VERSION);
-    let served = match client.list_api_group_resources(&version).await {
+    let served = match reader.api_group_resources(&version).await {
         Ok(list) => list.resources.iter().any(|r| r.name == "devicetaintrules"),
         Err(kube::Error::Api(status)) if status.is_not_found() => false,
         Err(error) => {
@@ -68,13 +66,15 @@ pub async fn choose(ctx: &Context, node: &Node) -> Target {
     if failed.is_empty() {
         return device::target(&node.name_any(), &failed, None);
     }
-    let client = ctx.ops.client();
-    if !served(client).await {
+    if !served(&ctx.reader).await {
         return device::target(&node.name_any(), &failed, None);
     }
-    let slices = Api::<ResourceSlice>::all_with(client.clone(), &wire::resource_slices());
     let params = ListParams::default().fields(&format!("spec.nodeName={}", node.name_any()));
-    match slices.list(&params).await {
+    match ctx
+        .reader
+        .list::<ResourceSlice>(Scope::Cluster, &wire::resource_slices(), &params)
+        .await
+    {
         Ok(listed) => device::target(&node.name_any(), &failed, Some(&listed.items)),
         Err(error) => Target::Node(format!("reading the node's ResourceSlices failed: {error}")),
     }
@@ -89,7 +89,7 @@ pub async fn quarantine_devices(
     devices: &[QuarantinedDevice],
 ) -> Result<(NodeEdit, bool), EditNodeError> {
     let (edit, changed) = ctx
-        .ops
+        .writer
         .edit_node_changing(node, ctx.caches.node(&node.name).as_deref(), |n| {
             device::mark(n, policy, devices)
         })
@@ -97,7 +97,7 @@ pub async fn quarantine_devices(
     if let NodeEdit::Written(_) = &edit {
         RULES_MAY_EXIST.store(true, Ordering::Relaxed);
         for device in devices {
-            create_rule(&ctx.ops, &device::rule(policy, &node.name, device))
+            create_rule(&ctx.writer, &device::rule(policy, &node.name, device))
                 .await
                 .map_err(|source| EditNodeError::Write {
                     node: node.name.clone(),
@@ -118,18 +118,21 @@ pub async fn reconcile(ctx: &Context, looked_at: &[String]) -> Result<(), Reconc
     if !any_marked && !RULES_MAY_EXIST.load(Ordering::Relaxed) {
         return Ok(());
     }
-    let client = ctx.ops.client();
-    if !served(client).await {
+    if !served(&ctx.reader).await {
         return Ok(());
     }
-    let api = rules(client);
     let params = ListParams::default().labels(&format!("{DEVICE_QUARANTINE_LABEL}=true"));
-    let existing = api.list(&params).await.map_err(WriteError::from)?.items;
+    let existing = ctx
+        .reader
+        .list::<DeviceTaintRule>(Scope::Cluster, &wire::device_taint_rules(), &params)
+        .await
+        .map_err(WriteError::from)?
+        .items;
     let policies = ctx.caches.policies.state();
     let known = |name: &str| policies.iter().any(|p| p.name_any() == name);
     let plan = device::reconcile(&nodes, known, &existing);
     for rule in &plan.create {
-        create_rule(&ctx.ops, rule).await?;
+        create_rule(&ctx.writer, rule).await?;
     }
     let mut deleted = 0;
     for rule in plan.delete.iter().chain(&plan.delete_if_owner_gone) {
@@ -140,12 +143,12 @@ pub async fn reconcile(ctx: &Context, looked_at: &[String]) -> Result<(), Reconc
             .delete_if_owner_gone
             .iter()
             .any(|r| r.name_any() == rule.name_any())
-            && owner_exists(client, owner.map_or("", String::as_str)).await
+            && owner_exists(&ctx.reader, owner.map_or("", String::as_str)).await
         {
             continue;
         }
         let name = rule.name_any();
-        delete_rule(&ctx.ops, rule).await?;
+        delete_rule(&ctx.writer, rule).await?;
         tracing::info!(rule = %name, "device quarantine rule deleted: no node names its device any more");
         deleted += 1;
     }
@@ -166,54 +169,47 @@ pub enum ReconcileRulesError {
         /// The rule.
         rule: String,
         /// What went wrong.
-        source: claim::DeleteStampedError,
+        source: DeleteStampedError,
     },
 }
 
-fn rules(client: &Client) -> Api<DeviceTaintRule> {
-    Api::all_with(client.clone(), &wire::device_taint_rules())
-}
-
-/// Creates `rule` under the fence, carrying the claim (an existing one is kept).
-pub async fn create_rule(ops: &KubeOps, rule: &DeviceTaintRule) -> Result<(), WriteError> {
-    let mut rule = rule.clone();
-    ops.fence().check()?;
-    claim::annotate(&mut rule, ops.fence().claim().as_deref());
-    crate::leader::freeze::before_write("create devicetaintrules");
-    match rules(ops.client()).create(&PostParams::default(), &rule).await {
+/// Creates `rule` through the writer (an existing one is kept).
+pub async fn create_rule(writer: &Writer, rule: &DeviceTaintRule) -> Result<(), WriteError> {
+    match writer.create(&wire::device_taint_rules(), rule).await {
         Ok(_) => {
             tracing::info!(rule = %rule.name_any(), "device quarantine rule created");
             Ok(())
         }
-        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
-        Err(error) => Err(error.into()),
+        Err(WriteError::Api(kube::Error::Api(status))) if status.is_already_exists() => Ok(()),
+        Err(error) => Err(error),
     }
 }
 
-/// Deletes `rule` (that UID only) under the fence: the claim stamped onto it, then a delete
-/// preconditioned on that write (see `crate::claim::delete_stamped`).
-pub async fn delete_rule(ops: &KubeOps, rule: &DeviceTaintRule) -> Result<(), ReconcileRulesError> {
+/// Deletes `rule` (that UID only) through the writer: the claim stamped onto it, then a delete
+/// preconditioned on that write (see `crate::write::claim`).
+pub async fn delete_rule(writer: &Writer, rule: &DeviceTaintRule) -> Result<(), ReconcileRulesError> {
     let name = rule.name_any();
-    claim::delete_stamped(
-        &rules(ops.client()),
-        &name,
-        rule.uid().as_deref(),
-        ops.fence(),
-        &DeleteParams::default(),
-    )
-    .await
-    .map(|_| ())
-    .map_err(|source| ReconcileRulesError::Delete { rule: name, source })
+    writer
+        .delete_stamped::<DeviceTaintRule>(
+            &wire::device_taint_rules(),
+            Scope::Cluster,
+            &name,
+            rule.uid().as_deref(),
+            &DeleteParams::default(),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|source| ReconcileRulesError::Delete { rule: name, source })
 }
 
 /// Whether policy `name` exists on the server; a failed read counts as existing (a rule is
 /// deleted only on a certain answer).
-async fn owner_exists(client: &Client, name: &str) -> bool {
+async fn owner_exists(reader: &Reader, name: &str) -> bool {
     if name.is_empty() {
         return false;
     }
-    match Api::<GpuRemediationPolicy>::all(client.clone())
-        .get_opt(name)
+    match reader
+        .get_opt::<GpuRemediationPolicy>(Scope::Cluster, &(), name)
         .await
     {
         Ok(found) => found.is_some_and(|p| p.metadata.deletion_timestamp.is_none()),

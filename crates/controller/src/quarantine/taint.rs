@@ -1,5 +1,5 @@
 //! The quarantine as an edit of a Node object, and who owns it. Pure; the write around
-//! these edits (a preconditioned patch or a read-modify-replace) lives in `kubeops`.
+//! these edits (a preconditioned patch or a read-modify-replace) lives in `write`.
 //!
 //! A quarantine is one `NoSchedule` taint, `gpuremediation.dev/quarantined`, and one annotation,
 //! `gpuremediation.dev/quarantined-by`, naming the policy that took it. It never sets

@@ -8,10 +8,9 @@ use gpu_remediation_api::{GpuRemediation, GpuRemediationStatus, Phase, constants
 use jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::{AdvanceRemediationError, remember_node};
+use super::AdvanceRemediationError;
 use crate::{
     context::Context,
-    kubeops::NodeEdit,
     lifecycle::{self, Release, Settlement},
     progress::{self, Verdict},
 };
@@ -37,8 +36,8 @@ pub(super) async fn settle(
         node,
         remember_cancel,
     }) = &settlement.release
-        && let NodeEdit::Written(written) = ctx
-            .ops
+    {
+        ctx.writer
             .release_node(
                 node,
                 ctx.caches.node(&node.name).as_deref(),
@@ -46,9 +45,7 @@ pub(super) async fn settle(
                 &remediation.spec.policy_name,
                 *remember_cancel,
             )
-            .await?
-    {
-        remember_node(ctx, *written);
+            .await?;
     }
     let before = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
     let after = settlement.status.phase;
@@ -86,7 +83,7 @@ pub(super) async fn settle(
         after.to_string()
     };
     for note in &notes {
-        ctx.ops.publish(updated.as_ref(), note.event(&action)).await;
+        ctx.writer.publish(updated.as_ref(), note.event(&action)).await;
     }
     if settlement.drop_finalizer {
         drop_finalizer(ctx, &updated).await?;
@@ -162,16 +159,7 @@ async fn drop_finalizer(ctx: &Context, remediation: &GpuRemediation) -> Result<(
     {
         return Ok(());
     }
-    match ctx.ops.drop_finalizer(remediation).await? {
-        // A record being deleted goes once its last finalizer is dropped: never lay it over the
-        // cache, or it would linger in the view.
-        Some(updated)
-            if updated.metadata.deletion_timestamp.is_none() || !updated.finalizers().is_empty() =>
-        {
-            ctx.caches.written_remediations.record(updated);
-        }
-        Some(_) | None => ctx.caches.written_remediations.forget(&remediation.name_any()),
-    }
+    ctx.writer.drop_finalizer(remediation).await?;
     Ok(())
 }
 
@@ -231,10 +219,8 @@ async fn write_if_changed(
             Ok((with_status(status), Some(due), now_notes))
         }
         Verdict::Write => {
-            let mut updated = ctx.ops.write_remediation_status(remediation, &status).await?;
+            let updated = ctx.writer.write_remediation_status(remediation, &status).await?;
             let earlier = ctx.progress.wrote(&name, now);
-            updated.managed_fields_mut().clear();
-            ctx.caches.written_remediations.record(updated.clone());
             Ok((Arc::new(updated), None, progress::fold(earlier, notes)))
         }
     }

@@ -7,10 +7,14 @@ use gpu_remediation_api::{GpuRemediation, policy::Replacement, remediation::Obje
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api,
-    api::{ApiResource, DynamicObject, PostParams},
+    api::{ApiResource, DynamicObject},
     core::{GroupVersion, GroupVersionKind},
     discovery::Scope,
+};
+
+use crate::{
+    read::{ReadApi, Scope as ReadScope},
+    write::WriteError,
 };
 
 use super::{
@@ -24,18 +28,16 @@ pub struct CreateTemplate {
     kube: Kube,
 }
 
-/// The API to reach the object: namespaced or not, as discovery says.
+/// The reads of the object: namespaced or not, as discovery says.
 fn api_for(
     kube: &Kube,
     resource: &ApiResource,
     scope: &Scope,
     namespace: Option<&str>,
-) -> Api<DynamicObject> {
+) -> ReadApi<DynamicObject> {
     match (scope, namespace) {
-        (Scope::Namespaced, Some(namespace)) => {
-            Api::namespaced_with(kube.client.clone(), namespace, resource)
-        }
-        _ => Api::all_with(kube.client.clone(), resource),
+        (Scope::Namespaced, Some(namespace)) => kube.reader.api(ReadScope::Namespace(namespace), resource),
+        _ => kube.reader.api(ReadScope::Cluster, resource),
     }
 }
 
@@ -53,7 +55,7 @@ impl CreateTemplate {
             return Ok(None);
         };
         let gvk = GroupVersionKind::gvk(&group_version.group, &group_version.version, kind);
-        match kube::discovery::pinned_kind(&self.kube.client, &gvk).await {
+        match self.kube.reader.pinned_kind(&gvk).await {
             Ok((resource, capabilities)) => Ok(Some((resource, capabilities.scope))),
             Err(kube::Error::Discovery(_)) => Ok(None),
             Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
@@ -95,15 +97,11 @@ impl CreateTemplate {
         };
         let mut object: DynamicObject = serde_json::from_value(rendered.object.clone())
             .map_err(|_| TriggerReplacementError::Template(template::RenderTemplateError::NotAnObject))?;
-        let params = PostParams {
-            field_manager: Some(gpu_remediation_api::constants::field_managers::CONTROLLER.to_owned()),
-            ..PostParams::default()
-        };
-        self.kube.fence.check()?;
-        crate::claim::annotate(&mut object, self.kube.fence.claim().as_deref());
-        let created = match api.create(&params, &object).await {
+        object.metadata.namespace.clone_from(&rendered.namespace);
+        let created = match self.kube.writer.create(&resource, &object).await {
             Ok(created) => created,
-            Err(kube::Error::Api(status)) if status.is_already_exists() => {
+            Err(WriteError::Fenced(fenced)) => return Err(fenced.into()),
+            Err(WriteError::Api(kube::Error::Api(status))) if status.is_already_exists() => {
                 // A retry: the object is ours if its controlling owner is this remediation.
                 let existing =
                     api.get(&rendered.name)
@@ -124,7 +122,7 @@ impl CreateTemplate {
                 }
                 existing
             }
-            Err(source) => {
+            Err(WriteError::Api(source)) => {
                 return Err(TriggerReplacementError::Api {
                     action: format!("creating {} {shown_name}", rendered.kind),
                     source,
@@ -147,7 +145,7 @@ impl CreateTemplate {
         triggered_at: Timestamp,
     ) -> Result<Observation, ObserveReplacementError> {
         let read_error = |action: String| move |source| ObserveReplacementError::Api { action, source };
-        let nodes: Api<Node> = Api::all(self.kube.client.clone());
+        let nodes: ReadApi<Node> = self.kube.reader.api(ReadScope::Cluster, &());
         let node = nodes
             .get_opt(&remediation.spec.node_name)
             .await

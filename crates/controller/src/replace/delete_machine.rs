@@ -7,20 +7,21 @@
 //! manages. The version is the group's preferred one, by discovery, so the controller works with
 //! `v1beta1` and `v1beta2` management clusters alike.
 
-use std::collections::BTreeMap;
-
 use futures::{FutureExt as _, future::BoxFuture};
-use gpu_remediation_api::{
-    GpuRemediation, constants::CLAIM_ANNOTATION, policy::Replacement, remediation::ObjectReference,
-};
+use gpu_remediation_api::{GpuRemediation, policy::Replacement, remediation::ObjectReference};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, Resource as _,
-    api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams},
+    Resource as _,
+    api::{ApiResource, DeleteParams, DynamicObject, ListParams},
     core::GroupVersionKind,
 };
 use serde_json::{Value, json};
+
+use crate::{
+    read::{ReadApi, Scope},
+    write::WriteError,
+};
 
 use super::{
     Kube, ObserveReplacementError, REPLACEMENT_SELECTOR_ANNOTATION, Replace, TriggerReplacementError,
@@ -84,7 +85,7 @@ impl DeleteMachine {
 
     async fn delete(&self, remediation: &GpuRemediation) -> Result<Triggered, TriggerReplacementError> {
         let node_name = &remediation.spec.node_name;
-        let nodes: Api<Node> = Api::all(self.kube.client.clone());
+        let nodes: ReadApi<Node> = self.kube.reader.api(Scope::Cluster, &());
         let node = nodes
             .get_opt(node_name)
             .await
@@ -117,8 +118,7 @@ impl DeleteMachine {
         let machine_name = annotation(MACHINE_ANNOTATION)?;
         let namespace = annotation(CLUSTER_NAMESPACE_ANNOTATION)?;
         let resource = self.kube.served_resource(GROUP, "Machine").await?;
-        let machines: Api<DynamicObject> =
-            Api::namespaced_with(self.kube.client.clone(), &namespace, &resource);
+        let machines: ReadApi<DynamicObject> = self.kube.reader.api(Scope::Namespace(&namespace), &resource);
         let action = |verb: &str| format!("{verb} Machine {namespace}/{machine_name}");
         let machine =
             machines
@@ -180,23 +180,24 @@ impl DeleteMachine {
             return Ok(None);
         }
         let name = remediation.meta().name.clone().unwrap_or_default();
-        let remediations: Api<GpuRemediation> = Api::all(self.kube.client.clone());
-        self.kube.fence.check()?;
-        let mut annotations = json!({REPLACEMENT_SELECTOR_ANNOTATION: selector});
-        if let Some(claim) = self.kube.fence.claim() {
-            annotations[CLAIM_ANNOTATION] = json!(claim.as_ref());
-        }
-        let metadata =
-            json!({"annotations": annotations, "resourceVersion": remediation.meta().resource_version});
-        let patch: BTreeMap<&str, Value> = BTreeMap::from([("metadata", metadata)]);
-        let written = remediations
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        // Over the version given: the status write that follows is made over the one written here.
+        let patch = json!({"metadata": {
+            "annotations": {REPLACEMENT_SELECTOR_ANNOTATION: selector},
+            "resourceVersion": remediation.meta().resource_version,
+        }});
+        match self
+            .kube
+            .writer
+            .patch::<GpuRemediation>(&(), Scope::Cluster, &name, patch)
             .await
-            .map_err(|source| TriggerReplacementError::Api {
+        {
+            Ok(written) => Ok(Some(written)),
+            Err(WriteError::Fenced(fenced)) => Err(fenced.into()),
+            Err(WriteError::Api(source)) => Err(TriggerReplacementError::Api {
                 action: format!("annotating GpuRemediation {name}"),
                 source,
-            })?;
-        Ok(Some(written))
+            }),
+        }
     }
 
     async fn look(
@@ -206,7 +207,7 @@ impl DeleteMachine {
         triggered_at: Timestamp,
     ) -> Result<Observation, ObserveReplacementError> {
         let read_error = |action: String| move |source| ObserveReplacementError::Api { action, source };
-        let nodes: Api<Node> = Api::all(self.kube.client.clone());
+        let nodes: ReadApi<Node> = self.kube.reader.api(Scope::Cluster, &());
         let node = nodes
             .get_opt(&remediation.spec.node_name)
             .await
@@ -227,8 +228,7 @@ impl DeleteMachine {
         }
         let resource = resource_of(reference, "machines");
         let namespace = reference.namespace.clone().unwrap_or_default();
-        let machines: Api<DynamicObject> =
-            Api::namespaced_with(self.kube.client.clone(), &namespace, &resource);
+        let machines: ReadApi<DynamicObject> = self.kube.reader.api(Scope::Namespace(&namespace), &resource);
         let machine = machines
             .get_opt(&reference.name)
             .await

@@ -6,12 +6,15 @@ use futures::{FutureExt as _, TryFutureExt as _, future::BoxFuture};
 use gpu_remediation_api::{GpuRemediation, policy::Replacement, remediation::ObjectReference};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use kube::{Api, api::DeleteParams};
+use kube::api::DeleteParams;
 
 use super::{
     Kube, ObserveReplacementError, Replace, TriggerReplacementError, Triggered, node_presence, presence,
 };
-use crate::replace::verify::{Observation, ReplacementNode, Reported};
+use crate::{
+    read::{ReadApi, Scope},
+    replace::verify::{Observation, ReplacementNode, Reported},
+};
 
 /// The `DeleteNode` strategy.
 pub struct DeleteNode {
@@ -25,7 +28,7 @@ impl DeleteNode {
 
     async fn delete(&self, remediation: &GpuRemediation) -> Result<ObjectReference, TriggerReplacementError> {
         let node_name = &remediation.spec.node_name;
-        let nodes: Api<Node> = Api::all(self.kube.client.clone());
+        let nodes: ReadApi<Node> = self.kube.reader.api(Scope::Cluster, &());
         let action = |verb: &str| format!("{verb} node {node_name}");
         let node = nodes
             .get_opt(node_name)
@@ -65,7 +68,7 @@ impl DeleteNode {
         reference: &ObjectReference,
         triggered_at: Timestamp,
     ) -> Result<Observation, ObserveReplacementError> {
-        let nodes: Api<Node> = Api::all(self.kube.client.clone());
+        let nodes: ReadApi<Node> = self.kube.reader.api(Scope::Cluster, &());
         let node = nodes
             .get_opt(&reference.name)
             .await

@@ -8,11 +8,12 @@ use gpu_remediation_api::{GpuRemediation, policy::Replacement, remediation::Obje
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api,
     api::{ApiResource, DeleteParams, DynamicObject, ListParams},
     core::GroupVersionKind,
 };
 use serde_json::Value;
+
+use crate::read::{ReadApi, Scope};
 
 use super::{
     Kube, ObserveReplacementError, Replace, TriggerReplacementError, Triggered, node_presence, presence,
@@ -43,7 +44,7 @@ impl DeleteNodeClaim {
     async fn delete(&self, remediation: &GpuRemediation) -> Result<ObjectReference, TriggerReplacementError> {
         let node_name = &remediation.spec.node_name;
         let resource = self.kube.served_resource(GROUP, "NodeClaim").await?;
-        let claims: Api<DynamicObject> = Api::all_with(self.kube.client.clone(), &resource);
+        let claims: ReadApi<DynamicObject> = self.kube.reader.api(Scope::Cluster, &resource);
         // NodeClaims offer no field selector on status.nodeName; their number is the number of
         // Karpenter nodes, and this runs once per replacement.
         let listed =
@@ -55,7 +56,7 @@ impl DeleteNodeClaim {
                     source,
                 })?;
         let Some(claim) = claim_for_node(&listed.items, node_name) else {
-            let nodes: Api<Node> = Api::all(self.kube.client.clone());
+            let nodes: ReadApi<Node> = self.kube.reader.api(Scope::Cluster, &());
             let node = nodes
                 .get_opt(node_name)
                 .await
@@ -101,7 +102,7 @@ impl DeleteNodeClaim {
         reference: &ObjectReference,
         triggered_at: Timestamp,
     ) -> Result<Observation, ObserveReplacementError> {
-        let nodes: Api<Node> = Api::all(self.kube.client.clone());
+        let nodes: ReadApi<Node> = self.kube.reader.api(Scope::Cluster, &());
         let node = nodes
             .get_opt(&remediation.spec.node_name)
             .await
@@ -127,7 +128,7 @@ impl DeleteNodeClaim {
             &GroupVersionKind::gvk(group, version, &reference.kind),
             "nodeclaims",
         );
-        let claims: Api<DynamicObject> = Api::all_with(self.kube.client.clone(), &resource);
+        let claims: ReadApi<DynamicObject> = self.kube.reader.api(Scope::Cluster, &resource);
         let claim = claims
             .get_opt(&reference.name)
             .await

@@ -41,11 +41,14 @@ use gpu_remediation_api::{
 };
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Client;
 
 pub use verify::{Observation, Presence, Progress, ReplacementNode, Reported, Verification, judge};
 
-use crate::leader::{Fence, FenceError};
+use crate::{
+    leader::FenceError,
+    read::{ReadApi, Reader},
+    write::Writer,
+};
 
 pub use gpu_remediation_api::constants::REPLACEMENT_SELECTOR_ANNOTATION;
 
@@ -116,10 +119,10 @@ pub enum TriggerReplacementError {
     },
 }
 
-impl crate::claim::DeleteStampedError {
+impl crate::write::DeleteStampedError {
     /// This error as a [`TriggerReplacementError`] of the step `action` (e.g. `deleting node n1`).
     pub(crate) fn during(self, action: String) -> TriggerReplacementError {
-        use crate::{claim::DeleteStampedError, kubeops::WriteError};
+        use crate::write::{DeleteStampedError, WriteError};
         match self {
             Self::Write(WriteError::Fenced(fenced)) => TriggerReplacementError::Fenced(fenced),
             Self::Write(WriteError::Api(source)) => TriggerReplacementError::Api { action, source },
@@ -226,10 +229,13 @@ pub struct Replacers {
 }
 
 impl Replacers {
-    /// All strategies, acting through `client` only while `fence` is current.
+    /// All strategies, writing through `writer` (and reading through its reader).
     #[must_use]
-    pub fn new(client: Client, fence: Fence) -> Self {
-        let kube = Kube { client, fence };
+    pub fn new(writer: Writer) -> Self {
+        let kube = Kube {
+            reader: writer.reader(),
+            writer,
+        };
         Self {
             delete_node: delete_node::DeleteNode::new(kube.clone()),
             delete_machine: delete_machine::DeleteMachine::new(kube.clone()),
@@ -250,26 +256,23 @@ impl Replacers {
     }
 }
 
-/// What every strategy acts through.
+/// What every strategy acts through: the one writer, and reads.
 #[derive(Clone)]
 pub(crate) struct Kube {
-    pub(crate) client: Client,
-    pub(crate) fence: Fence,
+    pub(crate) writer: Writer,
+    pub(crate) reader: Reader,
 }
 
 impl Kube {
-    /// [`crate::claim::delete_stamped`] under this fence.
-    pub(crate) async fn delete_stamped<K>(
+    /// [`Writer::delete_stamped_in`]: the object of `uid` only, the claim stamped first.
+    pub(crate) async fn delete_stamped<K: crate::write::Writable>(
         &self,
-        api: &kube::Api<K>,
+        read: &ReadApi<K>,
         name: &str,
         uid: Option<&str>,
         params: &kube::api::DeleteParams,
-    ) -> Result<crate::claim::Deleted, crate::claim::DeleteStampedError>
-    where
-        K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
-    {
-        crate::claim::delete_stamped(api, name, uid, &self.fence, params).await
+    ) -> Result<crate::write::Deleted, crate::write::DeleteStampedError> {
+        self.writer.delete_stamped_in(read, name, uid, params).await
     }
 
     /// The version of `group`'s `kind` the API server prefers, found by discovery: the
@@ -284,7 +287,7 @@ impl Kube {
             group: group.to_owned(),
             kind: kind.to_owned(),
         };
-        let served = match kube::discovery::group(&self.client, group).await {
+        let served = match self.reader.group(group).await {
             Ok(served) => served,
             Err(kube::Error::Discovery(_)) => return Err(not_served()),
             Err(source) => {

@@ -41,9 +41,16 @@ pub fn init_json_logs() -> Result<(), InitLogsError> {
     Ok(())
 }
 
-/// The span a remediation's work runs in: enter it (or `.instrument()` futures with it) for every
-/// step taken for that remediation.
+/// The span a remediation's work runs in: every advance of a remediation is instrumented with it
+/// (`controller::Advances::start`), so each log line of its cordon, drain and replacement carries
+/// `remediation`, `node`, `policy` and `phase` (the phase it was in when the advance began; the
+/// advance records each new phase as it settles, see [`record_phase`]).
 #[must_use]
-pub fn remediation_span(remediation: &str, node: &str, policy: &str) -> Span {
-    tracing::info_span!("remediation", remediation, node, policy)
+pub fn remediation_span(remediation: &str, node: &str, policy: &str, phase: &str) -> Span {
+    tracing::info_span!("remediation", remediation, node, policy, phase)
+}
+
+/// Records `phase` on the current remediation span (a no-op outside one).
+pub fn record_phase(phase: &str) {
+    Span::current().record("phase", phase);
 }

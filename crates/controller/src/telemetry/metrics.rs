@@ -18,6 +18,8 @@
 //! | `leaked_pods_total` | counter | `policy` (pods found on a node, at its cordon, that were scheduled after its fault began) |
 //! | `leader` | gauge | (1 while this replica's fence is current) |
 //! | `reconcile_errors_total` | counter | `reconciler` |
+//! | `reconcile_errors_by_kind_total` | counter | `reconciler`, `kind` (`fenced`, `conflict`, `forbidden`, `invalid`, `timeout`, `unreachable`, `internal`, ...) |
+//! | `writes_total` | counter | `verb`, `resource`, `outcome` (`ok` or the kind of failure; every write the one writer sends) |
 //! | `undecodable_objects` | gauge | `kind`, `name` (1 while a stored policy or remediation cannot be decoded; `observe::undecodable`) |
 //!
 //! Gauges about policies are *set* from what the reconcilers computed from API objects (never
@@ -159,6 +161,7 @@ struct Series {
     leader: Gauge,
     reconcile_errors: Family<ReconcilerLabels, Counter>,
     ladder: super::ladder_metrics::LadderSeries,
+    writes: super::write_metrics::WriteSeries,
 }
 
 /// The metrics registry plus typed handles. Cheap to clone (one `Arc`); every clone updates the
@@ -211,6 +214,7 @@ impl Metrics {
             leader: Gauge::default(),
             reconcile_errors: Family::default(),
             ladder: super::ladder_metrics::LadderSeries::new(),
+            writes: super::write_metrics::WriteSeries::default(),
         };
         let mut registry = Registry::with_prefix("gpu_remediator");
         registry.register(
@@ -294,6 +298,7 @@ impl Metrics {
             crate::observe::undecodable::GAUGE.clone(),
         );
         series.ladder.register(&mut registry);
+        series.writes.register(&mut registry);
         // Counters that exist from the start read 0 rather than absent, so `rate()` and alerts on
         // them work before the first event.
         for reconciler in RECONCILERS {
@@ -451,8 +456,16 @@ impl Metrics {
             .inc_by(u64::from(count));
     }
 
-    /// A reconcile of `reconciler` (e.g. `policy`, `remediation`) failed.
-    pub fn reconcile_error(&self, reconciler: &str) {
+    /// A write was sent (or stopped by the fence): `verb` on `resource`, with `outcome` (`ok` or
+    /// the kind of failure).
+    pub fn write(&self, verb: &'static str, resource: &str, outcome: &'static str) {
+        self.series.writes.write(verb, resource, outcome);
+    }
+
+    /// A reconcile of `reconciler` (e.g. `policy`, `remediation`) failed, with an error of `kind`
+    /// (see `write::WriteError::metric_label`).
+    pub fn reconcile_error(&self, reconciler: &str, kind: &'static str) {
+        self.series.writes.error(reconciler, kind);
         self.series
             .reconcile_errors
             .get_or_create(&ReconcilerLabels {
@@ -620,7 +633,7 @@ mod tests {
         metrics.eviction(EvictionResult::Evicted);
         metrics.eviction(EvictionResult::Blocked);
         metrics.eviction(EvictionResult::Blocked);
-        metrics.reconcile_error("remediation");
+        metrics.reconcile_error("remediation", "conflict");
         let text = metrics.encode();
         assert_eq!(
             line_value(&text, r#"gpu_remediator_evictions_total{result="Blocked"}"#),

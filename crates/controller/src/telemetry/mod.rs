@@ -11,6 +11,7 @@ mod ladder_metrics;
 pub mod logs;
 pub mod metrics;
 pub mod server;
+mod write_metrics;
 
 pub use health::{Health, Readiness};
 pub use logs::{init_json_logs, remediation_span};

@@ -38,7 +38,7 @@ const REGISTRATION_CONCURRENCY: usize = 32;
 
 /// How long the idle window lasts (requests per second are counted over it): a little over the
 /// controller's longest fixed period, the minute after which it uses its warm connections again
-/// (`kubeops::keep_warm`) and its resync passes, so that what it costs while nothing happens is in
+/// (`write::keep_warm`) and its resync passes, so that what it costs while nothing happens is in
 /// the count.
 const IDLE_WINDOW: Duration = Duration::from_secs(65);
 

@@ -13,7 +13,7 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::GetParams};
 
-use super::KubeOps;
+use super::Reader;
 
 /// Why reading a node failed.
 #[derive(Debug, thiserror::Error)]
@@ -26,7 +26,7 @@ pub struct ReadNodeError {
     pub source: kube::Error,
 }
 
-impl KubeOps {
+impl Reader {
     /// Reads node `name` (`None`: it is gone) at least as fresh as `known`, the resourceVersion our
     /// cache holds of it: from the API server's watch cache, or from etcd when that cache is behind
     /// `known` or `known` is `None`.
@@ -60,8 +60,8 @@ impl KubeOps {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{ops, reply};
     use crate::leader::Fence;
+    use crate::write::tests::{ops, reply};
 
     fn node() -> serde_json::Value {
         serde_json::json!({
@@ -85,7 +85,7 @@ mod tests {
             respond.send_response(reply(200, &node()));
             request.uri().to_string()
         });
-        let read = ops.read_node("gpu-1", Some("7")).await.unwrap();
+        let read = ops.reader().read_node("gpu-1", Some("7")).await.unwrap();
         assert_eq!(read.unwrap().metadata.resource_version.as_deref(), Some("9"));
         let uri = server.await.unwrap();
         assert!(uri.starts_with("/api/v1/nodes/gpu-1"), "{uri}");
@@ -110,7 +110,7 @@ mod tests {
                 }
             }
         });
-        let read = ops.read_node("gpu-1", Some("7")).await.unwrap();
+        let read = ops.reader().read_node("gpu-1", Some("7")).await.unwrap();
         assert!(read.is_some());
         let uris = server.await.unwrap();
         let last = uris.last().unwrap();
@@ -123,7 +123,7 @@ mod tests {
             "the first asks the watch cache: {uris:?}"
         );
         // One 504 is enough: `read_node` does not ask the cache again before etcd. (Nor does the
-        // client: `KubeOps::new` turns kube's retry layer off; this mock client has none.)
+        // client: `Writer::new` turns kube's retry layer off; this mock client has none.)
         assert_eq!(uris.len(), 2, "{uris:?}");
     }
 
@@ -136,8 +136,14 @@ mod tests {
             let (_, respond) = handle.next_request().await.expect("the second read");
             respond.send_response(reply(403, &status(403, "Forbidden")));
         });
-        assert!(ops.read_node("gpu-1", Some("7")).await.unwrap().is_none());
-        let refused = ops.read_node("gpu-1", None).await.unwrap_err();
+        assert!(
+            ops.reader()
+                .read_node("gpu-1", Some("7"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let refused = ops.reader().read_node("gpu-1", None).await.unwrap_err();
         assert!(
             refused.to_string().contains("reading node gpu-1 failed"),
             "{refused}"

@@ -3,15 +3,16 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use gpu_remediation_api::constants::field_managers;
 use k8s_openapi::api::core::v1::Node;
-use kube::{
-    Api,
-    api::{Patch, PatchParams},
-};
+use kube::api::Patch;
 
-use super::{KubeOps, WriteError, post_params};
-use crate::{claim, cordon, lifecycle::NodeRef, quarantine};
+use super::{Verb, WriteError, Writer, claim, patch_params};
+use crate::{
+    cordon,
+    lifecycle::NodeRef,
+    quarantine,
+    read::{Scope, api},
+};
 
 /// How many times a node edit is retried after a conflict before giving up for this pass.
 const NODE_CONFLICT_RETRIES: usize = 5;
@@ -47,7 +48,7 @@ pub enum NodeEdit {
     Replaced,
 }
 
-impl KubeOps {
+impl Writer {
     /// Cordons `node` for `remediation` (see `cordon::cordon`), only if it is still the node of
     /// the admitted UID; `seen` is the node as the watch last delivered it (see
     /// [`Self::edit_node`]).
@@ -143,7 +144,7 @@ impl KubeOps {
         edit: impl Fn(&mut Node) -> bool,
     ) -> Result<NodeEdit, EditNodeError> {
         let name = target.name.as_str();
-        let api = Api::<Node>::all(self.client.clone());
+        let api = api::<Node>(&self.client, Scope::Cluster, &());
         let failed = |source: WriteError| EditNodeError::Write {
             node: name.to_owned(),
             source,
@@ -152,16 +153,36 @@ impl KubeOps {
         if let Some(seen) = seen {
             let mut edited = seen.clone();
             if edit(&mut edited) {
-                self.fence.check().map_err(|e| failed(e.into()))?;
-                claim::annotate(&mut edited, self.fence.claim().as_deref());
-                if let Some(patch) = crate::node_patch::merge_patch(seen, &edited) {
-                    match api.patch(name, &patch_params(), &Patch::Merge(&patch)).await {
-                        Ok(written) => return Ok(NodeEdit::Written(Box::new(written))),
-                        // Someone wrote since the watch's version: read it and edit again.
-                        Err(kube::Error::Api(status)) if status.is_conflict() => {}
-                        Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(NodeEdit::Gone),
-                        Err(error) => return Err(failed(error.into())),
+                let patched = self
+                    .send(Verb::Patch, "nodes", |claim| {
+                        claim::annotate(&mut edited, claim.as_deref());
+                        let patch = crate::node_patch::merge_patch(seen, &edited);
+                        let api = &api;
+                        async move {
+                            match patch {
+                                Some(patch) => api
+                                    .patch(name, &patch_params(), &Patch::Merge(&patch))
+                                    .await
+                                    .map(Some),
+                                None => Ok(None),
+                            }
+                        }
+                    })
+                    .await;
+                match patched {
+                    Ok(Some(mut written)) => {
+                        Self::keep(&mut written);
+                        self.record(&written);
+                        return Ok(NodeEdit::Written(Box::new(written)));
                     }
+                    // Not a change a patch carries: read and replace below.
+                    Ok(None) => {}
+                    // Someone wrote since the watch's version: read it and edit again.
+                    Err(WriteError::Api(kube::Error::Api(status))) if status.is_conflict() => {}
+                    Err(WriteError::Api(kube::Error::Api(status))) if status.is_not_found() => {
+                        return Ok(NodeEdit::Gone);
+                    }
+                    Err(error) => return Err(failed(error)),
                 }
             }
         }
@@ -173,28 +194,24 @@ impl KubeOps {
                 return Ok(NodeEdit::Replaced);
             }
             if !edit(&mut node) {
+                // Nothing to write: the node as read is still fresher than the cache.
+                Self::keep(&mut node);
+                self.record(&node);
                 return Ok(NodeEdit::Written(Box::new(node)));
             }
-            self.fence.check().map_err(|e| failed(e.into()))?;
-            claim::annotate(&mut node, self.fence.claim().as_deref());
             // `node` carries the resourceVersion of our read: the replace fails on any write since.
-            match api.replace(name, &post_params(), &node).await {
+            match self.replace(&(), &node).await {
                 Ok(written) => return Ok(NodeEdit::Written(Box::new(written))),
-                Err(kube::Error::Api(status)) if status.is_conflict() => {}
-                Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(NodeEdit::Gone),
-                Err(error) => return Err(failed(error.into())),
+                Err(WriteError::Api(kube::Error::Api(status))) if status.is_conflict() => {}
+                Err(WriteError::Api(kube::Error::Api(status))) if status.is_not_found() => {
+                    return Ok(NodeEdit::Gone);
+                }
+                Err(error) => return Err(failed(error)),
             }
         }
         Err(EditNodeError::KeptConflicting {
             node: name.to_owned(),
         })
-    }
-}
-
-fn patch_params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(field_managers::CONTROLLER.into()),
-        ..PatchParams::default()
     }
 }
 

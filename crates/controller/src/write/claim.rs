@@ -1,5 +1,5 @@
 //! The leader claim on the wire: how each write the controller makes carries its claim on the
-//! leader Lease (`<holder>/<leaseTransitions>`, see [`Fence::claim`]) so that the fence admission
+//! leader Lease (`<holder>/<leaseTransitions>`, see [`crate::leader::Fence::claim`]) so that the fence admission
 //! policy (`manifests/controller/fence-policy.yaml`) can refuse it when the claim is not current.
 //!
 //! - creates, updates and patches carry it as the `gpuremediation.dev/claim` annotation
@@ -13,16 +13,13 @@
 //! Without leader election there is no claim and nothing is stamped (the policy is installed only
 //! with leader election).
 
-use std::fmt::Debug;
-
 use gpu_remediation_api::constants::CLAIM_ANNOTATION;
 use kube::{
     Api, Resource, ResourceExt as _,
     api::{DeleteParams, PostParams, Preconditions},
 };
-use serde::{Serialize, de::DeserializeOwned};
 
-use crate::{kubeops::WriteError, leader::Fence};
+use super::{Verb, Writable, WriteError, Writer};
 
 /// How many times a stamp-then-delete is retried when the object changed in between.
 const DELETE_CONFLICT_RETRIES: usize = 5;
@@ -51,17 +48,24 @@ pub enum Deleted {
 /// Deletes `name` (only the object of `uid`, when given) so that the fence admission policy sees
 /// our claim: reads it, writes the current claim onto it unless it carries it already, then
 /// deletes with the resourceVersion of that write (or read) as a precondition. A write by anyone
-/// in between makes the delete conflict; it is then redone from the read, a few times.
-pub async fn delete_stamped<K>(
+/// in between makes the delete conflict; it is then redone from the read, a few times. Both writes
+/// take the writer's one path (fence, claim, counts).
+pub(super) async fn delete_stamped<K>(
+    writer: &Writer,
     api: &Api<K>,
     name: &str,
     uid: Option<&str>,
-    fence: &Fence,
     params: &DeleteParams,
 ) -> Result<Deleted, DeleteStampedError>
 where
-    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+    K: Writable,
 {
+    let resource = api
+        .resource_url()
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
     for _ in 0..DELETE_CONFLICT_RETRIES {
         let Some(mut object) = api.get_opt(name).await.map_err(WriteError::from)? else {
             return Ok(Deleted::Gone);
@@ -69,29 +73,44 @@ where
         if uid.is_some() && object.uid().as_deref() != uid {
             return Ok(Deleted::Gone);
         }
-        fence.check().map_err(WriteError::from)?;
-        if annotate(&mut object, fence.claim().as_deref()) {
-            // `object` carries the resourceVersion of our read: the update fails on any write since.
-            object = match api.replace(name, &PostParams::default(), &object).await {
-                Ok(stamped) => stamped,
-                Err(kube::Error::Api(status)) if status.is_conflict() => continue,
-                Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(Deleted::Gone),
-                Err(error) => return Err(WriteError::from(error).into()),
-            };
-        }
+        let stamped = writer
+            .send(Verb::Replace, &resource, |claim| {
+                let changed = annotate(&mut object, claim.as_deref());
+                // `object` carries the resourceVersion of our read: the update fails on any write since.
+                async move {
+                    if changed {
+                        api.replace(name, &PostParams::default(), &object).await
+                    } else {
+                        Ok(object)
+                    }
+                }
+            })
+            .await;
+        let object = match stamped {
+            Ok(stamped) => stamped,
+            Err(WriteError::Api(kube::Error::Api(status))) if status.is_conflict() => continue,
+            Err(WriteError::Api(kube::Error::Api(status))) if status.is_not_found() => {
+                return Ok(Deleted::Gone);
+            }
+            Err(error) => return Err(error.into()),
+        };
         let mut params = params.clone();
         params.preconditions = Some(Preconditions {
             uid: object.uid(),
             resource_version: object.resource_version(),
         });
-        fence.check().map_err(WriteError::from)?;
-        let resource = api.resource_url().rsplit('/').next().unwrap_or_default();
-        crate::leader::freeze::before_write(&format!("delete {resource}"));
-        match api.delete(name, &params).await {
+        let deleted = writer
+            .send(Verb::Delete, &resource, |_| async {
+                api.delete(name, &params).await
+            })
+            .await;
+        match deleted {
             Ok(_) => return Ok(Deleted::Deleted),
-            Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(Deleted::Gone),
-            Err(kube::Error::Api(status)) if status.is_conflict() => {}
-            Err(error) => return Err(WriteError::from(error).into()),
+            Err(WriteError::Api(kube::Error::Api(status))) if status.is_not_found() => {
+                return Ok(Deleted::Gone);
+            }
+            Err(WriteError::Api(kube::Error::Api(status))) if status.is_conflict() => {}
+            Err(error) => return Err(error.into()),
         }
     }
     Err(DeleteStampedError::KeptConflicting)

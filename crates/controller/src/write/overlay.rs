@@ -19,12 +19,15 @@ type Written<K> = (Arc<K>, std::time::Instant);
 /// Our own writes, laid over a watch cache until it has caught up with them.
 pub struct Overlay<K> {
     written: Arc<Mutex<HashMap<String, Written<K>>>>,
+    /// What the cache's watch does to each object it stores, done to ours as we record them.
+    prune: fn(&mut K),
 }
 
 impl<K> Clone for Overlay<K> {
     fn clone(&self) -> Self {
         Self {
             written: self.written.clone(),
+            prune: self.prune,
         }
     }
 }
@@ -33,13 +36,25 @@ impl<K> Default for Overlay<K> {
     fn default() -> Self {
         Self {
             written: Arc::default(),
+            prune: |_| {},
         }
     }
 }
 
 impl<K: Resource> Overlay<K> {
+    /// An overlay that prunes what it records with `prune`, as its cache's watch prunes what it
+    /// stores.
+    #[must_use]
+    pub fn pruned_by(prune: fn(&mut K)) -> Self {
+        Self {
+            written: Arc::default(),
+            prune,
+        }
+    }
+
     /// Records the object the API server returned for a create or an update.
-    pub fn record(&self, object: K) {
+    pub fn record(&self, mut object: K) {
+        (self.prune)(&mut object);
         let mut written = self
             .written
             .lock()

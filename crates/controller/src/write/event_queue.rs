@@ -31,6 +31,25 @@ const QUEUED_BATCHES: usize = 64;
 /// How long one Event write may take before it is given up (and logged).
 const EVENT_DEADLINE: Duration = Duration::from_secs(10);
 
+/// The longest note the API server takes (`events.k8s.io/v1`: 1 KiB, counted in bytes).
+const NOTE_MAX_BYTES: usize = 1024;
+
+/// `note` cut to [`NOTE_MAX_BYTES`] with the writer's marker (see `bounds::cut`), when longer: a
+/// message that quotes a node's words must not make the Event fail with 422.
+fn bounded_note(note: &str) -> Option<String> {
+    if note.len() <= NOTE_MAX_BYTES {
+        return None;
+    }
+    // Characters are at most 4 bytes: a quarter of the limit in characters always fits. An ASCII
+    // note keeps all but two: the marker's ellipsis is one character of three bytes.
+    let chars = if note.is_ascii() {
+        NOTE_MAX_BYTES - 2
+    } else {
+        NOTE_MAX_BYTES / 4
+    };
+    super::bounds::cut(note, chars)
+}
+
 /// Events about objects, in the order they were decided.
 type Batch = Vec<(ObjectReference, Event)>;
 
@@ -48,7 +67,12 @@ impl EventWriter {
 
     /// Writes `event` about `reference`. A failure is logged, not returned: an Event is a report,
     /// and a lost one must not stop a remediation.
-    pub(super) async fn write(&self, reference: &ObjectReference, event: Event) {
+    pub(super) async fn write(&self, reference: &ObjectReference, mut event: Event) {
+        if let Some(note) = event.note.as_mut()
+            && let Some(shorter) = bounded_note(note)
+        {
+            *note = shorter;
+        }
         if let Err(error) = self.fence.check() {
             tracing::debug!(%error, reason = %event.reason, "event not published: not the leader");
             return;
@@ -160,6 +184,19 @@ pub fn series(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_note_over_a_kibibyte_is_cut_to_fit_and_a_short_one_is_left_alone() {
+        assert_eq!(super::bounded_note("the GPU fell off the bus"), None);
+        let long = super::bounded_note(&"x".repeat(5_000)).unwrap();
+        assert!(
+            long.len() <= super::NOTE_MAX_BYTES && long.contains("…[cut"),
+            "{}",
+            long.len()
+        );
+        let wide = super::bounded_note(&"é".repeat(5_000)).unwrap();
+        assert!(wide.len() <= super::NOTE_MAX_BYTES, "{}", wide.len());
+    }
+
     use std::time::Duration;
 
     use super::super::tests::{held_at_once, ops, reply};

@@ -8,9 +8,7 @@
 
 use std::time::Duration;
 
-use kube::Client;
-
-use crate::leader::Fence;
+use crate::{leader::Fence, read::Reader};
 
 /// How often the connections are used: under the API server's 90 s idle timeout.
 pub const WARM_EVERY: Duration = Duration::from_secs(60);
@@ -18,15 +16,15 @@ pub const WARM_EVERY: Duration = Duration::from_secs(60);
 /// The longest one round of requests may take; the next round comes a minute later all the same.
 const ROUND_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Keeps `connections` connections of `client` open while `fence` is held, until aborted (0: returns
-/// at once).
-pub async fn keep_warm(client: Client, fence: Fence, connections: usize) {
+/// Keeps `connections` connections of the writer's client open (through `reader`, which shares
+/// them) while `fence` is held, until aborted (0: returns at once).
+pub async fn keep_warm(reader: Reader, fence: Fence, connections: usize) {
     if connections == 0 {
         return;
     }
     loop {
         fence.acquired().await;
-        let round = futures::future::join_all((0..connections).map(|_| client.apiserver_version()));
+        let round = futures::future::join_all((0..connections).map(|_| reader.version()));
         let failed = match tokio::time::timeout(ROUND_DEADLINE, round).await {
             Ok(answers) => answers.iter().filter(|answer| answer.is_err()).count(),
             Err(_) => connections,
@@ -57,7 +55,7 @@ mod tests {
     #[tokio::test]
     async fn a_leader_asks_as_many_times_at_once_as_connections_it_keeps() {
         let (ops, mut handle) = ops(Fence::standalone());
-        let warm = tokio::spawn(keep_warm(ops.client().clone(), ops.fence().clone(), 3));
+        let warm = tokio::spawn(keep_warm(ops.reader(), ops.fence().clone(), 3));
         // All three are in flight before any is answered: three connections, not one used thrice.
         for (request, respond) in held_at_once(&mut handle, 3).await {
             assert_eq!(request.uri().path(), "/version");
@@ -73,7 +71,7 @@ mod tests {
         let (ops, mut handle) = ops(Fence::standalone());
         tokio::time::timeout(
             Duration::from_secs(1),
-            keep_warm(ops.client().clone(), ops.fence().clone(), 0),
+            keep_warm(ops.reader(), ops.fence().clone(), 0),
         )
         .await
         .expect("keeping no connection ends at once");
@@ -85,7 +83,7 @@ mod tests {
     async fn a_replica_that_does_not_lead_keeps_nothing_open() {
         let (fence, _keeper) = Fence::keeper();
         let (ops, mut handle) = ops(fence);
-        let warm = tokio::spawn(keep_warm(ops.client().clone(), ops.fence().clone(), 3));
+        let warm = tokio::spawn(keep_warm(ops.reader(), ops.fence().clone(), 3));
         let request = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
         assert!(request.is_err(), "a follower sends nothing");
         warm.abort();

@@ -1,0 +1,123 @@
+//! What the writer needs to know about each kind it writes: which overlay keeps our writes of it
+//! (so the next pass sees them before the watch does) and which CRD schema bounds what we write.
+//! A kind without an overlay or a schema of ours says so by not overriding the defaults.
+
+use std::sync::OnceLock;
+
+use gpu_remediation_api::{GpuHardwareRecord, GpuRemediation, GpuRemediationPolicy};
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{Node, Pod},
+};
+use kube::{CustomResourceExt, Resource, api::DynamicObject};
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::Value;
+
+use super::overlay::Overlay;
+use crate::read::Placement;
+
+/// Our own writes of the kinds the passes read from caches, laid over those caches until their
+/// watches catch up. The writer records into them; the caches read them. `Default` keeps whole
+/// objects (tests); the controller prunes nodes as its node watch does ([`Overlays::new`]).
+#[derive(Clone, Default)]
+pub struct Overlays {
+    /// Remediations created or updated.
+    pub remediations: Overlay<GpuRemediation>,
+    /// Nodes edited (cordon, release, quarantine).
+    pub nodes: Overlay<Node>,
+    /// Hardware records created or updated.
+    pub hardware_records: Overlay<GpuHardwareRecord>,
+}
+
+impl Overlays {
+    /// Overlays whose nodes are pruned by `prune_node` before they are kept.
+    #[must_use]
+    pub fn new(prune_node: fn(&mut Node)) -> Self {
+        Self {
+            nodes: Overlay::pruned_by(prune_node),
+            ..Self::default()
+        }
+    }
+}
+
+/// A kind the writer can write.
+pub trait Writable:
+    Resource<Scope: Placement> + Clone + std::fmt::Debug + Serialize + DeserializeOwned + Send + Sync + 'static
+{
+    /// The overlay that keeps our writes of this kind, if the passes read it from a cache.
+    #[must_use]
+    fn overlay(_overlays: &Overlays) -> Option<&Overlay<Self>> {
+        None
+    }
+
+    /// Whether a status write carries our claim in the status itself (`status.claim`): our CRDs
+    /// do (the API server drops metadata sent to a custom resource's status before admission);
+    /// other kinds have no such field. An untyped object is one of our policies whose stored form
+    /// does not decode (`observe::undecodable`), the only status the writer applies untyped.
+    const CLAIM_IN_STATUS: bool = false;
+
+    /// The `openAPIV3Schema` of this kind's CRD, if it is ours: what we write is cut to its bounds.
+    #[must_use]
+    fn schema() -> Option<&'static Value> {
+        None
+    }
+}
+
+/// The schema of CRD `K`, computed once.
+fn crd_schema<K: CustomResourceExt>(cell: &'static OnceLock<Value>) -> &'static Value {
+    cell.get_or_init(|| {
+        let crd = K::crd();
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .and_then(|schema| serde_json::to_value(schema).ok())
+            .unwrap_or(Value::Null)
+    })
+}
+
+impl Writable for GpuRemediation {
+    const CLAIM_IN_STATUS: bool = true;
+
+    fn overlay(overlays: &Overlays) -> Option<&Overlay<Self>> {
+        Some(&overlays.remediations)
+    }
+
+    fn schema() -> Option<&'static Value> {
+        static SCHEMA: OnceLock<Value> = OnceLock::new();
+        Some(crd_schema::<Self>(&SCHEMA))
+    }
+}
+
+impl Writable for GpuRemediationPolicy {
+    const CLAIM_IN_STATUS: bool = true;
+
+    fn schema() -> Option<&'static Value> {
+        static SCHEMA: OnceLock<Value> = OnceLock::new();
+        Some(crd_schema::<Self>(&SCHEMA))
+    }
+}
+
+impl Writable for GpuHardwareRecord {
+    fn overlay(overlays: &Overlays) -> Option<&Overlay<Self>> {
+        Some(&overlays.hardware_records)
+    }
+
+    fn schema() -> Option<&'static Value> {
+        static SCHEMA: OnceLock<Value> = OnceLock::new();
+        Some(crd_schema::<Self>(&SCHEMA))
+    }
+}
+
+impl Writable for Node {
+    fn overlay(overlays: &Overlays) -> Option<&Overlay<Self>> {
+        Some(&overlays.nodes)
+    }
+}
+
+impl Writable for Pod {}
+impl Writable for Lease {}
+impl Writable for DynamicObject {
+    const CLAIM_IN_STATUS: bool = true;
+}
+impl Writable for crate::dra::wire::DeviceTaintRule {}
