@@ -205,7 +205,15 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
     let deposed = ops(&controller, stale_fence);
     node_edits_are_fenced_both_ways(&admin, &deposed, &current, &node).await;
     status_writes_are_fenced_and_preconditioned(&deposed, &current, &created).await;
-    deletes_are_fenced(&admin, &controller, &deposed, &current, created, &node).await;
+    Box::pin(deletes_are_fenced(
+        &admin,
+        &controller,
+        &deposed,
+        &current,
+        created,
+        &node,
+    ))
+    .await;
     fleet.stop().await.expect("stopping the fleet");
 }
 

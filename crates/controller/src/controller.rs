@@ -400,11 +400,10 @@ impl Advances {
                 .unwrap_or_default()
                 .as_str(),
         );
-        // Boxed: an advance's future is large (its steps' state), and the set holds many.
         let task = self.running.spawn(
             async move {
                 let _turn = ticket.turn().await;
-                Box::pin(remediation::advance(&ctx, remediation)).await
+                remediation::advance(&ctx, remediation).await
             }
             .instrument(span),
         );

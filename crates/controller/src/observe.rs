@@ -336,6 +336,42 @@ impl Caches {
         })
     }
 
+    /// Caches holding exactly these objects, reading `writer`'s overlays, with no watch behind them
+    /// (the acting modules' unit tests).
+    #[cfg(test)]
+    #[must_use]
+    pub fn fixed(
+        writer: &Writer,
+        policies: Vec<GpuRemediationPolicy>,
+        remediations: Vec<GpuRemediation>,
+        nodes: Vec<Node>,
+    ) -> Self {
+        fn store_of<K>(objects: Vec<K>) -> Store<K>
+        where
+            K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+        {
+            let (store, mut writer) = reflector::store();
+            for object in objects {
+                writer.apply_watcher_event(&watcher::Event::Apply(object));
+            }
+            store
+        }
+        Self {
+            policies: store_of(policies),
+            remediations: store_of(remediations),
+            nodes: store_of(nodes),
+            budgets: store_of(Vec::new()),
+            hardware_records: store_of(Vec::new()),
+            written_remediations: writer.overlays().remediations.clone(),
+            written_nodes: writer.overlays().nodes.clone(),
+            written_hardware_records: writer.overlays().hardware_records.clone(),
+            changes: Changes::default(),
+            undecodable: Undecodable::start(writer.clone()),
+            disrupted: Disrupted::default(),
+            budget_changes: watch::channel(0).1,
+        }
+    }
+
     /// Every remediation, with our own recent writes laid over the cache.
     #[must_use]
     pub fn remediations(&self) -> Vec<Arc<GpuRemediation>> {

@@ -36,6 +36,8 @@ use crate::{
 
 mod evictions;
 mod settle;
+#[cfg(test)]
+pub(crate) mod tests;
 
 use evictions::InFlight;
 
@@ -122,10 +124,11 @@ pub async fn advance(
             .policy_snapshot
             .clone()
             .or_else(|| live.as_deref().map(snapshot_of));
+        // Boxed: a step's future holds its asks' requests, and an advance's would hold it inline.
         let Stepped {
             settlement,
             rewritten,
-        } = step(ctx, &current, rules.as_ref()).await?;
+        } = Box::pin(step(ctx, &current, rules.as_ref())).await?;
         if let Some(rewritten) = rewritten {
             // The step's own write to the record (see `replace::Triggered`): the status is written
             // over the version it made.

@@ -291,3 +291,7 @@ fn node_reference(node: &NodeRef) -> ObjectReference {
         ..ObjectReference::default()
     }
 }
+
+#[cfg(test)]
+#[path = "apply_tests.rs"]
+mod tests;

@@ -216,3 +216,7 @@ async fn owner_exists(reader: &Reader, name: &str) -> bool {
         Err(_) => true,
     }
 }
+
+#[cfg(test)]
+#[path = "device_apply_tests.rs"]
+mod tests;

@@ -225,3 +225,7 @@ async fn write_if_changed(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "settle_tests.rs"]
+mod tests;

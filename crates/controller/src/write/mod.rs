@@ -50,6 +50,8 @@ mod node_edit;
 mod overlay;
 pub mod person;
 mod pods;
+#[cfg(test)]
+pub(crate) mod recording;
 mod records;
 mod warm;
 mod writable;

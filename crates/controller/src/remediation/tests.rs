@@ -1,0 +1,175 @@
+//! Carrying a remediation forward against a recording writer: which writes each step makes.
+
+use std::sync::Arc;
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy, GpuRemediationSpec, Phase,
+    constants::REMEDIATION_FINALIZER,
+    policy::{Action, ConditionStatus, Mode},
+    remediation::TriggerRecord,
+};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::{
+    api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus},
+    apimachinery::pkg::apis::meta::v1::Time,
+};
+use kube::api::ObjectMeta;
+use serde_json::json;
+
+use crate::write::recording::{context, node_path, remediation_path};
+
+pub(crate) fn policy() -> GpuRemediationPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "gpuremediation.dev/v1alpha1", "kind": "GpuRemediationPolicy",
+        "metadata": {"name": "p", "uid": "uid-p", "generation": 1},
+        "spec": {
+            "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "0s"}],
+            "action": "None",
+            "safety": {"maxUnhealthy": "100%"},
+        },
+    }))
+    .expect("a valid policy")
+}
+
+pub(crate) fn broken_node(since: Timestamp) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some("gpu-1".into()),
+            uid: Some("uid-gpu-1".into()),
+            resource_version: Some("1".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "GpuHealthy".into(),
+                status: "False".into(),
+                reason: Some("XID79".into()),
+                message: Some("GPU 1 fell off the bus".into()),
+                last_transition_time: Some(Time(since)),
+                ..NodeCondition::default()
+            }]),
+            ..NodeStatus::default()
+        }),
+    }
+}
+
+pub(crate) fn record(since: Timestamp) -> GpuRemediation {
+    let mut record = GpuRemediation::new(
+        "gpu-1-abcde",
+        GpuRemediationSpec {
+            node_name: "gpu-1".into(),
+            policy_name: "p".into(),
+            trigger: TriggerRecord {
+                condition_type: "GpuHealthy".into(),
+                status: ConditionStatus::False,
+                reason: "XID79".into(),
+                message: "GPU 1 fell off the bus".into(),
+                since: Some(Time(since)),
+            },
+            action: Action::None,
+            mode: Mode::Enforce,
+            node_uid: Some("uid-gpu-1".into()),
+            previous_incident: None,
+            policy_snapshot: None,
+            hardware: None,
+        },
+    );
+    record.metadata.uid = Some("uid-r".into());
+    record.metadata.resource_version = Some("1".into());
+    record.metadata.finalizers = Some(vec![REMEDIATION_FINALIZER.into()]);
+    record.metadata.creation_timestamp = Some(Time(since));
+    record
+}
+
+fn pod(name: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "work", "uid": format!("uid-{name}"), "resourceVersion": "1",
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "uid-rs", "controller": true}]},
+        "spec": {"nodeName": "gpu-1", "containers": [{"name": "c", "image": "i"}]},
+        "status": {"phase": "Running"},
+    })
+}
+
+#[tokio::test]
+async fn a_new_remediation_is_cordoned_then_its_pod_evicted_each_write_through_the_writer() {
+    let since = Timestamp::now() - SignedDuration::from_secs(60);
+    let (ctx, recording) = context(vec![policy()], vec![record(since)], vec![broken_node(since)]);
+    recording.put("/api/v1/namespaces/work/pods/train-0", pod("train-0"));
+
+    // The cordon is written at once and hands back; the record's `Cordoned` is held for the
+    // progress interval and written by the advance due then, which goes on to drain.
+    let first = super::advance(&ctx, Arc::new(record(since)))
+        .await
+        .expect("the remediation advances");
+    assert_eq!(
+        recording.writes(),
+        [format!("PATCH {}", node_path("gpu-1"))],
+        "the cordon first"
+    );
+    let mut next = first;
+    let status_written = |writes: &[String]| writes.iter().any(|w| w.ends_with("/status"));
+    for _ in 0..6 {
+        if status_written(&recording.writes()) {
+            break;
+        }
+        if let super::Next::At(at) = next {
+            let wait = std::time::Duration::try_from(at.duration_since(Timestamp::now())).unwrap_or_default();
+            tokio::time::sleep(wait.min(std::time::Duration::from_secs(6))).await;
+        }
+        let stored: GpuRemediation = serde_json::from_value(
+            recording
+                .object(&remediation_path("gpu-1-abcde"))
+                .expect("the record"),
+        )
+        .expect("a remediation");
+        next = super::advance(&ctx, Arc::new(stored))
+            .await
+            .expect("the remediation advances");
+    }
+    let writes = recording.writes();
+    let status = format!("PATCH {}/status", remediation_path("gpu-1-abcde"));
+    assert_eq!(
+        writes.first(),
+        Some(&format!("PATCH {}", node_path("gpu-1"))),
+        "{writes:#?}"
+    );
+    assert!(writes.contains(&status), "{writes:#?}");
+    assert!(
+        writes.contains(&"POST /api/v1/namespaces/work/pods/train-0/eviction".to_owned()),
+        "{writes:#?}"
+    );
+    let node = recording.object(&node_path("gpu-1")).expect("the node");
+    assert_eq!(node["spec"]["unschedulable"], true, "cordoned");
+    let eviction = recording
+        .requests()
+        .into_iter()
+        .find(|r| r.path.ends_with("/eviction"))
+        .expect("the eviction");
+    assert_eq!(eviction.body["kind"], "Eviction");
+    assert_eq!(
+        eviction.body["deleteOptions"]["preconditions"]["uid"],
+        "uid-train-0"
+    );
+    let stored = recording
+        .object(&remediation_path("gpu-1-abcde"))
+        .expect("the record");
+    let phase: Phase = serde_json::from_value(stored["status"]["phase"].clone()).expect("a phase");
+    assert!(
+        matches!(phase, Phase::Draining | Phase::Verifying),
+        "the record says where it got to: {phase:?}"
+    );
+    // Every status write went through the writer: none without its field manager.
+    for request in recording
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/status"))
+    {
+        assert!(
+            request.query.contains("fieldManager=gpu-remediator"),
+            "{}",
+            request.query
+        );
+    }
+}
