@@ -20,6 +20,7 @@ pub mod cordon;
 pub mod detect;
 pub mod dra;
 pub mod drain;
+pub mod election;
 pub mod fleet;
 pub mod governance;
 pub mod hardware;
@@ -32,7 +33,9 @@ pub mod policy_status;
 pub mod progress;
 pub mod quarantine;
 pub mod read;
+pub mod record_name;
 pub mod remediation;
+pub mod status_condition;
 pub mod time;
 pub mod write;
 

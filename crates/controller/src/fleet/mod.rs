@@ -37,8 +37,8 @@ use k8s_openapi::{
 };
 use kube::ResourceExt;
 
-mod census;
 mod candidates;
+mod census;
 mod conditions;
 #[cfg(test)]
 mod correlated_tests;
@@ -53,15 +53,16 @@ mod suspects;
 pub use candidates::awaits_person_past_attempts;
 use candidates::{Records, candidates, earliest, expired, records, started};
 pub use census::{Census, Governed};
-pub use conditions::condition;
 use conditions::{conditions, has_true_condition, suspect_condition};
 pub use recheck::{no_longer_due, not_started};
-pub use record::{new_remediation, remediation_name, snapshot_of};
+pub use record::{new_remediation, snapshot_of};
 
 use crate::{
     budget::{self, Candidate, Deferral, Started},
     detect::{self, Evidence, Verdict},
     governance, quarantine,
+    record_name::remediation_name,
+    status_condition::condition,
 };
 
 /// The nodes a policy selects and yields to another: node name to the governing policy's.

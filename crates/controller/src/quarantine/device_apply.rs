@@ -21,8 +21,8 @@ use kube::{
 use super::device::{self, QuarantinedDevice, Target};
 use crate::{
     context::Context,
+    cordon::NodeRef,
     dra::wire::{self, DeviceTaintRule, ResourceSlice},
-    lifecycle::NodeRef,
     read::{Reader, Scope},
     write::{DeleteStampedError, EditNodeError, NodeEdit, WriteError, Writer},
 };

@@ -67,7 +67,7 @@ fn quarantined(mut node: Node, policy: &str) -> Node {
 
 fn record(node: &str, since: i64, phase: Phase) -> Arc<GpuRemediation> {
     let mut r = GpuRemediation::new(
-        &crate::fleet::remediation_name(node, "p", at(since)),
+        &crate::record_name::remediation_name(node, "p", at(since)),
         GpuRemediationSpec {
             node_name: node.into(),
             policy_name: "p".into(),
@@ -255,7 +255,7 @@ fn an_episode_a_person_cancelled_is_not_quarantined_again() {
     let mut n = node("n1", Some(0));
     n.annotations_mut().insert(
         CANCELLED_ANNOTATION.to_owned(),
-        crate::fleet::remediation_name("n1", "p", at(0)),
+        crate::record_name::remediation_name("n1", "p", at(0)),
     );
     assert!(decide(&spec(), &[n], &[], 1000).add.is_empty());
 }

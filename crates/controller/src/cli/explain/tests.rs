@@ -179,9 +179,8 @@ fn a_device_level_quarantine_is_explained_naming_the_gpus_taken_out() {
         now(),
     );
     assert!(
-        held.to_string().contains(
-            "held at device level by policy gpus: only GPU GPU-3 (gpu.example.com/gpu-1/gpu-3)"
-        ),
+        held.to_string()
+            .contains("held at device level by policy gpus: only GPU GPU-3 (gpu.example.com/gpu-1/gpu-3)"),
         "{held}"
     );
 }

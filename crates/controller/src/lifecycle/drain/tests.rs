@@ -59,8 +59,9 @@ fn a_blocker_names_the_budget_the_server_names_or_those_that_cover_the_pod() {
     );
     let several = Status {
         code: 500,
-        message: "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
-            .into(),
+        message:
+            "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+                .into(),
         ..Status::default()
     };
     let b = blocker(&pod(), &several, &[budget("a", 1), budget("b", 1)], Time(at(0)));
