@@ -85,12 +85,6 @@ pub struct Context {
     pub evictions_in_flight: Mutex<HashMap<String, Flight>>,
     /// Drain progress held back between status writes, and when each status was last written.
     pub progress: crate::progress::HeldProgress,
-    /// Each policy's status as this replica last wrote it, with the policy's version it was
-    /// written over: a pass that runs before the watch shows the write does not write it again.
-    pub policy_status_written: Mutex<HashMap<String, crate::admit::WrittenStatus>>,
-    /// Since when each policy's planned status has differed from the server's in counts only
-    /// (held, see `policy_status`).
-    pub policy_counts_held: Mutex<HashMap<String, jiff::Timestamp>>,
 }
 
 impl Context {
@@ -108,8 +102,6 @@ impl Context {
             eviction_attempts: Mutex::default(),
             evictions_in_flight: Mutex::default(),
             progress: crate::progress::HeldProgress::default(),
-            policy_status_written: Mutex::default(),
-            policy_counts_held: Mutex::default(),
         }
     }
 

@@ -31,14 +31,15 @@ use tokio::{
 use tracing::Instrument as _;
 
 use crate::{
-    admit,
+    act::{
+        self, admit,
+        remediation::{self, AdvanceRemediationError, Next},
+    },
     context::{Context, Settings},
     fleet, hardware,
     lanes::{Lane, Lanes},
     leader::Fence,
     observe::{Caches, Changed, StartCachesError},
-    quarantine,
-    remediation::{self, AdvanceRemediationError, Next},
     telemetry::{Health, Metrics},
     write::{self, Overlays, Writer},
 };
@@ -123,7 +124,7 @@ pub async fn run_with_telemetry(
     tracing::info!(policy_selector = ?ctx.settings.policy_selector, "caches ready; controller running");
     let mut advances = Advances::new(&ctx.settings);
     let mut index = fleet::index::NodeIndex::default();
-    let mut ledger = hardware::act::Ledger::default();
+    let mut ledger = act::hardware::Ledger::default();
     // The first pass, and every pass the resync starts, looks at every remediation; a pass a watch
     // event starts looks at those the change concerns and those due; a pass started by an
     // advance ending or by a timer looks at those due.
@@ -179,25 +180,20 @@ async fn pass(
     ctx: &Arc<Context>,
     advances: &mut Advances,
     index: &mut fleet::index::NodeIndex,
-    ledger: &mut hardware::act::Ledger,
+    ledger: &mut act::hardware::Ledger,
     changed: &Changed,
 ) -> Timestamp {
     let now = Timestamp::now();
     let error_retry = crate::time::plus(now, crate::time::signed(ctx.settings.error_backoff));
     let mut next = crate::time::plus(now, crate::time::signed(ctx.settings.resync));
 
-    let policies: Vec<_> = {
-        let written = ctx
-            .policy_status_written
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        ctx.caches
-            .policies
-            .state()
-            .iter()
-            .map(|policy| admit::as_written(policy, written.get(&policy.name_any())))
-            .collect()
-    };
+    let policies: Vec<_> = ctx
+        .caches
+        .policies
+        .state()
+        .iter()
+        .map(|policy| ctx.writer.policy_as_written(policy))
+        .collect();
     let remediations = ctx.caches.remediations();
     let node_changes = if changed.nodes_listed {
         fleet::index::NodeChanges::Everything
@@ -226,19 +222,19 @@ async fn pass(
     }
     // Quarantines first: stopping new placements is what a fresh signal waits for.
     for policy_plan in &mut plan.policies {
-        if let Err(error) = quarantine::apply::apply(ctx, policy_plan, &candidates).await {
+        if let Err(error) = act::quarantine::apply(ctx, policy_plan, &candidates).await {
             tracing::warn!(policy = ?policy_plan.policy.metadata.name, %error, "writing a quarantine failed; retrying");
             ctx.metrics.reconcile_error("policy", write::metric_label(&error));
             next = next.min(error_retry);
         }
     }
-    if let Err(error) = quarantine::apply::lift_orphans(ctx, &plan.orphan_quarantines).await {
+    if let Err(error) = act::quarantine::lift_orphans(ctx, &plan.orphan_quarantines).await {
         tracing::warn!(%error, "lifting an orphaned quarantine failed; retrying");
         ctx.metrics.reconcile_error("policy", write::metric_label(&error));
         next = next.min(error_retry);
     }
     // Device-level quarantines' rules follow the nodes' annotations written just above.
-    if let Err(error) = quarantine::device_apply::reconcile(ctx, &candidates).await {
+    if let Err(error) = act::quarantine_device::reconcile(ctx, &candidates).await {
         tracing::warn!(%error, "making the device quarantine rules follow the nodes failed; retrying");
         ctx.metrics.reconcile_error("policy", write::metric_label(&error));
         next = next.min(error_retry);
@@ -287,7 +283,7 @@ async fn pass(
     }
     // Behind the pass: neither a fault's cordon nor the next faults' quarantines wait for the
     // ledger's writes.
-    ledger.start(hardware::act::sync(ctx.clone(), policies, candidates, now));
+    ledger.start(act::hardware::sync(ctx.clone(), policies, candidates, now));
     announcements.publish(ctx).await;
     next
 }

@@ -22,9 +22,7 @@
 //! quarantine takes only those devices out of allocation instead of tainting the node
 //! ([`device`]); everything above holds the same for it.
 
-pub mod apply;
 pub mod device;
-pub mod device_apply;
 pub mod leak;
 pub mod taint;
 

@@ -50,6 +50,7 @@ mod node_edit;
 mod overlay;
 pub mod person;
 mod pods;
+mod policy_status;
 #[cfg(test)]
 pub(crate) mod recording;
 mod records;
@@ -75,6 +76,7 @@ pub struct Writer {
     events: EventQueue,
     overlays: Overlays,
     metrics: Metrics,
+    policy_status: policy_status::PolicyStatusMemory,
 }
 
 /// A write refused by the fence or the API server.
@@ -248,6 +250,7 @@ impl Writer {
             events,
             overlays: Overlays::default(),
             metrics: Metrics::new(),
+            policy_status: policy_status::PolicyStatusMemory::default(),
         }
     }
 

@@ -18,7 +18,7 @@ use kube::{
     api::{DeleteParams, ListParams},
 };
 
-use super::device::{self, QuarantinedDevice, Target};
+use crate::quarantine::device::{self, QuarantinedDevice, Target};
 use crate::{
     context::Context,
     cordon::NodeRef,
@@ -218,5 +218,5 @@ async fn owner_exists(reader: &Reader, name: &str) -> bool {
 }
 
 #[cfg(test)]
-#[path = "device_apply_tests.rs"]
+#[path = "quarantine_device_tests.rs"]
 mod tests;

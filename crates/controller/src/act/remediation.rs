@@ -35,6 +35,7 @@ use crate::{
 };
 
 mod evictions;
+mod ladder;
 mod settle;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -198,15 +199,7 @@ async fn step(
         let (plan, scope) = match reset {
             Some(uuids) => {
                 let previous = status.drain.as_ref().and_then(|d| d.scope.as_deref());
-                crate::ladder_acts::scope_drain(
-                    ctx,
-                    &remediation.spec.node_name,
-                    &uuids,
-                    plan,
-                    &listed,
-                    previous,
-                )
-                .await?
+                ladder::scope_drain(ctx, &remediation.spec.node_name, &uuids, plan, &listed, previous).await?
             }
             None => (plan, None),
         };
@@ -501,10 +494,10 @@ async fn carry_out(
             let Some(rules) = rules else {
                 unreachable!("the lifecycle climbs the ladder only under rules")
             };
-            answers.step = Some(crate::ladder_acts::trigger_step(ctx, remediation, rules, rung).await?);
+            answers.step = Some(ladder::trigger_step(ctx, remediation, rules, rung).await?);
         }
         Ask::HandOff(node) => {
-            answers.hand_off = Some(crate::ladder_acts::hand_off(ctx, &node, &name).await?);
+            answers.hand_off = Some(ladder::hand_off(ctx, &node, &name).await?);
         }
     }
     Ok(None)
