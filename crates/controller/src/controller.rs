@@ -39,9 +39,9 @@ use crate::{
     fleet, hardware,
     lanes::{Lane, Lanes},
     leader::Fence,
-    observe::{Caches, Changed, StartCachesError},
+    observe::{Caches, Changed, StartCachesError, Undecodable, overlay::Overlays},
     telemetry::{Health, Metrics},
-    write::{self, Overlays, Writer},
+    write::{self, Writer},
 };
 
 /// How long a stopping controller waits for the advances under way to end. An advance cut short
@@ -103,10 +103,14 @@ pub async fn run_with_telemetry(
     // The watches' own client: a watch holds its connection, and reads nothing else.
     let watch_client = kube::Client::try_from(config.clone()).map_err(RunControllerError::Client)?;
     let wake = Arc::new(Notify::new());
+    let (undecodable, findings) = Undecodable::new();
+    // Reports for as long as the runtime runs (Events and conditions, while the fence holds).
+    tokio::spawn(act::undecodable::report(writer.clone(), findings));
     let caches = Caches::start(
         &watch_client,
         settings.policy_selector.as_deref(),
-        &writer,
+        writer.overlays(),
+        undecodable,
         wake.clone(),
     )
     .await?;

@@ -7,6 +7,7 @@
 //! | [`admit`] | [`crate::fleet::plan`]: records created and readmitted, policy status |
 //! | [`quarantine`], [`quarantine_device`] | [`crate::quarantine::plan`]: node taints, `DeviceTaintRule`s |
 //! | [`hardware`] | the hardware ledger ([`crate::hardware`]): records, join steps |
+//! | [`undecodable`] | [`crate::observe::undecodable`]: Events and policy conditions on what does not decode |
 //! | [`remediation`] | [`crate::lifecycle::decide`]: one remediation's cordon, drain, ladder, replacement |
 
 pub mod admit;
@@ -14,3 +15,4 @@ pub mod hardware;
 pub mod quarantine;
 pub mod quarantine_device;
 pub mod remediation;
+pub mod undecodable;

@@ -38,6 +38,7 @@ use serde_json::{Value, json};
 
 use crate::{
     leader::Fence,
+    observe::overlay::Overlays,
     read::{Reader, Scope, api},
     telemetry::Metrics,
 };
@@ -47,7 +48,6 @@ pub mod claim;
 mod event_queue;
 pub mod lease;
 mod node_edit;
-mod overlay;
 pub mod person;
 mod pods;
 mod policy_status;
@@ -61,11 +61,10 @@ pub use claim::{DeleteStampedError, Deleted};
 pub use event_queue::{EVENT_CONCURRENCY, series};
 use event_queue::{EventQueue, EventWriter};
 pub use node_edit::{EditNodeError, NodeEdit};
-pub use overlay::Overlay;
 pub use pods::{DeletePodError, EvictPodError};
 pub use records::{CreateRemediationError, DeleteRemediationError, DropFinalizerError, WriteStatusError};
 pub use warm::keep_warm;
-pub use writable::{Overlays, Writable};
+pub use writable::Writable;
 
 /// The clients, the fence, the overlays and the counts every write goes through.
 #[derive(Clone)]
