@@ -2,7 +2,24 @@
 //! writes: new remediations, approved records readmitted, records past the attempts limit, and the
 //! finished ones whose audit time ran out. Pure, like the rest of the fleet plan.
 
-use super::*;
+use std::{collections::BTreeMap, sync::Arc};
+
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus, Phase,
+    constants::{APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, CANCELLED_ANNOTATION},
+    policy::Mode,
+    remediation::PhaseTransition,
+};
+use jiff::Timestamp;
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
+use kube::ResourceExt;
+
+use super::record::new_remediation;
+use crate::{
+    budget::{self, Candidate, Deferral, Started},
+    detect::Evidence,
+    record_name::remediation_name,
+};
 
 /// The policy's finished remediations whose last phase change is older than `ttl`: the audit
 /// trail keeps them that long (validation makes it longer than the rate and attempts windows, which

@@ -21,13 +21,10 @@ use std::{
 };
 
 use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus, Phase,
-    constants::{
-        APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, CANCELLED_ANNOTATION, policy_conditions, reasons,
-    },
+    GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus,
+    constants::{policy_conditions, reasons},
     correlated::HeldDomain,
     policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, SlowStartStatus, WaitingNode},
-    remediation::PhaseTransition,
     validate,
 };
 use jiff::Timestamp;
@@ -58,10 +55,9 @@ pub use recheck::{no_longer_due, not_started};
 pub use record::{new_remediation, snapshot_of};
 
 use crate::{
-    budget::{self, Candidate, Deferral, Started},
+    budget::{self, Deferral, Started},
     detect::{self, Evidence, Verdict},
     governance, quarantine,
-    record_name::remediation_name,
     status_condition::condition,
 };
 

@@ -2,15 +2,16 @@
 
 use gpu_remediation_api::{
     GpuRemediationPolicySpec, GpuRemediationSpec, GpuRemediationStatus, Phase,
-    constants::REMEDIATION_FINALIZER,
+    constants::{APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, REMEDIATION_FINALIZER},
     policy::{Action, ConditionStatus, Trigger},
-    remediation::TriggerRecord,
+    remediation::{PhaseTransition, TriggerRecord},
     selector::{IntOrPercent, NodeSelector},
 };
 use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
 use kube::api::ObjectMeta;
 
 use super::{candidates::readmitted_status, *};
+use crate::record_name::remediation_name;
 
 fn at(secs: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + secs).unwrap()
