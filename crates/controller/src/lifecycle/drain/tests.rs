@@ -6,7 +6,10 @@ use k8s_openapi::{
 };
 use kube::api::ObjectMeta;
 
-use super::*;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::core::Status;
+
+use super::{force::stuck_terminating, *};
 
 fn at(secs: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + secs).unwrap()
