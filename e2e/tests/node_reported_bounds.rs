@@ -38,25 +38,41 @@ async fn a_node_reporting_a_huge_message_and_serial_is_remediated_with_both_cut_
     let controller = RunningController::start(&s.scope).await;
 
     // The failed-GPUs annotation names the 10 kB serial; then the condition's message is 100 kB.
-    fail_gpu(&s.client, &node, &board, "XID79").await.expect("failing the board");
+    fail_gpu(&s.client, &node, &board, "XID79")
+        .await
+        .expect("failing the board");
     let message = format!("GPU 0 has fallen off the bus: {}", "x".repeat(100_000));
     set_gpu_condition(&s.client, &node, "False", "XID79", &message)
         .await
         .expect("a 100 kB condition message (the API server takes it)");
 
     // Created, and past the cordon and the drain: the remediation proceeds.
-    let record = s.wait_phase(&node, Phase::Verifying, Duration::from_secs(60)).await;
+    let record = s
+        .wait_phase(&node, Phase::Verifying, Duration::from_secs(60))
+        .await;
 
     let written = &record.spec.trigger.message;
     let limit = usize::try_from(STRING_MAX_LENGTH).unwrap();
-    assert_eq!(written.chars().count(), limit, "the message is cut to exactly its bound");
+    assert_eq!(
+        written.chars().count(),
+        limit,
+        "the message is cut to exactly its bound"
+    );
     assert!(
         written.starts_with("GPU 0 has fallen off the bus: xxx"),
         "what is kept is the start"
     );
-    assert!(written.contains(CUT_MARKER), "the cut is marked: …{}", tail(written));
+    assert!(
+        written.contains(CUT_MARKER),
+        "the cut is marked: …{}",
+        tail(written)
+    );
 
-    let hardware = record.spec.hardware.as_ref().expect("the record keeps the node's hardware");
+    let hardware = record
+        .spec
+        .hardware
+        .as_ref()
+        .expect("the record keeps the node's hardware");
     for (list, gpus) in [("gpus", &hardware.gpus), ("failed", &hardware.failed)] {
         let recorded = gpus[0].serial.as_deref().expect("a serial is recorded");
         assert_eq!(

@@ -28,7 +28,6 @@ use tokio::{
     sync::Notify,
     task::{JoinError, JoinSet},
 };
-use tracing::Instrument as _;
 
 use crate::{
     act::{
@@ -389,24 +388,10 @@ impl Advances {
         // Entered now, before the task runs: a carrying advance spawned next already yields to it.
         let ticket = self.lanes.enter(lane);
         let ctx = ctx.clone();
-        let span = crate::telemetry::remediation_span(
-            &name,
-            &remediation.spec.node_name,
-            &remediation.spec.policy_name,
-            remediation
-                .status
-                .as_ref()
-                .map(|s| s.phase)
-                .unwrap_or_default()
-                .as_str(),
-        );
-        let task = self.running.spawn(
-            async move {
-                let _turn = ticket.turn().await;
-                remediation::advance(&ctx, remediation).await
-            }
-            .instrument(span),
-        );
+        let task = self.running.spawn(async move {
+            let _turn = ticket.turn().await;
+            remediation::advance_in_span(&ctx, remediation).await
+        });
         self.names.insert(task.id(), name.clone());
         self.due.remove(&name);
         self.in_flight.insert(name);
