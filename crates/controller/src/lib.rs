@@ -34,6 +34,8 @@ pub mod quarantine;
 pub mod read;
 pub mod record_name;
 pub mod status_condition;
+#[cfg(test)]
+mod test_fixtures;
 pub mod time;
 pub mod write;
 

@@ -1,10 +1,10 @@
 //! Unit tests of `fleet`.
 
 use gpu_remediation_api::{
-    GpuRemediationPolicySpec, GpuRemediationSpec, GpuRemediationStatus, Phase,
+    GpuRemediationPolicySpec, GpuRemediationStatus, Phase,
     constants::{APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, REMEDIATION_FINALIZER},
-    policy::{Action, ConditionStatus, Trigger},
-    remediation::{PhaseTransition, TriggerRecord},
+    policy::{Action, Trigger},
+    remediation::PhaseTransition,
     selector::{IntOrPercent, NodeSelector},
 };
 use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
@@ -68,25 +68,12 @@ pub(super) fn existing(
     phase: Phase,
     created: i64,
 ) -> Arc<GpuRemediation> {
-    let mut r = GpuRemediation::new(
+    let mut r = crate::test_fixtures::remediation(
         &remediation_name(node, policy, at(since)),
-        GpuRemediationSpec {
-            node_name: node.into(),
-            policy_name: policy.into(),
-            trigger: TriggerRecord {
-                condition_type: "GpuHealthy".into(),
-                status: ConditionStatus::False,
-                reason: "XID79".into(),
-                message: String::new(),
-                since: Some(Time(at(since))),
-            },
-            action: Action::None,
-            mode: Mode::Enforce,
-            node_uid: None,
-            previous_incident: None,
-            policy_snapshot: None,
-            hardware: None,
-        },
+        node,
+        policy,
+        Some(at(since)),
+        Action::None,
     );
     r.metadata.creation_timestamp = Some(Time(at(created)));
     r.status = Some(GpuRemediationStatus {

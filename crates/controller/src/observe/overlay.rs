@@ -185,35 +185,12 @@ impl Overlays {
 
 #[cfg(test)]
 mod tests {
-    use gpu_remediation_api::{
-        GpuRemediation, GpuRemediationSpec,
-        policy::{Action, ConditionStatus, Mode},
-        remediation::TriggerRecord,
-    };
+    use gpu_remediation_api::{GpuRemediation, policy::Action};
 
     use super::*;
 
     fn remediation(name: &str, version: &str) -> GpuRemediation {
-        let mut r = GpuRemediation::new(
-            name,
-            GpuRemediationSpec {
-                node_name: "gpu-1".into(),
-                policy_name: "p".into(),
-                trigger: TriggerRecord {
-                    condition_type: "GpuHealthy".into(),
-                    status: ConditionStatus::False,
-                    reason: "XID79".into(),
-                    message: String::new(),
-                    since: None,
-                },
-                action: Action::Replace,
-                mode: Mode::Enforce,
-                node_uid: None,
-                previous_incident: None,
-                policy_snapshot: None,
-                hardware: None,
-            },
-        );
+        let mut r = crate::test_fixtures::remediation(name, "gpu-1", "p", None, Action::Replace);
         r.metadata.resource_version = Some(version.into());
         r.metadata.uid = Some(format!("uid-{name}"));
         r
