@@ -76,6 +76,9 @@ pub struct Context {
     pub replacers: Replacers,
     /// Metrics.
     pub metrics: Metrics,
+    /// Whether `DeviceTaintRule`s of ours may exist that no node names (unknown at start, so the
+    /// first pass looks; see `act::quarantine_device::reconcile`).
+    pub device_rules_may_exist: std::sync::atomic::AtomicBool,
     /// When each pod (by UID) was last asked to leave. Only paces retries: losing it on a restart
     /// costs one early retry, never a wrong decision.
     eviction_attempts: Mutex<HashMap<String, Timestamp>>,
@@ -99,6 +102,7 @@ impl Context {
             caches,
             replacers,
             metrics,
+            device_rules_may_exist: std::sync::atomic::AtomicBool::new(true),
             eviction_attempts: Mutex::default(),
             evictions_in_flight: Mutex::default(),
             progress: crate::progress::HeldProgress::default(),
