@@ -290,8 +290,9 @@ impl Writer {
         &self.overlays
     }
 
-    /// The one path every write takes: the fence, the freeze hook (tests), the request with the
-    /// current claim, the outcome counted.
+    /// The one path every write takes: the fence, the claim put on the request, the freeze hook
+    /// (tests: a replica stopped here sends, once continued, the claim it held), the request, the
+    /// outcome counted.
     async fn send<T, F, Fut>(&self, verb: Verb, resource: &str, request: F) -> Result<T, WriteError>
     where
         F: FnOnce(Option<Arc<str>>) -> Fut,
@@ -300,8 +301,9 @@ impl Writer {
         let outcome = if let Err(fenced) = self.fence.check() {
             Err(WriteError::Fenced(fenced))
         } else {
+            let claim = self.fence.claim();
             crate::leader::freeze::before_write(&freeze_name(verb, resource));
-            request(self.fence.claim()).await.map_err(WriteError::Api)
+            request(claim).await.map_err(WriteError::Api)
         };
         let kind = outcome.as_ref().err().map_or("ok", WriteError::metric_label);
         self.metrics.write(verb.label(), resource, kind);
