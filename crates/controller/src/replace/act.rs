@@ -19,7 +19,7 @@ use serde_json::json;
 
 use super::{
     ObserveReplacementError, TriggerReplacementError, Triggered, create_template, delete_machine,
-    delete_node, delete_node_claim, node_presence, node_reference_observed,
+    delete_node, delete_node_claim, deletion_observed, node_presence, node_reference_observed,
     plan::{Plan, Write},
     template,
     verify::{Observation, ReplacementNode},
@@ -152,7 +152,12 @@ impl Replacing<'_> {
         let found = node.as_ref().map(|node| &node.metadata);
         let presence = node_presence(found, remediation.spec.node_uid.as_deref(), triggered_at);
         match self.strategy {
-            Strategy::DeleteNode => Ok(delete_node::observe(found, reference, presence)),
+            Strategy::DeleteNode => Ok(deletion_observed(
+                found,
+                reference,
+                presence,
+                ReplacementNode::NotExpected,
+            )),
             // The node was already gone when the replacement was triggered.
             Strategy::DeleteMachine | Strategy::DeleteNodeClaim if reference.kind == "Node" => {
                 Ok(node_reference_observed(presence))
@@ -193,7 +198,7 @@ impl Replacing<'_> {
                     }
                 };
                 let found = machine.as_ref().map(|machine| &machine.metadata);
-                Ok(delete_machine::observe(found, reference, presence, replacement))
+                Ok(deletion_observed(found, reference, presence, replacement))
             }
             Strategy::DeleteNodeClaim => {
                 let resource = delete_node_claim::resource_of(reference);
@@ -203,7 +208,12 @@ impl Replacing<'_> {
                     .await
                     .map_err(read_error(format!("reading NodeClaim {}", reference.name)))?;
                 let found = claim.as_ref().map(|claim| &claim.metadata);
-                Ok(delete_node_claim::observe(found, reference, presence))
+                Ok(deletion_observed(
+                    found,
+                    reference,
+                    presence,
+                    ReplacementNode::NotExpected,
+                ))
             }
             Strategy::Template => {
                 let (resource, scope) = kube

@@ -92,8 +92,10 @@ fn delete_of(recording: &Recording, path: &str) -> Value {
         .requests()
         .into_iter()
         .find(|r| r.method == http::Method::DELETE && r.path == path)
-        .map(|r| r.body)
-        .unwrap_or_else(|| panic!("no DELETE {path}: {:?}", recording.writes()))
+        .map_or_else(
+            || panic!("no DELETE {path}: {:?}", recording.writes()),
+            |r| r.body,
+        )
 }
 
 #[tokio::test]

@@ -50,7 +50,7 @@ pub fn plan(
         },
         writes: vec![Write::Create {
             resource: resource.clone(),
-            object,
+            object: Box::new(object),
         }],
     })
 }

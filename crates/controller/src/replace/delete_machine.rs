@@ -10,12 +10,13 @@
 //! is the group's preferred one, by discovery, so the controller works with `v1beta1` and
 //! `v1beta2` management clusters alike.
 //!
-//! Pure: [`machine_named`] (which Machine to read), [`plan`] (what to write, given it), [`observe`]
-//! and [`replacement_nodes`]/[`joined`] (what was read, as the verification's inputs).
+//! Pure: [`machine_named`] (which Machine to read), [`plan`] (what to write, given it),
+//! [`replacement_nodes`]/[`joined`] (the replacement, from the Machines and nodes read); what it
+//! observes is [`super::deletion_observed`] of the Machine read and that replacement.
 
 use gpu_remediation_api::{GpuRemediation, remediation::ObjectReference};
 use jiff::Timestamp;
-use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     api::{ApiResource, DynamicObject},
     core::GroupVersionKind,
@@ -25,8 +26,7 @@ use serde_json::Value;
 use super::{
     AdmittedNode, REPLACEMENT_SELECTOR_ANNOTATION, TriggerReplacementError,
     plan::{Plan, Write, node_reference},
-    presence,
-    verify::{Observation, Presence, ReplacementNode, Reported, node_is_ready},
+    verify::{ReplacementNode, node_is_ready},
 };
 
 /// Cluster API's API group.
@@ -215,24 +215,6 @@ pub fn selector(remediation: &GpuRemediation) -> Option<&str> {
         .as_ref()
         .and_then(|a| a.get(REPLACEMENT_SELECTOR_ANNOTATION))
         .map(String::as_str)
-}
-
-/// The observation of a Machine deletion: the target is the Machine of the recorded UID (`found`),
-/// `node` the remediated node's presence, `replacement` what [`joined`] made of the replacement
-/// Machines' nodes.
-#[must_use]
-pub fn observe(
-    found: Option<&ObjectMeta>,
-    reference: &ObjectReference,
-    node: Presence,
-    replacement: ReplacementNode,
-) -> Observation {
-    Observation {
-        target: presence(found, reference.uid.as_deref()),
-        node,
-        reported: Reported::Nothing,
-        replacement,
-    }
 }
 
 /// The replacement, from the nodes that [`replacement_nodes`] named, each as read (`None`: not

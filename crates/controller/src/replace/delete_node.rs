@@ -2,17 +2,16 @@
 //! cloud provider or node group brings a new machine on its own schedule (not one-to-one, so no
 //! replacement is awaited).
 //!
-//! Pure: [`plan`] from the node read, [`observe`] from the node read again.
+//! Pure: [`plan`] from the node read; what it observes is [`super::deletion_observed`] of the
+//! node read again.
 
-use gpu_remediation_api::{GpuRemediation, remediation::ObjectReference};
-use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use gpu_remediation_api::GpuRemediation;
+use k8s_openapi::api::core::v1::Node;
 use kube::api::ApiResource;
 
 use super::{
     AdmittedNode,
     plan::{Plan, Write, node_reference},
-    presence,
-    verify::{Observation, Presence, ReplacementNode, Reported},
 };
 
 /// What deleting `remediation`'s node writes, given the node read by name (`node`): a delete of
@@ -43,22 +42,21 @@ pub fn plan(remediation: &GpuRemediation, node: Option<&Node>) -> Plan {
     }
 }
 
-/// The observation of a node deletion: the target is the node of the recorded UID, `node` the
-/// remediated node's presence (the one read of the node, [`super::act`]).
-#[must_use]
-pub fn observe(found: Option<&ObjectMeta>, reference: &ObjectReference, node: Presence) -> Observation {
-    Observation {
-        target: presence(found, reference.uid.as_deref()),
-        node,
-        reported: Reported::Nothing,
-        replacement: ReplacementNode::NotExpected,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replace::fixtures::{node, remediation};
+    use crate::replace::{
+        Presence, ReplacementNode, deletion_observed,
+        fixtures::{node, remediation},
+    };
+
+    fn observe(
+        found: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+        reference: &gpu_remediation_api::remediation::ObjectReference,
+        node: Presence,
+    ) -> crate::replace::Observation {
+        deletion_observed(found, reference, node, ReplacementNode::NotExpected)
+    }
 
     #[test]
     fn the_node_admitted_is_deleted_pinned_to_its_uid() {

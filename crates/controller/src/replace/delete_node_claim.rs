@@ -7,10 +7,11 @@
 //! `status.providerID` is also the node's `spec.providerID` (the instance the node runs on), so a
 //! node re-registered under the name of another claim's node never has that claim deleted.
 //!
-//! Pure: [`plan`] from the claims listed and the node read, [`observe`] from the claim read.
+//! Pure: [`plan`] from the claims listed and the node read; what it observes is
+//! [`super::deletion_observed`] of the claim read.
 
 use gpu_remediation_api::{GpuRemediation, remediation::ObjectReference};
-use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     api::{ApiResource, DynamicObject},
     core::GroupVersionKind,
@@ -20,8 +21,6 @@ use serde_json::Value;
 use super::{
     AdmittedNode, TriggerReplacementError,
     plan::{Plan, Write, node_reference},
-    presence,
-    verify::{Observation, Presence, ReplacementNode, Reported},
 };
 
 /// Karpenter's API group.
@@ -124,18 +123,6 @@ pub fn resource_of(reference: &ObjectReference) -> ApiResource {
         &GroupVersionKind::gvk(group, version, &reference.kind),
         "nodeclaims",
     )
-}
-
-/// The observation of a claim deletion: the target is the claim of the recorded UID (`found`),
-/// `node` the remediated node's presence.
-#[must_use]
-pub fn observe(found: Option<&ObjectMeta>, reference: &ObjectReference, node: Presence) -> Observation {
-    Observation {
-        target: presence(found, reference.uid.as_deref()),
-        node,
-        reported: Reported::Nothing,
-        replacement: ReplacementNode::NotExpected,
-    }
 }
 
 #[cfg(test)]

@@ -12,8 +12,10 @@
 //! | `DeleteNodeClaim` | a delete of the Karpenter `NodeClaim` whose status names the node (name and provider ID) | [`delete_node_claim`] |
 //! | `Template` | a create of the policy's template object, owned by the remediation | [`create_template`] |
 //!
-//! Each module also has a pure `observe` that turns what was read into the verification's
-//! [`Observation`]; the remediated node is read once for all of them ([`act`]).
+//! What was read for a look turns into the verification's [`Observation`] purely too: for the
+//! delete strategies by [`deletion_observed`] (and [`node_reference_observed`] when the node was
+//! gone at the trigger), for a template by [`create_template::observe`]. The remediated node is
+//! read once per trigger and once per look, whatever the strategy ([`act`]).
 //!
 //! How the controller uses it (phase `Replacing`, then `Verifying`):
 //!
@@ -167,17 +169,23 @@ impl crate::write::DeleteStampedError {
 }
 
 impl TriggerReplacementError {
-    /// The HTTP status the server answered, if it did.
+    /// The HTTP status the server answered the failed call with, if it did.
     #[must_use]
     pub fn code(&self) -> Option<u16> {
-        match self {
-            Self::Api {
-                source: kube::Error::Api(status),
-                ..
-            } => Some(status.code),
-            _ => None,
-        }
+        answered(self)
     }
+}
+
+/// The HTTP status of the API server's answer along `error`'s chain of sources, if one is there.
+fn answered(error: &(dyn std::error::Error + 'static)) -> Option<u16> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(kube::Error::Api(status)) = error.downcast_ref::<kube::Error>() {
+            return Some(status.code);
+        }
+        next = error.source();
+    }
+    None
 }
 
 /// Why a replacement could not be observed.
@@ -202,16 +210,10 @@ pub enum ObserveReplacementError {
 }
 
 impl ObserveReplacementError {
-    /// The HTTP status the server answered, if it did.
+    /// The status code of the server's refusal, when the look failed on one.
     #[must_use]
     pub fn code(&self) -> Option<u16> {
-        match self {
-            Self::Api {
-                source: kube::Error::Api(status),
-                ..
-            } => Some(status.code),
-            _ => None,
-        }
+        answered(self)
     }
 }
 
@@ -265,6 +267,24 @@ impl<'a> AdmittedNode<'a> {
             )),
             Self::Present(_) => None,
         }
+    }
+}
+
+/// What a delete strategy observes: the target is the object of the recorded UID (`found`, read by
+/// the reference's name), `node` the remediated node's presence, `replacement` what the strategy
+/// knows of the node replacing it.
+#[must_use]
+pub fn deletion_observed(
+    found: Option<&ObjectMeta>,
+    reference: &ObjectReference,
+    node: Presence,
+    replacement: ReplacementNode,
+) -> Observation {
+    Observation {
+        target: presence(found, reference.uid.as_deref()),
+        node,
+        reported: Reported::Nothing,
+        replacement,
     }
 }
 

@@ -44,7 +44,7 @@ pub enum Write {
         /// Its kind, as served.
         resource: ApiResource,
         /// The object, with its namespace set when its kind is namespaced.
-        object: DynamicObject,
+        object: Box<DynamicObject>,
     },
 }
 
