@@ -234,6 +234,19 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_still_naming_a_node_gone_already_is_deleted_on_its_name_alone() {
+        // Nothing is left to compare the provider ID with, and a node that is gone can claim nothing.
+        let planned =
+            plan(&remediation(Some("uid-gpu-1")), None, &served(), &node_claims()).expect("no refusal");
+        assert!(
+            matches!(planned.writes.as_slice(), [Write::DeleteWithUid { name, uid, .. }]
+                if name == "gpu-pool-x7k2p" && uid == "uid-claim-1"),
+            "{:?}",
+            planned.writes
+        );
+    }
+
+    #[test]
     fn a_claim_being_deleted_is_not_deleted_again() {
         let mut claims = node_claims();
         claims[0].metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
