@@ -297,6 +297,21 @@ async fn a_template_object_is_created_owned_by_the_remediation_and_a_retry_finds
     );
     assert_eq!(created["metadata"]["ownerReferences"][0]["controller"], true);
 
+    let before = node_reads(&recording);
+    let looked = creating
+        .observe(&remediation, &first.reference, Timestamp::now())
+        .await
+        .expect("looked");
+    assert_eq!(
+        (looked.target, looked.node, looked.reported),
+        (Presence::Present, Presence::Present, super::Reported::InProgress)
+    );
+    assert_eq!(
+        node_reads(&recording),
+        before + 1,
+        "one read of the node per look"
+    );
+
     let mut other = remediation.clone();
     other.metadata.uid = Some("uid-remediation-2".to_owned());
     let refused = creating.trigger(&other, &replacement).await;
