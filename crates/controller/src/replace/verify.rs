@@ -214,7 +214,7 @@ fn judge_deletion(observation: &Observation) -> Progress {
 }
 
 /// When the replacement was triggered: the last entry into `Replacing` in the phase history (the
-/// `triggered_at` that [`Verification`] and `Replace::observe` take).
+/// `triggered_at` that [`Verification`] and `act::Replacing::observe` take).
 #[must_use]
 pub fn replacing_since(status: &GpuRemediationStatus) -> Option<Timestamp> {
     status
