@@ -18,10 +18,10 @@ use gpu_remediation_api::{
     policy::{Replacement, Strategy},
 };
 use gpu_remediator::{
+    act::replace::Replacers,
     drain::Leaving,
     leader::Fence,
     lifecycle::{EvictionAnswer, NodeRef},
-    replace::Replacers,
     write::{NodeEdit, Writer},
 };
 use k8s_openapi::api::{

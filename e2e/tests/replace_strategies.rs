@@ -14,9 +14,10 @@ use gpu_remediation_api::{
     remediation::{ObjectReference, TriggerRecord},
 };
 use gpu_remediator::{
+    act::replace::Replacers,
     leader::{Fence, FenceError},
     replace::{
-        Progress, REPLACEMENT_SELECTOR_ANNOTATION, Replacers, TriggerReplacementError, Verification, judge,
+        Progress, REPLACEMENT_SELECTOR_ANNOTATION, TriggerReplacementError, Verification, judge,
         verify::{REPLACEMENT_FAILED, REPLACEMENT_TIMEOUT},
     },
 };

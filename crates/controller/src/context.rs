@@ -10,8 +10,7 @@ use std::{
 use jiff::Timestamp;
 
 use crate::{
-    lifecycle::eviction_round::Flight, observe::Caches, read::Reader, replace::Replacers, telemetry::Metrics,
-    write::Writer,
+    lifecycle::eviction_round::Flight, observe::Caches, read::Reader, telemetry::Metrics, write::Writer,
 };
 
 /// How the controller runs. `Default` is what production uses.
@@ -72,8 +71,6 @@ pub struct Context {
     pub reader: Reader,
     /// The watch caches and our recent writes.
     pub caches: Caches,
-    /// The replacement strategies (each write behind the same fence).
-    pub replacers: Replacers,
     /// Metrics.
     pub metrics: Metrics,
     /// Whether `DeviceTaintRule`s of ours may exist that no node names (unknown at start, so the
@@ -94,13 +91,11 @@ impl Context {
     /// A context over these parts.
     #[must_use]
     pub fn new(settings: Settings, writer: Writer, caches: Caches, metrics: Metrics) -> Self {
-        let replacers = Replacers::new(writer.clone());
         Self {
             settings,
             reader: writer.reader(),
             writer,
             caches,
-            replacers,
             metrics,
             device_rules_may_exist: std::sync::atomic::AtomicBool::new(true),
             eviction_attempts: Mutex::default(),

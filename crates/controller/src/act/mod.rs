@@ -7,6 +7,7 @@
 //! | [`admit`] | [`crate::fleet::plan`]: records created and readmitted, policy status |
 //! | [`quarantine`], [`quarantine_device`] | [`crate::quarantine::plan`]: node taints, `DeviceTaintRule`s |
 //! | [`hardware`] | the hardware ledger ([`crate::hardware`]): records, join steps |
+//! | [`replace`] | [`crate::replace`]'s builders: the Machine, NodeClaim or template written, then looked at |
 //! | [`undecodable`] | [`crate::observe::undecodable`]: Events and policy conditions on what does not decode |
 //! | [`remediation`] | [`crate::lifecycle::decide`]: one remediation's cordon, drain, ladder, replacement |
 
@@ -15,4 +16,5 @@ pub mod hardware;
 pub mod quarantine;
 pub mod quarantine_device;
 pub mod remediation;
+pub mod replace;
 pub mod undecodable;

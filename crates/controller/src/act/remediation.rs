@@ -499,8 +499,7 @@ async fn carry_out(
                 unreachable!("the lifecycle triggers a replacement only under rules")
             };
             let strategy = rules.replacement.strategy;
-            let (answer, rewritten) = match ctx
-                .replacers
+            let (answer, rewritten) = match crate::act::replace::Replacers::new(ctx.writer.clone())
                 .for_strategy(strategy)
                 .trigger(remediation, &rules.replacement)
                 .await
@@ -543,7 +542,7 @@ async fn look_at(
     reference: &gpu_remediation_api::remediation::ObjectReference,
     triggered_at: Timestamp,
 ) -> Result<Observation, Words> {
-    ctx.replacers
+    crate::act::replace::Replacers::new(ctx.writer.clone())
         .for_strategy(strategy)
         .observe(remediation, reference, triggered_at)
         .await

@@ -35,7 +35,6 @@
 //! this module: the controller stops after the drain and keeps the node cordoned; `Reboot` is a
 //! `Template` (see [`template`] for a Self Node Remediation example).
 
-pub mod act;
 pub mod create_template;
 pub mod delete_machine;
 pub mod delete_node;
@@ -45,15 +44,12 @@ pub mod template;
 pub mod verify;
 
 #[cfg(test)]
-mod act_tests;
-#[cfg(test)]
 pub(crate) mod fixtures;
 
 use gpu_remediation_api::{GpuRemediation, remediation::ObjectReference};
 use jiff::Timestamp;
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 
-pub use act::Replacers;
 pub use verify::{Observation, Presence, Progress, ReplacementNode, Reported, Verification, judge};
 
 use crate::leader::FenceError;

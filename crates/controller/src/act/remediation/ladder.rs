@@ -91,8 +91,7 @@ pub(crate) async fn trigger_step(
         )),
         timeout: rules.replacement.timeout,
     };
-    match ctx
-        .replacers
+    match crate::act::replace::Replacers::new(ctx.writer.clone())
         .for_strategy(Strategy::Template)
         .trigger(remediation, &replacement)
         .await

@@ -10,13 +10,14 @@ use jiff::Timestamp;
 use kube::ResourceExt as _;
 use serde_json::{Value, json};
 
-use super::{
-    REPLACEMENT_SELECTOR_ANNOTATION, Replacers, TriggerReplacementError,
-    fixtures::{self, machine, machine_of_another_node, node, node_naming_another_machine, remediation},
-    verify::{Presence, ReplacementNode},
-};
+use super::Replacers;
 use crate::{
     leader::Fence,
+    replace::{
+        REPLACEMENT_SELECTOR_ANNOTATION, TriggerReplacementError,
+        fixtures::{self, machine, machine_of_another_node, node, node_naming_another_machine, remediation},
+        verify::{Presence, ReplacementNode},
+    },
     write::recording::{Recording, node_path, recording_writer, remediation_path},
 };
 
@@ -304,7 +305,11 @@ async fn a_template_object_is_created_owned_by_the_remediation_and_a_retry_finds
         .expect("looked");
     assert_eq!(
         (looked.target, looked.node, looked.reported),
-        (Presence::Present, Presence::Present, super::Reported::InProgress)
+        (
+            Presence::Present,
+            Presence::Present,
+            crate::replace::Reported::InProgress
+        )
     );
     assert_eq!(
         node_reads(&recording),

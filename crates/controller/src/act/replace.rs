@@ -17,15 +17,15 @@ use kube::{
 };
 use serde_json::json;
 
-use super::{
-    ObserveReplacementError, TriggerReplacementError, Triggered, create_template, delete_machine,
-    delete_node, delete_node_claim, deletion_observed, node_presence, node_reference_observed,
-    plan::{Plan, Write},
-    template,
-    verify::{Observation, ReplacementNode},
-};
 use crate::{
     read::{Reader, Scope},
+    replace::{
+        ObserveReplacementError, TriggerReplacementError, Triggered, create_template, delete_machine,
+        delete_node, delete_node_claim, deletion_observed, node_presence, node_reference_observed,
+        plan::{Plan, Write},
+        template,
+        verify::{Observation, ReplacementNode},
+    },
     write::{WriteError, Writer},
 };
 
@@ -416,3 +416,7 @@ impl Replacers {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "replace_tests.rs"]
+mod tests;
