@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{constants::gpu_reasons, duration::Duration, remediation::ObjectReference};
+use crate::{constants::gpu_reasons, duration::Duration, object_reference::ObjectReference};
 
 /// The most steps a ladder has (one of each rung).
 pub const LADDER_STEPS_MAX: usize = 4;

@@ -99,8 +99,11 @@ pub(crate) fn policy_ladder(schema: &mut Schema) {
 }
 
 /// The ladder's rules in Rust (for `crate::validate`), in the schema's words.
-pub(crate) fn check(spec: &crate::GpuRemediationPolicySpec, out: &mut Vec<crate::validate::Violation>) {
-    use crate::{duration::Duration, validate::Violation};
+pub(crate) fn check(
+    spec: &crate::policy::GpuRemediationPolicySpec,
+    out: &mut Vec<crate::violation::Violation>,
+) {
+    use crate::{duration::Duration, violation::Violation};
     let violation = |field: String, message: &str| Violation {
         field,
         message: message.to_owned(),

@@ -7,7 +7,7 @@
 //! and reports `Invalid` in the policy's status instead of acting on a policy stored before the
 //! schema had a rule.
 
-use std::{collections::BTreeSet, fmt};
+use std::collections::BTreeSet;
 
 use kube::CustomResourceExt;
 use serde_json::Value;
@@ -20,35 +20,8 @@ use crate::{
     policy::{Action, GpuRemediationPolicy, GpuRemediationPolicySpec, Replacement, Strategy},
     schema::{POLICY_NAME_MAX_LENGTH, messages},
     selector::{IntOrPercent, NodeSelector, SelectorOperator},
+    violation::Violation,
 };
-
-/// One rule a policy breaks: where, and why, as the API server would say it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Violation {
-    /// The field, written like the API server writes it: `spec.triggers[0].status`.
-    pub field: String,
-    /// What is wrong, for a person.
-    pub message: String,
-}
-
-impl Violation {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for Violation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "{}: {}", self.field, self.message)
-        }
-    }
-}
 
 /// Every rule a policy document breaks: fields the schema does not know, a shape that does not
 /// deserialise, then everything `validate_policy` checks. For policies read from files, where no

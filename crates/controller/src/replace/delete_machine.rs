@@ -8,7 +8,7 @@
 //! `v1beta1` and `v1beta2` management clusters alike.
 
 use futures::{FutureExt as _, future::BoxFuture};
-use gpu_remediation_api::{GpuRemediation, policy::Replacement, remediation::ObjectReference};
+use gpu_remediation_api::{GpuRemediation, object_reference::ObjectReference, policy::Replacement};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{

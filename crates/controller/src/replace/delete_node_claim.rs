@@ -4,7 +4,7 @@
 //! claim, so no replacement is awaited.
 
 use futures::{FutureExt as _, TryFutureExt as _, future::BoxFuture};
-use gpu_remediation_api::{GpuRemediation, policy::Replacement, remediation::ObjectReference};
+use gpu_remediation_api::{GpuRemediation, object_reference::ObjectReference, policy::Replacement};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{

@@ -36,8 +36,8 @@ pub mod verify;
 use futures::future::BoxFuture;
 use gpu_remediation_api::{
     GpuRemediation,
+    object_reference::ObjectReference,
     policy::{Replacement, Strategy},
-    remediation::ObjectReference,
 };
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
