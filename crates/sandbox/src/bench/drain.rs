@@ -17,19 +17,16 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 
 use super::audit::{self, RequestCounts};
-use super::bench_env::{self, BenchEnv, BenchSetupError, api_error, eventually};
+use super::bench_env::{self, BenchEnv};
 use super::budget_sampler::BudgetSampler;
 use super::drain_links::{self, DrainLinks};
 use super::latency::{fleet_options, wait_policy_observed};
+use super::setup::{BenchSetupError, api_error, eventually};
 use crate::Fleet;
 use crate::workload::{self, Budget, Workload};
 
 /// Deployment sizes: 3 to 10 replicas, 100 pods in all.
 pub const DEPLOYMENT_SIZES: [i32; 16] = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 6, 7, 8, 9, 6];
-
-/// The two fleets' namespaces: the controller's, then `kubectl drain`'s (the audit policy keeps
-/// their pods' status writes, see [`drain_links::audit_rules`]).
-pub const NAMESPACES: [&str; 2] = ["drain-ctl", "drain-kubectl"];
 
 /// One peer's drain.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -89,7 +86,7 @@ async fn stage(env: &BenchEnv, name: &str) -> Result<Stage, BenchSetupError> {
     let mut nodes = fleet.node_names();
     nodes.sort();
     let (target, spares) = (nodes[0].clone(), nodes[1..].to_vec());
-    super::actor::ensure_namespace(&env.client, name).await?;
+    super::setup::ensure_namespace(&env.client, name).await?;
     for spare in &spares {
         set_unschedulable(env, spare, true).await?;
     }
@@ -299,7 +296,7 @@ async fn kubectl_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResult,
 /// Stages two identical fleets, drains one with each peer (the controller first), and compares.
 pub async fn run(env: &BenchEnv) -> Result<DrainComparison, BenchSetupError> {
     eprintln!("drain: staging two fleets of 4 nodes with 100 pods on the first node of each");
-    let [ours, theirs] = NAMESPACES;
+    let [ours, theirs] = drain_links::NAMESPACES;
     let ours = stage(env, ours).await?;
     let theirs = stage(env, theirs).await?;
     let controller = controller_drain(env, &ours).await?;

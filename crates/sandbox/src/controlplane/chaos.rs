@@ -10,7 +10,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{ControlPlane, StartControlPlaneError, process::OwnedProcess};
+use super::start_error::StartControlPlaneError;
+use super::{ControlPlane, process::OwnedProcess};
 
 /// Failure to signal a component.
 #[derive(Debug, thiserror::Error)]

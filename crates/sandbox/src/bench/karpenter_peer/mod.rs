@@ -34,9 +34,10 @@ mod report;
 
 pub use report::{PeerComparison, PeerFleetResult, departure_reason, markdown, pod_removals, repairer_acted};
 
-use super::bench_env::{BENCH_NAMESPACE, BenchEnv, BenchSetupError, api_error, eventually};
+use super::bench_env::{BENCH_NAMESPACE, BenchEnv};
 use super::budget_sampler::BudgetSampler;
 use super::latency::{fleet_options, wait_policy_observed};
+use super::setup::{BenchSetupError, api_error, eventually};
 use crate::Fleet;
 use crate::fleet::FLEET_LABEL;
 use crate::karpenter::{Disruption, Karpenter, KarpenterOptions, node_claim_resource};
@@ -238,7 +239,7 @@ fn load_average() -> String {
 /// tolerating the node-lifecycle `NoExecute` taints (see the module header).
 async fn stage(env: &BenchEnv, fleet: Fleet, karpenter: &Karpenter) -> Result<Arm, BenchSetupError> {
     let namespace = fleet.name().to_owned();
-    super::actor::ensure_namespace(&env.client, &namespace).await?;
+    super::setup::ensure_namespace(&env.client, &namespace).await?;
     let app = Workload::new(&namespace, "train")
         .replicas(2)
         .gpus(fleet.shape().gpus)
