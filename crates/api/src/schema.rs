@@ -14,6 +14,8 @@ use kube::core::{Reason, Rule};
 use schemars::{Schema, SchemaGenerator, json_schema};
 use serde_json::{Map, Value};
 
+use crate::bounds;
+
 /// A Go duration (`time.ParseDuration`, which CEL's `duration()` uses), restricted to what people
 /// write: no sign, no bare `0`, no leading or trailing dot.
 pub const DURATION_REGEX: &str = "^([0-9]+([.][0-9]+)?(ns|us|µs|μs|ms|s|m|h))+$";
@@ -190,7 +192,7 @@ pub(crate) fn int_or_percent(_: &mut SchemaGenerator) -> Schema {
         [
             rule("type(self) != int || self >= 1", messages::COUNT_AT_LEAST_ONE),
             rule(
-                format!("type(self) != int || self <= {}", crate::bounds::COUNT_MAX),
+                format!("type(self) != int || self <= {}", bounds::COUNT_MAX),
                 messages::COUNT_AT_MOST,
             ),
             rule(
@@ -294,9 +296,9 @@ pub(crate) fn safety(schema: &mut Schema) {
     for name in ["maxConcurrent", "maxUnhealthy"] {
         property(schema, name).insert("nullable".into(), false.into());
     }
-    add_rules(property(schema, "maxUnhealthyCount"), count_rules());
+    add_ranges(schema, "spec.safety");
     let domains = property(schema, "failureDomains");
-    domains.insert("maxItems".into(), crate::bounds::FAILURE_DOMAINS_MAX.into());
+    domains.insert("maxItems".into(), bounds::FAILURE_DOMAINS_MAX.into());
     add_rules(
         domains,
         [rule(
@@ -306,14 +308,97 @@ pub(crate) fn safety(schema: &mut Schema) {
     );
 }
 
-fn count_rules() -> [Rule; 2] {
-    [
-        rule("self >= 1", messages::COUNT_AT_LEAST_ONE),
-        rule(
-            format!("self <= {}", crate::bounds::COUNT_MAX),
-            messages::COUNT_AT_MOST,
-        ),
-    ]
+/// A range CEL enforces on an integer field: `self >= min` and `self <= max`, each with the
+/// sentence the API server answers when it fails.
+struct Range {
+    min: i64,
+    min_message: &'static str,
+    max: i64,
+    max_message: &'static str,
+}
+
+/// A count in the safety limits: at least 1, at most [`bounds::COUNT_MAX`].
+const COUNT: Range = Range {
+    min: 1,
+    min_message: messages::COUNT_AT_LEAST_ONE,
+    max: wide(bounds::COUNT_MAX),
+    max_message: messages::COUNT_AT_MOST,
+};
+
+/// `value` as an `i64`, in a constant (`i64::from` is not `const`).
+#[allow(
+    clippy::cast_lossless,
+    reason = "a u32 always fits an i64; i64::from cannot run in a const"
+)]
+const fn wide(value: u32) -> i64 {
+    value as i64
+}
+
+/// Every integer field with a range in CEL, by its path in the policy (a `[]` for each list): the
+/// one table [`add_ranges`] writes the rules from, and the bounds test reads.
+const RANGES: [(&str, Range); 8] = [
+    ("spec.safety.maxUnhealthyCount", COUNT),
+    ("spec.safety.suspect.minFailures", COUNT),
+    ("spec.safety.failureDomains[].maxUnhealthyCount", COUNT),
+    ("spec.safety.failureDomains[].maxInFlight", COUNT),
+    (
+        "spec.safety.rate.limit",
+        Range {
+            min: 1,
+            min_message: messages::RATE_LIMIT,
+            max: wide(bounds::RATE_LIMIT_MAX),
+            max_message: messages::RATE_LIMIT_MAX,
+        },
+    ),
+    (
+        "spec.safety.maxAttemptsPerNode.count",
+        Range {
+            min: 1,
+            min_message: messages::ATTEMPTS_COUNT,
+            max: wide(bounds::ATTEMPTS_MAX),
+            max_message: messages::ATTEMPTS_COUNT_MAX,
+        },
+    ),
+    (
+        "spec.safety.repeatOffender.failures",
+        Range {
+            min: 1,
+            min_message: messages::OFFENDER_FAILURES,
+            max: wide(bounds::ATTEMPTS_MAX),
+            max_message: messages::OFFENDER_FAILURES_MAX,
+        },
+    ),
+    (
+        "spec.drain.gracePeriodSeconds",
+        Range {
+            min: 0,
+            min_message: messages::GRACE_PERIOD,
+            max: bounds::GRACE_PERIOD_MAX_SECONDS,
+            max_message: messages::GRACE_PERIOD_MAX,
+        },
+    ),
+];
+
+/// Adds the range rules of [`RANGES`] to the fields of the struct at `path` (its schema `schema`).
+fn add_ranges(schema: &mut Schema, path: &str) {
+    for (field_path, range) in &RANGES {
+        let Some(field) = field_path
+            .strip_prefix(path)
+            .and_then(|rest| rest.strip_prefix('.'))
+        else {
+            continue;
+        };
+        if field.contains('.') {
+            continue;
+        }
+        add_rules(
+            property(schema, field),
+            [
+                rule(format!("self >= {}", range.min), range.min_message),
+                rule(format!("self <= {}", range.max), range.max_message),
+            ],
+        );
+    }
 }
 
 /// `safety.suspect`: a positive window, a share, at least one failure, label-key attributes.
@@ -328,7 +413,7 @@ pub(crate) fn suspect(schema: &mut Schema) {
             messages::PERCENT_RANGE,
         )],
     );
-    add_rules(property(schema, "minFailures"), count_rules());
+    add_ranges(schema, "spec.safety.suspect");
     let attributes = property(schema, "attributes");
     attributes.insert("maxItems".into(), 16.into());
     attributes.insert("x-kubernetes-list-type".into(), "set".into());
@@ -357,9 +442,7 @@ pub(crate) fn failure_domain(schema: &mut Schema) {
             messages::LABEL_KEY,
         )],
     );
-    for name in ["maxUnhealthyCount", "maxInFlight"] {
-        add_rules(property(schema, name), count_rules());
-    }
+    add_ranges(schema, "spec.safety.failureDomains[]");
     let share = property(schema, "maxUnhealthyShare");
     share.insert("maxLength".into(), 4.into());
     add_rules(
@@ -382,61 +465,25 @@ pub(crate) fn failure_domain(schema: &mut Schema) {
 /// `safety.rate`: at least one per window, a positive window.
 pub(crate) fn rate(schema: &mut Schema) {
     make_positive(schema, "per");
-    add_rules(
-        property(schema, "limit"),
-        [
-            rule("self >= 1", messages::RATE_LIMIT),
-            rule(
-                format!("self <= {}", crate::bounds::RATE_LIMIT_MAX),
-                messages::RATE_LIMIT_MAX,
-            ),
-        ],
-    );
+    add_ranges(schema, "spec.safety.rate");
 }
 
 /// `safety.maxAttemptsPerNode`: at least one attempt, a positive window.
 pub(crate) fn attempts(schema: &mut Schema) {
     make_positive(schema, "per");
-    add_rules(
-        property(schema, "count"),
-        [
-            rule("self >= 1", messages::ATTEMPTS_COUNT),
-            rule(
-                format!("self <= {}", crate::bounds::ATTEMPTS_MAX),
-                messages::ATTEMPTS_COUNT_MAX,
-            ),
-        ],
-    );
+    add_ranges(schema, "spec.safety.maxAttemptsPerNode");
 }
 
 /// `safety.repeatOffender`: one to a hundred failures, a positive window.
 pub(crate) fn repeat_offender(schema: &mut Schema) {
     make_positive(schema, "window");
-    add_rules(
-        property(schema, "failures"),
-        [
-            rule("self >= 1", messages::OFFENDER_FAILURES),
-            rule(
-                format!("self <= {}", crate::bounds::ATTEMPTS_MAX),
-                messages::OFFENDER_FAILURES_MAX,
-            ),
-        ],
-    );
+    add_ranges(schema, "spec.safety.repeatOffender");
 }
 
 /// `drain`: a positive timeout, a non-negative grace period, zero only when explicitly allowed.
 pub(crate) fn drain(schema: &mut Schema) {
     make_positive(schema, "timeout");
-    add_rules(
-        property(schema, "gracePeriodSeconds"),
-        [
-            rule("self >= 0", messages::GRACE_PERIOD),
-            rule(
-                format!("self <= {}", crate::bounds::GRACE_PERIOD_MAX_SECONDS),
-                messages::GRACE_PERIOD_MAX,
-            ),
-        ],
-    );
+    add_ranges(schema, "spec.drain");
     add_rules(
         object(schema),
         [rule(
@@ -561,4 +608,44 @@ pub(crate) fn remediation_spec(schema: &mut Schema) {
         object(schema),
         [rule("self == oldSelf", messages::REMEDIATION_SPEC_IMMUTABLE)],
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt;
+
+    use super::*;
+    use crate::policy::GpuRemediationPolicy;
+
+    /// The schema of the policy field at `path` (`spec.safety.rate.limit`, `[]` for a list's items).
+    fn field<'a>(root: &'a Value, path: &str) -> &'a Value {
+        path.split('.')
+            .fold(root, |node, name| match name.strip_suffix("[]") {
+                Some(list) => &node["properties"][list]["items"],
+                None => &node["properties"][name],
+            })
+    }
+
+    #[test]
+    fn every_range_in_the_table_is_two_rules_on_its_field_in_the_policy_crd() {
+        let crd = serde_json::to_value(GpuRemediationPolicy::crd()).expect("the CRD serialises");
+        let root = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        for (path, range) in &RANGES {
+            let rules = field(root, path)["x-kubernetes-validations"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            for (rule, message) in [
+                (format!("self >= {}", range.min), range.min_message),
+                (format!("self <= {}", range.max), range.max_message),
+            ] {
+                assert!(
+                    rules
+                        .iter()
+                        .any(|r| r["rule"] == rule.as_str() && r["message"] == message),
+                    "{path}: no rule {rule:?} saying {message:?} in {rules:?}"
+                );
+            }
+        }
+    }
 }
