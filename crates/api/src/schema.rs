@@ -157,6 +157,33 @@ pub(crate) fn property<'a>(schema: &'a mut Schema, name: &str) -> &'a mut Map<St
         .unwrap_or_else(|| panic!("the schema has a property {name:?}"))
 }
 
+/// The schema of a list field's items.
+fn items(list: &mut Map<String, Value>) -> &mut Map<String, Value> {
+    list.get_mut("items")
+        .and_then(Value::as_object_mut)
+        .expect("a list's schema has items")
+}
+
+/// Property `name` is a label key (a condition type is one too): bounded, and in the grammar.
+fn label_key(schema: &mut Schema, name: &str, message: &str) {
+    let key = property(schema, name);
+    key.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
+    add_rules(key, [rule(format!("self.matches('{LABEL_KEY_REGEX}')"), message)]);
+}
+
+/// Property `name` is a share: `"1%"`..`"100%"`.
+fn percent(schema: &mut Schema, name: &str) {
+    let share = property(schema, name);
+    share.insert("maxLength".into(), 4.into());
+    add_rules(
+        share,
+        [rule(
+            format!("self.matches('{PERCENT_REGEX}')"),
+            messages::PERCENT_RANGE,
+        )],
+    );
+}
+
 pub(crate) fn make_positive(schema: &mut Schema, duration_field: &str) {
     add_rules(
         property(schema, duration_field),
@@ -240,23 +267,11 @@ pub(crate) fn policy_spec(schema: &mut Schema) {
 
 /// A trigger: a well-formed condition type, non-empty distinct reasons.
 pub(crate) fn trigger(schema: &mut Schema) {
-    let condition_type = property(schema, "conditionType");
-    condition_type.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
-    add_rules(
-        condition_type,
-        [rule(
-            format!("self.matches('{LABEL_KEY_REGEX}')"),
-            messages::CONDITION_TYPE,
-        )],
-    );
+    label_key(schema, "conditionType", messages::CONDITION_TYPE);
     let reasons = property(schema, "reasons");
     reasons.insert("maxItems".into(), 32.into());
     reasons.insert("x-kubernetes-list-type".into(), "set".into());
-    reasons
-        .get_mut("items")
-        .and_then(Value::as_object_mut)
-        .expect("reasons has items")
-        .insert("maxLength".into(), 128.into());
+    items(reasons).insert("maxLength".into(), 128.into());
     add_rules(
         reasons,
         [rule("self.all(r, size(r) > 0)", messages::REASON_EMPTY)],
@@ -404,24 +419,12 @@ fn add_ranges(schema: &mut Schema, path: &str) {
 /// `safety.suspect`: a positive window, a share, at least one failure, label-key attributes.
 pub(crate) fn suspect(schema: &mut Schema) {
     make_positive(schema, "window");
-    let share = property(schema, "share");
-    share.insert("maxLength".into(), 4.into());
-    add_rules(
-        share,
-        [rule(
-            format!("self.matches('{PERCENT_REGEX}')"),
-            messages::PERCENT_RANGE,
-        )],
-    );
+    percent(schema, "share");
     add_ranges(schema, "spec.safety.suspect");
     let attributes = property(schema, "attributes");
     attributes.insert("maxItems".into(), 16.into());
     attributes.insert("x-kubernetes-list-type".into(), "set".into());
-    let items = attributes
-        .get_mut("items")
-        .and_then(Value::as_object_mut)
-        .expect("attributes has items");
-    items.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
+    items(attributes).insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
     add_rules(
         attributes,
         [rule(
@@ -433,25 +436,9 @@ pub(crate) fn suspect(schema: &mut Schema) {
 
 /// A failure domain: a label key, at least one limit, each count at least 1.
 pub(crate) fn failure_domain(schema: &mut Schema) {
-    let key = property(schema, "topologyKey");
-    key.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
-    add_rules(
-        key,
-        [rule(
-            format!("self.matches('{LABEL_KEY_REGEX}')"),
-            messages::LABEL_KEY,
-        )],
-    );
+    label_key(schema, "topologyKey", messages::LABEL_KEY);
     add_ranges(schema, "spec.safety.failureDomains[]");
-    let share = property(schema, "maxUnhealthyShare");
-    share.insert("maxLength".into(), 4.into());
-    add_rules(
-        share,
-        [rule(
-            format!("self.matches('{PERCENT_REGEX}')"),
-            messages::PERCENT_RANGE,
-        )],
-    );
+    percent(schema, "maxUnhealthyShare");
     add_rules(
         object(schema),
         [rule(
@@ -546,22 +533,10 @@ pub(crate) fn node_selector(schema: &mut Schema) {
 
 /// A `matchExpressions` entry: a valid key, values exactly when the operator takes them.
 pub(crate) fn selector_requirement(schema: &mut Schema) {
-    let key = property(schema, "key");
-    key.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
-    add_rules(
-        key,
-        [rule(
-            format!("self.matches('{LABEL_KEY_REGEX}')"),
-            messages::LABEL_KEY,
-        )],
-    );
+    label_key(schema, "key", messages::LABEL_KEY);
     let values = property(schema, "values");
     values.insert("maxItems".into(), 64.into());
-    values
-        .get_mut("items")
-        .and_then(Value::as_object_mut)
-        .expect("values has items")
-        .insert("maxLength".into(), LABEL_VALUE_MAX_LENGTH.into());
+    items(values).insert("maxLength".into(), LABEL_VALUE_MAX_LENGTH.into());
     add_rules(
         values,
         [rule(
