@@ -400,7 +400,10 @@ where
     }
 }
 
-fn is_ready(pod: &Pod) -> bool {
+/// Whether `pod` is Ready and not terminating: what a Deployment's rollout and the disruption
+/// controller (which counts it healthy) both wait for.
+#[must_use]
+pub fn is_ready(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod
             .status

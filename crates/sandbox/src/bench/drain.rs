@@ -16,7 +16,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 
-use super::audit::{self, RequestCounts};
+use super::audit::{self, AuditLog, RequestCounts};
 use super::bench_env::{self, BenchEnv};
 use super::budget_sampler::BudgetSampler;
 use super::drain_links::{self, DrainLinks};
@@ -135,6 +135,49 @@ async fn stage(env: &BenchEnv, name: &str) -> Result<Stage, BenchSetupError> {
 }
 
 /// Watches one node and its pods: when it was first seen unschedulable, and when its last pod
+/// What watches one peer's drain from before its first request: the budgets (the PDB sampler)
+/// and the audit log; [`PeerWatch::start`] starts the node's clock with them.
+struct PeerWatch {
+    sampler: BudgetSampler,
+    log: AuditLog,
+}
+
+impl PeerWatch {
+    async fn start(env: &BenchEnv, stage: &Stage) -> Result<(Self, DrainClock), BenchSetupError> {
+        let sampler = BudgetSampler::start(&env.client, &stage.namespace)
+            .await
+            .map_err(|e| BenchSetupError::Step(e.to_string()))?;
+        let clock = DrainClock::start(env, &stage.namespace, &stage.target);
+        let mut log = env.audit();
+        log.mark();
+        Ok((Self { sampler, log }, clock))
+    }
+
+    /// The figures of `peer` (whose requests the audit log has as `username`), given its drain's
+    /// seconds and pods.
+    fn finish(
+        self,
+        peer: &str,
+        username: &str,
+        stage: &Stage,
+        (seconds, pods): (f64, usize),
+    ) -> DrainPeerResult {
+        let log = self.log.since_mark();
+        let requests = audit::count(&log, username);
+        let links = drain_links::measure(&log, username, &stage.namespace);
+        let budget = self.sampler.finish();
+        DrainPeerResult {
+            peer: peer.to_owned(),
+            seconds,
+            pods,
+            violations: budget.violations.len(),
+            least_margin: budget.least_margin.values().copied().min().unwrap_or(0),
+            requests,
+            links,
+        }
+    }
+}
+
 /// was gone after that.
 struct DrainClock {
     task: tokio::task::JoinHandle<(Timestamp, Timestamp, usize)>,
@@ -200,12 +243,7 @@ async fn controller_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResu
         .await?;
     let mut controller = env.start_controller(&scope, None)?;
     wait_policy_observed(env, &scope).await?;
-    let sampler = BudgetSampler::start(&env.client, &stage.namespace)
-        .await
-        .map_err(|e| BenchSetupError::Step(e.to_string()))?;
-    let clock = DrainClock::start(env, &stage.namespace, &stage.target);
-    let mut log = env.audit();
-    log.mark();
+    let (watch, clock) = PeerWatch::start(env, stage).await?;
     bench_env::set_condition_at(
         &env.client,
         std::slice::from_ref(&stage.target),
@@ -231,32 +269,16 @@ async fn controller_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResu
         },
     )
     .await?;
-    let log = log.since_mark();
-    let requests = audit::count(&log, &env.controller.username);
-    let links = drain_links::measure(&log, &env.controller.username, &stage.namespace);
-    let budget = sampler.finish();
+    let result = watch.finish("gpu-remediator", &env.controller.username, stage, (seconds, pods));
     controller.terminate().await;
     if let Err(e) = env.delete_policy(&scope).await {
         eprintln!("teardown (not counted as a failure): {e}");
     }
-    Ok(DrainPeerResult {
-        peer: "gpu-remediator".to_owned(),
-        seconds,
-        pods,
-        violations: budget.violations.len(),
-        least_margin: budget.least_margin.values().copied().min().unwrap_or(0),
-        requests,
-        links,
-    })
+    Ok(result)
 }
 
 async fn kubectl_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResult, BenchSetupError> {
-    let sampler = BudgetSampler::start(&env.client, &stage.namespace)
-        .await
-        .map_err(|e| BenchSetupError::Step(e.to_string()))?;
-    let clock = DrainClock::start(env, &stage.namespace, &stage.target);
-    let mut log = env.audit();
-    log.mark();
+    let (watch, clock) = PeerWatch::start(env, stage).await?;
     let output = tokio::process::Command::new(env.control_plane.kubectl())
         .arg(format!("--kubeconfig={}", env.kubectl.kubeconfig.display()))
         .args([
@@ -278,19 +300,7 @@ async fn kubectl_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResult,
         )));
     }
     let (seconds, pods) = clock.wait(Duration::from_secs(60)).await?;
-    let log = log.since_mark();
-    let requests = audit::count(&log, &env.kubectl.username);
-    let links = drain_links::measure(&log, &env.kubectl.username, &stage.namespace);
-    let budget = sampler.finish();
-    Ok(DrainPeerResult {
-        peer: "kubectl drain".to_owned(),
-        seconds,
-        pods,
-        violations: budget.violations.len(),
-        least_margin: budget.least_margin.values().copied().min().unwrap_or(0),
-        requests,
-        links,
-    })
+    Ok(watch.finish("kubectl drain", &env.kubectl.username, stage, (seconds, pods)))
 }
 
 /// Stages two identical fleets, drains one with each peer (the controller first), and compares.

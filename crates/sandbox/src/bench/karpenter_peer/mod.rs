@@ -76,15 +76,6 @@ fn is_ready_node(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-fn is_ready_pod(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 fn node_of(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
 }
@@ -219,10 +210,10 @@ async fn observe(client: &Client, arm: &Arm, clock: &mut Clock, since: f64) -> R
         .items;
     clock.healthy_pod_untouched = pods
         .iter()
-        .any(|p| p.name_any() == arm.healthy_pod && is_ready_pod(p));
+        .any(|p| p.name_any() == arm.healthy_pod && crate::workload::is_ready(p));
     let ready_elsewhere = pods
         .iter()
-        .filter(|p| is_ready_pod(p) && node_of(p) != Some(arm.broken.as_str()))
+        .filter(|p| crate::workload::is_ready(p) && node_of(p) != Some(arm.broken.as_str()))
         .count();
     if ready_elsewhere >= 2 && clock.broken_gone.is_some() {
         clock.restored.get_or_insert(since);
