@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use gpu_remediation_api::{
     Duration,
     correlated::{HeldDomain, SuspectStatus},
-    policy::Safety,
+    safety::Safety,
 };
 use jiff::Timestamp;
 
@@ -414,7 +414,7 @@ fn count<I: Iterator>(items: I) -> u32 {
 #[cfg(test)]
 mod tests {
     use gpu_remediation_api::{
-        policy::{Attempts, Rate},
+        safety::{Attempts, Rate},
         selector::IntOrPercent,
     };
 
