@@ -12,6 +12,8 @@ use serde_json::{Map, Value};
 
 /// The most a count in `maxConcurrent` or `maxUnhealthy` may be.
 pub const COUNT_MAX: u32 = 100_000;
+/// The most steps a ladder has (one of each rung).
+pub const LADDER_STEPS_MAX: usize = 4;
 /// The most failure domains one policy may list.
 pub const FAILURE_DOMAINS_MAX: u64 = 8;
 /// The most remediations `rate.limit` may allow per window.

@@ -16,6 +16,8 @@ use crate::{
     constants::template_placeholders,
     correlated::{FailureDomain, SuspectCause},
     duration::Duration,
+    ladder::STEP_TIMEOUT_MAX,
+    ladder_schema,
     names::{is_label_value, is_qualified_name},
     policy::{Action, GpuRemediationPolicy, GpuRemediationPolicySpec, Replacement, Strategy},
     schema::{POLICY_NAME_MAX_LENGTH, messages},
@@ -68,7 +70,7 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
     check_selector(&spec.node_selector, &mut out);
     check_triggers(spec, &mut out);
     check_replacement(&spec.replacement, &mut out);
-    crate::ladder_schema::check(spec, &mut out);
+    check_ladder(spec, &mut out);
     let reboots =
         spec.action == Action::Reboot || spec.triggers.iter().any(|t| t.action == Some(Action::Reboot));
     if reboots && spec.replacement.strategy != Strategy::Template {
@@ -415,6 +417,51 @@ fn check_selector(selector: &NodeSelector, out: &mut Vec<Violation>) {
             }
             _ => {}
         }
+    }
+}
+
+/// The ladder's rules (`crate::ladder_schema`) in Rust, in the schema's words.
+fn check_ladder(spec: &GpuRemediationPolicySpec, out: &mut Vec<Violation>) {
+    let violation = |field: String, message: &str| Violation {
+        field,
+        message: message.to_owned(),
+    };
+    for (i, step) in spec.ladder.iter().enumerate() {
+        if step.timeout < Duration::from_secs(1) || step.timeout > STEP_TIMEOUT_MAX {
+            out.push(violation(
+                format!("spec.ladder[{i}].timeout"),
+                ladder_schema::messages::STEP_TIMEOUT,
+            ));
+        }
+        match (step.step.has_template(), step.template.is_some()) {
+            (true, false) => out.push(violation(
+                format!("spec.ladder[{i}].template"),
+                ladder_schema::messages::STEP_TEMPLATE_REQUIRED,
+            )),
+            (false, true) => out.push(violation(
+                format!("spec.ladder[{i}].template"),
+                ladder_schema::messages::STEP_TEMPLATE_FORBIDDEN,
+            )),
+            _ => {}
+        }
+    }
+    if spec.ladder.windows(2).any(|pair| pair[0].step >= pair[1].step) {
+        out.push(violation(
+            "spec.ladder".to_owned(),
+            ladder_schema::messages::LADDER_ORDER,
+        ));
+    }
+    if !spec.ladder.is_empty()
+        && spec
+            .triggers
+            .iter()
+            .filter_map(|t| t.start_at)
+            .any(|rung| !spec.ladder.iter().any(|s| s.step == rung))
+    {
+        out.push(violation(
+            "spec.triggers".to_owned(),
+            ladder_schema::messages::START_AT,
+        ));
     }
 }
 

@@ -146,6 +146,35 @@ impl<'ast> Visit<'ast> for Finder<'_> {
         visit::visit_path(self, path);
     }
 
+    fn visit_attribute(&mut self, attr: &'ast syn::Attribute) {
+        visit::visit_attribute(self, attr);
+        // `#[schemars(transform = crate::schema::f)]`, `#[serde(default = "crate::x::f")]`: a
+        // derive calls these, so they are imports as much as a `use`.
+        let syn::Meta::List(list) = &attr.meta else { return };
+        let parser = Punctuated::<syn::Meta, syn::Token![,]>::parse_terminated;
+        let Ok(items) = syn::parse::Parser::parse2(parser, list.tokens.clone()) else {
+            return;
+        };
+        for item in &items {
+            let syn::Meta::NameValue(pair) = item else {
+                continue;
+            };
+            match &pair.value {
+                syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(text),
+                    ..
+                }) => {
+                    if let Ok(path) = text.parse::<syn::Path>() {
+                        let segments: Vec<String> =
+                            path.segments.iter().map(|s| s.ident.to_string()).collect();
+                        self.record(&segments, text.span(), false);
+                    }
+                }
+                value => self.visit_expr(value),
+            }
+        }
+    }
+
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
         visit::visit_macro(self, mac);
         // Most macros (`assert_eq!`, `vec!`, `format!`, …) take expressions: read those too.

@@ -173,3 +173,28 @@ fn a_missing_module_file_is_an_error_not_a_pass() {
         .expect("an error");
     assert!(format!("{error:#}").contains("gone"), "{error:#}");
 }
+
+#[test]
+fn paths_in_derive_attributes_are_edges_too() {
+    let found = cycles_of(&[
+        ("lib.rs", "mod schema;\nmod types;\n"),
+        (
+            "types.rs",
+            "#[derive(JsonSchema, Deserialize)]\n#[schemars(transform = crate::schema::rate)]\npub struct Rate {\n    #[serde(default = \"crate::schema::limit\")]\n    limit: u32,\n}\n",
+        ),
+        (
+            "schema.rs",
+            "pub fn rate(_: &mut u8) { let _ = crate::types::Rate::default; }\npub fn limit() -> u32 { 1 }\n",
+        ),
+    ]);
+    assert_eq!(cycle_files(&found), vec![vec!["schema.rs", "types.rs"]]);
+    let report = found.report();
+    assert!(
+        report.contains("src/types.rs:2: #[schemars(transform = crate::schema::rate)]"),
+        "{report}"
+    );
+    assert!(
+        report.contains("src/types.rs:4: #[serde(default = \"crate::schema::limit\")]"),
+        "{report}"
+    );
+}
