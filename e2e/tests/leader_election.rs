@@ -14,9 +14,12 @@ use std::{
     time::Duration,
 };
 
-use gpu_remediator::leader::{
-    ElectionConfig, ElectionEnd, ElectionTimings, Elector, Fence, RunElectionError, decision::StepDownReason,
-    lease_client,
+use gpu_remediator::{
+    election::{
+        ElectionConfig, ElectionEnd, ElectionTimings, Elector, RunElectionError, decision::StepDownReason,
+        lease_client,
+    },
+    leader::Fence,
 };
 use k8s_openapi::api::{
     authentication::v1::TokenRequest,

@@ -234,8 +234,8 @@ fn controller_ops(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
+    use gpu_remediator::act::quarantine_device::{create_rule, delete_rule};
     use gpu_remediator::quarantine::device::{self, QuarantinedDevice};
-    use gpu_remediator::quarantine::device_apply::{create_rule, delete_rule};
     use k8s_openapi::api::{coordination::v1::Lease, core::v1::ServiceAccount};
 
     let admin = cluster_with(with_device_taints).await.client();

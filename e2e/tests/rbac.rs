@@ -15,7 +15,8 @@ use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase};
 use gpu_remediator::{
     Settings,
     drain::Leaving,
-    leader::{ElectionConfig, Elector, Fence, lease_client},
+    election::{ElectionConfig, Elector, lease_client},
+    leader::Fence,
     write::Writer,
 };
 use gpu_sandbox::{
@@ -117,7 +118,7 @@ struct ServiceAccountController {
     stop: tokio::sync::watch::Sender<bool>,
     controller: tokio::task::JoinHandle<Result<(), gpu_remediator::RunControllerError>>,
     election: tokio::task::JoinHandle<
-        Result<gpu_remediator::leader::ElectionEnd, gpu_remediator::leader::RunElectionError>,
+        Result<gpu_remediator::election::ElectionEnd, gpu_remediator::election::RunElectionError>,
     >,
 }
 

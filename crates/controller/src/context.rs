@@ -76,6 +76,9 @@ pub struct Context {
     pub replacers: Replacers,
     /// Metrics.
     pub metrics: Metrics,
+    /// Whether `DeviceTaintRule`s of ours may exist that no node names (unknown at start, so the
+    /// first pass looks; see `act::quarantine_device::reconcile`).
+    pub device_rules_may_exist: std::sync::atomic::AtomicBool,
     /// When each pod (by UID) was last asked to leave. Only paces retries: losing it on a restart
     /// costs one early retry, never a wrong decision.
     eviction_attempts: Mutex<HashMap<String, Timestamp>>,
@@ -85,12 +88,6 @@ pub struct Context {
     pub evictions_in_flight: Mutex<HashMap<String, Flight>>,
     /// Drain progress held back between status writes, and when each status was last written.
     pub progress: crate::progress::HeldProgress,
-    /// Each policy's status as this replica last wrote it, with the policy's version it was
-    /// written over: a pass that runs before the watch shows the write does not write it again.
-    pub policy_status_written: Mutex<HashMap<String, crate::admit::WrittenStatus>>,
-    /// Since when each policy's planned status has differed from the server's in counts only
-    /// (held, see `policy_status`).
-    pub policy_counts_held: Mutex<HashMap<String, jiff::Timestamp>>,
 }
 
 impl Context {
@@ -105,11 +102,10 @@ impl Context {
             caches,
             replacers,
             metrics,
+            device_rules_may_exist: std::sync::atomic::AtomicBool::new(true),
             eviction_attempts: Mutex::default(),
             evictions_in_flight: Mutex::default(),
             progress: crate::progress::HeldProgress::default(),
-            policy_status_written: Mutex::default(),
-            policy_counts_held: Mutex::default(),
         }
     }
 

@@ -28,19 +28,19 @@ use tokio::{
     sync::Notify,
     task::{JoinError, JoinSet},
 };
-use tracing::Instrument as _;
 
 use crate::{
-    admit,
+    act::{
+        self, admit,
+        remediation::{self, AdvanceRemediationError, Next},
+    },
     context::{Context, Settings},
     fleet, hardware,
     lanes::{Lane, Lanes},
     leader::Fence,
-    observe::{Caches, Changed, StartCachesError},
-    quarantine,
-    remediation::{self, AdvanceRemediationError, Next},
+    observe::{Caches, Changed, StartCachesError, Undecodable, overlay::Overlays},
     telemetry::{Health, Metrics},
-    write::{self, Overlays, Writer},
+    write::{self, Writer},
 };
 
 /// How long a stopping controller waits for the advances under way to end. An advance cut short
@@ -102,10 +102,14 @@ pub async fn run_with_telemetry(
     // The watches' own client: a watch holds its connection, and reads nothing else.
     let watch_client = kube::Client::try_from(config.clone()).map_err(RunControllerError::Client)?;
     let wake = Arc::new(Notify::new());
+    let (undecodable, findings) = Undecodable::new();
+    // Reports for as long as the runtime runs (Events and conditions, while the fence holds).
+    tokio::spawn(act::undecodable::report(writer.clone(), findings));
     let caches = Caches::start(
         &watch_client,
         settings.policy_selector.as_deref(),
-        &writer,
+        writer.overlays(),
+        undecodable,
         wake.clone(),
     )
     .await?;
@@ -123,7 +127,7 @@ pub async fn run_with_telemetry(
     tracing::info!(policy_selector = ?ctx.settings.policy_selector, "caches ready; controller running");
     let mut advances = Advances::new(&ctx.settings);
     let mut index = fleet::index::NodeIndex::default();
-    let mut ledger = hardware::act::Ledger::default();
+    let mut ledger = act::hardware::Ledger::default();
     // The first pass, and every pass the resync starts, looks at every remediation; a pass a watch
     // event starts looks at those the change concerns and those due; a pass started by an
     // advance ending or by a timer looks at those due.
@@ -179,25 +183,20 @@ async fn pass(
     ctx: &Arc<Context>,
     advances: &mut Advances,
     index: &mut fleet::index::NodeIndex,
-    ledger: &mut hardware::act::Ledger,
+    ledger: &mut act::hardware::Ledger,
     changed: &Changed,
 ) -> Timestamp {
     let now = Timestamp::now();
     let error_retry = crate::time::plus(now, crate::time::signed(ctx.settings.error_backoff));
     let mut next = crate::time::plus(now, crate::time::signed(ctx.settings.resync));
 
-    let policies: Vec<_> = {
-        let written = ctx
-            .policy_status_written
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        ctx.caches
-            .policies
-            .state()
-            .iter()
-            .map(|policy| admit::as_written(policy, written.get(&policy.name_any())))
-            .collect()
-    };
+    let policies: Vec<_> = ctx
+        .caches
+        .policies
+        .state()
+        .iter()
+        .map(|policy| ctx.writer.policy_as_written(policy))
+        .collect();
     let remediations = ctx.caches.remediations();
     let node_changes = if changed.nodes_listed {
         fleet::index::NodeChanges::Everything
@@ -226,19 +225,19 @@ async fn pass(
     }
     // Quarantines first: stopping new placements is what a fresh signal waits for.
     for policy_plan in &mut plan.policies {
-        if let Err(error) = quarantine::apply::apply(ctx, policy_plan, &candidates).await {
+        if let Err(error) = act::quarantine::apply(ctx, policy_plan, &candidates).await {
             tracing::warn!(policy = ?policy_plan.policy.metadata.name, %error, "writing a quarantine failed; retrying");
             ctx.metrics.reconcile_error("policy", write::metric_label(&error));
             next = next.min(error_retry);
         }
     }
-    if let Err(error) = quarantine::apply::lift_orphans(ctx, &plan.orphan_quarantines).await {
+    if let Err(error) = act::quarantine::lift_orphans(ctx, &plan.orphan_quarantines).await {
         tracing::warn!(%error, "lifting an orphaned quarantine failed; retrying");
         ctx.metrics.reconcile_error("policy", write::metric_label(&error));
         next = next.min(error_retry);
     }
     // Device-level quarantines' rules follow the nodes' annotations written just above.
-    if let Err(error) = quarantine::device_apply::reconcile(ctx, &candidates).await {
+    if let Err(error) = act::quarantine_device::reconcile(ctx, &candidates).await {
         tracing::warn!(%error, "making the device quarantine rules follow the nodes failed; retrying");
         ctx.metrics.reconcile_error("policy", write::metric_label(&error));
         next = next.min(error_retry);
@@ -287,7 +286,7 @@ async fn pass(
     }
     // Behind the pass: neither a fault's cordon nor the next faults' quarantines wait for the
     // ledger's writes.
-    ledger.start(hardware::act::sync(ctx.clone(), policies, candidates, now));
+    ledger.start(act::hardware::sync(ctx.clone(), policies, candidates, now));
     announcements.publish(ctx).await;
     next
 }
@@ -389,24 +388,10 @@ impl Advances {
         // Entered now, before the task runs: a carrying advance spawned next already yields to it.
         let ticket = self.lanes.enter(lane);
         let ctx = ctx.clone();
-        let span = crate::telemetry::remediation_span(
-            &name,
-            &remediation.spec.node_name,
-            &remediation.spec.policy_name,
-            remediation
-                .status
-                .as_ref()
-                .map(|s| s.phase)
-                .unwrap_or_default()
-                .as_str(),
-        );
-        let task = self.running.spawn(
-            async move {
-                let _turn = ticket.turn().await;
-                remediation::advance(&ctx, remediation).await
-            }
-            .instrument(span),
-        );
+        let task = self.running.spawn(async move {
+            let _turn = ticket.turn().await;
+            remediation::advance_in_span(&ctx, remediation).await
+        });
         self.names.insert(task.id(), name.clone());
         self.due.remove(&name);
         self.in_flight.insert(name);

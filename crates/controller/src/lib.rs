@@ -11,7 +11,7 @@ pub mod leader;
 pub mod replace;
 pub mod telemetry;
 
-pub mod admit;
+pub mod act;
 pub mod budget;
 pub mod cli;
 pub mod context;
@@ -20,10 +20,10 @@ pub mod cordon;
 pub mod detect;
 pub mod dra;
 pub mod drain;
+pub mod election;
 pub mod fleet;
 pub mod governance;
 pub mod hardware;
-pub mod ladder_acts;
 pub mod lanes;
 pub mod lifecycle;
 pub mod node_patch;
@@ -32,7 +32,10 @@ pub mod policy_status;
 pub mod progress;
 pub mod quarantine;
 pub mod read;
-pub mod remediation;
+pub mod record_name;
+pub mod status_condition;
+#[cfg(test)]
+mod test_fixtures;
 pub mod time;
 pub mod write;
 

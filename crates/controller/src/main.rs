@@ -13,7 +13,8 @@ use gpu_remediator::{
         commands::{self, ExplainArgs, HistoryArgs, ValidateArgs},
     },
     controller::{Telemetry, run_with_telemetry},
-    leader::{ElectionConfig, Elector, Fence, lease_client},
+    election::{ElectionConfig, Elector, lease_client},
+    leader::Fence,
     telemetry::{self, Health, Metrics},
 };
 use tokio::sync::watch;
@@ -104,7 +105,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .context("loading Kubernetes credentials")?;
     // A per-process suffix: a restarted replica must not mistake its predecessor's claim for its
-    // own (see `leader::ElectionConfig::identity`).
+    // own (see `election::ElectionConfig::identity`).
     let identity = format!(
         "{}-{}",
         args.identity

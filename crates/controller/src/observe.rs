@@ -16,7 +16,7 @@
 //! left out and reported, and never fails the watch, nor the readiness that waits for its list.
 //!
 //! Writes the controller makes are visible at once through the writer's overlays
-//! ([`crate::write::Overlays`]): a remediation created or updated in one pass is seen by the next
+//! ([`overlay::Overlays`]): a remediation created or updated in one pass is seen by the next
 //! even before its watch event arrives, so the budget never counts a remediation late and a phase
 //! is never repeated from a stale cache. The writer records into them; the caches only read.
 
@@ -40,9 +40,10 @@ use kube::{
 };
 use tokio::sync::{Notify, watch};
 
-use crate::write::{Overlay, Writer};
+use overlay::{Overlay, Overlays};
 
 pub mod initial_list;
+pub mod overlay;
 mod relevant;
 pub mod undecodable;
 
@@ -203,12 +204,13 @@ impl Caches {
     /// Starts the four watches on the runtime and returns their stores once every initial list has
     /// completed, so no pass decides from a partial view. `wake` is notified on every relevant
     /// change.
-    /// Our own writes are read from `writer`'s overlays, and undecodable objects are reported
-    /// through it.
+    /// Our own writes are read from `overlays` (the writer's), and undecodable objects are
+    /// recorded in `undecodable` (whose findings the caller reports).
     pub async fn start(
         client: &Client,
         policy_selector: Option<&str>,
-        writer: &Writer,
+        overlays: &Overlays,
+        undecodable: Undecodable,
         wake: Arc<Notify>,
     ) -> Result<Self, StartCachesError> {
         let config = || watcher::Config::default().any_semantic();
@@ -224,15 +226,14 @@ impl Caches {
             policy_config = policy_config.labels(selector);
             remediation_config = remediation_config.labels(selector);
         }
-        let written_remediations = writer.overlays().remediations.clone();
-        let written_nodes = writer.overlays().nodes.clone();
-        let written_hardware_records = writer.overlays().hardware_records.clone();
+        let written_remediations = overlays.remediations.clone();
+        let written_nodes = overlays.nodes.clone();
+        let written_hardware_records = overlays.hardware_records.clone();
         let changes = Changes::default();
         let anything = |changes: &Changes| {
             let changes = changes.clone();
             move |_: Option<String>| changes.note(|c| c.anything = true)
         };
-        let undecodable = Undecodable::start(writer.clone());
         let policies = spawn_decoding_reflector(
             client,
             &undecodable,
@@ -341,7 +342,7 @@ impl Caches {
     #[cfg(test)]
     #[must_use]
     pub fn fixed(
-        writer: &Writer,
+        overlays: &Overlays,
         policies: Vec<GpuRemediationPolicy>,
         remediations: Vec<GpuRemediation>,
         nodes: Vec<Node>,
@@ -362,11 +363,11 @@ impl Caches {
             nodes: store_of(nodes),
             budgets: store_of(Vec::new()),
             hardware_records: store_of(Vec::new()),
-            written_remediations: writer.overlays().remediations.clone(),
-            written_nodes: writer.overlays().nodes.clone(),
-            written_hardware_records: writer.overlays().hardware_records.clone(),
+            written_remediations: overlays.remediations.clone(),
+            written_nodes: overlays.nodes.clone(),
+            written_hardware_records: overlays.hardware_records.clone(),
             changes: Changes::default(),
-            undecodable: Undecodable::start(writer.clone()),
+            undecodable: Undecodable::new().0,
             disrupted: Disrupted::default(),
             budget_changes: watch::channel(0).1,
         }

@@ -10,7 +10,7 @@
 //!   disappears only after the node is gone.
 //! - Nodes carry the annotations Cluster API sets (`cluster.x-k8s.io/machine`,
 //!   `cluster.x-k8s.io/cluster-namespace`); Machines carry `cluster.x-k8s.io/set-name` and
-//!   `status.nodeRef`; `NodeClaims` carry `status.nodeName` and `status.providerID`.
+//!   `status.nodeRef`; `NodeClaims` carry `status.nodeName` and `status.providerID` (the node's).
 //! - Machines are written at `cluster.x-k8s.io/v1beta2` and `NodeClaims` at `karpenter.sh/v1`, the
 //!   upstream storage versions of the CRDs vendored in `e2e/fixtures/`.
 //!
@@ -270,7 +270,16 @@ impl ProviderState {
                     .create(&PostParams::default(), &object)
                     .await
                     .map_err(api_error(format!("creating NodeClaim {name}")))?;
-                let status = json!({"status": {"nodeName": node, "providerID": format!("sandbox://{node}")}});
+                // Karpenter's claim carries the instance's ID, which the node's spec carries too (the
+                // controller deletes a claim only when the two match).
+                let provider_id = nodes
+                    .get(node)
+                    .await
+                    .map_err(api_error(format!("reading node {node}")))?
+                    .spec
+                    .and_then(|spec| spec.provider_id)
+                    .unwrap_or_else(|| format!("sandbox://{node}"));
+                let status = json!({"status": {"nodeName": node, "providerID": provider_id}});
                 claims
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
                     .await

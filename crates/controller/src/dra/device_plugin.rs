@@ -22,9 +22,8 @@ use gpu_remediation_api::gpu_pods::{
 };
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
 
-use super::holders::{PodKey, finished};
+use super::pod_key::{PodKey, finished, key};
 
 /// How far the node's clock (which stamps `readAt`) may be behind the API server's (which stamps
 /// a pod's creation): a pod created this close before the read counts as created after it (the
@@ -189,14 +188,6 @@ pub fn named_off_node(
         })
         .map(|e| (e.namespace, e.name))
         .collect()
-}
-
-fn key(pod: &Pod) -> PodKey {
-    PodKey {
-        namespace: pod.namespace().unwrap_or_default(),
-        name: pod.name_any(),
-        uid: pod.metadata.uid.clone(),
-    }
 }
 
 #[cfg(test)]

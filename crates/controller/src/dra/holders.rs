@@ -25,28 +25,12 @@ use kube::ResourceExt;
 
 use super::{
     device_plugin::{PluginPod, plugin_holders},
+    pod_key::{PodKey, finished, key},
     wire::{ResourceClaim, ResourceSlice},
 };
 
 /// Resource names under this prefix are GPUs (or their partitions) handed out by a device plugin.
 pub const DEVICE_PLUGIN_GPU_PREFIX: &str = "nvidia.com/";
-
-/// A pod, by namespace and name (and UID, to evict only the pod that was seen).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PodKey {
-    /// Its namespace.
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-    /// Its UID.
-    pub uid: Option<String>,
-}
-
-impl std::fmt::Display for PodKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
 
 /// The answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -300,22 +284,6 @@ fn uses_claims(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.resource_claims.as_ref())
         .is_some_and(|c| !c.is_empty())
-}
-
-/// Whether the pod has finished (it holds nothing any more).
-pub(super) fn finished(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-fn key(pod: &Pod) -> PodKey {
-    PodKey {
-        namespace: pod.namespace().unwrap_or_default(),
-        name: pod.name_any(),
-        uid: pod.metadata.uid.clone(),
-    }
 }
 
 #[cfg(test)]

@@ -12,8 +12,10 @@
 
 pub mod device_plugin;
 pub mod holders;
+pub mod pod_key;
 pub mod read;
 pub mod wire;
 
-pub use holders::{DeviceId, Holders, PodKey, Sources, pods_holding};
+pub use holders::{DeviceId, Holders, Sources, pods_holding};
+pub use pod_key::PodKey;
 pub use read::{NodeDevices, ReadDevicesError, node_devices, pods_holding_on};

@@ -10,9 +10,9 @@ use gpu_remediation_api::{
     policy::{YIELDED_LISTED_MAX, YieldedNode},
 };
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use crate::budget;
+use crate::{budget, status_condition::condition};
 
 #[allow(
     clippy::too_many_arguments,
@@ -179,32 +179,6 @@ pub(super) fn suspect_condition(
         generation,
         now,
     )
-}
-
-/// A condition, keeping the previous transition time when its status did not change.
-#[must_use]
-pub fn condition(
-    previous: &[Condition],
-    type_: &str,
-    status: bool,
-    reason: String,
-    message: String,
-    generation: Option<i64>,
-    now: Timestamp,
-) -> Condition {
-    let status = if status { "True" } else { "False" }.to_owned();
-    let last_transition_time = previous
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map_or(Time(now), |c| c.last_transition_time.clone());
-    Condition {
-        type_: type_.to_owned(),
-        status,
-        reason,
-        message,
-        last_transition_time,
-        observed_generation: generation,
-    }
 }
 
 pub(super) fn has_true_condition(conditions: &[Condition], type_: &str) -> bool {

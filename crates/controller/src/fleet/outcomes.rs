@@ -145,11 +145,7 @@ fn health_since(node: &Node, spec: &GpuRemediationPolicySpec, now: Timestamp) ->
 
 #[cfg(test)]
 mod tests {
-    use gpu_remediation_api::{
-        GpuRemediationSpec, GpuRemediationStatus,
-        policy::{Action, ConditionStatus},
-        remediation::{PhaseTransition, TriggerRecord},
-    };
+    use gpu_remediation_api::{GpuRemediationStatus, policy::Action, remediation::PhaseTransition};
     use k8s_openapi::{
         api::core::v1::{NodeCondition, NodeStatus},
         apimachinery::pkg::apis::meta::v1::Time,
@@ -171,26 +167,8 @@ mod tests {
     }
 
     fn record(node: &str, phase: Phase, ended: i64) -> Arc<GpuRemediation> {
-        let mut r = GpuRemediation::new(
-            &format!("{node}-r"),
-            GpuRemediationSpec {
-                node_name: node.into(),
-                policy_name: "p".into(),
-                trigger: TriggerRecord {
-                    condition_type: "GpuHealthy".into(),
-                    status: ConditionStatus::False,
-                    reason: "XID79".into(),
-                    message: String::new(),
-                    since: Some(Time(at(0))),
-                },
-                action: Action::Replace,
-                mode: Mode::Enforce,
-                node_uid: None,
-                previous_incident: None,
-                policy_snapshot: None,
-                hardware: None,
-            },
-        );
+        let mut r =
+            crate::test_fixtures::remediation(&format!("{node}-r"), node, "p", Some(at(0)), Action::Replace);
         r.status = Some(GpuRemediationStatus {
             phase,
             phase_history: vec![PhaseTransition {

@@ -10,10 +10,8 @@
 use std::{sync::Arc, time::Instant};
 
 use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, GpuRemediationPolicySpec, GpuRemediationSpec, GpuRemediationStatus,
-    Phase,
-    policy::{Action, ConditionStatus, Mode},
-    remediation::TriggerRecord,
+    GpuRemediation, GpuRemediationPolicy, GpuRemediationPolicySpec, GpuRemediationStatus, Phase,
+    policy::Action,
 };
 use jiff::Timestamp;
 use k8s_openapi::{
@@ -102,26 +100,8 @@ fn node(index: usize, broken: bool) -> Arc<Node> {
 
 fn record(index: usize, phase: Phase) -> Arc<GpuRemediation> {
     let node = format!("gpu-{index:05}");
-    let mut r = GpuRemediation::new(
-        &format!("{node}-abc"),
-        GpuRemediationSpec {
-            node_name: node,
-            policy_name: "scale".into(),
-            trigger: TriggerRecord {
-                condition_type: "GpuHealthy".into(),
-                status: ConditionStatus::False,
-                reason: "XID79".into(),
-                message: String::new(),
-                since: Some(Time(at(0))),
-            },
-            action: Action::None,
-            mode: Mode::Enforce,
-            node_uid: None,
-            previous_incident: None,
-            policy_snapshot: None,
-            hardware: None,
-        },
-    );
+    let mut r =
+        crate::test_fixtures::remediation(&format!("{node}-abc"), &node, "scale", Some(at(0)), Action::None);
     r.metadata.creation_timestamp = Some(Time(at(6)));
     r.status = Some(GpuRemediationStatus {
         phase,

@@ -13,7 +13,7 @@ use jiff::Timestamp;
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use kube::ResourceExt;
 
-use crate::detect::Evidence;
+use crate::{detect::Evidence, record_name::remediation_name};
 
 /// The remediation to create for a node admitted under a policy; `previous` is when the node's
 /// previous incident on record started.
@@ -72,26 +72,4 @@ pub fn snapshot_of(policy: &GpuRemediationPolicy) -> PolicySnapshot {
         release: policy.spec.release.clone(),
         ladder: policy.spec.ladder.clone(),
     }
-}
-
-/// `<node>-<6 hex digits>`: the same node, policy and episode always give the same name, so a
-/// repeated create (a retried pass, a new leader) finds the existing record instead of a second.
-#[must_use]
-pub fn remediation_name(node: &str, policy: &str, since: Timestamp) -> String {
-    // FNV-1a: small, stable across builds and platforms (std's hasher is not).
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in node
-        .bytes()
-        .chain([0])
-        .chain(policy.bytes())
-        .chain([0])
-        .chain(since.as_second().to_be_bytes())
-    {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    let suffix = format!("{:06x}", hash & 0xff_ffff);
-    // Keep the whole name a valid object name (at most 253 characters).
-    let prefix: String = node.chars().take(253 - 7).collect();
-    format!("{prefix}-{suffix}")
 }

@@ -4,7 +4,6 @@
 //! last rung, and a node carrying it is flagged when it joins (`join`). Every module is pure but
 //! `act`, which writes.
 
-pub mod act;
 pub mod admission;
 pub mod history;
 pub mod join;

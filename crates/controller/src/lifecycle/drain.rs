@@ -2,10 +2,7 @@
 //! status (progress and blockers, in the server's words), the verdict against `drain.timeout`,
 //! `onTimeout`, and the hand-over once the node is empty. Also the dry run's record.
 
-use std::{
-    collections::{BTreeSet, HashMap},
-    fmt::Write as _,
-};
+use std::collections::{BTreeSet, HashMap};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationStatus, Phase,
@@ -14,17 +11,22 @@ use gpu_remediation_api::{
     remediation::{Blocker, DrainStatus, PolicySnapshot},
 };
 use jiff::Timestamp;
-use k8s_openapi::{api::policy::v1::PodDisruptionBudget, apimachinery::pkg::apis::meta::v1::Time};
-use kube::{core::Status, runtime::events::EventType};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::events::EventType;
+
+mod blockers;
+mod force;
 
 use super::{
     Ask, Decision, EvictionAnswer, Facts, Next, Note, Seen, Settlement, eviction_round,
     status::{self, enter, set_condition},
 };
 use crate::{
-    drain::{self, Leaving, Plan},
+    drain::{Leaving, Plan},
     time::{plus, signed},
 };
+use blockers::{blocked_by, blocker, budgets_named, waiting_for};
+use force::force_delete;
 
 /// One step of a drain in `Cordoned`, `Draining` or `Blocked`.
 pub(super) fn advance(
@@ -246,127 +248,6 @@ fn block(
     }
 }
 
-/// How long past its `deletionTimestamp` a terminating pod may take to disappear before it counts
-/// as stuck: a live kubelet reports the pod gone shortly after the grace period, later under load.
-const KUBELET_SLACK: jiff::SignedDuration = jiff::SignedDuration::from_secs(10);
-
-/// Whether a pod is terminating and still there `KUBELET_SLACK` past its deadline (a terminating pod
-/// without a deadline is stuck at once).
-fn stuck_terminating(pod: &Leaving, now: Timestamp) -> bool {
-    pod.terminating && pod.gone_by.is_none_or(|by| by + KUBELET_SLACK <= now)
-}
-
-/// `onTimeout: ForceDelete`: delete the pods still running with the policy's grace period, and
-/// pods stuck terminating with grace 0 only where the policy allows it. What cannot be removed
-/// (a refused delete, a pod stuck terminating without the opt-in) leaves the drain `Blocked`
-/// with the reason.
-fn force_delete(
-    rules: &PolicySnapshot,
-    plan: &Plan,
-    seen: &Seen<'_>,
-    status: GpuRemediationStatus,
-    notes: Vec<Note>,
-    next: Next,
-    now: Timestamp,
-) -> Decision {
-    let asked: BTreeSet<&str> = seen
-        .answers
-        .deletions
-        .iter()
-        .map(|(p, _)| p.uid.as_str())
-        .collect();
-    let running: Vec<Leaving> = plan
-        .to_evict()
-        .filter(|p| !asked.contains(p.uid.as_str()))
-        .cloned()
-        .collect();
-    if !running.is_empty() {
-        return Decision::Ask(Ask::Delete {
-            pods: running,
-            grace: grace_period(rules),
-        });
-    }
-    // A pod still terminating well past its own deadline is stuck (its kubelet is gone or hung);
-    // just past it, a live kubelet may still be reporting the pod gone.
-    let stuck: Vec<&Leaving> = plan
-        .leaving
-        .iter()
-        .filter(|p| stuck_terminating(p, now))
-        .collect();
-    if rules.drain.allow_zero_grace_period {
-        let unasked: Vec<Leaving> = stuck
-            .iter()
-            .filter(|p| !asked.contains(p.uid.as_str()))
-            .map(|p| (*p).clone())
-            .collect();
-        if !unasked.is_empty() {
-            return Decision::Ask(Ask::Delete {
-                pods: unasked,
-                grace: Some(0),
-            });
-        }
-    }
-    let refused: Vec<String> = seen
-        .answers
-        .deletions
-        .iter()
-        .filter_map(|(pod, answer)| {
-            answer
-                .as_ref()
-                .err()
-                .map(|w| format!("{}: {}", pod.key(), w.message))
-        })
-        .collect();
-    let deleted: Vec<String> = seen
-        .answers
-        .deletions
-        .iter()
-        .filter(|(_, answer)| answer.is_ok())
-        .map(|(pod, _)| pod.key())
-        .collect();
-    let mut message = format!(
-        "drain timed out after {} (onTimeout: ForceDelete)",
-        rules.drain.timeout
-    );
-    if !deleted.is_empty() {
-        let _ = write!(message, "; deleted directly: {}", deleted.join(", "));
-    }
-    if !refused.is_empty() {
-        let _ = write!(
-            message,
-            "; the server refused to delete {} (does the controller have the optional force-delete role?)",
-            refused.join("; ")
-        );
-    }
-    let stuck_without_help = !stuck.is_empty() && !rules.drain.allow_zero_grace_period;
-    if stuck_without_help {
-        let names: Vec<String> = stuck.iter().map(|p| p.key()).collect();
-        let _ = write!(
-            message,
-            "; pods stuck terminating past their grace period: {} (drain.allowZeroGracePeriod lets \
-             ForceDelete remove them with grace 0; or remove them by hand)",
-            names.join(", ")
-        );
-    }
-    let mut notes = notes;
-    if !deleted.is_empty() {
-        notes.push(Note::new(reasons::DRAIN_TIMEOUT, EventType::Warning, &message));
-    }
-    if refused.is_empty() && !stuck_without_help {
-        // Everything asked was granted: the pods are on their way out; look again soon.
-        let mut status = status;
-        status.message = Some(message);
-        return Decision::Settle(Settlement {
-            release: None,
-            status,
-            notes,
-            drop_finalizer: false,
-            next: Next::At(plus(now, seen.pace.pod_poll)),
-        });
-    }
-    Decision::Settle(block(status, notes, &message, next, now))
-}
-
 /// What this round's answers (and the earlier blockers of pods not asked again, and the pods held
 /// for their budget's room) make of the drain's progress.
 fn record_answers(
@@ -425,20 +306,6 @@ fn record_answers(
         would_evict: Vec::new(),
         evicted: previous.evicted.clone(),
         scope: None,
-    }
-}
-
-/// The blocker of a pod not asked yet because its budget shows no room (code 0: no server answer).
-fn waiting_for(pod: &Leaving, budget: &str, now: Timestamp) -> Blocker {
-    Blocker {
-        pod: pod.key(),
-        pdb: Some(budget.to_owned()),
-        code: 0,
-        message: format!(
-            "not asked yet: the disruption budget {budget} allows no more disruptions now (its status, less \
-             the evictions already granted under it); asked as soon as its status shows room"
-        ),
-        since: Some(Time(now)),
     }
 }
 
@@ -586,213 +453,9 @@ pub(super) fn grace_period(rules: &PolicySnapshot) -> Option<i64> {
         .filter(|&g| g != 0 || rules.drain.allow_zero_grace_period)
 }
 
-/// A blocker from a refusal: the budget the server names (or those covering the pod) and the
-/// server's words.
-pub(super) fn blocker(
-    pod: &Leaving,
-    answer: &Status,
-    budgets: &[PodDisruptionBudget],
-    since: Time,
-) -> Blocker {
-    let named = drain::budget_named_in(answer);
-    let pdb = named
-        .as_ref()
-        .map(|name| format!("{}/{name}", pod.namespace))
-        .or_else(|| {
-            let covering = drain::covering_budgets(pod, budgets);
-            (!covering.is_empty()).then(|| covering.join(","))
-        });
-    let causes = answer.details.as_ref().map(|d| {
-        d.causes
-            .iter()
-            .map(|c| c.message.as_str())
-            .collect::<Vec<_>>()
-            .join("; ")
-    });
-    let mut message = match causes {
-        Some(causes) if !causes.is_empty() => format!("{} ({causes})", answer.message),
-        _ => answer.message.clone(),
-    };
-    let refusing = named.and_then(|name| {
-        budgets.iter().find(|b| {
-            b.metadata.namespace.as_deref() == Some(pod.namespace.as_str())
-                && b.metadata.name.as_deref() == Some(name.as_str())
-        })
-    });
-    if let Some(spent) = refusing.and_then(spent_on) {
-        message.push_str(&spent);
-    }
-    Blocker {
-        pod: pod.key(),
-        pdb,
-        code: answer.code,
-        message,
-        since: Some(since),
-    }
-}
-
-/// What a refusing budget has already granted: the pods its status still counts as evicted. An
-/// eviction the API server granted but whose pod deletion was lost (the client went away between
-/// the two) holds the budget until the disruption controller gives it back, 2 minutes later.
-fn spent_on(budget: &PodDisruptionBudget) -> Option<String> {
-    let disrupted = budget.status.as_ref()?.disrupted_pods.as_ref()?;
-    let earliest = disrupted.values().map(|t| t.0).min()?;
-    let mut pods: Vec<&str> = disrupted.keys().map(String::as_str).collect();
-    pods.sort_unstable();
-    Some(format!(
-        "; the budget still counts {} as evicted (granted since {earliest}): it is given back once \
-         they are gone, or by the disruption controller 2 minutes after the grant if a deletion was lost",
-        pods.join(", ")
-    ))
-}
-
-/// Each refusing budget once, sorted (a blocker may name several, comma-separated).
-fn budgets_named(blockers: &[Blocker]) -> Vec<String> {
-    let names: BTreeSet<String> = blockers
-        .iter()
-        .filter_map(|b| b.pdb.as_deref())
-        .flat_map(|pdbs| pdbs.split(',').map(str::to_owned))
-        .collect();
-    names.into_iter().collect()
-}
-
-/// "; refused by a, b" for the blockers' budgets, or nothing.
-fn blocked_by(status: &GpuRemediationStatus) -> String {
-    let budgets = budgets_named(status.drain.as_ref().map_or(&[], |d| d.blockers.as_slice()));
-    if budgets.is_empty() {
-        String::new()
-    } else {
-        format!("; refused by {}", budgets.join(", "))
-    }
-}
-
 fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
-mod tests {
-    use k8s_openapi::{
-        api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus},
-        apimachinery::pkg::apis::meta::v1::LabelSelector,
-    };
-    use kube::api::ObjectMeta;
-
-    use super::*;
-
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
-
-    fn pod() -> Leaving {
-        Leaving {
-            namespace: "work".into(),
-            name: "web-0".into(),
-            uid: "u".into(),
-            terminating: false,
-            gone_by: None,
-            labels: [("app".to_owned(), "web".to_owned())].into(),
-            readiness: crate::drain::Readiness::Ready,
-        }
-    }
-
-    fn budget(name: &str, allowed: i32) -> PodDisruptionBudget {
-        PodDisruptionBudget {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("work".into()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(PodDisruptionBudgetSpec {
-                selector: Some(LabelSelector {
-                    match_labels: Some([("app".to_owned(), "web".to_owned())].into()),
-                    ..LabelSelector::default()
-                }),
-                ..PodDisruptionBudgetSpec::default()
-            }),
-            status: Some(PodDisruptionBudgetStatus {
-                disruptions_allowed: allowed,
-                ..PodDisruptionBudgetStatus::default()
-            }),
-        }
-    }
-
-    #[test]
-    fn a_blocker_names_the_budget_the_server_names_or_those_that_cover_the_pod() {
-        let named = Status {
-            code: 429,
-            message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
-            ..Status::default()
-        };
-        let b = blocker(&pod(), &named, &[budget("web", 0)], Time(at(0)));
-        assert_eq!(
-            (b.pod.as_str(), b.pdb.as_deref(), b.code),
-            ("work/web-0", Some("work/web"), 429)
-        );
-        let several = Status {
-            code: 500,
-            message: "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
-                .into(),
-            ..Status::default()
-        };
-        let b = blocker(&pod(), &several, &[budget("a", 1), budget("b", 1)], Time(at(0)));
-        assert_eq!(b.pdb.as_deref(), Some("work/a,work/b"));
-        assert_eq!(b.code, 500);
-    }
-
-    #[test]
-    fn a_blocker_names_the_pods_its_budget_still_counts_as_evicted() {
-        let refused: Status = serde_json::from_value(serde_json::json!({
-            "code": 429,
-            "message": "Cannot evict pod as it would violate the pod's disruption budget.",
-            "details": {"causes": [{
-                "reason": "DisruptionBudget",
-                "message": "The disruption budget web needs 3 healthy pods and has 3 currently",
-            }]},
-        }))
-        .unwrap();
-        let mut spent = budget("web", 0);
-        spent.status.as_mut().unwrap().disrupted_pods = Some(
-            [
-                ("web-2".to_owned(), Time(at(30))),
-                ("web-1".to_owned(), Time(at(10))),
-            ]
-            .into(),
-        );
-        let b = blocker(&pod(), &refused, &[spent], Time(at(40)));
-        assert!(
-            b.message.ends_with(&format!(
-                "; the budget still counts web-1, web-2 as evicted (granted since {}): it is given back once \
-                 they are gone, or by the disruption controller 2 minutes after the grant if a deletion was lost",
-                at(10)
-            )),
-            "{}",
-            b.message
-        );
-    }
-
-    #[test]
-    fn a_pod_just_past_its_grace_period_is_not_stuck_until_the_kubelet_has_had_its_slack() {
-        let mut going = pod();
-        assert!(!stuck_terminating(&going, at(100)), "a running pod is not stuck");
-        going.terminating = true;
-        going.gone_by = Some(at(10));
-        assert!(!stuck_terminating(&going, at(11)), "one second past the deadline");
-        assert!(stuck_terminating(&going, at(20)), "ten seconds past the deadline");
-    }
-
-    #[test]
-    fn blockers_name_each_budget_once() {
-        let b = |pdb: &str| Blocker {
-            pod: "work/p".into(),
-            pdb: Some(pdb.into()),
-            code: 500,
-            message: String::new(),
-            since: None,
-        };
-        assert_eq!(
-            budgets_named(&[b("work/a,work/b"), b("work/a,work/b"), b("work/c")]),
-            ["work/a", "work/b", "work/c"]
-        );
-    }
-}
+mod tests;

@@ -54,8 +54,9 @@ use crate::{
     time::{plus, signed},
 };
 
+pub use crate::cordon::{Cordon, NodeRef};
 pub use decision::{Ask, CancelReason, Decision, Next, Release, Settlement};
-pub use seen::{Answers, Cordon, CordonAnswer, EvictionAnswer, Health, Identity, NodeRef, Pace, Seen, Words};
+pub use seen::{Answers, CordonAnswer, EvictionAnswer, Health, Identity, Pace, Seen, Words};
 pub use status::Note;
 
 /// The facts about the record and its node that every phase reads.

@@ -14,26 +14,6 @@ use crate::{
     replace::Observation,
 };
 
-/// Who holds the node's cordon, as its annotations and spec say.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cordon {
-    /// The node is schedulable.
-    None,
-    /// Unschedulable, and our annotation names this remediation: ours to lift.
-    Ours,
-    /// Unschedulable, but it was before we came (or someone else's): never ours to lift.
-    Theirs,
-}
-
-/// The node a node effect is meant for: its name and, when known, the UID admitted.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeRef {
-    /// The node's name.
-    pub name: String,
-    /// The UID recorded at admission; an edit carries it as a precondition.
-    pub uid: Option<String>,
-}
-
 /// How long the lifecycle waits between looks, from the controller's settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pace {

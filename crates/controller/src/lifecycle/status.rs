@@ -150,7 +150,7 @@ pub fn set_condition(
     message: &str,
     now: Timestamp,
 ) {
-    let updated = crate::fleet::condition(
+    let updated = crate::status_condition::condition(
         &status.conditions,
         type_,
         value,

@@ -14,27 +14,14 @@ use std::{
     sync::{Arc, LazyLock, Mutex, PoisonError},
 };
 
-use gpu_remediation_api::{GpuRemediationPolicy, constants::policy_conditions};
-use k8s_openapi::{
-    api::core::v1::ObjectReference,
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
-};
-use kube::{
-    Resource, ResourceExt,
-    api::DynamicObject,
-    runtime::{
-        events::{Event, EventType},
-        watcher,
-    },
-};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::{Resource, ResourceExt, api::DynamicObject, runtime::watcher};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{family::Family, gauge::Gauge},
 };
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
-
-use crate::write::Writer;
 
 /// The Event and condition reason of an object the controller cannot decode.
 pub const REASON: &str = "Undecodable";
@@ -51,14 +38,21 @@ pub struct ObjectLabels {
 /// `telemetry::Metrics` registers this family in every registry it builds.
 pub static GAUGE: LazyLock<Family<ObjectLabels, Gauge>> = LazyLock::new(Family::default);
 
-/// An object that does not decode, for the reporting task.
+/// An object that does not decode, for the reporting task ([`crate::act::undecodable`]).
 #[derive(Debug, Clone)]
-struct Finding {
-    reference: ObjectReference,
-    generation: Option<i64>,
-    resource_version: Option<String>,
-    error: String,
+pub struct Finding {
+    /// The object.
+    pub reference: ObjectReference,
+    /// Its `metadata.generation`, as stored.
+    pub generation: Option<i64>,
+    /// Its `resourceVersion`, as stored (a status write is made over it only).
+    pub resource_version: Option<String>,
+    /// Why it does not decode.
+    pub error: String,
 }
+
+/// The findings of an [`Undecodable`] registry, in the order found, for its reporting task.
+pub type Findings = mpsc::UnboundedReceiver<Finding>;
 
 /// The objects that do not decode now, by `(kind, name)`, with why. Shared by both watches.
 #[derive(Clone, Debug)]
@@ -68,16 +62,16 @@ pub struct Undecodable {
 }
 
 impl Undecodable {
-    /// A registry whose findings a task spawned on the runtime reports through `writer`, while its
-    /// fence holds (a follower reports what it found once it leads).
+    /// A registry, and the findings it sends for a reporting task to report
+    /// ([`crate::act::undecodable::report`]); findings sent after that task ends are dropped.
     #[must_use]
-    pub fn start(writer: Writer) -> Self {
+    pub fn new() -> (Self, Findings) {
         let (reports, findings) = mpsc::unbounded_channel();
-        tokio::spawn(report(writer, findings));
-        Self {
+        let registry = Self {
             found: Arc::default(),
             reports,
-        }
+        };
+        (registry, findings)
     }
 
     /// Every object that does not decode now: `(kind, name, why)`.
@@ -113,7 +107,7 @@ impl Undecodable {
             resource_version: object.metadata.resource_version.clone(),
             error,
         };
-        // The reporting task ends only with the runtime.
+        // The reporting task ends only with the runtime (or, in tests, is never started).
         let _ = self.reports.send(finding);
     }
 
@@ -220,81 +214,9 @@ impl<K: Resource<DynamicType = ()> + Clone + DeserializeOwned> Decoder<K> {
     }
 }
 
-/// Reports each finding: a `Warning` Event on the object; on a policy, its conditions too.
-async fn report(writer: Writer, mut findings: mpsc::UnboundedReceiver<Finding>) {
-    while let Some(finding) = findings.recv().await {
-        writer.fence().acquired().await;
-        let name = finding.reference.name.clone().unwrap_or_default();
-        let note = format!(
-            "the controller cannot read this object and leaves it out until it is fixed or deleted: {}",
-            finding.error
-        );
-        let event = Event {
-            type_: EventType::Warning,
-            reason: REASON.to_owned(),
-            note: Some(truncated(&note, 1000)),
-            action: "Decode".to_owned(),
-            secondary: None,
-        };
-        writer.publish_to(&finding.reference, event).await;
-        if finding.reference.kind.as_deref() == Some(GpuRemediationPolicy::kind(&()).as_ref())
-            && let Err(error) = mark_policy_invalid(&writer, &name, &finding, &note).await
-        {
-            tracing::warn!(%error, policy = %name, "marking the undecodable policy Invalid failed");
-        }
-    }
-}
-
-/// Sets `Ready=False` and `Invalid=True` (reason `Undecodable`) on the policy `name`, as the same
-/// field manager as the controller's own status writes, which replace them once it decodes again.
-async fn mark_policy_invalid(
-    writer: &Writer,
-    name: &str,
-    finding: &Finding,
-    message: &str,
-) -> Result<(), crate::write::WriteError> {
-    let generation = finding.generation;
-    let now = Time(jiff::Timestamp::now());
-    let condition = |type_: &str| Condition {
-        type_: type_.to_owned(),
-        status: if type_ == policy_conditions::INVALID {
-            "True"
-        } else {
-            "False"
-        }
-        .to_owned(),
-        reason: REASON.to_owned(),
-        message: truncated(message, 32_768),
-        last_transition_time: now.clone(),
-        observed_generation: generation,
-    };
-    // Only over the version found (a fixed policy is the controller's again), under our claim. As
-    // an untyped object: the stored policy is the one that does not decode.
-    let status = serde_json::json!({
-        "conditions": [condition(policy_conditions::READY), condition(policy_conditions::INVALID)],
-    });
-    writer
-        .apply_status::<DynamicObject>(
-            &kube::api::ApiResource::erase::<GpuRemediationPolicy>(&()),
-            name,
-            finding.resource_version.as_deref(),
-            status,
-        )
-        .await?;
-    Ok(())
-}
-
-fn truncated(text: &str, max: usize) -> String {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
-}
-
 #[cfg(test)]
 mod tests {
-    use gpu_remediation_api::GpuRemediation;
+    use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy};
     use serde_json::json;
 
     use super::*;

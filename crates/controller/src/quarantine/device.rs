@@ -288,7 +288,7 @@ pub fn condition(served: bool, previous: &[Condition], generation: Option<i64>, 
             format!("{NOT_SERVED}: quarantines taint the whole node"),
         )
     };
-    crate::fleet::condition(
+    crate::status_condition::condition(
         previous,
         policy_conditions::DEVICE_QUARANTINE,
         served,

@@ -22,9 +22,7 @@
 //! quarantine takes only those devices out of allocation instead of tainting the node
 //! ([`device`]); everything above holds the same for it.
 
-pub mod apply;
 pub mod device;
-pub mod device_apply;
 pub mod leak;
 pub mod taint;
 
@@ -49,8 +47,8 @@ use k8s_openapi::{
 use kube::ResourceExt;
 
 use crate::{
+    cordon::NodeRef,
     detect::{self, Verdict},
-    lifecycle::NodeRef,
     time::{plus, signed},
 };
 
@@ -246,7 +244,7 @@ impl Plan {
                 ),
             )
         };
-        crate::fleet::condition(
+        crate::status_condition::condition(
             previous,
             policy_conditions::QUARANTINE_LIMITED,
             limited,
@@ -410,7 +408,7 @@ fn episode_over(
     let cancelled = node
         .annotations()
         .get(CANCELLED_ANNOTATION)
-        .is_some_and(|c| *c == crate::fleet::remediation_name(&name, policy, since));
+        .is_some_and(|c| *c == crate::record_name::remediation_name(&name, policy, since));
     cancelled
         || records.iter().any(|r| {
             r.spec.policy_name == policy && r.spec.trigger.since.as_ref().is_some_and(|t| t.0 == since)

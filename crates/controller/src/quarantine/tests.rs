@@ -1,9 +1,4 @@
-use gpu_remediation_api::{
-    GpuRemediationSpec, GpuRemediationStatus, Phase,
-    policy::{Action, ConditionStatus},
-    remediation::TriggerRecord,
-    selector::IntOrPercent,
-};
+use gpu_remediation_api::{GpuRemediationStatus, Phase, policy::Action, selector::IntOrPercent};
 use k8s_openapi::{
     api::core::v1::{NodeSpec, NodeStatus, Taint},
     apimachinery::pkg::apis::meta::v1::Time,
@@ -66,25 +61,12 @@ fn quarantined(mut node: Node, policy: &str) -> Node {
 }
 
 fn record(node: &str, since: i64, phase: Phase) -> Arc<GpuRemediation> {
-    let mut r = GpuRemediation::new(
-        &crate::fleet::remediation_name(node, "p", at(since)),
-        GpuRemediationSpec {
-            node_name: node.into(),
-            policy_name: "p".into(),
-            trigger: TriggerRecord {
-                condition_type: "GpuHealthy".into(),
-                status: ConditionStatus::False,
-                reason: "XID79".into(),
-                message: String::new(),
-                since: Some(Time(at(since))),
-            },
-            action: Action::None,
-            mode: Mode::Enforce,
-            node_uid: None,
-            previous_incident: None,
-            policy_snapshot: None,
-            hardware: None,
-        },
+    let mut r = crate::test_fixtures::remediation(
+        &crate::record_name::remediation_name(node, "p", at(since)),
+        node,
+        "p",
+        Some(at(since)),
+        Action::None,
     );
     r.status = Some(GpuRemediationStatus {
         phase,
@@ -255,7 +237,7 @@ fn an_episode_a_person_cancelled_is_not_quarantined_again() {
     let mut n = node("n1", Some(0));
     n.annotations_mut().insert(
         CANCELLED_ANNOTATION.to_owned(),
-        crate::fleet::remediation_name("n1", "p", at(0)),
+        crate::record_name::remediation_name("n1", "p", at(0)),
     );
     assert!(decide(&spec(), &[n], &[], 1000).add.is_empty());
 }

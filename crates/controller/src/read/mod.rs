@@ -2,6 +2,12 @@
 //! [`Reader`] holds the client privately and offers reads only, so a module that is handed a
 //! reader cannot write: every write goes through [`crate::write::Writer`].
 
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
 use kube::{
     Api, Client, Resource,
     api::{ApiResource, GetParams, ListParams, ObjectList},
@@ -112,13 +118,54 @@ where
 #[derive(Clone)]
 pub struct Reader {
     client: Client,
+    /// Which resources the server serves, by `group/version` and resource, and when it said so
+    /// (shared by this reader's clones; see [`Reader::serves`]).
+    served: Arc<Mutex<HashMap<(String, String), Served>>>,
 }
+
+/// Whether a resource is served, and when the server said so.
+type Served = (Instant, bool);
+
+/// How long an answer about a resource being served is trusted.
+const SERVED_TTL: Duration = Duration::from_secs(60);
 
 impl Reader {
     /// Reads through `client`.
     #[must_use]
     pub fn new(client: Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            served: Arc::default(),
+        }
+    }
+
+    /// Whether the server serves `resource` in `group_version`, asked through discovery at most
+    /// once per minute. A failed question answers `false` (the caller takes the safe side) and is
+    /// asked again next time.
+    pub async fn serves(&self, group_version: &str, resource: &str) -> bool {
+        let key = (group_version.to_owned(), resource.to_owned());
+        if let Some((at, served)) = self
+            .served
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+            && at.elapsed() < SERVED_TTL
+        {
+            return *served;
+        }
+        let served = match self.api_group_resources(group_version).await {
+            Ok(list) => list.resources.iter().any(|r| r.name == resource),
+            Err(kube::Error::Api(status)) if status.is_not_found() => false,
+            Err(error) => {
+                tracing::debug!(%error, group_version, resource, "asking whether a resource is served failed");
+                return false;
+            }
+        };
+        self.served
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, (Instant::now(), served));
+        served
     }
 
     /// The reads of kind `K` in `scope`.

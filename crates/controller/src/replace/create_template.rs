@@ -1,212 +1,234 @@
 //! `Template`: create the policy's template object for the remediation (rendered by
 //! [`super::template::render`]) and follow what it reports. Resolving the kind by discovery
 //! gives its plural and scope, so any kind works.
+//!
+//! Pure: [`plan`] (the create, given the rendered object and its kind as served), [`adopt`] (a
+//! retry's create that found an object of that name: ours only if the remediation controls it) and
+//! [`observe`] (the object read, as the verification's inputs).
 
-use futures::{FutureExt as _, TryFutureExt as _, future::BoxFuture};
-use gpu_remediation_api::{GpuRemediation, object_reference::ObjectReference, policy::Replacement};
-use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
+use gpu_remediation_api::{GpuRemediation, object_reference::ObjectReference};
 use kube::{
     api::{ApiResource, DynamicObject},
-    core::{GroupVersion, GroupVersionKind},
     discovery::Scope,
 };
 
-use crate::{
-    read::{ReadApi, Scope as ReadScope},
-    write::WriteError,
-};
-
 use super::{
-    Kube, ObserveReplacementError, Replace, TriggerReplacementError, Triggered, node_presence, presence,
-    template::{self, render},
+    TriggerReplacementError,
+    plan::{Plan, Write},
+    presence,
+    template::{self, Rendered},
     verify::{Observation, Presence, ReplacementNode, Reported},
 };
 
-/// The `Template` strategy.
-pub struct CreateTemplate {
-    kube: Kube,
-}
-
-/// The reads of the object: namespaced or not, as discovery says.
-fn api_for(
-    kube: &Kube,
+/// What creating the template's object writes, given it `rendered` for the remediation and its
+/// kind as the server serves it (`resource`, `scope`): the create, with the namespace the template
+/// names. A refusal when the template's namespace does not fit the kind's scope.
+pub fn plan(
+    rendered: Rendered,
     resource: &ApiResource,
     scope: &Scope,
-    namespace: Option<&str>,
-) -> ReadApi<DynamicObject> {
-    match (scope, namespace) {
-        (Scope::Namespaced, Some(namespace)) => kube.reader.api(ReadScope::Namespace(namespace), resource),
-        _ => kube.reader.api(ReadScope::Cluster, resource),
-    }
-}
-
-impl CreateTemplate {
-    pub(crate) fn new(kube: Kube) -> Self {
-        Self { kube }
-    }
-
-    async fn resolve(
-        &self,
-        api_version: &str,
-        kind: &str,
-    ) -> Result<Option<(ApiResource, Scope)>, kube::Error> {
-        let Ok(group_version) = api_version.parse::<GroupVersion>() else {
-            return Ok(None);
-        };
-        let gvk = GroupVersionKind::gvk(&group_version.group, &group_version.version, kind);
-        match self.kube.reader.pinned_kind(&gvk).await {
-            Ok((resource, capabilities)) => Ok(Some((resource, capabilities.scope))),
-            Err(kube::Error::Discovery(_)) => Ok(None),
-            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
-            Err(error) => Err(error),
+) -> Result<Plan, TriggerReplacementError> {
+    match (scope, &rendered.namespace) {
+        (Scope::Namespaced, None) => {
+            return Err(TriggerReplacementError::TemplateNeedsNamespace { kind: rendered.kind });
         }
-    }
-
-    async fn create(
-        &self,
-        remediation: &GpuRemediation,
-        replacement: &Replacement,
-    ) -> Result<ObjectReference, TriggerReplacementError> {
-        let rendered = render(replacement.template.as_ref(), remediation)?;
-        let not_served = || TriggerReplacementError::KindNotServed {
-            group: rendered.api_version.clone(),
-            kind: rendered.kind.clone(),
-        };
-        let (resource, scope) = self
-            .resolve(&rendered.api_version, &rendered.kind)
-            .await
-            .map_err(|source| TriggerReplacementError::Api {
-                action: format!("discovering {} {}", rendered.api_version, rendered.kind),
-                source,
-            })?
-            .ok_or_else(not_served)?;
-        match (&scope, &rendered.namespace) {
-            (Scope::Namespaced, None) => {
-                return Err(TriggerReplacementError::TemplateNeedsNamespace { kind: rendered.kind });
-            }
-            (Scope::Cluster, Some(_)) => {
-                return Err(TriggerReplacementError::TemplateNamespaceNotAllowed { kind: rendered.kind });
-            }
-            _ => {}
+        (Scope::Cluster, Some(_)) => {
+            return Err(TriggerReplacementError::TemplateNamespaceNotAllowed { kind: rendered.kind });
         }
-        let api = api_for(&self.kube, &resource, &scope, rendered.namespace.as_deref());
-        let shown_name = match &rendered.namespace {
-            Some(namespace) => format!("{namespace}/{}", rendered.name),
-            None => rendered.name.clone(),
-        };
-        let mut object: DynamicObject = serde_json::from_value(rendered.object.clone())
-            .map_err(|_| TriggerReplacementError::Template(template::RenderTemplateError::NotAnObject))?;
-        object.metadata.namespace.clone_from(&rendered.namespace);
-        let created = match self.kube.writer.create(&resource, &object).await {
-            Ok(created) => created,
-            Err(WriteError::Fenced(fenced)) => return Err(fenced.into()),
-            Err(WriteError::Api(kube::Error::Api(status))) if status.is_already_exists() => {
-                // A retry: the object is ours if its controlling owner is this remediation.
-                let existing =
-                    api.get(&rendered.name)
-                        .await
-                        .map_err(|source| TriggerReplacementError::Api {
-                            action: format!("reading {} {shown_name}", rendered.kind),
-                            source,
-                        })?;
-                let ours = existing.metadata.owner_references.iter().flatten().any(|owner| {
-                    owner.controller == Some(true)
-                        && owner.uid.as_str() == remediation.metadata.uid.as_deref().unwrap_or_default()
-                });
-                if !ours {
-                    return Err(TriggerReplacementError::TemplateNameTaken {
-                        kind: rendered.kind,
-                        name: shown_name,
-                    });
-                }
-                existing
-            }
-            Err(WriteError::Api(source)) => {
-                return Err(TriggerReplacementError::Api {
-                    action: format!("creating {} {shown_name}", rendered.kind),
-                    source,
-                });
-            }
-        };
-        Ok(ObjectReference {
+        _ => {}
+    }
+    let mut object: DynamicObject = serde_json::from_value(rendered.object)
+        .map_err(|_| TriggerReplacementError::Template(template::RenderTemplateError::NotAnObject))?;
+    object.metadata.namespace.clone_from(&rendered.namespace);
+    Ok(Plan {
+        reference: ObjectReference {
             api_version: rendered.api_version,
             kind: rendered.kind,
             name: rendered.name,
             namespace: rendered.namespace,
-            uid: created.metadata.uid,
-        })
-    }
+            uid: None,
+        },
+        writes: vec![Write::Create {
+            resource: resource.clone(),
+            object: Box::new(object),
+        }],
+    })
+}
 
-    async fn look(
-        &self,
-        remediation: &GpuRemediation,
-        reference: &ObjectReference,
-        triggered_at: Timestamp,
-    ) -> Result<Observation, ObserveReplacementError> {
-        let read_error = |action: String| move |source| ObserveReplacementError::Api { action, source };
-        let nodes: ReadApi<Node> = self.kube.reader.api(ReadScope::Cluster, &());
-        let node = nodes
-            .get_opt(&remediation.spec.node_name)
-            .await
-            .map_err(read_error(format!("reading node {}", remediation.spec.node_name)))?;
-        let node = node_presence(
-            node.as_ref().map(|node| &node.metadata),
-            remediation.spec.node_uid.as_deref(),
-            triggered_at,
-        );
-        let (resource, scope) = self
-            .resolve(&reference.api_version, &reference.kind)
-            .await
-            .map_err(read_error(format!(
-                "discovering {} {}",
-                reference.api_version, reference.kind
-            )))?
-            .ok_or_else(|| ObserveReplacementError::KindNotServed {
-                api_version: reference.api_version.clone(),
-                kind: reference.kind.clone(),
-            })?;
-        let api = api_for(&self.kube, &resource, &scope, reference.namespace.as_deref());
-        let object = api.get_opt(&reference.name).await.map_err(read_error(format!(
-            "reading {} {}",
-            reference.kind, reference.name
-        )))?;
-        let target = presence(
-            object.as_ref().map(|object| &object.metadata),
-            reference.uid.as_deref(),
-        );
-        let reported = match (&object, target) {
-            (Some(object), Presence::Present | Presence::Deleting) => {
-                template::report(object.data.get("status"))
-            }
-            _ => Reported::InProgress,
-        };
-        Ok(Observation {
-            target,
-            node,
-            reported,
-            replacement: ReplacementNode::NotExpected,
-        })
+/// The object `reference` names, for a person: `namespace/name`, or `name`.
+#[must_use]
+pub fn shown(reference: &ObjectReference) -> String {
+    match &reference.namespace {
+        Some(namespace) => format!("{namespace}/{}", reference.name),
+        None => reference.name.clone(),
     }
 }
 
-impl Replace for CreateTemplate {
-    fn trigger<'a>(
-        &'a self,
-        remediation: &'a GpuRemediation,
-        replacement: &'a Replacement,
-    ) -> BoxFuture<'a, Result<Triggered, TriggerReplacementError>> {
-        self.create(remediation, replacement)
-            .map_ok(Triggered::from)
-            .boxed()
+/// A retried create found `existing` under the name it creates: the UID to record when the
+/// remediation is its controlling owner (the first try created it), else a refusal (someone
+/// else's object is never taken over).
+pub fn adopt(
+    remediation: &GpuRemediation,
+    reference: &ObjectReference,
+    existing: &DynamicObject,
+) -> Result<Option<String>, TriggerReplacementError> {
+    let ours = existing.metadata.owner_references.iter().flatten().any(|owner| {
+        owner.controller == Some(true)
+            && owner.uid.as_str() == remediation.metadata.uid.as_deref().unwrap_or_default()
+    });
+    if !ours {
+        return Err(TriggerReplacementError::TemplateNameTaken {
+            kind: reference.kind.clone(),
+            name: shown(reference),
+        });
+    }
+    Ok(existing.metadata.uid.clone())
+}
+
+/// The observation of a template's object (`found`, read by the recorded reference): whether it is
+/// the object of the recorded UID, and what it reports while it is; `node` the remediated node's
+/// presence.
+#[must_use]
+pub fn observe(found: Option<&DynamicObject>, reference: &ObjectReference, node: Presence) -> Observation {
+    let target = presence(found.map(|object| &object.metadata), reference.uid.as_deref());
+    let reported = match (found, target) {
+        (Some(object), Presence::Present | Presence::Deleting) => template::report(object.data.get("status")),
+        _ => Reported::InProgress,
+    };
+    Observation {
+        target,
+        node,
+        reported,
+        replacement: ReplacementNode::NotExpected,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::GroupVersionKind;
+    use serde_json::json;
+
+    use super::*;
+    use crate::replace::{
+        fixtures::{remediation, template_replacement},
+        template::render,
+    };
+
+    fn served() -> ApiResource {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(
+                "self-node-remediation.medik8s.io",
+                "v1alpha1",
+                "SelfNodeRemediation",
+            ),
+            "selfnoderemediations",
+        )
     }
 
-    fn observe<'a>(
-        &'a self,
-        remediation: &'a GpuRemediation,
-        reference: &'a ObjectReference,
-        triggered_at: Timestamp,
-    ) -> BoxFuture<'a, Result<Observation, ObserveReplacementError>> {
-        self.look(remediation, reference, triggered_at).boxed()
+    fn rendered() -> Rendered {
+        render(
+            template_replacement().template.as_ref(),
+            &remediation(Some("uid-gpu-1")),
+        )
+        .expect("renders")
+    }
+
+    #[test]
+    fn the_template_is_created_named_after_the_node_in_its_namespace_owned_by_the_remediation() {
+        let planned = plan(rendered(), &served(), &Scope::Namespaced).expect("fits its kind");
+        let [Write::Create { resource, object }] = planned.writes.as_slice() else {
+            panic!("one create: {:?}", planned.writes)
+        };
+        assert_eq!(resource, &served());
+        assert_eq!(
+            serde_json::to_value(object).expect("an object"),
+            json!({
+                "apiVersion": "self-node-remediation.medik8s.io/v1alpha1",
+                "kind": "SelfNodeRemediation",
+                "metadata": {
+                    "name": "gpu-1",
+                    "namespace": "openshift-workload-availability",
+                    "ownerReferences": [{
+                        "apiVersion": "gpuremediation.dev/v1alpha1", "kind": "GpuRemediation",
+                        "name": "gpu-1-1a2b3c", "uid": "uid-remediation-1", "controller": true,
+                    }],
+                },
+                "spec": {"remediationStrategy": "Automatic"},
+            })
+        );
+        assert_eq!(
+            planned.reference,
+            ObjectReference {
+                api_version: "self-node-remediation.medik8s.io/v1alpha1".to_owned(),
+                kind: "SelfNodeRemediation".to_owned(),
+                name: "gpu-1".to_owned(),
+                namespace: Some("openshift-workload-availability".to_owned()),
+                uid: None,
+            }
+        );
+    }
+
+    #[test]
+    fn a_namespace_that_does_not_fit_the_kinds_scope_is_refused() {
+        let refused = plan(rendered(), &served(), &Scope::Cluster).expect_err("refused");
+        assert!(matches!(
+            refused,
+            TriggerReplacementError::TemplateNamespaceNotAllowed { .. }
+        ));
+        let mut unplaced = rendered();
+        unplaced.namespace = None;
+        let refused = plan(unplaced, &served(), &Scope::Namespaced).expect_err("refused");
+        assert!(matches!(
+            refused,
+            TriggerReplacementError::TemplateNeedsNamespace { .. }
+        ));
+    }
+
+    #[test]
+    fn a_retry_adopts_the_object_it_created_and_no_one_elses() {
+        let planned = plan(rendered(), &served(), &Scope::Namespaced).expect("fits its kind");
+        let [Write::Create { object, .. }] = planned.writes.as_slice() else {
+            panic!("one create")
+        };
+        let mut ours = object.clone();
+        ours.metadata.uid = Some("uid-snr".to_owned());
+        let owner = remediation(Some("uid-gpu-1"));
+        assert_eq!(
+            adopt(&owner, &planned.reference, &ours).expect("ours"),
+            Some("uid-snr".to_owned())
+        );
+        let mut theirs = ours;
+        theirs.metadata.owner_references = None;
+        assert_eq!(
+            adopt(&owner, &planned.reference, &theirs)
+                .expect_err("not ours")
+                .to_string(),
+            "SelfNodeRemediation openshift-workload-availability/gpu-1 already exists and is not owned by this remediation"
+        );
+    }
+
+    #[test]
+    fn the_object_of_the_recorded_uid_reports_and_another_is_gone() {
+        let mut object = DynamicObject::new("gpu-1", &served());
+        object.metadata.uid = Some("uid-snr".to_owned());
+        object.data = json!({"status": {"conditions": [{"type": "Succeeded", "status": "True"}]}});
+        let mut reference = plan(rendered(), &served(), &Scope::Namespaced)
+            .expect("fits")
+            .reference;
+        reference.uid = Some("uid-snr".to_owned());
+        let observed = observe(Some(&object), &reference, Presence::Present);
+        assert_eq!(
+            (observed.target, observed.reported),
+            (
+                Presence::Present,
+                Reported::Done("condition Succeeded=True".to_owned())
+            )
+        );
+        reference.uid = Some("uid-earlier".to_owned());
+        let observed = observe(Some(&object), &reference, Presence::Present);
+        assert_eq!(
+            (observed.target, observed.reported),
+            (Presence::Gone, Reported::InProgress)
+        );
     }
 }

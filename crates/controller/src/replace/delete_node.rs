@@ -1,106 +1,126 @@
 //! `DeleteNode`: delete the Node object. The pod garbage collector then removes its pods, and the
 //! cloud provider or node group brings a new machine on its own schedule (not one-to-one, so no
 //! replacement is awaited).
+//!
+//! Pure: [`plan`] from the node read; what it observes is [`super::deletion_observed`] of the
+//! node read again.
 
-use futures::{FutureExt as _, TryFutureExt as _, future::BoxFuture};
-use gpu_remediation_api::{GpuRemediation, object_reference::ObjectReference, policy::Replacement};
-use jiff::Timestamp;
+use gpu_remediation_api::GpuRemediation;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::DeleteParams;
+use kube::api::ApiResource;
 
 use super::{
-    Kube, ObserveReplacementError, Replace, TriggerReplacementError, Triggered, node_presence, presence,
-};
-use crate::{
-    read::{ReadApi, Scope},
-    replace::verify::{Observation, ReplacementNode, Reported},
+    AdmittedNode,
+    plan::{Plan, Write, node_reference},
 };
 
-/// The `DeleteNode` strategy.
-pub struct DeleteNode {
-    kube: Kube,
-}
-
-impl DeleteNode {
-    pub(crate) fn new(kube: Kube) -> Self {
-        Self { kube }
+/// What deleting `remediation`'s node writes, given the node read by name (`node`): a delete of
+/// the node admitted, pinned to its UID (a node re-registered under the same name between the read
+/// and the delete is not deleted in its place); nothing when it is gone already or is another
+/// machine under the same name.
+#[must_use]
+pub fn plan(remediation: &GpuRemediation, node: Option<&Node>) -> Plan {
+    let name = &remediation.spec.node_name;
+    let admitted = AdmittedNode::of(remediation, node);
+    if let Some(reason) = admitted.gone_because(name) {
+        return Plan::nothing(node_reference(name, None), reason);
     }
-
-    async fn delete(&self, remediation: &GpuRemediation) -> Result<ObjectReference, TriggerReplacementError> {
-        let node_name = &remediation.spec.node_name;
-        let nodes: ReadApi<Node> = self.kube.reader.api(Scope::Cluster, &());
-        let action = |verb: &str| format!("{verb} node {node_name}");
-        let node = nodes
-            .get_opt(node_name)
-            .await
-            .map_err(|source| TriggerReplacementError::Api {
-                action: action("reading"),
-                source,
-            })?;
-        // Only the node admitted: a node re-registered under the same name since is another
-        // machine, and ours is gone already.
-        let admitted = remediation.spec.node_uid.as_deref();
-        let uid = node
-            .as_ref()
-            .and_then(|node| node.metadata.uid.clone())
-            .filter(|uid| admitted.is_none_or(|admitted| admitted == uid));
-        if let Some(uid) = &uid {
-            // The UID precondition makes sure a node re-registered under the same name between
-            // the read and the delete is not deleted in its place; gone already, or replaced by
-            // another node of the same name, is done. The claim is stamped first (issue 13).
-            self.kube
-                .delete_stamped(&nodes, node_name, Some(uid), &DeleteParams::default())
-                .await
-                .map_err(|error| error.during(action("deleting")))?;
-        }
-        Ok(ObjectReference {
-            api_version: "v1".to_owned(),
-            kind: "Node".to_owned(),
-            name: node_name.clone(),
+    let Some(uid) = node.and_then(|node| node.metadata.uid.clone()) else {
+        return Plan::nothing(
+            node_reference(name, None),
+            format!("node {name} was read without a UID: nothing identifies what to delete"),
+        );
+    };
+    Plan {
+        reference: node_reference(name, Some(uid.clone())),
+        writes: vec![Write::DeleteWithUid {
+            resource: ApiResource::erase::<Node>(&()),
             namespace: None,
+            name: name.clone(),
             uid,
-        })
-    }
-
-    async fn look(
-        &self,
-        remediation: &GpuRemediation,
-        reference: &ObjectReference,
-        triggered_at: Timestamp,
-    ) -> Result<Observation, ObserveReplacementError> {
-        let nodes: ReadApi<Node> = self.kube.reader.api(Scope::Cluster, &());
-        let node = nodes
-            .get_opt(&reference.name)
-            .await
-            .map_err(|source| ObserveReplacementError::Api {
-                action: format!("reading node {}", reference.name),
-                source,
-            })?;
-        let meta = node.as_ref().map(|node| &node.metadata);
-        Ok(Observation {
-            target: presence(meta, reference.uid.as_deref()),
-            node: node_presence(meta, remediation.spec.node_uid.as_deref(), triggered_at),
-            reported: Reported::Nothing,
-            replacement: ReplacementNode::NotExpected,
-        })
+        }],
     }
 }
 
-impl Replace for DeleteNode {
-    fn trigger<'a>(
-        &'a self,
-        remediation: &'a GpuRemediation,
-        _replacement: &'a Replacement,
-    ) -> BoxFuture<'a, Result<Triggered, TriggerReplacementError>> {
-        self.delete(remediation).map_ok(Triggered::from).boxed()
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replace::{
+        Presence, ReplacementNode, deletion_observed,
+        fixtures::{node, remediation},
+    };
+
+    fn observe(
+        found: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+        reference: &gpu_remediation_api::object_reference::ObjectReference,
+        node: Presence,
+    ) -> crate::replace::Observation {
+        deletion_observed(found, reference, node, ReplacementNode::NotExpected)
     }
 
-    fn observe<'a>(
-        &'a self,
-        remediation: &'a GpuRemediation,
-        reference: &'a ObjectReference,
-        triggered_at: Timestamp,
-    ) -> BoxFuture<'a, Result<Observation, ObserveReplacementError>> {
-        self.look(remediation, reference, triggered_at).boxed()
+    #[test]
+    fn the_node_admitted_is_deleted_pinned_to_its_uid() {
+        let planned = plan(&remediation(Some("uid-gpu-1")), Some(&node()));
+        assert_eq!(
+            planned.reference,
+            node_reference("gpu-1", Some("uid-gpu-1".to_owned()))
+        );
+        assert_eq!(
+            planned.writes,
+            [Write::DeleteWithUid {
+                resource: ApiResource::erase::<Node>(&()),
+                namespace: None,
+                name: "gpu-1".to_owned(),
+                uid: "uid-gpu-1".to_owned(),
+            }]
+        );
+    }
+
+    #[test]
+    fn a_node_gone_already_is_nothing_to_delete() {
+        let planned = plan(&remediation(Some("uid-gpu-1")), None);
+        assert_eq!(
+            planned,
+            Plan::nothing(
+                node_reference("gpu-1", None),
+                "node gpu-1 is gone already".to_owned()
+            )
+        );
+    }
+
+    #[test]
+    fn a_node_re_registered_under_the_same_name_is_not_deleted() {
+        let planned = plan(&remediation(Some("uid-old")), Some(&node()));
+        assert_eq!(
+            planned.writes,
+            [Write::Nothing {
+                reason: "node gpu-1 is another machine (UID uid-gpu-1) than the one admitted: ours is gone"
+                    .to_owned()
+            }]
+        );
+        assert_eq!(planned.reference.uid, None);
+    }
+
+    #[test]
+    fn a_record_from_before_uids_were_kept_deletes_the_node_of_that_name() {
+        let planned = plan(&remediation(None), Some(&node()));
+        assert!(matches!(
+            planned.writes.as_slice(),
+            [Write::DeleteWithUid { uid, .. }] if uid == "uid-gpu-1"
+        ));
+    }
+
+    #[test]
+    fn the_target_is_the_node_of_the_recorded_uid() {
+        let reference = node_reference("gpu-1", Some("uid-gpu-1".to_owned()));
+        let seen = node();
+        let observed = observe(Some(&seen.metadata), &reference, Presence::Present);
+        assert_eq!(observed.target, Presence::Present);
+        let other = node_reference("gpu-1", Some("uid-older".to_owned()));
+        assert_eq!(
+            observe(Some(&seen.metadata), &other, Presence::Gone).target,
+            Presence::Gone
+        );
+        assert_eq!(observe(None, &reference, Presence::Gone).target, Presence::Gone);
     }
 }

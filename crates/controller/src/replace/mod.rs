@@ -1,54 +1,62 @@
 //! Replacement: after the drain, make the broken node go away (and, where the strategy says so, a
 //! new one come), then verify it happened.
 //!
-//! One small trait, [`Replace`], with one implementation per `spec.replacement.strategy`:
+//! Decisions pure, effects in one place (zookeeper-operator's `reconcile_zk` style): each
+//! `spec.replacement.strategy` is a module of pure builders, and [`act`] is the one acting half
+//! that reads what they need, calls them, and hands what they return to the one writer.
 //!
-//! | strategy | [`Replace::trigger`] deletes or creates | module |
+//! | strategy | its builder ([`plan::Plan`]) writes | module |
 //! |---|---|---|
-//! | `DeleteNode` | the Node | [`delete_node`] |
-//! | `DeleteMachine` | the node's Cluster API Machine | [`delete_machine`] |
-//! | `DeleteNodeClaim` | the Karpenter `NodeClaim` whose status names the node | [`delete_node_claim`] |
-//! | `Template` | the policy's template object, owned by the remediation | [`create_template`] |
+//! | `DeleteNode` | a delete of the Node, of the UID admitted | [`delete_node`] |
+//! | `DeleteMachine` | a delete of the node's Cluster API Machine, once its `status.nodeRef` names the node | [`delete_machine`] |
+//! | `DeleteNodeClaim` | a delete of the Karpenter `NodeClaim` whose status names the node (name and provider ID) | [`delete_node_claim`] |
+//! | `Template` | a create of the policy's template object, owned by the remediation | [`create_template`] |
+//!
+//! What was read for a look turns into the verification's [`Observation`] purely too: for the
+//! delete strategies by [`deletion_observed`] (and [`node_reference_observed`] when the node was
+//! gone at the trigger), for a template by [`create_template::observe`]. The remediated node is
+//! read once per trigger and once per look, whatever the strategy ([`act`]).
 //!
 //! How the controller uses it (phase `Replacing`, then `Verifying`):
 //!
 //! 1. `Replacing`: `replacers.for_strategy(policy.spec.replacement.strategy).trigger(&remediation,
 //!    &policy.spec.replacement)`; record the returned reference in `status.replacement` and move
 //!    to `Verifying` (a trigger that wrote to the remediation returns it as written, and the status
-//!    write that follows is made over that version). `trigger` is idempotent: calling it again after a crash finds the same object
-//!    (or finds it gone) instead of acting twice.
+//!    write that follows is made over that version). `trigger` is idempotent: calling it again
+//!    after a crash finds the same object (or finds it gone) instead of acting twice. A builder's
+//!    refusal (a Machine or `NodeClaim` that does not corroborate the node) writes nothing and is
+//!    the trigger's error, which the lifecycle turns into an Event and the status.
 //! 2. `Verifying`, on every reconcile: `observe(&remediation, &reference, triggered_at)` (with
 //!    `triggered_at` = [`replacing_since`] of the status) then
 //!    [`verify::judge`] with whether the node's triggers cleared, the trigger time and the policy's
 //!    timeout: `Waiting` (requeue), `Succeeded` or `Failed { reason }`.
 //!
-//! Every mutating call here checks the [`Fence`] first. Action `None` never reaches this module:
-//! the controller stops after the drain and keeps the node cordoned; `Reboot` is a `Template` (see
-//! [`template`] for a Self Node Remediation example).
+//! Every write goes through the writer, which checks the fence first. Action `None` never reaches
+//! this module: the controller stops after the drain and keeps the node cordoned; `Reboot` is a
+//! `Template` (see [`template`] for a Self Node Remediation example).
 
+pub mod act;
 pub mod create_template;
 pub mod delete_machine;
 pub mod delete_node;
 pub mod delete_node_claim;
+pub mod plan;
 pub mod template;
 pub mod verify;
 
-use futures::future::BoxFuture;
-use gpu_remediation_api::{
-    GpuRemediation,
-    object_reference::ObjectReference,
-    policy::{Replacement, Strategy},
-};
-use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+#[cfg(test)]
+mod act_tests;
+#[cfg(test)]
+pub(crate) mod fixtures;
 
+use gpu_remediation_api::{GpuRemediation, object_reference::ObjectReference};
+use jiff::Timestamp;
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+
+pub use act::Replacers;
 pub use verify::{Observation, Presence, Progress, ReplacementNode, Reported, Verification, judge};
 
-use crate::{
-    leader::FenceError,
-    read::{ReadApi, Reader},
-    write::Writer,
-};
+use crate::leader::FenceError;
 
 pub use gpu_remediation_api::constants::REPLACEMENT_SELECTOR_ANNOTATION;
 
@@ -94,6 +102,35 @@ pub enum TriggerReplacementError {
         /// The node.
         node: String,
     },
+    /// The Machine the node's annotation names does not name the node back (`status.nodeRef`):
+    /// a node's own annotations are not enough to delete another object.
+    #[error("Machine {machine} is not node {node}'s ({why}): nothing was deleted")]
+    MachineNotTheNodes {
+        /// The Machine, `namespace/name`.
+        machine: String,
+        /// The node.
+        node: String,
+        /// What does not match.
+        why: String,
+    },
+    /// The `NodeClaim` naming the node does not carry the node's provider ID.
+    #[error("NodeClaim {claim} is not node {node}'s ({why}): nothing was deleted")]
+    NodeClaimNotTheNodes {
+        /// The claim.
+        claim: String,
+        /// The node.
+        node: String,
+        /// What does not match.
+        why: String,
+    },
+    /// The object to delete was read without a UID, so no delete can be pinned to it.
+    #[error("{kind} {name} was read without a UID: nothing identifies what to delete")]
+    Unidentified {
+        /// Kind.
+        kind: String,
+        /// Name (with namespace, if any).
+        name: String,
+    },
     /// The policy's template cannot be rendered.
     #[error("invalid replacement template: {0}")]
     Template(#[from] template::RenderTemplateError),
@@ -132,17 +169,23 @@ impl crate::write::DeleteStampedError {
 }
 
 impl TriggerReplacementError {
-    /// The HTTP status the server answered, if it did.
+    /// The HTTP status the server answered the failed call with, if it did.
     #[must_use]
     pub fn code(&self) -> Option<u16> {
-        match self {
-            Self::Api {
-                source: kube::Error::Api(status),
-                ..
-            } => Some(status.code),
-            _ => None,
-        }
+        answered(self)
     }
+}
+
+/// The HTTP status of the API server's answer along `error`'s chain of sources, if one is there.
+fn answered(error: &(dyn std::error::Error + 'static)) -> Option<u16> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(kube::Error::Api(status)) = error.downcast_ref::<kube::Error>() {
+            return Some(status.code);
+        }
+        next = error.source();
+    }
+    None
 }
 
 /// Why a replacement could not be observed.
@@ -167,16 +210,10 @@ pub enum ObserveReplacementError {
 }
 
 impl ObserveReplacementError {
-    /// The HTTP status the server answered, if it did.
+    /// The status code of the server's refusal, when the look failed on one.
     #[must_use]
     pub fn code(&self) -> Option<u16> {
-        match self {
-            Self::Api {
-                source: kube::Error::Api(status),
-                ..
-            } => Some(status.code),
-            _ => None,
-        }
+        answered(self)
     }
 }
 
@@ -191,116 +228,75 @@ pub struct Triggered {
     pub rewritten: Option<GpuRemediation>,
 }
 
-impl From<ObjectReference> for Triggered {
-    fn from(reference: ObjectReference) -> Self {
-        Self {
-            reference,
-            rewritten: None,
-        }
-    }
+/// The remediated node as the trigger's builders see it: the node admitted (a node re-registered
+/// under the same name since is another machine, and ours is gone).
+#[derive(Debug, Clone, Copy)]
+pub enum AdmittedNode<'a> {
+    /// No node of that name.
+    Gone,
+    /// A node of that name with another UID than the one admitted.
+    Another {
+        /// Its UID.
+        uid: &'a str,
+    },
+    /// The node admitted (or, for a record from before UIDs were kept, the node of that name).
+    Present(&'a Node),
 }
 
-/// One replacement strategy.
-pub trait Replace: Send + Sync {
-    /// Starts the replacement of `remediation`'s node under the policy's `replacement` settings
-    /// and returns the object that carries it out (for `status.replacement`). Idempotent.
-    fn trigger<'a>(
-        &'a self,
-        remediation: &'a GpuRemediation,
-        replacement: &'a Replacement,
-    ) -> BoxFuture<'a, Result<Triggered, TriggerReplacementError>>;
-
-    /// Looks at a triggered replacement. `remediation` must be current (its annotations are read);
-    /// `triggered_at` is when `Replacing` was entered.
-    fn observe<'a>(
-        &'a self,
-        remediation: &'a GpuRemediation,
-        reference: &'a ObjectReference,
-        triggered_at: Timestamp,
-    ) -> BoxFuture<'a, Result<Observation, ObserveReplacementError>>;
-}
-
-/// One of each strategy, sharing a client and the fence.
-pub struct Replacers {
-    delete_node: delete_node::DeleteNode,
-    delete_machine: delete_machine::DeleteMachine,
-    delete_node_claim: delete_node_claim::DeleteNodeClaim,
-    template: create_template::CreateTemplate,
-}
-
-impl Replacers {
-    /// All strategies, writing through `writer` (and reading through its reader).
+impl<'a> AdmittedNode<'a> {
+    /// What `found`, the node read by name, is to `remediation`.
     #[must_use]
-    pub fn new(writer: Writer) -> Self {
-        let kube = Kube {
-            reader: writer.reader(),
-            writer,
+    pub fn of(remediation: &GpuRemediation, found: Option<&'a Node>) -> Self {
+        let Some(node) = found else {
+            return Self::Gone;
         };
-        Self {
-            delete_node: delete_node::DeleteNode::new(kube.clone()),
-            delete_machine: delete_machine::DeleteMachine::new(kube.clone()),
-            delete_node_claim: delete_node_claim::DeleteNodeClaim::new(kube.clone()),
-            template: create_template::CreateTemplate::new(kube),
+        let uid = node.metadata.uid.as_deref().unwrap_or_default();
+        match remediation.spec.node_uid.as_deref() {
+            Some(admitted) if admitted != uid => Self::Another { uid },
+            _ => Self::Present(node),
         }
     }
 
-    /// The implementation of `strategy`.
+    /// Why nothing is left to do when the node is not the one admitted (`None` when it is).
     #[must_use]
-    pub fn for_strategy(&self, strategy: Strategy) -> &dyn Replace {
-        match strategy {
-            Strategy::DeleteNode => &self.delete_node,
-            Strategy::DeleteMachine => &self.delete_machine,
-            Strategy::DeleteNodeClaim => &self.delete_node_claim,
-            Strategy::Template => &self.template,
+    pub fn gone_because(&self, name: &str) -> Option<String> {
+        match self {
+            Self::Gone => Some(format!("node {name} is gone already")),
+            Self::Another { uid } => Some(format!(
+                "node {name} is another machine (UID {uid}) than the one admitted: ours is gone"
+            )),
+            Self::Present(_) => None,
         }
     }
 }
 
-/// What every strategy acts through: the one writer, and reads.
-#[derive(Clone)]
-pub(crate) struct Kube {
-    pub(crate) writer: Writer,
-    pub(crate) reader: Reader,
+/// What a delete strategy observes: the target is the object of the recorded UID (`found`, read by
+/// the reference's name), `node` the remediated node's presence, `replacement` what the strategy
+/// knows of the node replacing it.
+#[must_use]
+pub fn deletion_observed(
+    found: Option<&ObjectMeta>,
+    reference: &ObjectReference,
+    node: Presence,
+    replacement: ReplacementNode,
+) -> Observation {
+    Observation {
+        target: presence(found, reference.uid.as_deref()),
+        node,
+        reported: Reported::Nothing,
+        replacement,
+    }
 }
 
-impl Kube {
-    /// [`Writer::delete_stamped_in`]: the object of `uid` only, the claim stamped first.
-    pub(crate) async fn delete_stamped<K: crate::write::Writable>(
-        &self,
-        read: &ReadApi<K>,
-        name: &str,
-        uid: Option<&str>,
-        params: &kube::api::DeleteParams,
-    ) -> Result<crate::write::Deleted, crate::write::DeleteStampedError> {
-        self.writer.delete_stamped_in(read, name, uid, params).await
-    }
-
-    /// The version of `group`'s `kind` the API server prefers, found by discovery: the
-    /// Cluster API and Karpenter CRDs move between versions, so none is hard-coded. A group or
-    /// kind the server does not serve is `KindNotServed`, any other failure an API error.
-    pub(crate) async fn served_resource(
-        &self,
-        group: &str,
-        kind: &str,
-    ) -> Result<kube::api::ApiResource, TriggerReplacementError> {
-        let not_served = || TriggerReplacementError::KindNotServed {
-            group: group.to_owned(),
-            kind: kind.to_owned(),
-        };
-        let served = match self.reader.group(group).await {
-            Ok(served) => served,
-            Err(kube::Error::Discovery(_)) => return Err(not_served()),
-            Err(source) => {
-                return Err(TriggerReplacementError::Api {
-                    action: format!("discovering API group {group}"),
-                    source,
-                });
-            }
-        };
-        served
-            .recommended_kind(kind)
-            .map(|(resource, _)| resource)
-            .ok_or_else(not_served)
+/// What a delete strategy observes when its reference is the remediated node itself (it was gone
+/// when the replacement was triggered): the node's presence is the target's.
+#[must_use]
+pub fn node_reference_observed(node: Presence) -> Observation {
+    Observation {
+        target: node,
+        node,
+        reported: Reported::Nothing,
+        replacement: ReplacementNode::NotExpected,
     }
 }
 

@@ -214,7 +214,7 @@ fn judge_deletion(observation: &Observation) -> Progress {
 }
 
 /// When the replacement was triggered: the last entry into `Replacing` in the phase history (the
-/// `triggered_at` that [`Verification`] and `Replace::observe` take).
+/// `triggered_at` that [`Verification`] and `act::Replacing::observe` take).
 #[must_use]
 pub fn replacing_since(status: &GpuRemediationStatus) -> Option<Timestamp> {
     status
@@ -296,30 +296,23 @@ mod tests {
         );
     }
 
+    /// Whether a `DeleteMachine` replacement observed as `observation` still waits at `now`.
+    fn machine_waits(observation: &Observation, now: i64) -> bool {
+        is_waiting(&judge_at(Strategy::DeleteMachine, observation, false, now))
+    }
+
     #[test]
     fn a_machine_set_replacement_must_be_ready_before_success() {
         let mut observation = observed(Presence::Gone, Presence::Gone);
         observation.replacement = ReplacementNode::Awaited;
-        assert!(is_waiting(&judge_at(
-            Strategy::DeleteMachine,
-            &observation,
-            false,
-            5
-        )));
-        observation.replacement = ReplacementNode::Joined {
+        assert!(machine_waits(&observation, 5));
+        let joined = |ready| ReplacementNode::Joined {
             node: "gpu-9".to_owned(),
-            ready: false,
+            ready,
         };
-        assert!(is_waiting(&judge_at(
-            Strategy::DeleteMachine,
-            &observation,
-            false,
-            5
-        )));
-        observation.replacement = ReplacementNode::Joined {
-            node: "gpu-9".to_owned(),
-            ready: true,
-        };
+        observation.replacement = joined(false);
+        assert!(machine_waits(&observation, 5));
+        observation.replacement = joined(true);
         assert_eq!(
             judge_at(Strategy::DeleteMachine, &observation, false, 5),
             Progress::Succeeded {
@@ -332,12 +325,7 @@ mod tests {
     fn a_replacement_that_never_finishes_fails_at_the_timeout_naming_what_it_waited_for() {
         let mut observation = observed(Presence::Gone, Presence::Gone);
         observation.replacement = ReplacementNode::Awaited;
-        assert!(is_waiting(&judge_at(
-            Strategy::DeleteMachine,
-            &observation,
-            false,
-            599
-        )));
+        assert!(machine_waits(&observation, 599));
         assert_eq!(
             judge_at(Strategy::DeleteMachine, &observation, false, 600),
             Progress::Failed {

@@ -29,16 +29,26 @@ pub fn init_json_logs() -> Result<(), InitLogsError> {
         Ok(directives) if !directives.is_empty() => EnvFilter::try_new(directives)?,
         _ => EnvFilter::new(DEFAULT_FILTER),
     };
-    let json = tracing_subscriber::fmt::layer()
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(json_layer(std::io::stdout))
+        .try_init()?;
+    Ok(())
+}
+
+/// The JSON log layer writing to `writer`: one object per line, the event's fields flattened, with
+/// the current span and the list of spans it is in (what `remediation=<name>` filters on).
+pub fn json_layer<S, W>(writer: W) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+    W: for<'writer> tracing_subscriber::fmt::MakeWriter<'writer> + 'static,
+{
+    tracing_subscriber::fmt::layer()
         .json()
         .with_current_span(true)
         .with_span_list(true)
-        .flatten_event(true);
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(json)
-        .try_init()?;
-    Ok(())
+        .flatten_event(true)
+        .with_writer(writer)
 }
 
 /// The span a remediation's work runs in: every advance of a remediation is instrumented with it

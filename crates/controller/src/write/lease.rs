@@ -1,5 +1,5 @@
 //! The elector's writes to the leader Lease: the one write the controller makes without a claim,
-//! because it is how a claim is made (see `leader::elector`). The Lease's own `resourceVersion`
+//! because it is how a claim is made (see `election::elector`). The Lease's own `resourceVersion`
 //! fences these writes: a replace over a stale read conflicts.
 
 use k8s_openapi::api::coordination::v1::Lease;

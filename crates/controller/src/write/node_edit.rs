@@ -9,7 +9,7 @@ use kube::api::Patch;
 use super::{Verb, WriteError, Writer, claim, patch_params};
 use crate::{
     cordon,
-    lifecycle::NodeRef,
+    cordon::NodeRef,
     quarantine,
     read::{Scope, api},
 };

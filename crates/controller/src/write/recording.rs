@@ -275,7 +275,7 @@ pub(crate) fn context(
             serde_json::to_value(remediation).unwrap_or_default(),
         );
     }
-    let caches = crate::observe::Caches::fixed(&writer, policies, remediations, nodes);
+    let caches = crate::observe::Caches::fixed(writer.overlays(), policies, remediations, nodes);
     let metrics = crate::telemetry::Metrics::new();
     let context = crate::Context::new(crate::Settings::default(), writer, caches, metrics);
     (context, recording)

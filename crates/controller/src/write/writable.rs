@@ -13,32 +13,8 @@ use kube::{CustomResourceExt, Resource, api::DynamicObject};
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
 
-use super::overlay::Overlay;
+use crate::observe::overlay::{Overlay, Overlays};
 use crate::read::Placement;
-
-/// Our own writes of the kinds the passes read from caches, laid over those caches until their
-/// watches catch up. The writer records into them; the caches read them. `Default` keeps whole
-/// objects (tests); the controller prunes nodes as its node watch does ([`Overlays::new`]).
-#[derive(Clone, Default)]
-pub struct Overlays {
-    /// Remediations created or updated.
-    pub remediations: Overlay<GpuRemediation>,
-    /// Nodes edited (cordon, release, quarantine).
-    pub nodes: Overlay<Node>,
-    /// Hardware records created or updated.
-    pub hardware_records: Overlay<GpuHardwareRecord>,
-}
-
-impl Overlays {
-    /// Overlays whose nodes are pruned by `prune_node` before they are kept.
-    #[must_use]
-    pub fn new(prune_node: fn(&mut Node)) -> Self {
-        Self {
-            nodes: Overlay::pruned_by(prune_node),
-            ..Self::default()
-        }
-    }
-}
 
 /// A kind the writer can write.
 pub trait Writable:

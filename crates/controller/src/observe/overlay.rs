@@ -1,11 +1,14 @@
 //! Our own writes, laid over a watch cache until it has caught up with them: a remediation created
-//! or updated in one pass is seen by the next even before its watch event arrives.
+//! or updated in one pass is seen by the next even before its watch event arrives. The writer
+//! records into the overlays ([`Overlays`]); the caches only read them.
 
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
 };
 
+use gpu_remediation_api::{GpuHardwareRecord, GpuRemediation};
+use k8s_openapi::api::core::v1::Node;
 use kube::{Resource, ResourceExt};
 
 /// How long a write the cache has never shown stays laid over it. A watch delivers our own write
@@ -156,37 +159,38 @@ fn is_newer<K: Resource>(ours: &K, cached: &K) -> bool {
     matches!((version(ours), version(cached)), (Some(a), Some(b)) if a > b)
 }
 
+/// Our own writes of the kinds the passes read from caches, laid over those caches until their
+/// watches catch up. The writer records into them; the caches read them. `Default` keeps whole
+/// objects (tests); the controller prunes nodes as its node watch does ([`Overlays::new`]).
+#[derive(Clone, Default)]
+pub struct Overlays {
+    /// Remediations created or updated.
+    pub remediations: Overlay<GpuRemediation>,
+    /// Nodes edited (cordon, release, quarantine).
+    pub nodes: Overlay<Node>,
+    /// Hardware records created or updated.
+    pub hardware_records: Overlay<GpuHardwareRecord>,
+}
+
+impl Overlays {
+    /// Overlays whose nodes are pruned by `prune_node` before they are kept.
+    #[must_use]
+    pub fn new(prune_node: fn(&mut Node)) -> Self {
+        Self {
+            nodes: Overlay::pruned_by(prune_node),
+            ..Self::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use gpu_remediation_api::{
-        GpuRemediation, GpuRemediationSpec,
-        policy::{Action, ConditionStatus, Mode},
-        remediation::TriggerRecord,
-    };
+    use gpu_remediation_api::{GpuRemediation, policy::Action};
 
     use super::*;
 
     fn remediation(name: &str, version: &str) -> GpuRemediation {
-        let mut r = GpuRemediation::new(
-            name,
-            GpuRemediationSpec {
-                node_name: "gpu-1".into(),
-                policy_name: "p".into(),
-                trigger: TriggerRecord {
-                    condition_type: "GpuHealthy".into(),
-                    status: ConditionStatus::False,
-                    reason: "XID79".into(),
-                    message: String::new(),
-                    since: None,
-                },
-                action: Action::Replace,
-                mode: Mode::Enforce,
-                node_uid: None,
-                previous_incident: None,
-                policy_snapshot: None,
-                hardware: None,
-            },
-        );
+        let mut r = crate::test_fixtures::remediation(name, "gpu-1", "p", None, Action::Replace);
         r.metadata.resource_version = Some(version.into());
         r.metadata.uid = Some(format!("uid-{name}"));
         r

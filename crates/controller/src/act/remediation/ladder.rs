@@ -12,10 +12,10 @@ use gpu_remediation_api::{
 use kube::ResourceExt;
 use serde_json::Value;
 
+use super::AdvanceRemediationError;
 use crate::{
     context::Context,
     lifecycle::{NodeRef, Words, ladder_evidence::step_of},
-    remediation::AdvanceRemediationError,
     replace::TriggerReplacementError,
     write::{EditNodeError, NodeEdit},
 };
@@ -231,15 +231,15 @@ mod tests {
         for (file, text) in [
             (
                 "reset-job.yaml",
-                include_str!("../../../config/ladder-steps/reset-job.yaml"),
+                include_str!("../../../../../config/ladder-steps/reset-job.yaml"),
             ),
             (
                 "nvsentinel-gpu-reset.yaml",
-                include_str!("../../../config/ladder-steps/nvsentinel-gpu-reset.yaml"),
+                include_str!("../../../../../config/ladder-steps/nvsentinel-gpu-reset.yaml"),
             ),
             (
                 "self-node-remediation.yaml",
-                include_str!("../../../config/ladder-steps/self-node-remediation.yaml"),
+                include_str!("../../../../../config/ladder-steps/self-node-remediation.yaml"),
             ),
         ] {
             let step: gpu_remediation_api::ladder::LadderStep =

@@ -18,15 +18,16 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::{Resource as _, ResourceExt as _, runtime::events::EventType};
 
-use super::{
-    Add, Lift,
-    device::{self, Target},
-    device_apply, taint,
-};
+use super::quarantine_device as device_apply;
 use crate::{
     context::Context,
     fleet::PolicyPlan,
     lifecycle::{NodeRef, Note},
+    quarantine::{
+        Add, Lift,
+        device::{self, Target},
+        taint,
+    },
     read::Scope,
     write::{EditNodeError, NodeEdit},
 };
@@ -293,5 +294,5 @@ fn node_reference(node: &NodeRef) -> ObjectReference {
 }
 
 #[cfg(test)]
-#[path = "apply_tests.rs"]
+#[path = "quarantine_tests.rs"]
 mod tests;

@@ -8,6 +8,7 @@
 //! pass resumes where the record says, without repeating an action.
 
 use std::{collections::BTreeMap, sync::Arc};
+use tracing::Instrument as _;
 
 use futures::{StreamExt, stream};
 use gpu_remediation_api::{
@@ -35,6 +36,7 @@ use crate::{
 };
 
 mod evictions;
+mod ladder;
 mod settle;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -99,6 +101,26 @@ pub enum AdvanceRemediationError {
     },
 }
 
+/// [`advance`] inside the remediation's span (`remediation`, `node`, `policy`, `phase`), so each
+/// log line of its cordon, drain and replacement says whose it is: how the controller runs it.
+pub fn advance_in_span(
+    ctx: &Context,
+    remediation: Arc<GpuRemediation>,
+) -> impl Future<Output = Result<Next, AdvanceRemediationError>> + Send + '_ {
+    let span = crate::telemetry::remediation_span(
+        &remediation.name_any(),
+        &remediation.spec.node_name,
+        &remediation.spec.policy_name,
+        remediation
+            .status
+            .as_ref()
+            .map(|s| s.phase)
+            .unwrap_or_default()
+            .as_str(),
+    );
+    advance(ctx, remediation).instrument(span)
+}
+
 /// Carries `remediation` forward as far as it can go in this pass.
 pub async fn advance(
     ctx: &Context,
@@ -144,6 +166,15 @@ pub async fn advance(
         }
         let next = settlement.next;
         let entered = settlement.status.phase;
+        let was = current.status.as_ref().map(|s| s.phase).unwrap_or_default();
+        if entered != was {
+            tracing::info!(
+                from = was.as_str(),
+                to = entered.as_str(),
+                "phase {}",
+                entered.as_str()
+            );
+        }
         let changed = current.status.as_ref() != Some(&settlement.status);
         let due_now = matches!(next, Next::At(at) if at <= Timestamp::now());
         let continues =
@@ -198,15 +229,7 @@ async fn step(
         let (plan, scope) = match reset {
             Some(uuids) => {
                 let previous = status.drain.as_ref().and_then(|d| d.scope.as_deref());
-                crate::ladder_acts::scope_drain(
-                    ctx,
-                    &remediation.spec.node_name,
-                    &uuids,
-                    plan,
-                    &listed,
-                    previous,
-                )
-                .await?
+                ladder::scope_drain(ctx, &remediation.spec.node_name, &uuids, plan, &listed, previous).await?
             }
             None => (plan, None),
         };
@@ -450,6 +473,7 @@ async fn carry_out(
                 }
                 Err(error) => return Err(error.into()),
             };
+            tracing::info!(node = %node.name, answer = ?answer, "cordon");
             answers.cordon = Some(answer);
         }
         Ask::Evict { .. } => unreachable!("the step keeps evictions in flight itself"),
@@ -501,10 +525,10 @@ async fn carry_out(
             let Some(rules) = rules else {
                 unreachable!("the lifecycle climbs the ladder only under rules")
             };
-            answers.step = Some(crate::ladder_acts::trigger_step(ctx, remediation, rules, rung).await?);
+            answers.step = Some(ladder::trigger_step(ctx, remediation, rules, rung).await?);
         }
         Ask::HandOff(node) => {
-            answers.hand_off = Some(crate::ladder_acts::hand_off(ctx, &node, &name).await?);
+            answers.hand_off = Some(ladder::hand_off(ctx, &node, &name).await?);
         }
     }
     Ok(None)
@@ -556,6 +580,10 @@ async fn evict_one(
     dry_run: bool,
 ) -> (Leaving, Result<EvictionAnswer, EvictPodError>) {
     let answer = ctx.writer.evict(&pod, grace, dry_run).await;
+    match &answer {
+        Ok(answer) => tracing::info!(pod = %pod.key(), dry_run, ?answer, "eviction"),
+        Err(error) => tracing::warn!(pod = %pod.key(), dry_run, %error, "eviction not asked"),
+    }
     ctx.metrics.eviction(match &answer {
         Ok(_) if dry_run => EvictionResult::DryRun,
         Ok(EvictionAnswer::Accepted) => EvictionResult::Evicted,

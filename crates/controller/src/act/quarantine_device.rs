@@ -3,13 +3,7 @@
 //! devices, records them on the node and creates one rule per device, and each pass makes the
 //! rules follow the nodes' annotations. Every write goes through the one writer (`crate::write`).
 
-use std::{
-    sync::{
-        Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::{Duration, Instant},
-};
+use std::sync::atomic::Ordering;
 
 use gpu_remediation_api::{GpuRemediationPolicy, constants::DEVICE_QUARANTINE_LABEL};
 use k8s_openapi::api::core::v1::Node;
@@ -18,46 +12,20 @@ use kube::{
     api::{DeleteParams, ListParams},
 };
 
-use super::device::{self, QuarantinedDevice, Target};
+use crate::quarantine::device::{self, QuarantinedDevice, Target};
 use crate::{
     context::Context,
+    cordon::NodeRef,
     dra::wire::{self, DeviceTaintRule, ResourceSlice},
-    lifecycle::NodeRef,
     read::{Reader, Scope},
     write::{DeleteStampedError, EditNodeError, NodeEdit, WriteError, Writer},
 };
 
-/// How long an answer about `DeviceTaintRule` being served is trusted.
-const SERVED_TTL: Duration = Duration::from_secs(60);
-
-/// The last answer, and when it was had.
-static SERVED: Mutex<Option<(Instant, bool)>> = Mutex::new(None);
-/// Whether rules may exist that no node names (unknown at start, so the first pass looks).
-static RULES_MAY_EXIST: AtomicBool = AtomicBool::new(true);
-
-/// Whether the server serves `resource.k8s.io/v1alpha3` `devicetaintrules` (asked through
-/// discovery at most once per [`SERVED_TTL`]). A failed question answers `false` (a node taint is
-/// the safe side) and is asked again next time.
+/// Whether the server serves `resource.k8s.io/v1alpha3` `devicetaintrules` (see
+/// [`Reader::serves`]): where it does not, a node taint is the safe side.
 pub async fn served(reader: &Reader) -> bool {
-    if let Ok(cached) = SERVED.lock()
-        && let Some((at, served)) = *cached
-        && at.elapsed() < SERVED_TTL
-    {
-        return served;
-    }
     let version = format!("{}/{}", wire::GROUP, wire::TAINT_RULE_VERSION);
-    let served = match reader.api_group_resources(&version).await {
-        Ok(list) => list.resources.iter().any(|r| r.name == "devicetaintrules"),
-        Err(kube::Error::Api(status)) if status.is_not_found() => false,
-        Err(error) => {
-            tracing::debug!(%error, "asking whether DeviceTaintRule is served failed");
-            return false;
-        }
-    };
-    if let Ok(mut cached) = SERVED.lock() {
-        *cached = Some((Instant::now(), served));
-    }
-    served
+    reader.serves(&version, "devicetaintrules").await
 }
 
 /// How `node`'s quarantine is carried out: its failed GPUs' devices, or the node taint and why.
@@ -95,7 +63,7 @@ pub async fn quarantine_devices(
         })
         .await?;
     if let NodeEdit::Written(_) = &edit {
-        RULES_MAY_EXIST.store(true, Ordering::Relaxed);
+        ctx.device_rules_may_exist.store(true, Ordering::Relaxed);
         for device in devices {
             create_rule(&ctx.writer, &device::rule(policy, &node.name, device))
                 .await
@@ -115,7 +83,7 @@ pub async fn quarantine_devices(
 pub async fn reconcile(ctx: &Context, looked_at: &[String]) -> Result<(), ReconcileRulesError> {
     let nodes = ctx.caches.nodes_named(looked_at);
     let any_marked = nodes.iter().any(|n| device::is_device_level(n));
-    if !any_marked && !RULES_MAY_EXIST.load(Ordering::Relaxed) {
+    if !any_marked && !ctx.device_rules_may_exist.load(Ordering::Relaxed) {
         return Ok(());
     }
     if !served(&ctx.reader).await {
@@ -153,7 +121,8 @@ pub async fn reconcile(ctx: &Context, looked_at: &[String]) -> Result<(), Reconc
         deleted += 1;
     }
     let kept = existing.len() + plan.create.len() - deleted;
-    RULES_MAY_EXIST.store(any_marked || kept > 0, Ordering::Relaxed);
+    ctx.device_rules_may_exist
+        .store(any_marked || kept > 0, Ordering::Relaxed);
     Ok(())
 }
 
@@ -218,5 +187,5 @@ async fn owner_exists(reader: &Reader, name: &str) -> bool {
 }
 
 #[cfg(test)]
-#[path = "device_apply_tests.rs"]
+#[path = "quarantine_device_tests.rs"]
 mod tests;

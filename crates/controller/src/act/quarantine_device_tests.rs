@@ -5,7 +5,7 @@ use jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt as _;
 use serde_json::json;
 
-use super::super::device::{self, QuarantinedDevice};
+use crate::quarantine::device::{self, QuarantinedDevice};
 use crate::{dra::wire, write::recording::context};
 
 const RULES: &str = "/apis/resource.k8s.io/v1alpha3/devicetaintrules";
@@ -22,10 +22,14 @@ fn gpu(uuid: &str, name: &str) -> QuarantinedDevice {
 #[tokio::test]
 async fn a_marked_device_gets_its_rule_and_a_rule_no_node_names_is_deleted() {
     let since = Timestamp::now() - SignedDuration::from_secs(60);
-    let mut node = crate::remediation::tests::broken_node(since);
+    let mut node = crate::act::remediation::tests::broken_node(since);
     let failed = gpu("GPU-1", "gpu-1");
     assert!(device::mark(&mut node, "p", std::slice::from_ref(&failed)));
-    let (ctx, recording) = context(vec![crate::remediation::tests::policy()], Vec::new(), vec![node]);
+    let (ctx, recording) = context(
+        vec![crate::act::remediation::tests::policy()],
+        Vec::new(),
+        vec![node],
+    );
     recording.put(
         "/apis/resource.k8s.io/v1alpha3",
         json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "resource.k8s.io/v1alpha3",

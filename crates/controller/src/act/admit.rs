@@ -12,9 +12,7 @@
 use std::sync::Arc;
 
 use futures::{StreamExt as _, stream};
-use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, GpuRemediationPolicyStatus, constants::reasons,
-};
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, constants::reasons};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
     Resource, ResourceExt,
@@ -26,7 +24,6 @@ use crate::{
     fleet,
     fleet::PolicyPlan,
     lifecycle::{Note, status},
-    policy_status,
     read::ReadNodeError,
     write::{self, CreateRemediationError, DeleteRemediationError, WriteStatusError},
 };
@@ -171,7 +168,10 @@ pub async fn apply(
         tracing::info!(remediation = %record, "approved past maxAttemptsPerNode: re-admitted");
         announcements.add(&updated, event(reasons::STARTED, &note, EventType::Normal));
     }
-    let held_until = write_status(ctx, policy, &policy_status).await?;
+    let held_until = ctx
+        .writer
+        .write_policy_status_unless_held(policy, &policy_status)
+        .await?;
     for waiting in &plan.newly_waiting {
         let note = format!("node {} waits: {}", waiting.node, waiting.message);
         tracing::info!(policy = %policy.name_any(), node = %waiting.node, reason = %waiting.reason, "node held back");
@@ -220,77 +220,6 @@ pub async fn apply(
         announcements.add(policy, event(reasons::DOMAIN_RESUMED, &note, EventType::Normal));
     }
     Ok(held_until)
-}
-
-/// Writes the policy's planned status unless the server has it (`policy` is the plan's: as this
-/// replica last wrote it, see [`as_written`]), or it changes counts only and is held (see
-/// `policy_status`; returns until when).
-async fn write_status(
-    ctx: &Context,
-    policy: &GpuRemediationPolicy,
-    planned: &GpuRemediationPolicyStatus,
-) -> Result<Option<jiff::Timestamp>, WriteStatusError> {
-    let name = policy.name_any();
-    let counts_held = || {
-        ctx.policy_counts_held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    };
-    let now = jiff::Timestamp::now();
-    let since = counts_held().get(&name).copied();
-    match policy_status::verdict(policy.status.as_ref(), planned, since, now) {
-        policy_status::Verdict::Unchanged => {
-            counts_held().remove(&name);
-            Ok(None)
-        }
-        policy_status::Verdict::HoldUntil(due) => {
-            counts_held().insert(name, since.unwrap_or(now));
-            Ok(Some(due))
-        }
-        policy_status::Verdict::Write => {
-            ctx.writer.write_policy_status(policy, planned).await?;
-            counts_held().remove(&name);
-            ctx.policy_status_written
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(
-                    name,
-                    WrittenStatus {
-                        over: policy.resource_version(),
-                        status: planned.clone(),
-                    },
-                );
-            Ok(None)
-        }
-    }
-}
-
-/// A policy status this replica wrote, and the policy's version it was written over.
-#[derive(Clone, Debug)]
-pub struct WrittenStatus {
-    /// The policy's `resourceVersion` the write was made over (what the cache held).
-    pub over: Option<String>,
-    /// The status written.
-    pub status: GpuRemediationPolicyStatus,
-}
-
-/// `cached` as the server has it: with the status this replica last wrote over that very version,
-/// if the watch has not shown the write yet. The plan compares its decisions (the circuit, the
-/// held domains, the waiting nodes) with the policy's status to announce each change once; planned
-/// from the cached status alone, a pass that ran before the watch caught up announced them again.
-#[must_use]
-pub fn as_written(
-    cached: &Arc<GpuRemediationPolicy>,
-    written: Option<&WrittenStatus>,
-) -> Arc<GpuRemediationPolicy> {
-    match written {
-        Some(w) if w.over == cached.resource_version() && cached.status.as_ref() != Some(&w.status) => {
-            let mut policy = GpuRemediationPolicy::clone(cached);
-            policy.status = Some(w.status.clone());
-            Arc::new(policy)
-        }
-        _ => Arc::clone(cached),
-    }
 }
 
 /// What became of one admitted remediation.
@@ -365,56 +294,6 @@ fn event(reason: &str, note: &str, type_: EventType) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn policy(version: &str, in_flight: u32) -> GpuRemediationPolicy {
-        let mut policy: GpuRemediationPolicy = serde_json::from_value(serde_json::json!({
-            "apiVersion": "gpuremediation.dev/v1alpha1",
-            "kind": "GpuRemediationPolicy",
-            "metadata": {"name": "p", "resourceVersion": version},
-            "spec": {
-                "nodeSelector": {},
-                "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s"}],
-            },
-        }))
-        .expect("a valid policy");
-        policy.status = Some(status(in_flight));
-        policy
-    }
-
-    fn status(in_flight: u32) -> GpuRemediationPolicyStatus {
-        GpuRemediationPolicyStatus {
-            in_flight,
-            ..GpuRemediationPolicyStatus::default()
-        }
-    }
-
-    #[test]
-    fn a_pass_before_the_watch_shows_the_last_status_write_plans_and_writes_from_that_write() {
-        let cached = Arc::new(policy("7", 0));
-        let server = |written: Option<&WrittenStatus>| as_written(&cached, written).status.clone();
-        assert_eq!(server(None), Some(status(0)), "the server has what the cache has");
-        let written = WrittenStatus {
-            over: Some("7".into()),
-            status: status(1),
-        };
-        assert_eq!(
-            server(Some(&written)),
-            Some(status(1)),
-            "written over this very version: the watch has not shown it yet (not written again)"
-        );
-        assert_ne!(
-            server(Some(&written)),
-            Some(status(2)),
-            "a different status is written"
-        );
-        // The watch has delivered a later version: that is what the server has.
-        let later = Arc::new(policy("9", 0));
-        assert_eq!(
-            as_written(&later, Some(&written)).status,
-            Some(status(0)),
-            "someone wrote the policy since: theirs is compared"
-        );
-    }
 
     fn announced(policy: &str, reason: &str, note: &str) -> (ObjectReference, Event) {
         let reference = ObjectReference {

@@ -28,7 +28,7 @@ use k8s_openapi::{
 use kube::{ResourceExt, api::DeleteParams, runtime::events::EventType};
 use serde_json::json;
 
-use super::{
+use crate::hardware::{
     history::{self, describe},
     join::{self, JoinStep},
 };

@@ -11,7 +11,10 @@
 //!
 //! ```no_run
 //! # async fn run(config: kube::Config) -> anyhow::Result<()> {
-//! use gpu_remediator::leader::{ElectionConfig, Elector, Fence, lease_client};
+//! use gpu_remediator::{
+//!     election::{ElectionConfig, Elector, lease_client},
+//!     leader::Fence,
+//! };
 //! let (fence, keeper) = Fence::keeper();
 //! let elector = Elector::new(lease_client(config)?, ElectionConfig::new("gpu-remediator", "pod-abc"), keeper);
 //! let election = tokio::spawn(elector.run(async { let _ = tokio::signal::ctrl_c().await; }));
@@ -32,12 +35,10 @@ use kube::{Client, api::PostParams};
 use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{debug, info, warn};
 
-use super::{
-    decision::{
-        Decision, ElectionTimings, LeaseRecord, Observed, Role, StepDownReason, ValidateTimingsError, decide,
-    },
-    fence::FenceKeeper,
+use super::decision::{
+    Decision, ElectionTimings, LeaseRecord, Observed, Role, StepDownReason, ValidateTimingsError, decide,
 };
+use crate::leader::FenceKeeper;
 
 /// A client for the Lease (and for evictions) with kube's default retry of 429/503/504 turned
 /// off, so each call returns within its own timeout and the caller decides what a refusal means.

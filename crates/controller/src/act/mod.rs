@@ -1,0 +1,18 @@
+//! The acting layer: where a concern's pure decision meets the cluster. Each module reads what its
+//! decision needs (through [`crate::read::Reader`] and the caches), calls the decision, and hands
+//! every write to [`crate::write::Writer`]; none decides anything the pure modules could.
+//!
+//! | module | acts on the decision of |
+//! |---|---|
+//! | [`admit`] | [`crate::fleet::plan`]: records created and readmitted, policy status |
+//! | [`quarantine`], [`quarantine_device`] | [`crate::quarantine::plan`]: node taints, `DeviceTaintRule`s |
+//! | [`hardware`] | the hardware ledger ([`crate::hardware`]): records, join steps |
+//! | [`undecodable`] | [`crate::observe::undecodable`]: Events and policy conditions on what does not decode |
+//! | [`remediation`] | [`crate::lifecycle::decide`]: one remediation's cordon, drain, ladder, replacement |
+
+pub mod admit;
+pub mod hardware;
+pub mod quarantine;
+pub mod quarantine_device;
+pub mod remediation;
+pub mod undecodable;

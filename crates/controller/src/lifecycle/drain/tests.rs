@@ -1,0 +1,129 @@
+//! Unit tests of `drain`.
+
+use k8s_openapi::{
+    api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus},
+    apimachinery::pkg::apis::meta::v1::LabelSelector,
+};
+use kube::api::ObjectMeta;
+
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::core::Status;
+
+use super::{force::stuck_terminating, *};
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}
+
+fn pod() -> Leaving {
+    Leaving {
+        namespace: "work".into(),
+        name: "web-0".into(),
+        uid: "u".into(),
+        terminating: false,
+        gone_by: None,
+        labels: [("app".to_owned(), "web".to_owned())].into(),
+        readiness: crate::drain::Readiness::Ready,
+    }
+}
+
+fn budget(name: &str, allowed: i32) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("work".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            selector: Some(LabelSelector {
+                match_labels: Some([("app".to_owned(), "web".to_owned())].into()),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: Some(PodDisruptionBudgetStatus {
+            disruptions_allowed: allowed,
+            ..PodDisruptionBudgetStatus::default()
+        }),
+    }
+}
+
+#[test]
+fn a_blocker_names_the_budget_the_server_names_or_those_that_cover_the_pod() {
+    let named = Status {
+        code: 429,
+        message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+        ..Status::default()
+    };
+    let b = blocker(&pod(), &named, &[budget("web", 0)], Time(at(0)));
+    assert_eq!(
+        (b.pod.as_str(), b.pdb.as_deref(), b.code),
+        ("work/web-0", Some("work/web"), 429)
+    );
+    let several = Status {
+        code: 500,
+        message:
+            "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+                .into(),
+        ..Status::default()
+    };
+    let b = blocker(&pod(), &several, &[budget("a", 1), budget("b", 1)], Time(at(0)));
+    assert_eq!(b.pdb.as_deref(), Some("work/a,work/b"));
+    assert_eq!(b.code, 500);
+}
+
+#[test]
+fn a_blocker_names_the_pods_its_budget_still_counts_as_evicted() {
+    let refused: Status = serde_json::from_value(serde_json::json!({
+        "code": 429,
+        "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+        "details": {"causes": [{
+            "reason": "DisruptionBudget",
+            "message": "The disruption budget web needs 3 healthy pods and has 3 currently",
+        }]},
+    }))
+    .unwrap();
+    let mut spent = budget("web", 0);
+    spent.status.as_mut().unwrap().disrupted_pods = Some(
+        [
+            ("web-2".to_owned(), Time(at(30))),
+            ("web-1".to_owned(), Time(at(10))),
+        ]
+        .into(),
+    );
+    let b = blocker(&pod(), &refused, &[spent], Time(at(40)));
+    assert!(
+        b.message.ends_with(&format!(
+            "; the budget still counts web-1, web-2 as evicted (granted since {}): it is given back once \
+             they are gone, or by the disruption controller 2 minutes after the grant if a deletion was lost",
+            at(10)
+        )),
+        "{}",
+        b.message
+    );
+}
+
+#[test]
+fn a_pod_just_past_its_grace_period_is_not_stuck_until_the_kubelet_has_had_its_slack() {
+    let mut going = pod();
+    assert!(!stuck_terminating(&going, at(100)), "a running pod is not stuck");
+    going.terminating = true;
+    going.gone_by = Some(at(10));
+    assert!(!stuck_terminating(&going, at(11)), "one second past the deadline");
+    assert!(stuck_terminating(&going, at(20)), "ten seconds past the deadline");
+}
+
+#[test]
+fn blockers_name_each_budget_once() {
+    let b = |pdb: &str| Blocker {
+        pod: "work/p".into(),
+        pdb: Some(pdb.into()),
+        code: 500,
+        message: String::new(),
+        since: None,
+    };
+    assert_eq!(
+        budgets_named(&[b("work/a,work/b"), b("work/a,work/b"), b("work/c")]),
+        ["work/a", "work/b", "work/c"]
+    );
+}
