@@ -22,18 +22,14 @@ const SIZES: [i32; 3] = [10, 6, 4];
 async fn mid_drain(world: &World, node: &str) {
     let pods = Api::<Pod>::namespaced(world.env.client.clone(), &world.scope);
     let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    gpu_sandbox::bench::bench_env::eventually(
-        "the drain to be under way",
-        Duration::from_secs(120),
-        || async {
-            let listed = pods.list(&on_node).await.ok()?.items;
-            let evicted = listed
-                .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_some())
-                .count();
-            (evicted >= 1 && evicted < listed.len()).then_some(())
-        },
-    )
+    gpu_sandbox::bench::setup::eventually("the drain to be under way", Duration::from_secs(120), || async {
+        let listed = pods.list(&on_node).await.ok()?.items;
+        let evicted = listed
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+            .count();
+        (evicted >= 1 && evicted < listed.len()).then_some(())
+    })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chaos_support::{World, assert_running, leader};
 use gpu_remediation_api::Phase;
-use gpu_sandbox::bench::{actor::ControllerProcess, bench_env::eventually};
+use gpu_sandbox::bench::{actor::ControllerProcess, setup::eventually};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api,

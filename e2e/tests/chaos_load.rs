@@ -9,7 +9,7 @@ use std::time::Duration;
 use chaos_support::{World, assert_running};
 use futures::future::join_all;
 use gpu_remediation_api::{GpuRemediation, Phase};
-use gpu_sandbox::{bench::bench_env::eventually, fault};
+use gpu_sandbox::{bench::setup::eventually, fault};
 use k8s_openapi::api::{core::v1::Pod, policy::v1::PodDisruptionBudget};
 use kube::{
     Api, ResourceExt as _,

@@ -10,8 +10,9 @@ use std::{sync::Arc, time::Duration};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationSpec,
+    object_reference::ObjectReference,
     policy::{Action, ConditionStatus, Mode, Replacement, Strategy},
-    remediation::{ObjectReference, TriggerRecord},
+    remediation::TriggerRecord,
 };
 use gpu_remediator::{
     act::replace::Replacers,

@@ -2,7 +2,7 @@
 
 use kube::CustomResourceExt;
 
-use crate::{GpuHardwareRecord, GpuRemediation, GpuRemediationPolicy};
+use crate::{hardware::GpuHardwareRecord, policy::GpuRemediationPolicy, remediation::GpuRemediation};
 
 /// Each CRD as `(file name, YAML)`, in a stable order.
 #[must_use]

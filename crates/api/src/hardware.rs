@@ -11,10 +11,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    duration::Duration,
-    policy::{Action, OffenderAction},
-};
+use crate::{duration::Duration, policy::Action, safety::OffenderAction};
 
 /// The most GPUs a ledger lists (a node has at most a few dozen).
 pub const LEDGER_GPUS_MAX: usize = 64;

@@ -9,10 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{constants::gpu_reasons, duration::Duration, remediation::ObjectReference};
+use crate::{constants::gpu_reasons, duration::Duration, object_reference::ObjectReference};
 
-/// The most steps a ladder has (one of each rung).
-pub const LADDER_STEPS_MAX: usize = 4;
 /// The longest a step may take before the next one is tried: a day.
 pub const STEP_TIMEOUT_MAX: Duration = Duration::from_hours(24);
 /// The most step records a remediation keeps (the latest ones; a person's approval may climb the

@@ -70,12 +70,12 @@ pub(crate) fn policy_ladder(schema: &mut Schema) {
     let ladder = property(schema, "ladder");
     ladder.insert(
         "maxItems".into(),
-        Value::from(u64::try_from(crate::ladder::LADDER_STEPS_MAX).unwrap_or(4)),
+        Value::from(u64::try_from(crate::bounds::LADDER_STEPS_MAX).unwrap_or(4)),
     );
     add_rules(
         ladder,
         [rule(
-            (0..crate::ladder::LADDER_STEPS_MAX - 1)
+            (0..crate::bounds::LADDER_STEPS_MAX - 1)
                 .map(|i| {
                     format!(
                         "(size(self) <= {} || {RANK}[self[{i}].step] < {RANK}[self[{}].step])",
@@ -96,44 +96,4 @@ pub(crate) fn policy_ladder(schema: &mut Schema) {
         )
         .field_path(".triggers")],
     );
-}
-
-/// The ladder's rules in Rust (for `crate::validate`), in the schema's words.
-pub(crate) fn check(spec: &crate::GpuRemediationPolicySpec, out: &mut Vec<crate::validate::Violation>) {
-    use crate::{duration::Duration, validate::Violation};
-    let violation = |field: String, message: &str| Violation {
-        field,
-        message: message.to_owned(),
-    };
-    for (i, step) in spec.ladder.iter().enumerate() {
-        if step.timeout < Duration::from_secs(1) || step.timeout > crate::ladder::STEP_TIMEOUT_MAX {
-            out.push(violation(
-                format!("spec.ladder[{i}].timeout"),
-                messages::STEP_TIMEOUT,
-            ));
-        }
-        match (step.step.has_template(), step.template.is_some()) {
-            (true, false) => out.push(violation(
-                format!("spec.ladder[{i}].template"),
-                messages::STEP_TEMPLATE_REQUIRED,
-            )),
-            (false, true) => out.push(violation(
-                format!("spec.ladder[{i}].template"),
-                messages::STEP_TEMPLATE_FORBIDDEN,
-            )),
-            _ => {}
-        }
-    }
-    if spec.ladder.windows(2).any(|pair| pair[0].step >= pair[1].step) {
-        out.push(violation("spec.ladder".to_owned(), messages::LADDER_ORDER));
-    }
-    if !spec.ladder.is_empty()
-        && spec
-            .triggers
-            .iter()
-            .filter_map(|t| t.start_at)
-            .any(|rung| !spec.ladder.iter().any(|s| s.step == rung))
-    {
-        out.push(violation("spec.triggers".to_owned(), messages::START_AT));
-    }
 }

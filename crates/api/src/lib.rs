@@ -14,11 +14,16 @@ pub mod gpu_pods;
 pub mod hardware;
 pub mod ladder;
 pub mod ladder_schema;
+pub mod names;
+pub mod object_reference;
 pub mod policy;
 pub mod remediation;
+pub mod safety;
 pub mod schema;
 pub mod selector;
+pub mod unknown_fields;
 pub mod validate;
+pub mod violation;
 
 pub use duration::Duration;
 pub use hardware::{GpuHardwareRecord, GpuHardwareRecordSpec};

@@ -8,6 +8,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::object_reference::ObjectReference;
 use crate::policy::{Action, ConditionStatus, Drain, Mode, Release, Replacement, Trigger};
 
 /// One recycle of one node under one policy. Named `<node>-<short hash>`; created by the
@@ -312,22 +313,4 @@ pub struct Blocker {
     /// Since when this pod has been refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<Time>,
-}
-
-/// A reference to the object carrying out a replacement.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ObjectReference {
-    /// API version, e.g. `cluster.x-k8s.io/v1beta1`.
-    pub api_version: String,
-    /// Kind, e.g. `Machine`.
-    pub kind: String,
-    /// Name.
-    pub name: String,
-    /// Namespace, for namespaced kinds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    /// UID, so a recreated object of the same name is not mistaken for ours.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
 }

@@ -14,6 +14,8 @@ use kube::core::{Reason, Rule};
 use schemars::{Schema, SchemaGenerator, json_schema};
 use serde_json::{Map, Value};
 
+use crate::bounds;
+
 /// A Go duration (`time.ParseDuration`, which CEL's `duration()` uses), restricted to what people
 /// write: no sign, no bare `0`, no leading or trailing dot.
 pub const DURATION_REGEX: &str = "^([0-9]+([.][0-9]+)?(ns|us|µs|μs|ms|s|m|h))+$";
@@ -33,86 +35,7 @@ pub const LABEL_VALUE_MAX_LENGTH: u64 = 63;
 /// A policy name, because it becomes the `gpuremediation.dev/policy` label value of its remediations.
 pub const POLICY_NAME_MAX_LENGTH: usize = 63;
 
-/// Messages of the rules, shared with `crate::validate` so both say the same thing.
-pub mod messages {
-    /// A duration that does not parse.
-    pub const DURATION_FORMAT: &str = "must be a duration such as 90s, 5m or 1h30m: numbers each followed by a unit (ns, us, ms, s, m or h)";
-    /// A zero duration where zero means nothing.
-    pub const DURATION_POSITIVE: &str = "must be longer than zero";
-    /// An int-or-percent count below 1.
-    pub const COUNT_AT_LEAST_ONE: &str = "a count must be at least 1 (to stop remediating, set paused: true)";
-    /// An int-or-percent share outside 1%..100%.
-    pub const PERCENT_RANGE: &str = "a share must be a whole percentage from 1% to 100%, such as 10%";
-    /// `rate.limit` of 0.
-    pub const RATE_LIMIT: &str = "rate.limit must be at least 1: a limit of 0 would never remediate (to stop remediating, set paused: true)";
-    /// An int-or-percent count above `bounds::COUNT_MAX`.
-    pub const COUNT_AT_MOST: &str =
-        "a count must be at most 100000 (use a share such as 10% for a larger fleet)";
-    /// `rate.limit` above `bounds::RATE_LIMIT_MAX`.
-    pub const RATE_LIMIT_MAX: &str = "rate.limit must be at most 10000 remediations per window";
-    /// `maxAttemptsPerNode.count` above `bounds::ATTEMPTS_MAX`.
-    pub const ATTEMPTS_COUNT_MAX: &str = "maxAttemptsPerNode.count must be at most 100";
-    /// A grace period above `bounds::GRACE_PERIOD_MAX_SECONDS`.
-    pub const GRACE_PERIOD_MAX: &str = "gracePeriodSeconds must be at most 86400 (a day)";
-    /// `maxAttemptsPerNode.count` of 0.
-    pub const ATTEMPTS_COUNT: &str = "maxAttemptsPerNode.count must be at least 1: it is how many remediations of one node may start before a person must step in";
-    /// `repeatOffender.failures` of 0.
-    pub const OFFENDER_FAILURES: &str = "repeatOffender.failures must be at least 1: how many earlier failures of one GPU or host within the window make it a repeat offender";
-    /// `repeatOffender.failures` above `bounds::ATTEMPTS_MAX`.
-    pub const OFFENDER_FAILURES_MAX: &str = "repeatOffender.failures must be at most 100";
-    /// A negative grace period.
-    pub const GRACE_PERIOD: &str =
-        "gracePeriodSeconds must be zero or more (leave it unset to use each pod's own grace period)";
-    /// A zero grace period without the explicit opt-in.
-    pub const ZERO_GRACE_PERIOD: &str = "gracePeriodSeconds 0 deletes pods at once (a StatefulSet pod may run twice): \
-         set allowZeroGracePeriod: true to mean it";
-    /// Template strategy without a template.
-    pub const TEMPLATE_REQUIRED: &str = "replacement.template is required when replacement.strategy is Template: it is the object created for each remediation";
-    /// A template with another strategy.
-    pub const TEMPLATE_FORBIDDEN: &str = "replacement.template is only used by strategy Template: set replacement.strategy: Template or remove the template";
-    /// A template without apiVersion or kind. The server's embedded-resource check refuses those
-    /// before CEL runs (`spec.replacement.template.kind: Required value`); `crate::validate` says it
-    /// in these words.
-    pub const TEMPLATE_KIND: &str = "replacement.template must name the object's apiVersion and kind";
-    /// Reboot without a template to carry it out.
-    pub const REBOOT_NEEDS_TEMPLATE: &str = "action Reboot is carried out by creating replacement.template (such as a SelfNodeRemediation): set replacement.strategy: Template";
-    /// No triggers.
-    pub const TRIGGERS_REQUIRED: &str = "at least one trigger is required: the node condition that marks a GPU node as broken, such as conditionType: GpuHealthy with status: \"False\"";
-    /// A malformed condition type.
-    pub const CONDITION_TYPE: &str = "conditionType must be a node condition type such as GpuHealthy: letters, digits, '-', '_' or '.', optionally after a DNS prefix and '/'";
-    /// An empty reason in a trigger's filter.
-    pub const REASON_EMPTY: &str =
-        "reasons must not contain an empty string; leave reasons out to match every reason";
-    /// `In`/`NotIn` without values.
-    pub const SELECTOR_VALUES_REQUIRED: &str = "operators In and NotIn need at least one value";
-    /// `Exists`/`DoesNotExist` with values.
-    pub const SELECTOR_VALUES_FORBIDDEN: &str = "operators Exists and DoesNotExist take no values";
-    /// A malformed label key.
-    pub const LABEL_KEY: &str = "must be a label key such as nvidia.com/gpu.product: an optional DNS prefix and '/', then up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit";
-    /// A malformed label value.
-    pub const LABEL_VALUE: &str = "must be a label value: empty, or up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit";
-    /// A failure domain without any limit.
-    pub const DOMAIN_LIMIT_REQUIRED: &str =
-        "a failure domain needs at least one limit: maxUnhealthy, maxUnhealthyCount or maxInFlight";
-    /// A failure domain count of 0.
-    pub const DOMAIN_COUNT_AT_LEAST_ONE: &str =
-        "a failure domain count must be at least 1 (to stop remediating, set paused: true)";
-    /// A failure domain count above `bounds::COUNT_MAX`.
-    pub const DOMAIN_COUNT_AT_MOST: &str = "a failure domain count must be at most 100000";
-    /// Two failure domains with one topology key.
-    pub const DOMAIN_KEYS_DISTINCT: &str = "each failure domain needs its own topologyKey";
-    /// `history.ttl` not longer than `rate.per`.
-    pub const TTL_VS_RATE: &str = "history.ttl must be longer than safety.rate.per, or finished remediations would be deleted while the rate limit still counts them";
-    /// `history.ttl` not longer than `maxAttemptsPerNode.per`.
-    pub const TTL_VS_ATTEMPTS: &str = "history.ttl must be longer than safety.maxAttemptsPerNode.per, or finished remediations would be deleted while the attempts limit still counts them";
-    /// A policy name too long to be a label value.
-    pub const POLICY_NAME: &str = "a policy name must be at most 63 characters: it is the gpuremediation.dev/policy label value of its remediations";
-    /// A quarantine hysteresis outside 1s..1h.
-    pub const QUARANTINE_HYSTERESIS: &str = "quarantine.hysteresis must be from 1s to 1h: how long a cleared signal stays clear before the quarantine taint is lifted";
-    /// A change to a remediation's spec.
-    pub const REMEDIATION_SPEC_IMMUTABLE: &str =
-        "a remediation's spec is its audit record and cannot change; delete the remediation instead";
-}
+pub mod messages;
 
 /// The root rule of `GpuRemediationPolicy` (the only one that needs `metadata`).
 #[must_use]
@@ -155,6 +78,33 @@ pub(crate) fn property<'a>(schema: &'a mut Schema, name: &str) -> &'a mut Map<St
         .unwrap_or_else(|| panic!("the schema has a property {name:?}"))
 }
 
+/// The schema of a list field's items.
+fn items(list: &mut Map<String, Value>) -> &mut Map<String, Value> {
+    list.get_mut("items")
+        .and_then(Value::as_object_mut)
+        .expect("a list's schema has items")
+}
+
+/// Property `name` is a label key (a condition type is one too): bounded, and in the grammar.
+fn label_key(schema: &mut Schema, name: &str, message: &str) {
+    let key = property(schema, name);
+    key.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
+    add_rules(key, [rule(format!("self.matches('{LABEL_KEY_REGEX}')"), message)]);
+}
+
+/// Property `name` is a share: `"1%"`..`"100%"`.
+fn percent(schema: &mut Schema, name: &str) {
+    let share = property(schema, name);
+    share.insert("maxLength".into(), 4.into());
+    add_rules(
+        share,
+        [rule(
+            format!("self.matches('{PERCENT_REGEX}')"),
+            messages::PERCENT_RANGE,
+        )],
+    );
+}
+
 pub(crate) fn make_positive(schema: &mut Schema, duration_field: &str) {
     add_rules(
         property(schema, duration_field),
@@ -190,7 +140,7 @@ pub(crate) fn int_or_percent(_: &mut SchemaGenerator) -> Schema {
         [
             rule("type(self) != int || self >= 1", messages::COUNT_AT_LEAST_ONE),
             rule(
-                format!("type(self) != int || self <= {}", crate::bounds::COUNT_MAX),
+                format!("type(self) != int || self <= {}", bounds::COUNT_MAX),
                 messages::COUNT_AT_MOST,
             ),
             rule(
@@ -238,23 +188,11 @@ pub(crate) fn policy_spec(schema: &mut Schema) {
 
 /// A trigger: a well-formed condition type, non-empty distinct reasons.
 pub(crate) fn trigger(schema: &mut Schema) {
-    let condition_type = property(schema, "conditionType");
-    condition_type.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
-    add_rules(
-        condition_type,
-        [rule(
-            format!("self.matches('{LABEL_KEY_REGEX}')"),
-            messages::CONDITION_TYPE,
-        )],
-    );
+    label_key(schema, "conditionType", messages::CONDITION_TYPE);
     let reasons = property(schema, "reasons");
     reasons.insert("maxItems".into(), 32.into());
     reasons.insert("x-kubernetes-list-type".into(), "set".into());
-    reasons
-        .get_mut("items")
-        .and_then(Value::as_object_mut)
-        .expect("reasons has items")
-        .insert("maxLength".into(), 128.into());
+    items(reasons).insert("maxLength".into(), 128.into());
     add_rules(
         reasons,
         [rule("self.all(r, size(r) > 0)", messages::REASON_EMPTY)],
@@ -294,9 +232,9 @@ pub(crate) fn safety(schema: &mut Schema) {
     for name in ["maxConcurrent", "maxUnhealthy"] {
         property(schema, name).insert("nullable".into(), false.into());
     }
-    add_rules(property(schema, "maxUnhealthyCount"), count_rules());
+    add_ranges(schema, "spec.safety");
     let domains = property(schema, "failureDomains");
-    domains.insert("maxItems".into(), crate::bounds::FAILURE_DOMAINS_MAX.into());
+    domains.insert("maxItems".into(), bounds::FAILURE_DOMAINS_MAX.into());
     add_rules(
         domains,
         [rule(
@@ -306,37 +244,108 @@ pub(crate) fn safety(schema: &mut Schema) {
     );
 }
 
-fn count_rules() -> [Rule; 2] {
-    [
-        rule("self >= 1", messages::COUNT_AT_LEAST_ONE),
-        rule(
-            format!("self <= {}", crate::bounds::COUNT_MAX),
-            messages::COUNT_AT_MOST,
-        ),
-    ]
+/// A range CEL enforces on an integer field: `self >= min` and `self <= max`, each with the
+/// sentence the API server answers when it fails.
+struct Range {
+    min: i64,
+    min_message: &'static str,
+    max: i64,
+    max_message: &'static str,
+}
+
+/// A count in the safety limits: at least 1, at most [`bounds::COUNT_MAX`].
+const COUNT: Range = Range {
+    min: 1,
+    min_message: messages::COUNT_AT_LEAST_ONE,
+    max: wide(bounds::COUNT_MAX),
+    max_message: messages::COUNT_AT_MOST,
+};
+
+/// `value` as an `i64`, in a constant (`i64::from` is not `const`).
+#[allow(
+    clippy::cast_lossless,
+    reason = "a u32 always fits an i64; i64::from cannot run in a const"
+)]
+const fn wide(value: u32) -> i64 {
+    value as i64
+}
+
+/// Every integer field with a range in CEL, by its path in the policy (a `[]` for each list): the
+/// one table [`add_ranges`] writes the rules from, and the bounds test reads.
+const RANGES: [(&str, Range); 8] = [
+    ("spec.safety.maxUnhealthyCount", COUNT),
+    ("spec.safety.suspect.minFailures", COUNT),
+    ("spec.safety.failureDomains[].maxUnhealthyCount", COUNT),
+    ("spec.safety.failureDomains[].maxInFlight", COUNT),
+    (
+        "spec.safety.rate.limit",
+        Range {
+            min: 1,
+            min_message: messages::RATE_LIMIT,
+            max: wide(bounds::RATE_LIMIT_MAX),
+            max_message: messages::RATE_LIMIT_MAX,
+        },
+    ),
+    (
+        "spec.safety.maxAttemptsPerNode.count",
+        Range {
+            min: 1,
+            min_message: messages::ATTEMPTS_COUNT,
+            max: wide(bounds::ATTEMPTS_MAX),
+            max_message: messages::ATTEMPTS_COUNT_MAX,
+        },
+    ),
+    (
+        "spec.safety.repeatOffender.failures",
+        Range {
+            min: 1,
+            min_message: messages::OFFENDER_FAILURES,
+            max: wide(bounds::ATTEMPTS_MAX),
+            max_message: messages::OFFENDER_FAILURES_MAX,
+        },
+    ),
+    (
+        "spec.drain.gracePeriodSeconds",
+        Range {
+            min: 0,
+            min_message: messages::GRACE_PERIOD,
+            max: bounds::GRACE_PERIOD_MAX_SECONDS,
+            max_message: messages::GRACE_PERIOD_MAX,
+        },
+    ),
+];
+
+/// Adds the range rules of [`RANGES`] to the fields of the struct at `path` (its schema `schema`).
+fn add_ranges(schema: &mut Schema, path: &str) {
+    for (field_path, range) in &RANGES {
+        let Some(field) = field_path
+            .strip_prefix(path)
+            .and_then(|rest| rest.strip_prefix('.'))
+        else {
+            continue;
+        };
+        if field.contains('.') {
+            continue;
+        }
+        add_rules(
+            property(schema, field),
+            [
+                rule(format!("self >= {}", range.min), range.min_message),
+                rule(format!("self <= {}", range.max), range.max_message),
+            ],
+        );
+    }
 }
 
 /// `safety.suspect`: a positive window, a share, at least one failure, label-key attributes.
 pub(crate) fn suspect(schema: &mut Schema) {
     make_positive(schema, "window");
-    let share = property(schema, "share");
-    share.insert("maxLength".into(), 4.into());
-    add_rules(
-        share,
-        [rule(
-            format!("self.matches('{PERCENT_REGEX}')"),
-            messages::PERCENT_RANGE,
-        )],
-    );
-    add_rules(property(schema, "minFailures"), count_rules());
+    percent(schema, "share");
+    add_ranges(schema, "spec.safety.suspect");
     let attributes = property(schema, "attributes");
     attributes.insert("maxItems".into(), 16.into());
     attributes.insert("x-kubernetes-list-type".into(), "set".into());
-    let items = attributes
-        .get_mut("items")
-        .and_then(Value::as_object_mut)
-        .expect("attributes has items");
-    items.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
+    items(attributes).insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
     add_rules(
         attributes,
         [rule(
@@ -348,27 +357,9 @@ pub(crate) fn suspect(schema: &mut Schema) {
 
 /// A failure domain: a label key, at least one limit, each count at least 1.
 pub(crate) fn failure_domain(schema: &mut Schema) {
-    let key = property(schema, "topologyKey");
-    key.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
-    add_rules(
-        key,
-        [rule(
-            format!("self.matches('{LABEL_KEY_REGEX}')"),
-            messages::LABEL_KEY,
-        )],
-    );
-    for name in ["maxUnhealthyCount", "maxInFlight"] {
-        add_rules(property(schema, name), count_rules());
-    }
-    let share = property(schema, "maxUnhealthyShare");
-    share.insert("maxLength".into(), 4.into());
-    add_rules(
-        share,
-        [rule(
-            format!("self.matches('{PERCENT_REGEX}')"),
-            messages::PERCENT_RANGE,
-        )],
-    );
+    label_key(schema, "topologyKey", messages::LABEL_KEY);
+    add_ranges(schema, "spec.safety.failureDomains[]");
+    percent(schema, "maxUnhealthyShare");
     add_rules(
         object(schema),
         [rule(
@@ -382,61 +373,25 @@ pub(crate) fn failure_domain(schema: &mut Schema) {
 /// `safety.rate`: at least one per window, a positive window.
 pub(crate) fn rate(schema: &mut Schema) {
     make_positive(schema, "per");
-    add_rules(
-        property(schema, "limit"),
-        [
-            rule("self >= 1", messages::RATE_LIMIT),
-            rule(
-                format!("self <= {}", crate::bounds::RATE_LIMIT_MAX),
-                messages::RATE_LIMIT_MAX,
-            ),
-        ],
-    );
+    add_ranges(schema, "spec.safety.rate");
 }
 
 /// `safety.maxAttemptsPerNode`: at least one attempt, a positive window.
 pub(crate) fn attempts(schema: &mut Schema) {
     make_positive(schema, "per");
-    add_rules(
-        property(schema, "count"),
-        [
-            rule("self >= 1", messages::ATTEMPTS_COUNT),
-            rule(
-                format!("self <= {}", crate::bounds::ATTEMPTS_MAX),
-                messages::ATTEMPTS_COUNT_MAX,
-            ),
-        ],
-    );
+    add_ranges(schema, "spec.safety.maxAttemptsPerNode");
 }
 
 /// `safety.repeatOffender`: one to a hundred failures, a positive window.
 pub(crate) fn repeat_offender(schema: &mut Schema) {
     make_positive(schema, "window");
-    add_rules(
-        property(schema, "failures"),
-        [
-            rule("self >= 1", messages::OFFENDER_FAILURES),
-            rule(
-                format!("self <= {}", crate::bounds::ATTEMPTS_MAX),
-                messages::OFFENDER_FAILURES_MAX,
-            ),
-        ],
-    );
+    add_ranges(schema, "spec.safety.repeatOffender");
 }
 
 /// `drain`: a positive timeout, a non-negative grace period, zero only when explicitly allowed.
 pub(crate) fn drain(schema: &mut Schema) {
     make_positive(schema, "timeout");
-    add_rules(
-        property(schema, "gracePeriodSeconds"),
-        [
-            rule("self >= 0", messages::GRACE_PERIOD),
-            rule(
-                format!("self <= {}", crate::bounds::GRACE_PERIOD_MAX_SECONDS),
-                messages::GRACE_PERIOD_MAX,
-            ),
-        ],
-    );
+    add_ranges(schema, "spec.drain");
     add_rules(
         object(schema),
         [rule(
@@ -499,22 +454,10 @@ pub(crate) fn node_selector(schema: &mut Schema) {
 
 /// A `matchExpressions` entry: a valid key, values exactly when the operator takes them.
 pub(crate) fn selector_requirement(schema: &mut Schema) {
-    let key = property(schema, "key");
-    key.insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
-    add_rules(
-        key,
-        [rule(
-            format!("self.matches('{LABEL_KEY_REGEX}')"),
-            messages::LABEL_KEY,
-        )],
-    );
+    label_key(schema, "key", messages::LABEL_KEY);
     let values = property(schema, "values");
     values.insert("maxItems".into(), 64.into());
-    values
-        .get_mut("items")
-        .and_then(Value::as_object_mut)
-        .expect("values has items")
-        .insert("maxLength".into(), LABEL_VALUE_MAX_LENGTH.into());
+    items(values).insert("maxLength".into(), LABEL_VALUE_MAX_LENGTH.into());
     add_rules(
         values,
         [rule(
@@ -562,3 +505,6 @@ pub(crate) fn remediation_spec(schema: &mut Schema) {
         [rule("self == oldSelf", messages::REMEDIATION_SPEC_IMMUTABLE)],
     );
 }
+
+#[cfg(test)]
+mod tests;

@@ -7,9 +7,8 @@
 //! and reports `Invalid` in the policy's status instead of acting on a policy stored before the
 //! schema had a rule.
 
-use std::{collections::BTreeSet, fmt};
+use std::collections::BTreeSet;
 
-use kube::CustomResourceExt;
 use serde_json::Value;
 
 use crate::{
@@ -17,38 +16,15 @@ use crate::{
     constants::template_placeholders,
     correlated::{FailureDomain, SuspectCause},
     duration::Duration,
+    ladder::STEP_TIMEOUT_MAX,
+    ladder_schema,
+    names::{is_label_value, is_qualified_name},
     policy::{Action, GpuRemediationPolicy, GpuRemediationPolicySpec, Replacement, Strategy},
     schema::{POLICY_NAME_MAX_LENGTH, messages},
     selector::{IntOrPercent, NodeSelector, SelectorOperator},
+    unknown_fields::unknown_fields,
+    violation::Violation,
 };
-
-/// One rule a policy breaks: where, and why, as the API server would say it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Violation {
-    /// The field, written like the API server writes it: `spec.triggers[0].status`.
-    pub field: String,
-    /// What is wrong, for a person.
-    pub message: String,
-}
-
-impl Violation {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for Violation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "{}: {}", self.field, self.message)
-        }
-    }
-}
 
 /// Every rule a policy document breaks: fields the schema does not know, a shape that does not
 /// deserialise, then everything `validate_policy` checks. For policies read from files, where no
@@ -94,7 +70,7 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
     check_selector(&spec.node_selector, &mut out);
     check_triggers(spec, &mut out);
     check_replacement(&spec.replacement, &mut out);
-    crate::ladder_schema::check(spec, &mut out);
+    check_ladder(spec, &mut out);
     let reboots =
         spec.action == Action::Reboot || spec.triggers.iter().any(|t| t.action == Some(Action::Reboot));
     if reboots && spec.replacement.strategy != Strategy::Template {
@@ -444,343 +420,50 @@ fn check_selector(selector: &NodeSelector, out: &mut Vec<Violation>) {
     }
 }
 
-/// A Kubernetes qualified name (label keys, condition types): an optional DNS-subdomain prefix of at
-/// most 253 characters and `/`, then a name of at most 63 characters.
-#[must_use]
-pub fn is_qualified_name(s: &str) -> bool {
-    let (prefix, name) = match s.rsplit_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, s),
+/// The ladder's rules (`crate::ladder_schema`) in Rust, in the schema's words.
+fn check_ladder(spec: &GpuRemediationPolicySpec, out: &mut Vec<Violation>) {
+    let violation = |field: String, message: &str| Violation {
+        field,
+        message: message.to_owned(),
     };
-    let name_ok = !name.is_empty()
-        && name.len() <= 63
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    name_ok && prefix.is_none_or(is_dns_subdomain)
-}
-
-/// A label value: empty, or at most 63 characters starting and ending with a letter or digit.
-#[must_use]
-pub fn is_label_value(s: &str) -> bool {
-    s.is_empty()
-        || (s.len() <= 63
-            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && s.ends_with(|c: char| c.is_ascii_alphanumeric())
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-}
-
-/// A lowercase RFC 1123 subdomain of at most 253 characters.
-#[must_use]
-pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-                && label.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-                && label
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        })
-}
-
-/// Fields of a policy document that the schema does not know, which the server would prune (or,
-/// with strict field validation, as kubectl asks for, refuse). A misspelt `maxConcurent` is the
-/// typical case: pruned silently, the default applies and nobody notices.
-#[must_use]
-pub fn unknown_fields(document: &Value) -> Vec<Violation> {
-    let crd = GpuRemediationPolicy::crd();
-    let schema = crd
-        .spec
-        .versions
-        .first()
-        .and_then(|v| v.schema.as_ref())
-        .and_then(|s| s.open_api_v3_schema.as_ref())
-        .map(|s| serde_json::to_value(s).expect("a schema serialises to JSON"))
-        .expect("the policy CRD has a schema");
-    let mut out = Vec::new();
-    let Some(root) = document.as_object() else {
-        return out;
-    };
-    for (key, value) in root {
-        match key.as_str() {
-            "apiVersion" | "kind" | "metadata" => {}
-            _ => walk_unknown(
-                value,
-                schema.get("properties").and_then(|p| p.get(key)),
-                key,
-                &mut out,
-            ),
+    for (i, step) in spec.ladder.iter().enumerate() {
+        if step.timeout < Duration::from_secs(1) || step.timeout > STEP_TIMEOUT_MAX {
+            out.push(violation(
+                format!("spec.ladder[{i}].timeout"),
+                ladder_schema::messages::STEP_TIMEOUT,
+            ));
+        }
+        match (step.step.has_template(), step.template.is_some()) {
+            (true, false) => out.push(violation(
+                format!("spec.ladder[{i}].template"),
+                ladder_schema::messages::STEP_TEMPLATE_REQUIRED,
+            )),
+            (false, true) => out.push(violation(
+                format!("spec.ladder[{i}].template"),
+                ladder_schema::messages::STEP_TEMPLATE_FORBIDDEN,
+            )),
+            _ => {}
         }
     }
-    out
-}
-
-fn walk_unknown(value: &Value, schema: Option<&Value>, path: &str, out: &mut Vec<Violation>) {
-    let Some(schema) = schema else {
-        out.push(Violation::new(path, "unknown field"));
-        return;
-    };
-    if schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true)) {
-        return;
+    if spec.ladder.windows(2).any(|pair| pair[0].step >= pair[1].step) {
+        out.push(violation(
+            "spec.ladder".to_owned(),
+            ladder_schema::messages::LADDER_ORDER,
+        ));
     }
-    match value {
-        Value::Object(map) => {
-            if let Some(properties) = schema.get("properties") {
-                for (key, child) in map {
-                    walk_unknown(child, properties.get(key), &format!("{path}.{key}"), out);
-                }
-            }
-        }
-        Value::Array(items) => {
-            for (i, item) in items.iter().enumerate() {
-                walk_unknown(item, schema.get("items"), &format!("{path}[{i}]"), out);
-            }
-        }
-        _ => {}
+    if !spec.ladder.is_empty()
+        && spec
+            .triggers
+            .iter()
+            .filter_map(|t| t.start_at)
+            .any(|rung| !spec.ladder.iter().any(|s| s.step == rung))
+    {
+        out.push(violation(
+            "spec.triggers".to_owned(),
+            ladder_schema::messages::START_AT,
+        ));
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-    use crate::{
-        policy::{ConditionStatus, Trigger},
-        selector::SelectorRequirement,
-    };
-
-    fn spec() -> GpuRemediationPolicySpec {
-        serde_json::from_value(json!({"triggers": [{"conditionType": "GpuHealthy", "status": "False"}]}))
-            .unwrap()
-    }
-
-    fn fields(violations: &[Violation]) -> Vec<&str> {
-        violations.iter().map(|v| v.field.as_str()).collect()
-    }
-
-    #[test]
-    fn a_policy_of_defaults_and_one_trigger_is_valid() {
-        assert_eq!(validate_spec(&spec()), vec![]);
-    }
-
-    #[test]
-    fn failure_domains_need_a_label_key_a_limit_distinct_keys_and_counts_of_at_least_one() {
-        let mut spec = spec();
-        spec.safety.max_unhealthy_count = Some(0);
-        spec.safety.failure_domains = serde_json::from_value(json!([
-            {"topologyKey": "example.com/rack", "maxUnhealthyShare": "50%", "maxUnhealthyCount": 2},
-            {"topologyKey": "not a key", "maxInFlight": 0},
-            {"topologyKey": "example.com/rack"},
-        ]))
-        .unwrap();
-        assert_eq!(
-            fields(&validate_spec(&spec)),
-            [
-                "spec.safety.maxUnhealthyCount",
-                "spec.safety.failureDomains[1].topologyKey",
-                "spec.safety.failureDomains[1].maxInFlight",
-                "spec.safety.failureDomains",
-                "spec.safety.failureDomains[2]",
-            ]
-        );
-        spec.safety.max_unhealthy_count = Some(3);
-        spec.safety.failure_domains.truncate(1);
-        assert_eq!(validate_spec(&spec), vec![]);
-    }
-
-    #[test]
-    fn a_policy_without_triggers_is_refused() {
-        let mut spec = spec();
-        spec.triggers.clear();
-        assert_eq!(fields(&validate_spec(&spec)), ["spec.triggers"]);
-    }
-
-    #[test]
-    fn two_triggers_on_the_same_condition_status_and_reasons_are_refused_as_duplicates() {
-        let mut spec = spec();
-        let trigger = |reasons: &[&str]| Trigger {
-            condition_type: "GpuHealthy".into(),
-            status: ConditionStatus::False,
-            reasons: reasons.iter().map(|r| (*r).to_owned()).collect(),
-            for_: Duration::from_secs(0),
-            action: None,
-            quarantine: None,
-            start_at: None,
-        };
-        spec.triggers = vec![
-            trigger(&["XID79", "GpuMissing"]),
-            trigger(&["XID48"]),
-            trigger(&["GpuMissing", "XID79"]),
-        ];
-        let violations = validate_spec(&spec);
-        assert_eq!(fields(&violations), ["spec.triggers[2]"]);
-        assert!(
-            violations[0].message.contains("duplicates spec.triggers[0]"),
-            "{}",
-            violations[0]
-        );
-    }
-
-    #[test]
-    fn zero_counts_and_percentages_outside_one_to_a_hundred_are_refused() {
-        for (value, ok) in [
-            (IntOrPercent::Int(0), false),
-            (IntOrPercent::Int(1), true),
-            (IntOrPercent::Percent("0%".into()), false),
-            (IntOrPercent::Percent("1%".into()), true),
-            (IntOrPercent::Percent("100%".into()), true),
-            (IntOrPercent::Percent("101%".into()), false),
-            (IntOrPercent::Percent("05%".into()), false),
-            (IntOrPercent::Percent("ten".into()), false),
-        ] {
-            let mut out = Vec::new();
-            check_int_or_percent("f", &value, &mut out);
-            assert_eq!(out.is_empty(), ok, "{value}");
-        }
-    }
-
-    #[test]
-    fn a_template_with_an_unknown_placeholder_is_refused_and_the_known_ones_are_not() {
-        let mut spec = spec();
-        spec.replacement.strategy = Strategy::Template;
-        spec.replacement.template = Some(json!({
-            "apiVersion": "remediation.medik8s.io/v1alpha1",
-            "kind": "SelfNodeRemediation",
-            "metadata": {"name": "{{remediationName}}"},
-            "spec": {"node": "{{nodeName}}", "other": "{{node}}"},
-        }));
-        let violations = validate_spec(&spec);
-        assert_eq!(violations.len(), 1, "{violations:?}");
-        assert!(
-            violations[0].message.contains("unknown placeholder {{node}}"),
-            "{}",
-            violations[0]
-        );
-    }
-
-    #[test]
-    fn a_template_without_a_kind_is_refused() {
-        let mut spec = spec();
-        spec.replacement.strategy = Strategy::Template;
-        spec.replacement.template = Some(json!({"apiVersion": "v1"}));
-        assert_eq!(
-            validate_spec(&spec),
-            vec![Violation::new(
-                "spec.replacement.template.kind",
-                messages::TEMPLATE_KIND
-            )]
-        );
-    }
-
-    #[test]
-    fn history_must_outlive_both_limit_windows() {
-        let mut spec = spec();
-        spec.history.ttl = Duration::from_hours(24);
-        assert_eq!(
-            validate_spec(&spec),
-            vec![Violation::new("spec.history.ttl", messages::TTL_VS_ATTEMPTS)]
-        );
-        spec.history.ttl = Duration::from_hours(1);
-        assert_eq!(validate_spec(&spec).len(), 2);
-    }
-
-    #[test]
-    fn a_quarantine_hysteresis_outside_a_second_to_an_hour_and_a_zero_limit_are_refused() {
-        let mut spec = spec();
-        for (secs, ok) in [(0, false), (1, true), (3600, true), (3601, false)] {
-            spec.quarantine.hysteresis = Duration::from_secs(secs);
-            assert_eq!(validate_spec(&spec).is_empty(), ok, "{secs}s");
-        }
-        spec.quarantine.hysteresis = Duration::from_secs(30);
-        spec.quarantine.max = Some(IntOrPercent::Int(0));
-        assert_eq!(
-            validate_spec(&spec),
-            vec![Violation::new(
-                "spec.quarantine.max",
-                messages::COUNT_AT_LEAST_ONE
-            )]
-        );
-    }
-
-    #[test]
-    fn label_keys_follow_the_kubernetes_qualified_name_rules() {
-        for good in [
-            "gpu",
-            "nvidia.com/gpu.product",
-            "a/b",
-            "k8s.io/A_b-c.d",
-            &"x".repeat(63),
-        ] {
-            assert!(is_qualified_name(good), "{good}");
-        }
-        let long_prefix = format!("{}/gpu", vec!["a".repeat(63); 5].join("."));
-        for bad in [
-            "",
-            "-gpu",
-            "gpu-",
-            "gpu product",
-            "Nvidia.com/gpu",
-            "/gpu",
-            "a/",
-            &"x".repeat(64),
-            &long_prefix,
-        ] {
-            assert!(!is_qualified_name(bad), "{bad}");
-        }
-    }
-
-    #[test]
-    fn selector_operators_take_values_exactly_when_they_compare_them() {
-        let mut spec = spec();
-        let req = |operator, values: &[&str]| SelectorRequirement {
-            key: "nvidia.com/gpu.product".into(),
-            operator,
-            values: values.iter().map(|v| (*v).to_owned()).collect(),
-        };
-        spec.node_selector.match_expressions = vec![
-            req(SelectorOperator::In, &[]),
-            req(SelectorOperator::Exists, &["x"]),
-            req(SelectorOperator::NotIn, &["A100"]),
-            req(SelectorOperator::DoesNotExist, &[]),
-        ];
-        let violations = validate_spec(&spec);
-        assert_eq!(
-            violations,
-            vec![
-                Violation::new(
-                    "spec.nodeSelector.matchExpressions[0].values",
-                    messages::SELECTOR_VALUES_REQUIRED
-                ),
-                Violation::new(
-                    "spec.nodeSelector.matchExpressions[1].values",
-                    messages::SELECTOR_VALUES_FORBIDDEN
-                ),
-            ]
-        );
-    }
-
-    #[test]
-    fn a_misspelt_field_is_reported_with_its_path_and_the_template_may_hold_anything() {
-        let document = json!({
-            "apiVersion": "gpuremediation.dev/v1alpha1",
-            "kind": "GpuRemediationPolicy",
-            "metadata": {"name": "p"},
-            "spec": {
-                "triggers": [{"conditionType": "GpuHealthy", "status": "False", "reason": "XID79"}],
-                "safety": {"maxConcurent": 2},
-                "replacement": {"strategy": "Template", "template": {"apiVersion": "v1", "kind": "X", "anything": 1}},
-            },
-        });
-        assert_eq!(
-            fields(&unknown_fields(&document)),
-            ["spec.safety.maxConcurent", "spec.triggers[0].reason"]
-        );
-    }
-}
+mod tests;

@@ -22,6 +22,7 @@ pub mod held_off;
 pub mod install;
 pub mod ladder;
 pub mod progress;
+pub mod stage;
 
 use std::{
     collections::BTreeMap,
@@ -38,21 +39,14 @@ use kube::{
 };
 use serde_json::Value;
 
+use stage::{Clock, NAMESPACE, POLICY_FILE, RunDemoError, SERVICE_ACCOUNT, WORKLOAD_NAMESPACE, step};
+
 use crate::{
     ControlPlane, ControlPlaneOptions, Fleet, FleetOptions, fault,
     fleet::FLEET_LABEL,
     population::{self, PopulationOptions},
     provider::{Provider, ProviderKind},
 };
-
-/// The manifests' namespace and the controller's service account in it.
-pub const NAMESPACE: &str = "gpu-remediation";
-/// The controller's service account.
-pub const SERVICE_ACCOUNT: &str = "gpu-remediator";
-/// The sample policy the demo applies.
-pub const POLICY_FILE: &str = "config/policy-h100-replace.yaml";
-/// Where the demo's GPU workloads run.
-pub const WORKLOAD_NAMESPACE: &str = "training";
 
 /// How to run the demo.
 #[derive(Clone, Debug)]
@@ -91,41 +85,6 @@ impl Default for DemoOptions {
             exit_after: false,
             keep_data: false,
         }
-    }
-}
-
-/// Why the demo stopped short.
-#[derive(Debug, thiserror::Error)]
-pub enum RunDemoError {
-    /// The control plane did not start.
-    #[error("starting the control plane: {0}")]
-    ControlPlane(#[from] crate::StartControlPlaneError),
-    /// A step failed.
-    #[error("{step}: {message}")]
-    Step {
-        /// What was being done.
-        step: &'static str,
-        /// What went wrong.
-        message: String,
-    },
-    /// The remediation did not finish in time, or ended otherwise than `Succeeded`.
-    #[error("the remediation did not succeed: {0}")]
-    NotSucceeded(String),
-}
-
-fn step<E: std::fmt::Display>(step: &'static str) -> impl FnOnce(E) -> RunDemoError {
-    move |error| RunDemoError::Step {
-        step,
-        message: error.to_string(),
-    }
-}
-
-/// Prints a line with the time since the demo started.
-struct Clock(Instant);
-
-impl Clock {
-    fn say(&self, text: &str) {
-        println!("[{:>6.1}s] {text}", self.0.elapsed().as_secs_f64());
     }
 }
 

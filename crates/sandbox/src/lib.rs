@@ -52,5 +52,6 @@ pub mod retry;
 pub mod upstream;
 pub mod workload;
 
-pub use controlplane::{ControlPlane, ControlPlaneOptions, Dra, StartControlPlaneError};
+pub use controlplane::start_error::StartControlPlaneError;
+pub use controlplane::{ControlPlane, ControlPlaneOptions, Dra};
 pub use fleet::{Fleet, FleetOptions};

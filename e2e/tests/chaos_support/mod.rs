@@ -28,10 +28,11 @@ use gpu_remediation_api::{GpuRemediation, Phase};
 use gpu_sandbox::{
     ControlPlaneOptions, Fleet, FleetOptions,
     bench::{
-        actor::{ControllerOptions, ControllerProcess, ensure_namespace},
+        actor::{ControllerOptions, ControllerProcess},
         bench_env::{self, BENCH_NAMESPACE, BenchEnv, SCOPE_LABEL},
         budget_sampler::BudgetSampler,
         cordon_watch::CordonWatch,
+        setup::{self, ensure_namespace},
     },
     fleet::FLEET_LABEL,
     workload::{self, Budget, Workload},
@@ -277,7 +278,7 @@ impl World {
     /// Waits until every node of `nodes` has a remediation in `phase`.
     pub async fn wait_all(&self, nodes: &[String], phase: Phase, within: Duration) -> Vec<GpuRemediation> {
         let wanted: BTreeSet<&String> = nodes.iter().collect();
-        let found = bench_env::eventually(&format!("{nodes:?} in phase {phase}"), within, || async {
+        let found = setup::eventually(&format!("{nodes:?} in phase {phase}"), within, || async {
             let all = self.env.remediations(&self.scope).await.ok()?;
             let done: BTreeSet<&String> = all
                 .iter()
@@ -313,7 +314,7 @@ impl World {
 
     /// The remediation of `node` once it reaches `phase`.
     pub async fn wait_phase(&self, node: &str, phase: Phase, within: Duration) -> GpuRemediation {
-        let found = bench_env::eventually(
+        let found = setup::eventually(
             &format!("the remediation of {node} in phase {phase}"),
             within,
             || async {
@@ -412,7 +413,7 @@ impl Invariants {
     /// backoff), so it is first given up to 30 s to see what a list already shows; what it then
     /// holds is asserted.
     pub async fn assert_hold(&self, broken: &[String], max_in_flight: usize, phase: Phase) {
-        let _ = bench_env::eventually(
+        let _ = setup::eventually(
             "the remediation watch to catch up",
             Duration::from_secs(30),
             || async {

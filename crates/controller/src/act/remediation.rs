@@ -539,7 +539,7 @@ async fn look_at(
     ctx: &Context,
     remediation: &GpuRemediation,
     strategy: gpu_remediation_api::policy::Strategy,
-    reference: &gpu_remediation_api::remediation::ObjectReference,
+    reference: &gpu_remediation_api::object_reference::ObjectReference,
     triggered_at: Timestamp,
 ) -> Result<Observation, Words> {
     crate::act::replace::Replacers::new(ctx.writer.clone())

@@ -5,8 +5,8 @@
 
 use gpu_remediation_api::{
     GpuRemediation,
+    object_reference::ObjectReference,
     policy::{Replacement, Strategy},
-    remediation::ObjectReference,
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use gpu_remediation_api::{
     Duration,
     correlated::{HeldDomain, SuspectStatus},
-    policy::Safety,
+    safety::Safety,
 };
 use jiff::Timestamp;
 

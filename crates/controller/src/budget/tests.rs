@@ -1,7 +1,7 @@
 //! Unit tests of `budget`.
 
 use gpu_remediation_api::{
-    policy::{Attempts, Rate},
+    safety::{Attempts, Rate},
     selector::IntOrPercent,
 };
 

@@ -9,7 +9,7 @@
 
 use std::sync::LazyLock;
 
-use gpu_remediation_api::{GpuRemediationPolicy, schema::messages, validate::Violation};
+use gpu_remediation_api::{GpuRemediationPolicy, schema::messages, violation::Violation};
 use kube::CustomResourceExt as _;
 use serde_json::Value;
 

@@ -15,10 +15,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use gpu_remediation_api::{
-    GpuRemediationPolicy,
-    validate::{Violation, validate_document},
-};
+use gpu_remediation_api::{GpuRemediationPolicy, validate::validate_document, violation::Violation};
 use serde_json::Value;
 
 use super::{locate::line_of, overlap::can_select_the_same_node, server_words::in_servers_words};

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use gpu_remediation_api::{
     GpuRemediation,
     constants::{ATTEMPTS_EXHAUSTED_ANNOTATION, REPEAT_OFFENDER_LABEL},
-    policy::{Action, OffenderAction, RepeatOffender},
+    policy::Action,
+    safety::{OffenderAction, RepeatOffender},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;

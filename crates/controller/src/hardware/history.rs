@@ -18,7 +18,7 @@ use gpu_remediation_api::{
         HardwareFailure, HardwareKind, HardwareLedger, OFFENCE_EARLIER_MAX, RECORD_FAILURES_MAX,
         RepeatOffence, record_name,
     },
-    policy::RepeatOffender,
+    safety::RepeatOffender,
 };
 use jiff::Timestamp;
 use kube::ResourceExt;
@@ -331,8 +331,9 @@ pub(crate) mod tests {
     use gpu_remediation_api::{
         GpuRemediationSpec, GpuRemediationStatus, Phase,
         hardware::LedgerGpu,
-        policy::{Action, ConditionStatus, OffenderAction},
+        policy::{Action, ConditionStatus},
         remediation::TriggerRecord,
+        safety::OffenderAction,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 

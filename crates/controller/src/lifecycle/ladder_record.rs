@@ -58,7 +58,7 @@ pub(super) fn close(status: &mut GpuRemediationStatus, outcome: StepOutcome, mes
 pub fn looked_at(
     status: &GpuRemediationStatus,
     rules: &PolicySnapshot,
-) -> Option<(Strategy, gpu_remediation_api::remediation::ObjectReference)> {
+) -> Option<(Strategy, gpu_remediation_api::object_reference::ObjectReference)> {
     if rules.ladder.is_empty() || status.phase != Phase::Verifying {
         return None;
     }

@@ -6,8 +6,9 @@
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationStatus, Phase,
     constants::{reasons, remediation_conditions},
+    object_reference::ObjectReference,
     policy::Strategy,
-    remediation::{ObjectReference, PolicySnapshot},
+    remediation::PolicySnapshot,
 };
 use jiff::Timestamp;
 use kube::runtime::events::EventType;

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpu_remediation_api::remediation::ObjectReference;
+use gpu_remediation_api::object_reference::ObjectReference;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
 use kube::core::Status;

@@ -6,7 +6,7 @@
 //! retry's create that found an object of that name: ours only if the remediation controls it) and
 //! [`observe`] (the object read, as the verification's inputs).
 
-use gpu_remediation_api::{GpuRemediation, remediation::ObjectReference};
+use gpu_remediation_api::{GpuRemediation, object_reference::ObjectReference};
 use kube::{
     api::{ApiResource, DynamicObject},
     discovery::Scope,

@@ -14,7 +14,7 @@
 //! [`replacement_nodes`]/[`joined`] (the replacement, from the Machines and nodes read); what it
 //! observes is [`super::deletion_observed`] of the Machine read and that replacement.
 
-use gpu_remediation_api::{GpuRemediation, remediation::ObjectReference};
+use gpu_remediation_api::{GpuRemediation, object_reference::ObjectReference};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{

@@ -52,7 +52,7 @@ mod tests {
 
     fn observe(
         found: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
-        reference: &gpu_remediation_api::remediation::ObjectReference,
+        reference: &gpu_remediation_api::object_reference::ObjectReference,
         node: Presence,
     ) -> crate::replace::Observation {
         deletion_observed(found, reference, node, ReplacementNode::NotExpected)

@@ -10,7 +10,7 @@
 //! Pure: [`plan`] from the claims listed and the node read; what it observes is
 //! [`super::deletion_observed`] of the claim read.
 
-use gpu_remediation_api::{GpuRemediation, remediation::ObjectReference};
+use gpu_remediation_api::{GpuRemediation, object_reference::ObjectReference};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     api::{ApiResource, DynamicObject},

@@ -46,7 +46,7 @@ pub mod verify;
 #[cfg(test)]
 pub(crate) mod fixtures;
 
-use gpu_remediation_api::{GpuRemediation, remediation::ObjectReference};
+use gpu_remediation_api::{GpuRemediation, object_reference::ObjectReference};
 use jiff::Timestamp;
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 

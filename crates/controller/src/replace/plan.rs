@@ -3,7 +3,7 @@
 //! strategy is tested from YAML fixtures of the objects it reads, and the writes are made in one
 //! place.
 
-use gpu_remediation_api::remediation::ObjectReference;
+use gpu_remediation_api::object_reference::ObjectReference;
 use kube::api::{ApiResource, DynamicObject};
 
 /// One write of a trigger.

@@ -151,38 +151,6 @@ pub fn write_kubeconfig(
     std::fs::write(path, text).map_err(|e| error(e.to_string()))
 }
 
-/// Creates namespace `name` if it does not exist and waits for its `default` service account
-/// (pods cannot be created before it).
-pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), super::bench_env::BenchSetupError> {
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.is_already_exists() => {}
-        Err(source) => {
-            return Err(super::bench_env::api_error(format!("creating namespace {name}"))(
-                source,
-            ));
-        }
-    }
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
-    super::bench_env::eventually(
-        &format!("the default service account of {name}"),
-        Duration::from_secs(60),
-        || async { accounts.get_opt("default").await.ok().flatten() },
-    )
-    .await
-    .map(|_| ())
-}
-
 /// A client for `identity` straight to the API server.
 ///
 /// # Panics

@@ -9,7 +9,7 @@ use gpu_remediation_api::remediation::{GpuRemediation, GpuRemediationSpec, Trigg
 use kube::api::PostParams;
 use kube::{Api, Client};
 
-use super::bench_env::{BenchSetupError, api_error};
+use super::setup::{BenchSetupError, api_error};
 use crate::demo::install;
 
 /// The shipped approval policy and its binding.

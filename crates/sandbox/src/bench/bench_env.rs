@@ -15,6 +15,7 @@ use kube::{Api, Client, ResourceExt};
 
 use super::actor::{self, ControllerOptions, ControllerProcess, Identity};
 use super::audit::{self, AuditLog};
+use super::setup::{BenchSetupError, api_error, eventually};
 use crate::fault;
 use crate::fleet::FLEET_LABEL;
 use crate::retry::retrying;
@@ -24,53 +25,6 @@ use crate::{ControlPlane, ControlPlaneOptions};
 pub const SCOPE_LABEL: &str = "bench.gpuremediation.dev/scope";
 /// Namespace of the peers' service accounts and the controller's Lease.
 pub const BENCH_NAMESPACE: &str = "gpu-bench";
-
-/// Failure to set the bench up or to run a step of it.
-#[derive(Debug, thiserror::Error)]
-pub enum BenchSetupError {
-    /// The control plane did not start.
-    #[error(transparent)]
-    ControlPlane(#[from] crate::StartControlPlaneError),
-    /// A file could not be written.
-    #[error("writing {path}: {source}")]
-    File {
-        /// The file.
-        path: PathBuf,
-        /// The IO error.
-        source: std::io::Error,
-    },
-    /// An identity could not be created.
-    #[error(transparent)]
-    Identity(#[from] actor::CreateIdentityError),
-    /// An API call failed.
-    #[error("{what}: {source}")]
-    Api {
-        /// What was being done.
-        what: String,
-        /// The API error.
-        source: kube::Error,
-    },
-    /// The controller process could not be started.
-    #[error(transparent)]
-    Controller(#[from] actor::StartControllerError),
-    /// A sandbox step (fleet, workloads, watches) failed.
-    #[error("{0}")]
-    Step(String),
-    /// Something did not happen in time.
-    #[error("timed out after {waited:?} waiting for {what}")]
-    Timeout {
-        /// What.
-        what: String,
-        /// How long.
-        waited: Duration,
-    },
-}
-
-/// Wraps an API error with what was being done.
-pub fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> BenchSetupError {
-    let what = what.into();
-    move |source| BenchSetupError::Api { what, source }
-}
 
 /// The shared sandbox.
 pub struct BenchEnv {
@@ -125,7 +79,7 @@ impl BenchEnv {
             ],
             // Every budget status write and the drain fleets' pod status writes, with their
             // bodies: where a drain's time goes (`drain_links`).
-            &[&super::drain_links::audit_rules(&super::drain::NAMESPACES)],
+            &[&super::drain_links::audit_rules(&super::drain_links::NAMESPACES)],
         );
         std::fs::write(&policy_file, policy).map_err(file_error(&policy_file))?;
         options
@@ -377,27 +331,6 @@ pub fn next_whole_second(margin: Duration) -> Timestamp {
         .unwrap_or_else(|_| Timestamp::now());
     let whole = at.as_second() + 1;
     Timestamp::from_second(whole).unwrap_or(at)
-}
-
-/// Polls `probe` every 200 ms until it yields, or fails after `within`.
-pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> Result<T, BenchSetupError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if let Some(value) = probe().await {
-            return Ok(value);
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(BenchSetupError::Timeout {
-                what: what.to_owned(),
-                waited: within,
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// The shipped FlowSchemas with their service accounts and Lease namespace moved to `namespace`.

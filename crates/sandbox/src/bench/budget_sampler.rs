@@ -133,17 +133,6 @@ pub fn floor_of(pdb: &PodDisruptionBudget) -> Result<Floor, String> {
     })
 }
 
-/// Whether the disruption controller would count `pod` as healthy: Ready and not terminating.
-#[must_use]
-pub fn is_healthy(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 /// The healthy pods each floor counts, given each pod's labels and health.
 #[must_use]
 pub fn healthy_counts(floors: &[Floor], pods: &[(&BTreeMap<String, String>, bool)]) -> Vec<usize> {
@@ -238,7 +227,7 @@ impl BudgetSampler {
                         state.pods.clear();
                     }
                     watcher::Event::InitApply(pod) | watcher::Event::Apply(pod) => {
-                        let healthy = is_healthy(&pod);
+                        let healthy = crate::workload::is_ready(&pod);
                         state.pods.insert(pod.name_any(), (pod.labels().clone(), healthy));
                     }
                     watcher::Event::Delete(pod) => {

@@ -16,20 +16,17 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 
-use super::audit::{self, RequestCounts};
-use super::bench_env::{self, BenchEnv, BenchSetupError, api_error, eventually};
+use super::audit::{self, AuditLog, RequestCounts};
+use super::bench_env::{self, BenchEnv};
 use super::budget_sampler::BudgetSampler;
 use super::drain_links::{self, DrainLinks};
 use super::latency::{fleet_options, wait_policy_observed};
+use super::setup::{BenchSetupError, api_error, eventually};
 use crate::Fleet;
 use crate::workload::{self, Budget, Workload};
 
 /// Deployment sizes: 3 to 10 replicas, 100 pods in all.
 pub const DEPLOYMENT_SIZES: [i32; 16] = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 6, 7, 8, 9, 6];
-
-/// The two fleets' namespaces: the controller's, then `kubectl drain`'s (the audit policy keeps
-/// their pods' status writes, see [`drain_links::audit_rules`]).
-pub const NAMESPACES: [&str; 2] = ["drain-ctl", "drain-kubectl"];
 
 /// One peer's drain.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -89,7 +86,7 @@ async fn stage(env: &BenchEnv, name: &str) -> Result<Stage, BenchSetupError> {
     let mut nodes = fleet.node_names();
     nodes.sort();
     let (target, spares) = (nodes[0].clone(), nodes[1..].to_vec());
-    super::actor::ensure_namespace(&env.client, name).await?;
+    super::setup::ensure_namespace(&env.client, name).await?;
     for spare in &spares {
         set_unschedulable(env, spare, true).await?;
     }
@@ -138,6 +135,49 @@ async fn stage(env: &BenchEnv, name: &str) -> Result<Stage, BenchSetupError> {
 }
 
 /// Watches one node and its pods: when it was first seen unschedulable, and when its last pod
+/// What watches one peer's drain from before its first request: the budgets (the PDB sampler)
+/// and the audit log; [`PeerWatch::start`] starts the node's clock with them.
+struct PeerWatch {
+    sampler: BudgetSampler,
+    log: AuditLog,
+}
+
+impl PeerWatch {
+    async fn start(env: &BenchEnv, stage: &Stage) -> Result<(Self, DrainClock), BenchSetupError> {
+        let sampler = BudgetSampler::start(&env.client, &stage.namespace)
+            .await
+            .map_err(|e| BenchSetupError::Step(e.to_string()))?;
+        let clock = DrainClock::start(env, &stage.namespace, &stage.target);
+        let mut log = env.audit();
+        log.mark();
+        Ok((Self { sampler, log }, clock))
+    }
+
+    /// The figures of `peer` (whose requests the audit log has as `username`), given its drain's
+    /// seconds and pods.
+    fn finish(
+        self,
+        peer: &str,
+        username: &str,
+        stage: &Stage,
+        (seconds, pods): (f64, usize),
+    ) -> DrainPeerResult {
+        let log = self.log.since_mark();
+        let requests = audit::count(&log, username);
+        let links = drain_links::measure(&log, username, &stage.namespace);
+        let budget = self.sampler.finish();
+        DrainPeerResult {
+            peer: peer.to_owned(),
+            seconds,
+            pods,
+            violations: budget.violations.len(),
+            least_margin: budget.least_margin.values().copied().min().unwrap_or(0),
+            requests,
+            links,
+        }
+    }
+}
+
 /// was gone after that.
 struct DrainClock {
     task: tokio::task::JoinHandle<(Timestamp, Timestamp, usize)>,
@@ -203,12 +243,7 @@ async fn controller_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResu
         .await?;
     let mut controller = env.start_controller(&scope, None)?;
     wait_policy_observed(env, &scope).await?;
-    let sampler = BudgetSampler::start(&env.client, &stage.namespace)
-        .await
-        .map_err(|e| BenchSetupError::Step(e.to_string()))?;
-    let clock = DrainClock::start(env, &stage.namespace, &stage.target);
-    let mut log = env.audit();
-    log.mark();
+    let (watch, clock) = PeerWatch::start(env, stage).await?;
     bench_env::set_condition_at(
         &env.client,
         std::slice::from_ref(&stage.target),
@@ -234,32 +269,16 @@ async fn controller_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResu
         },
     )
     .await?;
-    let log = log.since_mark();
-    let requests = audit::count(&log, &env.controller.username);
-    let links = drain_links::measure(&log, &env.controller.username, &stage.namespace);
-    let budget = sampler.finish();
+    let result = watch.finish("gpu-remediator", &env.controller.username, stage, (seconds, pods));
     controller.terminate().await;
     if let Err(e) = env.delete_policy(&scope).await {
         eprintln!("teardown (not counted as a failure): {e}");
     }
-    Ok(DrainPeerResult {
-        peer: "gpu-remediator".to_owned(),
-        seconds,
-        pods,
-        violations: budget.violations.len(),
-        least_margin: budget.least_margin.values().copied().min().unwrap_or(0),
-        requests,
-        links,
-    })
+    Ok(result)
 }
 
 async fn kubectl_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResult, BenchSetupError> {
-    let sampler = BudgetSampler::start(&env.client, &stage.namespace)
-        .await
-        .map_err(|e| BenchSetupError::Step(e.to_string()))?;
-    let clock = DrainClock::start(env, &stage.namespace, &stage.target);
-    let mut log = env.audit();
-    log.mark();
+    let (watch, clock) = PeerWatch::start(env, stage).await?;
     let output = tokio::process::Command::new(env.control_plane.kubectl())
         .arg(format!("--kubeconfig={}", env.kubectl.kubeconfig.display()))
         .args([
@@ -281,25 +300,13 @@ async fn kubectl_drain(env: &BenchEnv, stage: &Stage) -> Result<DrainPeerResult,
         )));
     }
     let (seconds, pods) = clock.wait(Duration::from_secs(60)).await?;
-    let log = log.since_mark();
-    let requests = audit::count(&log, &env.kubectl.username);
-    let links = drain_links::measure(&log, &env.kubectl.username, &stage.namespace);
-    let budget = sampler.finish();
-    Ok(DrainPeerResult {
-        peer: "kubectl drain".to_owned(),
-        seconds,
-        pods,
-        violations: budget.violations.len(),
-        least_margin: budget.least_margin.values().copied().min().unwrap_or(0),
-        requests,
-        links,
-    })
+    Ok(watch.finish("kubectl drain", &env.kubectl.username, stage, (seconds, pods)))
 }
 
 /// Stages two identical fleets, drains one with each peer (the controller first), and compares.
 pub async fn run(env: &BenchEnv) -> Result<DrainComparison, BenchSetupError> {
     eprintln!("drain: staging two fleets of 4 nodes with 100 pods on the first node of each");
-    let [ours, theirs] = NAMESPACES;
+    let [ours, theirs] = drain_links::NAMESPACES;
     let ours = stage(env, ours).await?;
     let theirs = stage(env, theirs).await?;
     let controller = controller_drain(env, &ours).await?;

@@ -27,7 +27,11 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 
-use super::report::percentile;
+use super::percentile::percentile;
+
+/// The two fleets' namespaces: the controller's, then `kubectl drain`'s (the audit policy keeps
+/// their pods' status writes, see [`audit_rules`]).
+pub const NAMESPACES: [&str; 2] = ["drain-ctl", "drain-kubectl"];
 
 /// The audit policy's rules for budget status writes (every writer, with their bodies: the
 /// disruption controller's room) and for pod status writes in `namespaces` (with their bodies: the

@@ -7,7 +7,7 @@
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 
-use super::bench_env::{BenchSetupError, api_error};
+use super::setup::{BenchSetupError, api_error};
 use crate::demo::install;
 
 /// The shipped fence policy and its binding.

@@ -11,9 +11,10 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::audit::{self, AuditedRequest, RequestCounts};
-use super::bench_env::{self, BenchEnv, BenchSetupError, eventually};
+use super::bench_env::{self, BenchEnv};
 use super::latency::{fleet_options, populate, wait_policy_observed};
 use super::node_churn::NodeChurn;
+use super::setup::{BenchSetupError, eventually};
 use crate::Fleet;
 use crate::fleet::FLEET_LABEL;
 

@@ -11,9 +11,10 @@ use jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::DeleteParams;
 
-use super::bench_env::{self, BenchEnv, BenchSetupError, api_error, eventually};
+use super::bench_env::{self, BenchEnv};
 use super::cordon_watch::CordonWatch;
-use super::report::percentile;
+use super::percentile::percentile;
+use super::setup::{BenchSetupError, api_error, eventually};
 use crate::fleet::FLEET_LABEL;
 use crate::population::{self, PopulationOptions};
 use crate::{Fleet, FleetOptions};

@@ -12,11 +12,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 
-use super::actor::ensure_namespace;
-use super::bench_env::{self, BenchEnv, BenchSetupError, api_error, eventually};
+use super::bench_env::{self, BenchEnv};
 use super::cordon_watch::CordonWatch;
 use super::latency::{fleet_options, wait_policy_observed};
-use super::report::percentile;
+use super::percentile::percentile;
+use super::setup::ensure_namespace;
+use super::setup::{BenchSetupError, api_error, eventually};
 use crate::Fleet;
 use crate::fleet::FLEET_LABEL;
 use crate::workload::Workload;

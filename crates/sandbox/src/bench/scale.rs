@@ -26,9 +26,10 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::audit;
-use super::bench_env::{BenchEnv, BenchSetupError, api_error, eventually};
+use super::bench_env::BenchEnv;
 use super::cordon_watch::CordonWatch;
 use super::latency::{self, LatencyOptions, LatencyResult, wait_policy_observed};
+use super::setup::{BenchSetupError, api_error, eventually};
 use crate::fleet::FLEET_LABEL;
 use crate::fleet::node::{NodeShape, simulated_node};
 use crate::retry::retrying;

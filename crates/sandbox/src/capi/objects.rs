@@ -4,10 +4,9 @@
 //! `Cluster`, a `MachineSet` and a `MachineHealthCheck` (all `cluster.x-k8s.io/v1beta2`), and the
 //! Node an infrastructure machine stands for. Pure builders, no IO.
 
-use gpu_remediation_api::constants::{GPU_COUNT_LABEL, GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL};
 use serde_json::{Value, json};
 
-use crate::fleet::{FLEET_LABEL, NodeShape};
+use crate::fleet::node::{NodeShape, node_labels};
 
 /// The sandbox's infrastructure API group.
 pub const INFRA_GROUP: &str = "infrastructure.sandbox.gpuremediation.dev";
@@ -234,18 +233,7 @@ pub fn provider_id(namespace: &str, name: &str) -> String {
 /// the fleet's label and GPU labels; the fleet adopts it (status, Lease, pods).
 #[must_use]
 pub fn machine_node(shape: &NodeShape, namespace: &str, name: &str) -> Value {
-    let mut labels = json!({
-        "kubernetes.io/hostname": name,
-        "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64",
-        FLEET_LABEL: shape.fleet,
-        GPU_PRESENT_LABEL: "true",
-        GPU_PRODUCT_LABEL: shape.product,
-        GPU_COUNT_LABEL: shape.gpus.to_string(),
-    });
-    for (key, value) in &shape.labels {
-        labels[key] = json!(value);
-    }
+    let labels = node_labels(shape, name);
     json!({
         "apiVersion": "v1",
         "kind": "Node",
@@ -265,6 +253,9 @@ pub fn provisioned(provider_id: &str) -> (Value, Value) {
 
 #[cfg(test)]
 mod tests {
+    use gpu_remediation_api::constants::GPU_COUNT_LABEL;
+
+    use crate::fleet::FLEET_LABEL;
     use std::collections::BTreeMap;
 
     use super::*;

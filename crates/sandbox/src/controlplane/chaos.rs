@@ -10,7 +10,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{ControlPlane, StartControlPlaneError, process::OwnedProcess};
+use super::start_error::StartControlPlaneError;
+use super::{ControlPlane, process::OwnedProcess};
 
 /// Failure to signal a component.
 #[derive(Debug, thiserror::Error)]
@@ -111,24 +112,10 @@ impl ControlPlane {
         self.processes.insert(index, restarted);
         if name == "kube-apiserver" {
             let started = Instant::now();
-            let admin = self.try_client().map_err(StartControlPlaneError::Client)?;
-            self.wait_for(
+            self.wait_apiserver_ready(
                 "kube-apiserver /readyz after a restart",
                 started + Duration::from_secs(120),
                 started,
-                || {
-                    let client = admin.clone();
-                    async move {
-                        let request = http::Request::get("/readyz")
-                            .body(Vec::new())
-                            .map_err(|e| e.to_string())?;
-                        match client.request_text(request).await {
-                            Ok(body) if body.trim() == "ok" => Ok(()),
-                            Ok(body) => Err(body),
-                            Err(e) => Err(e.to_string()),
-                        }
-                    }
-                },
             )
             .await?;
         }

@@ -6,7 +6,8 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::{StartControlPlaneError, pki};
+use super::pki;
+use super::start_error::StartControlPlaneError;
 
 /// Root of every control plane's data directory. Each is named `cp-<owner pid>-<n>`, so a start
 /// can remove the directories of owners that are gone.

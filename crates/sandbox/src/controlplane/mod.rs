@@ -8,6 +8,7 @@ pub mod chaos;
 mod layout;
 mod pki;
 mod process;
+pub mod start_error;
 pub mod usage;
 
 use std::net::{SocketAddr, TcpStream};
@@ -23,6 +24,7 @@ pub use pki::CreatePkiError;
 
 use layout::{Layout, dir_error, display};
 pub use process::{OwnedProcess, SpawnComponentError};
+use start_error::StartControlPlaneError;
 
 /// The kube-controller-manager controllers the sandbox runs: everything pods, workloads, PDBs,
 /// nodes and namespaces need, and nothing that needs a cloud or volumes.
@@ -124,54 +126,6 @@ impl Default for ControlPlaneOptions {
             keep_data_dir: false,
         }
     }
-}
-
-/// Failure to start the control plane.
-#[derive(Debug, thiserror::Error)]
-pub enum StartControlPlaneError {
-    /// The binaries were not found or could not be built.
-    #[error(transparent)]
-    LocateBinaries(#[from] LocateBinariesError),
-    /// The data directory could not be prepared.
-    #[error("preparing data directory {path}: {source}")]
-    DataDir {
-        /// The directory or file.
-        path: PathBuf,
-        /// The IO error.
-        source: std::io::Error,
-    },
-    /// Keys or certificates could not be created.
-    #[error(transparent)]
-    Pki(#[from] CreatePkiError),
-    /// No free port could be reserved.
-    #[error("reserving a free port on 127.0.0.1: {0}")]
-    Port(std::io::Error),
-    /// A component could not be started.
-    #[error(transparent)]
-    Spawn(#[from] SpawnComponentError),
-    /// A component exited while the control plane was starting.
-    #[error("{name} exited during start-up ({status}); last log lines:\n{log_tail}")]
-    ComponentExited {
-        /// The component.
-        name: String,
-        /// Its exit status.
-        status: std::process::ExitStatus,
-        /// The end of its log.
-        log_tail: String,
-    },
-    /// A component did not become ready in time.
-    #[error("{what} was not ready after {waited:?}: {last_error}")]
-    NotReady {
-        /// What was waited for.
-        what: &'static str,
-        /// How long.
-        waited: Duration,
-        /// The last probe's answer.
-        last_error: String,
-    },
-    /// The admin client could not be built.
-    #[error("building the admin client: {0}")]
-    Client(#[source] kube::Error),
 }
 
 impl StartControlPlaneError {
@@ -346,21 +300,8 @@ impl ControlPlane {
         );
         args.extend(options.extra_apiserver_args.iter().cloned());
         self.spawn("kube-apiserver", &args)?;
-        let admin = self.try_client().map_err(StartControlPlaneError::Client)?;
-        self.wait_for("kube-apiserver /readyz", deadline, started, || {
-            let client = admin.clone();
-            async move {
-                let request = http::Request::get("/readyz")
-                    .body(Vec::new())
-                    .map_err(|e| e.to_string())?;
-                match client.request_text(request).await {
-                    Ok(body) if body.trim() == "ok" => Ok(()),
-                    Ok(body) => Err(body),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
-        })
-        .await
+        self.wait_apiserver_ready("kube-apiserver /readyz", deadline, started)
+            .await
     }
 
     fn start_controllers(
@@ -369,15 +310,9 @@ impl ControlPlane {
         options: &ControlPlaneOptions,
     ) -> Result<(), StartControlPlaneError> {
         let pki = &layout.pki;
-        let kubeconfig = display(&layout.kubeconfig);
         let qps = options.component_qps;
-        let mut kcm_args = vec![
-            format!("--kubeconfig={kubeconfig}"),
-            format!("--authentication-kubeconfig={kubeconfig}"),
-            format!("--authorization-kubeconfig={kubeconfig}"),
-            "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={}", layout.ports.controller_manager),
-            format!("--cert-dir={}", display(&layout.data_dir.join("kcm"))),
+        let mut kcm_args = component_args(layout, layout.ports.controller_manager, "kcm", qps);
+        kcm_args.extend([
             "--use-service-account-credentials=true".into(),
             format!(
                 "--service-account-private-key-file={}",
@@ -394,30 +329,41 @@ impl ControlPlane {
                     .collect::<Vec<_>>()
                     .join(",")
             ),
-            format!("--kube-api-qps={qps}"),
-            format!("--kube-api-burst={}", qps * 2),
-            "--leader-elect=true".into(),
-        ];
+        ]);
         if let Some(grace) = options.node_monitor_grace_period {
             kcm_args.push(format!("--node-monitor-grace-period={}ms", grace.as_millis()));
         }
         kcm_args.extend(options.dra.feature_gates().map(str::to_owned));
         kcm_args.extend(options.extra_controller_manager_args.iter().cloned());
         self.spawn("kube-controller-manager", &kcm_args)?;
-        let mut scheduler_args = vec![
-            format!("--kubeconfig={kubeconfig}"),
-            format!("--authentication-kubeconfig={kubeconfig}"),
-            format!("--authorization-kubeconfig={kubeconfig}"),
-            "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={}", layout.ports.scheduler),
-            format!("--cert-dir={}", display(&layout.data_dir.join("scheduler"))),
-            format!("--kube-api-qps={qps}"),
-            format!("--kube-api-burst={}", qps * 2),
-            "--leader-elect=true".into(),
-        ];
+        let mut scheduler_args = component_args(layout, layout.ports.scheduler, "scheduler", qps);
         scheduler_args.extend(options.dra.feature_gates().map(str::to_owned));
         self.spawn("kube-scheduler", &scheduler_args)?;
         Ok(())
+    }
+
+    /// Waits until the API server answers `/readyz` with `ok` (see [`Self::wait_for`]).
+    async fn wait_apiserver_ready(
+        &mut self,
+        what: &'static str,
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<(), StartControlPlaneError> {
+        let admin = self.try_client().map_err(StartControlPlaneError::Client)?;
+        self.wait_for(what, deadline, started, || {
+            let client = admin.clone();
+            async move {
+                let request = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .map_err(|e| e.to_string())?;
+                match client.request_text(request).await {
+                    Ok(body) if body.trim() == "ok" => Ok(()),
+                    Ok(body) => Err(body),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        })
+        .await
     }
 
     /// Both hold their leader lease once their controllers run; the `default` service account
@@ -623,4 +569,21 @@ impl ControlPlane {
             let _ = std::fs::remove_dir_all(&self.data_dir);
         }
     }
+}
+/// The flags kube-controller-manager and kube-scheduler share: the admin kubeconfig for every
+/// client, their secure port and certificate directory (`cert_dir` under the data directory), the
+/// API rate limits and leader election.
+fn component_args(layout: &Layout, port: u16, cert_dir: &str, qps: u32) -> Vec<String> {
+    let kubeconfig = display(&layout.kubeconfig);
+    vec![
+        format!("--kubeconfig={kubeconfig}"),
+        format!("--authentication-kubeconfig={kubeconfig}"),
+        format!("--authorization-kubeconfig={kubeconfig}"),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        format!("--cert-dir={}", display(&layout.data_dir.join(cert_dir))),
+        format!("--kube-api-qps={qps}"),
+        format!("--kube-api-burst={}", qps * 2),
+        "--leader-elect=true".into(),
+    ]
 }

@@ -8,7 +8,8 @@ use gpu_remediation_api::{GpuRemediation, Phase};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::{Api, Client, ResourceExt, api::ListParams};
 
-use super::{Clock, RunDemoError, WORKLOAD_NAMESPACE, progress, step};
+use super::progress;
+use super::stage::{Clock, RunDemoError, WORKLOAD_NAMESPACE, step};
 
 /// Follows the node's remediation until it ends, printing each change, sampling every PDB.
 pub(super) async fn follow(

@@ -14,7 +14,7 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-use super::{Clock, NAMESPACE, RunDemoError, SERVICE_ACCOUNT, step};
+use super::stage::{Clock, NAMESPACE, RunDemoError, SERVICE_ACCOUNT, step};
 use crate::{
     hardware::{SimGpu, set_inventory},
     repair::{self, Behaviour, Repairer},

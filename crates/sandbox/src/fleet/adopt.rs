@@ -20,8 +20,9 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
+use super::heartbeat;
+use super::node::{self, NODE_LEASE_NAMESPACE, NodeShape};
 use super::registry::NodeRegistry;
-use super::{NODE_LEASE_NAMESPACE, NodeShape, heartbeat, node};
 
 /// How often the adopter looks for new and deleted nodes.
 const POLL: Duration = Duration::from_millis(200);

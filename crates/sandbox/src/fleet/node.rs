@@ -46,6 +46,32 @@ pub fn node_ip(index: usize) -> String {
     )
 }
 
+/// The labels every node of `shape` carries: the fleet's, the GPU ones, then the shape's own
+/// (which win).
+#[must_use]
+pub fn shape_labels(shape: &NodeShape) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (GPU_PRESENT_LABEL.to_owned(), "true".to_owned()),
+        (GPU_PRODUCT_LABEL.to_owned(), shape.product.clone()),
+        (GPU_COUNT_LABEL.to_owned(), shape.gpus.to_string()),
+        (FLEET_LABEL.to_owned(), shape.fleet.clone()),
+    ]);
+    labels.extend(shape.labels.clone());
+    labels
+}
+
+/// The labels node `name` of `shape` registers with: the host's, then [`shape_labels`].
+#[must_use]
+pub fn node_labels(shape: &NodeShape, name: &str) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        ("kubernetes.io/hostname".to_owned(), name.to_owned()),
+        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("kubernetes.io/arch".to_owned(), "amd64".to_owned()),
+    ]);
+    labels.extend(shape_labels(shape));
+    labels
+}
+
 /// The Node as a kubelet registers it: labels, capacity, `Ready=True`.
 ///
 /// # Panics
@@ -53,16 +79,7 @@ pub fn node_ip(index: usize) -> String {
 #[must_use]
 pub fn simulated_node(shape: &NodeShape, index: usize, now: Timestamp) -> Node {
     let name = node_name(&shape.fleet, index);
-    let mut labels: BTreeMap<String, String> = BTreeMap::from([
-        ("kubernetes.io/hostname".to_owned(), name.clone()),
-        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
-        ("kubernetes.io/arch".to_owned(), "amd64".to_owned()),
-        (GPU_PRESENT_LABEL.to_owned(), "true".to_owned()),
-        (GPU_PRODUCT_LABEL.to_owned(), shape.product.clone()),
-        (GPU_COUNT_LABEL.to_owned(), shape.gpus.to_string()),
-        (FLEET_LABEL.to_owned(), shape.fleet.clone()),
-    ]);
-    labels.extend(shape.labels.clone());
+    let labels = node_labels(shape, &name);
     let resources = json!({
         "cpu": "96",
         "memory": "1Ti",

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use gpu_remediation_api::constants::{GPU_COUNT_LABEL, GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL, GPU_RESOURCE};
+use gpu_remediation_api::constants::GPU_RESOURCE;
 use serde_json::{Value, json};
 
-use crate::fleet::{FLEET_LABEL, NodeShape};
+use crate::fleet::node::{NodeShape, shape_labels};
 
 /// The KWOK provider's node class group.
 pub const NODE_CLASS_GROUP: &str = "karpenter.kwok.sh";
@@ -110,15 +110,7 @@ impl Default for Disruption {
 /// labels a GPU node has, and are of the fleet's instance type.
 #[must_use]
 pub fn node_pool(shape: &NodeShape, disruption: &Disruption) -> Value {
-    let mut labels = json!({
-        FLEET_LABEL: shape.fleet,
-        GPU_PRESENT_LABEL: "true",
-        GPU_PRODUCT_LABEL: shape.product,
-        GPU_COUNT_LABEL: shape.gpus.to_string(),
-    });
-    for (key, value) in &shape.labels {
-        labels[key] = json!(value);
-    }
+    let labels = shape_labels(shape);
     json!({
         "apiVersion": "karpenter.sh/v1",
         "kind": "NodePool",
@@ -146,6 +138,9 @@ pub fn node_pool(shape: &NodeShape, disruption: &Disruption) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use gpu_remediation_api::constants::{GPU_COUNT_LABEL, GPU_PRODUCT_LABEL};
+
+    use crate::fleet::FLEET_LABEL;
     use std::collections::BTreeMap;
 
     use super::*;

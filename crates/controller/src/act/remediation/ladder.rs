@@ -5,8 +5,9 @@
 use gpu_remediation_api::{
     GpuRemediation,
     ladder::Rung,
+    object_reference::ObjectReference,
     policy::{Replacement, Strategy},
-    remediation::{ObjectReference, PolicySnapshot},
+    remediation::PolicySnapshot,
 };
 use kube::ResourceExt;
 use serde_json::Value;

@@ -35,8 +35,9 @@ mod world;
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationStatus, Phase,
     constants::{CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION},
+    object_reference::ObjectReference,
     policy::{Action, Mode, OnDrainTimeout, Strategy},
-    remediation::{ObjectReference, PolicySnapshot},
+    remediation::PolicySnapshot,
 };
 use jiff::SignedDuration;
 use proptest::prelude::{ProptestConfig, any, prop, prop_assert, proptest};

@@ -34,9 +34,10 @@ mod report;
 
 pub use report::{PeerComparison, PeerFleetResult, departure_reason, markdown, pod_removals, repairer_acted};
 
-use super::bench_env::{BENCH_NAMESPACE, BenchEnv, BenchSetupError, api_error, eventually};
+use super::bench_env::{BENCH_NAMESPACE, BenchEnv};
 use super::budget_sampler::BudgetSampler;
 use super::latency::{fleet_options, wait_policy_observed};
+use super::setup::{BenchSetupError, api_error, eventually};
 use crate::Fleet;
 use crate::fleet::FLEET_LABEL;
 use crate::karpenter::{Disruption, Karpenter, KarpenterOptions, node_claim_resource};
@@ -73,15 +74,6 @@ fn is_ready_node(node: &Node) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn is_ready_pod(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn node_of(pod: &Pod) -> Option<&str> {
@@ -218,10 +210,10 @@ async fn observe(client: &Client, arm: &Arm, clock: &mut Clock, since: f64) -> R
         .items;
     clock.healthy_pod_untouched = pods
         .iter()
-        .any(|p| p.name_any() == arm.healthy_pod && is_ready_pod(p));
+        .any(|p| p.name_any() == arm.healthy_pod && crate::workload::is_ready(p));
     let ready_elsewhere = pods
         .iter()
-        .filter(|p| is_ready_pod(p) && node_of(p) != Some(arm.broken.as_str()))
+        .filter(|p| crate::workload::is_ready(p) && node_of(p) != Some(arm.broken.as_str()))
         .count();
     if ready_elsewhere >= 2 && clock.broken_gone.is_some() {
         clock.restored.get_or_insert(since);
@@ -238,7 +230,7 @@ fn load_average() -> String {
 /// tolerating the node-lifecycle `NoExecute` taints (see the module header).
 async fn stage(env: &BenchEnv, fleet: Fleet, karpenter: &Karpenter) -> Result<Arm, BenchSetupError> {
     let namespace = fleet.name().to_owned();
-    super::actor::ensure_namespace(&env.client, &namespace).await?;
+    super::setup::ensure_namespace(&env.client, &namespace).await?;
     let app = Workload::new(&namespace, "train")
         .replicas(2)
         .gpus(fleet.shape().gpus)

@@ -1,0 +1,172 @@
+//! The report's tables from hand-made results.
+
+use super::super::audit::RequestCounts;
+use super::super::drain::DrainPeerResult;
+use super::super::drain_links::{DrainLinks, Spread};
+use super::*;
+use crate::bench::percentile::percentile;
+
+#[test]
+fn the_scale_tables_give_each_round_its_cordon_and_its_quarantine_and_the_probes_refusals() {
+    let round = |faults: usize, cordon: Vec<f64>, quarantine: Vec<f64>| LatencyResult {
+        nodes: 50_000,
+        pods: 0,
+        faults,
+        cordoned: cordon.len(),
+        p50_ms: percentile(&cordon, 50.0).unwrap_or(f64::NAN),
+        p99_ms: percentile(&cordon, 99.0).unwrap_or(f64::NAN),
+        max_ms: cordon.last().copied().unwrap_or(f64::NAN),
+        samples_ms: cordon,
+        quarantine: Spread::of(&quarantine),
+        quarantine_samples_ms: quarantine,
+        controller_peak_rss_mib: 250.0,
+        due: String::new(),
+        requests: Vec::new(),
+    };
+    let fleet = ScaleResult {
+        nodes: 50_000,
+        registration_seconds: 150.0,
+        ready_seconds: 9.0,
+        idle_peak_rss_mib: 248.0,
+        idle_cpu_seconds: 7.0,
+        idle_requests_per_second: 1.0,
+        // The second round's quarantine was seen for one node of two, the third's for none.
+        rounds: vec![
+            round(1, vec![24.0], vec![56.0]),
+            round(2, vec![90.0, 140.0], vec![52.0]),
+            round(1, vec![30.0], vec![]),
+        ],
+        peak_rss_mib: 250.0,
+        rounds_cpu_seconds: 1.2,
+        load_average: ["1".to_owned(), "2".to_owned()],
+        fence: None,
+        approval: Some(super::super::scale::ApprovalCheck {
+            probe_refusal: "an approval names its approver".to_owned(),
+            records_refused: 0,
+        }),
+    };
+    let tables = scale_tables(&[fleet]);
+    let rows: Vec<&str> = tables
+        .lines()
+        .filter(|l| l.starts_with("| gpu-remediator"))
+        .collect();
+    assert_eq!(
+        rows[..3],
+        [
+            "| gpu-remediator (measured here) | 50000 | 1 | 1/1 | 24 ms | 24 ms | 24 ms | 1/1 | 56 ms | 56 ms | 56 ms | 1 → 2 |",
+            "| gpu-remediator (measured here) | 50000 | 2 | 2/2 | 90 ms | 140 ms | 140 ms | 1/2 | 52 ms | 52 ms | 52 ms | 1 → 2 |",
+            "| gpu-remediator (measured here) | 50000 | 1 | 1/1 | 30 ms | 30 ms | 30 ms | 0/1 | - | - | - | 1 → 2 |",
+        ]
+    );
+    assert!(tables.contains("first signal to quarantine"), "{tables}");
+    assert!(
+        tables.contains("was refused: \"an approval names its approver\"; the controller's creates and updates of remediations refused during the idle window and the rounds: 0."),
+        "{tables}"
+    );
+}
+
+#[test]
+fn the_leak_table_has_one_row_per_arm_and_no_latency_without_quarantine() {
+    let arm = |quarantine: bool, leaked: Vec<usize>, samples: Vec<f64>| QuarantineResult {
+        quarantine,
+        nodes: 6,
+        faults: leaked.len(),
+        trigger_for_seconds: 6,
+        pods_per_second: 4.0,
+        leaked_total: leaked.iter().sum(),
+        leaked,
+        fault_to_quarantine_p50_ms: percentile(&samples, 50.0),
+        fault_to_quarantine_p99_ms: percentile(&samples, 99.0),
+        samples_ms: samples,
+    };
+    let table = quarantine_table(&[
+        arm(false, vec![5, 3], vec![]),
+        arm(true, vec![0, 0], vec![20.0, 40.0]),
+    ]);
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| o")).collect();
+    assert_eq!(
+        rows,
+        [
+            "| off | 6 | 2 | 6 s | 4.0/s | 8 (5, 3) | n/a | n/a |",
+            "| on | 6 | 2 | 6 s | 4.0/s | 0 (0, 0) | 20 ms | 40 ms |"
+        ]
+    );
+}
+
+#[test]
+fn the_drain_links_table_has_a_row_per_peer_and_the_fifth_of_kubectls_time() {
+    let peer = |peer: &str, seconds: f64, chain: Option<(String, f64)>| DrainPeerResult {
+        peer: peer.to_owned(),
+        seconds,
+        pods: 100,
+        violations: 0,
+        least_margin: 0,
+        requests: RequestCounts::default(),
+        links: DrainLinks {
+            links: 84,
+            unattributed: 0,
+            budget: Spread {
+                p50_ms: 434.0,
+                p99_ms: 1182.0,
+                max_ms: 1182.0,
+            },
+            drainer: Spread {
+                p50_ms: 87.0,
+                p99_ms: 311.0,
+                max_ms: 311.0,
+            },
+            drainer_behind_own_requests: Spread {
+                p50_ms: 63.0,
+                p99_ms: 280.0,
+                max_ms: 280.0,
+            },
+            longest_chain: chain,
+            workload: Spread {
+                p50_ms: 120.0,
+                p99_ms: 300.0,
+                max_ms: 310.0,
+            },
+            disruption_controller: Spread {
+                p50_ms: 290.0,
+                p99_ms: 900.0,
+                max_ms: 950.0,
+            },
+            ready_not_seen: 2,
+            budget_writes: 205,
+            budget_writes_overlapping: 0,
+            budget_write: Spread {
+                p50_ms: 13.0,
+                p99_ms: 30.0,
+                max_ms: 31.0,
+            },
+            between_budget_writes: Spread {
+                p50_ms: 4.0,
+                p99_ms: 40.0,
+                max_ms: 41.0,
+            },
+        },
+    };
+    let table = drain_links_table(&DrainComparison {
+        controller: peer("gpu-remediator", 5.7, Some(("app-06".to_owned(), 3.7))),
+        kubectl: peer("kubectl drain", 18.5, None),
+        ratio: 18.5 / 5.7,
+    });
+    assert!(
+        table.contains(
+            "| gpu-remediator | 84 (0) | 434 / 1182 / 1182 ms | 87 / 311 / 311 ms | 63 / 280 ms | 3.7 s (app-06) |"
+        ),
+        "{table}"
+    );
+    assert!(
+        table.contains("| kubectl drain | 84 (0) |") && table.contains("| - |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("| gpu-remediator | 120 / 300 / 310 ms | 290 / 900 / 950 ms | 2 | 205 (0) | 13 / 30 ms | 4 / 40 ms |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("a fifth of `kubectl drain`'s time is 3.7 s"),
+        "{table}"
+    );
+}
