@@ -2,6 +2,8 @@
 //! every `crate::…`, `super::…`, `self::…` or `child::…` path in items, types, expressions,
 //! patterns and macro arguments, resolved to the module file it points into.
 
+use std::collections::BTreeMap;
+
 use proc_macro2::Span;
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned as _;
@@ -16,32 +18,71 @@ pub struct Reference {
     pub from: usize,
     /// The index of the module file the path points into.
     pub to: usize,
+    /// The module (inline ones included) whose code names the path.
+    pub from_module: ModulePath,
+    /// The module the path points into, through any re-exports on the way.
+    pub to_module: ModulePath,
     /// The 1-based line of the path.
     pub line: usize,
     /// The path as written (`super::Key`, `crate::store::Entry`).
     pub written: String,
 }
 
-/// Every reference from one module file of `tree` to another.
-pub fn references(tree: &Tree, from: usize) -> Vec<Reference> {
+/// What each module re-exports (`pub use`, of any visibility but private): the name it gives to
+/// the item, and the item's absolute path.
+pub type Reexports = BTreeMap<ModulePath, BTreeMap<String, ModulePath>>;
+
+/// Every reference from one module file of `tree` to another, re-exports followed to the module
+/// that owns the item.
+pub fn references(tree: &Tree, reexports: &Reexports, from: usize) -> Vec<Reference> {
     let file = &tree.files[from];
     let mut finder = Finder {
         tree,
+        reexports: Some(reexports),
         from,
         module: file.module.clone(),
         found: Vec::new(),
+        reexported: Vec::new(),
     };
     finder.visit_file(&file.ast);
     finder.found
 }
 
-/// Walks one file, tracking the module (inline ones included) that the code is in.
+/// Every module's re-exports in `tree`.
+pub fn reexports(tree: &Tree) -> Reexports {
+    let mut all = Reexports::new();
+    for (from, file) in tree.files.iter().enumerate() {
+        let mut finder = Finder {
+            tree,
+            reexports: None,
+            from,
+            module: file.module.clone(),
+            found: Vec::new(),
+            reexported: Vec::new(),
+        };
+        finder.visit_file(&file.ast);
+        for (module, name, target) in finder.reexported {
+            all.entry(module).or_default().insert(name, target);
+        }
+    }
+    all
+}
+
+/// Walks one file, tracking the module (inline ones included) that the code is in. Without
+/// `reexports` it only collects the file's re-exports (the first pass).
 struct Finder<'t> {
     tree: &'t Tree,
+    reexports: Option<&'t Reexports>,
     from: usize,
     module: ModulePath,
     found: Vec<Reference>,
+    /// `(module, name, target)` of each re-export seen.
+    reexported: Vec<(ModulePath, String, ModulePath)>,
 }
+
+/// How many re-exports one path is followed through (a chain longer than this is left where it
+/// stops).
+const REEXPORT_HOPS: usize = 8;
 
 impl Finder<'_> {
     /// Records `segments` (named at `span`) if it points into a module file other than this one.
@@ -50,9 +91,25 @@ impl Finder<'_> {
         if segments.len() < 2 && !in_use {
             return;
         }
-        let Some(target) = self.resolve(segments) else {
+        let Some(mut target) = self.resolve(segments) else {
             return;
         };
+        let Some(reexports) = self.reexports else {
+            return;
+        };
+        // `crate::store::Entry` where `store` re-exports `entry::Entry`: the edge goes to `entry`.
+        for _ in 0..REEXPORT_HOPS {
+            let module = self.tree.module_of(&target);
+            let Some(followed) = target
+                .get(module.len())
+                .and_then(|name| reexports.get(&module)?.get(name))
+            else {
+                break;
+            };
+            let mut next = followed.clone();
+            next.extend(target[module.len() + 1..].iter().cloned());
+            target = next;
+        }
         let Some(to) = self.tree.file_of(&target) else {
             return;
         };
@@ -61,6 +118,8 @@ impl Finder<'_> {
             self.found.push(Reference {
                 from: self.from,
                 to,
+                from_module: self.module.clone(),
+                to_module: self.tree.module_of(&target),
                 line: span.start().line,
                 written,
             });
@@ -117,6 +176,36 @@ impl Finder<'_> {
         }
     }
 
+    /// Records each name a `pub use` gives, with the absolute path of what it names.
+    fn collect_reexports(&mut self, tree: &syn::UseTree, prefix: &mut Vec<String>) {
+        let give = |this: &mut Self, prefix: &[String], leaf: &syn::Ident, name: &syn::Ident| {
+            let mut segments = prefix.to_vec();
+            segments.push(leaf.to_string());
+            if let Some(target) = this.resolve(&segments) {
+                this.reexported
+                    .push((this.module.clone(), name.to_string(), target));
+            }
+        };
+        match tree {
+            syn::UseTree::Path(path) => {
+                prefix.push(path.ident.to_string());
+                self.collect_reexports(&path.tree, prefix);
+                prefix.pop();
+            }
+            syn::UseTree::Name(name) if name.ident != "self" => give(self, prefix, &name.ident, &name.ident),
+            syn::UseTree::Rename(rename) if rename.ident != "self" => {
+                give(self, prefix, &rename.ident, &rename.rename);
+            }
+            syn::UseTree::Group(group) => {
+                for inner in &group.items {
+                    self.collect_reexports(inner, prefix);
+                }
+            }
+            // A glob re-export is not followed (nothing in these crates uses one).
+            _ => {}
+        }
+    }
+
     fn use_leaf(&mut self, prefix: &[String], leaf: Option<String>, span: Span) {
         let mut segments = prefix.to_vec();
         segments.extend(leaf);
@@ -137,6 +226,12 @@ impl<'ast> Visit<'ast> for Finder<'_> {
     }
 
     fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        if self.reexports.is_none() {
+            if !matches!(item.vis, syn::Visibility::Inherited) {
+                self.collect_reexports(&item.tree, &mut Vec::new());
+            }
+            return;
+        }
         self.use_tree(&item.tree, &mut Vec::new());
     }
 

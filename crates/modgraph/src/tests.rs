@@ -17,23 +17,16 @@ fn cycles_of(files: &[(&str, &str)]) -> Cycles {
     find(&krate(files), Path::new("src/lib.rs")).expect("the crate loads")
 }
 
-/// The files of each cycle, as paths under src/.
-fn cycle_files(found: &Cycles) -> Vec<Vec<String>> {
+/// The modules of each cycle, as `crate::…` paths.
+fn cycle_modules(found: &Cycles) -> Vec<Vec<String>> {
     found
         .cycles
         .iter()
         .map(|cycle| {
             cycle
-                .files
+                .modules
                 .iter()
-                .map(|f| {
-                    found.tree.files[*f]
-                        .path
-                        .strip_prefix("src")
-                        .unwrap()
-                        .display()
-                        .to_string()
-                })
+                .map(|module| format!("crate::{}", module.join("::")))
                 .collect()
         })
         .collect()
@@ -49,7 +42,7 @@ fn two_modules_naming_each_other_are_a_cycle_reported_with_their_lines() {
             "pub struct B;\npub fn make() -> crate::a::A {\n    todo!()\n}\n",
         ),
     ]);
-    assert_eq!(cycle_files(&found), vec![vec!["a.rs", "b.rs"]]);
+    assert_eq!(cycle_modules(&found), vec![vec!["crate::a", "crate::b"]]);
     let report = found.report();
     assert!(
         report.contains("src/a.rs:1: use crate::b::B;   [crate::b::B]"),
@@ -86,7 +79,7 @@ fn a_tree_whose_imports_point_one_way_passes() {
 }
 
 #[test]
-fn a_mod_rs_re_exporting_a_child_that_imports_super_is_a_cycle() {
+fn a_child_naming_its_parent_is_inside_it_not_a_cycle() {
     let found = cycles_of(&[
         ("lib.rs", "pub mod store;\n"),
         (
@@ -95,16 +88,53 @@ fn a_mod_rs_re_exporting_a_child_that_imports_super_is_a_cycle() {
         ),
         ("store/entry.rs", "use super::Key;\npub struct Entry(Key);\n"),
     ]);
-    assert_eq!(cycle_files(&found), vec![vec!["store/entry.rs", "store/mod.rs"]]);
+    assert!(found.cycles.is_empty(), "{}", found.report());
+}
+
+#[test]
+fn siblings_naming_each_other_through_their_parents_re_export_are_a_cycle() {
+    let found = cycles_of(&[
+        ("lib.rs", "pub mod store;\n"),
+        ("store/mod.rs", "mod a;\nmod entry;\npub use entry::Entry;\n"),
+        ("store/a.rs", "use super::Entry;\npub struct A(Entry);\n"),
+        (
+            "store/entry.rs",
+            "pub struct Entry;\npub fn f() -> super::a::A {\n    todo!()\n}\n",
+        ),
+    ]);
+    assert_eq!(
+        cycle_modules(&found),
+        vec![vec!["crate::store::a", "crate::store::entry"]]
+    );
     let report = found.report();
     assert!(
-        report.contains("src/store/mod.rs:2: pub use entry::Entry;   [entry::Entry]"),
-        "{report}"
+        report.contains("src/store/a.rs:1: use super::Entry;   [super::Entry]"),
+        "the re-export is followed to its owner: {report}"
     );
-    assert!(
-        report.contains("src/store/entry.rs:1: use super::Key;   [super::Key]"),
-        "{report}"
-    );
+}
+
+#[test]
+fn a_cycle_between_subtrees_through_a_grandchild_is_found() {
+    let found = cycles_of(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
+        ("a/mod.rs", "mod inner;\npub struct Y;\n"),
+        ("a/inner.rs", "pub fn f(_: crate::b::X) {}\n"),
+        ("b.rs", "pub struct X(crate::a::Y);\n"),
+    ]);
+    assert_eq!(cycle_modules(&found), vec![vec!["crate::a", "crate::b"]]);
+}
+
+#[test]
+fn a_test_only_module_importing_from_above_closes_no_cycle() {
+    let found = cycles_of(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
+        (
+            "a.rs",
+            "pub struct A;\n#[cfg(test)]\nmod tests {\n    use crate::b::B;\n}\n",
+        ),
+        ("b.rs", "pub struct B(crate::a::A);\n"),
+    ]);
+    assert!(found.cycles.is_empty(), "{}", found.report());
 }
 
 #[test]
@@ -129,20 +159,10 @@ fn paths_in_expressions_macros_and_self_paths_are_edges_too() {
             "pub fn h() -> u8 { let x: u8 = self::k(); x }\nfn k() -> u8 { crate::a::f() }\n",
         ),
     ]);
-    assert_eq!(cycle_files(&found), vec![vec!["a.rs", "b.rs", "c.rs"]]);
-}
-
-#[test]
-fn a_root_re_exporting_a_module_that_names_the_root_is_a_cycle() {
-    let found = cycles_of(&[
-        (
-            "lib.rs",
-            "mod error;\nmod parse;\npub use parse::parse;\npub type Result<T> = std::result::Result<T, error::Error>;\n",
-        ),
-        ("error.rs", "pub struct Error;\n"),
-        ("parse.rs", "pub fn parse() -> crate::Result<()> { Ok(()) }\n"),
-    ]);
-    assert_eq!(cycle_files(&found), vec![vec!["lib.rs", "parse.rs"]]);
+    assert_eq!(
+        cycle_modules(&found),
+        vec![vec!["crate::a", "crate::b", "crate::c"]]
+    );
 }
 
 #[test]
@@ -156,7 +176,7 @@ fn inline_modules_and_path_attributes_resolve_to_their_files() {
         ("outer/inner_tests.rs", "use super::f;\n"),
         ("plain.rs", "pub fn g() { crate::outer::inner::f() }\n"),
     ]);
-    assert_eq!(cycle_files(&found), vec![vec!["outer/inner.rs", "plain.rs"]]);
+    assert_eq!(cycle_modules(&found), vec![vec!["crate::outer", "crate::plain"]]);
     assert!(
         found
             .tree
@@ -187,7 +207,7 @@ fn paths_in_derive_attributes_are_edges_too() {
             "pub fn rate(_: &mut u8) { let _ = crate::types::Rate::default; }\npub fn limit() -> u32 { 1 }\n",
         ),
     ]);
-    assert_eq!(cycle_files(&found), vec![vec!["schema.rs", "types.rs"]]);
+    assert_eq!(cycle_modules(&found), vec![vec!["crate::schema", "crate::types"]]);
     let report = found.report();
     assert!(
         report.contains("src/types.rs:2: #[schemars(transform = crate::schema::rate)]"),

@@ -51,6 +51,8 @@ pub struct Tree {
     pub modules: BTreeMap<ModulePath, usize>,
     /// The child modules each module declares.
     pub children: BTreeMap<ModulePath, BTreeSet<String>>,
+    /// The modules declared under `#[cfg(test)]` (their descendants are test-only too).
+    pub test_only: BTreeSet<ModulePath>,
 }
 
 impl Tree {
@@ -60,6 +62,7 @@ impl Tree {
             files: Vec::new(),
             modules: BTreeMap::new(),
             children: BTreeMap::new(),
+            test_only: BTreeSet::new(),
         };
         let dir = root.parent().unwrap_or(Path::new("")).to_path_buf();
         tree.load_file(sources, root.to_path_buf(), &Vec::new(), &dir)?;
@@ -71,6 +74,20 @@ impl Tree {
         (0..=path.len())
             .rev()
             .find_map(|len| self.modules.get(&path[..len]).copied())
+    }
+
+    /// The deepest module of this crate that `path` is in (`crate::a::b::Item` is in `a::b`).
+    pub fn module_of(&self, path: &[String]) -> ModulePath {
+        (0..=path.len())
+            .rev()
+            .map(|len| path[..len].to_vec())
+            .find(|module| self.modules.contains_key(module))
+            .unwrap_or_default()
+    }
+
+    /// Whether `module` is compiled only for tests (it or a module around it is `#[cfg(test)]`).
+    pub fn is_test_only(&self, module: &[String]) -> bool {
+        (1..=module.len()).any(|len| self.test_only.contains(&module[..len]))
     }
 
     /// Parses `path` as module `module`, whose `mod x;` children live in `child_dir`.
@@ -119,6 +136,9 @@ impl Tree {
                 .entry(module.clone())
                 .or_default()
                 .insert(name.clone());
+            if is_cfg_test(&declared.attrs) {
+                self.test_only.insert(child.clone());
+            }
             let path_attr = path_attribute(&declared.attrs);
             if let Some((_, content)) = &declared.content {
                 self.modules.insert(child.clone(), index);
@@ -179,5 +199,15 @@ fn path_attribute(attrs: &[syn::Attribute]) -> Option<String> {
             }) => Some(text.value()),
             _ => None,
         }
+    })
+}
+
+/// Whether `attrs` hold `#[cfg(test)]`.
+fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|attr| {
+        attr.path().is_ident("cfg")
+            && attr
+                .parse_args::<syn::Path>()
+                .is_ok_and(|path| path.is_ident("test"))
     })
 }

@@ -26,7 +26,7 @@ use crate::{
         template,
         verify::{Observation, ReplacementNode},
     },
-    write::{WriteError, Writer},
+    write::{DeleteStampedError, WriteError, Writer},
 };
 
 /// The strategies' acting half, writing through the one writer.
@@ -413,6 +413,22 @@ impl Replacers {
             Err(kube::Error::Discovery(_)) => Ok(None),
             Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
             Err(error) => Err(error),
+        }
+    }
+}
+
+/// A stamped delete's failure as the replacement's.
+trait DuringReplacement {
+    /// This error as a [`TriggerReplacementError`] of the step `action` (e.g. `deleting node n1`).
+    fn during(self, action: String) -> TriggerReplacementError;
+}
+
+impl DuringReplacement for DeleteStampedError {
+    fn during(self, action: String) -> TriggerReplacementError {
+        match self {
+            Self::Write(WriteError::Fenced(fenced)) => TriggerReplacementError::Fenced(fenced),
+            Self::Write(WriteError::Api(source)) => TriggerReplacementError::Api { action, source },
+            DeleteStampedError::KeptConflicting => TriggerReplacementError::KeptConflicting { action },
         }
     }
 }

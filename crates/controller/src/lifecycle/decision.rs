@@ -5,7 +5,7 @@
 use gpu_remediation_api::{GpuRemediationStatus, constants::reasons};
 use jiff::Timestamp;
 
-use super::{NodeRef, Note};
+use super::{NodeRef, note::Note};
 use crate::drain::Leaving;
 
 /// One request to put to the server; its answer comes back in [`Answers`].

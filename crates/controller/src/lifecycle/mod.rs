@@ -30,6 +30,7 @@ pub mod eviction_round;
 pub mod ladder;
 pub mod ladder_evidence;
 mod ladder_record;
+pub mod note;
 #[cfg(test)]
 mod paths;
 mod replacement;
@@ -56,8 +57,8 @@ use crate::{
 
 pub use crate::cordon::{Cordon, NodeRef};
 pub use decision::{Ask, CancelReason, Decision, Next, Release, Settlement};
+pub use note::Note;
 pub use seen::{Answers, CordonAnswer, EvictionAnswer, Health, Identity, Pace, Seen, Words};
-pub use status::Note;
 
 /// The facts about the record and its node that every phase reads.
 pub(crate) struct Facts<'a> {

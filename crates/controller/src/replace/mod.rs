@@ -152,18 +152,6 @@ pub enum TriggerReplacementError {
     },
 }
 
-impl crate::write::DeleteStampedError {
-    /// This error as a [`TriggerReplacementError`] of the step `action` (e.g. `deleting node n1`).
-    pub(crate) fn during(self, action: String) -> TriggerReplacementError {
-        use crate::write::{DeleteStampedError, WriteError};
-        match self {
-            Self::Write(WriteError::Fenced(fenced)) => TriggerReplacementError::Fenced(fenced),
-            Self::Write(WriteError::Api(source)) => TriggerReplacementError::Api { action, source },
-            DeleteStampedError::KeptConflicting => TriggerReplacementError::KeptConflicting { action },
-        }
-    }
-}
-
 impl TriggerReplacementError {
     /// The HTTP status the server answered the failed call with, if it did.
     #[must_use]

@@ -134,18 +134,6 @@ impl LadderSeries {
     }
 }
 
-impl super::Metrics {
-    /// A ladder step ended with `outcome` after `took`.
-    pub fn step_finished(&self, policy: &str, step: Rung, outcome: StepOutcome, took: Duration) {
-        self.ladder().step_finished(policy, step, outcome, took);
-    }
-
-    /// A recycle on a ladder finished; `replaced` when its `Replace` step was triggered.
-    pub fn recycle_finished(&self, policy: &str, replaced: bool) {
-        self.ladder().recycle_finished(policy, replaced);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::Metrics;

@@ -510,5 +510,23 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// A ladder step ended with `outcome` after `took`.
+    pub fn step_finished(
+        &self,
+        policy: &str,
+        step: gpu_remediation_api::ladder::Rung,
+        outcome: gpu_remediation_api::ladder::StepOutcome,
+        took: std::time::Duration,
+    ) {
+        self.ladder().step_finished(policy, step, outcome, took);
+    }
+
+    /// A recycle on a ladder finished; `replaced` when its `Replace` step was triggered.
+    pub fn recycle_finished(&self, policy: &str, replaced: bool) {
+        self.ladder().recycle_finished(policy, replaced);
+    }
+}
+
 #[cfg(test)]
 mod tests;
