@@ -1,11 +1,11 @@
 //! Observe: the caches the controller decides from, and the signal that something worth a new
 //! pass changed.
 //!
-//! Four watches feed reflector stores: policies (optionally narrowed by a label selector, so
-//! several controllers can share a cluster in tests), remediations, Nodes and
+//! Five watches feed reflector stores: policies (optionally narrowed by a label selector, so
+//! several controllers can share a cluster in tests), remediations, hardware records, Nodes and
 //! disruption budgets. Nodes and PDBs are pruned as they arrive (no managedFields, images,
 //! heartbeat times, capacity lists, other controllers' annotations; [`relevant`]), so memory grows with what decisions read, not with what
-//! kubelets write. Pods are never cached: `remediation` lists one node's pods when it drains it.
+//! kubelets write. Pods are never cached: `act::remediation` lists one node's pods when it drains it.
 //!
 //! A watch event wakes the controller only when something a decision reads changed (a
 //! fingerprint per object), so kubelet status churn and other controllers' node annotations do

@@ -5,7 +5,7 @@
 //! never one per pass; the changes of one pass with the same object and reason (ten remediations
 //! started, four nodes held back) are said in one Event that names them all. Each admitted node is
 //! read afresh right before its remediation is created (the plan was made from our cache; the read
-//! is at least as fresh as it, from the API server's watch cache, see `write::node_read`): one
+//! is at least as fresh as it, from the API server's watch cache, see `read::node_read`): one
 //! that recovered meanwhile is not remediated. A record for a node past `maxAttemptsPerNode` is
 //! created silently: its one Event comes when it enters `ManualRequired`.
 

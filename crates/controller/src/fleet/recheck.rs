@@ -1,6 +1,6 @@
 //! The last look before a remediation is created: the plan is made from cached nodes, which can be
 //! a moment behind, so admission reads each admitted node afresh (at least as fresh as our cache,
-//! from the API server's watch cache: `write::node_read`) and this module decides, from that
+//! from the API server's watch cache: `read::node_read`) and this module decides, from that
 //! read, whether the node is still due. A node that recovered in the meantime (a burst's node
 //! healthy again 13 ms before it would have been cordoned) is not remediated; the next pass plans
 //! again from what the cache then holds. Pure.

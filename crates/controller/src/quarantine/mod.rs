@@ -1,6 +1,6 @@
 //! Quarantine on the first signal: which governed nodes get the policy's quarantine taint now,
 //! which lose it, and how many the limit lets it hold. Pure: it reads the nodes, the remediation
-//! records and the time, and returns the edits the acting layer (`admit`) writes.
+//! records and the time, and returns the edits the acting layer (`act::quarantine`, `act::quarantine_device`) writes.
 //!
 //! Stopping new placements is cheap and reversible (no pod is touched); draining is not. So a
 //! node is quarantined as soon as a quarantining trigger's condition matches, before `for`

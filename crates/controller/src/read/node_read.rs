@@ -3,7 +3,7 @@
 //! API server; the read names the version that cache holds, so the API server answers from its
 //! own watch cache, at least that fresh, instead of reading etcd. At 1,000 nodes and 20,000 pods,
 //! with ten drains running, a quorum read of one node spent 0.5–0.9 s in etcd while a hundred
-//! faults waited on it (`docs/benchmarks.md`); the answer the check needs is what the server has
+//! faults waited on it (`docs/benchmarks-history.md`); the answer the check needs is what the server has
 //! seen, which its watch cache holds within milliseconds of etcd.
 //!
 //! When the server's watch cache is behind the version named (an API server restarted behind a

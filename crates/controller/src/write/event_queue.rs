@@ -6,7 +6,7 @@
 //! Why behind: an Event is a report. At 1,000 nodes and 20,000 pods, with the fault path in its own
 //! priority level (`manifests/controller/flow-schemas.yaml`), a hundred `Quarantined` Events still
 //! queued behind the drains' evictions in `workload-low` for up to 8.8 s each, and the pass, which
-//! waited for them, admitted the hundred faults 10 s late (`docs/benchmarks.md`). Nothing is lost
+//! waited for them, admitted the hundred faults 10 s late (`docs/benchmarks-history.md`). Nothing is lost
 //! for it: when the writer falls [`QUEUED_BATCHES`] behind, `publish_all` waits for it, as it did
 //! before the queue; a write that fails or outlasts [`EVENT_DEADLINE`] is logged, as before; and
 //! the fence is checked as each Event is sent, so a replica that lost the Lease while its Events
