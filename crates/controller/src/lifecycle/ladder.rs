@@ -41,7 +41,7 @@ use super::{
     status::{self, set_condition},
 };
 use crate::{
-    replace::{self, Progress, Verification},
+    replace::{self, Progress},
     time::{plus, signed},
 };
 
@@ -410,38 +410,13 @@ fn judge_replacement(
         Some(Err(words)) => return refused(remediation, rules, seen, facts, status, words, deadline),
         Some(Ok(observation)) => observation,
     };
-    let node_healthy =
-        matches!(facts.identity, Identity::Same(_)) && matches!(facts.health, Health::Recovered(_));
-    let progress = replace::judge(&Verification {
-        strategy: rules.replacement.strategy,
-        observation,
-        node_healthy,
-        triggered_at: record.start.0,
-        timeout: step.timeout.as_std(),
-        now: facts.now,
-    });
-    match progress {
+    match replacement::judged(rules, facts, observation, record.start.0, step.timeout.as_std()) {
         Progress::Waiting { message } => {
-            status.message = Some(format!("step Replace: {message}"));
-            status.refusal = None;
-            let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
-            Decision::Settle(status::unchanged(status, false, next))
+            replacement::waiting(status, format!("step Replace: {message}"), seen, facts, deadline)
         }
         Progress::Succeeded { message } => {
             close(&mut status, StepOutcome::Succeeded, &message, facts.now);
-            let release = facts.release(false);
-            let message = if release.is_some() {
-                format!("{message}; the node stands and was released")
-            } else {
-                message
-            };
-            Decision::Settle(status::succeed(
-                status,
-                release,
-                &message,
-                replace::verify::REPLACED,
-                facts.now,
-            ))
+            replacement::replaced(status, message, facts)
         }
         Progress::Failed { reason, message } => {
             let outcome = if reason == replace::verify::REPLACEMENT_TIMEOUT {

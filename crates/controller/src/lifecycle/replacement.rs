@@ -99,7 +99,7 @@ fn verify(
     rules: &PolicySnapshot,
     seen: &Seen<'_>,
     facts: &Facts<'_>,
-    mut status: GpuRemediationStatus,
+    status: GpuRemediationStatus,
     triggered_at: Timestamp,
     deadline: Timestamp,
 ) -> Decision {
@@ -111,40 +111,64 @@ fn verify(
         Ok(observation) => observation,
         Err(words) => return refused(rules, seen, facts, status, words, deadline),
     };
+    match judged(rules, facts, observation, triggered_at, rules.replacement.timeout.as_std()) {
+        Progress::Waiting { message } => waiting(status, message, seen, facts, deadline),
+        Progress::Succeeded { message } => replaced(status, message, facts),
+        Progress::Failed { reason, message } => Decision::Settle(fail(status, reason, &message, facts.now)),
+    }
+}
+
+/// The replacement's progress from what was seen: the node healthy only if it is the one admitted
+/// and recovered. Shared by the plain replacement and the ladder's `Replace` step.
+pub(super) fn judged(
+    rules: &PolicySnapshot,
+    facts: &Facts<'_>,
+    observation: &replace::Observation,
+    triggered_at: Timestamp,
+    timeout: std::time::Duration,
+) -> Progress {
     let node_healthy =
         matches!(facts.identity, Identity::Same(_)) && matches!(facts.health, Health::Recovered(_));
-    let progress = replace::judge(&Verification {
+    replace::judge(&Verification {
         strategy: rules.replacement.strategy,
         observation,
         node_healthy,
         triggered_at,
-        timeout: rules.replacement.timeout.as_std(),
+        timeout,
         now: facts.now,
-    });
-    match progress {
-        Progress::Waiting { message } => {
-            status.message = Some(message);
-            status.refusal = None;
-            let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
-            Decision::Settle(status::unchanged(status, false, next))
-        }
-        Progress::Succeeded { message } => {
-            let release = facts.release(false);
-            let message = if release.is_some() {
-                format!("{message}; the node stands and was released")
-            } else {
-                message
-            };
-            Decision::Settle(status::succeed(
-                status,
-                release,
-                &message,
-                replace::verify::REPLACED,
-                facts.now,
-            ))
-        }
-        Progress::Failed { reason, message } => Decision::Settle(fail(status, reason, &message, facts.now)),
-    }
+    })
+}
+
+/// Still waiting for the replacement: `message` in the status, looked at again after the poll
+/// interval (or at `deadline`).
+pub(super) fn waiting(
+    mut status: GpuRemediationStatus,
+    message: String,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    deadline: Timestamp,
+) -> Decision {
+    status.message = Some(message);
+    status.refusal = None;
+    let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+    Decision::Settle(status::unchanged(status, false, next))
+}
+
+/// Replaced: `Succeeded`, releasing what the remediation holds on a node that stands.
+pub(super) fn replaced(status: GpuRemediationStatus, message: String, facts: &Facts<'_>) -> Decision {
+    let release = facts.release(false);
+    let message = if release.is_some() {
+        format!("{message}; the node stands and was released")
+    } else {
+        message
+    };
+    Decision::Settle(status::succeed(
+        status,
+        release,
+        &message,
+        replace::verify::REPLACED,
+        facts.now,
+    ))
 }
 
 /// Records a refused trigger or look; past `replacement.timeout` the remediation fails with the
