@@ -54,6 +54,15 @@ pub const GPU_SCOPED: &str = "GPU-scoped drain";
 /// Event reason: the last rung handed the node to a person.
 pub const HANDED_OFF: &str = "HandedOff";
 
+/// What one pass of the ladder decides from, threaded through its steps.
+#[derive(Clone, Copy)]
+struct Pass<'p, 'a> {
+    remediation: &'p GpuRemediation,
+    rules: &'p PolicySnapshot,
+    seen: &'p Seen<'a>,
+    facts: &'p Facts<'a>,
+}
+
 /// The record of the step that starts now: the first one at hand-over.
 pub(super) fn first_step(remediation: &GpuRemediation, rules: &PolicySnapshot, now: Timestamp) -> StepRecord {
     let index = evidence::start_index(remediation, rules);
@@ -68,6 +77,12 @@ pub(super) fn advance(
     facts: &Facts<'_>,
     mut status: GpuRemediationStatus,
 ) -> Decision {
+    let pass = &Pass {
+        remediation,
+        rules,
+        seen,
+        facts,
+    };
     if status.steps.last().is_none_or(|s| s.end.is_some()) {
         // A status written by hand (or before the ladder): start where the trigger says.
         open(&mut status, first_step(remediation, rules, facts.now));
@@ -75,14 +90,7 @@ pub(super) fn advance(
     let record = status.steps.last().cloned().expect("a step is open");
     let Some(step) = evidence::step_of(rules, record.step).cloned() else {
         let message = format!("the ladder has no step {}", record.step);
-        return escalate(
-            remediation,
-            rules,
-            facts,
-            status,
-            StepOutcome::Permanent,
-            &message,
-        );
+        return escalate(pass, status, StepOutcome::Permanent, &message);
     };
     let deadline = plus(record.start.0, signed(step.timeout.as_std()));
     match facts.identity {
@@ -102,12 +110,10 @@ pub(super) fn advance(
             record.object.is_some()
         };
     match record.step {
-        Rung::HandOff => hand_off(remediation, rules, seen, facts, status, deadline),
-        _ if !triggered => trigger(remediation, rules, seen, facts, status, deadline),
-        Rung::Replace => judge_replacement(remediation, rules, seen, facts, status, &step),
-        Rung::ResetGpu | Rung::Reboot => {
-            judge_repair(remediation, rules, seen, facts, status, &record, deadline)
-        }
+        Rung::HandOff => hand_off(pass, status, deadline),
+        _ if !triggered => trigger(pass, status, deadline),
+        Rung::Replace => judge_replacement(pass, status, &step),
+        Rung::ResetGpu | Rung::Reboot => judge_repair(pass, status, &record, deadline),
     }
 }
 
@@ -119,14 +125,10 @@ fn supersede(facts: &Facts<'_>, mut status: GpuRemediationStatus, reason: Cancel
 }
 
 /// Asks for the step's object (or the replacement), and records it or the refusal.
-fn trigger(
-    remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
-    mut status: GpuRemediationStatus,
-    deadline: Timestamp,
-) -> Decision {
+fn trigger(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus, deadline: Timestamp) -> Decision {
+    let Pass {
+        rules, seen, facts, ..
+    } = *pass;
     let rung = status.current_step.unwrap_or(Rung::Replace);
     let answer = if rung == Rung::Replace {
         &seen.answers.trigger
@@ -165,32 +167,23 @@ fn trigger(
             }
             replacement::triggered(status, &message, facts.now)
         }
-        Err(words) => refused(remediation, rules, seen, facts, status, words, deadline),
+        Err(words) => refused(pass, status, words, deadline),
     }
 }
 
 /// A refused request or look: retried within the step while it may pass, else the step ends.
 fn refused(
-    remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
+    pass: &Pass<'_, '_>,
     mut status: GpuRemediationStatus,
     words: &Words,
     deadline: Timestamp,
 ) -> Decision {
+    let Pass { seen, facts, .. } = *pass;
     let refusal = status::refusal(&status, words, facts.now);
     if !evidence::transient(words) {
         let message = format!("{} was refused: {}", words.action, words.message);
         status.refusal = Some(refusal);
-        return escalate(
-            remediation,
-            rules,
-            facts,
-            status,
-            StepOutcome::Permanent,
-            &message,
-        );
+        return escalate(pass, status, StepOutcome::Permanent, &message);
     }
     if facts.now >= deadline {
         let message = format!(
@@ -198,14 +191,7 @@ fn refused(
             words.action, refusal.since.0, words.message
         );
         status.refusal = Some(refusal);
-        return escalate(
-            remediation,
-            rules,
-            facts,
-            status,
-            StepOutcome::Transient,
-            &message,
-        );
+        return escalate(pass, status, StepOutcome::Transient, &message);
     }
     let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
     Decision::Settle(status::refused(status, refusal, next))
@@ -217,20 +203,23 @@ fn refused(
     reason = "one verdict per kind of evidence, in the order a person would check them"
 )]
 fn judge_repair(
-    remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
+    pass: &Pass<'_, '_>,
     mut status: GpuRemediationStatus,
     record: &StepRecord,
     deadline: Timestamp,
 ) -> Decision {
+    let Pass {
+        remediation,
+        rules,
+        seen,
+        facts,
+    } = *pass;
     let Identity::Same(node) = facts.identity else {
         unreachable!("a repair step on a node that is not the admitted one was cancelled above")
     };
     let observation = match seen.replacement {
         None => return Decision::Settle(status::unchanged(status, false, Next::At(facts.now))),
-        Some(Err(words)) => return refused(remediation, rules, seen, facts, status, words, deadline),
+        Some(Err(words)) => return refused(pass, status, words, deadline),
         Some(Ok(observation)) => observation,
     };
     let rung = record.step;
@@ -241,27 +230,13 @@ fn judge_repair(
     match &observation.reported {
         replace::Reported::Failed(what) => {
             let message = format!("{object} reported {what}");
-            return escalate(
-                remediation,
-                rules,
-                facts,
-                status,
-                StepOutcome::Permanent,
-                &message,
-            );
+            return escalate(pass, status, StepOutcome::Permanent, &message);
         }
         replace::Reported::Nothing | replace::Reported::InProgress
             if observation.target == replace::Presence::Gone =>
         {
             let message = format!("{object} was deleted before it reported done");
-            return escalate(
-                remediation,
-                rules,
-                facts,
-                status,
-                StepOutcome::Permanent,
-                &message,
-            );
+            return escalate(pass, status, StepOutcome::Permanent, &message);
         }
         replace::Reported::Done(_) | replace::Reported::Nothing | replace::Reported::InProgress => {}
     }
@@ -271,7 +246,7 @@ fn judge_repair(
         Health::Broken => {
             if record.evidence.healthy_since.is_some() {
                 let message = "the fault came back within release.healthyFor after the node was healthy";
-                return escalate(remediation, rules, facts, status, StepOutcome::Permanent, message);
+                return escalate(pass, status, StepOutcome::Permanent, message);
             }
             None
         }
@@ -331,7 +306,7 @@ fn judge_repair(
             Some(seen_since) if since > seen_since.0 => {
                 *status.steps.last_mut().expect("a step is open") = open;
                 let message = "the fault came back within release.healthyFor after the node was healthy";
-                return escalate(remediation, rules, facts, status, StepOutcome::Permanent, message);
+                return escalate(pass, status, StepOutcome::Permanent, message);
             }
             Some(_) => {}
             None => open.evidence.healthy_since = Some(Time(since)),
@@ -378,7 +353,7 @@ fn judge_repair(
                 .unwrap_or("the node was not healthy for the dwell")
         );
         *status.steps.last_mut().expect("a step is open") = open;
-        return escalate(remediation, rules, facts, status, StepOutcome::TimedOut, &message);
+        return escalate(pass, status, StepOutcome::TimedOut, &message);
     }
     let message = match (&lacking, proven_at) {
         (Some(lacking), _) => format!("step {rung}: {lacking}"),
@@ -395,19 +370,15 @@ fn judge_repair(
 }
 
 /// Judges the `Replace` step with the replacement's verdict, bounded by the step's timeout.
-fn judge_replacement(
-    remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
-    mut status: GpuRemediationStatus,
-    step: &LadderStep,
-) -> Decision {
+fn judge_replacement(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus, step: &LadderStep) -> Decision {
+    let Pass {
+        rules, seen, facts, ..
+    } = *pass;
     let record = status.steps.last().cloned().expect("a step is open");
     let deadline = plus(record.start.0, signed(step.timeout.as_std()));
     let observation = match seen.replacement {
         None => return Decision::Settle(status::unchanged(status, false, Next::At(facts.now))),
-        Some(Err(words)) => return refused(remediation, rules, seen, facts, status, words, deadline),
+        Some(Err(words)) => return refused(pass, status, words, deadline),
         Some(Ok(observation)) => observation,
     };
     match replacement::judged(rules, facts, observation, record.start.0, step.timeout.as_std()) {
@@ -424,7 +395,7 @@ fn judge_replacement(
             } else {
                 StepOutcome::Permanent
             };
-            escalate(remediation, rules, facts, status, outcome, &message)
+            escalate(pass, status, outcome, &message)
         }
     }
 }
@@ -432,14 +403,13 @@ fn judge_replacement(
 /// The last rung: label the node for a person, keep the cordon, end `ManualRequired` naming the
 /// GPUs. A label the server keeps refusing is retried within the step; past its timeout the
 /// remediation still ends `ManualRequired`, saying the label is missing.
-fn hand_off(
-    remediation: &GpuRemediation,
-    _rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
-    mut status: GpuRemediationStatus,
-    deadline: Timestamp,
-) -> Decision {
+fn hand_off(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus, deadline: Timestamp) -> Decision {
+    let Pass {
+        remediation,
+        seen,
+        facts,
+        ..
+    } = *pass;
     let Some(answer) = &seen.answers.hand_off else {
         return Decision::Ask(Ask::HandOff(facts.node.clone()));
     };
@@ -475,13 +445,12 @@ fn hand_off(
 /// Ends the open step with `outcome` and starts the next; with no step left the remediation
 /// fails as a replacement that failed does (the node stays cordoned for a person).
 fn escalate(
-    _remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    facts: &Facts<'_>,
+    pass: &Pass<'_, '_>,
     mut status: GpuRemediationStatus,
     outcome: StepOutcome,
     why: &str,
 ) -> Decision {
+    let Pass { rules, facts, .. } = *pass;
     let from = status.current_step;
     close(&mut status, outcome, why, facts.now);
     status.refusal = None;

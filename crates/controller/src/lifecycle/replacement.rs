@@ -111,7 +111,13 @@ fn verify(
         Ok(observation) => observation,
         Err(words) => return refused(rules, seen, facts, status, words, deadline),
     };
-    match judged(rules, facts, observation, triggered_at, rules.replacement.timeout.as_std()) {
+    match judged(
+        rules,
+        facts,
+        observation,
+        triggered_at,
+        rules.replacement.timeout.as_std(),
+    ) {
         Progress::Waiting { message } => waiting(status, message, seen, facts, deadline),
         Progress::Succeeded { message } => replaced(status, message, facts),
         Progress::Failed { reason, message } => Decision::Settle(fail(status, reason, &message, facts.now)),
