@@ -18,7 +18,7 @@ mod blockers;
 mod force;
 
 use super::{
-    Ask, Decision, EvictionAnswer, Facts, Next, Note, Seen, Settlement, eviction_round,
+    Ask, Decision, EvictionAnswer, Facts, Next, Note, Pass, Seen, Settlement, eviction_round,
     status::{self, enter, set_condition},
 };
 use crate::{
@@ -30,13 +30,16 @@ use force::force_delete;
 
 /// One step of a drain in `Cordoned`, `Draining` or `Blocked`.
 pub(super) fn advance(
-    remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
+    pass: &Pass<'_, '_>,
     mut status: GpuRemediationStatus,
     release_at: Option<Timestamp>,
 ) -> Decision {
+    let Pass {
+        remediation,
+        rules,
+        seen,
+        facts,
+    } = *pass;
     let now = facts.now;
     if status::has_true(&status, remediation_conditions::DRAINED) {
         let before = status.phase;

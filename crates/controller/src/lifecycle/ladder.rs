@@ -35,7 +35,7 @@ use super::ladder_record::new_record;
 pub(super) use super::ladder_record::{close, open};
 pub use super::ladder_record::{handed_off, looked_at, newly_ended, replaced};
 use super::{
-    Ask, CancelReason, Decision, Facts, Health, Identity, Next, Seen, Settlement, Words, cancel,
+    Ask, CancelReason, Decision, Facts, Health, Identity, Next, Pass, Settlement, Words, cancel,
     ladder_evidence::{self as evidence, boot_id, is_ready},
     replacement,
     status::{self, set_condition},
@@ -54,15 +54,6 @@ pub const GPU_SCOPED: &str = "GPU-scoped drain";
 /// Event reason: the last rung handed the node to a person.
 pub const HANDED_OFF: &str = "HandedOff";
 
-/// What one pass of the ladder decides from, threaded through its steps.
-#[derive(Clone, Copy)]
-struct Pass<'p, 'a> {
-    remediation: &'p GpuRemediation,
-    rules: &'p PolicySnapshot,
-    seen: &'p Seen<'a>,
-    facts: &'p Facts<'a>,
-}
-
 /// The record of the step that starts now: the first one at hand-over.
 pub(super) fn first_step(remediation: &GpuRemediation, rules: &PolicySnapshot, now: Timestamp) -> StepRecord {
     let index = evidence::start_index(remediation, rules);
@@ -70,13 +61,13 @@ pub(super) fn first_step(remediation: &GpuRemediation, rules: &PolicySnapshot, n
 }
 
 /// One pass of the ladder in `Replacing` or `Verifying`.
-pub(super) fn advance(
-    remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
-    mut status: GpuRemediationStatus,
-) -> Decision {
+pub(super) fn advance(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus) -> Decision {
+    let Pass {
+        remediation,
+        rules,
+        seen,
+        facts,
+    } = *pass;
     let pass = &Pass {
         remediation,
         rules,

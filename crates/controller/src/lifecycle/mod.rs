@@ -175,34 +175,26 @@ fn decide_step(
     let Some(rules) = rules else {
         return cancel(&facts, status, CancelReason::PolicyGone);
     };
+    let pass = &Pass {
+        remediation,
+        rules,
+        seen,
+        facts: &facts,
+    };
     match phase {
         Phase::Pending | Phase::AwaitingApproval | Phase::Cordoned | Phase::Draining | Phase::Blocked => {
-            before_hand_over(remediation, rules, seen, &facts, status)
+            before_hand_over(pass, status)
         }
         Phase::Replacing | Phase::Verifying if !rules.ladder.is_empty() => {
-            let decision = ladder::advance(remediation, rules, seen, &facts, status);
-            match decision {
-                // A person uncordoned the node mid-step: let go of it at once.
-                Decision::Settle(mut settled) if settled.release.is_none() && facts.taken_over() => {
-                    settled.release = facts.release(false);
-                    Decision::Settle(settled)
-                }
-                other => other,
-            }
+            // A person uncordoned the node mid-step: let go of it at once.
+            let_go_if_taken_over(ladder::advance(pass, status), &facts)
         }
         Phase::Verifying if remediation.spec.action == gpu_remediation_api::policy::Action::None => {
             held(&facts, status)
         }
         Phase::Replacing | Phase::Verifying => {
-            let decision = replacement::advance(remediation, rules, seen, &facts, status);
-            match decision {
-                // A person uncordoned the node mid-replacement: let go of it at once.
-                Decision::Settle(mut settled) if settled.release.is_none() && facts.taken_over() => {
-                    settled.release = facts.release(false);
-                    Decision::Settle(settled)
-                }
-                other => other,
-            }
+            // A person uncordoned the node mid-replacement: let go of it at once.
+            let_go_if_taken_over(replacement::advance(pass, status), &facts)
         }
         Phase::DryRun | Phase::Succeeded | Phase::Failed | Phase::ManualRequired | Phase::Cancelled => {
             unreachable!("terminal phases return above")
@@ -295,14 +287,35 @@ pub(crate) fn cancel(facts: &Facts<'_>, mut status: GpuRemediationStatus, why: C
     })
 }
 
+/// What one decision is made from, threaded through the phases' steps: the record, its rules,
+/// what was seen and the facts drawn from them.
+#[derive(Clone, Copy)]
+struct Pass<'p, 'a> {
+    remediation: &'p GpuRemediation,
+    rules: &'p PolicySnapshot,
+    seen: &'p Seen<'a>,
+    facts: &'p Facts<'a>,
+}
+
+/// `decision`, releasing the node at once if a person took it over (uncordoned it) meanwhile.
+fn let_go_if_taken_over(decision: Decision, facts: &Facts<'_>) -> Decision {
+    match decision {
+        Decision::Settle(mut settled) if settled.release.is_none() && facts.taken_over() => {
+            settled.release = facts.release(false);
+            Decision::Settle(settled)
+        }
+        other => other,
+    }
+}
+
 /// Everything before the hand-over: cordon, drain, and the ways it stops early.
-fn before_hand_over(
-    remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
-    status: GpuRemediationStatus,
-) -> Decision {
+fn before_hand_over(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Decision {
+    let Pass {
+        remediation,
+        rules,
+        seen,
+        facts,
+    } = *pass;
     let phase = status.phase;
     match facts.identity {
         Identity::Gone => return cancel(facts, status, CancelReason::NodeGone),
@@ -347,7 +360,7 @@ fn before_hand_over(
             Decision::Settle(status::unchanged(status, false, Next::Idle))
         }
         Phase::Pending | Phase::AwaitingApproval => cordon_step(rules, seen, facts, status),
-        _ => drain::advance(remediation, rules, seen, facts, status, release_at),
+        _ => drain::advance(pass, status, release_at),
     }
 }
 

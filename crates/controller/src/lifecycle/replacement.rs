@@ -14,7 +14,7 @@ use jiff::Timestamp;
 use kube::runtime::events::EventType;
 
 use super::{
-    Ask, CancelReason, Decision, Facts, Health, Identity, Next, Seen, Words, cancel,
+    Ask, CancelReason, Decision, Facts, Health, Identity, Next, Pass, Seen, Words, cancel,
     status::{self, set_condition},
 };
 use crate::{
@@ -23,13 +23,13 @@ use crate::{
 };
 
 /// One step of `Replacing` or `Verifying` (not the held `action: None`).
-pub(super) fn advance(
-    remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
-    status: GpuRemediationStatus,
-) -> Decision {
+pub(super) fn advance(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Decision {
+    let Pass {
+        remediation,
+        rules,
+        seen,
+        facts,
+    } = *pass;
     let triggered_at = status::deadline_base(&status, Phase::Replacing, facts.now);
     let deadline = plus(triggered_at, signed(rules.replacement.timeout.as_std()));
     if status.phase == Phase::Replacing || status.replacement.is_none() {
