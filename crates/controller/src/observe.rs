@@ -417,6 +417,23 @@ impl Caches {
     }
 }
 
+/// A kind the caches keep: what a reflector and its watch need of it.
+trait Cached:
+    Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static
+{
+}
+
+impl<K> Cached for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Runs a watch (`events`, with its backoff) with its reflector on the runtime; returns its store.
 fn spawn_reflector<K, M, F>(
     events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -426,13 +443,7 @@ fn spawn_reflector<K, M, F>(
     written: Option<Overlay<K>>,
 ) -> Store<K>
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Cached,
     M: FnMut(&mut K) + Send + 'static,
     F: Fn(&K) -> u64 + Send + 'static,
 {
@@ -454,13 +465,7 @@ fn spawn_decoding_reflector<K, M, F>(
     written: Option<Overlay<K>>,
 ) -> Store<K>
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Cached,
     M: FnMut(&mut K) + Send + 'static,
     F: Fn(&K) -> u64 + Send + 'static,
 {
