@@ -128,10 +128,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
-
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
+    use crate::test_fixtures::at;
 
     fn condition(type_: &str, status: &str, reason: &str, since: i64) -> NodeCondition {
         NodeCondition {

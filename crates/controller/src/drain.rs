@@ -223,6 +223,7 @@ mod tests {
     };
 
     use super::*;
+    use crate::test_fixtures::at;
 
     fn pod(name: &str) -> Pod {
         Pod {
@@ -282,10 +283,6 @@ mod tests {
             }),
             status: Some(PodDisruptionBudgetStatus::default()),
         }
-    }
-
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
     }
 
     #[test]

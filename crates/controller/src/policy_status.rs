@@ -74,10 +74,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
     use super::*;
-
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
+    use crate::test_fixtures::at;
 
     fn status(unhealthy: u32, quarantined: u32, in_flight: u32, circuit: &str) -> GpuRemediationPolicyStatus {
         GpuRemediationPolicyStatus {

@@ -300,10 +300,7 @@ mod tests {
     use gpu_remediation_api::remediation::DrainStatus;
 
     use super::*;
-
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
+    use crate::test_fixtures::at;
 
     fn draining(evicted: u32) -> GpuRemediationStatus {
         GpuRemediationStatus {

@@ -38,3 +38,8 @@ pub(crate) fn remediation(
         },
     )
 }
+
+/// `secs` seconds after a fixed instant (2027-01-15), the clock the unit tests reason in.
+pub(crate) fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}

@@ -75,10 +75,7 @@ pub fn allowance(outcomes: &[Outcome], max_concurrent: u32) -> Allowance {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
+    use crate::test_fixtures::at;
 
     fn outcome(name: &str, secs: i64, kind: OutcomeKind) -> Outcome {
         Outcome {

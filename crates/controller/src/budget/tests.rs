@@ -6,10 +6,7 @@ use gpu_remediation_api::{
 };
 
 use super::*;
-
-fn at(secs: i64) -> Timestamp {
-    Timestamp::from_second(1_800_000_000 + secs).unwrap()
-}
+use crate::test_fixtures::at;
 
 fn safety(max_concurrent: u32, max_unhealthy: &str, rate: (u32, u64)) -> Safety {
     Safety {

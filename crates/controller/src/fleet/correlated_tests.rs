@@ -1,13 +1,13 @@
 //! The fleet plan with correlated-failure limits: a held rack in the status, its condition and its
 //! Events; slow start read back from the records.
 
+use crate::test_fixtures::at;
 use std::sync::Arc;
 
 use gpu_remediation_api::{
     GpuRemediationPolicy, GpuRemediationPolicySpec,
     constants::{policy_conditions, reasons},
 };
-use jiff::Timestamp;
 use k8s_openapi::{
     api::core::v1::{Node, NodeCondition, NodeStatus},
     apimachinery::pkg::apis::meta::v1::Time,
@@ -15,10 +15,6 @@ use k8s_openapi::{
 use kube::api::ObjectMeta;
 
 use super::plan;
-
-fn at(secs: i64) -> Timestamp {
-    Timestamp::from_second(1_800_000_000 + secs).unwrap()
-}
 
 fn rack_policy(max_unhealthy_count: u32) -> GpuRemediationPolicy {
     let spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({

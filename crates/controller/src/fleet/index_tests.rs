@@ -9,7 +9,6 @@ use gpu_remediation_api::{
     constants::{QUARANTINE_TAINT_KEY, QUARANTINED_BY_ANNOTATION, REPEAT_OFFENDER_LABEL},
     policy::ConditionStatus,
 };
-use jiff::Timestamp;
 use k8s_openapi::{
     api::core::v1::{NodeCondition, NodeSpec, NodeStatus, Taint},
     apimachinery::pkg::apis::meta::v1::Time,
@@ -19,10 +18,7 @@ use proptest::prelude::{ProptestConfig, prop, prop_assert_eq, proptest};
 
 use super::*;
 use crate::fleet;
-
-fn at(secs: i64) -> Timestamp {
-    Timestamp::from_second(1_800_000_000 + secs).unwrap()
-}
+use crate::test_fixtures::at;
 
 /// Two overlapping policies: one over group `a` with racks as failure domains, slow start, a
 /// suspect rule and quarantine; one over `h100` nodes, of higher priority.

@@ -153,10 +153,7 @@ mod tests {
     use kube::api::ObjectMeta;
 
     use super::*;
-
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
+    use crate::test_fixtures::at;
 
     fn spec() -> GpuRemediationPolicySpec {
         serde_json::from_value(serde_json::json!({

@@ -7,6 +7,7 @@
 //! (`PASS_COST_NODES=10000,50000`, `PASS_COST_FAULTS=1,100`). Beside the faults in flight, the
 //! fleet has 100 finished remediations on record (as after the scale bench's earlier rounds).
 
+use crate::test_fixtures::at;
 use std::{sync::Arc, time::Instant};
 
 use gpu_remediation_api::{
@@ -21,10 +22,6 @@ use k8s_openapi::{
 use kube::api::ObjectMeta;
 
 use crate::hardware;
-
-fn at(secs: i64) -> Timestamp {
-    Timestamp::from_second(1_800_000_000 + secs).unwrap()
-}
 
 fn policy() -> Arc<GpuRemediationPolicy> {
     let spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({

@@ -1,5 +1,6 @@
 //! Unit tests of `fleet`.
 
+use crate::test_fixtures::at;
 use gpu_remediation_api::{
     GpuRemediationPolicySpec, GpuRemediationStatus, Phase,
     constants::{APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, REMEDIATION_FINALIZER},
@@ -12,10 +13,6 @@ use kube::api::ObjectMeta;
 
 use super::{candidates::readmitted_status, *};
 use crate::record_name::remediation_name;
-
-fn at(secs: i64) -> Timestamp {
-    Timestamp::from_second(1_800_000_000 + secs).unwrap()
-}
 
 fn policy(name: &str, group: &str) -> Arc<GpuRemediationPolicy> {
     let spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({

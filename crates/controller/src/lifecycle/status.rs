@@ -236,10 +236,7 @@ pub fn succeed(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
+    use crate::test_fixtures::at;
 
     #[test]
     fn entering_a_phase_records_it_with_its_time_and_message() {

@@ -6,10 +6,7 @@ use k8s_openapi::{
 use kube::api::ObjectMeta;
 
 use super::*;
-
-fn at(secs: i64) -> Timestamp {
-    Timestamp::from_second(1_800_000_000 + secs).unwrap()
-}
+use crate::test_fixtures::at;
 
 fn spec() -> GpuRemediationPolicySpec {
     serde_json::from_value(serde_json::json!({

@@ -1,5 +1,6 @@
 //! Unit tests of `drain`.
 
+use crate::test_fixtures::at;
 use k8s_openapi::{
     api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus},
     apimachinery::pkg::apis::meta::v1::LabelSelector,
@@ -10,10 +11,6 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::Status;
 
 use super::{force::stuck_terminating, *};
-
-fn at(secs: i64) -> Timestamp {
-    Timestamp::from_second(1_800_000_000 + secs).unwrap()
-}
 
 fn pod() -> Leaving {
     Leaving {
