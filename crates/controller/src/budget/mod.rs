@@ -287,6 +287,13 @@ pub struct Decision {
     pub held_domains: Vec<HeldDomain>,
 }
 
+/// `maxConcurrent` as a count of the policy's `selected` nodes: the one reading of it (admission and
+/// slow start). A value that cannot be resolved (validation marks the policy `Invalid`) allows none.
+#[must_use]
+pub fn max_concurrent(safety: &Safety, selected: u32) -> u32 {
+    safety.max_concurrent.resolve(selected).unwrap_or(0)
+}
+
 /// Decides which candidates start now.
 #[must_use]
 pub fn admit(inputs: Inputs<'_>) -> Decision {
@@ -306,7 +313,7 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
     candidates.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.node.cmp(&b.node)));
 
     let in_flight = count(started.iter().filter(|s| s.in_flight));
-    let concurrency_limit = safety.max_concurrent.resolve(selected).unwrap_or(0);
+    let concurrency_limit = max_concurrent(safety, selected);
     let window_start = minus(now, signed(safety.rate.per.as_std()));
     let mut window: Vec<Timestamp> = started
         .iter()

@@ -46,7 +46,7 @@ pub(super) fn slow_start(
         return (None, None);
     }
     let (found, wake) = outcomes(policy, spec, nodes, remediations, now);
-    let max_concurrent = spec.safety.max_concurrent.resolve(selected).unwrap_or(1);
+    let max_concurrent = crate::budget::max_concurrent(&spec.safety, selected);
     (
         Some(SlowStart {
             allowance: allowance(&found, max_concurrent),
