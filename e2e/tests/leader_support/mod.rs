@@ -29,6 +29,8 @@ use tokio::{process::Child, sync::OnceCell};
 
 use e2e::WORKSPACE;
 
+pub mod fleet;
+
 /// Every mutating verb, recorded with its request body (`Request` level, so the claim a write
 /// carries can be read) once the response is complete.
 const AUDIT_POLICY: &str = r#"
