@@ -12,7 +12,7 @@ use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, Phase,
     constants::{APPROVED_ANNOTATION, APPROVED_BY_ANNOTATION, policy_conditions},
 };
-use gpu_sandbox::{fault, workload::Budget};
+use gpu_sandbox::fault;
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
@@ -159,9 +159,9 @@ async fn manual_mode_waits_for_approval_and_then_proceeds() {
     let s = Scenario::new(2).await;
     let nodes = s.nodes();
     let broken = nodes[0].clone();
-    s.policy(serde_json::json!({"mode": "Manual"})).await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
+    let controller = s
+        .enforce_and_break(serde_json::json!({"mode": "Manual"}), &broken)
+        .await;
     let waiting = s
         .wait_phase(&broken, Phase::AwaitingApproval, Duration::from_secs(30))
         .await;
@@ -322,14 +322,9 @@ async fn a_node_failing_again_past_one_attempt_per_hour_requires_a_person_and_pr
 
 #[tokio::test]
 async fn a_restart_mid_drain_resumes_the_same_remediation_without_resetting_the_rate_window() {
-    let s = Scenario::new(3).await;
+    let (s, broken, _) = scenario::pinned::pinned_behind_a_closed_budget().await;
     let nodes = s.nodes();
-    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
-    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
-        .await;
-    s.policy(serde_json::json!({"drain": {"timeout": "6s", "onTimeout": "ForceDelete"}, "safety": {"maxUnhealthy": "100%", "rate": {"limit": 1, "per": "1h"}}})).await;
-    let first = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
+    let first = s.enforce_and_break(serde_json::json!({"drain": {"timeout": "6s", "onTimeout": "ForceDelete"}, "safety": {"maxUnhealthy": "100%", "rate": {"limit": 1, "per": "1h"}}}), &broken).await;
     let draining = s
         .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
         .await;

@@ -228,3 +228,22 @@ pub async fn kubectl_apply(file: &str) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// The replacement the finished remediation `done` recorded (`status.replacement`) is the `kind`
+/// object `name`.
+///
+/// # Panics
+/// If it recorded none, or another.
+pub fn assert_replaced_through(done: &gpu_remediation_api::GpuRemediation, kind: &str, name: &str) {
+    let replacement = done
+        .status
+        .as_ref()
+        .expect("status")
+        .replacement
+        .as_ref()
+        .unwrap_or_else(|| panic!("the {kind} is recorded"));
+    assert_eq!(
+        (replacement.kind.as_str(), replacement.name.as_str()),
+        (kind, name)
+    );
+}

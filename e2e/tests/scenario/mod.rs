@@ -31,6 +31,9 @@ use kube::{
 
 use crate::common::{self, eventually};
 
+pub mod pinned;
+pub mod provisioned;
+
 /// Label on test policies; each test's controller enforces only policies with its own value.
 pub const SCOPE_LABEL: &str = "e2e.gpuremediation.dev/scope";
 
@@ -224,26 +227,6 @@ impl Scenario {
             .unwrap();
     }
 
-    /// Two pods of 8 GPUs each on the fleet's nodes, behind a PDB of `minAvailable: 1`: a
-    /// provisioner (Karpenter, Cluster API) gives each a node of its own. Returns once both run;
-    /// on a timeout the panic carries `log`, the provisioner's log tail.
-    pub async fn two_training_pods(&self, within: Duration, log: impl Fn() -> String) -> Workload {
-        let app = Workload::new(&self.namespace, "train")
-            .replicas(2)
-            .gpus(8)
-            .node_selector(FLEET_LABEL, self.fleet.name());
-        workload::create(&self.client, &app.deployment())
-            .await
-            .expect("deployment");
-        workload::create(&self.client, &app.pdb(&Budget::min_available(1)))
-            .await
-            .expect("pdb");
-        workload::wait_ready_pods(&self.client, &self.namespace, &app.selector(), 2, within)
-            .await
-            .unwrap_or_else(|e| panic!("{e}; the provisioner's log ends:\n{}", log()));
-        app
-    }
-
     /// A Deployment of `replicas` pods all on `node` (the other `spare` nodes are cordoned while
     /// it starts, then opened, so evicted pods have somewhere to go), behind a PDB.
     pub async fn protected_workload(
@@ -295,6 +278,29 @@ impl Scenario {
         }
         workload::create(&self.client, &app.pdb(budget)).await.unwrap();
         app
+    }
+
+    /// Eight `train` pods on `node`, each claiming one GPU through DRA (the claim template
+    /// `one-gpu`, created here); not started yet.
+    pub async fn eight_pods_claiming_a_gpu_each(&self, node: &str) -> Workload {
+        gpu_sandbox::dra::create_claim_template(&self.client, &self.namespace, "one-gpu", 1)
+            .await
+            .expect("the claim template");
+        Workload::new(&self.namespace, "train")
+            .replicas(8)
+            .on_nodes(&[node])
+            .gpus_claimed_from("one-gpu")
+    }
+
+    /// Creates the Deployment of `app` and waits up to `within` until `ready` of its pods run
+    /// (`what`: what the test waits for); returns them.
+    pub async fn run_workload(&self, app: &Workload, ready: usize, within: Duration, what: &str) -> Vec<Pod> {
+        workload::create(&self.client, &app.deployment())
+            .await
+            .expect("the deployment");
+        workload::wait_ready_pods(&self.client, &self.namespace, &app.selector(), ready, within)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
     }
 
     pub async fn pods_on(&self, node: &str) -> Vec<Pod> {
