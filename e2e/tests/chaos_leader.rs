@@ -7,7 +7,7 @@ mod chaos_support;
 
 use std::time::Duration;
 
-use chaos_support::{World, assert_running, leader};
+use chaos_support::{World, leader};
 use gpu_remediation_api::Phase;
 use gpu_sandbox::bench::{actor::ControllerProcess, bench_env::eventually};
 use k8s_openapi::api::core::v1::Node;
@@ -52,37 +52,27 @@ async fn the_leader_killed_during_the_cordon_is_replaced_and_the_remediation_fin
     world.apps_on(&broken[0], "app", &[5, 3], Some("3s")).await;
     let invariants = world.invariants().await;
     world.policy(serde_json::json!({})).await;
-    let (mut leader_process, mut follower, holder) = elect(&world).await;
+    let (mut leader_process, follower, holder) = elect(&world).await;
 
     world.break_nodes(&broken).await;
     // The instant the leader has recorded the remediation (its first acts: the record, the
     // cordon, the first evictions), before the drain ends.
-    eventually(
-        "the remediation to be recorded",
-        Duration::from_secs(60),
-        || async {
-            let all = world.env.remediations(&world.scope).await.ok()?;
-            all.iter()
-                .any(|r| {
-                    r.status
-                        .as_ref()
-                        .is_none_or(|s| matches!(s.phase, Phase::Pending | Phase::Cordoned | Phase::Draining))
-                })
-                .then_some(())
-        },
-    )
-    .await
-    .expect("the leader starts the remediation");
+    world
+        .wait_any(
+            "the leader to record the remediation",
+            Duration::from_secs(60),
+            |phase| {
+                phase.is_none_or(|phase| matches!(phase, Phase::Pending | Phase::Cordoned | Phase::Draining))
+            },
+        )
+        .await;
     leader_process.kill_9().await;
 
     new_leader(&world, &holder).await;
     world
-        .wait_all(&broken, Phase::Succeeded, Duration::from_secs(180))
+        .all_succeed_once(&broken, Duration::from_secs(180), &invariants)
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
-    assert_running(&mut follower);
-    follower.terminate().await;
-    world.env.control_plane.stop().await;
+    world.end(follower).await;
 }
 
 #[tokio::test]
@@ -101,25 +91,16 @@ async fn the_leader_killed_during_the_replacement_is_replaced_and_the_node_is_re
         .expect("adding the finalizer");
     let invariants = world.invariants().await;
     world.policy(serde_json::json!({})).await;
-    let (mut leader_process, mut follower, holder) = elect(&world).await;
+    let (mut leader_process, follower, holder) = elect(&world).await;
 
     world.break_nodes(&broken).await;
-    eventually(
-        "the replacement to be under way",
-        Duration::from_secs(120),
-        || async {
-            let all = world.env.remediations(&world.scope).await.ok()?;
-            all.iter()
-                .any(|r| {
-                    r.status
-                        .as_ref()
-                        .is_some_and(|s| matches!(s.phase, Phase::Replacing | Phase::Verifying))
-                })
-                .then_some(())
-        },
-    )
-    .await
-    .expect("the leader triggers the replacement");
+    world
+        .wait_any(
+            "the leader to trigger the replacement",
+            Duration::from_secs(120),
+            |phase| phase.is_some_and(|phase| matches!(phase, Phase::Replacing | Phase::Verifying)),
+        )
+        .await;
     leader_process.kill_9().await;
     new_leader(&world, &holder).await;
     nodes
@@ -132,9 +113,8 @@ async fn the_leader_killed_during_the_replacement_is_replaced_and_the_node_is_re
         .expect("releasing the finalizer");
 
     world
-        .wait_all(&broken, Phase::Succeeded, Duration::from_secs(180))
+        .all_succeed_once(&broken, Duration::from_secs(180), &invariants)
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
     assert!(
         nodes
             .get_opt(&broken[0])
@@ -143,7 +123,5 @@ async fn the_leader_killed_during_the_replacement_is_replaced_and_the_node_is_re
             .is_none(),
         "the replaced node is gone"
     );
-    assert_running(&mut follower);
-    follower.terminate().await;
-    world.env.control_plane.stop().await;
+    world.end(follower).await;
 }

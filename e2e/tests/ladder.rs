@@ -462,7 +462,7 @@ async fn scenario(nodes: usize, dra: bool) -> Scenario {
     if !dra {
         return Scenario::new(nodes).await;
     }
-    scenario::init_logs();
+    common::init_logs();
     scenario::install_crds(&client).await;
     let namespace = common::namespace().await;
     let fleet = Fleet::start(

@@ -42,6 +42,18 @@ pub async fn cluster_with(options: impl FnOnce() -> ControlPlaneOptions) -> &'st
         .await
 }
 
+/// Logs of the controller under test (`gpu_remediator=info`, or `RUST_LOG`) into the test's
+/// output, once per test binary.
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "gpu_remediator=info".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 /// A name unique within this test binary's cluster: `<prefix>-<n>`.
 pub fn unique_name(prefix: &str) -> String {
     static SEQUENCE: AtomicU32 = AtomicU32::new(0);
@@ -153,18 +165,26 @@ pub async fn install_crd(client: &kube::Client, yaml: &str) {
         Err(kube::Error::Api(status)) if status.is_already_exists() => {}
         Err(error) => panic!("installing CRD {name}: {error}"),
     }
+    wait_established(client, &name).await;
+}
+
+/// Waits (up to 30 s) until the CRD `name` is established.
+///
+/// # Panics
+/// When it is not within 30 s.
+pub async fn wait_established(client: &kube::Client, name: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     eventually(
         &format!("CRD {name} established"),
         Duration::from_secs(30),
-        || {
-            let (crds, name) = (crds.clone(), name.clone());
-            async move {
-                let conditions = crds.get(&name).await.ok()?.status?.conditions?;
-                conditions
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            }
+        || async {
+            let conditions = crds.get(name).await.ok()?.status?.conditions?;
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
         },
     )
     .await;

@@ -42,16 +42,6 @@ pub async fn install_crds(client: &Client) {
     common::install_generated_crds(client).await;
 }
 
-pub fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "gpu_remediator=info".into()),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
 /// A controller running in-process on the test's runtime, enforcing only `scope`'s policies.
 pub struct RunningController {
     pub stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -127,7 +117,7 @@ impl Scenario {
 
     /// [`Self::new`], the fleet's options edited by `edit` (`dra: true`, say).
     pub async fn with_fleet(nodes: usize, edit: impl FnOnce(&mut gpu_sandbox::FleetOptions)) -> Self {
-        init_logs();
+        common::init_logs();
         let client = common::cluster().await.client();
         install_crds(&client).await;
         let namespace = common::namespace().await;
@@ -312,25 +302,10 @@ impl Scenario {
     }
 }
 
-pub fn merge(base: &mut serde_json::Value, over: serde_json::Value) {
-    match (base, over) {
-        (serde_json::Value::Object(base), serde_json::Value::Object(over)) => {
-            for (key, value) in over {
-                merge(base.entry(key).or_insert(serde_json::Value::Null), value);
-            }
-        }
-        (base, over) => *base = over,
-    }
-}
+pub use e2e::merge;
 
-pub fn is_ready(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
+/// Whether `pod` is Ready and not terminating (as the disruption controller counts it healthy).
+pub use gpu_sandbox::bench::budget_sampler::is_healthy as is_ready;
 
 pub fn evicted_through_the_api(pod: &Pod) -> bool {
     pod.status
