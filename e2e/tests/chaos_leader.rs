@@ -7,7 +7,7 @@ mod chaos_support;
 
 use std::time::Duration;
 
-use chaos_support::{World, leader};
+use chaos_support::{Invariants, World, leader};
 use gpu_remediation_api::Phase;
 use gpu_sandbox::bench::{actor::ControllerProcess, bench_env::eventually};
 use k8s_openapi::api::core::v1::Node;
@@ -32,6 +32,19 @@ async fn elect(world: &World) -> (ControllerProcess, ControllerProcess, String) 
     }
 }
 
+/// Watches the invariants, creates the default policy, elects a leader among two replicas and
+/// breaks `broken`: the invariants, the leader, the follower and the leader's identity.
+async fn elected_then_broken(
+    world: &World,
+    broken: &[String],
+) -> (Invariants, ControllerProcess, ControllerProcess, String) {
+    let invariants = world.invariants().await;
+    world.policy(serde_json::json!({})).await;
+    let (leader_process, follower, holder) = elect(world).await;
+    world.break_nodes(broken).await;
+    (invariants, leader_process, follower, holder)
+}
+
 /// Waits until the Lease names a holder other than `old`.
 async fn new_leader(world: &World, old: &str) -> String {
     eventually("a new leader", Duration::from_secs(60), || async {
@@ -50,11 +63,7 @@ async fn the_leader_killed_during_the_cordon_is_replaced_and_the_remediation_fin
     // quarantine already holding the node, a drain of pods that go at once ends (create to
     // Succeeded) within one of this test's polls.
     world.apps_on(&broken[0], "app", &[5, 3], Some("3s")).await;
-    let invariants = world.invariants().await;
-    world.policy(serde_json::json!({})).await;
-    let (mut leader_process, follower, holder) = elect(&world).await;
-
-    world.break_nodes(&broken).await;
+    let (invariants, mut leader_process, follower, holder) = elected_then_broken(&world, &broken).await;
     // The instant the leader has recorded the remediation (its first acts: the record, the
     // cordon, the first evictions), before the drain ends.
     world
@@ -89,11 +98,7 @@ async fn the_leader_killed_during_the_replacement_is_replaced_and_the_node_is_re
         .patch(&broken[0], &PatchParams::default(), &Patch::Merge(&hold))
         .await
         .expect("adding the finalizer");
-    let invariants = world.invariants().await;
-    world.policy(serde_json::json!({})).await;
-    let (mut leader_process, follower, holder) = elect(&world).await;
-
-    world.break_nodes(&broken).await;
+    let (invariants, mut leader_process, follower, holder) = elected_then_broken(&world, &broken).await;
     world
         .wait_any(
             "the leader to trigger the replacement",

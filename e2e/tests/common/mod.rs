@@ -190,6 +190,56 @@ pub async fn wait_established(client: &kube::Client, name: &str) {
     .await;
 }
 
+/// Installs the shipped CRDs (`crds/*.yaml`, as a user applies them) and waits until each is
+/// established.
+///
+/// # Panics
+/// If a file cannot be read or a CRD cannot be installed.
+pub async fn install_shipped_crds(client: &kube::Client) {
+    let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
+    for file in [
+        "gpuremediationpolicies.yaml",
+        "gpuremediations.yaml",
+        "gpuremediation-hardwarerecords.yaml",
+    ] {
+        let yaml = std::fs::read_to_string(crds.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        install_crd(client, &yaml).await;
+    }
+}
+
+/// Creates `policy` and runs the controller in-process on the calling test's runtime, enforcing
+/// only the policies labelled `e2e.gpuremediation.dev/scope=<scope>` (the policy's own label);
+/// returns the sender that stops it.
+///
+/// # Panics
+/// If the policy cannot be created.
+pub async fn run_controller_over(
+    client: &kube::Client,
+    policy: &gpu_remediation_api::GpuRemediationPolicy,
+    scope: &str,
+) -> tokio::sync::oneshot::Sender<()> {
+    Api::<gpu_remediation_api::GpuRemediationPolicy>::all(client.clone())
+        .create(&PostParams::default(), policy)
+        .await
+        .unwrap_or_else(|e| panic!("creating policy {scope}: {e}"));
+    let settings = gpu_remediator::Settings {
+        policy_selector: Some(format!("e2e.gpuremediation.dev/scope={scope}")),
+        pod_poll: Duration::from_millis(250),
+        instance: Some(scope.to_owned()),
+        ..gpu_remediator::Settings::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(gpu_remediator::run(
+        cluster().await.config(),
+        settings,
+        gpu_remediator::leader::Fence::standalone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    stop
+}
+
 /// Installs the project's own CRDs, as generated from the Rust types, once per test binary, and
 /// waits until both kinds are served (listing them succeeds).
 ///
