@@ -1,7 +1,8 @@
 //! The controller scenarios' harness, shared by every test binary that runs the controller
 //! in-process against the shared control plane: the generated CRDs installed once, a controller
 //! scoped to one policy (by label), a fleet and namespace per test, a workload behind a budget, and
-//! a pod watch that proves no budget was broken.
+//! a pod watch that proves no budget was broken. [`pinned`] holds a drain back behind a closed
+//! budget; [`provisioned`] is what the tests against a real provisioner share.
 #![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
 use std::{
