@@ -1,6 +1,6 @@
 //! End-to-end tests against a real local control plane live in `tests/`; this library holds what
 //! several of them share and that needs no control plane: building the binaries they run, waiting
-//! for a condition, and reading a sample of the metrics.
+//! for a condition, reading a sample of the metrics, and merging a JSON spec over a base.
 #![forbid(unsafe_code)]
 
 use std::{
@@ -86,4 +86,17 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
         })
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|value| value.parse().ok())
+}
+
+/// Merges `over` into `base`, object by object (a JSON merge patch without deletions): a test's
+/// policy spec over its harness's base.
+pub fn merge(base: &mut serde_json::Value, over: serde_json::Value) {
+    match (base, over) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(over)) => {
+            for (key, value) in over {
+                merge(base.entry(key).or_insert(serde_json::Value::Null), value);
+            }
+        }
+        (base, over) => *base = over,
+    }
 }

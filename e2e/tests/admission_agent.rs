@@ -172,16 +172,22 @@ async fn agent_on(admin: &Client, node: &str) -> Client {
     cluster().await.client_with_token(&token(admin, Some(&pod)).await)
 }
 
-#[tokio::test]
-async fn a_token_bound_to_a_pod_on_node_a_writes_only_node_as_gpu_healthy_condition() {
+/// The agent's manifests installed, two nodes `a` and `b` (sorted), and an agent's client on `a`
+/// ([`agent_on`]): the admin's client, the fleet, the nodes and the agent's client.
+async fn agent_on_the_first_of_two() -> (Client, gpu_sandbox::Fleet, [String; 2], Client) {
     let admin = cluster().await.client();
     install_agent_manifests().await;
     let fleet = common::fleet(2).await;
     let mut nodes = fleet.node_names();
     nodes.sort();
     let (a, b) = (nodes[0].clone(), nodes[1].clone());
-
     let agent = agent_on(&admin, &a).await;
+    (admin, fleet, [a, b], agent)
+}
+
+#[tokio::test]
+async fn a_token_bound_to_a_pod_on_node_a_writes_only_node_as_gpu_healthy_condition() {
+    let (admin, fleet, [a, b], agent) = agent_on_the_first_of_two().await;
     let no_annotations = json!({});
 
     // The policy takes a moment to be loaded; until then B's status would be writable.
@@ -292,13 +298,7 @@ async fn a_token_bound_to_a_pod_on_node_a_writes_only_node_as_gpu_healthy_condit
 
 #[tokio::test]
 async fn the_agent_publishes_its_gpu_pods_assignment_only_on_its_own_node_and_within_its_bound() {
-    let admin = cluster().await.client();
-    install_agent_manifests().await;
-    let fleet = common::fleet(2).await;
-    let mut nodes = fleet.node_names();
-    nodes.sort();
-    let (a, b) = (nodes[0].clone(), nodes[1].clone());
-    let agent = agent_on(&admin, &a).await;
+    let (admin, fleet, [a, b], agent) = agent_on_the_first_of_two().await;
     let assignment = |pods: usize| {
         let pods: Vec<Value> = (0..pods)
             .map(|i| json!({"namespace": "train", "name": format!("worker-{i:05}"), "gpus": [format!("GPU-{i:08}")]}))

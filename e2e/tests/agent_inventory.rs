@@ -11,10 +11,9 @@ mod common;
 use std::time::Duration;
 
 use agent_support::{
-    AgentProcess, GPUS, Probe, agent_kubeconfig, fleet, healthy_gpus, scratch, serial, wait_for_condition,
-    write_probe_file,
+    GPUS, Probe, healthy_gpus, one_healthy_agent, serial, wait_until_gpu_missing, write_probe_file,
 };
-use gpu_remediation_api::constants::{FAILED_GPUS_ANNOTATION, GPU_INVENTORY_ANNOTATION, gpu_reasons};
+use gpu_remediation_api::constants::{FAILED_GPUS_ANNOTATION, GPU_INVENTORY_ANNOTATION};
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -51,24 +50,9 @@ fn expected_inventory(probe: Probe, node: &str, indices: &[u32]) -> Value {
 }
 
 async fn the_agent_publishes_its_gpus_and_the_failed_ones_on_its_node(probe: Probe) {
-    let cluster = common::cluster().await;
-    let client = cluster.client();
-    let dir = scratch(&format!("inventory-{probe:?}"));
-    let kubeconfig = agent_kubeconfig(&client, &dir).await;
-    let fleet = fleet(&client, 1).await;
-    let node = fleet.node_names().remove(0);
-    let scenario = dir.join(format!("{node}.json"));
-    write_probe_file(&scenario, &healthy_gpus(&node));
-    let agent = AgentProcess::start(probe, &node, &kubeconfig, &scenario, &dir, &[]).await;
-    wait_for_condition(
-        &client,
-        &node,
-        "True",
-        gpu_reasons::HEALTHY,
-        Duration::from_secs(60),
-        &agent,
-    )
-    .await;
+    let (ground, node, agent) = one_healthy_agent(&format!("inventory-{probe:?}"), probe).await;
+    let client = ground.client.clone();
+    let scenario = ground.probe_file(&node);
 
     let all: Vec<u32> = (0..GPUS).collect();
     let inventory = common::eventually("the inventory annotation", Duration::from_secs(10), || {
@@ -116,15 +100,7 @@ async fn the_agent_publishes_its_gpus_and_the_failed_ones_on_its_node(probe: Pro
     let mut fallen = healthy_gpus(&node);
     fallen["gpus"].as_array_mut().unwrap().remove(2);
     write_probe_file(&scenario, &fallen);
-    wait_for_condition(
-        &client,
-        &node,
-        "False",
-        gpu_reasons::GPU_MISSING,
-        Duration::from_secs(5),
-        &agent,
-    )
-    .await;
+    wait_until_gpu_missing(&client, &node, &agent).await;
     let failed = common::eventually("the failed-GPUs annotation", Duration::from_secs(5), || {
         annotation(&client, &node, FAILED_GPUS_ANNOTATION)
     })
@@ -148,8 +124,9 @@ async fn the_agent_publishes_its_gpus_and_the_failed_ones_on_its_node(probe: Pro
 
     // A new agent that cannot read the GPUs at all keeps the latch, the failed GPUs (serial
     // included) and the inventory as they were: nothing is rewritten.
-    write_probe_file(&scenario, &json!({"nvmlError": "Driver Not Loaded"}));
-    let agent = AgentProcess::start(probe, &node, &kubeconfig, &scenario, &dir, &[]).await;
+    let agent = ground
+        .start_agent(probe, &node, &json!({"nvmlError": "Driver Not Loaded"}), &[])
+        .await;
     common::eventually(
         "the new agent to restore the latch",
         Duration::from_secs(30),
@@ -169,5 +146,5 @@ async fn the_agent_publishes_its_gpus_and_the_failed_ones_on_its_node(probe: Pro
     );
     assert_eq!(agent.log().matches(CHANGED).count(), 0, "{}", agent.log_tail());
     drop(agent);
-    fleet.stop().await.expect("stopping the fleet");
+    ground.stop().await;
 }

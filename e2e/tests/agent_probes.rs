@@ -15,8 +15,9 @@ use std::{
 };
 
 use agent_support::{
-    AgentProcess, Probe, agent_kubeconfig, fleet, gpu_condition, healthy_gpus, http_status, scratch,
-    wait_for_condition, wait_for_event, write_probe_file,
+    AgentGround, AgentProcess, Probe, gpu_condition, healthy_gpus, http_status, one_healthy_agent,
+    wait_for_condition, wait_for_event, wait_until_gpu_missing, wait_until_healthy,
+    wait_until_nvml_unavailable, write_probe_file,
 };
 use gpu_remediation_api::constants::{CLEAR_ANNOTATION, gpu_reasons};
 use k8s_openapi::{
@@ -39,31 +40,18 @@ for_both_probes!(
 );
 
 async fn a_gpu_falling_off_one_of_three_nodes_sets_gpu_missing_within_five_seconds_and_latches(probe: Probe) {
-    let cluster = common::cluster().await;
-    let client = cluster.client();
-    let dir = scratch(&format!("missing-{probe:?}"));
-    let kubeconfig = agent_kubeconfig(&client, &dir).await;
-    let fleet = fleet(&client, 3).await;
-    let names = fleet.node_names();
+    let ground = AgentGround::new(&format!("missing-{probe:?}"), 3).await;
+    let client = ground.client.clone();
+    let names = ground.fleet.node_names();
     let mut agents = Vec::new();
     for name in &names {
-        let probe_file = dir.join(format!("{name}.json"));
-        write_probe_file(&probe_file, &healthy_gpus(name));
         agents.push((
-            probe_file.clone(),
-            AgentProcess::start(probe, name, &kubeconfig, &probe_file, &dir, &[]).await,
+            ground.probe_file(name),
+            ground.start_agent(probe, name, &healthy_gpus(name), &[]).await,
         ));
     }
     for (name, (_, agent)) in names.iter().zip(&agents) {
-        let condition = wait_for_condition(
-            &client,
-            name,
-            "True",
-            gpu_reasons::HEALTHY,
-            Duration::from_secs(60),
-            agent,
-        )
-        .await;
+        let condition = wait_until_healthy(&client, name, agent).await;
         assert_eq!(
             condition.message.as_deref(),
             Some("4 of 4 expected GPUs present and healthy")
@@ -76,15 +64,7 @@ async fn a_gpu_falling_off_one_of_three_nodes_sets_gpu_missing_within_five_secon
     fallen["gpus"].as_array_mut().unwrap().remove(2);
     let started = Instant::now();
     write_probe_file(probe_file, &fallen);
-    let condition = wait_for_condition(
-        &client,
-        broken,
-        "False",
-        gpu_reasons::GPU_MISSING,
-        Duration::from_secs(5),
-        agent,
-    )
-    .await;
+    let condition = wait_until_gpu_missing(&client, broken, agent).await;
     let detected_after = started.elapsed();
     println!("GpuMissing published {detected_after:?} after the GPU disappeared");
     let message = condition.message.unwrap_or_default();
@@ -147,7 +127,7 @@ async fn a_gpu_falling_off_one_of_three_nodes_sets_gpu_missing_within_five_secon
 
     assert_latched_until_cleared(&client, broken, probe_file, agent).await;
     drop(agents);
-    fleet.stop().await.expect("stopping the fleet");
+    ground.stop().await;
 }
 
 /// The GPU comes back, yet the fault stays latched; a clear written before the fault does
@@ -205,42 +185,24 @@ fn jiff_seconds(seconds: i64) -> k8s_openapi::jiff::SignedDuration {
 /// past `--read-timeout`: each `Unknown`, and it stays so; never a `False` that would replace the
 /// node.
 async fn a_failing_or_hung_nvml_reads_unknown_never_false(probe: Probe) {
-    let cluster = common::cluster().await;
-    let client = cluster.client();
-    let dir = scratch(&format!("nvml-{probe:?}"));
-    let kubeconfig = agent_kubeconfig(&client, &dir).await;
-    let fleet = fleet(&client, 3).await;
-    let names = fleet.node_names();
+    let ground = AgentGround::new(&format!("nvml-{probe:?}"), 3).await;
+    let client = ground.client.clone();
+    let names = ground.fleet.node_names();
     let (failing, hung, blind) = (&names[0], &names[1], &names[2]);
-    let file_of = |name: &str| dir.join(format!("{name}.json"));
-    write_probe_file(&file_of(failing), &healthy_gpus(failing));
-    write_probe_file(&file_of(hung), &healthy_gpus(hung));
-    write_probe_file(&file_of(blind), &json!({"nvmlError": "Driver Not Loaded"}));
+    let file_of = |name: &str| ground.probe_file(name);
     let mut agents = Vec::new();
-    for name in [failing, hung, blind] {
-        agents.push(AgentProcess::start(probe, name, &kubeconfig, &file_of(name), &dir, &[]).await);
+    for (name, content) in [
+        (failing, healthy_gpus(failing)),
+        (hung, healthy_gpus(hung)),
+        (blind, json!({"nvmlError": "Driver Not Loaded"})),
+    ] {
+        agents.push(ground.start_agent(probe, name, &content, &[]).await);
     }
     for (name, agent) in [failing, hung].into_iter().zip(&agents) {
-        wait_for_condition(
-            &client,
-            name,
-            "True",
-            gpu_reasons::HEALTHY,
-            Duration::from_secs(60),
-            agent,
-        )
-        .await;
+        wait_until_healthy(&client, name, agent).await;
     }
     // Blind from the start: NVML never initialises.
-    let condition = wait_for_condition(
-        &client,
-        blind,
-        "Unknown",
-        gpu_reasons::NVML_UNAVAILABLE,
-        Duration::from_secs(60),
-        &agents[2],
-    )
-    .await;
+    let condition = wait_until_nvml_unavailable(&client, blind, Duration::from_secs(60), &agents[2]).await;
     let message = condition.message.unwrap_or_default();
     assert!(message.contains(probe.driver_not_loaded()), "{message}");
 
@@ -250,27 +212,11 @@ async fn a_failing_or_hung_nvml_reads_unknown_never_false(probe: Probe) {
     let started = Instant::now();
     write_probe_file(&file_of(hung), &hanging);
 
-    let condition = wait_for_condition(
-        &client,
-        failing,
-        "Unknown",
-        gpu_reasons::NVML_UNAVAILABLE,
-        Duration::from_secs(5),
-        &agents[0],
-    )
-    .await;
+    let condition = wait_until_nvml_unavailable(&client, failing, Duration::from_secs(5), &agents[0]).await;
     let message = condition.message.unwrap_or_default();
     assert!(message.contains(probe.driver_not_loaded()), "{message}");
     // `--read-timeout 2s`, one read a second: Unknown within a few seconds, not after the hang.
-    let condition = wait_for_condition(
-        &client,
-        hung,
-        "Unknown",
-        gpu_reasons::NVML_UNAVAILABLE,
-        Duration::from_secs(8),
-        &agents[1],
-    )
-    .await;
+    let condition = wait_until_nvml_unavailable(&client, hung, Duration::from_secs(8), &agents[1]).await;
     println!(
         "{probe:?}: a hung NVML read Unknown after {:?}",
         started.elapsed()
@@ -287,93 +233,56 @@ async fn a_failing_or_hung_nvml_reads_unknown_never_false(probe: Probe) {
         }
     }
     drop(agents);
-    fleet.stop().await.expect("stopping the fleet");
+    ground.stop().await;
 }
 
 /// A GPU the driver still counts but that answers `GPU_IS_LOST` (fallen off the bus): `False`,
 /// `GpuMissing`, naming it.
 async fn a_gpu_lost_to_the_bus_sets_gpu_missing(probe: Probe) {
-    let cluster = common::cluster().await;
-    let client = cluster.client();
-    let dir = scratch(&format!("lost-{probe:?}"));
-    let kubeconfig = agent_kubeconfig(&client, &dir).await;
-    let fleet = fleet(&client, 1).await;
-    let node = fleet.node_names().remove(0);
-    let probe_file = dir.join(format!("{node}.json"));
-    write_probe_file(&probe_file, &healthy_gpus(&node));
-    let agent = AgentProcess::start(probe, &node, &kubeconfig, &probe_file, &dir, &[]).await;
-    wait_for_condition(
-        &client,
-        &node,
-        "True",
-        gpu_reasons::HEALTHY,
-        Duration::from_secs(60),
-        &agent,
-    )
-    .await;
+    let (ground, node, agent) = one_healthy_agent(&format!("lost-{probe:?}"), probe).await;
+    let client = ground.client.clone();
+    let probe_file = ground.probe_file(&node);
 
     let mut lost = healthy_gpus(&node);
     lost["gpus"].as_array_mut().unwrap().remove(1);
     lost["lostIndices"] = json!([1]);
     write_probe_file(&probe_file, &lost);
-    let condition = wait_for_condition(
-        &client,
-        &node,
-        "False",
-        gpu_reasons::GPU_MISSING,
-        Duration::from_secs(5),
-        &agent,
-    )
-    .await;
+    let condition = wait_until_gpu_missing(&client, &node, &agent).await;
     let message = condition.message.unwrap_or_default();
     assert!(
         message.contains(&format!("GPU-{node}-0001")) && message.contains("GPU_IS_LOST"),
         "names the lost GPU: {message}"
     );
     drop(agent);
-    fleet.stop().await.expect("stopping the fleet");
+    ground.stop().await;
 }
 
 async fn a_repeating_warning_becomes_one_warning_event_on_the_node(probe: Probe) {
-    let cluster = common::cluster().await;
-    let client = cluster.client();
-    let dir = scratch(&format!("warning-{probe:?}"));
-    let kubeconfig = agent_kubeconfig(&client, &dir).await;
-    let fleet = fleet(&client, 1).await;
-    let node = fleet.node_names().remove(0);
-    let probe_file = dir.join(format!("{node}.json"));
+    let ground = AgentGround::new(&format!("warning-{probe:?}"), 1).await;
+    let client = ground.client.clone();
+    let node = ground.fleet.node_names().remove(0);
     let health = {
         let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         free.local_addr().unwrap()
     };
     let mut hot = healthy_gpus(&node);
     hot["gpus"][1]["temperatureC"] = json!(91);
-    write_probe_file(&probe_file, &hot);
-    let agent = AgentProcess::start(
-        probe,
-        &node,
-        &kubeconfig,
-        &probe_file,
-        &dir,
-        &[
-            "--warning-threshold",
-            "3",
-            "--warning-window",
-            "1m",
-            "--health-listen",
-            &health.to_string(),
-        ],
-    )
-    .await;
-    wait_for_condition(
-        &client,
-        &node,
-        "True",
-        gpu_reasons::HEALTHY,
-        Duration::from_secs(60),
-        &agent,
-    )
-    .await;
+    let agent = ground
+        .start_agent(
+            probe,
+            &node,
+            &hot,
+            &[
+                "--warning-threshold",
+                "3",
+                "--warning-window",
+                "1m",
+                "--health-listen",
+                &health.to_string(),
+            ],
+        )
+        .await;
+    wait_until_healthy(&client, &node, &agent).await;
     let warning = wait_for_event(&client, &node, "GpuTemperatureHigh", &agent).await;
     assert_eq!(
         http_status(health, "/healthz").await,
@@ -404,21 +313,16 @@ async fn a_repeating_warning_becomes_one_warning_event_on_the_node(probe: Probe)
     let condition = gpu_condition(&Api::<Node>::all(client.clone()).get(&node).await.unwrap()).unwrap();
     assert_eq!(condition.status, "True", "warnings never change the condition");
     drop(agent);
-    fleet.stop().await.expect("stopping the fleet");
+    ground.stop().await;
 }
 
 async fn a_latched_fault_survives_an_agent_restart(probe: Probe) {
-    let cluster = common::cluster().await;
-    let client = cluster.client();
-    let dir = scratch(&format!("restart-{probe:?}"));
-    let kubeconfig = agent_kubeconfig(&client, &dir).await;
-    let fleet = fleet(&client, 1).await;
-    let node = fleet.node_names().remove(0);
-    let probe_file = dir.join(format!("{node}.json"));
+    let ground = AgentGround::new(&format!("restart-{probe:?}"), 1).await;
+    let client = ground.client.clone();
+    let node = ground.fleet.node_names().remove(0);
     let mut faulty = healthy_gpus(&node);
     faulty["xidEvents"] = json!([{"id": 1, "xid": 79, "gpuUuid": format!("GPU-{node}-0001")}]);
-    write_probe_file(&probe_file, &faulty);
-    let agent = AgentProcess::start(probe, &node, &kubeconfig, &probe_file, &dir, &[]).await;
+    let agent = ground.start_agent(probe, &node, &faulty, &[]).await;
     let latched = wait_for_condition(&client, &node, "False", "XID79", Duration::from_secs(60), &agent).await;
     assert!(
         latched
@@ -431,8 +335,7 @@ async fn a_latched_fault_survives_an_agent_restart(probe: Probe) {
     drop(agent);
 
     // A new agent finds no XID (events are not replayed) and healthy GPUs, yet keeps the latch.
-    write_probe_file(&probe_file, &healthy_gpus(&node));
-    let agent = AgentProcess::start(probe, &node, &kubeconfig, &probe_file, &dir, &[]).await;
+    let agent = ground.start_agent(probe, &node, &healthy_gpus(&node), &[]).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let after = gpu_condition(&Api::<Node>::all(client.clone()).get(&node).await.unwrap()).unwrap();
     assert_eq!(after.status, "False", "agent log:\n{}", agent.log_tail());
@@ -448,17 +351,14 @@ async fn a_latched_fault_survives_an_agent_restart(probe: Probe) {
         agent.log_tail()
     );
     drop(agent);
-    fleet.stop().await.expect("stopping the fleet");
+    ground.stop().await;
 }
 
 async fn a_cluster_override_makes_an_application_xid_fatal(probe: Probe) {
-    let cluster = common::cluster().await;
-    let client = cluster.client();
-    let dir = scratch(&format!("override-{probe:?}"));
-    let kubeconfig = agent_kubeconfig(&client, &dir).await;
-    let fleet = fleet(&client, 2).await;
-    let names = fleet.node_names();
-    let override_file = dir.join("xid-override.yaml");
+    let ground = AgentGround::new(&format!("override-{probe:?}"), 2).await;
+    let client = ground.client.clone();
+    let names = ground.fleet.node_names();
+    let override_file = ground.dir.join("xid-override.yaml");
     std::fs::write(
         &override_file,
         "xids:\n  - {xid: 13, severity: fatal, action: RESET_GPU}\n",
@@ -469,11 +369,9 @@ async fn a_cluster_override_makes_an_application_xid_fatal(probe: Probe) {
         vec!["--xid-catalog-override", override_file.to_str().unwrap()],
         vec![],
     ]) {
-        let probe_file = dir.join(format!("{name}.json"));
         let mut gpus = healthy_gpus(name);
         gpus["xidEvents"] = json!([{"id": 1, "xid": 13, "gpuUuid": format!("GPU-{name}-0000")}]);
-        write_probe_file(&probe_file, &gpus);
-        agents.push(AgentProcess::start(probe, name, &kubeconfig, &probe_file, &dir, &extra).await);
+        agents.push(ground.start_agent(probe, name, &gpus, &extra).await);
     }
     let fatal = wait_for_condition(
         &client,
@@ -486,15 +384,7 @@ async fn a_cluster_override_makes_an_application_xid_fatal(probe: Probe) {
     .await;
     assert!(fatal.message.unwrap_or_default().contains("RESET_GPU"));
     // The same XID under the shipped catalog is an application fault: a warning, the node stays healthy.
-    wait_for_condition(
-        &client,
-        &names[1],
-        "True",
-        gpu_reasons::HEALTHY,
-        Duration::from_secs(60),
-        &agents[1],
-    )
-    .await;
+    wait_until_healthy(&client, &names[1], &agents[1]).await;
     drop(agents);
-    fleet.stop().await.expect("stopping the fleet");
+    ground.stop().await;
 }

@@ -9,7 +9,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use agent_support::{
-    AgentProcess, Probe, agent_kubeconfig, fleet, healthy_gpus, scratch, wait_for_condition, write_probe_file,
+    AgentGround, Probe, healthy_gpus, wait_until_gpu_missing, wait_until_healthy,
+    wait_until_nvml_unavailable, write_probe_file,
 };
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::gpu_reasons};
 use gpu_remediator::{Settings, leader::Fence};
@@ -118,31 +119,18 @@ impl InProcessController {
 async fn the_controller_remediates_a_node_the_agent_reports_missing_a_gpu_but_not_one_whose_nvml_failed(
     probe: Probe,
 ) {
-    let cluster = common::cluster().await;
-    let client = cluster.client();
-    common::install_generated_crds(&client).await;
-    let dir = scratch(&format!("remediation-{probe:?}"));
-    let kubeconfig = agent_kubeconfig(&client, &dir).await;
+    common::install_generated_crds(&common::cluster().await.client()).await;
     // Ten nodes, so one broken node is 10% of the fleet: within the shipped maxUnhealthy.
-    let fleet = fleet(&client, 10).await;
+    let ground = AgentGround::new(&format!("remediation-{probe:?}"), 10).await;
+    let (client, fleet) = (ground.client.clone(), &ground.fleet);
     let mut names = fleet.node_names();
     names.sort();
     let (broken, blind, healthy) = (&names[0], &names[1], &names[2]);
     let mut agents = Vec::new();
     for name in [broken, blind, healthy] {
-        let probe_file = dir.join(format!("{name}.json"));
-        write_probe_file(&probe_file, &healthy_gpus(name));
-        let agent = AgentProcess::start(probe, name, &kubeconfig, &probe_file, &dir, &[]).await;
-        wait_for_condition(
-            &client,
-            name,
-            "True",
-            gpu_reasons::HEALTHY,
-            Duration::from_secs(60),
-            &agent,
-        )
-        .await;
-        agents.push((probe_file, agent));
+        let agent = ground.start_agent(probe, name, &healthy_gpus(name), &[]).await;
+        wait_until_healthy(&client, name, &agent).await;
+        agents.push((ground.probe_file(name), agent));
     }
     let policy = shipped_replace_policy(fleet.name());
     Api::<GpuRemediationPolicy>::all(client.clone())
@@ -154,15 +142,7 @@ async fn the_controller_remediates_a_node_the_agent_reports_missing_a_gpu_but_no
     // NVML fails on one node: Unknown, and well past the trigger's `for` nothing happens to it,
     // while the controller is running with its whole budget free.
     write_probe_file(&agents[1].0, &json!({"nvmlError": "Driver Not Loaded"}));
-    wait_for_condition(
-        &client,
-        blind,
-        "Unknown",
-        gpu_reasons::NVML_UNAVAILABLE,
-        Duration::from_secs(5),
-        &agents[1].1,
-    )
-    .await;
+    wait_until_nvml_unavailable(&client, blind, Duration::from_secs(5), &agents[1].1).await;
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert!(
         remediation_of(&client, fleet.name(), blind).await.is_none(),
@@ -179,15 +159,7 @@ async fn the_controller_remediates_a_node_the_agent_reports_missing_a_gpu_but_no
     let mut fallen = healthy_gpus(broken);
     fallen["gpus"].as_array_mut().unwrap().remove(3);
     write_probe_file(&agents[0].0, &fallen);
-    wait_for_condition(
-        &client,
-        broken,
-        "False",
-        gpu_reasons::GPU_MISSING,
-        Duration::from_secs(5),
-        &agents[0].1,
-    )
-    .await;
+    wait_until_gpu_missing(&client, broken, &agents[0].1).await;
     let remediation = wait_until_succeeded(&client, fleet.name(), broken).await;
     assert_eq!(remediation.spec.trigger.reason, gpu_reasons::GPU_MISSING);
     assert!(
@@ -230,5 +202,5 @@ async fn the_controller_remediates_a_node_the_agent_reports_missing_a_gpu_but_no
 
     controller.stop().await;
     drop(agents);
-    fleet.stop().await.expect("stopping the fleet");
+    ground.stop().await;
 }

@@ -6,8 +6,8 @@ mod chaos_support;
 
 use std::time::Duration;
 
-use chaos_support::{World, assert_running};
-use gpu_remediation_api::Phase;
+use chaos_support::{Invariants, World};
+use gpu_sandbox::bench::actor::ControllerProcess;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::ListParams};
 
@@ -34,17 +34,26 @@ async fn mid_drain(world: &World, node: &str) {
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-#[tokio::test]
-#[ignore = "fault suite (minutes, own control plane per test): make chaos"]
-async fn an_api_server_restart_mid_drain_loses_nothing_and_breaks_no_budget() {
-    let mut world = World::start("api-restart", 4).await;
+/// A world of four nodes of its own (`scope`), the apps of `SIZES` on the first (the one that
+/// breaks), the invariants watched, the default policy and one controller; returns once the
+/// broken node's drain is under way: the world, the broken node, the invariants and the
+/// controller.
+async fn drain_under_way(scope: &str) -> (World, Vec<String>, Invariants, ControllerProcess) {
+    let world = World::start(scope, 4).await;
     let broken = vec![world.nodes()[0].clone()];
     world.apps_on(&broken[0], "app", &SIZES, Some("3s")).await;
     let invariants = world.invariants().await;
     world.policy(serde_json::json!({})).await;
-    let mut controller = world.controller("solo", false, None);
+    let controller = world.controller("solo", false, None);
     world.break_nodes(&broken).await;
     mid_drain(&world, &broken[0]).await;
+    (world, broken, invariants, controller)
+}
+
+#[tokio::test]
+#[ignore = "fault suite (minutes, own control plane per test): make chaos"]
+async fn an_api_server_restart_mid_drain_loses_nothing_and_breaks_no_budget() {
+    let (mut world, broken, invariants, controller) = drain_under_way("api-restart").await;
 
     world
         .env
@@ -54,30 +63,20 @@ async fn an_api_server_restart_mid_drain_loses_nothing_and_breaks_no_budget() {
         .expect("restarting the API server");
 
     world
-        .wait_all(&broken, Phase::Succeeded, Duration::from_secs(240))
+        .all_succeed_once(&broken, Duration::from_secs(240), &invariants)
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
-    assert_running(&mut controller);
-    controller.terminate().await;
-    world.env.control_plane.stop().await;
+    world.end(controller).await;
 }
 
 #[tokio::test]
 #[ignore = "fault suite (minutes, own control plane per test): make chaos"]
 async fn etcd_frozen_for_fifteen_seconds_mid_drain_loses_nothing_and_breaks_no_budget() {
-    let mut world = World::start("etcd-pause", 4).await;
+    let (mut world, broken, invariants, controller) = drain_under_way("etcd-pause").await;
     let command_lines = world
         .env
         .control_plane
         .command_lines()
         .expect("reading command lines");
-    let broken = vec![world.nodes()[0].clone()];
-    world.apps_on(&broken[0], "app", &SIZES, Some("3s")).await;
-    let invariants = world.invariants().await;
-    world.policy(serde_json::json!({})).await;
-    let mut controller = world.controller("solo", false, None);
-    world.break_nodes(&broken).await;
-    mid_drain(&world, &broken[0]).await;
 
     world.env.control_plane.pause("etcd").expect("pausing etcd");
     tokio::time::sleep(Duration::from_secs(15)).await;
@@ -100,10 +99,7 @@ async fn etcd_frozen_for_fifteen_seconds_mid_drain_loses_nothing_and_breaks_no_b
     eprintln!("restarted after the freeze, as a kubelet would: {revived:?}");
 
     world
-        .wait_all(&broken, Phase::Succeeded, Duration::from_secs(240))
+        .all_succeed_once(&broken, Duration::from_secs(240), &invariants)
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
-    assert_running(&mut controller);
-    controller.terminate().await;
-    world.env.control_plane.stop().await;
+    world.end(controller).await;
 }

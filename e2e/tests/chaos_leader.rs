@@ -7,7 +7,7 @@ mod chaos_support;
 
 use std::time::Duration;
 
-use chaos_support::{World, assert_running, leader};
+use chaos_support::{Invariants, World, leader};
 use gpu_remediation_api::Phase;
 use gpu_sandbox::bench::{actor::ControllerProcess, setup::eventually};
 use k8s_openapi::api::core::v1::Node;
@@ -32,6 +32,19 @@ async fn elect(world: &World) -> (ControllerProcess, ControllerProcess, String) 
     }
 }
 
+/// Watches the invariants, creates the default policy, elects a leader among two replicas and
+/// breaks `broken`: the invariants, the leader, the follower and the leader's identity.
+async fn elected_then_broken(
+    world: &World,
+    broken: &[String],
+) -> (Invariants, ControllerProcess, ControllerProcess, String) {
+    let invariants = world.invariants().await;
+    world.policy(serde_json::json!({})).await;
+    let (leader_process, follower, holder) = elect(world).await;
+    world.break_nodes(broken).await;
+    (invariants, leader_process, follower, holder)
+}
+
 /// Waits until the Lease names a holder other than `old`.
 async fn new_leader(world: &World, old: &str) -> String {
     eventually("a new leader", Duration::from_secs(60), || async {
@@ -50,39 +63,25 @@ async fn the_leader_killed_during_the_cordon_is_replaced_and_the_remediation_fin
     // quarantine already holding the node, a drain of pods that go at once ends (create to
     // Succeeded) within one of this test's polls.
     world.apps_on(&broken[0], "app", &[5, 3], Some("3s")).await;
-    let invariants = world.invariants().await;
-    world.policy(serde_json::json!({})).await;
-    let (mut leader_process, mut follower, holder) = elect(&world).await;
-
-    world.break_nodes(&broken).await;
+    let (invariants, mut leader_process, follower, holder) = elected_then_broken(&world, &broken).await;
     // The instant the leader has recorded the remediation (its first acts: the record, the
     // cordon, the first evictions), before the drain ends.
-    eventually(
-        "the remediation to be recorded",
-        Duration::from_secs(60),
-        || async {
-            let all = world.env.remediations(&world.scope).await.ok()?;
-            all.iter()
-                .any(|r| {
-                    r.status
-                        .as_ref()
-                        .is_none_or(|s| matches!(s.phase, Phase::Pending | Phase::Cordoned | Phase::Draining))
-                })
-                .then_some(())
-        },
-    )
-    .await
-    .expect("the leader starts the remediation");
+    world
+        .wait_any(
+            "the leader to record the remediation",
+            Duration::from_secs(60),
+            |phase| {
+                phase.is_none_or(|phase| matches!(phase, Phase::Pending | Phase::Cordoned | Phase::Draining))
+            },
+        )
+        .await;
     leader_process.kill_9().await;
 
     new_leader(&world, &holder).await;
     world
-        .wait_all(&broken, Phase::Succeeded, Duration::from_secs(180))
+        .all_succeed_once(&broken, Duration::from_secs(180), &invariants)
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
-    assert_running(&mut follower);
-    follower.terminate().await;
-    world.env.control_plane.stop().await;
+    world.end(follower).await;
 }
 
 #[tokio::test]
@@ -99,27 +98,14 @@ async fn the_leader_killed_during_the_replacement_is_replaced_and_the_node_is_re
         .patch(&broken[0], &PatchParams::default(), &Patch::Merge(&hold))
         .await
         .expect("adding the finalizer");
-    let invariants = world.invariants().await;
-    world.policy(serde_json::json!({})).await;
-    let (mut leader_process, mut follower, holder) = elect(&world).await;
-
-    world.break_nodes(&broken).await;
-    eventually(
-        "the replacement to be under way",
-        Duration::from_secs(120),
-        || async {
-            let all = world.env.remediations(&world.scope).await.ok()?;
-            all.iter()
-                .any(|r| {
-                    r.status
-                        .as_ref()
-                        .is_some_and(|s| matches!(s.phase, Phase::Replacing | Phase::Verifying))
-                })
-                .then_some(())
-        },
-    )
-    .await
-    .expect("the leader triggers the replacement");
+    let (invariants, mut leader_process, follower, holder) = elected_then_broken(&world, &broken).await;
+    world
+        .wait_any(
+            "the leader to trigger the replacement",
+            Duration::from_secs(120),
+            |phase| phase.is_some_and(|phase| matches!(phase, Phase::Replacing | Phase::Verifying)),
+        )
+        .await;
     leader_process.kill_9().await;
     new_leader(&world, &holder).await;
     nodes
@@ -132,9 +118,8 @@ async fn the_leader_killed_during_the_replacement_is_replaced_and_the_node_is_re
         .expect("releasing the finalizer");
 
     world
-        .wait_all(&broken, Phase::Succeeded, Duration::from_secs(180))
+        .all_succeed_once(&broken, Duration::from_secs(180), &invariants)
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
     assert!(
         nodes
             .get_opt(&broken[0])
@@ -143,7 +128,5 @@ async fn the_leader_killed_during_the_replacement_is_replaced_and_the_node_is_re
             .is_none(),
         "the replaced node is gone"
     );
-    assert_running(&mut follower);
-    follower.terminate().await;
-    world.env.control_plane.stop().await;
+    world.end(follower).await;
 }

@@ -6,7 +6,7 @@ mod chaos_support;
 
 use std::time::Duration;
 
-use chaos_support::{World, assert_running};
+use chaos_support::World;
 use futures::future::join_all;
 use gpu_remediation_api::{GpuRemediation, Phase};
 use gpu_sandbox::{bench::setup::eventually, fault};
@@ -28,7 +28,7 @@ async fn a_flood_of_flaps_faster_than_for_starts_nothing_and_a_real_fault_after_
     world
         .policy(serde_json::json!({"triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "5s"}]}))
         .await;
-    let mut controller = world.controller("solo", false, None);
+    let controller = world.controller("solo", false, None);
     let client = world.env.client.clone();
     let flaps = nodes.iter().map(|node| {
         let client = client.clone();
@@ -48,12 +48,9 @@ async fn a_flood_of_flaps_faster_than_for_starts_nothing_and_a_real_fault_after_
     let broken = vec![nodes[3].clone()];
     world.break_nodes(&broken).await;
     world
-        .wait_all(&broken, Phase::Succeeded, Duration::from_secs(120))
+        .all_succeed_once(&broken, Duration::from_secs(120), &invariants)
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
-    assert_running(&mut controller);
-    controller.terminate().await;
-    world.env.control_plane.stop().await;
+    world.end(controller).await;
 }
 
 #[tokio::test]
@@ -66,16 +63,13 @@ async fn thirty_percent_failing_at_once_are_taken_one_at_a_time_and_each_once() 
     world
         .policy(serde_json::json!({"safety": {"maxConcurrent": 1, "maxUnhealthy": "30%"}}))
         .await;
-    let mut controller = world.controller("solo", false, None);
+    let controller = world.controller("solo", false, None);
     let broken: Vec<String> = nodes[..3].to_vec();
     world.break_nodes(&broken).await;
     world
-        .wait_all(&broken, Phase::Succeeded, Duration::from_secs(300))
+        .all_succeed_once(&broken, Duration::from_secs(300), &invariants)
         .await;
-    invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
-    assert_running(&mut controller);
-    controller.terminate().await;
-    world.env.control_plane.stop().await;
+    world.end(controller).await;
 }
 
 #[tokio::test]
@@ -113,7 +107,7 @@ async fn a_remediation_hand_edited_into_nonsense_is_carried_to_the_end_once() {
     .await
     .expect("the disruption controller observes the blocking budget");
     world.policy(serde_json::json!({})).await;
-    let mut controller = world.controller("solo", false, None);
+    let controller = world.controller("solo", false, None);
     world.break_nodes(&broken).await;
     let blocked = world
         .wait_phase(&broken[0], Phase::Draining, Duration::from_secs(60))
@@ -168,7 +162,5 @@ async fn a_remediation_hand_edited_into_nonsense_is_carried_to_the_end_once() {
     .await
     .expect("every pod left the broken node");
     invariants.assert_hold(&broken, 1, Phase::Succeeded).await;
-    assert_running(&mut controller);
-    controller.terminate().await;
-    world.env.control_plane.stop().await;
+    world.end(controller).await;
 }

@@ -19,7 +19,7 @@ mod chaos_support;
 
 use std::time::Duration;
 
-use chaos_support::{World, assert_running};
+use chaos_support::World;
 use gpu_remediation_api::Phase;
 use gpu_sandbox::bench::{actor::write_kubeconfig, proxy::FaultyProxy};
 
@@ -51,7 +51,7 @@ async fn latency_and_cut_connections_between_controller_and_api_server_lose_noth
     let invariants = world.invariants().await;
     world.policy(serde_json::json!({})).await;
     // Elected (alone), so its writes carry a claim the fence policy checks, through the proxy too.
-    let mut controller = world.controller("behind-proxy", true, Some(&kubeconfig));
+    let controller = world.controller("behind-proxy", true, Some(&kubeconfig));
     world.break_nodes(&broken).await;
 
     let done = async {
@@ -76,7 +76,5 @@ async fn latency_and_cut_connections_between_controller_and_api_server_lose_noth
         "the controller reconnected after the cuts ({} connections)",
         proxy.connections()
     );
-    assert_running(&mut controller);
-    controller.terminate().await;
-    world.env.control_plane.stop().await;
+    world.end(controller).await;
 }

@@ -70,9 +70,7 @@ async fn an_unhealthy_node_is_cordoned_within_a_second_and_drained_through_evict
     let budget = BudgetWatch::start(&s.client, &s.namespace, &web.selector());
     let solo_watch = BudgetWatch::start(&s.client, &s.namespace, &solo.selector());
 
-    s.policy(serde_json::json!({})).await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
+    let controller = s.enforce_and_break(serde_json::json!({}), &broken).await;
     let due = {
         let since = gpu_condition_since(&s.node(&broken).await);
         since
@@ -180,16 +178,9 @@ async fn an_unhealthy_node_is_cordoned_within_a_second_and_drained_through_evict
 
 #[tokio::test]
 async fn a_budget_that_allows_nothing_blocks_the_drain_and_names_itself() {
-    let s = Scenario::new(3).await;
-    let nodes = s.nodes();
-    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
-    let web = s
-        .protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
-        .await;
+    let (s, broken, web) = scenario::pinned::pinned_behind_a_closed_budget().await;
     let budget = BudgetWatch::start(&s.client, &s.namespace, &web.selector());
-    s.policy(serde_json::json!({"drain": {"timeout": "4s", "onTimeout": "Block"}, "safety": {"maxUnhealthy": "100%"}})).await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
+    let controller = s.enforce_and_break(serde_json::json!({"drain": {"timeout": "4s", "onTimeout": "Block"}, "safety": {"maxUnhealthy": "100%"}}), &broken).await;
 
     let blocked = s
         .wait_phase(&broken, Phase::Blocked, Duration::from_secs(40))
@@ -266,14 +257,8 @@ async fn forty_pods_under_four_budgets_of_max_unavailable_one_drain_with_at_most
 
 #[tokio::test]
 async fn force_delete_removes_what_the_budget_protects_after_the_timeout() {
-    let s = Scenario::new(3).await;
-    let nodes = s.nodes();
-    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
-    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
-        .await;
-    s.policy(serde_json::json!({"drain": {"timeout": "3s", "onTimeout": "ForceDelete"}, "safety": {"maxUnhealthy": "100%"}})).await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
+    let (s, broken, _) = scenario::pinned::pinned_behind_a_closed_budget().await;
+    let controller = s.enforce_and_break(serde_json::json!({"drain": {"timeout": "3s", "onTimeout": "ForceDelete"}, "safety": {"maxUnhealthy": "100%"}}), &broken).await;
     let done = s
         .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
         .await;
@@ -303,14 +288,8 @@ async fn force_delete_removes_what_the_budget_protects_after_the_timeout() {
 
 #[tokio::test]
 async fn proceed_hands_over_with_the_protected_pods_still_there() {
-    let s = Scenario::new(3).await;
-    let nodes = s.nodes();
-    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
-    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
-        .await;
-    s.policy(serde_json::json!({"drain": {"timeout": "3s", "onTimeout": "Proceed"}, "safety": {"maxUnhealthy": "100%"}})).await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
+    let (s, broken, _) = scenario::pinned::pinned_behind_a_closed_budget().await;
+    let controller = s.enforce_and_break(serde_json::json!({"drain": {"timeout": "3s", "onTimeout": "Proceed"}, "safety": {"maxUnhealthy": "100%"}}), &broken).await;
     let done = s
         .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
         .await;
@@ -346,10 +325,7 @@ async fn a_pod_under_two_budgets_is_a_500_blocker_naming_both() {
     )
     .await
     .unwrap();
-    s.policy(serde_json::json!({"drain": {"timeout": "4s", "onTimeout": "Block"}, "safety": {"maxUnhealthy": "100%"}}))
-        .await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
+    let controller = s.enforce_and_break(serde_json::json!({"drain": {"timeout": "4s", "onTimeout": "Block"}, "safety": {"maxUnhealthy": "100%"}}), &broken).await;
     let blocked = s
         .wait_phase(&broken, Phase::Blocked, Duration::from_secs(40))
         .await;
@@ -380,14 +356,16 @@ async fn a_drained_node_is_replaced_by_deleting_it() {
     workload::create(&s.client, &solo.bare_pod("solo", &broken))
         .await
         .unwrap();
-    s.policy(serde_json::json!({
-        "action": "Replace",
-        "replacement": {"strategy": "DeleteNode", "timeout": "1m"},
-        "safety": {"maxUnhealthy": "100%"},
-    }))
-    .await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
+    let controller = s
+        .enforce_and_break(
+            serde_json::json!({
+                "action": "Replace",
+                "replacement": {"strategy": "DeleteNode", "timeout": "1m"},
+                "safety": {"maxUnhealthy": "100%"},
+            }),
+            &broken,
+        )
+        .await;
     let done = s
         .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(60))
         .await;
@@ -424,21 +402,19 @@ async fn a_drained_node_is_replaced_by_deleting_it() {
 
 #[tokio::test]
 async fn dry_run_changes_nothing_and_names_the_budget_that_would_refuse() {
-    let s = Scenario::new(3).await;
-    let nodes = s.nodes();
-    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
-    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
-        .await;
+    let (s, broken, _) = scenario::pinned::pinned_behind_a_closed_budget().await;
     workload::create(
         &s.client,
         &Workload::new(&s.namespace, "solo").bare_pod("solo", &broken),
     )
     .await
     .unwrap();
-    s.policy(serde_json::json!({"mode": "DryRun", "safety": {"maxUnhealthy": "100%"}}))
+    let controller = s
+        .enforce_and_break(
+            serde_json::json!({"mode": "DryRun", "safety": {"maxUnhealthy": "100%"}}),
+            &broken,
+        )
         .await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
     let recorded = s
         .wait_phase(&broken, Phase::DryRun, Duration::from_secs(30))
         .await;

@@ -12,15 +12,17 @@ use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, Phase,
     constants::{APPROVED_ANNOTATION, APPROVED_BY_ANNOTATION, policy_conditions},
 };
-use gpu_sandbox::{fault, workload::Budget};
+use gpu_sandbox::fault;
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
 };
 use scenario::{RunningController, Scenario, events_about, has_our_taint, is_unschedulable};
 
-#[tokio::test]
-async fn four_of_ten_failing_at_once_opens_the_circuit_and_the_policy_says_why() {
+/// Ten nodes under a policy allowing 30 % unhealthy and five at once; the first four (sorted)
+/// broken before the controller starts, so its first look sees all four at once: the scenario,
+/// its nodes and the controller.
+async fn four_of_ten_broken_before_the_controller() -> (Scenario, Vec<String>, RunningController) {
     let s = Scenario::new(10).await;
     let nodes = s.nodes();
     s.policy(serde_json::json!({"safety": {"maxUnhealthy": "30%", "maxConcurrent": 5}}))
@@ -32,6 +34,12 @@ async fn four_of_ten_failing_at_once_opens_the_circuit_and_the_policy_says_why()
     // controller's first look: it must see the fault at its full extent, not half of it.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let controller = RunningController::start(&s.scope).await;
+    (s, nodes, controller)
+}
+
+#[tokio::test]
+async fn four_of_ten_failing_at_once_opens_the_circuit_and_the_policy_says_why() {
+    let (s, nodes, controller) = four_of_ten_broken_before_the_controller().await;
     let policies = Api::<GpuRemediationPolicy>::all(s.client.clone());
     let status = eventually(
         "the policy to report the open circuit",
@@ -159,9 +167,9 @@ async fn manual_mode_waits_for_approval_and_then_proceeds() {
     let s = Scenario::new(2).await;
     let nodes = s.nodes();
     let broken = nodes[0].clone();
-    s.policy(serde_json::json!({"mode": "Manual"})).await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
+    let controller = s
+        .enforce_and_break(serde_json::json!({"mode": "Manual"}), &broken)
+        .await;
     let waiting = s
         .wait_phase(&broken, Phase::AwaitingApproval, Duration::from_secs(30))
         .await;
@@ -322,14 +330,9 @@ async fn a_node_failing_again_past_one_attempt_per_hour_requires_a_person_and_pr
 
 #[tokio::test]
 async fn a_restart_mid_drain_resumes_the_same_remediation_without_resetting_the_rate_window() {
-    let s = Scenario::new(3).await;
+    let (s, broken, _) = scenario::pinned::pinned_behind_a_closed_budget().await;
     let nodes = s.nodes();
-    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
-    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
-        .await;
-    s.policy(serde_json::json!({"drain": {"timeout": "6s", "onTimeout": "ForceDelete"}, "safety": {"maxUnhealthy": "100%", "rate": {"limit": 1, "per": "1h"}}})).await;
-    let first = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
+    let first = s.enforce_and_break(serde_json::json!({"drain": {"timeout": "6s", "onTimeout": "ForceDelete"}, "safety": {"maxUnhealthy": "100%", "rate": {"limit": 1, "per": "1h"}}}), &broken).await;
     let draining = s
         .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
         .await;
@@ -381,18 +384,7 @@ async fn a_restart_mid_drain_resumes_the_same_remediation_without_resetting_the_
 
 #[tokio::test]
 async fn each_change_is_announced_by_one_event_not_one_per_pass() {
-    let s = Scenario::new(10).await;
-    let nodes = s.nodes();
-    s.policy(serde_json::json!({"safety": {"maxUnhealthy": "30%", "maxConcurrent": 5}}))
-        .await;
-    // Broken before the controller starts, so its first look sees all four at once.
-    for node in &nodes[..4] {
-        s.break_gpu(node).await;
-    }
-    // Let `for` (3s) pass for all four, whose transition seconds may differ, before the
-    // controller's first look: it must see the fault at its full extent, not half of it.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let controller = RunningController::start(&s.scope).await;
+    let (s, nodes, controller) = four_of_ten_broken_before_the_controller().await;
     eventually("the circuit to open", Duration::from_secs(30), || async {
         let events = events_about(&s.client, &s.scope).await;
         (events.get("CircuitOpen").copied().unwrap_or(0) >= 1).then_some(())

@@ -9,30 +9,19 @@ use std::time::Duration;
 
 use common::eventually;
 use gpu_remediation_api::{GpuRemediation, Phase, constants::CORDONED_BY_ANNOTATION};
-use gpu_sandbox::workload::Budget;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
 };
-use scenario::{RunningController, Scenario, has_our_taint, is_unschedulable};
+use scenario::{has_our_taint, is_unschedulable};
 
 #[tokio::test]
 async fn a_node_a_person_cordoned_stays_cordoned_after_its_remediation_is_cancelled() {
-    let s = Scenario::new(3).await;
-    let nodes = s.nodes();
-    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
     // A budget that allows nothing keeps the remediation in flight until the node recovers.
-    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
-        .await;
+    let (s, broken, _) = scenario::pinned::pinned_behind_a_closed_budget().await;
     s.set_unschedulable(&broken, true).await;
-    s.policy(serde_json::json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
-        .await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
-    let draining = s
-        .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
-        .await;
+    let (controller, draining) = s.replace_held_in_draining(&broken).await;
     let node = s.node(&broken).await;
     assert!(has_our_taint(&node));
     assert_eq!(
@@ -53,17 +42,8 @@ async fn a_node_a_person_cordoned_stays_cordoned_after_its_remediation_is_cancel
 
 #[tokio::test]
 async fn a_person_uncordoning_the_node_cancels_and_the_controller_does_not_fight_back() {
-    let s = Scenario::new(3).await;
-    let nodes = s.nodes();
-    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
-    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
-        .await;
-    s.policy(serde_json::json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
-        .await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
-    s.wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
-        .await;
+    let (s, broken, _) = scenario::pinned::pinned_behind_a_closed_budget().await;
+    let (controller, _) = s.replace_held_in_draining(&broken).await;
     s.set_unschedulable(&broken, false).await;
     s.wait_phase(&broken, Phase::Cancelled, Duration::from_secs(30))
         .await;
@@ -81,18 +61,8 @@ async fn a_person_uncordoning_the_node_cancels_and_the_controller_does_not_fight
 
 #[tokio::test]
 async fn deleting_a_remediation_before_the_replacement_releases_the_cordon() {
-    let s = Scenario::new(3).await;
-    let nodes = s.nodes();
-    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
-    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
-        .await;
-    s.policy(serde_json::json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
-        .await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
-    let draining = s
-        .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
-        .await;
+    let (s, broken, _) = scenario::pinned::pinned_behind_a_closed_budget().await;
+    let (controller, draining) = s.replace_held_in_draining(&broken).await;
     assert!(is_unschedulable(&s.node(&broken).await));
     // Opt the node out first, or the controller would rightly start over on a still-broken node.
     let patch =
@@ -131,17 +101,8 @@ async fn deleting_a_remediation_before_the_replacement_releases_the_cordon() {
 
 #[tokio::test]
 async fn a_node_that_vanishes_mid_drain_cancels_its_remediation() {
-    let s = Scenario::new(3).await;
-    let nodes = s.nodes();
-    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
-    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
-        .await;
-    s.policy(serde_json::json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
-        .await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
-    s.wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
-        .await;
+    let (s, broken, _) = scenario::pinned::pinned_behind_a_closed_budget().await;
+    let (controller, _) = s.replace_held_in_draining(&broken).await;
     Api::<Node>::all(s.client.clone())
         .delete(&broken, &kube::api::DeleteParams::default())
         .await

@@ -7,22 +7,13 @@
 mod go_tools;
 mod leader_support;
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, time::Duration};
 
-use e2e::eventually;
-use e2e::sample;
-use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
-use gpu_sandbox::{
-    Fleet, FleetOptions,
-    fleet::FLEET_LABEL,
-    provider::{Provider, ProviderKind},
-    workload::{self, Workload},
+use e2e::{eventually, sample};
+use leader_support::{
+    ReplicaOptions, ReplicaProcess, cluster, controller_account, create_namespace,
+    fleet::{break_and_wait_succeeded, create_replace_policy, fleet_with_provider, inference_on},
 };
-use kube::{
-    Api,
-    api::{ListParams, PostParams},
-};
-use leader_support::{ReplicaOptions, ReplicaProcess, cluster, controller_account, create_namespace};
 use serde_json::json;
 
 const DASHBOARD: &str = "manifests/optional/dashboard/gpu-remediator.json";
@@ -67,48 +58,16 @@ async fn metrics_after_a_remediation() -> (String, ReplicaProcess) {
     let admin = cluster.control_plane.client();
     let test = format!("dashboard-{}", std::process::id());
     create_namespace(&admin, &test).await;
-    let fleet = Arc::new(
-        Fleet::start(
-            admin.clone(),
-            FleetOptions {
-                nodes: 2,
-                name_prefix: test.clone(),
-                ..FleetOptions::default()
-            },
-        )
-        .await
-        .expect("fleet"),
-    );
-    let _provider = Provider::start(admin.clone(), Arc::clone(&fleet), ProviderKind::NodeGroup)
-        .await
-        .expect("provider");
+    let (fleet, _provider) = fleet_with_provider(&admin, &test, 2).await;
     let broken = fleet.node_names()[0].clone();
-    let app = Workload::new(&test, "inference")
-        .replicas(1)
-        .on_nodes(&[broken.as_str()]);
-    workload::create(&admin, &app.deployment())
-        .await
-        .expect("deployment");
-    workload::wait_ready_pods(&admin, &test, &app.selector(), 1, Duration::from_secs(60))
-        .await
-        .expect("pods");
-    let policy: GpuRemediationPolicy = serde_json::from_value(json!({
-        "apiVersion": "gpuremediation.dev/v1alpha1",
-        "kind": "GpuRemediationPolicy",
-        "metadata": {"name": test, "labels": {"e2e": test}},
-        "spec": {
-            "nodeSelector": {"matchLabels": {FLEET_LABEL: test}},
-            "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s"}],
-            "action": "Replace",
-            "replacement": {"strategy": "DeleteNode", "timeout": "5m"},
-            "safety": {"maxConcurrent": 1, "maxUnhealthy": "100%"},
-        },
-    }))
-    .expect("a policy");
-    Api::<GpuRemediationPolicy>::all(admin.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .expect("policy");
+    inference_on(&admin, &test, &broken, 1).await;
+    create_replace_policy(
+        &admin,
+        &test,
+        json!({"maxConcurrent": 1, "maxUnhealthy": "100%"}),
+        None,
+    )
+    .await;
     let token = controller_account(&admin, &test, "scraped").await;
     let kubeconfig = leader_support::kubeconfig_with_token(cluster, "scraped", &token);
     let selector = format!("e2e={test}");
@@ -123,20 +82,7 @@ async fn metrics_after_a_remediation() -> (String, ReplicaProcess) {
         },
     )
     .await;
-    gpu_sandbox::fault::set_gpu_condition(&admin, &broken, "False", "XID79", "GPU fell off the bus")
-        .await
-        .expect("fault");
-    let remediations: Api<GpuRemediation> = Api::all(admin.clone());
-    eventually("the remediation to succeed", Duration::from_secs(120), || async {
-        let list = remediations
-            .list(&ListParams::default().labels(&format!("{NODE_LABEL}={broken}")))
-            .await
-            .ok()?;
-        let phase = list.items.first()?.status.as_ref()?.phase;
-        assert_ne!(phase, Phase::Failed, "--- log ---\n{}", replica.log_tail());
-        (phase == Phase::Succeeded).then_some(())
-    })
-    .await;
+    break_and_wait_succeeded(&admin, &broken, &replica).await;
     let finished = format!(
         r#"gpu_remediator_remediations_finished_total{{policy="{test}",action="Replace",outcome="Succeeded"}}"#
     );

@@ -12,7 +12,7 @@ use std::{collections::BTreeSet, time::Duration};
 use common::{cluster_with, eventually, namespace, unique_name};
 use gpu_remediator::dra::{
     Holders, pods_holding_on,
-    wire::{self, ResourceClaim},
+    wire::{self, AllocatedDevice, ResourceClaim},
 };
 use gpu_sandbox::{
     ControlPlaneOptions, Dra, Fleet, FleetOptions, dra,
@@ -20,6 +20,19 @@ use gpu_sandbox::{
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt, api::ListParams};
+
+/// The devices allocated to the (allocated) claim `claim`.
+fn allocated_devices(claim: &ResourceClaim) -> &[AllocatedDevice] {
+    &claim
+        .status
+        .as_ref()
+        .unwrap()
+        .allocation
+        .as_ref()
+        .unwrap()
+        .devices
+        .results
+}
 
 fn with_dra() -> ControlPlaneOptions {
     ControlPlaneOptions {
@@ -72,17 +85,7 @@ async fn eight_single_gpu_pods_get_eight_distinct_devices_and_gpu_3_maps_to_exac
     .await;
     let devices: BTreeSet<(String, String, String)> = claims
         .iter()
-        .flat_map(|c| {
-            c.status
-                .as_ref()
-                .unwrap()
-                .allocation
-                .as_ref()
-                .unwrap()
-                .devices
-                .results
-                .clone()
-        })
+        .flat_map(|c| allocated_devices(c).to_vec())
         .map(|r| (r.driver, r.pool, r.device))
         .collect();
     let expected: BTreeSet<_> = (0..8)
@@ -114,16 +117,9 @@ async fn eight_single_gpu_pods_get_eight_distinct_devices_and_gpu_3_maps_to_exac
     let holding_gpu3: Vec<String> = claims
         .iter()
         .filter(|c| {
-            let results = &c
-                .status
-                .as_ref()
-                .unwrap()
-                .allocation
-                .as_ref()
-                .unwrap()
-                .devices
-                .results;
-            results.iter().any(|r| r.device == dra::device_name(3))
+            allocated_devices(c)
+                .iter()
+                .any(|r| r.device == dra::device_name(3))
         })
         .flat_map(|c| {
             c.status

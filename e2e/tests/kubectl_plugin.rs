@@ -14,15 +14,9 @@ use std::{
 };
 
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
-use gpu_remediator::{Settings, leader::Fence};
 use gpu_sandbox::fleet::FLEET_LABEL;
-use kube::{
-    Api, ResourceExt as _,
-    api::{ListParams, PostParams},
-};
+use kube::{Api, ResourceExt as _, api::ListParams};
 use serde_json::json;
-
-const CRDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds");
 
 /// The directory holding the built `kubectl-gpu`.
 fn plugin_dir() -> PathBuf {
@@ -64,14 +58,7 @@ fn stdout(output: &Output) -> String {
 #[tokio::test]
 async fn kubectl_gpu_explains_approves_and_lists_a_nodes_remediation() {
     let client = common::cluster().await.client();
-    for file in [
-        "gpuremediationpolicies.yaml",
-        "gpuremediations.yaml",
-        "gpuremediation-hardwarerecords.yaml",
-    ] {
-        let yaml = std::fs::read_to_string(Path::new(CRDS).join(file)).unwrap();
-        common::install_crd(&client, &yaml).await;
-    }
+    common::install_shipped_crds(&client).await;
     let fleet = common::fleet(1).await;
     let node = fleet.node_names()[0].clone();
     let scope = common::unique_name("plugin");
@@ -86,26 +73,7 @@ async fn kubectl_gpu_explains_approves_and_lists_a_nodes_remediation() {
         },
     }))
     .unwrap();
-    Api::<GpuRemediationPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    let settings = Settings {
-        policy_selector: Some(format!("e2e.gpuremediation.dev/scope={scope}")),
-        pod_poll: Duration::from_millis(250),
-        instance: Some(scope.clone()),
-        ..Settings::default()
-    };
-    let config = common::cluster().await.config();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(gpu_remediator::run(
-        config,
-        settings,
-        Fence::standalone(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let stop = common::run_controller_over(&client, &policy, &scope).await;
     gpu_sandbox::fault::set_gpu_condition(&client, &node, "False", "XID79", "GPU fell off the bus")
         .await
         .unwrap();

@@ -15,14 +15,13 @@ use std::time::Duration;
 use common::eventually;
 use gpu_remediation_api::{
     GpuRemediation, Phase,
-    ladder::{HAND_OFF_LABEL, Rung, StepOutcome},
+    ladder::{HAND_OFF_LABEL, Rung, StepOutcome, StepRecord},
 };
 use gpu_remediator::dra::{Holders, pods_holding_on};
 use gpu_sandbox::{
     ControlPlaneOptions, Dra, Fleet, FleetOptions, dra,
     hardware::{SimGpu, set_inventory},
     repair::{self, Behaviour, Repairer},
-    workload::{self, Workload},
 };
 use k8s_openapi::api::{
     admissionregistration::v1::ValidatingWebhookConfiguration,
@@ -119,6 +118,29 @@ impl LadderRun {
         }
     }
 
+    /// The whole ladder (`ResetGpu`, `Reboot`, each with 1m, then `Replace`), its dwell
+    /// `healthy_for`, the repairer doing what it is asked.
+    async fn reset_reboot_replace(healthy_for: &str) -> Self {
+        Self::start(
+            &[
+                ("ResetGpu", Some("1m")),
+                ("Reboot", Some("1m")),
+                ("Replace", None),
+            ],
+            healthy_for,
+            Behaviour::default(),
+        )
+        .await
+    }
+
+    /// What `pick` finds in the node's remediation, once it finds something (within 40 s).
+    async fn wait_for<T>(&self, what: &str, pick: impl Fn(GpuRemediation) -> Option<T>) -> T {
+        eventually(what, Duration::from_secs(40), || async {
+            pick(self.s.remediation_of(&self.node).await?)
+        })
+        .await
+    }
+
     /// GPU 3 reports XID `code`, whose catalog entry recommends `action`.
     async fn xid(&self, code: u32, action: &str) {
         repair::xid(&self.s.client, &self.node, &self.gpu, code, action)
@@ -131,6 +153,15 @@ impl LadderRun {
             .wait_phase(&self.node, phase, Duration::from_secs(60))
             .await
     }
+}
+
+/// The step's message says `text`.
+fn assert_says(step: &StepRecord, text: &str) {
+    assert!(
+        step.message.as_deref().unwrap_or_default().contains(text),
+        "{:?}",
+        step.message
+    );
 }
 
 fn steps(r: &GpuRemediation) -> Vec<(Rung, Option<StepOutcome>)> {
@@ -158,16 +189,7 @@ async fn released(s: &Scenario, node: &str) {
 
 #[tokio::test]
 async fn a_gpu_reset_that_works_succeeds_after_the_dwell_and_releases_the_node() {
-    let run = LadderRun::start(
-        &[
-            ("ResetGpu", Some("1m")),
-            ("Reboot", Some("1m")),
-            ("Replace", None),
-        ],
-        "3s",
-        Behaviour::default(),
-    )
-    .await;
+    let run = LadderRun::reset_reboot_replace("3s").await;
 
     run.xid(48, "RESET_GPU").await;
     let done = run.wait_phase(Phase::Succeeded).await;
@@ -193,15 +215,7 @@ async fn a_gpu_reset_that_works_succeeds_after_the_dwell_and_releases_the_node()
         "success only after the dwell: healthy since {healthy_since}, ended {ended}"
     );
     assert_eq!(status.current_step, Some(Rung::ResetGpu));
-    assert!(
-        reset
-            .message
-            .as_deref()
-            .unwrap_or_default()
-            .contains("reset proven"),
-        "{:?}",
-        reset.message
-    );
+    assert_says(reset, "reset proven");
     released(&run.s, &run.node).await;
     assert_eq!(
         boot_id(&run.s.node(&run.node).await),
@@ -216,22 +230,12 @@ async fn a_gpu_reset_that_works_succeeds_after_the_dwell_and_releases_the_node()
 
 #[tokio::test]
 async fn the_fault_back_within_the_dwell_escalates_to_a_reboot_proven_by_a_new_boot_id() {
-    let run = LadderRun::start(
-        &[
-            ("ResetGpu", Some("1m")),
-            ("Reboot", Some("1m")),
-            ("Replace", None),
-        ],
-        "6s",
-        Behaviour::default(),
-    )
-    .await;
+    let run = LadderRun::reset_reboot_replace("6s").await;
     let (s, node) = (&run.s, &run.node);
 
     run.xid(48, "RESET_GPU").await;
     // The reset worked and the node is healthy, its dwell running ...
-    eventually("the reset's dwell to start", Duration::from_secs(40), || async {
-        let r = s.remediation_of(node).await?;
+    run.wait_for("the reset's dwell to start", |r| {
         r.status?
             .steps
             .first()
@@ -251,15 +255,7 @@ async fn the_fault_back_within_the_dwell_escalates_to_a_reboot_proven_by_a_new_b
         ]
     );
     let status = done.status.as_ref().unwrap();
-    assert!(
-        status.steps[0]
-            .message
-            .as_deref()
-            .unwrap_or_default()
-            .contains("fault came back"),
-        "{:?}",
-        status.steps[0].message
-    );
+    assert_says(&status.steps[0], "fault came back");
     let reboot = &status.steps[1].evidence;
     assert_eq!(reboot.boot_id_before.as_deref(), Some(run.boot_before.as_str()));
     let boot_after = boot_id(&s.node(node).await);
@@ -294,15 +290,7 @@ async fn a_reboot_object_done_without_a_new_boot_id_is_no_success_and_escalates_
     );
     let status = done.status.as_ref().unwrap();
     let reboot = &status.steps[0];
-    assert!(
-        reboot
-            .message
-            .as_deref()
-            .unwrap_or_default()
-            .contains("boot ID did not change"),
-        "{:?}",
-        reboot.message
-    );
+    assert_says(reboot, "boot ID did not change");
     assert_eq!(reboot.evidence.boot_id_before, reboot.evidence.boot_id_after);
     assert_eq!(run.repairer.repaired().len(), 1, "the reboot object was done");
     // DeleteNode: the node is gone.
@@ -358,31 +346,18 @@ async fn out_of_rungs_the_node_is_handed_off_manual_required_with_its_gpus_named
 
 #[tokio::test]
 async fn a_server_error_creating_the_step_object_is_retried_within_the_step_not_escalated() {
-    let run = LadderRun::start(
-        &[
-            ("ResetGpu", Some("1m")),
-            ("Reboot", Some("1m")),
-            ("Replace", None),
-        ],
-        "2s",
-        Behaviour::default(),
-    )
-    .await;
+    let run = LadderRun::reset_reboot_replace("2s").await;
     let (s, node) = (&run.s, &run.node);
     let webhook = UnreachableStepWebhook::install(&s.client, &s.namespace).await;
 
     run.xid(48, "RESET_GPU").await;
     // The server answers 500 (its webhook cannot be called): the step stays open and says why.
-    let refused = eventually(
-        "the reset's object refused with a 500",
-        Duration::from_secs(40),
-        || async {
-            let r = s.remediation_of(node).await?;
+    let refused = run
+        .wait_for("the reset's object refused with a 500", |r| {
             let status = r.status.clone()?;
             (status.refusal.as_ref()?.code == Some(500)).then_some(r)
-        },
-    )
-    .await;
+        })
+        .await;
     let since = refused
         .status
         .as_ref()
@@ -487,7 +462,7 @@ async fn scenario(nodes: usize, dra: bool) -> Scenario {
     if !dra {
         return Scenario::new(nodes).await;
     }
-    scenario::init_logs();
+    common::init_logs();
     scenario::install_crds(&client).await;
     let namespace = common::namespace().await;
     let fleet = Fleet::start(
@@ -517,25 +492,14 @@ async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_dra_pod_and_the_other_seven_ne
     let node = s.nodes()[0].clone();
     let ladder = json!([step(&s, "ResetGpu", Some("1m")), step(&s, "Reboot", Some("1m"))]);
     let _repairer = setup(&s, ladder, "3s", Behaviour::default()).await;
-    dra::create_claim_template(&s.client, &s.namespace, "one-gpu", 1)
-        .await
-        .expect("the claim template");
-    let app = Workload::new(&s.namespace, "train")
-        .replicas(8)
-        .on_nodes(&[&node])
-        .gpus_claimed_from("one-gpu");
-    workload::create(&s.client, &app.deployment())
-        .await
-        .expect("the deployment");
-    workload::wait_ready_pods(
-        &s.client,
-        &s.namespace,
-        &app.selector(),
+    let app = s.eight_pods_claiming_a_gpu_each(&node).await;
+    s.run_workload(
+        &app,
         8,
         Duration::from_secs(90),
+        "8 pods running on their claimed GPUs",
     )
-    .await
-    .expect("8 pods running on their claimed GPUs");
+    .await;
     let gpu3 = dra::node_gpus(&node, 8)[3].clone();
     let pods_api = Api::<Pod>::namespaced(s.client.clone(), &s.namespace);
     let before = pods_api.list(&ListParams::default()).await.unwrap().items;
@@ -577,15 +541,7 @@ async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_dra_pod_and_the_other_seven_ne
         [format!("{}/{holder}", s.namespace)],
         "only GPU 3's pod was evicted"
     );
-    assert!(
-        reset
-            .message
-            .as_deref()
-            .unwrap_or_default()
-            .contains("reset proven"),
-        "{:?}",
-        reset.message
-    );
+    assert_says(reset, "reset proven");
     let scope = status
         .drain
         .as_ref()

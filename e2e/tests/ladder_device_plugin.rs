@@ -15,12 +15,12 @@ mod scenario;
 use std::time::Duration;
 
 use agent_support::{
-    AgentProcess, Probe, agent_kubeconfig, gpu, scratch, wait_for_condition, write_probe_file,
+    AgentProcess, Probe, agent_kubeconfig, gpu, scratch, wait_until_healthy, write_probe_file,
 };
 use common::eventually;
 use gpu_remediation_api::{
     GpuRemediation, Phase,
-    constants::{GPU_PODS_ANNOTATION, gpu_reasons},
+    constants::GPU_PODS_ANNOTATION,
     gpu_pods::{GPU_PODS_CLOCK_SLACK_SECONDS, GpuPods},
     ladder::{Rung, StepOutcome},
 };
@@ -29,7 +29,7 @@ use gpu_sandbox::{
     fleet::pod_resources::PodResourcesServer,
     hardware::{SimGpu, set_inventory},
     repair::{self, Behaviour, Heal, Repairer},
-    workload::{self, Workload},
+    workload::Workload,
 };
 use k8s_openapi::{api::core::v1::Pod, jiff::SignedDuration};
 use kube::{
@@ -71,18 +71,8 @@ async fn eight_training_pods(s: &Scenario, node: &str) -> Vec<Pod> {
         .replicas(8)
         .on_nodes(&[node])
         .gpus(1);
-    workload::create(&s.client, &app.deployment())
+    s.run_workload(&app, 8, Duration::from_secs(60), "8 pods running on their GPUs")
         .await
-        .expect("the deployment");
-    workload::wait_ready_pods(
-        &s.client,
-        &s.namespace,
-        &app.selector(),
-        8,
-        Duration::from_secs(60),
-    )
-    .await
-    .expect("8 pods running on their GPUs")
 }
 
 /// The probe file of `node`'s 8 GPUs (the UUIDs and serials the simulated device plugin hands
@@ -130,15 +120,7 @@ async fn real_agent(
         &["--pod-resources-socket", socket.to_str().unwrap()],
     )
     .await;
-    wait_for_condition(
-        &s.client,
-        node,
-        "True",
-        gpu_reasons::HEALTHY,
-        Duration::from_secs(60),
-        &agent,
-    )
-    .await;
+    wait_until_healthy(&s.client, node, &agent).await;
     (server, agent, probe)
 }
 

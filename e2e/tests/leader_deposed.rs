@@ -21,8 +21,8 @@ mod leader_support;
 use std::time::Duration;
 
 use e2e::eventually;
-use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
-use gpu_sandbox::{Fleet, FleetOptions, fleet::FLEET_LABEL, workload, workload::Workload};
+use gpu_remediation_api::{GpuRemediation, Phase, constants::NODE_LABEL};
+use gpu_sandbox::{Fleet, FleetOptions, workload, workload::Workload};
 use k8s_openapi::{
     api::{
         coordination::v1::Lease,
@@ -37,7 +37,7 @@ use kube::{
 };
 use leader_support::{
     AuditEvent, AuditedCluster, ReplicaOptions, ReplicaProcess, cluster, controller_account,
-    kubeconfig_with_token, mutating_requests, username,
+    fleet::create_replace_policy, kubeconfig_with_token, mutating_requests, username,
 };
 use serde_json::json;
 use tokio::sync::{Mutex, OnceCell};
@@ -88,24 +88,13 @@ async fn world(scope: &str, nodes: usize) -> World {
         ..FleetOptions::default()
     };
     let fleet = Fleet::start(admin.clone(), options).await.expect("fleet");
-    let policy: GpuRemediationPolicy = serde_json::from_value(json!({
-        "apiVersion": "gpuremediation.dev/v1alpha1",
-        "kind": "GpuRemediationPolicy",
-        "metadata": {"name": scope, "labels": {"e2e": scope}},
-        "spec": {
-            "nodeSelector": {"matchLabels": {FLEET_LABEL: scope}},
-            "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s"}],
-            "action": "Replace",
-            "replacement": {"strategy": "DeleteNode", "timeout": "5m"},
-            "safety": {"maxConcurrent": 1, "maxUnhealthy": "100%"},
-            "drain": {"timeout": "10m", "onTimeout": "Block"},
-        },
-    }))
-    .expect("a policy");
-    Api::<GpuRemediationPolicy>::all(admin.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .expect("policy");
+    create_replace_policy(
+        &admin,
+        scope,
+        json!({"maxConcurrent": 1, "maxUnhealthy": "100%"}),
+        Some(json!({"timeout": "10m", "onTimeout": "Block"})),
+    )
+    .await;
     World {
         admin,
         scope: scope.to_owned(),

@@ -6,14 +6,12 @@
 
 mod leader_support;
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use e2e::eventually;
-use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
+use gpu_remediation_api::Phase;
 use gpu_sandbox::{
-    Fleet, FleetOptions,
-    fleet::FLEET_LABEL,
-    provider::{Provider, ProviderKind},
+    provider::Provider,
     workload::{self, Budget, Workload},
 };
 use k8s_openapi::{
@@ -22,24 +20,17 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, ResourceExt as _,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams},
 };
 use leader_support::{
-    ReplicaOptions, ReplicaProcess, cluster, controller_account, create_namespace, kubeconfig_with_token,
+    ReplicaProcess, cluster, create_namespace,
+    fleet::{create_replace_policy, fleet_with_provider, remediations_of, start_leader_then_follower},
     lease_holder, mutating_requests, username,
 };
 use serde_json::json;
 
 /// The controller's default lease duration (`ElectionTimings::default()`).
 const LEASE_DURATION: Duration = Duration::from_secs(15);
-
-async fn remediations_of(client: &Client, node: &str) -> Vec<GpuRemediation> {
-    Api::<GpuRemediation>::all(client.clone())
-        .list(&ListParams::default().labels(&format!("{NODE_LABEL}={node}")))
-        .await
-        .expect("listing remediations")
-        .items
-}
 
 /// The fleet and everything on it.
 struct Scenario {
@@ -64,15 +55,7 @@ async fn set_up() -> Scenario {
     let workload_namespace = format!("{test}-work");
     create_namespace(&admin, &controller_namespace).await;
     create_namespace(&admin, &workload_namespace).await;
-    let options = FleetOptions {
-        nodes: 3,
-        name_prefix: test.clone(),
-        ..FleetOptions::default()
-    };
-    let fleet = Arc::new(Fleet::start(admin.clone(), options).await.expect("fleet"));
-    let provider = Provider::start(admin.clone(), Arc::clone(&fleet), ProviderKind::NodeGroup)
-        .await
-        .expect("provider");
+    let (fleet, provider) = fleet_with_provider(&admin, &test, 3).await;
     let nodes = fleet.node_names();
     let (broken, also_broken) = (nodes[0].clone(), nodes[1].clone());
     let app = Workload::new(&workload_namespace, "trainer")
@@ -96,24 +79,13 @@ async fn set_up() -> Scenario {
     workload::wait_pdb_observed(&admin, &workload_namespace, "trainer", Duration::from_secs(30))
         .await
         .expect("pdb observed");
-    let policy: GpuRemediationPolicy = serde_json::from_value(json!({
-        "apiVersion": "gpuremediation.dev/v1alpha1",
-        "kind": "GpuRemediationPolicy",
-        "metadata": {"name": test, "labels": {"e2e": test}},
-        "spec": {
-            "nodeSelector": {"matchLabels": {FLEET_LABEL: test}},
-            "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s"}],
-            "action": "Replace",
-            "replacement": {"strategy": "DeleteNode", "timeout": "5m"},
-            "safety": {"maxConcurrent": 1, "maxUnhealthy": "100%", "rate": {"limit": 1, "per": "1h"}},
-            "drain": {"timeout": "10m", "onTimeout": "Block"},
-        },
-    }))
-    .expect("a policy");
-    Api::<GpuRemediationPolicy>::all(admin.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .expect("policy");
+    create_replace_policy(
+        &admin,
+        &test,
+        json!({"maxConcurrent": 1, "maxUnhealthy": "100%", "rate": {"limit": 1, "per": "1h"}}),
+        Some(json!({"timeout": "10m", "onTimeout": "Block"})),
+    )
+    .await;
     Scenario {
         admin,
         test,
@@ -125,34 +97,16 @@ async fn set_up() -> Scenario {
     }
 }
 
-/// Starts `replica-a`, waits until it leads, then starts `replica-b`.
+/// Starts `replica-a`, waits (up to 120 s) until it leads, then starts `replica-b`.
 async fn start_replicas(scenario: &Scenario) -> (ReplicaProcess, ReplicaProcess) {
-    let cluster = cluster().await;
-    let admin = &scenario.admin;
-    let selector = format!("e2e={}", scenario.test);
-    let mut replicas = Vec::new();
-    for identity in ["replica-a", "replica-b"] {
-        let token = controller_account(admin, &scenario.controller_namespace, identity).await;
-        let kubeconfig = kubeconfig_with_token(cluster, identity, &token);
-        let options = ReplicaOptions {
-            identity,
-            lease_namespace: &scenario.controller_namespace,
-            kubeconfig: &kubeconfig,
-            policy_selector: &selector,
-            extra_args: Vec::new(),
-        };
-        replicas.push(ReplicaProcess::start(cluster, options).await);
-        if identity == "replica-a" {
-            eventually("replica-a to lead", Duration::from_secs(120), || async {
-                let holder = lease_holder(admin, &scenario.controller_namespace).await;
-                holder.is_some_and(|h| h.starts_with("replica-a-")).then_some(())
-            })
-            .await;
-        }
-    }
-    let b = replicas.pop().expect("replica-b");
-    let a = replicas.pop().expect("replica-a");
-    (a, b)
+    start_leader_then_follower(
+        cluster().await,
+        &scenario.controller_namespace,
+        &scenario.test,
+        ["replica-a", "replica-b"],
+        Duration::from_secs(120),
+    )
+    .await
 }
 
 /// Reads the audit log: both replicas acted (the old leader started the drain, the new one

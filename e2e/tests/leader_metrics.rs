@@ -3,24 +3,19 @@
 
 mod leader_support;
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use e2e::eventually;
-use e2e::sample;
-use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
-use gpu_sandbox::{
-    Fleet, FleetOptions,
-    fleet::FLEET_LABEL,
-    provider::{Provider, ProviderKind},
-    workload::{self, Workload},
-};
-use kube::{
-    Api, Client,
-    api::{ListParams, PostParams},
-};
+use e2e::{eventually, sample};
+use gpu_remediation_api::GpuRemediationPolicy;
+use gpu_sandbox::provider::Provider;
+use kube::{Api, Client};
 use leader_support::{
-    ReplicaOptions, ReplicaProcess, cluster, controller_account, create_namespace, free_port,
-    kubeconfig_with_token, lease_holder,
+    ReplicaOptions, ReplicaProcess, cluster, controller_account, create_namespace,
+    fleet::{
+        break_and_wait_succeeded, create_replace_policy, fleet_with_provider, inference_on,
+        start_leader_then_follower,
+    },
+    free_port, kubeconfig_with_token,
 };
 use serde_json::json;
 
@@ -43,79 +38,24 @@ async fn set_up() -> Scenario {
     let workload_namespace = format!("{test}-work");
     create_namespace(&admin, &controller_namespace).await;
     create_namespace(&admin, &workload_namespace).await;
-    let fleet = Arc::new(
-        Fleet::start(
-            admin.clone(),
-            FleetOptions {
-                nodes: 2,
-                name_prefix: test.clone(),
-                ..FleetOptions::default()
-            },
-        )
-        .await
-        .expect("fleet"),
-    );
-    let provider = Provider::start(admin.clone(), Arc::clone(&fleet), ProviderKind::NodeGroup)
-        .await
-        .expect("provider");
+    let (fleet, provider) = fleet_with_provider(&admin, &test, 2).await;
     let broken = fleet.node_names()[0].clone();
-    let app = Workload::new(&workload_namespace, "inference")
-        .replicas(2)
-        .on_nodes(&[broken.as_str()]);
-    workload::create(&admin, &app.deployment())
-        .await
-        .expect("deployment");
-    workload::wait_ready_pods(
+    inference_on(&admin, &workload_namespace, &broken, 2).await;
+    create_replace_policy(
         &admin,
-        &workload_namespace,
-        &app.selector(),
-        2,
+        &test,
+        json!({"maxConcurrent": 1, "maxUnhealthy": "100%", "rate": {"limit": 3, "per": "1h"}}),
+        None,
+    )
+    .await;
+    let (leader, follower) = start_leader_then_follower(
+        cluster,
+        &controller_namespace,
+        &test,
+        ["leader", "follower"],
         Duration::from_secs(60),
     )
-    .await
-    .expect("pods");
-    let policy: GpuRemediationPolicy = serde_json::from_value(json!({
-        "apiVersion": "gpuremediation.dev/v1alpha1",
-        "kind": "GpuRemediationPolicy",
-        "metadata": {"name": test, "labels": {"e2e": test}},
-        "spec": {
-            "nodeSelector": {"matchLabels": {FLEET_LABEL: test}},
-            "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s"}],
-            "action": "Replace",
-            "replacement": {"strategy": "DeleteNode", "timeout": "5m"},
-            "safety": {"maxConcurrent": 1, "maxUnhealthy": "100%", "rate": {"limit": 3, "per": "1h"}},
-        },
-    }))
-    .expect("a policy");
-    Api::<GpuRemediationPolicy>::all(admin.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .expect("policy");
-    let selector = format!("e2e={test}");
-    let mut replicas = Vec::new();
-    for identity in ["leader", "follower"] {
-        let token = controller_account(&admin, &controller_namespace, identity).await;
-        let kubeconfig = kubeconfig_with_token(cluster, identity, &token);
-        let options = ReplicaOptions {
-            identity,
-            lease_namespace: &controller_namespace,
-            kubeconfig: &kubeconfig,
-            policy_selector: &selector,
-            extra_args: Vec::new(),
-        };
-        replicas.push(ReplicaProcess::start(cluster, options).await);
-        if identity == "leader" {
-            eventually("the first replica to lead", Duration::from_secs(60), || async {
-                lease_holder(&admin, &controller_namespace)
-                    .await
-                    .is_some_and(|h| h.starts_with("leader-"))
-                    .then_some(())
-            })
-            .await;
-        }
-    }
-    let follower = replicas.pop().expect("follower");
-    let leader = replicas.pop().expect("leader");
+    .await;
     Scenario {
         admin,
         test,
@@ -138,20 +78,7 @@ async fn metrics_after_a_remediation_carry_its_counts_and_only_the_leader_says_i
     } = &set_up().await;
     let (admin, test, broken) = (admin.clone(), test.clone(), broken.clone());
 
-    gpu_sandbox::fault::set_gpu_condition(&admin, &broken, "False", "XID79", "GPU fell off the bus")
-        .await
-        .expect("fault");
-    let remediations: Api<GpuRemediation> = Api::all(admin.clone());
-    eventually("the remediation to succeed", Duration::from_secs(120), || async {
-        let list = remediations
-            .list(&ListParams::default().labels(&format!("{NODE_LABEL}={broken}")))
-            .await
-            .ok()?;
-        let phase = list.items.first()?.status.as_ref()?.phase;
-        assert_ne!(phase, Phase::Failed, "--- leader log ---\n{}", leader.log_tail());
-        (phase == Phase::Succeeded).then_some(())
-    })
-    .await;
+    break_and_wait_succeeded(&admin, &broken, leader).await;
     // Gauges are set by the pass after the status write: give it a moment.
     let metrics = eventually("the leader's metrics to show the finished remediation", Duration::from_secs(30), || async {
         let (status, body) = leader.get("/metrics").await?;

@@ -113,9 +113,7 @@ async fn a_template_the_server_refuses_fails_at_the_replacement_timeout_and_free
     let mut spec = reboot_policy(&s, "8s");
     spec["replacement"]["template"]["apiVersion"] = json!("nothere.e2e.gpuremediation.dev/v1");
     spec["replacement"]["template"]["kind"] = json!("Missing");
-    s.policy(spec).await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
+    let controller = s.enforce_and_break(spec, &broken).await;
 
     let refused = eventually("the refusal in status", Duration::from_secs(60), || async {
         s.remediation_of(&broken)
@@ -210,10 +208,12 @@ async fn evictions_an_admission_policy_refuses_are_blockers_in_its_words_and_the
         .unwrap();
     // The policy takes effect once the API server has loaded it.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    s.policy(json!({"drain": {"timeout": "6s", "onTimeout": "Block"}, "safety": {"maxUnhealthy": "100%"}}))
+    let controller = s
+        .enforce_and_break(
+            json!({"drain": {"timeout": "6s", "onTimeout": "Block"}, "safety": {"maxUnhealthy": "100%"}}),
+            &broken,
+        )
         .await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
     let blocked = s
         .wait_phase(&broken, Phase::Blocked, Duration::from_secs(60))
         .await;
@@ -277,18 +277,8 @@ async fn re_register(s: &Scenario, name: &str) -> Node {
 
 #[tokio::test]
 async fn a_node_re_created_under_the_same_name_mid_drain_ends_the_remediation_and_is_never_touched() {
-    let s = Scenario::new(3).await;
-    let nodes = s.nodes();
-    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
-    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
-        .await;
-    s.policy(json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
-        .await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
-    let draining = s
-        .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
-        .await;
+    let (s, broken, _) = scenario::pinned::pinned_behind_a_closed_budget().await;
+    let (controller, draining) = s.replace_held_in_draining(&broken).await;
     // The swap happens while no controller watches (a watch could also see the gap between the
     // delete and the create, which ends the remediation NodeGone instead).
     controller.stop().await;
@@ -331,9 +321,7 @@ async fn a_policy_deleted_while_its_remediation_replaces_the_node_is_followed_to
     let s = Scenario::new(2).await;
     common::install_crd(&s.client, common::REBOOT_CRD).await;
     let broken = s.nodes()[0].clone();
-    s.policy(reboot_policy(&s, "5m")).await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
+    let controller = s.enforce_and_break(reboot_policy(&s, "5m"), &broken).await;
     let verifying = s
         .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
         .await;
@@ -356,18 +344,8 @@ async fn a_policy_deleted_while_its_remediation_replaces_the_node_is_followed_to
 
 #[tokio::test]
 async fn deleting_a_record_mid_drain_releases_the_node_and_the_episode_is_not_admitted_again() {
-    let s = Scenario::new(3).await;
-    let nodes = s.nodes();
-    let (broken, spares) = (nodes[0].clone(), nodes[1..2].to_vec());
-    s.protected_workload("pinned", &broken, &spares, 2, &Budget::min_available(2))
-        .await;
-    s.policy(json!({"action": "Replace", "safety": {"maxUnhealthy": "100%"}}))
-        .await;
-    let controller = RunningController::start(&s.scope).await;
-    s.break_gpu(&broken).await;
-    let draining = s
-        .wait_phase(&broken, Phase::Draining, Duration::from_secs(30))
-        .await;
+    let (s, broken, _) = scenario::pinned::pinned_behind_a_closed_budget().await;
+    let (controller, draining) = s.replace_held_in_draining(&broken).await;
     let remediations = Api::<GpuRemediation>::all(s.client.clone());
     remediations
         .delete(&draining.name_any(), &DeleteParams::default())

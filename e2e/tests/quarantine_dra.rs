@@ -17,10 +17,7 @@ use gpu_remediation_api::constants::{
     policy_conditions,
 };
 use gpu_remediator::dra::wire::{self, DeviceTaintRule, ResourceClaim};
-use gpu_sandbox::{
-    ControlPlaneOptions, Dra, dra, hardware,
-    workload::{self, Workload},
-};
+use gpu_sandbox::{ControlPlaneOptions, Dra, dra, hardware};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt, api::ListParams};
 use scenario::{RunningController, Scenario, is_unschedulable};
@@ -167,25 +164,14 @@ async fn only_gpu_3_is_taken_out(s: &Scenario, node: &str, uuid: &str) {
 /// 8 new DRA pods on the node: 7 run on its 7 healthy GPUs, none gets GPU 3, and the 8th waits
 /// (GPU 3 is the only free device and it is tainted).
 async fn new_pods_land_on_the_healthy_gpus_only(s: &Scenario, node: &str, claims: &Api<ResourceClaim>) {
-    dra::create_claim_template(&s.client, &s.namespace, "one-gpu", 1)
-        .await
-        .expect("the claim template");
-    let app = Workload::new(&s.namespace, "train")
-        .replicas(8)
-        .on_nodes(&[node])
-        .gpus_claimed_from("one-gpu");
-    workload::create(&s.client, &app.deployment())
-        .await
-        .expect("the deployment");
-    workload::wait_ready_pods(
-        &s.client,
-        &s.namespace,
-        &app.selector(),
+    let app = s.eight_pods_claiming_a_gpu_each(node).await;
+    s.run_workload(
+        &app,
         7,
         Duration::from_secs(30),
+        "7 pods placed on the node's healthy GPUs during the quarantine",
     )
-    .await
-    .expect("7 pods placed on the node's healthy GPUs during the quarantine");
+    .await;
     // Give the scheduler time to try the 8th pod (it would get GPU 3 without the taint).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let devices = allocated(claims).await;

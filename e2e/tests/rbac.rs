@@ -94,16 +94,6 @@ async fn service_account_config(admin: &Client) -> kube::Config {
     common::cluster().await.config_with_token(&token)
 }
 
-fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "gpu_remediator=info".into()),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
 async fn set_unschedulable(client: &Client, node: &str, unschedulable: bool) {
     let patch = json!({"spec": {"unschedulable": unschedulable}});
     Api::<Node>::all(client.clone())
@@ -180,7 +170,7 @@ fn phase(remediation: &GpuRemediation) -> Option<Phase> {
 
 #[tokio::test]
 async fn the_controller_with_only_its_service_account_token_completes_a_remediation() {
-    init_logs();
+    common::init_logs();
     let admin = installed().await;
     let _base_only = BASE_RBAC_ONLY.lock().await;
     let namespace = common::namespace().await;

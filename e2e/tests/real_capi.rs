@@ -23,18 +23,14 @@ use std::time::Duration;
 use gpu_remediation_api::{GpuRemediation, Phase};
 use gpu_sandbox::{
     capi::{ClusterApi, resource},
-    fleet::FLEET_LABEL,
-    workload::{self, Budget, Workload},
+    workload::Workload,
 };
-use k8s_openapi::{
-    api::core::v1::{Node, Pod},
-    jiff::Timestamp,
-};
+use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Client, ResourceExt as _,
     api::{DynamicObject, ListParams},
 };
-use scenario::{BudgetWatch, RunningController, Scenario, is_ready};
+use scenario::{BudgetWatch, RunningController, Scenario};
 
 /// One Cluster API manager at a time: each watches every namespace of the shared control plane
 /// (`--namespace` breaks its `MachineSet` controller, see `gpu_sandbox::capi`), so two tests'
@@ -83,27 +79,18 @@ async fn machines(client: &Client, namespace: &str) -> Vec<MachineSeen> {
     seen
 }
 
-async fn pods(client: &Client, namespace: &str, selector: &str) -> Vec<Pod> {
-    Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(selector))
-        .await
-        .expect("listing pods")
-        .items
-}
-
-#[tokio::test]
-#[ignore = "needs the Cluster API binary: make e2e-real"]
-async fn delete_machine_recycles_a_cluster_api_node_through_the_machine_set_with_a_health_check_present() {
-    let _one_manager = ONE_MANAGER.lock().await;
+/// A scenario without nodes of its own (every node of its fleet is a Cluster API Machine's) and
+/// Cluster API running on it with a `MachineSet` `pool` of two Machines under a health check that
+/// also watches `gpu_rules`; returns once both Machines have Ready nodes, with those Machines.
+async fn machine_pool(gpu_rules: &[(&str, &str, u32)]) -> (Scenario, ClusterApi, Vec<MachineSeen>) {
     let cluster = common::cluster().await;
-    // No nodes of its own: every node of this fleet is a Cluster API Machine's.
     let s = Scenario::new(0).await;
     s.fleet.adopt_joining_nodes();
     let capi = ClusterApi::start(cluster, &s.fleet, &s.namespace, "gpu")
         .await
         .unwrap_or_else(|e| panic!("starting Cluster API: {e}"));
     capi.machine_set("pool", 2).await.expect("the MachineSet");
-    capi.health_check("pool", 60)
+    capi.health_check_with("pool", 60, gpu_rules)
         .await
         .expect("the MachineHealthCheck");
     let initial = common::eventually(
@@ -116,14 +103,54 @@ async fn delete_machine_recycles_a_cluster_api_node_through_the_machine_set_with
         },
     )
     .await;
+    (s, capi, initial)
+}
+
+/// Creates the policy (`DeleteMachine`, `more` merged over it) once the pool's Machines predate
+/// the fault by more than the API's one-second timestamps, starts the controller and breaks the
+/// GPU of `broken`: the controller and the instant of the fault.
+async fn delete_machine_on_a_fault(
+    s: &Scenario,
+    more: serde_json::Value,
+    broken: &str,
+) -> (RunningController, Timestamp) {
+    let mut spec = serde_json::json!({
+        "action": "Replace",
+        "replacement": {"strategy": "DeleteMachine", "timeout": "3m"},
+    });
+    scenario::merge(&mut spec, more);
+    s.policy(spec).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let controller = RunningController::start(&s.scope).await;
+    let fault_at = Timestamp::now();
+    s.break_gpu(broken).await;
+    (controller, fault_at)
+}
+
+/// The Machines some seconds after the fault: one replacement Machine (created since
+/// `fault_at`), not two, and two in all; returns the replacement.
+async fn one_replacement_machine(s: &Scenario, initial: &[MachineSeen], fault_at: Timestamp) -> MachineSeen {
+    let after = machines(&s.client, &s.namespace).await;
+    let new: Vec<&MachineSeen> = after.iter().filter(|m| m.created >= fault_at).collect();
+    assert_eq!(
+        new.len(),
+        1,
+        "one replacement Machine, not two: {initial:?} then {after:?}"
+    );
+    assert_eq!(after.len(), 2, "{after:?}");
+    new[0].clone()
+}
+
+#[tokio::test]
+#[ignore = "needs the Cluster API binary: make e2e-real"]
+async fn delete_machine_recycles_a_cluster_api_node_through_the_machine_set_with_a_health_check_present() {
+    let _one_manager = ONE_MANAGER.lock().await;
+    let (s, capi, initial) = machine_pool(&[]).await;
 
     // Two pods of 8 GPUs each, one per node.
     let app = s
-        .two_training_pods(Duration::from_secs(90), || capi.log_tail(40))
+        .two_training_pods(Duration::from_secs(90), || capi.log_tail(40), |app| app)
         .await;
-    workload::wait_pdb_allows(&s.client, &s.namespace, &app.name, 1, Duration::from_secs(30))
-        .await
-        .expect("the PDB allows one disruption");
     let broken = initial[0].node.clone().expect("a node");
     let broken_machine = initial[0].name.clone();
     // Cluster API annotated the node with its Machine: that is how DeleteMachine finds it.
@@ -134,73 +161,24 @@ async fn delete_machine_recycles_a_cluster_api_node_through_the_machine_set_with
     );
 
     let budget = BudgetWatch::start(&s.client, &s.namespace, &app.selector());
-    s.policy(serde_json::json!({
-        "action": "Replace",
-        "replacement": {"strategy": "DeleteMachine", "timeout": "3m"},
-    }))
-    .await;
-    // The pool's Machines predate the fault by more than the API's one-second timestamps.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let controller = RunningController::start(&s.scope).await;
-    let fault_at = Timestamp::now();
-    s.break_gpu(&broken).await;
+    let (controller, fault_at) = delete_machine_on_a_fault(&s, serde_json::json!({}), &broken).await;
 
     let done = wait_succeeded(&s, &capi, &broken).await;
-    let replacement = done
-        .status
-        .expect("status")
-        .replacement
-        .expect("the Machine is recorded");
-    assert_eq!(
-        (replacement.kind.as_str(), replacement.name.as_str()),
-        ("Machine", broken_machine.as_str())
-    );
+    common::assert_replaced_through(&done, "Machine", &broken_machine);
     assert!(
-        Api::<Node>::all(s.client.clone())
-            .get_opt(&broken)
-            .await
-            .expect("reading the broken node")
-            .is_none(),
+        s.node_is_gone(&broken).await,
         "Cluster API deleted the broken Machine's node"
     );
-    workload::wait_ready_pods(
-        &s.client,
-        &s.namespace,
-        &app.selector(),
-        2,
-        Duration::from_secs(90),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; Cluster API's log ends:\n{}", capi.log_tail(40)));
+    s.wait_ready_pods_showing(&app, Duration::from_secs(90), || capi.log_tail(40))
+        .await;
     // Longer than the MachineSet's and the health check's reaction: a second replacement would
     // show by now.
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let after = machines(&s.client, &s.namespace).await;
-    let new: Vec<&MachineSeen> = after.iter().filter(|m| m.created >= fault_at).collect();
-    assert_eq!(
-        new.len(),
-        1,
-        "one replacement Machine, not two: {initial:?} then {after:?}"
-    );
-    assert_eq!(after.len(), 2, "{after:?}");
-    let new_node = new[0].node.clone().expect("the replacement Machine has its node");
-    let node = s.node(&new_node).await;
-    assert!(
-        gpu_remediator::replace::verify::node_is_ready(&node),
-        "{new_node} is Ready"
-    );
-    let on_new = pods(&s.client, &s.namespace, &app.selector())
-        .await
-        .into_iter()
-        .filter(|pod| pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) == Some(new_node.as_str()))
-        .filter(is_ready)
-        .count();
-    assert_eq!(
-        on_new, 1,
-        "the evicted pod runs on the replacement node {new_node}"
-    );
+    let new = one_replacement_machine(&s, &initial, fault_at).await;
+    let new_node = new.node.expect("the replacement Machine has its node");
+    s.assert_the_evicted_pod_runs_on(&app, &new_node).await;
 
-    assert_budget_kept(&budget);
+    budget.assert_kept_across_both_drains();
 
     controller.stop().await;
     capi.stop().await;
@@ -249,26 +227,7 @@ struct GpuCheckedPool {
 }
 
 async fn gpu_checked_pool(gpu_timeout_seconds: u32, termination: &str) -> GpuCheckedPool {
-    let cluster = common::cluster().await;
-    let s = Scenario::new(0).await;
-    s.fleet.adopt_joining_nodes();
-    let capi = ClusterApi::start(cluster, &s.fleet, &s.namespace, "gpu")
-        .await
-        .unwrap_or_else(|e| panic!("starting Cluster API: {e}"));
-    capi.machine_set("pool", 2).await.expect("the MachineSet");
-    capi.health_check_with("pool", 60, &[("GpuHealthy", "False", gpu_timeout_seconds)])
-        .await
-        .expect("the MachineHealthCheck");
-    let initial = common::eventually(
-        "two Machines with Ready nodes",
-        Duration::from_secs(120),
-        || async {
-            let seen = machines(&s.client, &s.namespace).await;
-            let nodes: Vec<String> = seen.iter().filter_map(|m| m.node.clone()).collect();
-            (seen.len() == 2 && nodes.len() == 2).then_some(seen)
-        },
-    )
-    .await;
+    let (s, capi, initial) = machine_pool(&[("GpuHealthy", "False", gpu_timeout_seconds)]).await;
     // The health check watches the nodes only once Cluster API's cluster cache has connected:
     // wait until it counts both Machines healthy.
     common::eventually(
@@ -284,29 +243,13 @@ async fn gpu_checked_pool(gpu_timeout_seconds: u32, termination: &str) -> GpuChe
         },
     )
     .await;
-    let app = Workload::new(&s.namespace, "train")
-        .replicas(2)
-        .gpus(8)
-        .node_selector(FLEET_LABEL, s.fleet.name())
-        .termination(termination);
-    workload::create(&s.client, &app.deployment())
-        .await
-        .expect("deployment");
-    workload::create(&s.client, &app.pdb(&Budget::min_available(1)))
-        .await
-        .expect("pdb");
-    workload::wait_ready_pods(
-        &s.client,
-        &s.namespace,
-        &app.selector(),
-        2,
-        Duration::from_secs(90),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; Cluster API's log ends:\n{}", capi.log_tail(40)));
-    workload::wait_pdb_allows(&s.client, &s.namespace, &app.name, 1, Duration::from_secs(30))
-        .await
-        .expect("the PDB allows one disruption");
+    let app = s
+        .two_training_pods(
+            Duration::from_secs(90),
+            || capi.log_tail(40),
+            |app| app.termination(termination),
+        )
+        .await;
     GpuCheckedPool {
         s,
         capi,
@@ -331,15 +274,7 @@ async fn a_health_check_on_the_gpu_condition_and_the_policy_replace_the_broken_m
     let broken_machine = initial[0].name.clone();
 
     let budget = BudgetWatch::start(&s.client, &s.namespace, &app.selector());
-    s.policy(serde_json::json!({
-        "action": "Replace",
-        "replacement": {"strategy": "DeleteMachine", "timeout": "3m"},
-    }))
-    .await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let controller = RunningController::start(&s.scope).await;
-    let fault_at = Timestamp::now();
-    s.break_gpu(&broken).await;
+    let (controller, fault_at) = delete_machine_on_a_fault(&s, serde_json::json!({}), &broken).await;
 
     // Both act on the same Machine: ours drains it, the health check marks it for remediation.
     let (done, health_check_acted) =
@@ -360,33 +295,12 @@ async fn a_health_check_on_the_gpu_condition_and_the_policy_replace_the_broken_m
         capi.log_about("machinehealthcheck", 40)
     );
 
-    workload::wait_ready_pods(
-        &s.client,
-        &s.namespace,
-        &app.selector(),
-        2,
-        Duration::from_secs(90),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; Cluster API's log ends:\n{}", capi.log_tail(40)));
+    s.wait_ready_pods_showing(&app, Duration::from_secs(90), || capi.log_tail(40))
+        .await;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let after = machines(&s.client, &s.namespace).await;
-    let new: Vec<&MachineSeen> = after.iter().filter(|m| m.created >= fault_at).collect();
-    assert_eq!(
-        new.len(),
-        1,
-        "one replacement Machine, not two: {initial:?} then {after:?}"
-    );
-    assert_eq!(after.len(), 2, "{after:?}");
-    assert!(
-        Api::<Node>::all(s.client.clone())
-            .get_opt(&broken)
-            .await
-            .expect("reading the broken node")
-            .is_none(),
-        "the broken Machine's node is gone"
-    );
-    assert_budget_kept(&budget);
+    one_replacement_machine(&s, &initial, fault_at).await;
+    assert!(s.node_is_gone(&broken).await, "the broken Machine's node is gone");
+    budget.assert_kept_across_both_drains();
 
     controller.stop().await;
     capi.stop().await;
@@ -405,51 +319,24 @@ async fn a_health_check_that_acts_before_the_policys_trigger_leaves_it_nothing_t
     } = gpu_checked_pool(3, "1s").await;
     let broken = initial[0].node.clone().expect("a node");
     let budget = BudgetWatch::start(&s.client, &s.namespace, &app.selector());
-    s.policy(serde_json::json!({
+    let triggers = serde_json::json!({
         "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "40s"}],
-        "action": "Replace",
-        "replacement": {"strategy": "DeleteMachine", "timeout": "3m"},
-    }))
-    .await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    let controller = RunningController::start(&s.scope).await;
-    let fault_at = Timestamp::now();
-    s.break_gpu(&broken).await;
+    });
+    let (controller, fault_at) = delete_machine_on_a_fault(&s, triggers, &broken).await;
 
     common::eventually(
         "Cluster API to delete the broken Machine's node",
         Duration::from_secs(90),
-        || async {
-            Api::<Node>::all(s.client.clone())
-                .get_opt(&broken)
-                .await
-                .expect("reading the broken node")
-                .is_none()
-                .then_some(())
-        },
+        || async { s.node_is_gone(&broken).await.then_some(()) },
     )
     .await;
-    workload::wait_ready_pods(
-        &s.client,
-        &s.namespace,
-        &app.selector(),
-        2,
-        Duration::from_secs(90),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; Cluster API's log ends:\n{}", capi.log_tail(40)));
+    s.wait_ready_pods_showing(&app, Duration::from_secs(90), || capi.log_tail(40))
+        .await;
     // Past the trigger's 40 s: a remediation of the vanished node would have started by now.
     let waited = Timestamp::now().duration_since(fault_at);
     let rest = Duration::from_secs(45).saturating_sub(Duration::try_from(waited).unwrap_or_default());
     tokio::time::sleep(rest).await;
-    let after = machines(&s.client, &s.namespace).await;
-    let new: Vec<&MachineSeen> = after.iter().filter(|m| m.created >= fault_at).collect();
-    assert_eq!(
-        new.len(),
-        1,
-        "one replacement Machine, not two: {initial:?} then {after:?}"
-    );
-    assert_eq!(after.len(), 2, "{after:?}");
+    one_replacement_machine(&s, &initial, fault_at).await;
     let remediation = s.remediation_of(&broken).await;
     assert!(
         remediation
@@ -459,7 +346,7 @@ async fn a_health_check_that_acts_before_the_policys_trigger_leaves_it_nothing_t
         "the policy started nothing on a node Cluster API had already replaced (or stopped it): {:#?}",
         remediation.and_then(|r| r.status)
     );
-    assert_budget_kept(&budget);
+    budget.assert_kept_across_both_drains();
 
     controller.stop().await;
     capi.stop().await;
@@ -495,21 +382,6 @@ async fn wait_ended_noting_health_check(
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-}
-
-/// No PDB broken across both drains (ours, then Cluster API's), and every pod that left was evicted.
-fn assert_budget_kept(budget: &BudgetWatch) {
-    assert!(
-        budget.fewest_healthy() >= 1,
-        "fewest healthy: {}",
-        budget.fewest_healthy()
-    );
-    let left = budget.left();
-    assert!(!left.is_empty(), "the broken node's pod left");
-    assert!(
-        left.values().all(|evicted| *evicted),
-        "every pod left through the Eviction API: {left:?}"
-    );
 }
 
 /// The remediation of `broken` once `Succeeded`; on a timeout, panics with its status, the

@@ -16,16 +16,13 @@ mod scenario;
 use std::{collections::BTreeSet, time::Duration};
 
 use gpu_remediation_api::Phase;
-use gpu_sandbox::{
-    karpenter::{Disruption, Karpenter, KarpenterOptions, node_claim_resource},
-    workload,
-};
-use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use gpu_sandbox::karpenter::{Disruption, Karpenter, KarpenterOptions, node_claim_resource};
+use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Client, ResourceExt as _,
     api::{DynamicObject, ListParams},
 };
-use scenario::{BudgetWatch, RunningController, Scenario, is_ready};
+use scenario::{BudgetWatch, RunningController, Scenario};
 
 /// The pool's `NodeClaims`: name to (created, node name, being deleted).
 async fn claims(client: &Client, pool: &str) -> Vec<(String, Timestamp, Option<String>, bool)> {
@@ -56,14 +53,6 @@ async fn claims(client: &Client, pool: &str) -> Vec<(String, Timestamp, Option<S
         .collect()
 }
 
-async fn pods(client: &Client, namespace: &str, selector: &str) -> Vec<Pod> {
-    Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(selector))
-        .await
-        .expect("listing pods")
-        .items
-}
-
 #[tokio::test]
 #[ignore = "needs the Karpenter binary: make e2e-real"]
 async fn delete_node_claim_recycles_a_karpenter_node_through_karpenters_own_termination() {
@@ -83,7 +72,7 @@ async fn delete_node_claim_recycles_a_karpenter_node_through_karpenters_own_term
 
     // Karpenter launches one 8-GPU node for each pod.
     let app = s
-        .two_training_pods(Duration::from_secs(120), || karpenter.log_tail(40))
+        .two_training_pods(Duration::from_secs(120), || karpenter.log_tail(40), |app| app)
         .await;
     // Karpenter writes a claim's status.nodeName when it registers the node, which may trail the
     // pods starting there.
@@ -97,7 +86,7 @@ async fn delete_node_claim_recycles_a_karpenter_node_through_karpenters_own_term
     )
     .await;
     assert_eq!(before.len(), 2, "one NodeClaim per 8-GPU pod: {before:?}");
-    let running = pods(&s.client, &s.namespace, &app.selector()).await;
+    let running = s.pods_of(&app).await;
     let broken = running[0]
         .spec
         .as_ref()
@@ -108,9 +97,6 @@ async fn delete_node_claim_recycles_a_karpenter_node_through_karpenters_own_term
         .find(|(_, _, node, _)| node.as_deref() == Some(broken.as_str()))
         .cloned()
         .expect("the broken node's NodeClaim");
-    workload::wait_pdb_allows(&s.client, &s.namespace, &app.name, 1, Duration::from_secs(30))
-        .await
-        .expect("the PDB allows one disruption");
 
     let budget = BudgetWatch::start(&s.client, &s.namespace, &app.selector());
     s.policy(serde_json::json!({
@@ -125,34 +111,15 @@ async fn delete_node_claim_recycles_a_karpenter_node_through_karpenters_own_term
     let done = s
         .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(180))
         .await;
-    let replacement = done
-        .status
-        .expect("status")
-        .replacement
-        .expect("the NodeClaim is recorded");
-    assert_eq!(
-        (replacement.kind.as_str(), replacement.name.as_str()),
-        ("NodeClaim", broken_claim.as_str())
-    );
+    common::assert_replaced_through(&done, "NodeClaim", &broken_claim);
     assert!(
-        Api::<k8s_openapi::api::core::v1::Node>::all(s.client.clone())
-            .get_opt(&broken)
-            .await
-            .expect("reading the broken node")
-            .is_none(),
+        s.node_is_gone(&broken).await,
         "Karpenter's termination deleted the broken node"
     );
 
     // The evicted pod runs again, on the node Karpenter launched for it.
-    workload::wait_ready_pods(
-        &s.client,
-        &s.namespace,
-        &app.selector(),
-        2,
-        Duration::from_secs(90),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; Karpenter's log ends:\n{}", karpenter.log_tail(40)));
+    s.wait_ready_pods_showing(&app, Duration::from_secs(90), || karpenter.log_tail(40))
+        .await;
     // Longer than a provisioning batch and the pool's consolidateAfter: a second replacement or a
     // consolidation would show by now.
     tokio::time::sleep(Duration::from_secs(12)).await;
@@ -173,44 +140,12 @@ async fn delete_node_claim_recycles_a_karpenter_node_through_karpenters_own_term
         .2
         .clone()
         .expect("the replacement NodeClaim names its node");
-    let node = Api::<k8s_openapi::api::core::v1::Node>::all(s.client.clone())
-        .get(&new_node)
-        .await
-        .expect("the replacement node");
-    assert!(
-        gpu_remediator::replace::verify::node_is_ready(&node),
-        "{new_node} is Ready"
-    );
-    let on_new = pods(&s.client, &s.namespace, &app.selector())
-        .await
-        .into_iter()
-        .filter(|pod| pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) == Some(new_node.as_str()))
-        .filter(is_ready)
-        .count();
-    assert_eq!(
-        on_new, 1,
-        "the evicted pod runs on the replacement node {new_node}"
-    );
+    s.assert_the_evicted_pod_runs_on(&app, &new_node).await;
 
-    assert_budget_kept(&budget);
+    budget.assert_kept_across_both_drains();
     print_karpenter_log(&karpenter, &broken, &new_node);
     controller.stop().await;
     karpenter.stop().await;
-}
-
-/// No PDB broken across both drains (ours, then Karpenter's), and every pod that left was evicted.
-fn assert_budget_kept(budget: &BudgetWatch) {
-    assert!(
-        budget.fewest_healthy() >= 1,
-        "fewest healthy: {}",
-        budget.fewest_healthy()
-    );
-    let left = budget.left();
-    assert!(!left.is_empty(), "the broken node's pod left");
-    assert!(
-        left.values().all(|evicted| *evicted),
-        "every pod left through the Eviction API: {left:?}"
-    );
 }
 
 /// What Karpenter logged about the broken node and the replacement (for `--nocapture`).

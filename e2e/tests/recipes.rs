@@ -13,17 +13,15 @@ mod common;
 use std::{path::Path, process::Command, time::Duration};
 
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
-use gpu_remediator::{Settings, leader::Fence};
 use gpu_sandbox::fleet::FLEET_LABEL;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    api::{ListParams, Patch, PatchParams},
 };
 use serde_json::{Value, json};
 
 const RECIPES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/recipes");
-const CRDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds");
 
 /// Sets a node condition as another detector does: a strategic merge patch of the node's status
 /// by that detector's field manager.
@@ -52,17 +50,7 @@ where
     Fut: Future<Output = ()>,
 {
     let client = common::cluster().await.client();
-    for file in [
-        "gpuremediationpolicies.yaml",
-        "gpuremediations.yaml",
-        "gpuremediation-hardwarerecords.yaml",
-    ] {
-        common::install_crd(
-            &client,
-            &std::fs::read_to_string(Path::new(CRDS).join(file)).unwrap(),
-        )
-        .await;
-    }
+    common::install_shipped_crds(&client).await;
     let fleet = common::fleet(2).await;
     let nodes = fleet.node_names();
     let scope = common::unique_name("recipe");
@@ -77,25 +65,7 @@ where
         trigger["for"] = json!("1s");
     }
     let policy: GpuRemediationPolicy = serde_json::from_value(policy).unwrap();
-    Api::<GpuRemediationPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    let settings = Settings {
-        policy_selector: Some(format!("e2e.gpuremediation.dev/scope={scope}")),
-        pod_poll: Duration::from_millis(250),
-        instance: Some(scope.clone()),
-        ..Settings::default()
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(gpu_remediator::run(
-        common::cluster().await.config(),
-        settings,
-        Fence::standalone(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let stop = common::run_controller_over(&client, &policy, &scope).await;
     break_nodes(client.clone(), nodes[0].clone(), nodes[1].clone()).await;
 
     let remediations: Api<GpuRemediation> = Api::all(client.clone());

@@ -300,15 +300,7 @@ async fn the_controller_replaces_a_karpenter_node_by_deleting_its_node_claim() {
         .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(90))
         .await;
 
-    let replacement = done
-        .status
-        .expect("status")
-        .replacement
-        .expect("the NodeClaim is recorded");
-    assert_eq!(
-        (replacement.kind.as_str(), replacement.name),
-        ("NodeClaim", format!("{pool}-{broken}"))
-    );
+    common::assert_replaced_through(&done, "NodeClaim", &format!("{pool}-{broken}"));
     assert!(s.node(&broken).await.is_none());
     common::eventually("Karpenter to bring a node", Duration::from_secs(10), || {
         let replaced = provider.replacements().into_iter().next();
@@ -370,15 +362,7 @@ async fn the_controller_reboots_through_a_template_and_finishes_when_the_object_
         (owner.kind.as_str(), Some(owner.uid.as_str())),
         ("GpuRemediation", done.uid().as_deref())
     );
-    let replacement = done
-        .status
-        .expect("status")
-        .replacement
-        .expect("the object is recorded");
-    assert_eq!(
-        (replacement.kind.as_str(), replacement.name.as_str()),
-        ("FakeReboot", broken.as_str())
-    );
+    common::assert_replaced_through(&done, "FakeReboot", &broken);
     assert!(s.node(&broken).await.is_some(), "a reboot keeps the node");
 }
 

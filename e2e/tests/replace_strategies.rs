@@ -18,7 +18,7 @@ use gpu_remediator::{
     act::replace::Replacers,
     leader::{Fence, FenceError},
     replace::{
-        Progress, REPLACEMENT_SELECTOR_ANNOTATION, TriggerReplacementError, Verification, judge,
+        Progress, REPLACEMENT_SELECTOR_ANNOTATION, TriggerReplacementError, Triggered, Verification, judge,
         verify::{REPLACEMENT_FAILED, REPLACEMENT_TIMEOUT},
     },
 };
@@ -124,42 +124,86 @@ fn replacement(strategy: Strategy, template: Option<serde_json::Value>, timeout:
     }
 }
 
-/// Observes and judges until the verdict is no longer `Waiting`, as the controller's `Verifying`
-/// phase does; `node_healthy` stands for the controller's detection.
-async fn follow(
-    client: &Client,
-    replacers: &Replacers,
-    name: &str,
-    replacement: &Replacement,
-    reference: &ObjectReference,
-    triggered_at: Timestamp,
-    within: Duration,
-) -> Progress {
-    let remediations: Api<GpuRemediation> = Api::all(client.clone());
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let remediation = remediations.get(name).await.expect("reading the remediation");
-        let observation = replacers
-            .for_strategy(replacement.strategy)
-            .observe(&remediation, reference, triggered_at)
-            .await
-            .expect("observing the replacement");
-        let progress = judge(&Verification {
-            strategy: replacement.strategy,
-            observation: &observation,
-            node_healthy: false,
-            triggered_at,
-            timeout: replacement.timeout.into(),
-            now: Timestamp::now(),
-        });
-        if !matches!(progress, Progress::Waiting { .. }) {
-            return progress;
+/// One replacement driven as the controller drives it: the remediation of a node, every strategy
+/// writing through one fence, and the policy's replacement settings.
+struct Drive {
+    client: Client,
+    remediation: GpuRemediation,
+    replacers: Replacers,
+    policy: Replacement,
+}
+
+impl Drive {
+    /// Creates the remediation of `node` and drives `policy` as the one replica (a standalone
+    /// fence).
+    async fn standalone(client: &Client, node: &str, action: Action, policy: Replacement) -> Self {
+        Self::fenced(client, node, action, policy, Fence::standalone()).await
+    }
+
+    /// [`Self::standalone`], writing through `fence`.
+    async fn fenced(client: &Client, node: &str, action: Action, policy: Replacement, fence: Fence) -> Self {
+        let remediation = remediation(client, node, action).await;
+        let replacers = Replacers::new(gpu_remediator::write::Writer::over(client.clone(), fence));
+        Self {
+            client: client.clone(),
+            remediation,
+            replacers,
+            policy,
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still {progress:?} after {within:?}: {observation:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    /// Triggers the replacement once.
+    async fn trigger(&self) -> Result<Triggered, TriggerReplacementError> {
+        self.replacers
+            .for_strategy(self.policy.strategy)
+            .trigger(&self.remediation, &self.policy)
+            .await
+    }
+
+    /// Triggers the replacement at the next whole second ([`trigger_instant`]); that instant and
+    /// what the trigger started.
+    async fn trigger_at_next_second(&self) -> (Timestamp, Triggered) {
+        let triggered_at = trigger_instant().await;
+        (triggered_at, self.trigger().await.expect("trigger"))
+    }
+
+    /// Observes and judges until the verdict is no longer `Waiting`, as the controller's
+    /// `Verifying` phase does; `node_healthy` stands for the controller's detection.
+    async fn follow(
+        &self,
+        reference: &ObjectReference,
+        triggered_at: Timestamp,
+        within: Duration,
+    ) -> Progress {
+        let remediations: Api<GpuRemediation> = Api::all(self.client.clone());
+        let name = self.remediation.name_any();
+        let strategy = self.policy.strategy;
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let remediation = remediations.get(&name).await.expect("reading the remediation");
+            let observation = self
+                .replacers
+                .for_strategy(strategy)
+                .observe(&remediation, reference, triggered_at)
+                .await
+                .expect("observing the replacement");
+            let progress = judge(&Verification {
+                strategy,
+                observation: &observation,
+                node_healthy: false,
+                triggered_at,
+                timeout: self.policy.timeout.into(),
+                now: Timestamp::now(),
+            });
+            if !matches!(progress, Progress::Waiting { .. }) {
+                return progress;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "still {progress:?} after {within:?}: {observation:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }
 
@@ -197,35 +241,24 @@ async fn delete_node_removes_the_node_then_its_pods_and_a_new_node_joins() {
     pods.create(&PostParams::default(), &pod)
         .await
         .expect("creating a pod on the node");
-    let remediation = remediation(&client, &broken, Action::Replace).await;
-    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
-        client.clone(),
-        Fence::standalone(),
-    ));
-    let policy = replacement(Strategy::DeleteNode, None, Duration::from_secs(120));
+    let drive = Drive::standalone(
+        &client,
+        &broken,
+        Action::Replace,
+        replacement(Strategy::DeleteNode, None, Duration::from_secs(120)),
+    )
+    .await;
 
-    let triggered_at = trigger_instant().await;
-    let reference = replacers
-        .for_strategy(Strategy::DeleteNode)
-        .trigger(&remediation, &policy)
-        .await
-        .expect("trigger")
-        .reference;
+    let (triggered_at, triggered) = drive.trigger_at_next_second().await;
+    let reference = triggered.reference;
 
     assert_eq!(
         (reference.kind.as_str(), reference.name.as_str()),
         ("Node", broken.as_str())
     );
-    let progress = follow(
-        &client,
-        &replacers,
-        &remediation.name_any(),
-        &policy,
-        &reference,
-        triggered_at,
-        Duration::from_secs(60),
-    )
-    .await;
+    let progress = drive
+        .follow(&reference, triggered_at, Duration::from_secs(60))
+        .await;
     assert!(matches!(progress, Progress::Succeeded { .. }), "{progress:?}");
     assert!(!node_exists(&client, &broken).await);
     // The pod garbage collector removes pods of a vanished node after its 40s quarantine.
@@ -269,19 +302,15 @@ async fn delete_machine_deletes_the_cluster_api_machine_and_waits_for_the_machin
     // A replacement Machine is one created since the trigger, and creation timestamps have whole
     // seconds: let the pool's Machines predate the failure, as they do outside a test.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let remediation = remediation(&client, &broken, Action::Replace).await;
-    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
-        client.clone(),
-        Fence::standalone(),
-    ));
-    let policy = replacement(Strategy::DeleteMachine, None, Duration::from_secs(120));
+    let drive = Drive::standalone(
+        &client,
+        &broken,
+        Action::Replace,
+        replacement(Strategy::DeleteMachine, None, Duration::from_secs(120)),
+    )
+    .await;
 
-    let triggered_at = trigger_instant().await;
-    let triggered = replacers
-        .for_strategy(Strategy::DeleteMachine)
-        .trigger(&remediation, &policy)
-        .await
-        .expect("trigger");
+    let (triggered_at, triggered) = drive.trigger_at_next_second().await;
     let reference = triggered.reference.clone();
 
     assert_eq!(reference.kind, "Machine");
@@ -294,7 +323,7 @@ async fn delete_machine_deletes_the_cluster_api_machine_and_waits_for_the_machin
         (machine_name.as_str(), Some(namespace.as_str()))
     );
     let recorded = Api::<GpuRemediation>::all(client.clone())
-        .get(&remediation.name_any())
+        .get(&drive.remediation.name_any())
         .await
         .expect("remediation");
     assert_eq!(
@@ -312,16 +341,9 @@ async fn delete_machine_deletes_the_cluster_api_machine_and_waits_for_the_machin
         Some(recorded.resource_version()),
         "the trigger hands back the record as it wrote it (the status write after it is made over it)"
     );
-    let progress = follow(
-        &client,
-        &replacers,
-        &remediation.name_any(),
-        &policy,
-        &reference,
-        triggered_at,
-        Duration::from_secs(60),
-    )
-    .await;
+    let progress = drive
+        .follow(&reference, triggered_at, Duration::from_secs(60))
+        .await;
 
     let Progress::Succeeded { message } = progress else {
         panic!("{progress:?}")
@@ -370,36 +392,25 @@ async fn delete_node_claim_deletes_the_karpenter_claim_naming_the_node_and_the_n
     .await
     .expect("provider");
     let broken = fleet.node_names()[1].clone();
-    let remediation = remediation(&client, &broken, Action::Replace).await;
-    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
-        client.clone(),
-        Fence::standalone(),
-    ));
-    let policy = replacement(Strategy::DeleteNodeClaim, None, Duration::from_secs(120));
+    let drive = Drive::standalone(
+        &client,
+        &broken,
+        Action::Replace,
+        replacement(Strategy::DeleteNodeClaim, None, Duration::from_secs(120)),
+    )
+    .await;
 
-    let triggered_at = trigger_instant().await;
-    let reference = replacers
-        .for_strategy(Strategy::DeleteNodeClaim)
-        .trigger(&remediation, &policy)
-        .await
-        .expect("trigger")
-        .reference;
+    let (triggered_at, triggered) = drive.trigger_at_next_second().await;
+    let reference = triggered.reference;
 
     assert_eq!(
         (reference.api_version.as_str(), reference.kind.as_str()),
         ("karpenter.sh/v1", "NodeClaim")
     );
     assert_eq!(reference.name, format!("{pool}-{broken}"));
-    let progress = follow(
-        &client,
-        &replacers,
-        &remediation.name_any(),
-        &policy,
-        &reference,
-        triggered_at,
-        Duration::from_secs(60),
-    )
-    .await;
+    let progress = drive
+        .follow(&reference, triggered_at, Duration::from_secs(60))
+        .await;
     assert!(matches!(progress, Progress::Succeeded { .. }), "{progress:?}");
     let claims: Api<DynamicObject> = Api::all_with(client.clone(), &node_claim_resource());
     assert!(
@@ -440,36 +451,25 @@ fn reboot_template(namespace: &str) -> serde_json::Value {
     })
 }
 
+/// A one-node fleet and a `Reboot` of its node through the template [`reboot_template`] in
+/// `namespace`, with `timeout`: the fleet (kept for the test's length), the node and the drive.
+async fn template_reboot(client: &Client, namespace: &str, timeout: Duration) -> (Arc<Fleet>, String, Drive) {
+    let fleet = fleet(client, 1).await;
+    let node = fleet.node_names()[0].clone();
+    let policy = replacement(Strategy::Template, Some(reboot_template(namespace)), timeout);
+    let drive = Drive::standalone(client, &node, Action::Reboot, policy).await;
+    (fleet, node, drive)
+}
+
 #[tokio::test]
 async fn a_template_object_is_created_owned_by_the_remediation_and_followed_until_it_reports_done() {
-    let client = crds_installed().await;
-    let namespace = common::namespace().await;
-    let fleet = fleet(&client, 1).await;
-    let node = fleet.node_names()[0].clone();
-    let remediation = remediation(&client, &node, Action::Reboot).await;
-    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
-        client.clone(),
-        Fence::standalone(),
-    ));
-    let policy = replacement(
-        Strategy::Template,
-        Some(reboot_template(&namespace)),
-        Duration::from_secs(120),
-    );
+    let (client, namespace) = (crds_installed().await, common::namespace().await);
+    let (_fleet, node, drive) = template_reboot(&client, &namespace, Duration::from_secs(120)).await;
 
-    let triggered_at = trigger_instant().await;
-    let reference = replacers
-        .for_strategy(Strategy::Template)
-        .trigger(&remediation, &policy)
-        .await
-        .expect("trigger")
-        .reference;
-    let again = replacers
-        .for_strategy(Strategy::Template)
-        .trigger(&remediation, &policy)
-        .await
-        .expect("second trigger")
-        .reference;
+    let (triggered_at, triggered) = drive.trigger_at_next_second().await;
+    let reference = triggered.reference;
+    let again = drive.trigger().await.expect("second trigger").reference;
+    let remediation = &drive.remediation;
 
     assert_eq!(again, reference, "a repeated trigger finds the same object");
     let reboots = fake_reboots(&client, &namespace);
@@ -501,16 +501,9 @@ async fn a_template_object_is_created_owned_by_the_remediation_and_followed_unti
                 .expect("reporting done");
         })
     };
-    let progress = follow(
-        &client,
-        &replacers,
-        &remediation.name_any(),
-        &policy,
-        &reference,
-        triggered_at,
-        Duration::from_secs(30),
-    )
-    .await;
+    let progress = drive
+        .follow(&reference, triggered_at, Duration::from_secs(30))
+        .await;
     reporter.await.expect("reporter");
     assert_eq!(
         progress,
@@ -538,38 +531,14 @@ async fn a_template_object_is_created_owned_by_the_remediation_and_followed_unti
 
 #[tokio::test]
 async fn a_template_object_that_never_reports_done_fails_the_replacement_at_its_timeout() {
-    let client = crds_installed().await;
-    let namespace = common::namespace().await;
-    let fleet = fleet(&client, 1).await;
-    let node = fleet.node_names()[0].clone();
-    let remediation = remediation(&client, &node, Action::Reboot).await;
-    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
-        client.clone(),
-        Fence::standalone(),
-    ));
-    let policy = replacement(
-        Strategy::Template,
-        Some(reboot_template(&namespace)),
-        Duration::from_secs(3),
-    );
+    let (client, namespace) = (crds_installed().await, common::namespace().await);
+    let (_fleet, _node, drive) = template_reboot(&client, &namespace, Duration::from_secs(3)).await;
 
-    let triggered_at = trigger_instant().await;
-    let reference = replacers
-        .for_strategy(Strategy::Template)
-        .trigger(&remediation, &policy)
-        .await
-        .expect("trigger")
-        .reference;
-    let progress = follow(
-        &client,
-        &replacers,
-        &remediation.name_any(),
-        &policy,
-        &reference,
-        triggered_at,
-        Duration::from_secs(20),
-    )
-    .await;
+    let (triggered_at, triggered) = drive.trigger_at_next_second().await;
+    let reference = triggered.reference;
+    let progress = drive
+        .follow(&reference, triggered_at, Duration::from_secs(20))
+        .await;
 
     let Progress::Failed { reason, message } = progress else {
         panic!("{progress:?}")
@@ -583,28 +552,11 @@ async fn a_template_object_that_never_reports_done_fails_the_replacement_at_its_
 
 #[tokio::test]
 async fn a_template_object_reporting_failure_fails_the_replacement() {
-    let client = crds_installed().await;
-    let namespace = common::namespace().await;
-    let fleet = fleet(&client, 1).await;
-    let node = fleet.node_names()[0].clone();
-    let remediation = remediation(&client, &node, Action::Reboot).await;
-    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
-        client.clone(),
-        Fence::standalone(),
-    ));
-    let policy = replacement(
-        Strategy::Template,
-        Some(reboot_template(&namespace)),
-        Duration::from_secs(120),
-    );
+    let (client, namespace) = (crds_installed().await, common::namespace().await);
+    let (_fleet, _node, drive) = template_reboot(&client, &namespace, Duration::from_secs(120)).await;
 
-    let triggered_at = trigger_instant().await;
-    let reference = replacers
-        .for_strategy(Strategy::Template)
-        .trigger(&remediation, &policy)
-        .await
-        .expect("trigger")
-        .reference;
+    let (triggered_at, triggered) = drive.trigger_at_next_second().await;
+    let reference = triggered.reference;
     fake_reboots(&client, &namespace)
         .patch_status(
             &reference.name,
@@ -613,16 +565,9 @@ async fn a_template_object_reporting_failure_fails_the_replacement() {
         )
         .await
         .expect("reporting failure");
-    let progress = follow(
-        &client,
-        &replacers,
-        &remediation.name_any(),
-        &policy,
-        &reference,
-        triggered_at,
-        Duration::from_secs(20),
-    )
-    .await;
+    let progress = drive
+        .follow(&reference, triggered_at, Duration::from_secs(20))
+        .await;
 
     assert_eq!(
         progress,
@@ -638,15 +583,17 @@ async fn a_replica_without_a_current_claim_deletes_nothing() {
     let client = crds_installed().await;
     let fleet = fleet(&client, 1).await;
     let node = fleet.node_names()[0].clone();
-    let remediation = remediation(&client, &node, Action::Replace).await;
     let (unheld, _keeper) = Fence::keeper();
-    let replacers = Replacers::new(gpu_remediator::write::Writer::over(client.clone(), unheld));
-    let policy = replacement(Strategy::DeleteNode, None, Duration::from_secs(120));
+    let drive = Drive::fenced(
+        &client,
+        &node,
+        Action::Replace,
+        replacement(Strategy::DeleteNode, None, Duration::from_secs(120)),
+        unheld,
+    )
+    .await;
 
-    let refused = replacers
-        .for_strategy(Strategy::DeleteNode)
-        .trigger(&remediation, &policy)
-        .await;
+    let refused = drive.trigger().await;
 
     assert!(
         matches!(
@@ -663,17 +610,15 @@ async fn delete_machine_on_a_node_cluster_api_does_not_manage_says_so() {
     let client = crds_installed().await;
     let fleet = fleet(&client, 1).await;
     let node = fleet.node_names()[0].clone();
-    let remediation = remediation(&client, &node, Action::Replace).await;
-    let replacers = Replacers::new(gpu_remediator::write::Writer::over(
-        client.clone(),
-        Fence::standalone(),
-    ));
-    let policy = replacement(Strategy::DeleteMachine, None, Duration::from_secs(120));
+    let drive = Drive::standalone(
+        &client,
+        &node,
+        Action::Replace,
+        replacement(Strategy::DeleteMachine, None, Duration::from_secs(120)),
+    )
+    .await;
 
-    let refused = replacers
-        .for_strategy(Strategy::DeleteMachine)
-        .trigger(&remediation, &policy)
-        .await;
+    let refused = drive.trigger().await;
 
     assert!(
         matches!(&refused, Err(TriggerReplacementError::NotAClusterApiNode { node: n, .. }) if *n == node),

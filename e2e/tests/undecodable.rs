@@ -66,19 +66,7 @@ async fn install(client: &Client, bounded: bool) {
         )
         .await
         .unwrap_or_else(|e| panic!("installing {name}: {e}"));
-        eventually(&format!("{name} established"), Duration::from_secs(30), || {
-            let api = api.clone();
-            let name = name.clone();
-            async move {
-                let crd = api.get(&name).await.ok()?;
-                crd.status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            }
-        })
-        .await;
+        common::wait_established(client, &name).await;
     }
     eventually("both kinds served", Duration::from_secs(30), || {
         let client = client.clone();

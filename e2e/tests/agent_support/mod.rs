@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpu_remediation_api::constants::node_conditions;
+use gpu_remediation_api::constants::{gpu_reasons, node_conditions};
 use gpu_sandbox::{Fleet, FleetOptions};
 use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenRequestSpec},
@@ -399,4 +399,109 @@ pub async fn fleet(client: &Client, nodes: usize) -> Fleet {
     )
     .await
     .expect("starting the simulated fleet")
+}
+
+/// An agent test's ground: the shared cluster's client, a scratch directory (the agent's
+/// kubeconfig, the probe files and the agents' logs) and a fresh fleet.
+pub struct AgentGround {
+    pub client: Client,
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub fleet: Fleet,
+}
+
+impl AgentGround {
+    /// A scratch directory `name`, the agent's kubeconfig in it, and a fleet of `nodes`.
+    pub async fn new(name: &str, nodes: usize) -> Self {
+        let client = common::cluster().await.client();
+        let dir = scratch(name);
+        let kubeconfig = agent_kubeconfig(&client, &dir).await;
+        let fleet = fleet(&client, nodes).await;
+        Self {
+            client,
+            dir,
+            kubeconfig,
+            fleet,
+        }
+    }
+
+    /// The probe file of `node`'s agent.
+    pub fn probe_file(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("{node}.json"))
+    }
+
+    /// Writes `content` as `node`'s probe file and starts its agent, with `extra` flags.
+    pub async fn start_agent(
+        &self,
+        probe: Probe,
+        node: &str,
+        content: &Value,
+        extra: &[&str],
+    ) -> AgentProcess {
+        let probe_file = self.probe_file(node);
+        write_probe_file(&probe_file, content);
+        AgentProcess::start(probe, node, &self.kubeconfig, &probe_file, &self.dir, extra).await
+    }
+
+    /// Stops the fleet (drop its agents first).
+    pub async fn stop(self) {
+        self.fleet.stop().await.expect("stopping the fleet");
+    }
+}
+
+/// A ground of one node whose agent reads healthy GPUs and has reported them: the ground, the
+/// node and its agent.
+pub async fn one_healthy_agent(name: &str, probe: Probe) -> (AgentGround, String, AgentProcess) {
+    let ground = AgentGround::new(name, 1).await;
+    let node = ground.fleet.node_names().remove(0);
+    let agent = ground.start_agent(probe, &node, &healthy_gpus(&node), &[]).await;
+    wait_until_healthy(&ground.client, &node, &agent).await;
+    (ground, node, agent)
+}
+
+/// Waits (up to 60 s, an agent's start included) until `node`'s `GpuHealthy` is `True`/`Healthy`;
+/// returns it.
+pub async fn wait_until_healthy(client: &Client, node: &str, agent: &AgentProcess) -> NodeCondition {
+    wait_for_condition(
+        client,
+        node,
+        "True",
+        gpu_reasons::HEALTHY,
+        Duration::from_secs(60),
+        agent,
+    )
+    .await
+}
+
+/// Waits until `node`'s `GpuHealthy` is `Unknown`/`NvmlUnavailable` (the agent cannot read its
+/// GPUs); returns it.
+pub async fn wait_until_nvml_unavailable(
+    client: &Client,
+    node: &str,
+    within: Duration,
+    agent: &AgentProcess,
+) -> NodeCondition {
+    wait_for_condition(
+        client,
+        node,
+        "Unknown",
+        gpu_reasons::NVML_UNAVAILABLE,
+        within,
+        agent,
+    )
+    .await
+}
+
+/// Waits (up to 5 s, the time a missing GPU has to show) until `node`'s `GpuHealthy` is
+/// `False`/`GpuMissing`; returns it.
+pub async fn wait_until_gpu_missing(client: &Client, node: &str, agent: &AgentProcess) -> NodeCondition {
+    wait_for_condition(
+        client,
+        node,
+        "False",
+        gpu_reasons::GPU_MISSING,
+        Duration::from_secs(5),
+        agent,
+    )
+    .await
 }

@@ -138,7 +138,7 @@ impl World {
             "replacement": {"strategy": "DeleteNode", "timeout": "5m"},
             "safety": {"maxConcurrent": 1, "maxUnhealthy": "50%"},
         });
-        merge(&mut base, spec);
+        e2e::merge(&mut base, spec);
         self.env
             .create_policy(&self.scope, self.fleet.name(), "2s", base)
             .await
@@ -293,6 +293,34 @@ impl World {
             Ok(all) => all,
             Err(e) => panic!("{e}; remediations now: {}", self.describe().await),
         }
+    }
+
+    /// Waits (up to `within`) until every node of `broken` is replaced (`Succeeded`), then
+    /// asserts the suite's invariants over them: one remediation at a time, each node once.
+    pub async fn all_succeed_once(&self, broken: &[String], within: Duration, invariants: &Invariants) {
+        self.wait_all(broken, Phase::Succeeded, within).await;
+        invariants.assert_hold(broken, 1, Phase::Succeeded).await;
+    }
+
+    /// Asserts `controller` still runs (it recovered by itself, nobody restarted it), then stops it
+    /// and the control plane.
+    pub async fn end(self, mut controller: ControllerProcess) {
+        assert_running(&mut controller);
+        controller.terminate().await;
+        self.env.control_plane.stop().await;
+    }
+
+    /// Waits (up to `within`) until some remediation of the policy is in a phase `in_phase` accepts
+    /// (`None`: no status yet).
+    pub async fn wait_any(&self, what: &str, within: Duration, in_phase: impl Fn(Option<Phase>) -> bool) {
+        gpu_sandbox::bench::setup::eventually(what, within, || async {
+            let all = self.env.remediations(&self.scope).await.ok()?;
+            all.iter()
+                .any(|r| in_phase(r.status.as_ref().map(|s| s.phase)))
+                .then_some(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Each remediation of the policy as `node: phase (message)`, for failure messages.
@@ -476,7 +504,7 @@ impl Invariants {
 }
 
 /// Asserts the controller is still running (it recovered by itself, nobody restarted it).
-pub fn assert_running(controller: &mut ControllerProcess) {
+fn assert_running(controller: &mut ControllerProcess) {
     assert!(
         controller.exited().is_none(),
         "the controller exited; its log ends with:\n{}",
@@ -492,15 +520,4 @@ pub async fn leader(env: &BenchEnv) -> Option<String> {
             .await
             .ok()??;
     lease.spec?.holder_identity.filter(|h| !h.is_empty())
-}
-
-fn merge(base: &mut serde_json::Value, over: serde_json::Value) {
-    match (base, over) {
-        (serde_json::Value::Object(base), serde_json::Value::Object(over)) => {
-            for (key, value) in over {
-                merge(base.entry(key).or_insert(serde_json::Value::Null), value);
-            }
-        }
-        (base, over) => *base = over,
-    }
 }

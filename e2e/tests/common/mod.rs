@@ -42,6 +42,18 @@ pub async fn cluster_with(options: impl FnOnce() -> ControlPlaneOptions) -> &'st
         .await
 }
 
+/// Logs of the controller under test (`gpu_remediator=info`, or `RUST_LOG`) into the test's
+/// output, once per test binary.
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "gpu_remediator=info".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 /// A name unique within this test binary's cluster: `<prefix>-<n>`.
 pub fn unique_name(prefix: &str) -> String {
     static SEQUENCE: AtomicU32 = AtomicU32::new(0);
@@ -153,21 +165,79 @@ pub async fn install_crd(client: &kube::Client, yaml: &str) {
         Err(kube::Error::Api(status)) if status.is_already_exists() => {}
         Err(error) => panic!("installing CRD {name}: {error}"),
     }
+    wait_established(client, &name).await;
+}
+
+/// Waits (up to 30 s) until the CRD `name` is established.
+///
+/// # Panics
+/// When it is not within 30 s.
+pub async fn wait_established(client: &kube::Client, name: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     eventually(
         &format!("CRD {name} established"),
         Duration::from_secs(30),
-        || {
-            let (crds, name) = (crds.clone(), name.clone());
-            async move {
-                let conditions = crds.get(&name).await.ok()?.status?.conditions?;
-                conditions
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            }
+        || async {
+            let conditions = crds.get(name).await.ok()?.status?.conditions?;
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
         },
     )
     .await;
+}
+
+/// Installs the shipped CRDs (`crds/*.yaml`, as a user applies them) and waits until each is
+/// established.
+///
+/// # Panics
+/// If a file cannot be read or a CRD cannot be installed.
+pub async fn install_shipped_crds(client: &kube::Client) {
+    let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
+    for file in [
+        "gpuremediationpolicies.yaml",
+        "gpuremediations.yaml",
+        "gpuremediation-hardwarerecords.yaml",
+    ] {
+        let yaml = std::fs::read_to_string(crds.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        install_crd(client, &yaml).await;
+    }
+}
+
+/// Creates `policy` and runs the controller in-process on the calling test's runtime, enforcing
+/// only the policies labelled `e2e.gpuremediation.dev/scope=<scope>` (the policy's own label);
+/// returns the sender that stops it.
+///
+/// # Panics
+/// If the policy cannot be created.
+pub async fn run_controller_over(
+    client: &kube::Client,
+    policy: &gpu_remediation_api::GpuRemediationPolicy,
+    scope: &str,
+) -> tokio::sync::oneshot::Sender<()> {
+    Api::<gpu_remediation_api::GpuRemediationPolicy>::all(client.clone())
+        .create(&PostParams::default(), policy)
+        .await
+        .unwrap_or_else(|e| panic!("creating policy {scope}: {e}"));
+    let settings = gpu_remediator::Settings {
+        policy_selector: Some(format!("e2e.gpuremediation.dev/scope={scope}")),
+        pod_poll: Duration::from_millis(250),
+        instance: Some(scope.to_owned()),
+        ..gpu_remediator::Settings::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(gpu_remediator::run(
+        cluster().await.config(),
+        settings,
+        gpu_remediator::leader::Fence::standalone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    stop
 }
 
 /// Installs the project's own CRDs, as generated from the Rust types, once per test binary, and
@@ -226,5 +296,24 @@ pub async fn kubectl_apply(file: &str) {
         output.status.success(),
         "kubectl apply -f {file}: {}",
         String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The replacement the finished remediation `done` recorded (`status.replacement`) is the `kind`
+/// object `name`.
+///
+/// # Panics
+/// If it recorded none, or another.
+pub fn assert_replaced_through(done: &gpu_remediation_api::GpuRemediation, kind: &str, name: &str) {
+    let replacement = done
+        .status
+        .as_ref()
+        .expect("status")
+        .replacement
+        .as_ref()
+        .unwrap_or_else(|| panic!("the {kind} is recorded"));
+    assert_eq!(
+        (replacement.kind.as_str(), replacement.name.as_str()),
+        (kind, name)
     );
 }

@@ -1,7 +1,7 @@
 //! What the process-level leader tests share: a control plane that writes an audit log (so every
 //! mutating request can be attributed to the replica that made it, by its service account), the
 //! controller binary, replicas run as child processes under their own tokens, and the audit log
-//! reader.
+//! reader; [`fleet`] is what the replicas act on.
 #![allow(dead_code, reason = "each test binary uses a different part of the support")]
 
 use std::{
@@ -28,6 +28,8 @@ use kube::{
 use tokio::{process::Child, sync::OnceCell};
 
 use e2e::WORKSPACE;
+
+pub mod fleet;
 
 /// Every mutating verb, recorded with its request body (`Request` level, so the claim a write
 /// carries can be read) once the response is complete.

@@ -1,7 +1,8 @@
 //! The controller scenarios' harness, shared by every test binary that runs the controller
 //! in-process against the shared control plane: the generated CRDs installed once, a controller
 //! scoped to one policy (by label), a fleet and namespace per test, a workload behind a budget, and
-//! a pod watch that proves no budget was broken.
+//! a pod watch that proves no budget was broken. [`pinned`] holds a drain back behind a closed
+//! budget; [`provisioned`] is what the tests against a real provisioner share.
 #![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
 use std::{
@@ -31,22 +32,15 @@ use kube::{
 
 use crate::common::{self, eventually};
 
+pub mod pinned;
+pub mod provisioned;
+
 /// Label on test policies; each test's controller enforces only policies with its own value.
 pub const SCOPE_LABEL: &str = "e2e.gpuremediation.dev/scope";
 
 /// Installs the generated CRDs once per test binary and waits until they are served.
 pub async fn install_crds(client: &Client) {
     common::install_generated_crds(client).await;
-}
-
-pub fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "gpu_remediator=info".into()),
-        )
-        .with_test_writer()
-        .try_init();
 }
 
 /// A controller running in-process on the test's runtime, enforcing only `scope`'s policies.
@@ -124,7 +118,7 @@ impl Scenario {
 
     /// [`Self::new`], the fleet's options edited by `edit` (`dra: true`, say).
     pub async fn with_fleet(nodes: usize, edit: impl FnOnce(&mut gpu_sandbox::FleetOptions)) -> Self {
-        init_logs();
+        common::init_logs();
         let client = common::cluster().await.client();
         install_crds(&client).await;
         let namespace = common::namespace().await;
@@ -224,26 +218,6 @@ impl Scenario {
             .unwrap();
     }
 
-    /// Two pods of 8 GPUs each on the fleet's nodes, behind a PDB of `minAvailable: 1`: a
-    /// provisioner (Karpenter, Cluster API) gives each a node of its own. Returns once both run;
-    /// on a timeout the panic carries `log`, the provisioner's log tail.
-    pub async fn two_training_pods(&self, within: Duration, log: impl Fn() -> String) -> Workload {
-        let app = Workload::new(&self.namespace, "train")
-            .replicas(2)
-            .gpus(8)
-            .node_selector(FLEET_LABEL, self.fleet.name());
-        workload::create(&self.client, &app.deployment())
-            .await
-            .expect("deployment");
-        workload::create(&self.client, &app.pdb(&Budget::min_available(1)))
-            .await
-            .expect("pdb");
-        workload::wait_ready_pods(&self.client, &self.namespace, &app.selector(), 2, within)
-            .await
-            .unwrap_or_else(|e| panic!("{e}; the provisioner's log ends:\n{}", log()));
-        app
-    }
-
     /// A Deployment of `replicas` pods all on `node` (the other `spare` nodes are cordoned while
     /// it starts, then opened, so evicted pods have somewhere to go), behind a PDB.
     pub async fn protected_workload(
@@ -297,6 +271,29 @@ impl Scenario {
         app
     }
 
+    /// Eight `train` pods on `node`, each claiming one GPU through DRA (the claim template
+    /// `one-gpu`, created here); not started yet.
+    pub async fn eight_pods_claiming_a_gpu_each(&self, node: &str) -> Workload {
+        gpu_sandbox::dra::create_claim_template(&self.client, &self.namespace, "one-gpu", 1)
+            .await
+            .expect("the claim template");
+        Workload::new(&self.namespace, "train")
+            .replicas(8)
+            .on_nodes(&[node])
+            .gpus_claimed_from("one-gpu")
+    }
+
+    /// Creates the Deployment of `app` and waits up to `within` until `ready` of its pods run
+    /// (`what`: what the test waits for); returns them.
+    pub async fn run_workload(&self, app: &Workload, ready: usize, within: Duration, what: &str) -> Vec<Pod> {
+        workload::create(&self.client, &app.deployment())
+            .await
+            .expect("the deployment");
+        workload::wait_ready_pods(&self.client, &self.namespace, &app.selector(), ready, within)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+    }
+
     pub async fn pods_on(&self, node: &str) -> Vec<Pod> {
         let pods = Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
             .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
@@ -306,25 +303,10 @@ impl Scenario {
     }
 }
 
-pub fn merge(base: &mut serde_json::Value, over: serde_json::Value) {
-    match (base, over) {
-        (serde_json::Value::Object(base), serde_json::Value::Object(over)) => {
-            for (key, value) in over {
-                merge(base.entry(key).or_insert(serde_json::Value::Null), value);
-            }
-        }
-        (base, over) => *base = over,
-    }
-}
+pub use e2e::merge;
 
-pub fn is_ready(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
+/// Whether `pod` is Ready and not terminating (as the disruption controller counts it healthy).
+pub use gpu_sandbox::workload::is_ready;
 
 pub fn evicted_through_the_api(pod: &Pod) -> bool {
     pod.status
