@@ -7,11 +7,6 @@ use gpu_remediation_api::{
     constants::{QUARANTINE_TAINT_KEY, QUARANTINED_BY_ANNOTATION, reasons},
 };
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::{
-    api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus},
-    apimachinery::pkg::apis::meta::v1::Time,
-};
-use kube::api::ObjectMeta;
 
 use crate::{
     fleet,
@@ -32,27 +27,7 @@ fn policy() -> GpuRemediationPolicy {
     .expect("a valid policy")
 }
 
-fn node(name: &str, broken_since: Option<Timestamp>) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            uid: Some(format!("uid-{name}")),
-            resource_version: Some("1".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(NodeSpec::default()),
-        status: Some(NodeStatus {
-            conditions: Some(vec![NodeCondition {
-                type_: "GpuHealthy".into(),
-                status: if broken_since.is_some() { "False" } else { "True" }.into(),
-                reason: Some("XID79".into()),
-                last_transition_time: Some(Time(broken_since.unwrap_or(Timestamp::UNIX_EPOCH))),
-                ..NodeCondition::default()
-            }]),
-            ..NodeStatus::default()
-        }),
-    }
-}
+use crate::test_fixtures::node;
 
 #[tokio::test]
 async fn a_fresh_signal_is_one_taint_patch_on_its_node_and_one_event_and_a_healthy_node_is_left_alone() {

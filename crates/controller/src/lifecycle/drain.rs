@@ -34,12 +34,7 @@ pub(super) fn advance(
     mut status: GpuRemediationStatus,
     release_at: Option<Timestamp>,
 ) -> Decision {
-    let Pass {
-        remediation,
-        rules,
-        seen,
-        facts,
-    } = *pass;
+    let (remediation, rules, seen, facts) = pass.parts();
     let now = facts.now;
     if status::has_true(&status, remediation_conditions::DRAINED) {
         let before = status.phase;

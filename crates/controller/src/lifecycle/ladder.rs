@@ -62,12 +62,7 @@ pub(super) fn first_step(remediation: &GpuRemediation, rules: &PolicySnapshot, n
 
 /// One pass of the ladder in `Replacing` or `Verifying`.
 pub(super) fn advance(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus) -> Decision {
-    let Pass {
-        remediation,
-        rules,
-        seen,
-        facts,
-    } = *pass;
+    let (remediation, rules, seen, facts) = pass.parts();
     let pass = &Pass {
         remediation,
         rules,
@@ -117,9 +112,7 @@ fn supersede(facts: &Facts<'_>, mut status: GpuRemediationStatus, reason: Cancel
 
 /// Asks for the step's object (or the replacement), and records it or the refusal.
 fn trigger(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus, deadline: Timestamp) -> Decision {
-    let Pass {
-        rules, seen, facts, ..
-    } = *pass;
+    let (_, rules, seen, facts) = pass.parts();
     let rung = status.current_step.unwrap_or(Rung::Replace);
     let answer = if rung == Rung::Replace {
         &seen.answers.trigger
@@ -169,7 +162,7 @@ fn refused(
     words: &Words,
     deadline: Timestamp,
 ) -> Decision {
-    let Pass { seen, facts, .. } = *pass;
+    let (_, _, seen, facts) = pass.parts();
     let refusal = status::refusal(&status, words, facts.now);
     if !evidence::transient(words) {
         let message = format!("{} was refused: {}", words.action, words.message);
@@ -199,12 +192,7 @@ fn judge_repair(
     record: &StepRecord,
     deadline: Timestamp,
 ) -> Decision {
-    let Pass {
-        remediation,
-        rules,
-        seen,
-        facts,
-    } = *pass;
+    let (remediation, rules, seen, facts) = pass.parts();
     let Identity::Same(node) = facts.identity else {
         unreachable!("a repair step on a node that is not the admitted one was cancelled above")
     };
@@ -362,9 +350,7 @@ fn judge_repair(
 
 /// Judges the `Replace` step with the replacement's verdict, bounded by the step's timeout.
 fn judge_replacement(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus, step: &LadderStep) -> Decision {
-    let Pass {
-        rules, seen, facts, ..
-    } = *pass;
+    let (_, rules, seen, facts) = pass.parts();
     let record = status.steps.last().cloned().expect("a step is open");
     let deadline = plus(record.start.0, signed(step.timeout.as_std()));
     let observation = match seen.replacement {
@@ -395,12 +381,7 @@ fn judge_replacement(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus, step
 /// GPUs. A label the server keeps refusing is retried within the step; past its timeout the
 /// remediation still ends `ManualRequired`, saying the label is missing.
 fn hand_off(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus, deadline: Timestamp) -> Decision {
-    let Pass {
-        remediation,
-        seen,
-        facts,
-        ..
-    } = *pass;
+    let (remediation, _, seen, facts) = pass.parts();
     let Some(answer) = &seen.answers.hand_off else {
         return Decision::Ask(Ask::HandOff(facts.node.clone()));
     };
@@ -441,7 +422,7 @@ fn escalate(
     outcome: StepOutcome,
     why: &str,
 ) -> Decision {
-    let Pass { rules, facts, .. } = *pass;
+    let (_, rules, _, facts) = pass.parts();
     let from = status.current_step;
     close(&mut status, outcome, why, facts.now);
     status.refusal = None;

@@ -297,6 +297,20 @@ struct Pass<'p, 'a> {
     facts: &'p Facts<'a>,
 }
 
+impl<'p, 'a> Pass<'p, 'a> {
+    /// The four, in the order the struct names them.
+    fn parts(
+        &self,
+    ) -> (
+        &'p GpuRemediation,
+        &'p PolicySnapshot,
+        &'p Seen<'a>,
+        &'p Facts<'a>,
+    ) {
+        (self.remediation, self.rules, self.seen, self.facts)
+    }
+}
+
 /// `decision`, releasing the node at once if a person took it over (uncordoned it) meanwhile.
 fn let_go_if_taken_over(decision: Decision, facts: &Facts<'_>) -> Decision {
     match decision {
@@ -310,12 +324,7 @@ fn let_go_if_taken_over(decision: Decision, facts: &Facts<'_>) -> Decision {
 
 /// Everything before the hand-over: cordon, drain, and the ways it stops early.
 fn before_hand_over(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Decision {
-    let Pass {
-        remediation,
-        rules,
-        seen,
-        facts,
-    } = *pass;
+    let (remediation, rules, seen, facts) = pass.parts();
     let phase = status.phase;
     match facts.identity {
         Identity::Gone => return cancel(facts, status, CancelReason::NodeGone),

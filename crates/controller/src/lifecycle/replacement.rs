@@ -24,12 +24,7 @@ use crate::{
 
 /// One step of `Replacing` or `Verifying` (not the held `action: None`).
 pub(super) fn advance(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Decision {
-    let Pass {
-        remediation,
-        rules,
-        seen,
-        facts,
-    } = *pass;
+    let (remediation, rules, seen, facts) = pass.parts();
     let triggered_at = status::deadline_base(&status, Phase::Replacing, facts.now);
     let deadline = plus(triggered_at, signed(rules.replacement.timeout.as_std()));
     if status.phase == Phase::Replacing || status.replacement.is_none() {

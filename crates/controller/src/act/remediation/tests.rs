@@ -9,11 +9,7 @@ use gpu_remediation_api::{
     remediation::TriggerRecord,
 };
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::{
-    api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus},
-    apimachinery::pkg::apis::meta::v1::Time,
-};
-use kube::api::ObjectMeta;
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use serde_json::json;
 
 use crate::write::recording::{Recording, context, node_path, remediation_path};
@@ -32,26 +28,7 @@ pub(crate) fn policy() -> GpuRemediationPolicy {
 }
 
 pub(crate) fn broken_node(since: Timestamp) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some("gpu-1".into()),
-            uid: Some("uid-gpu-1".into()),
-            resource_version: Some("1".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(NodeSpec::default()),
-        status: Some(NodeStatus {
-            conditions: Some(vec![NodeCondition {
-                type_: "GpuHealthy".into(),
-                status: "False".into(),
-                reason: Some("XID79".into()),
-                message: Some("GPU 1 fell off the bus".into()),
-                last_transition_time: Some(Time(since)),
-                ..NodeCondition::default()
-            }]),
-            ..NodeStatus::default()
-        }),
-    }
+    crate::test_fixtures::node("gpu-1", Some(since))
 }
 
 pub(crate) fn record(since: Timestamp) -> GpuRemediation {
