@@ -23,7 +23,7 @@ use crate::{
     context::Context,
     fleet,
     fleet::PolicyPlan,
-    lifecycle::{Note, status},
+    lifecycle::{Note, note},
     read::ReadNodeError,
     write::{self, CreateRemediationError, DeleteRemediationError, WriteStatusError},
 };
@@ -85,7 +85,7 @@ fn aggregate(events: Vec<(ObjectReference, Event)>) -> Vec<(ObjectReference, Eve
                     .map(|e| e.note.clone().unwrap_or_default())
                     .collect();
                 let text = format!("{} at once: {}", events.len(), notes.join("; "));
-                events[0].note = Some(status::truncate(&text, status::NOTE_MAX));
+                events[0].note = Some(note::truncate(&text, note::NOTE_MAX));
             }
             (reference, events.swap_remove(0))
         })
@@ -349,6 +349,6 @@ mod tests {
         assert_eq!(published.len(), 1);
         let note = published[0].1.note.as_deref().unwrap();
         assert!(note.starts_with("100 at once: node gpu-000"), "{note}");
-        assert!(note.len() <= status::NOTE_MAX, "{}", note.len());
+        assert!(note.len() <= note::NOTE_MAX, "{}", note.len());
     }
 }

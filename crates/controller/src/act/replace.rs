@@ -331,7 +331,7 @@ impl Replacers {
                             &DeleteParams::default(),
                         )
                         .await
-                        .map_err(|error| error.during(format!("deleting {kind} {shown}")))?;
+                        .map_err(|error| during(error, format!("deleting {kind} {shown}")))?;
                 }
                 Write::Create { resource, object } => {
                     reference.uid = self.create(remediation, &reference, &resource, &object).await?;
@@ -417,19 +417,13 @@ impl Replacers {
     }
 }
 
-/// A stamped delete's failure as the replacement's.
-trait DuringReplacement {
-    /// This error as a [`TriggerReplacementError`] of the step `action` (e.g. `deleting node n1`).
-    fn during(self, action: String) -> TriggerReplacementError;
-}
-
-impl DuringReplacement for DeleteStampedError {
-    fn during(self, action: String) -> TriggerReplacementError {
-        match self {
-            Self::Write(WriteError::Fenced(fenced)) => TriggerReplacementError::Fenced(fenced),
-            Self::Write(WriteError::Api(source)) => TriggerReplacementError::Api { action, source },
-            DeleteStampedError::KeptConflicting => TriggerReplacementError::KeptConflicting { action },
-        }
+/// A stamped delete's failure as a [`TriggerReplacementError`] of the step `action` (e.g.
+/// `deleting node n1`).
+fn during(error: DeleteStampedError, action: String) -> TriggerReplacementError {
+    match error {
+        DeleteStampedError::Write(WriteError::Fenced(fenced)) => TriggerReplacementError::Fenced(fenced),
+        DeleteStampedError::Write(WriteError::Api(source)) => TriggerReplacementError::Api { action, source },
+        DeleteStampedError::KeptConflicting => TriggerReplacementError::KeptConflicting { action },
     }
 }
 

@@ -11,6 +11,7 @@ use kube::{
 };
 
 use crate::{
+    lifecycle::note::{NOTE_MAX, truncate},
     observe::undecodable::{Finding, Findings, REASON},
     write::Writer,
 };
@@ -27,7 +28,7 @@ pub async fn report(writer: Writer, mut findings: Findings) {
         let event = Event {
             type_: EventType::Warning,
             reason: REASON.to_owned(),
-            note: Some(truncated(&note, 1000)),
+            note: Some(truncate(&note, NOTE_MAX)),
             action: "Decode".to_owned(),
             secondary: None,
         };
@@ -59,7 +60,7 @@ async fn mark_policy_invalid(
         }
         .to_owned(),
         reason: REASON.to_owned(),
-        message: truncated(message, 32_768),
+        message: truncate(message, 32_768),
         last_transition_time: now.clone(),
         observed_generation: generation,
     };
@@ -77,12 +78,4 @@ async fn mark_policy_invalid(
         )
         .await?;
     Ok(())
-}
-
-fn truncated(text: &str, max: usize) -> String {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
 }

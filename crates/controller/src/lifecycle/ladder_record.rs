@@ -11,8 +11,6 @@ use gpu_remediation_api::{
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::status;
-
 /// Whether a status was ended by a hand-off (its node stays cordoned for a person).
 #[must_use]
 pub fn handed_off(status: &GpuRemediationStatus) -> bool {
@@ -48,7 +46,7 @@ pub(super) fn close(status: &mut GpuRemediationStatus, outcome: StepOutcome, mes
     if let Some(open) = status.steps.last_mut().filter(|s| s.end.is_none()) {
         open.end = Some(Time(now));
         open.outcome = Some(outcome);
-        open.message = Some(status::truncate(message, STEP_MESSAGE_MAX));
+        open.message = Some(super::note::truncate(message, STEP_MESSAGE_MAX));
     }
 }
 

@@ -71,3 +71,14 @@ pub fn truncate(text: &str, max: usize) -> String {
     }
     text[..end].to_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_event_notes_are_cut_on_a_character_boundary() {
+        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(truncate("short", 100), "short");
+    }
+}

@@ -12,7 +12,7 @@ use kube::runtime::events::EventType;
 
 use super::{Next, Release, Settlement, Words, dated};
 
-pub use super::note::{NOTE_MAX, Note, truncate};
+use super::note::Note;
 
 /// Dates `Pending` from the record's creation (creation cannot set a status): the record counts
 /// from its admission, whatever happens to it later.
@@ -247,12 +247,6 @@ mod tests {
         assert_eq!(status.message.as_deref(), Some("draining"));
         assert_eq!(phase_entered(&status, Phase::Cordoned), Some(at(1)));
         assert_eq!(phase_entered(&status, Phase::Draining), Some(at(2)));
-    }
-
-    #[test]
-    fn long_event_notes_are_cut_on_a_character_boundary() {
-        assert_eq!(truncate("héllo", 2), "h");
-        assert_eq!(truncate("short", 100), "short");
     }
 
     #[test]
