@@ -25,6 +25,7 @@ for copy in manifests/optional/dashboard/gpu-remediator.json:gpu-remediator.json
   manifests/approval/rbac.yaml:approval-rbac.yaml \
   manifests/approval/admission-policy.yaml:approval-admission-policy.yaml \
   manifests/controller/fence-policy.yaml:fence-policy.yaml \
+  manifests/controller/records-policy.yaml:records-policy.yaml \
   manifests/controller/flow-schemas.yaml:flow-schemas.yaml; do
   cmp -s "${copy%%:*}" "${chart}/files/${copy#*:}" \
     || { echo "${chart}/files/${copy#*:} differs from ${copy%%:*}" >&2; stale=true; }
