@@ -192,6 +192,9 @@ pub mod remediation_conditions {
     pub const REPLACEMENT_TRIGGERED: &str = "ReplacementTriggered";
     /// The remediation is finished (successfully or not).
     pub const COMPLETE: &str = "Complete";
+    /// The status claims what nothing backs (written by someone other than the controller): the
+    /// record is held and its node left alone.
+    pub const TAMPERED: &str = "Tampered";
 }
 
 /// Event and condition reasons the controller emits.
@@ -254,4 +257,6 @@ pub mod reasons {
     /// A GPU or host past `safety.repeatOffender`: the remediation skips to the last rung, or the
     /// joining node is flagged.
     pub const REPEAT_OFFENDER: &str = "RepeatOffender";
+    /// A record's status claims what nothing backs: held, its node left alone.
+    pub const STATUS_TAMPERED: &str = "StatusTampered";
 }

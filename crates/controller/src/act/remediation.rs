@@ -25,6 +25,7 @@ use crate::{
     lifecycle::{
         self, Answers, Ask, Decision, EvictionAnswer, Pace, Seen, Settlement, Words,
         eviction_round::{self, Flight},
+        provenance::Provenance,
     },
     progress,
     read::Scope,
@@ -130,6 +131,9 @@ pub async fn advance(
     // pass starts; `written` is what the server has.
     let (resumed, mut written) = ctx.progress.resume(&remediation);
     let mut current = Arc::new(resumed);
+    if let Provenance::Tampered(findings) = lifecycle::provenance::judge(&current) {
+        return hold(ctx, &current, written.as_ref(), &findings).await;
+    }
     let mut hold_until = None;
     for pass_step in 0..STEPS_PER_PASS {
         crate::telemetry::logs::record_phase(
@@ -200,6 +204,26 @@ pub async fn advance(
         }
     }
     Ok(Next::At(Timestamp::now()).or_at(hold_until))
+}
+
+/// Holds a record whose status the controller could not have written (`lifecycle::provenance`):
+/// the `Tampered` condition and its Event, counted once per hold; nothing is asked of the node.
+async fn hold(
+    ctx: &Context,
+    remediation: &Arc<GpuRemediation>,
+    written: Option<&GpuRemediationStatus>,
+    findings: &[String],
+) -> Result<Next, AdvanceRemediationError> {
+    tracing::warn!(
+        ?findings,
+        "the record's status was not written by the controller: held"
+    );
+    let settlement = lifecycle::provenance::hold(remediation, findings, Timestamp::now());
+    if !settlement.notes.is_empty() {
+        ctx.metrics.record_held(&remediation.spec.policy_name);
+    }
+    settle(ctx, remediation, written, settlement, false).await?;
+    Ok(Next::Idle)
 }
 
 /// A step's settlement, and the record as the step itself wrote it, if it did.

@@ -33,6 +33,7 @@ mod ladder_record;
 pub mod note;
 #[cfg(test)]
 mod paths;
+pub mod provenance;
 mod replacement;
 mod seen;
 pub mod status;

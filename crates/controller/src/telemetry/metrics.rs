@@ -16,6 +16,7 @@
 //! | `quarantined_nodes` | gauge | `policy` (nodes carrying its quarantine taint, as `status.quarantinedNodes`) |
 //! | `signal_to_quarantine_seconds` | histogram | `policy` (trigger condition's first match to the quarantine taint written) |
 //! | `leaked_pods_total` | counter | `policy` (pods found on a node, at its cordon, that were scheduled after its fault began) |
+//! | `records_held_total` | counter | `policy` (records held because their status has no evidence behind it: written by someone other than the controller; `lifecycle::provenance`) |
 //! | `leader` | gauge | (1 while this replica's fence is current) |
 //! | `reconcile_errors_total` | counter | `reconciler` |
 //! | `reconcile_errors_by_kind_total` | counter | `reconciler`, `kind` (`fenced`, `conflict`, `forbidden`, `invalid`, `timeout`, `unreachable`, `internal`, ...) |
@@ -158,6 +159,7 @@ struct Series {
     quarantined: Family<PolicyLabels, Gauge>,
     signal_to_quarantine: Family<PolicyLabels, Histogram>,
     leaked_pods: Family<PolicyLabels, Counter>,
+    records_held: Family<PolicyLabels, Counter>,
     leader: Gauge,
     reconcile_errors: Family<ReconcilerLabels, Counter>,
     ladder: super::ladder_metrics::LadderSeries,
@@ -193,6 +195,21 @@ fn action_label(action: Action) -> &'static str {
     }
 }
 
+/// The series of stored objects the controller leaves alone: undecodable ones, and records held
+/// because their status has no evidence behind it.
+fn register_records_left_alone(registry: &mut Registry, series: &Series) {
+    registry.register(
+        "undecodable_objects",
+        "1 while a stored policy or remediation cannot be decoded and is left out, by kind and name",
+        crate::observe::undecodable::GAUGE.clone(),
+    );
+    registry.register(
+        "records_held",
+        "Records held because their status has no evidence behind it (not written by the controller)",
+        series.records_held.clone(),
+    );
+}
+
 impl Metrics {
     /// A fresh registry with every series registered.
     #[must_use]
@@ -211,6 +228,7 @@ impl Metrics {
             quarantined: Family::default(),
             signal_to_quarantine: Family::new_with_constructor(quarantine_histogram),
             leaked_pods: Family::default(),
+            records_held: Family::default(),
             leader: Gauge::default(),
             reconcile_errors: Family::default(),
             ladder: super::ladder_metrics::LadderSeries::new(),
@@ -292,11 +310,7 @@ impl Metrics {
             "Reconcile attempts that failed, by reconciler",
             series.reconcile_errors.clone(),
         );
-        registry.register(
-            "undecodable_objects",
-            "1 while a stored policy or remediation cannot be decoded and is left out, by kind and name",
-            crate::observe::undecodable::GAUGE.clone(),
-        );
+        register_records_left_alone(&mut registry, &series);
         series.ladder.register(&mut registry);
         series.writes.register(&mut registry);
         // Counters that exist from the start read 0 rather than absent, so `rate()` and alerts on
@@ -454,6 +468,16 @@ impl Metrics {
                 policy: policy.to_owned(),
             })
             .inc_by(u64::from(count));
+    }
+
+    /// A record was held: its status has no evidence behind it (`lifecycle::provenance`).
+    pub fn record_held(&self, policy: &str) {
+        self.series
+            .records_held
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .inc();
     }
 
     /// A write was sent (or stopped by the fence): `verb` on `resource`, with `outcome` (`ok` or

@@ -1,5 +1,6 @@
 //! Settling a remediation against a recording writer: a record deleted while its node is cordoned
-//! releases the node (ours only) and drops our finalizer, each through the writer.
+//! releases the node (ours only) and drops our finalizer, each through the writer; a record whose
+//! status another hand wrote is held, its node untouched.
 
 use std::sync::Arc;
 
@@ -19,10 +20,20 @@ async fn a_record_deleted_mid_drain_releases_our_cordon_and_drops_its_finalizer(
     );
     let mut record = super::super::tests::record(since);
     record.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
-    record.status = Some(GpuRemediationStatus {
-        phase: Phase::Draining,
-        ..GpuRemediationStatus::default()
-    });
+    // Draining as the lifecycle writes it: the cordon in the history and the conditions.
+    let mut status = GpuRemediationStatus::default();
+    for phase in [Phase::Pending, Phase::Cordoned, Phase::Draining] {
+        crate::lifecycle::status::enter(&mut status, phase, "on the way", since);
+    }
+    crate::lifecycle::status::set_condition(
+        &mut status,
+        gpu_remediation_api::constants::remediation_conditions::CORDONED,
+        true,
+        "Cordoned",
+        "ours",
+        since,
+    );
+    record.status = Some(status);
     let (ctx, recording) = context(
         vec![super::super::tests::policy()],
         vec![record.clone()],
@@ -59,5 +70,56 @@ async fn a_record_deleted_mid_drain_releases_our_cordon_and_drops_its_finalizer(
             .names()
             .contains(&"gpu-1-abcde".to_owned()),
         "a record whose last finalizer went is not laid over the cache"
+    );
+}
+
+#[tokio::test]
+async fn a_record_moved_to_replacing_by_someone_else_is_held_and_its_node_left_alone() {
+    let since = Timestamp::now() - SignedDuration::from_secs(60);
+    let mut record = super::super::tests::record(since);
+    record.spec.mode = gpu_remediation_api::policy::Mode::Manual;
+    record.spec.action = gpu_remediation_api::policy::Action::Replace;
+    // Awaiting approval as the lifecycle wrote it, then `status.phase: Replacing` by another hand.
+    let mut status = GpuRemediationStatus::default();
+    for phase in [Phase::Pending, Phase::AwaitingApproval] {
+        crate::lifecycle::status::enter(&mut status, phase, "on the way", since);
+    }
+    status.phase = Phase::Replacing;
+    record.status = Some(status);
+    let (ctx, recording) = context(
+        vec![super::super::tests::policy()],
+        vec![record.clone()],
+        vec![super::super::tests::broken_node(since)],
+    );
+
+    let next = super::super::advance(&ctx, Arc::new(record))
+        .await
+        .expect("the record is held");
+
+    assert_eq!(next, super::super::Next::Idle);
+    let path = remediation_path("gpu-1-abcde");
+    assert_eq!(
+        recording.writes(),
+        [format!("PATCH {path}/status")],
+        "the hold's status, and nothing on the node"
+    );
+    assert_eq!(recording.event_reasons(), ["StatusTampered"]);
+    let stored = recording.object(&path).expect("the record");
+    assert_eq!(stored["status"]["phase"], "Replacing", "left as found");
+    let tampered = stored["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Tampered"))
+        .expect("the Tampered condition");
+    assert!(
+        tampered["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("Replacing without an approval")),
+        "{tampered}"
+    );
+    assert!(
+        ctx.metrics
+            .encode()
+            .contains("gpu_remediator_records_held_total{policy=\"p\"} 1"),
+        "counted once"
     );
 }

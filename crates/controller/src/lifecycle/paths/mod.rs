@@ -25,7 +25,9 @@
 //!    `Failed`, keeps the cordon for a person);
 //! 9. an eviction asked and not yet answered is never asked again: the acting layer decides again
 //!    while evictions are in the server (at each answer and each change of a budget), so some
-//!    passes here hold answers back for a decision or more, as a slow server does.
+//!    passes here hold answers back for a decision or more, as a slow server does;
+//! 10. every status the lifecycle writes is one `provenance::judge` finds its own (no path that
+//!     only the controller walks is ever held as tampered).
 //!
 //! `PROPTEST_CASES` sets the number of paths (100,000 by default).
 
@@ -505,6 +507,7 @@ fn walk(setup: &Setup, events: &[Event], dice: u64) -> Result<(), Violation> {
         world.happen(event);
         path.push(event);
         pass(&mut world, Mood::Random).map_err(|v| format!("{v}\n  after {path:?}"))?;
+        own_status(&world, &path)?;
     }
     // 4 (deadlines): from here nobody helps and every request is refused; within the policy's
     // deadlines the remediation ends or asks a person. Each look is past every single deadline;
@@ -514,6 +517,7 @@ fn walk(setup: &Setup, events: &[Event], dice: u64) -> Result<(), Violation> {
         world.now += SignedDuration::from_secs(horizon());
         pass(&mut world, Mood::Stubborn)
             .map_err(|v| format!("{v}\n  after {path:?} and the stubborn end"))?;
+        own_status(&world, &path)?;
     }
     if let Some(record) = &world.record {
         let status = record.status.clone().unwrap_or_default();
@@ -529,6 +533,18 @@ fn walk(setup: &Setup, events: &[Event], dice: u64) -> Result<(), Violation> {
         }
     }
     Ok(())
+}
+
+/// 10: every status the lifecycle writes is one `provenance::judge` finds its own, unless a
+/// person hand-edited the record's phase on the way (then it may rightly be held).
+fn own_status(world: &World, path: &[Event]) -> Result<(), Violation> {
+    let edited = path.iter().any(|e| matches!(e, Event::HandEdit(_)));
+    match world.record.as_ref().map(super::provenance::judge) {
+        Some(super::provenance::Provenance::Tampered(findings)) if !edited => Err(format!(
+            "a status the lifecycle wrote is judged tampered: {findings:?}\n  after {path:?}"
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn cases() -> u32 {
