@@ -3,7 +3,8 @@
 //! `priority: 3000000000` and a remediation whose status counts 5000000000 pods are stored; the
 //! bounded CRDs are then installed over them, and a controller started: it becomes ready, names
 //! both objects (gauge, Events, the policy's `Invalid` condition), and still cordons a broken node of
-//! another policy. Out-of-range values are then refused by the bounded CRDs, with a message.
+//! another policy; `gpu-remediator explain` and `kubectl gpu history --node` work, naming each
+//! object they skip. Out-of-range values are then refused by the bounded CRDs, with a message.
 
 mod common;
 
@@ -96,6 +97,27 @@ fn policy(name: &str, scope: &str, spec: &Value) -> DynamicObject {
         "spec": spec,
     }))
     .unwrap()
+}
+
+/// Runs this workspace's `binary` (`gpu-remediator` or `kubectl-gpu`, built on first use) with
+/// `args` against the shared cluster: whether it succeeded, its stdout and its stderr.
+async fn cli(binary: &str, args: &[&str]) -> (bool, String, String) {
+    let dir = e2e::build_binaries(&[
+        ("gpu-remediator", "gpu-remediator"),
+        ("gpu-remediator", "kubectl-gpu"),
+    ]);
+    let output = Command::new(dir.join(binary))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(cluster().await.kubeconfig_path())
+        .output()
+        .expect("the command runs");
+    let (out, err) = (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    );
+    eprintln!("$ {binary} {}\n{out}{err}", args.join(" "));
+    (output.status.success(), out, err)
 }
 
 /// Runs the cluster's kubectl with `stdin` as the manifest: stdout, or stderr on failure.
@@ -300,6 +322,36 @@ async fn objects_stored_out_of_range_before_the_bounds_neither_wedge_the_control
     })
     .await;
     assert_eq!(health.readiness(), Readiness::Ready);
+
+    // The tools read past them too, naming each: `gpu-remediator explain` and `kubectl gpu
+    // history --node` (each object decoded on its own, as the controller's watches do).
+    let selector = format!("--policy-selector={SCOPE_LABEL}={scope}");
+    let (explained, out, err) = cli("gpu-remediator", &["explain", &node, &selector]).await;
+    assert!(
+        explained,
+        "explain works with an undecodable policy stored: {err}"
+    );
+    assert!(
+        out.contains(&good),
+        "explains the node under the good policy: {out}"
+    );
+    assert!(
+        err.contains(&format!(
+            "skipped GpuRemediationPolicy {huge}: it does not decode"
+        )) && err.contains("3000000000"),
+        "names the undecodable policy and why: {err}"
+    );
+    let (listed, out, err) = cli("kubectl-gpu", &["history", "--node", &node]).await;
+    assert!(
+        listed,
+        "history works with an undecodable remediation stored: {err}"
+    );
+    assert!(out.contains(&good), "lists the node's remediation: {out}");
+    assert!(
+        err.contains(&format!("skipped GpuRemediation {stale}: it does not decode"))
+            && err.contains("5000000000"),
+        "names the undecodable remediation and why: {err}"
+    );
 
     // Deleting the undecodable objects clears the gauge.
     dynamic::<GpuRemediationPolicy>(&client)

@@ -2,7 +2,8 @@
 //! plugin `kubectl-gpu`: `validate` (policy files, offline), `explain` (why a node is or is not
 //! being remediated), `approve` (a remediation awaiting a person) and `history` (a node's
 //! remediations). Their decisions are pure and unit-tested in the submodules; the functions here
-//! only read files or the cluster, write the one patch `approve` decides, and print.
+//! only read files or the cluster, write the one patch `approve` decides, and print. Our kinds are
+//! listed through `stored`: an object that does not decode is skipped and named on stderr.
 
 pub mod approve;
 pub mod commands;
@@ -13,6 +14,7 @@ pub mod ladder_steps;
 pub mod locate;
 pub mod overlap;
 pub mod server_words;
+pub mod stored;
 pub mod validate;
 
 use std::{path::PathBuf, process::ExitCode, sync::Arc};
@@ -142,19 +144,17 @@ pub async fn explain_node(
         .list(&ListParams::default())
         .await
         .map_err(api_error("listing nodes"))?;
-    let policies = Api::<GpuRemediationPolicy>::all(client.clone())
-        .list(&policy_params)
+    let policies = stored::list::<GpuRemediationPolicy>(client.clone(), &policy_params)
         .await
         .map_err(api_error("listing gpuremediationpolicies"))?;
-    let remediations = Api::<GpuRemediation>::all(client)
-        .list(&ListParams::default())
+    let remediations = stored::list::<GpuRemediation>(client, &ListParams::default())
         .await
         .map_err(api_error("listing gpuremediations"))?;
     Ok(explain::explain(
         node,
         &shared(nodes.items),
-        &shared(policies.items),
-        &shared(remediations.items),
+        &shared(policies),
+        &shared(remediations),
         jiff::Timestamp::now(),
     ))
 }
@@ -219,11 +219,10 @@ pub async fn node_history(client: Client, node: &str) -> Result<String, CliError
     } else {
         ListParams::default()
     };
-    let list = Api::<GpuRemediation>::all(client)
-        .list(&params)
+    let list = stored::list::<GpuRemediation>(client, &params)
         .await
         .map_err(api_error("listing gpuremediations"))?;
-    Ok(history::render(node, &history::rows(node, &list.items)))
+    Ok(history::render(node, &history::rows(node, &list)))
 }
 
 /// `history --serial S`: every recycle involving GPU `serial` across nodes, from its hardware
@@ -246,11 +245,9 @@ pub async fn serial_history(client: Client, serial: &str) -> Result<String, CliE
 /// # Errors
 /// When a read fails.
 pub async fn node_and_gpus_history(client: Client, node: &str) -> Result<String, CliError> {
-    let remediations = Api::<GpuRemediation>::all(client.clone())
-        .list(&ListParams::default())
+    let remediations = stored::list::<GpuRemediation>(client.clone(), &ListParams::default())
         .await
-        .map_err(api_error("listing gpuremediations"))?
-        .items;
+        .map_err(api_error("listing gpuremediations"))?;
     let rows = history::rows(node, &remediations);
     let held = Api::<Node>::all(client.clone())
         .get_opt(node)
@@ -283,10 +280,8 @@ async fn serial_sources(
         .await
         .map_err(api_error("reading gpuhardwarerecords"))?;
     // Every remediation: one that only held the GPU (another failed) carries no serial label.
-    let remediations = Api::<GpuRemediation>::all(client.clone())
-        .list(&ListParams::default())
+    let remediations = stored::list::<GpuRemediation>(client.clone(), &ListParams::default())
         .await
-        .map_err(api_error("listing gpuremediations"))?
-        .items;
+        .map_err(api_error("listing gpuremediations"))?;
     Ok((record, remediations))
 }

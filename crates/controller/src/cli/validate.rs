@@ -373,6 +373,24 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_that_does_not_decode_is_reported_and_the_others_still_checked() {
+        let text = format!(
+            "{}---\n{}",
+            policy("gpus", 0, "{gpu: \"true\"}"),
+            policy("huge", 0, "{gpu: \"b\"}").replace("priority: 0", "priority: 3000000000")
+        );
+        let report = check(&[file("p.yaml", &text)]);
+        let found = lines(&report);
+        assert_eq!(report.policies, 2);
+        // The schema's bound (an i32) names it, in the API server's words; the valid one passes.
+        assert!(!found.is_empty(), "the undecodable policy is reported");
+        assert!(
+            found.iter().all(|f| f.starts_with("p.yaml:18: spec.priority: ")),
+            "only the undecodable policy, at its field: {found:?}"
+        );
+    }
+
+    #[test]
     fn a_valid_policy_has_no_findings() {
         let report = check(&[file("p.yaml", &policy("gpus", 0, "{gpu: \"true\"}"))]);
         assert_eq!(lines(&report), Vec::<String>::new());

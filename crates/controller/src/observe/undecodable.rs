@@ -133,6 +133,13 @@ fn reference(object: &DynamicObject, kind: &str) -> ObjectReference {
     }
 }
 
+/// `object` decoded as a `K`, or why it does not decode (shared with the command line's listings,
+/// `cli::stored`).
+pub fn decode<K: DeserializeOwned>(object: &DynamicObject) -> Result<K, String> {
+    let value = serde_json::to_value(object).map_err(|e| e.to_string())?;
+    serde_json::from_value(value).map_err(|e| e.to_string())
+}
+
 /// Turns one watch's events of `DynamicObject` into events of `K`, leaving out (and reporting)
 /// what does not decode.
 pub struct Decoder<K> {
@@ -152,11 +159,6 @@ impl<K: Resource<DynamicType = ()> + Clone + DeserializeOwned> Decoder<K> {
             listed: HashSet::new(),
             undecodable,
         }
-    }
-
-    fn decode(object: &DynamicObject) -> Result<K, String> {
-        let value = serde_json::to_value(object).map_err(|e| e.to_string())?;
-        serde_json::from_value(value).map_err(|e| e.to_string())
     }
 
     /// The event of `K` that `event` amounts to, if any.
@@ -193,14 +195,14 @@ impl<K: Resource<DynamicType = ()> + Clone + DeserializeOwned> Decoder<K> {
                 let name = object.name_any();
                 self.undecodable.cleared(&self.kind, &name);
                 let last = self.known.remove(&name);
-                Self::decode(&object).ok().or(last).map(watcher::Event::Delete)
+                decode::<K>(&object).ok().or(last).map(watcher::Event::Delete)
             }
         }
     }
 
     fn apply(&mut self, object: &DynamicObject) -> Option<K> {
         let name = object.name_any();
-        match Self::decode(object) {
+        match decode::<K>(object) {
             Ok(decoded) => {
                 self.undecodable.cleared(&self.kind, &name);
                 self.known.insert(name, decoded.clone());
