@@ -65,19 +65,7 @@ async fn approve(as_user: &Client, name: &str, approved_by: &str) -> Result<GpuR
 }
 
 fn refusal(what: &str, result: Result<GpuRemediation, kube::Error>) -> String {
-    match result {
-        Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
-            assert!(
-                status
-                    .message
-                    .contains("ValidatingAdmissionPolicy 'gpu-remediation-approval'"),
-                "{what}: refused, but not by the approval policy: {}",
-                status.message
-            );
-            status.message
-        }
-        other => panic!("{what}: expected the approval policy's refusal, got {other:?}"),
-    }
+    common::refused_by("gpu-remediation-approval'", what, result)
 }
 
 #[tokio::test]

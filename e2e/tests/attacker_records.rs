@@ -92,21 +92,9 @@ async fn patch_status(as_user: &Client, name: &str, patch: &Value) -> Result<Gpu
         .await
 }
 
-/// The server's refusal by the records policy, in its words.
+/// The server's refusal by the records policy (as installed for one scenario), in its words.
 fn refusal(what: &str, result: Result<GpuRemediation, kube::Error>) -> String {
-    match result {
-        Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
-            assert!(
-                status
-                    .message
-                    .contains("ValidatingAdmissionPolicy 'gpu-remediator-records-"),
-                "{what}: refused, but not by the records policy: {}",
-                status.message
-            );
-            status.message
-        }
-        other => panic!("{what}: expected the records policy's refusal, got {other:?}"),
-    }
+    common::refused_by("gpu-remediator-records-", what, result)
 }
 
 /// Installs the shipped records policy for the scenario's records, the admin standing in for the

@@ -99,6 +99,27 @@ pub async fn namespace() -> String {
 #[allow(unused_imports, reason = "each test binary uses a different part of common")]
 pub use e2e::eventually;
 
+/// The server's words refusing `what` (`result`), asserting that the admission policy `policy`
+/// (its name, or the start of it) refused it.
+///
+/// # Panics
+/// When `result` is not a refusal by that policy.
+pub fn refused_by<T: std::fmt::Debug>(policy: &str, what: &str, result: Result<T, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
+            assert!(
+                status
+                    .message
+                    .contains(&format!("ValidatingAdmissionPolicy '{policy}")),
+                "{what}: refused, but not by {policy}: {}",
+                status.message
+            );
+            status.message
+        }
+        other => panic!("{what}: expected the refusal of {policy}, got {other:?}"),
+    }
+}
+
 /// A fresh fleet of `nodes` simulated GPU nodes (8 GPUs each) with a unique name, on the shared
 /// cluster, running on the calling test's runtime. Heartbeats every 2s, so a stopped heartbeat
 /// shows within the default 50s grace period plus a little.

@@ -52,6 +52,13 @@ fn with(mut record: GpuRemediation, status: GpuRemediationStatus) -> GpuRemediat
     record
 }
 
+/// Asserts that some finding says each of `says`.
+fn assert_finds(found: &[String], says: &[&str]) {
+    for said in says {
+        assert!(found.iter().any(|f| f.contains(said)), "{said:?} in {found:?}");
+    }
+}
+
 fn findings(provenance: Provenance) -> Vec<String> {
     match provenance {
         Provenance::Ours => Vec::new(),
@@ -60,6 +67,21 @@ fn findings(provenance: Provenance) -> Vec<String> {
 }
 
 const TO_REPLACING: &[Phase] = &[Phase::Pending, Phase::Cordoned, Phase::Draining, Phase::Replacing];
+
+/// A `Manual` record's way to `Replacing`: the approval between `AwaitingApproval` and the cordon.
+const THROUGH_APPROVAL: &[Phase] = &[
+    Phase::Pending,
+    Phase::AwaitingApproval,
+    Phase::Cordoned,
+    Phase::Draining,
+    Phase::Replacing,
+];
+
+fn approve(record: &mut GpuRemediation) {
+    record
+        .annotations_mut()
+        .insert(APPROVED_ANNOTATION.into(), "true".into());
+}
 
 #[test]
 fn every_phase_the_lifecycle_walks_through_is_its_own() {
@@ -83,17 +105,11 @@ fn every_phase_the_lifecycle_walks_through_is_its_own() {
 #[test]
 fn an_approved_manual_record_goes_on() {
     let mut approved = record(Mode::Manual);
-    approved
-        .annotations_mut()
-        .insert(APPROVED_ANNOTATION.into(), "true".into());
-    let phases = [
-        Phase::Pending,
-        Phase::AwaitingApproval,
-        Phase::Cordoned,
-        Phase::Draining,
-        Phase::Replacing,
-    ];
-    assert_eq!(judge(&with(approved, walked_to(&phases))), Provenance::Ours);
+    approve(&mut approved);
+    assert_eq!(
+        judge(&with(approved, walked_to(THROUGH_APPROVAL))),
+        Provenance::Ours
+    );
 }
 
 #[test]
@@ -101,38 +117,22 @@ fn a_record_awaiting_approval_moved_to_replacing_by_hand_is_held() {
     let mut status = walked_to(&[Phase::Pending, Phase::AwaitingApproval]);
     status.phase = Phase::Replacing;
     let found = findings(judge(&with(record(Mode::Manual), status)));
-    assert!(
-        found.iter().any(|f| f.contains("without an approval")),
-        "{found:?}"
+    assert_finds(
+        &found,
+        &[
+            "without an approval",
+            "last phase the history records is AwaitingApproval",
+            "never entered Cordoned",
+            "no cordon recorded",
+            "no drain recorded",
+        ],
     );
-    assert!(
-        found
-            .iter()
-            .any(|f| f.contains("last phase the history records is AwaitingApproval")),
-        "{found:?}"
-    );
-    assert!(
-        found.iter().any(|f| f.contains("never entered Cordoned")),
-        "{found:?}"
-    );
-    assert!(
-        found.iter().any(|f| f.contains("no cordon recorded")),
-        "{found:?}"
-    );
-    assert!(found.iter().any(|f| f.contains("no drain recorded")), "{found:?}");
 }
 
 #[test]
 fn a_forged_history_does_not_stand_in_for_an_approval() {
     // Everything a status write can forge, forged: only the approval (metadata) is missing.
-    let phases = [
-        Phase::Pending,
-        Phase::AwaitingApproval,
-        Phase::Cordoned,
-        Phase::Draining,
-        Phase::Replacing,
-    ];
-    let found = findings(judge(&with(record(Mode::Manual), walked_to(&phases))));
+    let found = findings(judge(&with(record(Mode::Manual), walked_to(THROUGH_APPROVAL))));
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].starts_with("Replacing without an approval"), "{found:?}");
 }
@@ -146,9 +146,7 @@ fn a_record_past_its_attempts_needs_an_approval_even_back_in_pending() {
     let readmitted = walked_to(&[Phase::Pending, Phase::ManualRequired, Phase::Pending]);
     let found = findings(judge(&with(exhausted.clone(), readmitted.clone())));
     assert!(found[0].starts_with("Pending without an approval"), "{found:?}");
-    exhausted
-        .annotations_mut()
-        .insert(APPROVED_ANNOTATION.into(), "true".into());
+    approve(&mut exhausted);
     assert_eq!(judge(&with(exhausted, readmitted)), Provenance::Ours);
 }
 
@@ -167,14 +165,7 @@ fn a_skipped_step_is_found() {
         record(Mode::Enforce),
         walked_to(&[Phase::Pending, Phase::Draining]),
     )));
-    assert!(
-        found.iter().any(|f| f.contains("never entered Cordoned")),
-        "{found:?}"
-    );
-    assert!(
-        found.iter().any(|f| f.contains("no cordon recorded")),
-        "{found:?}"
-    );
+    assert_finds(&found, &["never entered Cordoned", "no cordon recorded"]);
     // A replacement with the cordon but no drain on record.
     let mut status = walked_to(&[Phase::Pending, Phase::Cordoned, Phase::Draining]);
     enter(&mut status, Phase::Replacing, "by hand", at(9));
