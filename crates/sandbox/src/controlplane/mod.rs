@@ -1,7 +1,7 @@
 //! The real local control plane: etcd, kube-apiserver (TLS with its own CA, token and client
 //! certificate authentication, the Node authorizer and RBAC, `NodeRestriction`; a node's kubelet
-//! credentials from [`node_credentials`]), kube-controller-manager and kube-scheduler, all on 127.0.0.1 free ports, started in
-//! order, waited on until ready, and stopped in reverse order. See [`process`] for why no component
+//! credentials from [`node_credentials`]), kube-controller-manager and kube-scheduler, all on
+//! 127.0.0.1 free ports, started in order, waited on until ready, and stopped in reverse order. See [`process`] for why no component
 //! can outlive the process that started it.
 
 mod binaries;
