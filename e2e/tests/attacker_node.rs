@@ -11,7 +11,7 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use common::agent_identity::{agent_on, apply_status, gpu_healthy, install_agent_manifests, refusal};
+use common::agent_identity::{apply_status, enforced_agent_on, gpu_healthy, refusal};
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
 use gpu_sandbox::{
     Fleet, FleetOptions,
@@ -87,7 +87,8 @@ impl World {
             "spec": {
                 "nodeSelector": {"matchLabels": {FLEET_LABEL: name}},
                 "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s"}],
-                "safety": {"maxUnhealthy": "100%"},
+                // A's refused remediation holds a place until it fails; C's must not wait for it.
+                "safety": {"maxUnhealthy": "100%", "maxConcurrent": 3},
                 "action": "Replace",
                 "replacement": {"strategy": strategy, "timeout": "2m"},
             },
@@ -335,8 +336,7 @@ async fn the_agent_cannot_set_finalizers_on_its_node() {
     let world = World::new(Infrastructure::ClusterApi).await;
     let [a, b, _] = &world.nodes;
     let before = world.footprint(b).await;
-    install_agent_manifests().await;
-    let agent = agent_on(&world.admin, a).await;
+    let agent = enforced_agent_on(&world.admin, a).await;
     let patch = json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": a, "finalizers": ["attacker.example/hold"]},
@@ -370,8 +370,7 @@ async fn the_agent_cannot_set_owner_references_on_its_node() {
     let world = World::new(Infrastructure::ClusterApi).await;
     let [a, b, _] = &world.nodes;
     let before = world.footprint(b).await;
-    install_agent_manifests().await;
-    let agent = agent_on(&world.admin, a).await;
+    let agent = enforced_agent_on(&world.admin, a).await;
     let owner = world.node(b).await;
     let patch = json!({
         "apiVersion": "v1", "kind": "Node",
@@ -408,8 +407,7 @@ async fn the_agent_cannot_publish_oversized_annotations_or_conditions() {
     let world = World::new(Infrastructure::ClusterApi).await;
     let [a, b, _] = &world.nodes;
     let before = world.footprint(b).await;
-    install_agent_manifests().await;
-    let agent = agent_on(&world.admin, a).await;
+    let agent = enforced_agent_on(&world.admin, a).await;
     let now = Timestamp::now();
 
     let gpu = |i: usize| {

@@ -120,3 +120,26 @@ pub fn gpu_healthy(status: &str, since: k8s_openapi::jiff::Timestamp) -> Value {
         "lastTransitionTime": since.to_string(), "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now().to_string(),
     }]})
 }
+
+/// [`install_agent_manifests`] and [`agent_on`] `node`, once the API server enforces the policy: a
+/// freshly created policy takes a moment to be loaded, and until then the agent's writes pass
+/// unchecked. The probe, a healthy `GpuHealthy` with a `lastTransitionTime` an hour ahead, is
+/// refused once it is loaded (and, written before, is overwritten by the node's next write).
+pub async fn enforced_agent_on(admin: &Client, node: &str) -> Client {
+    install_agent_manifests().await;
+    let agent = agent_on(admin, node).await;
+    super::eventually(
+        "the agent's admission policy to be enforced",
+        std::time::Duration::from_secs(30),
+        || async {
+            let ahead =
+                k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_hours(1);
+            apply_status(&agent, node, &json!({}), &gpu_healthy("True", ahead))
+                .await
+                .is_err()
+                .then_some(())
+        },
+    )
+    .await;
+    agent
+}
