@@ -179,8 +179,7 @@ impl World {
             let status = self.remediation(c).await?.status?;
             assert!(
                 status.phase == Phase::Succeeded || !status.phase.is_terminal(),
-                "C's remediation ended {:?}",
-                status
+                "C's remediation ended {status:?}"
             );
             (status.phase == Phase::Succeeded).then_some(status)
         })
