@@ -2,14 +2,15 @@
 //! (`cargo test -p e2e --test attacker_flood -- --ignored --nocapture`): the agent on node A,
 //! with its pod-bound token under the shipped RBAC, admission policy and FlowSchemas, writes its
 //! `GpuHealthy` condition 50 times a second (each a real change: a new message) for a minute,
-//! while other nodes' faults are raised one after another. Each fault's time to quarantined
-//! (fault to quarantine taint, both seen by one node watch, as the bench's quarantine arm) and to
-//! cordoned (the fault's write returning to the watch seeing the node held, the trigger's `for`
-//! of 1 s included) is compared with the same faults raised before the flood.
+//! while other nodes' agents, each with its own pod-bound token, write their faults one after
+//! another. Each fault's time, from its agent starting the write, to the write returning, to the
+//! quarantine taint and to the cordon (the trigger's `for` of 1 s included), both seen by one node
+//! watch, is compared with the same faults written before the flood. The server's API Priority
+//! and Fairness counts for the agents' FlowSchema are printed too.
 //!
 //! The controller runs in-process as the admin (as every e2e controller here): its requests are
-//! exempt from API Priority and Fairness, so what the flood costs it is the server's load and the
-//! watch events of A's node, not queueing; the agents' flow queues only the agents.
+//! exempt from API Priority and Fairness, so the flood reaches it through the server's load and
+//! the watch events of A's node; the other agents share A's flow (they are one user).
 
 mod common;
 
@@ -21,11 +22,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::agent_identity::{apply_status, enforced_agent_on};
+use common::agent_identity::{apply_status, enforced_agent_on, gpu_healthy};
 use gpu_remediation_api::GpuRemediationPolicy;
-use gpu_sandbox::{
-    FleetOptions, bench::cordon_watch::CordonWatch, fault::set_gpu_condition, fleet::FLEET_LABEL,
-};
+use gpu_sandbox::{FleetOptions, bench::cordon_watch::CordonWatch, fleet::FLEET_LABEL};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
@@ -36,32 +35,40 @@ const FLOOD_PER_SECOND: u64 = 50;
 /// How long the flood lasts.
 const FLOOD_FOR: Duration = Duration::from_secs(60);
 
-/// One fault's figures, ms.
+/// One fault's figures, ms, each from the instant node's agent starts writing its fault.
 #[derive(Debug)]
 struct Measured {
+    /// Until the write returns.
+    written: f64,
+    /// Until the node watch sees the quarantine taint.
     to_quarantine: f64,
+    /// Until the node watch sees the node cordoned (the trigger's `for` of 1 s included).
     to_cordon: f64,
 }
 
-/// Raises a fault on `node` and waits until the watch sees it quarantined and cordoned.
-async fn measure(admin: &kube::Client, watch: &CordonWatch, node: &str) -> Measured {
-    set_gpu_condition(admin, node, "False", "XID79", "GPU fell off the bus")
+/// `node`'s agent (`agent`) writes its fault; waits until the watch sees it quarantined and
+/// cordoned.
+async fn measure(agent: &kube::Client, watch: &CordonWatch, node: &str) -> Measured {
+    let started = Timestamp::now();
+    apply_status(agent, node, &json!({}), &gpu_healthy("False", started))
         .await
         .expect("the fault");
-    let raised = Timestamp::now();
-    let (quarantine, held) = common::eventually(
+    let written = Timestamp::now();
+    let (quarantined, held) = common::eventually(
         &format!("{node} quarantined and cordoned"),
         Duration::from_secs(60),
         || async {
-            let quarantine = watch.fault_to_quarantine_ms().get(node).copied()?;
+            let quarantined = watch.first_quarantined().get(node).copied()?;
             let held = watch.first_held().get(node).copied()?;
-            Some((quarantine, held))
+            Some((quarantined, held))
         },
     )
     .await;
+    let ms = |at: Timestamp| at.duration_since(started).as_secs_f64() * 1000.0;
     Measured {
-        to_quarantine: quarantine,
-        to_cordon: held.duration_since(raised).as_secs_f64() * 1000.0,
+        written: ms(written),
+        to_quarantine: ms(quarantined),
+        to_cordon: ms(held),
     }
 }
 
@@ -71,7 +78,9 @@ fn summary(arm: &str, measured: &[Measured]) {
     };
     let max = |f: fn(&Measured) -> f64| measured.iter().map(f).fold(0.0, f64::max);
     println!(
-        "{arm}: fault to quarantine mean {:.0} ms max {:.0} ms; fault to cordon mean {:.0} ms max {:.0} ms; each {measured:?}",
+        "{arm}: fault written mean {:.0} ms max {:.0} ms; to quarantine mean {:.0} ms max {:.0} ms; to cordon mean {:.0} ms max {:.0} ms; each {measured:?}",
+        mean(|m| m.written),
+        max(|m| m.written),
         mean(|m| m.to_quarantine),
         max(|m| m.to_quarantine),
         mean(|m| m.to_cordon),
@@ -79,7 +88,7 @@ fn summary(arm: &str, measured: &[Measured]) {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a one-minute measurement, run by hand (its figures are in the issue's report)"]
 async fn a_flooding_agent_and_another_nodes_fault() {
     let admin = common::cluster().await.client();
@@ -111,9 +120,13 @@ async fn a_flooding_agent_and_another_nodes_fault() {
     let agent = enforced_agent_on(&admin, &flooder).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
+    let mut agents = Vec::new();
+    for node in &nodes {
+        agents.push(enforced_agent_on(&admin, node).await);
+    }
     let mut quiet = Vec::new();
-    for node in &nodes[..FAULTS] {
-        quiet.push(measure(&admin, &watch, node).await);
+    for (node, agent) in nodes[..FAULTS].iter().zip(&agents) {
+        quiet.push(measure(agent, &watch, node).await);
     }
 
     let written = Arc::new(AtomicU64::new(0));
@@ -145,31 +158,46 @@ async fn a_flooding_agent_and_another_nodes_fault() {
                     counter.fetch_add(1, Ordering::Relaxed);
                 });
             }
+            n
         })
     };
     tokio::time::sleep(Duration::from_secs(5)).await;
     let mut under_flood = Vec::new();
-    for node in &nodes[FAULTS..] {
-        under_flood.push(measure(&admin, &watch, node).await);
+    for (node, agent) in nodes[FAULTS..].iter().zip(&agents[FAULTS..]) {
+        under_flood.push(measure(agent, &watch, node).await);
     }
     assert!(
         !flood.is_finished(),
         "every flooded fault was measured while the flood ran"
     );
-    flood.await.expect("the flood");
+    let sent = flood.await.expect("the flood");
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let (written, refused) = (written.load(Ordering::Relaxed), refused.load(Ordering::Relaxed));
     println!(
-        "flood: {written} writes accepted, {refused} refused in {}s ({:.1}/s accepted)",
+        "flood: {sent} writes sent, {written} accepted, {refused} refused within {}s and 2s after ({:.1}/s accepted)",
         FLOOD_FOR.as_secs(),
         f64::from(u32::try_from(written).unwrap_or(u32::MAX)) / FLOOD_FOR.as_secs_f64()
     );
+    // Whether API Priority and Fairness queued or rejected the flood, from the server's own counts.
+    let metrics = admin
+        .request_text(
+            http::Request::get("/metrics")
+                .body(Vec::new())
+                .expect("a request"),
+        )
+        .await
+        .expect("the server's metrics");
+    for line in metrics.lines().filter(|l| {
+        l.contains(r#"flow_schema="gpu-remediator-agents""#)
+            && (l.starts_with("apiserver_flowcontrol_rejected_requests_total")
+                || l.starts_with("apiserver_flowcontrol_dispatched_requests_total")
+                || l.starts_with("apiserver_flowcontrol_request_wait_duration_seconds_sum")
+                || l.starts_with("apiserver_flowcontrol_request_wait_duration_seconds_count"))
+    }) {
+        println!("{line}");
+    }
     summary("without flood", &quiet);
     summary("with flood", &under_flood);
-    assert!(
-        written >= FLOOD_PER_SECOND * FLOOD_FOR.as_secs() * 8 / 10,
-        "the flood reached at least 80% of its rate ({written} writes)"
-    );
     fleet.stop().await.expect("stopping the fleet");
 }
