@@ -12,107 +12,16 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cluster, eventually};
+use common::{
+    agent_identity::{agent_on, apply_status, gpu_healthy, install_agent_manifests, refusal, token},
+    cluster, eventually,
+};
 use k8s_openapi::{
-    api::{
-        authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
-        core::v1::{Node, Pod, ServiceAccount},
-        events::v1::Event,
-    },
+    api::{core::v1::Node, events::v1::Event},
     jiff::{SignedDuration, Timestamp},
 };
-use kube::{
-    Api, Client, ResourceExt,
-    api::{Patch, PatchParams, PostParams},
-};
+use kube::{Api, Client, ResourceExt, api::PostParams};
 use serde_json::{Value, json};
-
-const NAMESPACE: &str = "gpu-remediation";
-const SERVICE_ACCOUNT: &str = "gpu-health-agent";
-
-/// The namespace, the agent's RBAC and its admission policy, applied once per test binary: two tests
-/// applying them at once race (`kubectl apply` of a missing object creates it, and one loses with
-/// `AlreadyExists`).
-async fn install_agent_manifests() {
-    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    INSTALLED
-        .get_or_init(|| async {
-            common::kubectl_apply("manifests/namespace.yaml").await;
-            common::kubectl_apply("manifests/agent/rbac.yaml").await;
-            common::kubectl_apply("manifests/agent/admission-policy.yaml").await;
-        })
-        .await;
-}
-
-/// A token of the agent's service account, bound to `pod` when given (as the kubelet's projected
-/// token is), or to nothing.
-async fn token(admin: &Client, pod: Option<&Pod>) -> String {
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            bound_object_ref: pod.map(|pod| BoundObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(pod.name_any()),
-                uid: pod.metadata.uid.clone(),
-            }),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    Api::<ServiceAccount>::namespaced(admin.clone(), NAMESPACE)
-        .create_token_request(SERVICE_ACCOUNT, &PostParams::default(), &request)
-        .await
-        .expect("a token for the agent")
-        .status
-        .expect("a token request status")
-        .token
-}
-
-/// The agent's write: a server-side apply of `status` (and `annotations`) on `node`'s status.
-async fn apply_status(
-    agent: &Client,
-    node: &str,
-    annotations: &Value,
-    status: &Value,
-) -> Result<Node, kube::Error> {
-    let patch = json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": node, "annotations": annotations},
-        "status": status,
-    });
-    Api::<Node>::all(agent.clone())
-        .patch_status(
-            node,
-            &PatchParams::apply("gpu-health-agent").force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-}
-
-fn gpu_healthy(status: &str, since: Timestamp) -> Value {
-    json!({"conditions": [{
-        "type": "GpuHealthy", "status": status, "reason": "XID79", "message": "GPU 3 fell off the bus",
-        "lastTransitionTime": since.to_string(), "lastHeartbeatTime": Timestamp::now().to_string(),
-    }]})
-}
-
-/// The refusal's message, asserting the policy made it.
-fn refusal<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) -> String {
-    match result {
-        Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
-            assert!(
-                status
-                    .message
-                    .contains("ValidatingAdmissionPolicy 'gpu-health-agent-own-node-"),
-                "{what}: refused, but not by the policy: {}",
-                status.message
-            );
-            status.message
-        }
-        other => panic!("{what}: expected the policy's refusal, got {other:?}"),
-    }
-}
 
 fn event(node: &str) -> Event {
     serde_json::from_value(json!({
@@ -154,22 +63,6 @@ async fn events_only_about(agent: &Client, own: &str, other: &str) {
         events.create(&PostParams::default(), &event(other)).await,
     );
     assert!(message.contains("Events only about its own node"), "{message}");
-}
-
-/// A client of the agent on `node`: a token bound to a pod there, as the kubelet projects it.
-async fn agent_on(admin: &Client, node: &str) -> Client {
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": common::unique_name("agent"), "namespace": NAMESPACE},
-        "spec": {"nodeName": node, "serviceAccountName": SERVICE_ACCOUNT, "automountServiceAccountToken": false,
-                 "containers": [{"name": "agent", "image": "gpu-health-agent:e2e"}]},
-    }))
-    .unwrap();
-    let pod = Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("the agent's pod on node A");
-    cluster().await.client_with_token(&token(admin, Some(&pod)).await)
 }
 
 /// The agent's manifests installed, two nodes `a` and `b` (sorted), and an agent's client on `a`

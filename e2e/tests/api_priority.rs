@@ -2,8 +2,8 @@
 //! the API server itself says, in the `X-Kubernetes-PF-FlowSchema-UID` and
 //! `X-Kubernetes-PF-PriorityLevel-UID` headers of each answer, which FlowSchema and priority level
 //! served a request. Sent as the shipped service accounts under the shipped RBAC, the fault path
-//! (the controller's node reads and edits, remediation creates and status writes, the agent's
-//! condition) is served by `workload-high` and the Lease by `leader-election`, while the bulk
+//! (the controller's node reads and edits, remediation creates and status writes; the agents'
+//! condition, in a schema of its own) is served by `workload-high` and the Lease by `leader-election`, while the bulk
 //! (evictions, pod lists, Events, the agent's own reads) stays in `workload-low` with every other
 //! service account, so a drain cannot queue the fence of the next fault behind its evictions. A
 //! service account the manifest does not name gains nothing.
@@ -311,7 +311,7 @@ async fn the_controllers_lease_is_served_by_leader_election() {
 }
 
 #[tokio::test]
-async fn the_agents_condition_is_on_the_fault_path_and_its_reads_are_not() {
+async fn the_agents_condition_is_a_workload_high_flow_of_its_own_and_its_reads_are_not() {
     let admin = cluster().await.client();
     let (node, _) = installed(&admin).await;
     let classifier = Classifier::read(&admin).await;
@@ -327,8 +327,20 @@ async fn the_agents_condition_is_on_the_fault_path_and_its_reads_are_not() {
         .send(&agent, Method::PATCH, &status, APPLY, Some(&condition))
         .await;
     written.assert_by(
-        ("gpu-remediator-fault-path", "workload-high"),
+        ("gpu-remediator-agents", "workload-high"),
         "the agent's condition",
+    );
+    // A schema of the agents' own: their writes are a flow apart from the controller's fault path
+    // (one flow for every agent: they are one user, see the manifest).
+    let schema = Api::<FlowSchema>::all(admin.clone())
+        .get("gpu-remediator-agents")
+        .await
+        .expect("the agents' FlowSchema")
+        .spec
+        .expect("a spec");
+    assert_eq!(
+        schema.distinguisher_method.map(|d| d.type_).as_deref(),
+        Some("ByUser")
     );
     let read = classifier
         .send(&agent, Method::GET, &format!("/api/v1/nodes/{node}"), JSON, None)

@@ -1,4 +1,5 @@
 //! The sandbox's control plane: it serves the real API with TLS, token authentication and RBAC,
+//! confines a node's kubelet certificate to its own Node (Node authorizer, `NodeRestriction`),
 //! runs the pinned release, and leaves no process behind however its owner ends.
 
 mod common;
@@ -8,10 +9,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_sandbox::{ControlPlane, ControlPlaneOptions};
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 
 /// Set in a child test process to make `owner_process_for_orphan_tests` start a control plane.
 const OWNER_MODE_ENV: &str = "GPU_SANDBOX_OWNER_MODE";
@@ -111,6 +113,53 @@ async fn a_service_account_without_roles_is_forbidden_by_rbac() {
         matches!(&error, kube::Error::Api(status) if status.code == 401),
         "expected 401, got {error:?}"
     );
+}
+
+/// A kubelet's certificate names its node and group; with it the node may label its own Node and
+/// is refused another's by `NodeRestriction`, with the plugin's message.
+#[tokio::test]
+async fn a_nodes_certificate_is_confined_to_its_own_node_by_node_restriction() {
+    let cluster = common::cluster().await;
+    let fleet = common::fleet(2).await;
+    let names = fleet.node_names();
+    let (own, other) = (&names[0], &names[1]);
+    let as_node = cluster
+        .node_client(own)
+        .expect("a client with the node's certificate");
+    let review = Api::<SelfSubjectReview>::all(as_node.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .expect("the node may review itself");
+    let user = review
+        .status
+        .and_then(|s| s.user_info)
+        .expect("the reviewed user");
+    assert_eq!(
+        user.username.as_deref(),
+        Some(format!("system:node:{own}").as_str())
+    );
+    assert!(
+        user.groups
+            .unwrap_or_default()
+            .contains(&"system:nodes".to_owned())
+    );
+
+    let nodes: Api<Node> = Api::all(as_node);
+    let label =
+        |value: &str| Patch::Merge(serde_json::json!({"metadata": {"labels": {"e2e-touched": value}}}));
+    nodes
+        .patch(own, &PatchParams::default(), &label("own"))
+        .await
+        .expect("a node may label its own Node");
+    let error = nodes
+        .patch(other, &PatchParams::default(), &label("other"))
+        .await
+        .expect_err("a node must not patch another node");
+    assert!(
+        matches!(&error, kube::Error::Api(status) if status.code == 403 && status.message.contains(&format!("node \"{own}\" is not allowed to modify node \"{other}\""))),
+        "expected NodeRestriction's refusal, got {error:?}"
+    );
+    fleet.stop().await.expect("stopping the fleet");
 }
 
 #[tokio::test]

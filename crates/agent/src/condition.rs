@@ -17,6 +17,11 @@ use crate::{
     inventory::FailedGpu,
 };
 
+/// The most bytes of a `GpuHealthy` message the agent's admission policy accepts
+/// (`manifests/agent/admission-policy.yaml`); a longer message (NVML failing on every GPU of a
+/// large node, say) is cut to it, so the condition is still published.
+pub const MESSAGE_LIMIT: usize = 4096;
+
 /// The agent's annotations on its node, as JSON texts (`None`: not written, so absent).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeAnnotations {
@@ -63,7 +68,7 @@ impl PublishedCondition {
         Self {
             status: status.to_owned(),
             reason: desired.reason.clone(),
-            message: desired.message.clone(),
+            message: crate::publish::truncate(&desired.message, MESSAGE_LIMIT),
             last_transition,
             annotations,
         }
@@ -400,6 +405,16 @@ mod tests {
             NodeAnnotations::default(),
         );
         assert_eq!(written.last_transition, at(7));
+    }
+
+    #[test]
+    fn a_message_past_the_policys_bound_is_cut_to_it() {
+        let mut long = desired(ConditionStatus::False, "NvmlUnavailable");
+        long.message =
+            "NVML calls failed: ".to_owned() + &"nvmlDeviceGetHandleByIndex: GPU_IS_LOST; ".repeat(200);
+        let written = PublishedCondition::next(&long, None, None, at(1), NodeAnnotations::default());
+        assert_eq!(written.message.len(), MESSAGE_LIMIT);
+        assert!(long.message.starts_with(&written.message));
     }
 
     #[test]

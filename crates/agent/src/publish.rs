@@ -145,8 +145,8 @@ impl NodePublisher {
     }
 }
 
-/// Cuts a note to the Events API's size limit, on a character boundary.
-fn truncate(text: &str, max_bytes: usize) -> String {
+/// Cuts a text (an Event's note, a condition's message) to a size limit, on a character boundary.
+pub(crate) fn truncate(text: &str, max_bytes: usize) -> String {
     if text.len() <= max_bytes {
         return text.to_owned();
     }

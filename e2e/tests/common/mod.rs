@@ -8,6 +8,8 @@
 //! binary exits, however it exits (see `gpu_sandbox::controlplane`).
 #![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
+pub mod agent_identity;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 

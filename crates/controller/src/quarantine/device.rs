@@ -84,6 +84,13 @@ pub fn target(node: &str, failed: &[String], slices: Option<&[ResourceSlice]>) -
                 "GPU {uuid} is not allocated through DRA (no ResourceSlice of node {node} publishes it)"
             ));
         }
+        if let Some(foreign) = found.iter().find(|d| d.pool != node) {
+            return Target::Node(format!(
+                "GPU {uuid} is published by driver {} in pool {}, not in the pool named after node {node}: a \
+                 DeviceTaintRule selecting it could match another node's devices",
+                foreign.driver, foreign.pool
+            ));
+        }
         devices.extend(found.into_iter().map(|d| QuarantinedDevice {
             uuid: uuid.clone(),
             driver: d.driver,
@@ -170,7 +177,19 @@ pub fn rule_name(node: &str, device: &QuarantinedDevice) -> String {
     format!("{node}-{device}-{:08x}", hash & 0xffff_ffff)
 }
 
-/// The `DeviceTaintRule` quarantining `device` of `node` for `policy`.
+/// Whether `device` is in the pool named after `node`, the only pool a rule for `node` selects. A
+/// rule selects devices by driver, pool and name, whichever node publishes them: a slice of node
+/// A's driver naming its pool after node B (a broken or compromised node, or a forged
+/// `quarantined-devices` annotation on A) would otherwise have B's device of that name tainted.
+#[must_use]
+pub fn in_own_pool(node: &str, device: &QuarantinedDevice) -> bool {
+    device.pool == node
+}
+
+/// The `DeviceTaintRule` quarantining `device` of `node` for `policy`. Its selector is pinned to
+/// the device's driver and to the pool named after `node`, whatever `device.pool` says ([`target`]
+/// and [`reconcile`] pass only devices [`in_own_pool`]), so no rule of node A's can select
+/// another node's devices.
 #[must_use]
 pub fn rule(policy: &str, node: &str, device: &QuarantinedDevice) -> DeviceTaintRule {
     let mut rule = DeviceTaintRule::new(
@@ -179,7 +198,7 @@ pub fn rule(policy: &str, node: &str, device: &QuarantinedDevice) -> DeviceTaint
         DeviceTaintRuleSpec {
             device_selector: Some(DeviceTaintSelector {
                 driver: Some(device.driver.clone()),
-                pool: Some(device.pool.clone()),
+                pool: Some(node.to_owned()),
                 device: Some(device.device.clone()),
             }),
             taint: DeviceTaint {
@@ -229,7 +248,8 @@ pub struct RulePlan {
 
 /// The rules (`existing`, those carrying our label) made to follow the nodes' annotations:
 /// created for nodes whose quarantine's policy this controller sees (`known`), deleted where no
-/// node's annotation names their device.
+/// node's annotation names their device. A device an annotation names outside its node's own pool
+/// (see [`in_own_pool`]) was never the controller's decision and gets no rule.
 #[must_use]
 pub fn reconcile(
     nodes: &[Arc<Node>],
@@ -242,8 +262,9 @@ pub fn reconcile(
         let Some(policy) = node.annotations().get(QUARANTINED_BY_ANNOTATION) else {
             continue;
         };
-        for device in recorded(node) {
-            let rule = rule(policy, &node.name_any(), &device);
+        let name = node.name_any();
+        for device in recorded(node).into_iter().filter(|d| in_own_pool(&name, d)) {
+            let rule = rule(policy, &name, &device);
             named.insert(rule.name_any());
             if known(policy) {
                 wanted.insert(rule.name_any(), rule);

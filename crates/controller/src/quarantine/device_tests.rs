@@ -20,10 +20,15 @@ fn uuids(list: &[&str]) -> Vec<String> {
 }
 
 fn device(uuid: &str, index: u32) -> QuarantinedDevice {
+    device_on("gpu-a", uuid, index)
+}
+
+/// A device of `node`'s pool (named after the node).
+fn device_on(node: &str, uuid: &str, index: u32) -> QuarantinedDevice {
     QuarantinedDevice {
         uuid: uuid.to_owned(),
         driver: "gpu.sandbox.gpuremediation.dev".to_owned(),
-        pool: "gpu-a".to_owned(),
+        pool: node.to_owned(),
         device: format!("gpu-{index}"),
     }
 }
@@ -158,6 +163,64 @@ fn a_rule_selects_exactly_the_failed_device_with_a_no_schedule_taint() {
 }
 
 #[test]
+fn a_rule_is_pinned_to_the_pool_named_after_its_node_whatever_the_device_says() {
+    let foreign = QuarantinedDevice {
+        pool: "gpu-b".to_owned(),
+        ..device("GPU-aaaa-3", 3)
+    };
+    let selector = rule("gpus", "gpu-a", &foreign).spec.device_selector.unwrap();
+    assert_eq!(selector.pool.as_deref(), Some("gpu-a"));
+    assert_eq!(selector.driver.as_deref(), Some("gpu.sandbox.gpuremediation.dev"));
+    assert!(in_own_pool("gpu-a", &device("GPU-aaaa-3", 3)));
+    assert!(!in_own_pool("gpu-a", &foreign));
+}
+
+#[test]
+fn a_failed_gpu_its_nodes_driver_publishes_in_another_nodes_pool_taints_the_node_not_that_pool() {
+    let mut slices = slices();
+    // Node gpu-a's driver names its pool after node gpu-b, whose slice has a device gpu-0 too.
+    for slice in slices
+        .iter_mut()
+        .filter(|s| s.spec.node_name.as_deref() == Some("gpu-a"))
+    {
+        slice.spec.pool.name = "gpu-b".to_owned();
+    }
+    let Target::Node(why) = target("gpu-a", &uuids(&["GPU-aaaa-0"]), Some(&slices)) else {
+        panic!("expected the node taint");
+    };
+    assert!(
+        why.contains("pool gpu-b") && why.contains("named after node gpu-a"),
+        "{why}"
+    );
+}
+
+#[test]
+fn a_forged_annotation_naming_another_nodes_pool_gets_no_rule() {
+    let forged = QuarantinedDevice {
+        pool: "gpu-b".to_owned(),
+        ..device("GPU-aaaa-0", 0)
+    };
+    let nodes = [marked("gpu-a", "gpus", &[forged, device("GPU-aaaa-3", 3)])];
+    let plan = reconcile(&nodes, |p| p == "gpus", &[]);
+    let pools: Vec<Option<String>> = plan
+        .create
+        .iter()
+        .map(|r| r.spec.device_selector.as_ref().and_then(|s| s.pool.clone()))
+        .collect();
+    assert_eq!(pools, [Some("gpu-a".to_owned())]);
+    assert_eq!(
+        plan.create[0]
+            .spec
+            .device_selector
+            .as_ref()
+            .unwrap()
+            .device
+            .as_deref(),
+        Some("gpu-3")
+    );
+}
+
+#[test]
 fn a_uuid_that_is_no_label_value_leaves_the_taint_value_empty() {
     let long = format!("GPU-{}", "a".repeat(70));
     assert_eq!(rule("gpus", "gpu-a", &device(&long, 3)).spec.taint.value, "");
@@ -183,7 +246,7 @@ fn reconciling_creates_the_missing_rules_of_known_policies_only() {
             "gpus",
             &[device("GPU-aaaa-3", 3), device("GPU-aaaa-1", 1)],
         ),
-        marked("gpu-b", "other", &[device("GPU-bbbb-0", 0)]),
+        marked("gpu-b", "other", &[device_on("gpu-b", "GPU-bbbb-0", 0)]),
         Arc::new(node("gpu-c", &[])),
     ];
     let existing = [rule("gpus", "gpu-a", &device("GPU-aaaa-3", 3))];
@@ -195,10 +258,10 @@ fn reconciling_creates_the_missing_rules_of_known_policies_only() {
 
 #[test]
 fn reconciling_deletes_rules_no_node_names_and_leaves_unknown_owners_to_the_server_check() {
-    let nodes = [marked("gpu-b", "other", &[device("GPU-bbbb-0", 0)])];
+    let nodes = [marked("gpu-b", "other", &[device_on("gpu-b", "GPU-bbbb-0", 0)])];
     let stale_ours = rule("gpus", "gpu-a", &device("GPU-aaaa-3", 3));
     let stale_theirs = rule("gone", "gpu-a", &device("GPU-aaaa-1", 1));
-    let held_theirs = rule("other", "gpu-b", &device("GPU-bbbb-0", 0));
+    let held_theirs = rule("other", "gpu-b", &device_on("gpu-b", "GPU-bbbb-0", 0));
     let plan = reconcile(
         &nodes,
         |p| p == "gpus",

@@ -424,7 +424,11 @@ mod tests {
         let names: Vec<_> = schemas.iter().map(ResourceExt::name_any).collect();
         assert_eq!(
             names,
-            ["gpu-remediator-fault-path", "gpu-remediator-leader-election"]
+            [
+                "gpu-remediator-fault-path",
+                "gpu-remediator-agents",
+                "gpu-remediator-leader-election"
+            ]
         );
         let json = serde_json::to_string(&schemas).unwrap();
         assert!(!json.contains("gpu-remediation\""), "{json}");

@@ -1,11 +1,13 @@
-//! The real local control plane: etcd, kube-apiserver (TLS with its own CA, token authentication,
-//! RBAC), kube-controller-manager and kube-scheduler, all on 127.0.0.1 free ports, started in
-//! order, waited on until ready, and stopped in reverse order. See [`process`] for why no component
+//! The real local control plane: etcd, kube-apiserver (TLS with its own CA, token and client
+//! certificate authentication, the Node authorizer and RBAC, `NodeRestriction`; a node's kubelet
+//! credentials from [`node_credentials`]), kube-controller-manager and kube-scheduler, all on
+//! 127.0.0.1 free ports, started in order, waited on until ready, and stopped in reverse order. See [`process`] for why no component
 //! can outlive the process that started it.
 
 mod binaries;
 pub mod chaos;
 mod layout;
+pub mod node_credentials;
 mod pki;
 mod process;
 pub mod start_error;
@@ -270,7 +272,10 @@ impl ControlPlane {
             format!("--tls-private-key-file={}", display(&pki.serving_key)),
             format!("--client-ca-file={}", display(&pki.ca_cert)),
             format!("--token-auth-file={}", display(&layout.token_file)),
-            "--authorization-mode=RBAC".into(),
+            // As a kubeadm cluster: a kubelet's certificate may touch only its own Node and what
+            // is bound to it (the attacker's reach in e2e/tests/attacker_node.rs).
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
             "--anonymous-auth=false".into(),
             format!("--service-account-issuer={}", layout.server_url),
             format!("--service-account-key-file={}", display(&pki.service_account_pub)),

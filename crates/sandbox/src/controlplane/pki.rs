@@ -1,6 +1,7 @@
 //! The control plane's keys and certificates, made with the `openssl` command line tool: a CA, the
-//! kube-apiserver's serving certificate (for 127.0.0.1 and the in-cluster names), and the service
-//! account token signing key pair. ECDSA P-256 keys, because they are generated in milliseconds.
+//! kube-apiserver's serving certificate (for 127.0.0.1 and the in-cluster names), the service
+//! account token signing key pair, and on demand a node's kubelet client certificate
+//! ([`node_client_certificate`]). ECDSA P-256 keys, because they are generated in milliseconds.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -195,6 +196,84 @@ pub fn create(dir: &Path) -> Result<Pki, CreatePkiError> {
         ],
     )?;
     Ok(pki)
+}
+
+const CLIENT_EXTENSIONS: &str = "\
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = clientAuth
+authorityKeyIdentifier = keyid
+";
+
+/// A kubelet's client certificate and key files.
+#[derive(Debug, Clone)]
+pub struct ClientCertificate {
+    /// The certificate (PEM), signed by the control plane's CA.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+}
+
+/// Signs, with the CA under `pki_dir`, a client certificate for user `system:node:<node>` in group
+/// `system:nodes`: the identity a kubelet's bootstrapped certificate carries, which the Node
+/// authorizer and the `NodeRestriction` admission plugin confine to that node. Written under
+/// `pki_dir/nodes/`.
+pub fn node_client_certificate(pki_dir: &Path, node: &str) -> Result<ClientCertificate, CreatePkiError> {
+    let dir = pki_dir.join("nodes");
+    std::fs::create_dir_all(&dir).map_err(|source| CreatePkiError::Write {
+        path: dir.clone(),
+        source,
+    })?;
+    // Per node, so certificates minted at once (tests running in parallel) share no file.
+    let extensions = write(&dir, &format!("{node}-ext.cnf"), CLIENT_EXTENSIONS)?;
+    let serial = dir.join(format!("{node}.srl"));
+    let certificate = ClientCertificate {
+        cert: dir.join(format!("{node}.crt")),
+        key: dir.join(format!("{node}.key")),
+    };
+    let csr = dir.join(format!("{node}.csr"));
+    let subject = format!("/O=system:nodes/CN=system:node:{node}");
+    openssl(
+        "create node client key and request",
+        &[
+            "req",
+            "-new",
+            "-nodes",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-subj",
+            &subject,
+            "-keyout",
+            p(&certificate.key),
+            "-out",
+            p(&csr),
+        ],
+    )?;
+    openssl(
+        "sign node client certificate",
+        &[
+            "x509",
+            "-req",
+            "-in",
+            p(&csr),
+            "-CA",
+            p(&pki_dir.join("ca.crt")),
+            "-CAkey",
+            p(&pki_dir.join("ca.key")),
+            "-CAserial",
+            p(&serial),
+            "-CAcreateserial",
+            "-days",
+            "30",
+            "-extfile",
+            p(&extensions),
+            "-out",
+            p(&certificate.cert),
+        ],
+    )?;
+    Ok(certificate)
 }
 
 fn p(path: &Path) -> &str {
