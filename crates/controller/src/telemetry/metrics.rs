@@ -17,6 +17,7 @@
 //! | `signal_to_quarantine_seconds` | histogram | `policy` (trigger condition's first match to the quarantine taint written) |
 //! | `leaked_pods_total` | counter | `policy` (pods found on a node, at its cordon, that were scheduled after its fault began) |
 //! | `leader` | gauge | (1 while this replica's fence is current) |
+//! | `fence_unproven` | gauge | (1 while this replica's last probe could not prove that the API server enforces the fence) |
 //! | `reconcile_errors_total` | counter | `reconciler` |
 //! | `reconcile_errors_by_kind_total` | counter | `reconciler`, `kind` (`fenced`, `conflict`, `forbidden`, `invalid`, `timeout`, `unreachable`, `internal`, ...) |
 //! | `writes_total` | counter | `verb`, `resource`, `outcome` (`ok` or the kind of failure; every write the one writer sends) |
@@ -159,6 +160,7 @@ struct Series {
     signal_to_quarantine: Family<PolicyLabels, Histogram>,
     leaked_pods: Family<PolicyLabels, Counter>,
     leader: Gauge,
+    fence_unproven: Gauge,
     reconcile_errors: Family<ReconcilerLabels, Counter>,
     ladder: super::ladder_metrics::LadderSeries,
     writes: super::write_metrics::WriteSeries,
@@ -212,6 +214,7 @@ impl Metrics {
             signal_to_quarantine: Family::new_with_constructor(quarantine_histogram),
             leaked_pods: Family::default(),
             leader: Gauge::default(),
+            fence_unproven: Gauge::default(),
             reconcile_errors: Family::default(),
             ladder: super::ladder_metrics::LadderSeries::new(),
             writes: super::write_metrics::WriteSeries::default(),
@@ -286,6 +289,12 @@ impl Metrics {
             "leader",
             "1 while this replica holds a current claim on the leader Lease",
             series.leader.clone(),
+        );
+        registry.register(
+            "fence_unproven",
+            "1 while this replica's last probe could not prove that the API server enforces the fence \
+             (it refuses to lead, or leads unfenced with --allow-unfenced)",
+            series.fence_unproven.clone(),
         );
         registry.register(
             "reconcile_errors",
@@ -494,6 +503,11 @@ impl Metrics {
     /// Sets the leader gauge (the server does it from the fence at every scrape).
     pub fn set_leader(&self, leader: bool) {
         self.series.leader.set(i64::from(leader));
+    }
+
+    /// Sets the fence-unproven gauge (the server does it from the fence at every scrape).
+    pub fn set_fence_unproven(&self, unproven: bool) {
+        self.series.fence_unproven.set(i64::from(unproven));
     }
 
     /// The `OpenMetrics` text of every series.

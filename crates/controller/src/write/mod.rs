@@ -20,7 +20,8 @@
 //! pods' verbs (`records`, `pods`), node edits ([`node_edit`]) and Events ([`event_queue`]) are
 //! built on them. Reads go through [`Reader`], which cannot write; the elector's Lease writes
 //! ([`lease`]) and a person's approval from the CLI ([`person`]) are the two writes made without
-//! a claim, by nature, and live here too so that no other module holds a mutating client.
+//! a claim, by nature, and live here too so that no other module holds a mutating client; so do
+//! the elector's dry-run probes of the fence ([`fence_probe`]), which carry a claim of their own.
 //!
 //! A node is changed over one version of it, never blindly: `spec.taints` is an atomic list, so a
 //! patch that carries our taint without a precondition would overwrite taints others added
@@ -46,6 +47,7 @@ use crate::{
 pub mod bounds;
 pub mod claim;
 mod event_queue;
+pub mod fence_probe;
 pub mod lease;
 mod node_edit;
 pub mod person;
