@@ -2,8 +2,9 @@
 //! leader Lease (`<holder>/<leaseTransitions>`, see [`crate::leader::Fence::claim`]) so that the fence admission
 //! policy (`manifests/controller/fence-policy.yaml`) can refuse it when the claim is not current.
 //!
-//! - creates, updates and patches carry it as the `gpuremediation.dev/claim` annotation
-//!   ([`annotate`]); status writes in the status itself (`status.claim`), because the API server
+//! - creates, updates and patches carry it as the `gpuremediation.dev/claim` annotation, and the
+//!   object the label `gpuremediation.dev/fenced=true`, which lets the policy refuse writes to it
+//!   while the Lease is missing ([`annotate`]); status writes in the status itself (`status.claim`), because the API server
 //!   drops metadata changes sent to a custom resource's status subresource before admission;
 //! - a delete carries no object, so [`delete_stamped`] first writes the claim onto the object (an
 //!   update the policy checks) and then deletes with that write's resourceVersion as a
@@ -13,7 +14,7 @@
 //! Without leader election there is no claim and nothing is stamped (the policy is installed only
 //! with leader election).
 
-use gpu_remediation_api::constants::CLAIM_ANNOTATION;
+use gpu_remediation_api::constants::{CLAIM_ANNOTATION, FENCED_LABEL};
 use kube::{
     Api, Resource, ResourceExt as _,
     api::{DeleteParams, PostParams, Preconditions},
@@ -24,13 +25,19 @@ use super::{Verb, Writable, WriteError, Writer};
 /// How many times a stamp-then-delete is retried when the object changed in between.
 const DELETE_CONFLICT_RETRIES: usize = 5;
 
-/// Puts `claim` on `object` as its claim annotation; returns whether that changed it. `None` (no
-/// leader election) leaves the object as it is.
+/// Puts `claim` on `object` as its claim annotation, and the fenced label; returns whether that
+/// changed it. `None` (no leader election) leaves the object as it is.
 pub fn annotate<K: Resource>(object: &mut K, claim: Option<&str>) -> bool {
     let Some(claim) = claim else { return false };
-    let annotations = object.meta_mut().annotations.get_or_insert_with(Default::default);
+    let meta = object.meta_mut();
+    let labels = meta.labels.get_or_insert_with(Default::default);
+    let labelled = labels.get(FENCED_LABEL).map(String::as_str) == Some("true");
+    if !labelled {
+        labels.insert(FENCED_LABEL.to_owned(), "true".to_owned());
+    }
+    let annotations = meta.annotations.get_or_insert_with(Default::default);
     if annotations.get(CLAIM_ANNOTATION).map(String::as_str) == Some(claim) {
-        return false;
+        return !labelled;
     }
     annotations.insert(CLAIM_ANNOTATION.to_owned(), claim.to_owned());
     true
@@ -147,5 +154,15 @@ mod tests {
             node.annotations().get(CLAIM_ANNOTATION).map(String::as_str),
             Some("replica-b/4")
         );
+        assert_eq!(node.labels().get(FENCED_LABEL).map(String::as_str), Some("true"));
+    }
+
+    #[test]
+    fn an_object_claimed_before_the_label_existed_gets_it() {
+        let mut node = Node::default();
+        node.annotations_mut()
+            .insert(CLAIM_ANNOTATION.to_owned(), "replica-a/3".to_owned());
+        assert!(annotate(&mut node, Some("replica-a/3")), "the label is new");
+        assert!(!annotate(&mut node, Some("replica-a/3")));
     }
 }

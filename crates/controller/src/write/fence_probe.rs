@@ -4,7 +4,10 @@
 //! writes (`write::lease`) they are the elector's, made before this replica may act: they carry a
 //! claim chosen by the probe, not the fence's.
 
-use gpu_remediation_api::{constants::CLAIM_ANNOTATION, remediation::GpuRemediation};
+use gpu_remediation_api::{
+    constants::{CLAIM_ANNOTATION, FENCED_LABEL},
+    remediation::GpuRemediation,
+};
 use kube::{Api, Client, api::PostParams};
 
 use crate::election::fence_probe::Answer;
@@ -33,6 +36,7 @@ impl FenceProbes {
             "metadata": {
                 "name": PROBE_NAME,
                 "annotations": {CLAIM_ANNOTATION: claim},
+                "labels": {FENCED_LABEL: "true"},
             },
             "spec": {
                 "nodeName": PROBE_NAME,

@@ -386,6 +386,7 @@ impl Writer {
                 if let Some(claim) = claim {
                     patch["metadata"]["annotations"][gpu_remediation_api::constants::CLAIM_ANNOTATION] =
                         json!(claim.as_ref());
+                    patch["metadata"]["labels"][gpu_remediation_api::constants::FENCED_LABEL] = json!("true");
                 }
                 async move { api.patch(name, &patch_params(), &Patch::Merge(&patch)).await }
             })

@@ -61,7 +61,15 @@ impl Writer {
                     metadata: ObjectMeta {
                         name: Some(pod.name.clone()),
                         namespace: Some(pod.namespace.clone()),
-                        // The claim the fence admission policy checks (issue 13).
+                        // The claim the fence admission policy checks (issue 13), and the label
+                        // that has it refuse the eviction while the Lease is missing.
+                        labels: claim.as_ref().map(|_| {
+                            [(
+                                gpu_remediation_api::constants::FENCED_LABEL.to_owned(),
+                                "true".to_owned(),
+                            )]
+                            .into()
+                        }),
                         annotations: claim.map(|claim| {
                             [(
                                 gpu_remediation_api::constants::CLAIM_ANNOTATION.to_owned(),

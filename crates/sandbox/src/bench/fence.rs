@@ -32,8 +32,9 @@ pub fn adapted(username: &str, namespace: &str) -> Result<String, BenchSetupErro
     if !SHIPPED.contains(SHIPPED_USER) {
         return Err(moved_from(SHIPPED_USER));
     }
-    if SHIPPED.matches(SHIPPED_LEASE_NAMESPACE).count() != 1 {
-        return Err(moved_from("exactly one paramRef namespace"));
+    // Two bindings, one paramRef each.
+    if SHIPPED.matches(SHIPPED_LEASE_NAMESPACE).count() != 2 {
+        return Err(moved_from("exactly two paramRef namespaces"));
     }
     Ok(SHIPPED
         .replace(
@@ -103,7 +104,11 @@ mod tests {
         let kinds: Vec<_> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
         assert_eq!(
             kinds,
-            ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+            [
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
+                "ValidatingAdmissionPolicyBinding"
+            ]
         );
         // Everything else as shipped: the validations, the exceptions, Deny and Audit.
         assert_eq!(
