@@ -16,8 +16,8 @@ use std::{
 
 use gpu_remediator::{
     election::{
-        ElectionConfig, ElectionEnd, ElectionTimings, Elector, FenceRequirement, RunElectionError, decision::StepDownReason,
-        lease_client,
+        ElectionConfig, ElectionEnd, ElectionTimings, Elector, FenceRequirement, RunElectionError,
+        decision::StepDownReason, lease_client,
     },
     leader::Fence,
 };

@@ -357,7 +357,11 @@ impl ReplicaProcess {
 
     async fn spawn(cluster: &AuditedCluster, options: ReplicaOptions<'_>, env: &[(&str, &str)]) -> Self {
         let listen = format!("127.0.0.1:{}", free_port());
-        let log = cluster.scratch.join(format!("{}.log", options.identity));
+        let log = cluster.scratch.join(format!(
+            "{}-{}.log",
+            options.identity,
+            listen.rsplit(':').next().unwrap_or_default()
+        ));
         let log_file = std::fs::File::create(&log).expect("replica log");
         let mut args = vec![
             "run".to_owned(),

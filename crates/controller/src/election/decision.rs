@@ -225,7 +225,10 @@ impl Predecessor {
 pub fn first_write_at(predecessor: Predecessor, acquired_at: Instant, timings: &ElectionTimings) -> Instant {
     let believed_until = match predecessor {
         Predecessor::Nobody => acquired_at,
-        Predecessor::Other { since, lease_duration } => (since + lease_duration).max(acquired_at),
+        Predecessor::Other {
+            since,
+            lease_duration,
+        } => (since + lease_duration).max(acquired_at),
     };
     believed_until + timings.cache_lag_allowance
 }

@@ -358,7 +358,10 @@ impl Elector {
                         first_write_in = ?probe_at.saturating_duration_since(Instant::now()),
                         "acquired the leader Lease; acting once earlier claims and caches have settled and the fence is proven"
                     );
-                    known.acting = Acting::SettlingIn { probe_at, unproven: 0 };
+                    known.acting = Acting::SettlingIn {
+                        probe_at,
+                        unproven: 0,
+                    };
                 }
                 *role = Role::Leader { renewed_at: sent_at };
                 if known.acting == Acting::Yes {

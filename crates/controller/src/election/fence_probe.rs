@@ -90,7 +90,10 @@ mod tests {
 
     #[test]
     fn a_refusal_by_anything_but_the_fence_proves_nothing() {
-        let rbac = Answer::refused(403, "gpuremediations.gpuremediation.dev is forbidden: User cannot create");
+        let rbac = Answer::refused(
+            403,
+            "gpuremediations.gpuremediation.dev is forbidden: User cannot create",
+        );
         assert!(matches!(rbac, Answer::Failed(_)));
         assert!(matches!(
             verdict(&rbac, &Answer::Admitted),

@@ -23,7 +23,12 @@ pub struct Identity {
 /// Without a UID it is not in a pod: the given name, else the host name, else `gpu-remediator`,
 /// with the nonce.
 #[must_use]
-pub fn identity(pod_name: Option<&str>, pod_uid: Option<&str>, hostname: Option<&str>, nonce: &str) -> Identity {
+pub fn identity(
+    pod_name: Option<&str>,
+    pod_uid: Option<&str>,
+    hostname: Option<&str>,
+    nonce: &str,
+) -> Identity {
     fn given(value: Option<&str>) -> Option<&str> {
         value.map(str::trim).filter(|value| !value.is_empty())
     }
@@ -33,10 +38,7 @@ pub fn identity(pod_name: Option<&str>, pod_uid: Option<&str>, hostname: Option<
             in_pod: true,
         },
         (name, _) => Identity {
-            name: format!(
-                "{}_{nonce}",
-                name.or(given(hostname)).unwrap_or("gpu-remediator")
-            ),
+            name: format!("{}_{nonce}", name.or(given(hostname)).unwrap_or("gpu-remediator")),
             in_pod: false,
         },
     }
@@ -48,7 +50,12 @@ mod tests {
 
     #[test]
     fn a_pod_is_named_by_its_name_and_uid() {
-        let id = identity(Some("gpu-remediator-7d9f"), Some("0b1c-uid"), Some("node-a"), "n1");
+        let id = identity(
+            Some("gpu-remediator-7d9f"),
+            Some("0b1c-uid"),
+            Some("node-a"),
+            "n1",
+        );
         assert_eq!(id.name, "gpu-remediator-7d9f_0b1c-uid_n1");
         assert!(id.in_pod);
     }
@@ -70,7 +77,13 @@ mod tests {
     #[test]
     fn outside_a_pod_the_name_or_host_name_gets_the_nonce() {
         let named = identity(Some("dev"), None, Some("laptop"), "n");
-        assert_eq!(named, Identity { name: "dev_n".into(), in_pod: false });
+        assert_eq!(
+            named,
+            Identity {
+                name: "dev_n".into(),
+                in_pod: false
+            }
+        );
         let host = identity(None, Some(""), Some("laptop"), "n");
         assert_eq!(host.name, "laptop_n");
         assert!(!host.in_pod);

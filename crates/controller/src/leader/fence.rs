@@ -175,11 +175,9 @@ impl Fence {
             return Some(problem);
         }
         let proof = self.proof.borrow();
-        proof
-            .unproven
-            .as_ref()
-            .filter(|_| proof.refusing)
-            .map(|why| format!("refusing to lead: the API server's fence is not proven enforced: {why}").into())
+        proof.unproven.as_ref().filter(|_| proof.refusing).map(|why| {
+            format!("refusing to lead: the API server's fence is not proven enforced: {why}").into()
+        })
     }
 
     /// Why the last probe could not prove that the API server enforces the fence (whether or not
@@ -463,12 +461,19 @@ mod tests {
             "{problem}"
         );
         keeper.write_succeeded();
-        assert!(fence.election_problem().is_some(), "a Lease write does not prove the fence");
+        assert!(
+            fence.election_problem().is_some(),
+            "a Lease write does not prove the fence"
+        );
         keeper.fence_proven();
         assert_eq!(fence.election_problem(), None);
         assert_eq!(fence.fence_unproven(), None);
         keeper.fence_not_proven("no fence", false);
-        assert_eq!(fence.election_problem(), None, "leading anyway (--allow-unfenced)");
+        assert_eq!(
+            fence.election_problem(),
+            None,
+            "leading anyway (--allow-unfenced)"
+        );
         assert_eq!(fence.fence_unproven().as_deref(), Some("no fence"));
     }
 

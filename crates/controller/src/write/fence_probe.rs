@@ -25,7 +25,9 @@ impl FenceProbes {
     /// Probes through `client`.
     #[must_use]
     pub fn new(client: Client) -> Self {
-        Self { api: Api::all(client) }
+        Self {
+            api: Api::all(client),
+        }
     }
 
     /// Sends a dry-run create carrying `claim`; says how the API server answered.
