@@ -30,16 +30,17 @@ use leader_support::{
 use serde_json::json;
 
 /// A dry-run create, as the controller's account, of a remediation labelled as the controller
-/// labels what it writes, carrying `claim` (none: no annotation); the refusal's message, or `None`
+/// labels what it writes under the Lease in `namespace`, carrying `claim` (none: no annotation);
+/// the refusal's message (403 from the policy, 422 from a binding that found no Lease), or `None`
 /// when admitted.
-async fn labelled_write(controller: &Client, claim: Option<&str>) -> Option<String> {
+async fn labelled_write(controller: &Client, namespace: &str, claim: Option<&str>) -> Option<String> {
     let annotations = claim.map_or_else(|| json!({}), |claim| json!({"gpuremediation.dev/claim": claim}));
     let object: GpuRemediation = serde_json::from_value(json!({
         "apiVersion": "gpuremediation.dev/v1alpha1",
         "kind": "GpuRemediation",
         "metadata": {
             "name": "fence-hardening",
-            "labels": {"gpuremediation.dev/fenced": "true"},
+            "labels": {"gpuremediation.dev/fenced": namespace},
             "annotations": annotations,
         },
         "spec": {
@@ -59,7 +60,7 @@ async fn labelled_write(controller: &Client, claim: Option<&str>) -> Option<Stri
         .await
     {
         Ok(_) => None,
-        Err(kube::Error::Api(status)) if status.code == 403 => Some(status.message),
+        Err(kube::Error::Api(status)) if matches!(status.code, 403 | 422) => Some(status.message),
         Err(error) => panic!("the write failed otherwise: {error}"),
     }
 }
@@ -77,7 +78,7 @@ async fn a_missing_lease_refuses_every_claim_yet_lets_the_controller_create_it()
     let refused = eventually(
         "a write refused for the missing Lease",
         Duration::from_secs(30),
-        || labelled_write(&controller, Some("replica-a/0")),
+        || labelled_write(&controller, &namespace, Some("replica-a/0")),
     )
     .await;
     assert!(
@@ -85,7 +86,7 @@ async fn a_missing_lease_refuses_every_claim_yet_lets_the_controller_create_it()
         "{refused}"
     );
     for claim in [Some("replica-b/7"), Some(""), None] {
-        let refused = labelled_write(&controller, claim)
+        let refused = labelled_write(&controller, &namespace, claim)
             .await
             .unwrap_or_else(|| panic!("the claim {claim:?} was admitted without a Lease"));
         assert!(refused.contains("no params found"), "{refused}");
@@ -117,13 +118,13 @@ async fn a_missing_lease_refuses_every_claim_yet_lets_the_controller_create_it()
         .expect("the controller creates its Lease while the fence is closed");
     // ...and then its claim is admitted (once the policy's cache has the Lease), another refused.
     eventually("the Lease's claim admitted", Duration::from_secs(30), || async {
-        labelled_write(&controller, Some("replica-a/0"))
+        labelled_write(&controller, &namespace, Some("replica-a/0"))
             .await
             .is_none()
             .then_some(())
     })
     .await;
-    let stale = labelled_write(&controller, Some("replica-z/0"))
+    let stale = labelled_write(&controller, &namespace, Some("replica-z/0"))
         .await
         .expect("another claim is refused");
     assert!(

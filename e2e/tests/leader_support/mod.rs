@@ -156,6 +156,10 @@ pub async fn install_fence(client: &Client, namespace: &str) {
                 &format!("namespace: {namespace}\n"),
             )
             .replace(
+                "gpuremediation.dev/fenced: gpu-remediation\n",
+                &format!("gpuremediation.dev/fenced: {namespace}\n"),
+            )
+            .replace(
                 "name: gpu-remediator-fence\n",
                 &format!("name: gpu-remediator-fence-{namespace}\n"),
             )

@@ -177,9 +177,10 @@ impl Elector {
     /// An elector writing through `client` (build it with [`lease_client`]).
     #[must_use]
     pub fn new(client: Client, config: ElectionConfig, keeper: FenceKeeper) -> Self {
+        keeper.lease_in(&config.namespace);
         Self {
             leases: crate::write::lease::Leases::new(client.clone(), &config.namespace),
-            probes: FenceProbes::new(client),
+            probes: FenceProbes::new(client, &config.namespace),
             config,
             keeper,
         }

@@ -28,7 +28,9 @@ impl Answer {
     /// The answer an API error with `code` and `message` stands for.
     #[must_use]
     pub fn refused(code: u16, message: &str) -> Self {
-        if code == 403 && message.contains(FENCE_POLICY_NAME) {
+        // 403 for the policy's validation; 422 when its binding cannot find the Lease (a
+        // configuration error under `failurePolicy: Fail`).
+        if matches!(code, 403 | 422) && message.contains(FENCE_POLICY_NAME) {
             Self::Fenced(message.to_owned())
         } else {
             Self::Failed(format!("{code}: {message}"))
@@ -78,6 +80,22 @@ mod tests {
         let fenced = Answer::refused(403, REFUSAL);
         assert!(matches!(fenced, Answer::Fenced(_)));
         assert_eq!(verdict(&fenced, &Answer::Admitted), Verdict::Enforced);
+    }
+
+    #[test]
+    fn a_missing_lease_refusal_is_the_fence_refusing() {
+        let missing = Answer::refused(
+            422,
+            "gpuremediations.gpuremediation.dev \"gpu-remediator-fence-probe\" is forbidden: \
+             ValidatingAdmissionPolicy 'gpu-remediator-fence' with binding \
+             'gpu-remediator-fence-missing-lease' denied request: failed to configure binding: no \
+             params found for policy binding with `Deny` parameterNotFoundAction",
+        );
+        assert!(matches!(missing, Answer::Fenced(_)));
+        assert!(matches!(
+            Answer::refused(422, "spec.nodeName: Required value"),
+            Answer::Failed(_)
+        ));
     }
 
     #[test]

@@ -24,7 +24,10 @@
 //!   [`FenceKeeper::revoke`] (the clock is `tokio::time`, so `#[tokio::test(start_paused = true)]`
 //!   can move it).
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use tokio::{sync::watch, time::Instant};
 
@@ -101,6 +104,7 @@ pub struct Fence {
     participation: watch::Receiver<Participation>,
     holder: watch::Receiver<Option<Arc<str>>>,
     proof: watch::Receiver<FenceProof>,
+    lease_namespace: Arc<OnceLock<Arc<str>>>,
 }
 
 /// The writing side of a [`Fence`], held by the elector only. Dropping it leaves the last claim in
@@ -111,6 +115,7 @@ pub struct FenceKeeper {
     participation: watch::Sender<Participation>,
     holder: watch::Sender<Option<Arc<str>>>,
     proof: watch::Sender<FenceProof>,
+    lease_namespace: Arc<OnceLock<Arc<str>>>,
 }
 
 impl Fence {
@@ -128,6 +133,7 @@ impl Fence {
             participation,
             holder,
             proof,
+            lease_namespace: Arc::default(),
         }
     }
 
@@ -138,18 +144,21 @@ impl Fence {
         let (participating, participation) = watch::channel(Participation::default());
         let (holding, holder) = watch::channel(None);
         let (proving, proof) = watch::channel(FenceProof::default());
+        let lease_namespace: Arc<OnceLock<Arc<str>>> = Arc::default();
         (
             Self {
                 claim,
                 participation,
                 holder,
                 proof,
+                lease_namespace: lease_namespace.clone(),
             },
             FenceKeeper {
                 claim: sender,
                 participation: participating,
                 holder: holding,
                 proof: proving,
+                lease_namespace,
             },
         )
     }
@@ -164,6 +173,14 @@ impl Fence {
             return None;
         }
         self.holder.borrow().clone()
+    }
+
+    /// The namespace of the Lease this replica's claims are on, once the elector named it: the
+    /// value of the `gpuremediation.dev/fenced` label its writes carry, which the fence policy's
+    /// fail-closed binding selects. `None` without leader election.
+    #[must_use]
+    pub fn lease_namespace(&self) -> Option<Arc<str>> {
+        self.lease_namespace.get().cloned()
     }
 
     /// Why this replica cannot take part in the leader election (it can never lead, so it is not
@@ -254,6 +271,11 @@ impl FenceKeeper {
     /// Records that this replica no longer holds the Lease: every check fails from now on.
     pub fn revoke(&self) {
         self.claim.send_replace(Claim::NotHeld);
+    }
+
+    /// Records the namespace of the Lease (once; later calls change nothing).
+    pub fn lease_in(&self, namespace: &str) {
+        let _ = self.lease_namespace.set(namespace.into());
     }
 
     /// Records which claim the Lease now names: `holder` with `transitions` (`leaseTransitions`).

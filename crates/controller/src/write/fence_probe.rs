@@ -19,14 +19,17 @@ pub const PROBE_NAME: &str = "gpu-remediator-fence-probe";
 #[derive(Clone, Debug)]
 pub struct FenceProbes {
     api: Api<GpuRemediation>,
+    lease_namespace: String,
 }
 
 impl FenceProbes {
-    /// Probes through `client`.
+    /// Probes through `client`, for claims on the Lease in `lease_namespace` (labelled as the
+    /// writer labels what it writes, so that the fail-closed binding selects the probe too).
     #[must_use]
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Client, lease_namespace: &str) -> Self {
         Self {
             api: Api::all(client),
+            lease_namespace: lease_namespace.to_owned(),
         }
     }
 
@@ -38,7 +41,7 @@ impl FenceProbes {
             "metadata": {
                 "name": PROBE_NAME,
                 "annotations": {CLAIM_ANNOTATION: claim},
-                "labels": {FENCED_LABEL: "true"},
+                "labels": {FENCED_LABEL: self.lease_namespace},
             },
             "spec": {
                 "nodeName": PROBE_NAME,

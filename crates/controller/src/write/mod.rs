@@ -342,9 +342,10 @@ impl Writer {
         let api: Api<K> = api(&self.client, Scope::of(object.meta().namespace.as_deref()), kind);
         let mut object = Self::bounded(kind, object)?;
         let resource = K::plural(kind).into_owned();
+        let lease_namespace = self.fence.lease_namespace();
         let mut created = self
             .send(Verb::Create, &resource, |claim| {
-                claim::annotate(&mut object, claim.as_deref());
+                claim::annotate(&mut object, claim.as_deref(), lease_namespace.as_deref());
                 async move { api.create(&post_params(), &object).await }
             })
             .await?;
@@ -359,9 +360,10 @@ impl Writer {
         let mut object = Self::bounded(kind, object)?;
         let name = object.name_any();
         let resource = K::plural(kind).into_owned();
+        let lease_namespace = self.fence.lease_namespace();
         let mut replaced = self
             .send(Verb::Replace, &resource, |claim| {
-                claim::annotate(&mut object, claim.as_deref());
+                claim::annotate(&mut object, claim.as_deref(), lease_namespace.as_deref());
                 async move { api.replace(&name, &post_params(), &object).await }
             })
             .await?;
@@ -381,12 +383,16 @@ impl Writer {
     ) -> Result<K, WriteError> {
         let api: Api<K> = api(&self.client, scope, kind);
         let resource = K::plural(kind).into_owned();
+        let lease_namespace = self.fence.lease_namespace();
         let mut patched = self
             .send(Verb::Patch, &resource, |claim| {
                 if let Some(claim) = claim {
                     patch["metadata"]["annotations"][gpu_remediation_api::constants::CLAIM_ANNOTATION] =
                         json!(claim.as_ref());
-                    patch["metadata"]["labels"][gpu_remediation_api::constants::FENCED_LABEL] = json!("true");
+                    if let Some(namespace) = lease_namespace {
+                        patch["metadata"]["labels"][gpu_remediation_api::constants::FENCED_LABEL] =
+                            json!(namespace.as_ref());
+                    }
                 }
                 async move { api.patch(name, &patch_params(), &Patch::Merge(&patch)).await }
             })

@@ -55,6 +55,7 @@ impl Writer {
             dry_run,
             field_manager: None,
         };
+        let lease_namespace = self.fence.lease_namespace();
         let answer = self
             .send(Verb::Evict, "pods", |claim| {
                 let eviction = Eviction {
@@ -63,10 +64,10 @@ impl Writer {
                         namespace: Some(pod.namespace.clone()),
                         // The claim the fence admission policy checks (issue 13), and the label
                         // that has it refuse the eviction while the Lease is missing.
-                        labels: claim.as_ref().map(|_| {
+                        labels: claim.as_ref().and(lease_namespace).map(|namespace| {
                             [(
                                 gpu_remediation_api::constants::FENCED_LABEL.to_owned(),
-                                "true".to_owned(),
+                                namespace.to_string(),
                             )]
                             .into()
                         }),

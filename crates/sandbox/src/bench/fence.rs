@@ -17,6 +17,8 @@ const SHIPPED: &str = include_str!("../../../../manifests/controller/fence-polic
 const SHIPPED_USER: &str =
     "request.userInfo.username == 'system:serviceaccount:gpu-remediation:gpu-remediator'";
 const SHIPPED_LEASE_NAMESPACE: &str = "    namespace: gpu-remediation\n";
+/// The fail-closed binding's selector: objects labelled with the Lease's namespace.
+const SHIPPED_FENCED_LABEL: &str = "gpuremediation.dev/fenced: gpu-remediation\n";
 
 /// The shipped policy moved to the controller account `username` and its Lease in `namespace`
 /// (the Lease keeps its shipped name, `gpu-remediator`, the controller's default).
@@ -41,7 +43,11 @@ pub fn adapted(username: &str, namespace: &str) -> Result<String, BenchSetupErro
             SHIPPED_USER,
             &format!("request.userInfo.username == '{username}'"),
         )
-        .replace(SHIPPED_LEASE_NAMESPACE, &format!("    namespace: {namespace}\n")))
+        .replace(SHIPPED_LEASE_NAMESPACE, &format!("    namespace: {namespace}\n"))
+        .replace(
+            SHIPPED_FENCED_LABEL,
+            &format!("gpuremediation.dev/fenced: {namespace}\n"),
+        ))
 }
 
 /// Installs the fence for `username`, whose Lease is in `namespace`.
