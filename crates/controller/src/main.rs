@@ -112,22 +112,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = kube::Config::infer()
         .await
         .context("loading Kubernetes credentials")?;
-    // Unique per process, never the pid alone (1 in every container): a restarted replica must not
-    // mistake its predecessor's claim for its own (see `election::identity`).
-    let hostname = std::env::var("HOSTNAME").ok();
-    let chosen = identity(
-        args.identity.as_deref(),
-        args.pod_uid.as_deref(),
-        hostname.as_deref(),
-        &process_nonce(),
-    );
-    if !chosen.in_pod {
-        tracing::info!(
-            identity = %chosen.name,
-            "not in a pod (no POD_UID): the identity is the given name or the host name plus a random per-process nonce"
-        );
-    }
-    let identity = chosen.name;
+    let identity = replica_identity(&args);
     let (stop, stopped) = watch::channel(false);
     let stop = std::sync::Arc::new(stop);
     tokio::spawn({
@@ -245,6 +230,26 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .context("the HTTP server task panicked")?
         .context("the HTTP server failed")?;
     Ok(())
+}
+
+/// This process's identity on the Lease: unique per process, never the pid alone (1 in every
+/// container), so that a restarted replica cannot mistake its predecessor's claim for its own (see
+/// `election::identity`).
+fn replica_identity(args: &RunArgs) -> String {
+    let hostname = std::env::var("HOSTNAME").ok();
+    let chosen = identity(
+        args.identity.as_deref(),
+        args.pod_uid.as_deref(),
+        hostname.as_deref(),
+        &process_nonce(),
+    );
+    if !chosen.in_pod {
+        tracing::info!(
+            identity = %chosen.name,
+            "not in a pod (no POD_UID): the identity is the given name or the host name plus a random per-process nonce"
+        );
+    }
+    chosen.name
 }
 
 /// A random nonce for this process's identity: 64 bits from the standard library's randomly keyed

@@ -6,7 +6,7 @@
 //! own: a replica that finds its own identity on the Lease takes it at once, without a new
 //! `leaseTransitions`, so both would write under the same claim. The process id cannot tell them
 //! apart (it is 1 in every container), nor can the pod alone: a pod's name is reused by a
-//! StatefulSet, and its UID outlives a container restart. So the identity is the pod's name and
+//! `StatefulSet`, and its UID outlives a container restart. So the identity is the pod's name and
 //! UID (from the downward API: `POD_NAME`, `POD_UID`) plus a random per-process nonce; outside a
 //! pod (no UID), the given name or the host name plus the nonce.
 

@@ -195,6 +195,22 @@ fn action_label(action: Action) -> &'static str {
     }
 }
 
+/// Registers the series about this replica's leadership: whether it leads, and whether its fence
+/// is proven.
+fn register_leadership(registry: &mut Registry, series: &Series) {
+    registry.register(
+        "leader",
+        "1 while this replica holds a current claim on the leader Lease",
+        series.leader.clone(),
+    );
+    registry.register(
+        "fence_unproven",
+        "1 while this replica's last probe could not prove that the API server enforces the fence \
+         (it refuses to lead, or leads unfenced with --allow-unfenced)",
+        series.fence_unproven.clone(),
+    );
+}
+
 impl Metrics {
     /// A fresh registry with every series registered.
     #[must_use]
@@ -285,17 +301,7 @@ impl Metrics {
             "Pods found on a node at its cordon that were scheduled after its fault began",
             series.leaked_pods.clone(),
         );
-        registry.register(
-            "leader",
-            "1 while this replica holds a current claim on the leader Lease",
-            series.leader.clone(),
-        );
-        registry.register(
-            "fence_unproven",
-            "1 while this replica's last probe could not prove that the API server enforces the fence \
-             (it refuses to lead, or leads unfenced with --allow-unfenced)",
-            series.fence_unproven.clone(),
-        );
+        register_leadership(&mut registry, &series);
         registry.register(
             "reconcile_errors",
             "Reconcile attempts that failed, by reconciler",
