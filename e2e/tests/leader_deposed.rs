@@ -117,7 +117,7 @@ async fn replica(world: &World, identity: &str, env: &[(&str, &str)]) -> Replica
 
 /// The Lease's current claim, `<holder>/<leaseTransitions>`, once `identity`'s process holds it.
 async fn claim_of(admin: &Client, identity: &str, within: Duration) -> String {
-    let prefix = format!("{identity}-");
+    let prefix = format!("{identity}_");
     eventually(&format!("{identity} to lead"), within, || async {
         let lease = Api::<Lease>::namespaced(admin.clone(), NAMESPACE)
             .get_opt("gpu-remediator")

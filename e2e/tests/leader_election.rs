@@ -16,8 +16,8 @@ use std::{
 
 use gpu_remediator::{
     election::{
-        ElectionConfig, ElectionEnd, ElectionTimings, Elector, RunElectionError, decision::StepDownReason,
-        lease_client,
+        ElectionConfig, ElectionEnd, ElectionTimings, Elector, FenceRequirement, RunElectionError,
+        decision::StepDownReason, lease_client,
     },
     leader::Fence,
 };
@@ -33,12 +33,14 @@ use kube::{
 };
 use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
 
-/// Short timings so a takeover takes seconds: 4s lease, 3s renew deadline, 500ms retry.
+/// Short timings so a takeover takes seconds: 4s lease, 3s renew deadline, 500ms retry, 200ms
+/// for the caches after an acquisition.
 fn timings() -> ElectionTimings {
     ElectionTimings {
         lease_duration: Duration::from_secs(4),
         renew_deadline: Duration::from_secs(3),
         retry_period: Duration::from_millis(500),
+        cache_lag_allowance: Duration::from_millis(200),
     }
 }
 
@@ -54,6 +56,9 @@ impl Replica {
         let (fence, keeper) = Fence::keeper();
         let config = ElectionConfig {
             timings: timings(),
+            // No fence policy here: these tests are about the election; `fence_hardening` proves
+            // that a leader refuses to act without the fence.
+            fence: FenceRequirement::Optional,
             ..ElectionConfig::new(namespace, identity)
         };
         let (stop, stopped) = oneshot::channel::<()>();

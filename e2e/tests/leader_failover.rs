@@ -154,7 +154,8 @@ fn assert_replicas_never_acted_together(
     );
     let b_started_after = b_first.request_received_timestamp.duration_since(killed_at);
     assert!(
-        b_started_after.unsigned_abs() <= LEASE_DURATION + Duration::from_secs(3),
+        // Its polling (2s), its allowance for the caches (1s) and its fence probe: 4s.
+        b_started_after.unsigned_abs() <= LEASE_DURATION + Duration::from_secs(4),
         "replica-b acted only {b_started_after:?} after the kill"
     );
     eprintln!(
@@ -214,7 +215,7 @@ async fn killing_the_leader_mid_drain_hands_the_same_remediation_to_the_follower
         || async {
             lease_holder(admin, controller_namespace)
                 .await
-                .is_some_and(|h| h.starts_with("replica-b-"))
+                .is_some_and(|h| h.starts_with("replica-b_"))
                 .then_some(())
         },
     )

@@ -21,6 +21,11 @@ pub const APPROVED_BY_ANNOTATION: &str = "gpuremediation.dev/approved-by";
 /// `<holderIdentity>/<leaseTransitions>`. The admission policy `manifests/controller/fence-policy.yaml`
 /// refuses a write whose claim is not the Lease's current one (a deposed leader's late write).
 pub const CLAIM_ANNOTATION: &str = "gpuremediation.dev/claim";
+/// Label on each object a leader-elected controller writes under a claim, beside
+/// `CLAIM_ANNOTATION`, naming the namespace of its Lease: the fence policy's second binding
+/// selects these objects before it looks that Lease up, so that a write to them is refused while
+/// the Lease is missing (fail closed).
+pub const FENCED_LABEL: &str = "gpuremediation.dev/fenced";
 /// Annotation the controller sets on a `GpuRemediation` it creates for a node that used up
 /// `maxAttemptsPerNode`: the record enters `ManualRequired` and touches nothing until a person
 /// sets `APPROVED_ANNOTATION`. Its value says how many attempts in which window.

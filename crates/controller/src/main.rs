@@ -13,7 +13,7 @@ use gpu_remediator::{
         commands::{self, ExplainArgs, HistoryArgs, ValidateArgs},
     },
     controller::{Telemetry, run_with_telemetry},
-    election::{ElectionConfig, Elector, lease_client},
+    election::{ElectionConfig, Elector, FenceRequirement, identity::identity, lease_client},
     leader::Fence,
     telemetry::{self, Health, Metrics},
 };
@@ -59,9 +59,17 @@ struct RunArgs {
     /// Namespace of the leader Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-remediation")]
     lease_namespace: String,
-    /// This replica's identity in the Lease and in Events (default: the host name and process).
+    /// This replica's name in its identity on the Lease and in Events: the pod's name (default:
+    /// the host name). A random per-process nonce is always added, and the pod's UID when given.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// The pod's UID (from the downward API), so that two pods of one name never share an identity.
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
+    /// Lead even when the API server does not enforce the fence (no fence policy installed): for a
+    /// development cluster only. By default a leader that cannot prove the fence refuses to lead.
+    #[arg(long, env = "GPU_REMEDIATOR_ALLOW_UNFENCED")]
+    allow_unfenced: bool,
     /// Address of the `/metrics`, `/healthz` and `/readyz` server.
     #[arg(long, default_value = "0.0.0.0:8080")]
     listen: SocketAddr,
@@ -104,15 +112,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = kube::Config::infer()
         .await
         .context("loading Kubernetes credentials")?;
-    // A per-process suffix: a restarted replica must not mistake its predecessor's claim for its
-    // own (see `election::ElectionConfig::identity`).
-    let identity = format!(
-        "{}-{}",
-        args.identity
-            .clone()
-            .unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "gpu-remediator".into())),
-        std::process::id()
-    );
+    let identity = replica_identity(&args);
     let (stop, stopped) = watch::channel(false);
     let stop = std::sync::Arc::new(stop);
     tokio::spawn({
@@ -135,9 +135,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (controller_ended, ended) = watch::channel(false);
     let (fence, election) = if args.leader_elect {
         let (fence, keeper) = Fence::keeper();
+        let fence_requirement = if args.allow_unfenced {
+            FenceRequirement::Optional
+        } else {
+            FenceRequirement::Required
+        };
         let elector = Elector::new(
             lease_client(config.clone()).context("building the Lease client")?,
-            ElectionConfig::new(&args.lease_namespace, &identity),
+            ElectionConfig {
+                fence: fence_requirement,
+                ..ElectionConfig::new(&args.lease_namespace, &identity)
+            },
             keeper,
         );
         let mut ended = ended.clone();
@@ -222,6 +230,35 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .context("the HTTP server task panicked")?
         .context("the HTTP server failed")?;
     Ok(())
+}
+
+/// This process's identity on the Lease: unique per process, never the pid alone (1 in every
+/// container), so that a restarted replica cannot mistake its predecessor's claim for its own (see
+/// `election::identity`).
+fn replica_identity(args: &RunArgs) -> String {
+    let hostname = std::env::var("HOSTNAME").ok();
+    let chosen = identity(
+        args.identity.as_deref(),
+        args.pod_uid.as_deref(),
+        hostname.as_deref(),
+        &process_nonce(),
+    );
+    if !chosen.in_pod {
+        tracing::info!(
+            identity = %chosen.name,
+            "not in a pod (no POD_UID): the identity is the given name or the host name plus a random per-process nonce"
+        );
+    }
+    chosen.name
+}
+
+/// A random nonce for this process's identity: 64 bits from the standard library's randomly keyed
+/// hasher (seeded from the operating system), over the pid and the time.
+fn process_nonce() -> String {
+    use std::hash::BuildHasher as _;
+    let random = std::collections::hash_map::RandomState::new()
+        .hash_one((std::process::id(), std::time::SystemTime::now()));
+    format!("{random:016x}")
 }
 
 /// SIGTERM (the kubelet stopping the pod) or Ctrl-C.

@@ -112,7 +112,7 @@ pub async fn start_leader_then_follower(
         };
         replicas.push(ReplicaProcess::start(cluster, options).await);
         if identity == leader {
-            let prefix = format!("{leader}-");
+            let prefix = format!("{leader}_");
             eventually(&format!("{leader} to lead"), lead_within, || async {
                 lease_holder(&admin, namespace)
                     .await

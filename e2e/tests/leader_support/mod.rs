@@ -156,12 +156,20 @@ pub async fn install_fence(client: &Client, namespace: &str) {
                 &format!("namespace: {namespace}\n"),
             )
             .replace(
+                "gpuremediation.dev/fenced: gpu-remediation\n",
+                &format!("gpuremediation.dev/fenced: {namespace}\n"),
+            )
+            .replace(
                 "name: gpu-remediator-fence\n",
                 &format!("name: gpu-remediator-fence-{namespace}\n"),
             )
             .replace(
                 "policyName: gpu-remediator-fence\n",
                 &format!("policyName: gpu-remediator-fence-{namespace}\n"),
+            )
+            .replace(
+                "name: gpu-remediator-fence-missing-lease\n",
+                &format!("name: gpu-remediator-fence-missing-lease-{namespace}\n"),
             )
     };
     assert!(policy.contains(namespace), "the policy was adapted: {policy}");
@@ -176,6 +184,11 @@ pub async fn install_fence(client: &Client, namespace: &str) {
 /// `namespace`'s controllers ([`install_fence`]), and returns a token for the account.
 pub async fn controller_account(client: &Client, namespace: &str, account: &str) -> String {
     install_fence(client, namespace).await;
+    unfenced_controller_account(client, namespace, account).await
+}
+
+/// [`controller_account`] without the fence: the controller's RBAC and a token, no fence policy.
+pub async fn unfenced_controller_account(client: &Client, namespace: &str, account: &str) -> String {
     let manifests = std::fs::read_to_string(format!("{WORKSPACE}/manifests/controller/rbac.yaml"))
         .expect("RBAC manifest");
     let mut cluster_role = None;
@@ -296,8 +309,8 @@ pub async fn controller_binary() -> &'static Path {
         .expect("building the controller binary")
 }
 
-/// The Lease's holder. The binary makes its identity unique per process (`<--identity>-<pid>`), so
-/// tests compare prefixes.
+/// The Lease's holder. The binary makes its identity unique per process (`<--identity>_<nonce>`,
+/// `<--identity>_<POD_UID>_<nonce>` in a pod), so tests compare prefixes.
 pub async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
     let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), namespace)
         .get_opt("gpu-remediator")
@@ -348,7 +361,11 @@ impl ReplicaProcess {
 
     async fn spawn(cluster: &AuditedCluster, options: ReplicaOptions<'_>, env: &[(&str, &str)]) -> Self {
         let listen = format!("127.0.0.1:{}", free_port());
-        let log = cluster.scratch.join(format!("{}.log", options.identity));
+        let log = cluster.scratch.join(format!(
+            "{}-{}.log",
+            options.identity,
+            listen.rsplit(':').next().unwrap_or_default()
+        ));
         let log_file = std::fs::File::create(&log).expect("replica log");
         let mut args = vec![
             "run".to_owned(),
@@ -559,14 +576,33 @@ impl AuditEvent {
             .map(str::to_owned)
     }
 
+    /// Whether this was a dry run (`dryRun=All`): admitted or not, it changed nothing.
+    pub fn is_dry_run(&self) -> bool {
+        let event: Option<serde_json::Value> = serde_json::from_str(&self.line).ok();
+        event
+            .as_ref()
+            .and_then(|event| event.pointer("/requestURI"))
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|uri| uri.contains("dryRun=All"))
+    }
+
     /// Whether this is a write of the leader Lease (the election itself, not acting).
     pub fn is_lease_write(&self) -> bool {
         self.resource == "leases"
     }
 }
 
-/// Every mutating request `username` made, in order.
+/// Every mutating request `username` made, in order; dry runs (a new leader's probes of the
+/// fence, which change nothing) left out.
 pub fn mutating_requests(cluster: &AuditedCluster, username: &str) -> Vec<AuditEvent> {
+    requests_of(cluster, username)
+        .into_iter()
+        .filter(|event| !event.is_dry_run())
+        .collect()
+}
+
+/// Every mutating request `username` made, in order, dry runs included.
+pub fn requests_of(cluster: &AuditedCluster, username: &str) -> Vec<AuditEvent> {
     let text = std::fs::read_to_string(&cluster.audit_log).expect("reading the audit log");
     let mut events: Vec<AuditEvent> = text
         .lines()

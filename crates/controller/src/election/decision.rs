@@ -24,6 +24,11 @@ pub struct ElectionTimings {
     pub renew_deadline: Duration,
     /// How often the leader renews and followers look at the Lease.
     pub retry_period: Duration,
+    /// How long a new leader waits, once no earlier holder's lease can still be believed, before
+    /// its first write: time for the API server's caches (the fence policy reads the Lease from
+    /// one) and this replica's watches to catch up with the Lease it just wrote and with the last
+    /// writes of its predecessor. See [`first_write_at`].
+    pub cache_lag_allowance: Duration,
 }
 
 impl Default for ElectionTimings {
@@ -32,6 +37,7 @@ impl Default for ElectionTimings {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            cache_lag_allowance: Duration::from_secs(1),
         }
     }
 }
@@ -175,6 +181,56 @@ pub enum StepDownReason {
     RenewDeadlinePassed,
     /// The Lease names another holder (or none, or is gone): someone took it over.
     LeaseTakenOver,
+}
+
+/// Who held the Lease just before this replica's acquiring write, as far as this replica knew.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Predecessor {
+    /// Nobody anyone could still believe: there was no Lease (this replica created it), it was
+    /// released (no holder), or its holder was this replica itself.
+    Nobody,
+    /// Another replica, whose record this replica first saw at `since`, with `lease_duration`.
+    Other {
+        /// When this replica first saw that version of the record (local clock).
+        since: Instant,
+        /// The lease duration that holder wrote (or ours when it wrote none).
+        lease_duration: Duration,
+    },
+}
+
+impl Predecessor {
+    /// The predecessor as `observed` (the observation the acquiring write was based on) names it.
+    #[must_use]
+    pub fn of(observed: &Observed, identity: &str, timings: &ElectionTimings) -> Self {
+        match observed {
+            Observed::Present { record, since } => match record.holder() {
+                Some(holder) if holder != identity => Self::Other {
+                    since: *since,
+                    lease_duration: record.lease_duration.unwrap_or(timings.lease_duration),
+                },
+                _ => Self::Nobody,
+            },
+            Observed::Absent => Self::Nobody,
+        }
+    }
+}
+
+/// When a replica whose acquiring write was sent at `acquired_at` may make its first write: once
+/// the predecessor's lease can no longer be believed by anyone (its holder stops acting by its
+/// renew deadline, counted from a renewal sent before this replica saw it, so `since +
+/// lease_duration` bounds it on our clock), plus the cache-lag allowance. A take-over decided by
+/// [`decide`] happens only after that bound, so there the wait is the allowance alone; the bound
+/// still holds should an acquisition ever come sooner.
+#[must_use]
+pub fn first_write_at(predecessor: Predecessor, acquired_at: Instant, timings: &ElectionTimings) -> Instant {
+    let believed_until = match predecessor {
+        Predecessor::Nobody => acquired_at,
+        Predecessor::Other {
+            since,
+            lease_duration,
+        } => (since + lease_duration).max(acquired_at),
+    };
+    believed_until + timings.cache_lag_allowance
 }
 
 /// Decides the next election step for `identity` at `now`.
@@ -415,6 +471,57 @@ mod tests {
     fn a_deleted_lease_is_observed_as_absent() {
         let now = Instant::now();
         assert_eq!(seen(Some(OTHER), now).update(None, now), Observed::Absent);
+    }
+
+    #[test]
+    fn a_new_leader_that_took_over_an_expired_lease_waits_only_the_cache_lag_allowance() {
+        let since = Instant::now();
+        let observed = seen(Some(OTHER), since);
+        let acquired_at = since + secs(15);
+        assert_eq!(
+            decide(&observed, ME, Role::Follower, acquired_at, &timings()),
+            Decision::Acquire
+        );
+        let predecessor = Predecessor::of(&observed, ME, &timings());
+        assert_eq!(
+            predecessor,
+            Predecessor::Other {
+                since,
+                lease_duration: secs(15)
+            }
+        );
+        assert_eq!(
+            first_write_at(predecessor, acquired_at, &timings()),
+            acquired_at + secs(1)
+        );
+    }
+
+    #[test]
+    fn a_new_leader_waits_out_a_predecessors_lease_that_may_still_be_believed() {
+        let since = Instant::now();
+        let long = Observed::Present {
+            record: LeaseRecord {
+                lease_duration: Some(secs(60)),
+                ..record(Some(OTHER), "1")
+            },
+            since,
+        };
+        let acquired_at = since + secs(20);
+        assert_eq!(
+            first_write_at(Predecessor::of(&long, ME, &timings()), acquired_at, &timings()),
+            since + secs(61),
+            "the rest of the predecessor's 60s, then the allowance"
+        );
+    }
+
+    #[test]
+    fn a_new_leader_with_no_believable_predecessor_waits_only_the_allowance() {
+        let now = Instant::now();
+        for observed in [Observed::Absent, seen(None, now), seen(Some(ME), now)] {
+            let predecessor = Predecessor::of(&observed, ME, &timings());
+            assert_eq!(predecessor, Predecessor::Nobody, "{observed:?}");
+            assert_eq!(first_write_at(predecessor, now, &timings()), now + secs(1));
+        }
     }
 
     #[test]

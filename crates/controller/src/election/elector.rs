@@ -7,6 +7,14 @@
 //! outlive the renew deadline while the loop believes a request is merely in flight. Each request
 //! also carries a local timeout that ends by the renew deadline.
 //!
+//! A new leader does not act at once. It renews its Lease meanwhile, but the fence stays closed
+//! until two things are done: the wait for any earlier holder's lease and the API server's caches
+//! ([`first_write_at`]), then a probe of the API server's fence ([`super::fence_probe`]): two
+//! dry-run writes, one with a stale claim that the fence policy must refuse and one with ours that
+//! it must admit. A leader that cannot prove the fence releases the Lease, says why on `/readyz`
+//! and campaigns again later ([`FenceRequirement::Required`], the default); with
+//! [`FenceRequirement::Optional`] (a development cluster without the policy) it leads anyway.
+//!
 //! Entry point for `main`:
 //!
 //! ```no_run
@@ -35,10 +43,17 @@ use kube::{Client, api::PostParams};
 use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{debug, info, warn};
 
-use super::decision::{
-    Decision, ElectionTimings, LeaseRecord, Observed, Role, StepDownReason, ValidateTimingsError, decide,
+use super::{
+    decision::{
+        Decision, ElectionTimings, LeaseRecord, Observed, Predecessor, Role, StepDownReason,
+        ValidateTimingsError, decide, first_write_at,
+    },
+    fence_probe::{self, Verdict},
 };
-use crate::leader::FenceKeeper;
+use crate::{
+    leader::{FenceKeeper, claim_of},
+    write::fence_probe::FenceProbes,
+};
 
 /// A client for the Lease (and for evictions) with kube's default retry of 429/503/504 turned
 /// off, so each call returns within its own timeout and the caller decides what a refusal means.
@@ -60,6 +75,19 @@ pub struct ElectionConfig {
     pub identity: String,
     /// Lease duration, renew deadline and retry period.
     pub timings: ElectionTimings,
+    /// Whether this replica leads only once the API server's fence is proven enforced.
+    pub fence: FenceRequirement,
+}
+
+/// Whether a new leader must prove that the API server enforces the fence before it acts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FenceRequirement {
+    /// It must: a leader that cannot prove it releases the Lease and is not ready.
+    #[default]
+    Required,
+    /// It probes and reports (log, `/metrics`), but leads anyway: for a development cluster
+    /// without the fence policy (`--allow-unfenced`).
+    Optional,
 }
 
 impl ElectionConfig {
@@ -71,6 +99,7 @@ impl ElectionConfig {
             lease_name: "gpu-remediator".to_owned(),
             identity: identity.to_owned(),
             timings: ElectionTimings::default(),
+            fence: FenceRequirement::default(),
         }
     }
 }
@@ -111,22 +140,47 @@ pub enum ElectionEnd {
 #[derive(Debug)]
 pub struct Elector {
     leases: crate::write::lease::Leases,
+    probes: FenceProbes,
     config: ElectionConfig,
     keeper: FenceKeeper,
 }
 
-/// The Lease as last read or written, and what the decision sees of it.
+/// The Lease as last read or written, what the decision sees of it, and whether this replica,
+/// when it holds the Lease, acts yet.
 struct Known {
     lease: Option<Lease>,
     observed: Observed,
+    acting: Acting,
+}
+
+/// Whether a leader acts (its fence is open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acting {
+    /// Not leading.
+    No,
+    /// Leading, not acting yet: the next fence probe is due at `probe_at`; `unproven` probes in a
+    /// row have not proven the fence so far.
+    SettlingIn { probe_at: Instant, unproven: u32 },
+    /// Leading and acting: every renewal extends the fence.
+    Yes,
+}
+
+/// What a leader does after a fence probe.
+enum AfterProbe {
+    /// Keep leading (acting or still settling in).
+    Lead,
+    /// Give the Lease up and campaign again after `pause`.
+    Refuse { pause: Duration },
 }
 
 impl Elector {
     /// An elector writing through `client` (build it with [`lease_client`]).
     #[must_use]
     pub fn new(client: Client, config: ElectionConfig, keeper: FenceKeeper) -> Self {
+        keeper.lease_in(&config.namespace);
         Self {
-            leases: crate::write::lease::Leases::new(client, &config.namespace),
+            leases: crate::write::lease::Leases::new(client.clone(), &config.namespace),
+            probes: FenceProbes::new(client, &config.namespace),
             config,
             keeper,
         }
@@ -142,12 +196,33 @@ impl Elector {
         let mut known = Known {
             lease: None,
             observed: Observed::Absent,
+            acting: Acting::No,
         };
         let mut role = Role::Follower;
         let mut read_first = true;
         loop {
             if read_first {
                 self.read(&mut known, role).await;
+            }
+            if let (Role::Leader { renewed_at }, Acting::SettlingIn { probe_at, .. }) = (role, known.acting)
+                && Instant::now() >= probe_at
+            {
+                let probed = self.probe(&mut known, renewed_at);
+                let after = tokio::select! {
+                    after = probed => after,
+                    () = &mut shutdown => return Ok(self.shut_down(role).await),
+                };
+                if let AfterProbe::Refuse { pause } = after {
+                    self.release().await;
+                    role = Role::Follower;
+                    known.acting = Acting::No;
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = &mut shutdown => return Ok(self.shut_down(role).await),
+                    }
+                    read_first = true;
+                    continue;
+                }
             }
             let decision = decide(
                 &known.observed,
@@ -159,6 +234,10 @@ impl Elector {
             debug!(?decision, ?role, "leader election step");
             read_first = match decision {
                 Decision::Wait { until } => {
+                    let until = match known.acting {
+                        Acting::SettlingIn { probe_at, .. } => until.min(probe_at),
+                        Acting::No | Acting::Yes => until,
+                    };
                     tokio::select! {
                         () = sleep_until(until) => {}
                         () = &mut shutdown => return Ok(self.shut_down(role).await),
@@ -271,10 +350,24 @@ impl Elector {
                     .unwrap_or(0);
                 self.keeper.claimed_as(&self.config.identity, transitions);
                 if *role == Role::Follower {
-                    info!(identity = %self.config.identity, lease = %self.config.lease_name, "acquired the leader Lease");
+                    let predecessor = Predecessor::of(&known.observed, &self.config.identity, timings);
+                    let probe_at = first_write_at(predecessor, sent_at, timings);
+                    info!(
+                        identity = %self.config.identity,
+                        lease = %self.config.lease_name,
+                        ?predecessor,
+                        first_write_in = ?probe_at.saturating_duration_since(Instant::now()),
+                        "acquired the leader Lease; acting once earlier claims and caches have settled and the fence is proven"
+                    );
+                    known.acting = Acting::SettlingIn {
+                        probe_at,
+                        unproven: 0,
+                    };
                 }
                 *role = Role::Leader { renewed_at: sent_at };
-                self.keeper.hold_until(sent_at + timings.renew_deadline);
+                if known.acting == Acting::Yes {
+                    self.keeper.hold_until(sent_at + timings.renew_deadline);
+                }
                 known.observed = Observed::Present {
                     record: record_of(&written),
                     since: Instant::now(),
@@ -344,6 +437,75 @@ impl Elector {
         }
     }
 
+    /// Probes the API server's fence for a leader that is settling in (see the module docs) and
+    /// opens this replica's fence when it is proven; decides what to do when it is not.
+    async fn probe(&self, known: &mut Known, renewed_at: Instant) -> AfterProbe {
+        let Acting::SettlingIn { unproven, .. } = known.acting else {
+            return AfterProbe::Lead;
+        };
+        let timings = &self.config.timings;
+        let transitions = known
+            .lease
+            .as_ref()
+            .and_then(|lease| lease.spec.as_ref())
+            .and_then(|spec| spec.lease_transitions)
+            .unwrap_or(0);
+        let own = claim_of(&self.config.identity, transitions);
+        let stale = format!("{own}-stale");
+        let limit = self.request_timeout(Role::Leader { renewed_at });
+        let answers = timeout(limit, async {
+            (
+                self.probes.dry_run_create(&stale).await,
+                self.probes.dry_run_create(&own).await,
+            )
+        })
+        .await;
+        let verdict = match &answers {
+            Ok((stale, own)) => fence_probe::verdict(stale, own),
+            Err(_) => Verdict::Unproven(format!("the probe writes timed out after {limit:?}")),
+        };
+        let why = match verdict {
+            Verdict::Enforced => {
+                info!(claim = %own, "the API server's fence refused a stale claim and admitted ours: acting");
+                self.keeper.fence_proven();
+                known.acting = Acting::Yes;
+                self.keeper.hold_until(renewed_at + timings.renew_deadline);
+                return AfterProbe::Lead;
+            }
+            Verdict::Unproven(why) => why,
+        };
+        let unproven = unproven + 1;
+        match self.config.fence {
+            FenceRequirement::Optional => {
+                warn!(%why, "the API server's fence is not proven enforced; leading anyway (--allow-unfenced)");
+                self.keeper.fence_not_proven(why, false);
+                known.acting = Acting::Yes;
+                self.keeper.hold_until(renewed_at + timings.renew_deadline);
+                AfterProbe::Lead
+            }
+            FenceRequirement::Required if unproven < fence_probe::PATIENCE => {
+                debug!(%why, unproven, "the fence is not proven yet; probing again");
+                known.acting = Acting::SettlingIn {
+                    probe_at: Instant::now() + timings.retry_period / 4,
+                    unproven,
+                };
+                AfterProbe::Lead
+            }
+            FenceRequirement::Required => {
+                tracing::error!(
+                    %why,
+                    "refusing to lead: the API server's fence is not proven enforced; releasing the Lease \
+                     (install manifests/controller/fence-policy.yaml, or run with --allow-unfenced on a \
+                     development cluster)"
+                );
+                self.keeper.fence_not_proven(why, true);
+                AfterProbe::Refuse {
+                    pause: timings.lease_duration,
+                }
+            }
+        }
+    }
+
     /// Stops acting, then (if leading) releases the Lease so a follower need not wait out the
     /// lease duration.
     async fn shut_down(&self, role: Role) -> ElectionEnd {
@@ -352,6 +514,12 @@ impl Elector {
             info!("shutting down as a follower");
             return ElectionEnd::Followed;
         };
+        self.release().await
+    }
+
+    /// Releases the Lease this replica holds (its fence already closed), so a follower need not
+    /// wait out the lease duration.
+    async fn release(&self) -> ElectionEnd {
         // Read the Lease afresh: shutdown may have cancelled a renewal the server had already
         // applied, and releasing with the resourceVersion from before it would get a 409.
         let deadline = self.config.timings.renew_deadline;

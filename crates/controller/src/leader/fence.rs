@@ -24,7 +24,10 @@
 //!   [`FenceKeeper::revoke`] (the clock is `tokio::time`, so `#[tokio::test(start_paused = true)]`
 //!   can move it).
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use tokio::{sync::watch, time::Instant};
 
@@ -75,6 +78,24 @@ struct Participation {
     on_write: bool,
 }
 
+/// What the last probe of the API server's fence found (see `election::fence_probe`): `None`
+/// until a probe failed to prove it, and again once one proves it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct FenceProof {
+    /// Why the fence is not proven enforced.
+    unproven: Option<Arc<str>>,
+    /// Whether this replica refuses to lead because of it (the default; `--allow-unfenced` leads
+    /// anyway).
+    refusing: bool,
+}
+
+/// The claim a holder's writes carry: `<holder>/<leaseTransitions>`, the value of
+/// `gpuremediation.dev/claim` that the fence policy compares with the Lease.
+#[must_use]
+pub fn claim_of(holder: &str, transitions: i32) -> String {
+    format!("{holder}/{transitions}")
+}
+
 /// A read-only handle on this replica's leader claim. Clone it freely (it is a channel receiver);
 /// call [`Fence::check`] immediately before every create, update, patch, delete or eviction.
 #[derive(Debug, Clone)]
@@ -82,6 +103,8 @@ pub struct Fence {
     claim: watch::Receiver<Claim>,
     participation: watch::Receiver<Participation>,
     holder: watch::Receiver<Option<Arc<str>>>,
+    proof: watch::Receiver<FenceProof>,
+    lease_namespace: Arc<OnceLock<Arc<str>>>,
 }
 
 /// The writing side of a [`Fence`], held by the elector only. Dropping it leaves the last claim in
@@ -91,6 +114,8 @@ pub struct FenceKeeper {
     claim: watch::Sender<Claim>,
     participation: watch::Sender<Participation>,
     holder: watch::Sender<Option<Arc<str>>>,
+    proof: watch::Sender<FenceProof>,
+    lease_namespace: Arc<OnceLock<Arc<str>>>,
 }
 
 impl Fence {
@@ -102,10 +127,13 @@ impl Fence {
         let (_, claim) = watch::channel(Claim::Standalone);
         let (_, participation) = watch::channel(Participation::default());
         let (_, holder) = watch::channel(None);
+        let (_, proof) = watch::channel(FenceProof::default());
         Self {
             claim,
             participation,
             holder,
+            proof,
+            lease_namespace: Arc::default(),
         }
     }
 
@@ -115,16 +143,22 @@ impl Fence {
         let (sender, claim) = watch::channel(Claim::NotHeld);
         let (participating, participation) = watch::channel(Participation::default());
         let (holding, holder) = watch::channel(None);
+        let (proving, proof) = watch::channel(FenceProof::default());
+        let lease_namespace: Arc<OnceLock<Arc<str>>> = Arc::default();
         (
             Self {
                 claim,
                 participation,
                 holder,
+                proof,
+                lease_namespace: lease_namespace.clone(),
             },
             FenceKeeper {
                 claim: sender,
                 participation: participating,
                 holder: holding,
+                proof: proving,
+                lease_namespace,
             },
         )
     }
@@ -141,11 +175,33 @@ impl Fence {
         self.holder.borrow().clone()
     }
 
+    /// The namespace of the Lease this replica's claims are on, once the elector named it: the
+    /// value of the `gpuremediation.dev/fenced` label its writes carry, which the fence policy's
+    /// fail-closed binding selects. `None` without leader election.
+    #[must_use]
+    pub fn lease_namespace(&self) -> Option<Arc<str>> {
+        self.lease_namespace.get().cloned()
+    }
+
     /// Why this replica cannot take part in the leader election (it can never lead, so it is not
-    /// ready), or `None` while it can.
+    /// ready), or `None` while it can: it may not use the Lease, or it refuses to lead because the
+    /// API server's fence is not proven enforced.
     #[must_use]
     pub fn election_problem(&self) -> Option<Arc<str>> {
-        self.participation.borrow().problem.clone()
+        if let Some(problem) = self.participation.borrow().problem.clone() {
+            return Some(problem);
+        }
+        let proof = self.proof.borrow();
+        proof.unproven.as_ref().filter(|_| proof.refusing).map(|why| {
+            format!("refusing to lead: the API server's fence is not proven enforced: {why}").into()
+        })
+    }
+
+    /// Why the last probe could not prove that the API server enforces the fence (whether or not
+    /// this replica leads anyway), or `None`: not probed yet, or proven.
+    #[must_use]
+    pub fn fence_unproven(&self) -> Option<Arc<str>> {
+        self.proof.borrow().unproven.clone()
     }
 
     /// `Ok` when this replica may act now; call it right before every mutating API call and do not
@@ -217,9 +273,14 @@ impl FenceKeeper {
         self.claim.send_replace(Claim::NotHeld);
     }
 
+    /// Records the namespace of the Lease (once; later calls change nothing).
+    pub fn lease_in(&self, namespace: &str) {
+        let _ = self.lease_namespace.set(namespace.into());
+    }
+
     /// Records which claim the Lease now names: `holder` with `transitions` (`leaseTransitions`).
     pub fn claimed_as(&self, holder: &str, transitions: i32) {
-        let claim: Arc<str> = format!("{holder}/{transitions}").into();
+        let claim: Arc<str> = claim_of(holder, transitions).into();
         self.holder.send_if_modified(|current| {
             (current.as_ref() != Some(&claim))
                 .then(|| *current = Some(claim))
@@ -250,6 +311,24 @@ impl FenceKeeper {
                 *p = Participation::default();
             }
             clear
+        });
+    }
+
+    /// Records that a probe proved the API server's fence enforced.
+    pub fn fence_proven(&self) {
+        self.proof.send_if_modified(|proof| {
+            let was = proof.unproven.is_some();
+            *proof = FenceProof::default();
+            was
+        });
+    }
+
+    /// Records that probes could not prove the API server's fence enforced, and why; `refusing`
+    /// when this replica refuses to lead because of it.
+    pub fn fence_not_proven(&self, why: impl Into<Arc<str>>, refusing: bool) {
+        self.proof.send_replace(FenceProof {
+            unproven: Some(why.into()),
+            refusing,
         });
     }
 
@@ -392,6 +471,32 @@ mod tests {
         keeper.read_succeeded();
         assert_eq!(fence.election_problem(), None);
         assert_eq!(Fence::standalone().election_problem(), None);
+    }
+
+    #[test]
+    fn an_unproven_fence_keeps_a_refusing_replica_unready_until_a_probe_proves_it() {
+        let (fence, keeper) = Fence::keeper();
+        keeper.fence_not_proven("a write with a stale claim was admitted", true);
+        let problem = fence.election_problem().expect("a problem");
+        assert!(
+            problem.contains("refusing to lead") && problem.contains("stale claim was admitted"),
+            "{problem}"
+        );
+        keeper.write_succeeded();
+        assert!(
+            fence.election_problem().is_some(),
+            "a Lease write does not prove the fence"
+        );
+        keeper.fence_proven();
+        assert_eq!(fence.election_problem(), None);
+        assert_eq!(fence.fence_unproven(), None);
+        keeper.fence_not_proven("no fence", false);
+        assert_eq!(
+            fence.election_problem(),
+            None,
+            "leading anyway (--allow-unfenced)"
+        );
+        assert_eq!(fence.fence_unproven().as_deref(), Some("no fence"));
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,4 +8,4 @@
 pub mod fence;
 pub mod freeze;
 
-pub use fence::{Fence, FenceError, FenceKeeper};
+pub use fence::{Fence, FenceError, FenceKeeper, claim_of};

@@ -6,7 +6,8 @@
 //! ready (it can take over at any moment, and a rolling update must be able to proceed); a replica
 //! whose claim lapsed (it led but could not renew in time) is not ready until it exits, and nor is
 //! one that cannot take part in the election at all (the Lease's namespace is missing, or it may
-//! not read or write the Lease): the body says why.
+//! not read or write the Lease), nor one that refuses to lead because the API server's fence is
+//! not proven enforced: the body says why.
 
 use std::sync::{
     Arc,
@@ -100,6 +101,13 @@ impl Health {
     #[must_use]
     pub fn is_leader(&self) -> bool {
         self.fence.is_current()
+    }
+
+    /// Whether this replica's last fence probe could not prove the fence enforced (drives the
+    /// `fence_unproven` gauge).
+    #[must_use]
+    pub fn fence_unproven(&self) -> bool {
+        self.fence.fence_unproven().is_some()
     }
 }
 

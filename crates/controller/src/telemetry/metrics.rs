@@ -18,6 +18,7 @@
 //! | `leaked_pods_total` | counter | `policy` (pods found on a node, at its cordon, that were scheduled after its fault began) |
 //! | `records_held_total` | counter | `policy` (records held because their status has no evidence behind it: written by someone other than the controller; `lifecycle::provenance`) |
 //! | `leader` | gauge | (1 while this replica's fence is current) |
+//! | `fence_unproven` | gauge | (1 while this replica's last probe could not prove that the API server enforces the fence) |
 //! | `reconcile_errors_total` | counter | `reconciler` |
 //! | `reconcile_errors_by_kind_total` | counter | `reconciler`, `kind` (`fenced`, `conflict`, `forbidden`, `invalid`, `timeout`, `unreachable`, `internal`, ...) |
 //! | `writes_total` | counter | `verb`, `resource`, `outcome` (`ok` or the kind of failure; every write the one writer sends) |
@@ -161,6 +162,7 @@ struct Series {
     leaked_pods: Family<PolicyLabels, Counter>,
     records_held: Family<PolicyLabels, Counter>,
     leader: Gauge,
+    fence_unproven: Gauge,
     reconcile_errors: Family<ReconcilerLabels, Counter>,
     ladder: super::ladder_metrics::LadderSeries,
     writes: super::write_metrics::WriteSeries,
@@ -210,6 +212,22 @@ fn register_records_left_alone(registry: &mut Registry, series: &Series) {
     );
 }
 
+/// Registers the series about this replica's leadership: whether it leads, and whether its fence
+/// is proven.
+fn register_leadership(registry: &mut Registry, series: &Series) {
+    registry.register(
+        "leader",
+        "1 while this replica holds a current claim on the leader Lease",
+        series.leader.clone(),
+    );
+    registry.register(
+        "fence_unproven",
+        "1 while this replica's last probe could not prove that the API server enforces the fence \
+         (it refuses to lead, or leads unfenced with --allow-unfenced)",
+        series.fence_unproven.clone(),
+    );
+}
+
 impl Metrics {
     /// A fresh registry with every series registered.
     #[must_use]
@@ -230,6 +248,7 @@ impl Metrics {
             leaked_pods: Family::default(),
             records_held: Family::default(),
             leader: Gauge::default(),
+            fence_unproven: Gauge::default(),
             reconcile_errors: Family::default(),
             ladder: super::ladder_metrics::LadderSeries::new(),
             writes: super::write_metrics::WriteSeries::default(),
@@ -300,11 +319,7 @@ impl Metrics {
             "Pods found on a node at its cordon that were scheduled after its fault began",
             series.leaked_pods.clone(),
         );
-        registry.register(
-            "leader",
-            "1 while this replica holds a current claim on the leader Lease",
-            series.leader.clone(),
-        );
+        register_leadership(&mut registry, &series);
         registry.register(
             "reconcile_errors",
             "Reconcile attempts that failed, by reconciler",
@@ -518,6 +533,11 @@ impl Metrics {
     /// Sets the leader gauge (the server does it from the fence at every scrape).
     pub fn set_leader(&self, leader: bool) {
         self.series.leader.set(i64::from(leader));
+    }
+
+    /// Sets the fence-unproven gauge (the server does it from the fence at every scrape).
+    pub fn set_fence_unproven(&self, unproven: bool) {
+        self.series.fence_unproven.set(i64::from(unproven));
     }
 
     /// The `OpenMetrics` text of every series.

@@ -32,8 +32,9 @@ pub fn router(metrics: Metrics, health: Health) -> Router {
 }
 
 async fn metrics_text(State(served): State<Served>) -> impl IntoResponse {
-    // The leader gauge is read from the fence at scrape time, so it is never stale.
+    // The leader and fence gauges are read from the fence at scrape time, so they are never stale.
     served.metrics.set_leader(served.health.is_leader());
+    served.metrics.set_fence_unproven(served.health.fence_unproven());
     (
         [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
         served.metrics.encode(),

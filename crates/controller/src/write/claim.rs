@@ -2,8 +2,9 @@
 //! leader Lease (`<holder>/<leaseTransitions>`, see [`crate::leader::Fence::claim`]) so that the fence admission
 //! policy (`manifests/controller/fence-policy.yaml`) can refuse it when the claim is not current.
 //!
-//! - creates, updates and patches carry it as the `gpuremediation.dev/claim` annotation
-//!   ([`annotate`]); status writes in the status itself (`status.claim`), because the API server
+//! - creates, updates and patches carry it as the `gpuremediation.dev/claim` annotation, and the
+//!   object the label `gpuremediation.dev/fenced=<the Lease's namespace>`, which lets the policy
+//!   refuse writes to it while that Lease is missing ([`annotate`]); status writes in the status itself (`status.claim`), because the API server
 //!   drops metadata changes sent to a custom resource's status subresource before admission;
 //! - a delete carries no object, so [`delete_stamped`] first writes the claim onto the object (an
 //!   update the policy checks) and then deletes with that write's resourceVersion as a
@@ -13,7 +14,7 @@
 //! Without leader election there is no claim and nothing is stamped (the policy is installed only
 //! with leader election).
 
-use gpu_remediation_api::constants::CLAIM_ANNOTATION;
+use gpu_remediation_api::constants::{CLAIM_ANNOTATION, FENCED_LABEL};
 use kube::{
     Api, Resource, ResourceExt as _,
     api::{DeleteParams, PostParams, Preconditions},
@@ -24,13 +25,23 @@ use super::{Verb, Writable, WriteError, Writer};
 /// How many times a stamp-then-delete is retried when the object changed in between.
 const DELETE_CONFLICT_RETRIES: usize = 5;
 
-/// Puts `claim` on `object` as its claim annotation; returns whether that changed it. `None` (no
-/// leader election) leaves the object as it is.
-pub fn annotate<K: Resource>(object: &mut K, claim: Option<&str>) -> bool {
+/// Puts `claim` on `object` as its claim annotation, and the fenced label naming the Lease's
+/// namespace `lease_namespace` (when known); returns whether that changed it. `None` (no leader
+/// election) leaves the object as it is.
+pub fn annotate<K: Resource>(object: &mut K, claim: Option<&str>, lease_namespace: Option<&str>) -> bool {
     let Some(claim) = claim else { return false };
-    let annotations = object.meta_mut().annotations.get_or_insert_with(Default::default);
+    let meta = object.meta_mut();
+    let mut labelled = true;
+    if let Some(namespace) = lease_namespace {
+        let labels = meta.labels.get_or_insert_with(Default::default);
+        labelled = labels.get(FENCED_LABEL).map(String::as_str) == Some(namespace);
+        if !labelled {
+            labels.insert(FENCED_LABEL.to_owned(), namespace.to_owned());
+        }
+    }
+    let annotations = meta.annotations.get_or_insert_with(Default::default);
     if annotations.get(CLAIM_ANNOTATION).map(String::as_str) == Some(claim) {
-        return false;
+        return !labelled;
     }
     annotations.insert(CLAIM_ANNOTATION.to_owned(), claim.to_owned());
     true
@@ -73,9 +84,10 @@ where
         if uid.is_some() && object.uid().as_deref() != uid {
             return Ok(Deleted::Gone);
         }
+        let lease_namespace = writer.fence.lease_namespace();
         let stamped = writer
             .send(Verb::Replace, &resource, |claim| {
-                let changed = annotate(&mut object, claim.as_deref());
+                let changed = annotate(&mut object, claim.as_deref(), lease_namespace.as_deref());
                 // `object` carries the resourceVersion of our read: the update fails on any write since.
                 async move {
                     if changed {
@@ -138,14 +150,37 @@ mod tests {
     #[test]
     fn a_claim_is_written_once_and_only_with_leader_election() {
         let mut node = Node::default();
-        assert!(!annotate(&mut node, None), "no claim without leader election");
+        assert!(
+            !annotate(&mut node, None, None),
+            "no claim without leader election"
+        );
         assert!(node.metadata.annotations.is_none());
-        assert!(annotate(&mut node, Some("replica-a/3")));
-        assert!(!annotate(&mut node, Some("replica-a/3")), "already carried");
-        assert!(annotate(&mut node, Some("replica-b/4")));
+        assert!(annotate(&mut node, Some("replica-a/3"), Some("ns")));
+        assert!(
+            !annotate(&mut node, Some("replica-a/3"), Some("ns")),
+            "already carried"
+        );
+        assert!(annotate(&mut node, Some("replica-b/4"), Some("ns")));
         assert_eq!(
             node.annotations().get(CLAIM_ANNOTATION).map(String::as_str),
             Some("replica-b/4")
+        );
+        assert_eq!(node.labels().get(FENCED_LABEL).map(String::as_str), Some("ns"));
+    }
+
+    #[test]
+    fn an_object_claimed_before_the_label_existed_gets_it() {
+        let mut node = Node::default();
+        node.annotations_mut()
+            .insert(CLAIM_ANNOTATION.to_owned(), "replica-a/3".to_owned());
+        assert!(
+            annotate(&mut node, Some("replica-a/3"), Some("ns")),
+            "the label is new"
+        );
+        assert!(!annotate(&mut node, Some("replica-a/3"), Some("ns")));
+        assert!(
+            !annotate(&mut node, Some("replica-a/3"), None),
+            "no Lease namespace: no label"
         );
     }
 }

@@ -20,7 +20,8 @@
 //! pods' verbs (`records`, `pods`), node edits ([`node_edit`]) and Events ([`event_queue`]) are
 //! built on them. Reads go through [`Reader`], which cannot write; the elector's Lease writes
 //! ([`lease`]) and a person's approval from the CLI ([`person`]) are the two writes made without
-//! a claim, by nature, and live here too so that no other module holds a mutating client.
+//! a claim, by nature, and live here too so that no other module holds a mutating client; so do
+//! the elector's dry-run probes of the fence ([`fence_probe`]), which carry a claim of their own.
 //!
 //! A node is changed over one version of it, never blindly: `spec.taints` is an atomic list, so a
 //! patch that carries our taint without a precondition would overwrite taints others added
@@ -46,6 +47,7 @@ use crate::{
 pub mod bounds;
 pub mod claim;
 mod event_queue;
+pub mod fence_probe;
 pub mod lease;
 mod node_edit;
 pub mod person;
@@ -340,9 +342,10 @@ impl Writer {
         let api: Api<K> = api(&self.client, Scope::of(object.meta().namespace.as_deref()), kind);
         let mut object = Self::bounded(kind, object)?;
         let resource = K::plural(kind).into_owned();
+        let lease_namespace = self.fence.lease_namespace();
         let mut created = self
             .send(Verb::Create, &resource, |claim| {
-                claim::annotate(&mut object, claim.as_deref());
+                claim::annotate(&mut object, claim.as_deref(), lease_namespace.as_deref());
                 async move { api.create(&post_params(), &object).await }
             })
             .await?;
@@ -357,9 +360,10 @@ impl Writer {
         let mut object = Self::bounded(kind, object)?;
         let name = object.name_any();
         let resource = K::plural(kind).into_owned();
+        let lease_namespace = self.fence.lease_namespace();
         let mut replaced = self
             .send(Verb::Replace, &resource, |claim| {
-                claim::annotate(&mut object, claim.as_deref());
+                claim::annotate(&mut object, claim.as_deref(), lease_namespace.as_deref());
                 async move { api.replace(&name, &post_params(), &object).await }
             })
             .await?;
@@ -379,11 +383,16 @@ impl Writer {
     ) -> Result<K, WriteError> {
         let api: Api<K> = api(&self.client, scope, kind);
         let resource = K::plural(kind).into_owned();
+        let lease_namespace = self.fence.lease_namespace();
         let mut patched = self
             .send(Verb::Patch, &resource, |claim| {
                 if let Some(claim) = claim {
                     patch["metadata"]["annotations"][gpu_remediation_api::constants::CLAIM_ANNOTATION] =
                         json!(claim.as_ref());
+                    if let Some(namespace) = lease_namespace {
+                        patch["metadata"]["labels"][gpu_remediation_api::constants::FENCED_LABEL] =
+                            json!(namespace.as_ref());
+                    }
                 }
                 async move { api.patch(name, &patch_params(), &Patch::Merge(&patch)).await }
             })

@@ -153,9 +153,10 @@ impl Writer {
         if let Some(seen) = seen {
             let mut edited = seen.clone();
             if edit(&mut edited) {
+                let lease_namespace = self.fence.lease_namespace();
                 let patched = self
                     .send(Verb::Patch, "nodes", |claim| {
-                        claim::annotate(&mut edited, claim.as_deref());
+                        claim::annotate(&mut edited, claim.as_deref(), lease_namespace.as_deref());
                         let patch = crate::node_patch::merge_patch(seen, &edited);
                         let api = &api;
                         async move {

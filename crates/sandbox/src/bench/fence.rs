@@ -17,6 +17,8 @@ const SHIPPED: &str = include_str!("../../../../manifests/controller/fence-polic
 const SHIPPED_USER: &str =
     "request.userInfo.username == 'system:serviceaccount:gpu-remediation:gpu-remediator'";
 const SHIPPED_LEASE_NAMESPACE: &str = "    namespace: gpu-remediation\n";
+/// The fail-closed binding's selector: objects labelled with the Lease's namespace.
+const SHIPPED_FENCED_LABEL: &str = "gpuremediation.dev/fenced: gpu-remediation\n";
 
 /// The shipped policy moved to the controller account `username` and its Lease in `namespace`
 /// (the Lease keeps its shipped name, `gpu-remediator`, the controller's default).
@@ -32,15 +34,20 @@ pub fn adapted(username: &str, namespace: &str) -> Result<String, BenchSetupErro
     if !SHIPPED.contains(SHIPPED_USER) {
         return Err(moved_from(SHIPPED_USER));
     }
-    if SHIPPED.matches(SHIPPED_LEASE_NAMESPACE).count() != 1 {
-        return Err(moved_from("exactly one paramRef namespace"));
+    // Two bindings, one paramRef each.
+    if SHIPPED.matches(SHIPPED_LEASE_NAMESPACE).count() != 2 {
+        return Err(moved_from("exactly two paramRef namespaces"));
     }
     Ok(SHIPPED
         .replace(
             SHIPPED_USER,
             &format!("request.userInfo.username == '{username}'"),
         )
-        .replace(SHIPPED_LEASE_NAMESPACE, &format!("    namespace: {namespace}\n")))
+        .replace(SHIPPED_LEASE_NAMESPACE, &format!("    namespace: {namespace}\n"))
+        .replace(
+            SHIPPED_FENCED_LABEL,
+            &format!("gpuremediation.dev/fenced: {namespace}\n"),
+        ))
 }
 
 /// Installs the fence for `username`, whose Lease is in `namespace`.
@@ -103,7 +110,11 @@ mod tests {
         let kinds: Vec<_> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
         assert_eq!(
             kinds,
-            ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+            [
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
+                "ValidatingAdmissionPolicyBinding"
+            ]
         );
         // Everything else as shipped: the validations, the exceptions, Deny and Audit.
         assert_eq!(

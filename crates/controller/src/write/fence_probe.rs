@@ -1,0 +1,67 @@
+//! The fence probe's writes (see `election::fence_probe`): dry-run creates of a `GpuRemediation`
+//! carrying a given claim. Dry run (`dryRun=All`): the API server runs admission, the fence policy
+//! included, and stores nothing, so the probe changes nothing in the cluster. Like the Lease's
+//! writes (`write::lease`) they are the elector's, made before this replica may act: they carry a
+//! claim chosen by the probe, not the fence's.
+
+use gpu_remediation_api::{
+    constants::{CLAIM_ANNOTATION, FENCED_LABEL},
+    remediation::GpuRemediation,
+};
+use kube::{Api, Client, api::PostParams};
+
+use crate::election::fence_probe::Answer;
+
+/// The name of the probe's object (never stored).
+pub const PROBE_NAME: &str = "gpu-remediator-fence-probe";
+
+/// The probe's writes.
+#[derive(Clone, Debug)]
+pub struct FenceProbes {
+    api: Api<GpuRemediation>,
+    lease_namespace: String,
+}
+
+impl FenceProbes {
+    /// Probes through `client`, for claims on the Lease in `lease_namespace` (labelled as the
+    /// writer labels what it writes, so that the fail-closed binding selects the probe too).
+    #[must_use]
+    pub fn new(client: Client, lease_namespace: &str) -> Self {
+        Self {
+            api: Api::all(client),
+            lease_namespace: lease_namespace.to_owned(),
+        }
+    }
+
+    /// Sends a dry-run create carrying `claim`; says how the API server answered.
+    pub async fn dry_run_create(&self, claim: &str) -> Answer {
+        let object = serde_json::json!({
+            "apiVersion": "gpuremediation.dev/v1alpha1",
+            "kind": "GpuRemediation",
+            "metadata": {
+                "name": PROBE_NAME,
+                "annotations": {CLAIM_ANNOTATION: claim},
+                "labels": {FENCED_LABEL: self.lease_namespace},
+            },
+            "spec": {
+                "nodeName": PROBE_NAME,
+                "policyName": PROBE_NAME,
+                "trigger": {"conditionType": "FenceProbe", "status": "Unknown"},
+                "action": "None",
+            },
+        });
+        let object: GpuRemediation = match serde_json::from_value(object) {
+            Ok(object) => object,
+            Err(error) => return Answer::Failed(format!("building the probe object: {error}")),
+        };
+        let params = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        match self.api.create(&params, &object).await {
+            Ok(_) => Answer::Admitted,
+            Err(kube::Error::Api(status)) => Answer::refused(status.code, &status.message),
+            Err(error) => Answer::Failed(error.to_string()),
+        }
+    }
+}
