@@ -167,7 +167,7 @@ fn one_pass_over_a_large_fleet_by_stage() {
                 );
                 let amend_ms = median_ms(5, || {
                     let mut plan = planned.clone();
-                    hardware::amend(&mut plan, &nodes, &failures, now);
+                    hardware::amend(&mut plan, &nodes, || nodes.clone(), &failures, now);
                     std::hint::black_box(plan);
                 });
                 let join_ms = median_ms(5, || {

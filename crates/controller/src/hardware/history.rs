@@ -54,6 +54,16 @@ impl Failures {
             .map_or(&[], Vec::as_slice)
     }
 
+    /// Every GPU serial with a failure on record.
+    #[must_use]
+    pub fn serials(&self) -> BTreeSet<String> {
+        self.by_hardware
+            .keys()
+            .filter(|(kind, _)| *kind == HardwareKind::Gpu)
+            .map(|(_, id)| id.clone())
+            .collect()
+    }
+
     fn add(&mut self, hardware: Hardware, failure: HardwareFailure) {
         let list = self.by_hardware.entry(hardware).or_default();
         if !list.iter().any(|f| f.remediation == failure.remediation) {
@@ -200,21 +210,31 @@ pub fn carried_hardware(ledger: &HardwareLedger) -> Vec<(HardwareKind, String)> 
     out
 }
 
-/// One sentence naming an offence and its latest earlier failure, for status, Events and people.
+/// One sentence naming an offence and its evidence (each earlier failure it lists, newest first:
+/// which remediation, on which node, when, why), for status, Events and people.
 #[must_use]
 pub fn describe(offence: &RepeatOffence) -> String {
     let what = match offence.kind {
         HardwareKind::Gpu => format!("GPU serial {}", offence.id),
         HardwareKind::Host => format!("host {}", offence.id),
     };
-    let latest = offence.earlier.first().map_or_else(String::new, |f| {
-        format!(
-            "; latest: remediation {} on node {} at {} ({})",
-            f.remediation, f.node, f.at.0, f.reason
-        )
-    });
+    let evidence: Vec<String> = offence
+        .earlier
+        .iter()
+        .map(|f| {
+            format!(
+                "remediation {} on node {} at {} ({})",
+                f.remediation, f.node, f.at.0, f.reason
+            )
+        })
+        .collect();
+    let evidence = if evidence.is_empty() {
+        String::new()
+    } else {
+        format!("; evidence: {}", evidence.join("; "))
+    };
     format!(
-        "{what} failed {} time(s) within {} before{latest}: a repeat offender",
+        "{what} failed {} time(s) within {} before{evidence}: a repeat offender",
         offence.failures, offence.window
     )
 }
@@ -378,6 +398,7 @@ pub(crate) mod tests {
                     }],
                     host: host.map(str::to_owned),
                     repeat_offender: None,
+                    untrusted: Vec::new(),
                 }),
             },
         );
@@ -405,6 +426,7 @@ pub(crate) mod tests {
             window: gpu_remediation_api::Duration::from_hours(window_hours),
             action: OffenderAction::Replace,
             cordon_on_join: false,
+            cordon_on_join_max: None,
         }
     }
 
@@ -505,6 +527,23 @@ pub(crate) mod tests {
             "{}",
             describe(&found)
         );
+    }
+
+    #[test]
+    fn a_verdict_names_every_fault_it_rests_on_with_node_and_time() {
+        let all = failures(
+            &[],
+            &[
+                remediation("a-1", "node-a", 0, "S1", None),
+                remediation("c-1", "node-c", 2, "S1", None),
+            ],
+        );
+        let found = offence(&all, [(HardwareKind::Gpu, "S1")], &rule(2, 24), at(3), None).unwrap();
+        let said = describe(&found);
+        assert!(said.contains("failed 2 time(s)"), "{said}");
+        let newest = said.find(&format!("remediation c-1 on node node-c at {}", at(2)));
+        let oldest = said.find(&format!("remediation a-1 on node node-a at {}", at(0)));
+        assert!(newest.is_some() && oldest.is_some() && newest < oldest, "{said}");
     }
 
     #[test]

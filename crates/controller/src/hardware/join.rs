@@ -4,9 +4,16 @@
 //! `cordonOnJoin`, cordoned; a node that registered with the `gpuremediation.dev/hardware-unchecked`
 //! taint keeps it until the agent has published its inventory and the check is made. A flag whose
 //! hardware has aged out of the window is taken back (and the cordon it made lifted). Nodes with a
-//! remediation in flight are left to it. Pure: the steps to take, and the node edits they are.
+//! remediation in flight are left to it. A serial another live node lists as well is a conflict,
+//! never a reason to flag (`trust`). The cordons made at join are bounded per policy, like
+//! quarantines: at most `cordonOnJoinMax` (default `safety.maxUnhealthy`) of its selected nodes;
+//! past it a node is flagged and the withheld cordon reported. Pure: the steps to take, and the
+//! node edits they are.
 
-use std::{collections::HashSet, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy,
@@ -20,6 +27,7 @@ use kube::ResourceExt;
 use super::{
     history::{Failures, carried_hardware, offence},
     ledger::{host_of, inventory_of},
+    trust::Claims,
 };
 use crate::governance;
 
@@ -46,8 +54,10 @@ pub enum JoinStep {
         uid: Option<String>,
         /// The offence.
         offence: RepeatOffence,
-        /// Whether its policy says `cordonOnJoin`.
+        /// Whether to cordon it (its policy says `cordonOnJoin`, within `cordonOnJoinMax`).
         cordon: bool,
+        /// Why a cordon `cordonOnJoin` asked for is not made (`cordonOnJoinMax` reached).
+        withheld: Option<String>,
     },
     /// The node is flagged but its hardware is no longer past the limit: take the flag back.
     Unflag {
@@ -90,8 +100,30 @@ pub fn steps(
         .map(|r| r.spec.node_name.as_str())
         .collect();
     let every_node = needs_every_node(policies, failures);
+    let live_nodes: Vec<&Arc<Node>> = nodes
+        .iter()
+        .filter(|n| n.metadata.deletion_timestamp.is_none())
+        .collect();
+    // Each node's policy, and each policy's cordons at join, counted before any is decided.
+    let governed: Vec<Option<&str>> = live_nodes
+        .iter()
+        .map(|n| {
+            if every_node {
+                governance::governing(n.labels(), &claimants)
+            } else {
+                None
+            }
+        })
+        .collect();
+    let mut room = CordonRoom::of(&live, &live_nodes, &governed);
+    // Only the serials with failures on record can make a conflict that matters here.
+    let claims = if every_node {
+        Claims::of(nodes, Some(&failures.serials()))
+    } else {
+        Claims::default()
+    };
     let mut out = Vec::new();
-    for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+    for (node, policy) in live_nodes.iter().zip(&governed) {
         let flagged = node
             .labels()
             .get(REPEAT_OFFENDER_LABEL)
@@ -105,7 +137,7 @@ pub fn steps(
         if in_flight.contains(node.metadata.name.as_deref().unwrap_or_default()) {
             continue;
         }
-        let rule = governance::governing(node.labels(), &claimants).and_then(|policy| {
+        let rule = policy.and_then(|policy| {
             live.iter()
                 .find(|p| p.metadata.name.as_deref() == Some(policy))
                 .and_then(|p| p.spec.safety.repeat_offender.as_ref())
@@ -122,7 +154,14 @@ pub fn steps(
             host: host_of(node),
             ..Default::default()
         };
-        let hardware = carried_hardware(&ledger);
+        // A serial another live node lists too is a conflict: it flags neither node.
+        let hardware: Vec<_> = carried_hardware(&ledger)
+            .into_iter()
+            .filter(|(kind, id)| {
+                *kind != gpu_remediation_api::hardware::HardwareKind::Gpu
+                    || claims.others(id, &name).is_empty()
+            })
+            .collect();
         let found = rule.and_then(|rule| {
             offence(
                 failures,
@@ -133,20 +172,101 @@ pub fn steps(
             )
         });
         let uid = node.metadata.uid.clone();
-        match (found, rule) {
-            (Some(offence), Some(rule)) if !flagged || unchecked => out.push(JoinStep::Flag {
-                node: name,
-                uid,
-                offence,
-                cordon: rule.cordon_on_join,
-            }),
-            (None, _) if flagged => out.push(JoinStep::Unflag { node: name, uid }),
-            (None, _) if unchecked && !inventory.is_empty() => out.push(JoinStep::Lift { node: name, uid }),
+        match (found, rule, *policy) {
+            (Some(offence), Some(rule), Some(policy)) if !flagged || unchecked => {
+                let (cordon, withheld) = if rule.cordon_on_join {
+                    room.take(policy)
+                } else {
+                    (false, None)
+                };
+                out.push(JoinStep::Flag {
+                    node: name,
+                    uid,
+                    offence,
+                    cordon,
+                    withheld,
+                });
+            }
+            (None, _, _) if flagged => out.push(JoinStep::Unflag { node: name, uid }),
+            (None, _, _) if unchecked && !inventory.is_empty() => {
+                out.push(JoinStep::Lift { node: name, uid });
+            }
             // Already flagged and checked, or clean and nothing to lift.
             _ => {}
         }
     }
     out
+}
+
+/// Each policy's room for cordons at join: its limit (`cordonOnJoinMax`, else
+/// `safety.maxUnhealthy`, of its selected nodes) and the nodes it has cordoned at join so far.
+struct CordonRoom<'p> {
+    by_policy: HashMap<&'p str, (u32, u32)>,
+    limits: HashMap<&'p str, String>,
+}
+
+impl<'p> CordonRoom<'p> {
+    fn of(
+        policies: &[&'p Arc<GpuRemediationPolicy>],
+        nodes: &[&Arc<Node>],
+        governed: &[Option<&'p str>],
+    ) -> Self {
+        let mut selected: HashMap<&str, u32> = HashMap::new();
+        let mut cordoned: HashMap<&str, u32> = HashMap::new();
+        for (node, policy) in nodes.iter().zip(governed) {
+            let Some(policy) = *policy else { continue };
+            *selected.entry(policy).or_default() += 1;
+            if is_join_cordoned(node) {
+                *cordoned.entry(policy).or_default() += 1;
+            }
+        }
+        let mut by_policy = HashMap::new();
+        let mut limits = HashMap::new();
+        for policy in policies {
+            let (Some(name), Some(rule)) = (
+                policy.metadata.name.as_deref(),
+                policy.spec.safety.repeat_offender.as_ref(),
+            ) else {
+                continue;
+            };
+            let max = rule
+                .cordon_on_join_max
+                .as_ref()
+                .unwrap_or(&policy.spec.safety.max_unhealthy);
+            let of = selected.get(name).copied().unwrap_or(0);
+            let limit = max.resolve(of).unwrap_or(0);
+            by_policy.insert(name, (limit, cordoned.get(name).copied().unwrap_or(0)));
+            limits.insert(name, format!("limit {max} of {of} selected nodes ({limit})"));
+        }
+        Self { by_policy, limits }
+    }
+
+    /// Takes one cordon of `policy`'s room: whether to cordon, or why not.
+    fn take(&mut self, policy: &str) -> (bool, Option<String>) {
+        let Some((limit, used)) = self.by_policy.get_mut(policy) else {
+            return (false, None);
+        };
+        if *used < *limit {
+            *used += 1;
+            return (true, None);
+        }
+        let limit_text = self.limits.get(policy).cloned().unwrap_or_default();
+        (
+            false,
+            Some(format!(
+                "not cordoned: {used} node(s) already cordoned at join, safety.repeatOffender.cordonOnJoinMax reached ({limit_text})"
+            )),
+        )
+    }
+}
+
+/// Whether the node is cordoned by a join check (not by a remediation or a person).
+fn is_join_cordoned(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+        && node
+            .annotations()
+            .get(CORDONED_BY_ANNOTATION)
+            .is_some_and(|by| by == JOIN_CORDON_OWNER)
 }
 
 /// Whether the node still carries the unchecked taint.
