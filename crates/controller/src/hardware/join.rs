@@ -457,4 +457,53 @@ mod tests {
         unflag(&mut theirs);
         assert_eq!(theirs.spec.as_ref().and_then(|s| s.unschedulable), Some(true));
     }
+
+    #[test]
+    fn a_serial_another_live_node_lists_too_flags_neither() {
+        let history = [remediation("a-1", "node-a", 0, "S1", None)];
+        let all = failures(&[], &history);
+        let both = [node("node-b", "S1", true), node("node-c", "S1", true)];
+        let steps = steps(&[policy(true)], &both, &[], &all, at(1));
+        assert!(
+            steps.iter().all(|s| matches!(s, JoinStep::Lift { .. })),
+            "a conflict is no offence: {steps:?}"
+        );
+    }
+
+    #[test]
+    fn cordons_at_join_stop_at_cordon_on_join_max_and_the_rest_are_flagged_and_reported() {
+        let mut bounded = GpuRemediationPolicy::clone(&policy(true));
+        let rule = bounded.spec.safety.repeat_offender.as_mut().unwrap();
+        rule.cordon_on_join_max = Some(gpu_remediation_api::selector::IntOrPercent::Percent(
+            "20%".to_owned(),
+        ));
+        // Ten nodes: three carry a board that failed (each its own), seven are clean.
+        let history: Vec<_> = (0..3)
+            .map(|i| remediation(&format!("x-{i}"), "node-x", 0, &format!("S{i}"), None))
+            .collect();
+        let all_three = failures(&[], &history);
+        let nodes: Vec<Arc<Node>> = (0..10)
+            .map(|i| node(&format!("node-{i}"), &format!("S{i}"), true))
+            .collect();
+        let steps = steps(&[Arc::new(bounded)], &nodes, &[], &all_three, at(1));
+        let flags: Vec<(bool, bool)> = steps
+            .iter()
+            .filter_map(|s| match s {
+                JoinStep::Flag { cordon, withheld, .. } => Some((*cordon, withheld.is_some())),
+                _ => None,
+            })
+            .collect();
+        // 20 % of ten: two cordoned, the third flagged with its cordon withheld.
+        assert_eq!(flags, [(true, false), (true, false), (false, true)], "{steps:?}");
+        let JoinStep::Flag {
+            withheld: Some(why), ..
+        } = &steps
+            .iter()
+            .find(|s| matches!(s, JoinStep::Flag { cordon: false, .. }))
+            .unwrap()
+        else {
+            unreachable!()
+        };
+        assert!(why.contains("cordonOnJoinMax"), "{why}");
+    }
 }
