@@ -261,6 +261,9 @@ pub mod reasons {
     /// A GPU the node's agent named as failed is not counted: another live node lists its serial
     /// too (a conflict), or the node's own inventory did not list it before the fault.
     pub const HARDWARE_UNTRUSTED: &str = "HardwareUntrusted";
+    /// The budget held a node: recoveries younger than a moment would keep the circuit breaker
+    /// open if they were still unhealthy; they are let settle first.
+    pub const RECOVERIES_SETTLING: &str = "RecoveriesSettling";
     /// A node carries a repeat offender and `cordonOnJoin` says cordon it, but the policy's
     /// `cordonOnJoinMax` is reached: flagged and reported, not cordoned.
     pub const JOIN_CORDON_LIMITED: &str = "JoinCordonLimited";

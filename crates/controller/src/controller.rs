@@ -206,6 +206,7 @@ async fn pass(
     index.refresh(
         &policies,
         node_changes,
+        now,
         |name| ctx.caches.node(name),
         || ctx.caches.all_nodes(),
     );

@@ -45,6 +45,7 @@ mod outcomes;
 mod pass_cost_tests;
 mod recheck;
 mod record;
+pub mod recovering;
 mod suspects;
 
 pub use candidates::awaits_person_past_attempts;
@@ -204,6 +205,8 @@ fn plan_policy(
     let suspect = suspects::named(&name, spec, nodes, &unhealthy, remediations, now);
     let settling = settling(spec, &unhealthy, now);
     wake = earliest(wake, settling.values().min().copied());
+    let recovering = recovering::recovering(spec, nodes, now);
+    wake = earliest(wake, recovering.map(|(_, until)| until));
     let decision = budget::admit(budget::Inputs {
         safety: &spec.safety,
         paused: spec.paused,
@@ -215,6 +218,7 @@ fn plan_policy(
         slow_start: allowance.as_ref().map(|a| a.allowed),
         suspect_hold: suspect.clone().filter(|(s, _)| s.holding),
         settling,
+        recovering,
         now,
     });
 

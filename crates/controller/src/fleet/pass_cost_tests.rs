@@ -210,12 +210,19 @@ fn indexed_plan_ms(
         .collect();
     let changed: BTreeSet<String> = (0..faults).map(|k| format!("gpu-{:05}", fault(k))).collect();
     let mut index = NodeIndex::default();
-    index.refresh(policies, NodeChanges::Everything, |_| None, || nodes.to_vec());
+    index.refresh(
+        policies,
+        NodeChanges::Everything,
+        now,
+        |_| None,
+        || nodes.to_vec(),
+    );
     let mut planned = None;
     let ms = median_ms(5, || {
         index.refresh(
             policies,
             NodeChanges::Nodes(&changed),
+            now,
             |name| by_name.get(name).cloned(),
             || unreachable!("no node joined, left or was relabelled"),
         );
