@@ -67,7 +67,11 @@ async fn two_nodes_recovering_within_100_ms_at_the_breaker_s_limit_leave_only_th
         .into_iter()
         .map(|r| r.spec.node_name)
         .collect();
-    assert_eq!(admitted, [waiting.clone()], "only the third is admitted");
+    assert_eq!(
+        admitted,
+        std::slice::from_ref(waiting),
+        "only the third is admitted"
+    );
     for node in recovering {
         assert!(!is_unschedulable(&s.node(node).await), "{node} cordoned");
     }

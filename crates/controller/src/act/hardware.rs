@@ -412,7 +412,7 @@ mod tests {
         let second_ran = Arc::new(AtomicBool::new(false));
         let ran = second_ran.clone();
         ledger.start(&Changed::default(), |_| async move {
-            ran.store(true, Ordering::SeqCst)
+            ran.store(true, Ordering::SeqCst);
         });
         assert!(
             !owes_a_pass(&mut ledger).await,

@@ -347,14 +347,9 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
         None
     };
     let circuit_open = !safety.unhealthy_limit().allows(unhealthy, selected);
-    // Closed only by recoveries that have not settled: held as if open until they do.
-    let recoveries_settling = recovering.filter(|(count, until)| {
-        !circuit_open
-            && *until > now
-            && !safety
-                .unhealthy_limit()
-                .allows(unhealthy.saturating_add(*count), selected)
-    });
+    let recoveries_settling = (!circuit_open)
+        .then(|| unsettled(safety, recovering, unhealthy, selected, now))
+        .flatten();
     let held_domains = domains.held();
     let allowed = slow_start.map_or(concurrency_limit, |a| a.min(concurrency_limit));
     let concurrency_left = allowed.saturating_sub(in_flight);
@@ -439,6 +434,23 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
         circuit_open,
         held_domains,
     }
+}
+
+/// The recoveries that alone close the breaker and have not settled: held as if it were open
+/// until they do (`fleet::recovering`).
+fn unsettled(
+    safety: &Safety,
+    recovering: Option<(u32, Timestamp)>,
+    unhealthy: u32,
+    selected: u32,
+    now: Timestamp,
+) -> Option<(u32, Timestamp)> {
+    recovering.filter(|(count, until)| {
+        *until > now
+            && !safety
+                .unhealthy_limit()
+                .allows(unhealthy.saturating_add(*count), selected)
+    })
 }
 
 fn count<I: Iterator>(items: I) -> u32 {

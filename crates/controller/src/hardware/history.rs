@@ -9,6 +9,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
     sync::Arc,
 };
 
@@ -218,21 +219,16 @@ pub fn describe(offence: &RepeatOffence) -> String {
         HardwareKind::Gpu => format!("GPU serial {}", offence.id),
         HardwareKind::Host => format!("host {}", offence.id),
     };
-    let evidence: Vec<String> = offence
-        .earlier
-        .iter()
-        .map(|f| {
-            format!(
-                "remediation {} on node {} at {} ({})",
-                f.remediation, f.node, f.at.0, f.reason
-            )
-        })
-        .collect();
-    let evidence = if evidence.is_empty() {
-        String::new()
-    } else {
-        format!("; evidence: {}", evidence.join("; "))
-    };
+    let mut evidence = String::new();
+    for (i, f) in offence.earlier.iter().enumerate() {
+        let lead = if i == 0 { "; evidence:" } else { ";" };
+        // Writing to a String cannot fail.
+        let _ = write!(
+            evidence,
+            "{lead} remediation {} on node {} at {} ({})",
+            f.remediation, f.node, f.at.0, f.reason
+        );
+    }
     format!(
         "{what} failed {} time(s) within {} before{evidence}: a repeat offender",
         offence.failures, offence.window
@@ -531,13 +527,9 @@ pub(crate) mod tests {
 
     #[test]
     fn a_verdict_names_every_fault_it_rests_on_with_node_and_time() {
-        let all = failures(
-            &[],
-            &[
-                remediation("a-1", "node-a", 0, "S1", None),
-                remediation("c-1", "node-c", 2, "S1", None),
-            ],
-        );
+        let history =
+            [("a-1", "node-a", 0), ("c-1", "node-c", 2)].map(|(r, n, h)| remediation(r, n, h, "S1", None));
+        let all = failures(&[], &history);
         let found = offence(&all, [(HardwareKind::Gpu, "S1")], &rule(2, 24), at(3), None).unwrap();
         let said = describe(&found);
         assert!(said.contains("failed 2 time(s)"), "{said}");

@@ -269,7 +269,7 @@ mod tests {
     #[test]
     fn a_serial_counts_only_if_the_node_listed_it_before_the_fault_and_nobody_else_does() {
         let a = node("a", &["A1"], &[("A1", 0)]);
-        let claims = Claims::of(&[a.clone()], None);
+        let claims = Claims::of(std::slice::from_ref(&a), None);
         let mut ledger = ledger_of(&a, &["A1"]);
         sift(&mut ledger, "a", &first_seen_of(&a), at(2), &claims);
         assert_eq!(ledger.failed[0].first_seen, Some(Time(at(0))));
@@ -291,7 +291,7 @@ mod tests {
     #[test]
     fn a_serial_listed_only_with_the_fault_does_not_count() {
         let a = node("a", &["A1", "X9"], &[("A1", 0), ("X9", 3)]);
-        let claims = Claims::of(&[a.clone()], None);
+        let claims = Claims::of(std::slice::from_ref(&a), None);
         let mut ledger = ledger_of(&a, &["X9"]);
         sift(&mut ledger, "a", &first_seen_of(&a), at(2), &claims);
         assert_eq!(ledger.untrusted[0].why, Distrust::ListedAfterFault);
