@@ -9,7 +9,7 @@ mod scenario;
 use std::time::{Duration, Instant};
 
 use common::eventually;
-use gpu_remediation_api::{GpuRemediationPolicy, constants::policy_conditions};
+use gpu_remediation_api::{GpuRemediationPolicy, constants::reasons};
 use kube::Api;
 use scenario::{RunningController, Scenario, is_unschedulable};
 
@@ -34,11 +34,11 @@ async fn two_nodes_recovering_within_100_ms_at_the_breaker_s_limit_leave_only_th
         Duration::from_secs(30),
         || async {
             let status = policies.get(&s.scope).await.ok()?.status?;
-            let open = status
-                .conditions
+            let held = status
+                .waiting
                 .iter()
-                .any(|c| c.type_ == policy_conditions::CIRCUIT_OPEN && c.status == "True");
-            (open && status.unhealthy_nodes == 3).then_some(())
+                .filter(|w| w.reason == reasons::CIRCUIT_OPEN);
+            (held.count() == 3).then_some(())
         },
     )
     .await;

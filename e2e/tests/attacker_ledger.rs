@@ -43,12 +43,12 @@ async fn an_agent_naming_another_node_s_boards_as_failed_flags_nothing_and_the_c
     set_inventory(&s.client, &c, &[c0.clone(), b1.clone()])
         .await
         .unwrap();
+    // One earlier failure makes a repeat offender, cordoned at join and sent to Replace.
+    let offender = json!({"failures": 1, "window": "720h", "cordonOnJoin": true});
     s.policy(json!({
-        "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s", "action": "None"}],
-        "action": "Replace",
+        "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s"}],
         "replacement": {"strategy": "DeleteNode", "timeout": "2m"},
-        "safety": {"maxConcurrent": 3, "maxUnhealthy": "100%",
-                   "repeatOffender": {"failures": 1, "window": "720h", "cordonOnJoin": true}},
+        "safety": {"maxConcurrent": 3, "maxUnhealthy": "100%", "repeatOffender": offender},
     }))
     .await;
     let controller = RunningController::start(&s.scope).await;

@@ -495,6 +495,16 @@ fn failure_domains(
     )
 }
 
+/// What `spec`'s triggers say of `node` at `now`.
+fn verdict(node: &Node, spec: &gpu_remediation_api::GpuRemediationPolicySpec, now: Timestamp) -> Verdict {
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    detect::evaluate(conditions, &spec.triggers, now)
+}
+
 /// The governed nodes that are unhealthy now, and when the first pending one turns unhealthy.
 fn detect_all<'n>(
     nodes: &[&'n Node],
@@ -504,12 +514,7 @@ fn detect_all<'n>(
     let mut wake = None;
     let mut unhealthy = Vec::new();
     for node in nodes {
-        let conditions = node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default();
-        match detect::evaluate(conditions, &spec.triggers, now) {
+        match verdict(node, spec, now) {
             Verdict::Unhealthy { evidence } => unhealthy.push((*node, evidence)),
             Verdict::Pending { due, .. } => wake = earliest(wake, Some(due)),
             Verdict::Healthy { .. } => {}

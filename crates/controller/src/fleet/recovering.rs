@@ -8,7 +8,7 @@
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
-use crate::detect::{self, Verdict};
+use crate::detect::Verdict;
 use crate::time::{minus, plus, signed};
 
 /// How long a recovery counts as arriving with the others. Condition times are whole seconds
@@ -28,12 +28,7 @@ pub fn recovering(
     let mut count = 0u32;
     let mut settled = None;
     for node in nodes {
-        let conditions = node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default();
-        if let Verdict::Healthy { since: Some(since) } = detect::evaluate(conditions, &spec.triggers, now)
+        if let Verdict::Healthy { since: Some(since) } = super::verdict(node, spec, now)
             && since > horizon
             && since <= now
         {
