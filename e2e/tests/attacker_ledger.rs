@@ -1,9 +1,10 @@
 //! A broken or compromised agent cannot steer the hardware ledger, on the real control plane: the
-//! agent of node A names node B's board as failed (a serial A's inventory never listed), and the
-//! agent of node C lists another of B's boards in its own inventory and then fails it (a serial
-//! two live nodes claim). Neither counts: no hardware record is made for B's serials, B is neither
-//! flagged nor cordoned, the conflict is reported on C's remediation (its ledger and an Event),
-//! and when B's board really fails B is remediated by its trigger's action, not sent to Replace.
+//! agent of node A names node B's board as failed (a serial A's inventory never listed) before B
+//! joins, and the agent of node C lists another of B's boards in its own inventory and then fails
+//! it (a serial two live nodes claim). Neither counts: no hardware record is made for B's serials,
+//! B joins clean (its unchecked taint lifted, neither flagged nor cordoned), the conflict is
+//! reported on C's remediation (its ledger and an Event), and when B's board really fails B is
+//! remediated by its trigger's action, not sent to Replace.
 
 mod common;
 mod scenario;
@@ -17,15 +18,18 @@ use gpu_remediation_api::{
     hardware::{Distrust, HardwareKind, record_name},
     policy::Action,
 };
-use gpu_sandbox::hardware::{SimGpu, fail_gpu, set_inventory};
+use gpu_remediator::hardware::join::has_unchecked_taint;
+use gpu_sandbox::hardware::{SimGpu, fail_gpu, joining_with, set_inventory};
 use kube::{Api, ResourceExt};
 use scenario::{RunningController, Scenario, event_notes, is_unschedulable};
 use serde_json::json;
 
 #[tokio::test]
 async fn an_agent_naming_another_node_s_boards_as_failed_flags_nothing_and_the_conflict_is_reported() {
-    let s = Scenario::new(3).await;
-    let [a, b, c] = <[String; 3]>::try_from(s.nodes()).unwrap();
+    let s = Scenario::new(2).await;
+    let [a, c] = <[String; 2]>::try_from(s.nodes()).unwrap();
+    // B joins later, carrying its two boards.
+    let b = format!("{}-{:04}", s.fleet.name(), 2);
     let tag = s.fleet.name().to_owned();
     let (a0, b0, b1, c0) = (
         SimGpu::new(0, &format!("{tag}-a0")),
@@ -36,11 +40,7 @@ async fn an_agent_naming_another_node_s_boards_as_failed_flags_nothing_and_the_c
     set_inventory(&s.client, &a, std::slice::from_ref(&a0))
         .await
         .unwrap();
-    set_inventory(&s.client, &b, &[b0.clone(), b1.clone()])
-        .await
-        .unwrap();
-    // C's agent lists B's second board as its own.
-    set_inventory(&s.client, &c, &[c0.clone(), b1.clone()])
+    set_inventory(&s.client, &c, std::slice::from_ref(&c0))
         .await
         .unwrap();
     // One earlier failure makes a repeat offender, cordoned at join and sent to Replace.
@@ -52,9 +52,7 @@ async fn an_agent_naming_another_node_s_boards_as_failed_flags_nothing_and_the_c
     }))
     .await;
     let controller = RunningController::start(&s.scope).await;
-    for node in [&a, &b, &c] {
-        stamped(&s, node).await;
-    }
+    stamped(&s, &a).await;
 
     // A names B's first board, which its inventory never listed.
     fail_gpu(&s.client, &a, &b0, "XID79").await.unwrap();
@@ -73,6 +71,27 @@ async fn an_agent_naming_another_node_s_boards_as_failed_flags_nothing_and_the_c
         "{:?}",
         on_a.labels()
     );
+
+    // B joins carrying the board A named (with the unchecked taint): checked clean, not flagged,
+    // not cordoned.
+    let carried = [b0.clone(), b1.clone()];
+    let added = s
+        .fleet
+        .add_nodes_prepared(1, &|node| joining_with(node, &carried))
+        .await
+        .unwrap();
+    assert_eq!(added, std::slice::from_ref(&b));
+    eventually("B's unchecked taint lifted", Duration::from_secs(20), || async {
+        let node = s.node(&b).await;
+        (!has_unchecked_taint(&node)).then_some(())
+    })
+    .await;
+    stamped(&s, &b).await;
+    // C's agent lists B's second board as its own.
+    set_inventory(&s.client, &c, &[c0.clone(), b1.clone()])
+        .await
+        .unwrap();
+    stamped_serial(&s, &c, &b1.serial).await;
 
     // C fails B's second board, which both C and B list: a conflict, reported.
     fail_gpu(&s.client, &c, &b1, "XID79").await.unwrap();
@@ -132,15 +151,18 @@ async fn an_agent_naming_another_node_s_boards_as_failed_flags_nothing_and_the_c
 
 /// Waits until the controller has stamped `node`'s inventory as first seen.
 async fn stamped(s: &Scenario, node: &str) {
+    stamped_serial(s, node, "").await;
+}
+
+/// Waits until the controller's first-seen stamps on `node` name `serial` (any, when empty).
+async fn stamped_serial(s: &Scenario, node: &str, serial: &str) {
     eventually(
         &format!("node {node}'s serials stamped as first seen"),
         Duration::from_secs(20),
         || async {
-            s.node(node)
-                .await
-                .annotations()
-                .contains_key(GPU_FIRST_SEEN_ANNOTATION)
-                .then_some(())
+            let node = s.node(node).await;
+            let stamps = node.annotations().get(GPU_FIRST_SEEN_ANNOTATION)?;
+            stamps.contains(serial).then_some(())
         },
     )
     .await;
