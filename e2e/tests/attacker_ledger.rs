@@ -81,11 +81,16 @@ async fn an_agent_naming_another_node_s_boards_as_failed_flags_nothing_and_the_c
         .await
         .unwrap();
     assert_eq!(added, std::slice::from_ref(&b));
-    eventually("B's unchecked taint lifted", Duration::from_secs(20), || async {
+    let joined = eventually("B's unchecked taint lifted", Duration::from_secs(20), || async {
         let node = s.node(&b).await;
-        (!has_unchecked_taint(&node)).then_some(())
+        (!has_unchecked_taint(&node)).then_some(node)
     })
     .await;
+    assert!(
+        !joined.labels().contains_key(REPEAT_OFFENDER_LABEL),
+        "B flagged at join"
+    );
+    assert!(!is_unschedulable(&joined), "B cordoned at join");
     stamped(&s, &b).await;
     // C's agent lists B's second board as its own.
     set_inventory(&s.client, &c, &[c0.clone(), b1.clone()])
