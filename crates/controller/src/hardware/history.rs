@@ -55,16 +55,6 @@ impl Failures {
             .map_or(&[], Vec::as_slice)
     }
 
-    /// Every GPU serial with a failure on record.
-    #[must_use]
-    pub fn serials(&self) -> BTreeSet<String> {
-        self.by_hardware
-            .keys()
-            .filter(|(kind, _)| *kind == HardwareKind::Gpu)
-            .map(|(_, id)| id.clone())
-            .collect()
-    }
-
     fn add(&mut self, hardware: Hardware, failure: HardwareFailure) {
         let list = self.by_hardware.entry(hardware).or_default();
         if !list.iter().any(|f| f.remediation == failure.remediation) {

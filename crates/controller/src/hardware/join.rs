@@ -18,7 +18,7 @@ use std::{
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy,
     constants::{CORDONED_BY_ANNOTATION, HARDWARE_UNCHECKED_TAINT_KEY, REPEAT_OFFENDER_LABEL},
-    hardware::RepeatOffence,
+    hardware::{LedgerGpu, RepeatOffence},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
@@ -116,14 +116,21 @@ pub fn steps(
         })
         .collect();
     let mut room = CordonRoom::of(&live, &live_nodes, &governed);
-    // Only the serials with failures on record can make a conflict that matters here.
-    let claims = if every_node {
-        Claims::of(nodes, Some(&failures.serials()))
-    } else {
-        Claims::default()
-    };
+    // Each inventory read once: for the conflicts (every live node's, when any node may be
+    // flagged) and for the node's own check.
+    let inventories: Vec<Vec<LedgerGpu>> = live_nodes
+        .iter()
+        .map(|n| if every_node { inventory_of(n) } else { Vec::new() })
+        .collect();
+    let names: Vec<String> = live_nodes.iter().map(|n| n.name_any()).collect();
+    let claims = Claims::of_inventories(
+        names
+            .iter()
+            .map(String::as_str)
+            .zip(inventories.iter().map(Vec::as_slice)),
+    );
     let mut out = Vec::new();
-    for (node, policy) in live_nodes.iter().zip(&governed) {
+    for (((node, policy), name), inventory) in live_nodes.iter().zip(&governed).zip(names).zip(inventories) {
         let flagged = node
             .labels()
             .get(REPEAT_OFFENDER_LABEL)
@@ -147,8 +154,7 @@ pub fn steps(
         if rule.is_none() && !flagged && !unchecked {
             continue;
         }
-        let name = node.name_any();
-        let inventory = inventory_of(node);
+        let inventory = if every_node { inventory } else { inventory_of(node) };
         let ledger = gpu_remediation_api::hardware::HardwareLedger {
             gpus: inventory.clone(),
             host: host_of(node),

@@ -92,6 +92,22 @@ impl Claims {
         Self { by_serial }
     }
 
+    /// The claims of nodes whose inventories are already read: `(name, inventory)` of each live
+    /// node.
+    #[must_use]
+    pub fn of_inventories<'n>(inventories: impl IntoIterator<Item = (&'n str, &'n [LedgerGpu])>) -> Self {
+        let mut by_serial: HashMap<String, BTreeSet<String>> = HashMap::new();
+        for (node, inventory) in inventories {
+            for serial in inventory.iter().filter_map(|g| g.serial.as_ref()) {
+                by_serial
+                    .entry(serial.clone())
+                    .or_default()
+                    .insert(node.to_owned());
+            }
+        }
+        Self { by_serial }
+    }
+
     /// The live nodes other than `node` that list `serial`, by name.
     #[must_use]
     pub fn others(&self, serial: &str, node: &str) -> Vec<String> {
