@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::eventually;
 use gpu_remediation_api::{
     GpuHardwareRecord, GpuRemediation, Phase,
-    constants::{FAILED_SERIAL_LABEL, REPEAT_OFFENDER_LABEL, node_conditions},
+    constants::{FAILED_SERIAL_LABEL, GPU_FIRST_SEEN_ANNOTATION, REPEAT_OFFENDER_LABEL, node_conditions},
     hardware::{HardwareKind, record_name},
     policy::Action,
 };
@@ -90,6 +90,20 @@ async fn a_gpu_failing_again_on_another_node_skips_to_replace_and_a_node_joining
 /// The board fails on node A: the remediation records it (action None: the trigger's) and is
 /// selectable by the serial; then node A is replaced (its provider deletes it) and it ends.
 async fn fails_on_a_which_is_replaced(s: &Scenario, a: &str, bad: &SimGpu, serial: &str) -> GpuRemediation {
+    // A board counts as failed only once its node listed it before the fault: the controller
+    // stamps when it first saw each serial in the inventory.
+    eventually(
+        "node A's serials stamped as first seen",
+        Duration::from_secs(20),
+        || async {
+            s.node(a)
+                .await
+                .annotations()
+                .contains_key(GPU_FIRST_SEEN_ANNOTATION)
+                .then_some(())
+        },
+    )
+    .await;
     fail_gpu(&s.client, a, bad, "XID79").await.unwrap();
     let first = s.wait_phase(a, Phase::Verifying, Duration::from_secs(60)).await;
     assert_eq!(first.spec.action, Action::None);

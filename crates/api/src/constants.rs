@@ -42,6 +42,10 @@ pub const GPU_INVENTORY_ANNOTATION: &str = "gpuremediation.dev/gpu-inventory";
 /// Node annotation the agent writes next to a `GpuHealthy=False` condition: the GPUs the fault
 /// names, as a JSON list of `{uuid, serial, index, pciBusId, reason}`; absent when none failed.
 pub const FAILED_GPUS_ANNOTATION: &str = "gpuremediation.dev/failed-gpus";
+/// Node annotation, written by the controller alone (the agent's admission policy refuses it): a
+/// JSON object from each GPU serial of the node's inventory to when the controller first saw it
+/// listed there. A serial counts as failed on a node only if it was listed before the fault.
+pub const GPU_FIRST_SEEN_ANNOTATION: &str = "gpuremediation.dev/gpu-first-seen";
 /// Node annotation the agent writes: which pod holds which GPU through the device plugin, read
 /// from the kubelet's pod-resources API, and when (see `gpu_pods`); absent where the agent cannot
 /// read that API.
@@ -264,4 +268,13 @@ pub mod reasons {
     pub const REPEAT_OFFENDER: &str = "RepeatOffender";
     /// A record's status claims what nothing backs: held, its node left alone.
     pub const STATUS_TAMPERED: &str = "StatusTampered";
+    /// A GPU the node's agent named as failed is not counted: another live node lists its serial
+    /// too (a conflict), or the node's own inventory did not list it before the fault.
+    pub const HARDWARE_UNTRUSTED: &str = "HardwareUntrusted";
+    /// The budget held a node: recoveries younger than a moment would keep the circuit breaker
+    /// open if they were still unhealthy; they are let settle first.
+    pub const RECOVERIES_SETTLING: &str = "RecoveriesSettling";
+    /// A node carries a repeat offender and `cordonOnJoin` says cordon it, but the policy's
+    /// `cordonOnJoinMax` is reached: flagged and reported, not cordoned.
+    pub const JOIN_CORDON_LIMITED: &str = "JoinCordonLimited";
 }

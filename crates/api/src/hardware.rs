@@ -41,6 +41,42 @@ pub struct HardwareLedger {
     /// Set when a failed GPU or the host was past the policy's `safety.repeatOffender` limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeat_offender: Option<RepeatOffence>,
+    /// GPUs the node's agent named as failed that the ledger does not count as failures: not in
+    /// the node's own inventory before the fault, or claimed by another live node as well.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub untrusted: Vec<UntrustedGpu>,
+}
+
+/// A GPU named as failed that counts as no failure, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UntrustedGpu {
+    /// `GPU-...`, as the failed-GPUs annotation named it.
+    #[schemars(length(max = 128))]
+    pub uuid: String,
+    /// The serial it was named with, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub serial: Option<String>,
+    /// Why it does not count.
+    pub why: Distrust,
+    /// For `Conflict`: the other live nodes whose inventory lists the serial (at most 8).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub claimed_by: Vec<String>,
+}
+
+/// Why a GPU named as failed is not counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Distrust {
+    /// The node's own inventory does not list the GPU with that serial.
+    NotInInventory,
+    /// The node's inventory listed the serial only at or after the fault began (or the controller
+    /// never saw it listed).
+    ListedAfterFault,
+    /// Another live node's inventory lists the same serial: a conflict, never a failure.
+    Conflict,
 }
 
 /// One GPU in a ledger.
@@ -66,6 +102,10 @@ pub struct LedgerGpu {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 316))]
     pub reason: Option<String>,
+    /// When the controller first saw this serial in the node's inventory (the node's
+    /// `gpuremediation.dev/gpu-first-seen` annotation, written by the controller alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_seen: Option<Time>,
 }
 
 /// Why a remediation went straight to the last rung: the hardware and its earlier failures.

@@ -155,6 +155,11 @@ pub struct RepeatOffender {
     /// `gpuremediation.dev/repeat-offender`, given the condition `GpuRepeatOffender` and an Event).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordon_on_join: bool,
+    /// With `cordonOnJoin`: at most this many (or this share) of the policy's selected nodes
+    /// cordoned at once for carrying a repeat offender; past it a joining node is flagged and
+    /// reported but not cordoned. Unset: `safety.maxUnhealthy` (like `quarantine.max`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cordon_on_join_max: Option<IntOrPercent>,
 }
 
 /// The last rung a repeat offender goes to.

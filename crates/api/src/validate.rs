@@ -165,6 +165,9 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
     }
     if let Some(offender) = &safety.repeat_offender {
         check_positive("spec.safety.repeatOffender.window", offender.window, &mut out);
+        if let Some(max) = &offender.cordon_on_join_max {
+            check_int_or_percent("spec.safety.repeatOffender.cordonOnJoinMax", max, &mut out);
+        }
     }
     if spec.history.ttl <= safety.rate.per {
         out.push(Violation::new("spec.history.ttl", messages::TTL_VS_RATE));

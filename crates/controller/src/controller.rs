@@ -206,6 +206,7 @@ async fn pass(
     index.refresh(
         &policies,
         node_changes,
+        now,
         |name| ctx.caches.node(name),
         || ctx.caches.all_nodes(),
     );
@@ -219,7 +220,7 @@ async fn pass(
     let mut plan = fleet::plan_with(&policies, &index.census(), &nodes, &remediations, now);
     // The hardware ledger: each new record names its node's GPUs; repeat offenders skip rungs.
     let failures = hardware::failures(&ctx.caches.hardware_records(), &remediations);
-    hardware::amend(&mut plan, &nodes, &failures, now);
+    hardware::amend(&mut plan, &nodes, || ctx.caches.all_nodes(), &failures, now);
     if let Some(at) = plan.wake_at {
         next = next.min(at);
     }
@@ -286,7 +287,9 @@ async fn pass(
     }
     // Behind the pass: neither a fault's cordon nor the next faults' quarantines wait for the
     // ledger's writes.
-    ledger.start(act::hardware::sync(ctx.clone(), policies, candidates, now));
+    ledger.start(changed, |unstamped| {
+        act::hardware::sync(ctx.clone(), policies, candidates, unstamped, now)
+    });
     announcements.publish(ctx).await;
     next
 }

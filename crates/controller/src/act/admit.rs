@@ -128,6 +128,18 @@ pub async fn apply(
             // (one write less per remediation).
             Ok(Start::Created { note, record }) => {
                 announcements.add(policy, event(reasons::STARTED, &note, EventType::Normal));
+                if let Some(untrusted) = record
+                    .spec
+                    .hardware
+                    .as_ref()
+                    .and_then(crate::hardware::trust::describe_untrusted)
+                {
+                    tracing::warn!(remediation = %record.name_any(), "{untrusted}");
+                    announcements.add(
+                        record.as_ref(),
+                        event(reasons::HARDWARE_UNTRUSTED, &untrusted, EventType::Warning),
+                    );
+                }
                 created(record);
                 // The advance just started asks for the cordon at once: let it send that before
                 // this pass's own writes (the policy's status, the ledger, Events), so that it

@@ -1,4 +1,5 @@
-//! Carries out the ledger's writes, each behind the leader fence: the `GpuHardwareRecord`s that
+//! Carries out the ledger's writes, each behind the leader fence: the first-seen stamps of the
+//! serials newly listed in a node's inventory (`trust`), the `GpuHardwareRecord`s that
 //! gain a failure (created, or replaced with the read's resourceVersion), the records past their
 //! retention (deleted), one `RepeatOffender` Event per remediation sent to the last rung, and the
 //! node steps of `join` (label, cordon and lifting the unchecked taint over one version of the node (`Writer::edit_node`), the
@@ -31,10 +32,12 @@ use serde_json::json;
 use crate::hardware::{
     history::{self, describe},
     join::{self, JoinStep},
+    trust,
 };
 use crate::{
     context::Context,
     lifecycle::{NodeRef, Note},
+    observe::Changed,
     read::Scope,
     write::{DeleteStampedError, WriteError},
 };
@@ -49,12 +52,33 @@ pub struct Ledger {
     running: JoinSet<()>,
     /// Whether a pass found a sync under way and did not start its own.
     owed: bool,
+    /// The nodes whose inventory may have changed since the last sync started: their first-seen
+    /// stamps are due (kept over a pass whose sync did not start).
+    unstamped: Unstamped,
+}
+
+/// The nodes whose first-seen stamps a sync checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unstamped {
+    /// Every node (the node watch listed afresh, or the loop resynced).
+    pub all: bool,
+    /// These nodes, by name.
+    pub nodes: BTreeSet<String>,
 }
 
 impl Ledger {
-    /// Starts `sync` (a [`sync`] over the pass's view), unless a sync is under way: then `sync` is
-    /// dropped unstarted, and the pass the one under way owes at its end starts another.
-    pub fn start(&mut self, sync: impl Future<Output = ()> + Send + 'static) {
+    /// Starts the sync `sync` builds (a [`sync`] over the pass's view, given the nodes whose
+    /// stamps are due, `changed`'s among them), unless a sync is under way: then nothing starts,
+    /// `changed`'s nodes wait for the next sync, and the pass the one under way owes at its end
+    /// starts it.
+    pub fn start<F>(&mut self, changed: &Changed, sync: impl FnOnce(Unstamped) -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.unstamped.all |= changed.nodes_listed;
+        if !self.unstamped.all {
+            self.unstamped.nodes.extend(changed.nodes.iter().cloned());
+        }
         while let Some(ended) = self.running.try_join_next() {
             report_end(ended);
         }
@@ -63,7 +87,7 @@ impl Ledger {
             return;
         }
         self.owed = false;
-        self.running.spawn(sync);
+        self.running.spawn(sync(std::mem::take(&mut self.unstamped)));
     }
 
     /// Resolves when a pass is owed: a pass left its sync to the one under way, and that one ended.
@@ -96,9 +120,11 @@ pub async fn sync(
     ctx: Arc<Context>,
     policies: Vec<Arc<GpuRemediationPolicy>>,
     looked_at: Vec<String>,
+    unstamped: Unstamped,
     now: Timestamp,
 ) {
     let (ctx, policies, looked_at) = (&*ctx, policies.as_slice(), looked_at.as_slice());
+    stamp_first_seen(ctx, &unstamped, now).await;
     // With the last sync's writes the watch has not shown yet: a record is not created twice.
     let records = ctx.caches.hardware_records();
     let remediations = ctx.caches.remediations();
@@ -131,6 +157,32 @@ pub async fn sync(
     for step in join::steps(policies, &nodes, &remediations, &failures, now) {
         if let Err(error) = carry_out(ctx, &step, now).await {
             tracing::warn!(?step, %error, "a hardware check of a node failed; next pass retries");
+        }
+    }
+}
+
+/// Stamps when each serial newly listed in a node's inventory was first seen (whole seconds, like
+/// the trigger's `since` it is compared with), on the nodes of `unstamped`.
+async fn stamp_first_seen(ctx: &Context, unstamped: &Unstamped, now: Timestamp) {
+    let now = Timestamp::from_second(now.as_second()).unwrap_or(now);
+    let nodes = if unstamped.all {
+        ctx.caches.all_nodes()
+    } else {
+        let names: Vec<String> = unstamped.nodes.iter().cloned().collect();
+        ctx.caches.nodes_named(&names)
+    };
+    for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+        if trust::first_seen_update(node, now).is_none() {
+            continue;
+        }
+        let name = node.name_any();
+        let target = node_ref(&name, node.metadata.uid.as_ref());
+        // Over the node as read, too: a serial listed since is stamped, one stamped kept.
+        let stamp = |n: &mut Node| {
+            trust::first_seen_update(n, now).is_some_and(|stamps| trust::stamp_first_seen(n, &stamps))
+        };
+        if let Err(error) = ctx.writer.edit_node(&target, Some(node), stamp).await {
+            tracing::info!(node = %name, %error, "stamping the node's GPUs as first seen failed; next pass retries");
         }
     }
 }
@@ -234,6 +286,7 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
             uid,
             offence,
             cordon,
+            withheld,
         } => {
             let cordon = *cordon;
             ctx.writer
@@ -246,14 +299,19 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
             let message = format!(
                 "{}{}",
                 describe(offence),
-                if cordon {
-                    "; cordoned (safety.repeatOffender.cordonOnJoin)"
-                } else {
-                    ""
+                match (cordon, withheld) {
+                    (true, _) => "; cordoned (safety.repeatOffender.cordonOnJoin)".to_owned(),
+                    (false, Some(why)) => format!("; {why}"),
+                    (false, None) => String::new(),
                 }
             );
             write_condition(ctx, node, true, &message, now).await?;
-            announce_node(ctx, node, uid.as_ref(), offence, &message).await;
+            let reason = if withheld.is_some() {
+                reasons::JOIN_CORDON_LIMITED
+            } else {
+                reasons::REPEAT_OFFENDER
+            };
+            announce_node(ctx, node, uid.as_ref(), offence, reason, &message).await;
         }
         JoinStep::Unflag { node, uid } => {
             ctx.writer
@@ -305,6 +363,7 @@ async fn announce_node(
     node: &str,
     uid: Option<&String>,
     offence: &RepeatOffence,
+    reason: &str,
     message: &str,
 ) {
     let reference = ObjectReference {
@@ -315,7 +374,7 @@ async fn announce_node(
         ..ObjectReference::default()
     };
     tracing::warn!(%node, kind = ?offence.kind, id = %offence.id, "{message}");
-    let event = Note::new(reasons::REPEAT_OFFENDER, EventType::Warning, message).event("CheckHardware");
+    let event = Note::new(reason, EventType::Warning, message).event("CheckHardware");
     ctx.writer.publish_to(&reference, event).await;
 }
 
@@ -333,7 +392,7 @@ mod tests {
     /// Starts a sync that runs until the returned sender is used (or dropped).
     fn start_held(ledger: &mut Ledger) -> oneshot::Sender<()> {
         let (end, ended) = oneshot::channel::<()>();
-        ledger.start(async move {
+        ledger.start(&Changed::default(), |_| async move {
             let _ = ended.await;
         });
         end
@@ -351,9 +410,9 @@ mod tests {
         let mut ledger = Ledger::default();
         let end = start_held(&mut ledger);
         let second_ran = Arc::new(AtomicBool::new(false));
-        ledger.start({
-            let ran = second_ran.clone();
-            async move { ran.store(true, Ordering::SeqCst) }
+        let ran = second_ran.clone();
+        ledger.start(&Changed::default(), |_| async move {
+            ran.store(true, Ordering::SeqCst);
         });
         assert!(
             !owes_a_pass(&mut ledger).await,
@@ -370,7 +429,7 @@ mod tests {
     #[tokio::test]
     async fn a_sync_that_ends_with_no_pass_left_undone_wakes_none() {
         let mut ledger = Ledger::default();
-        ledger.start(async {});
+        ledger.start(&Changed::default(), |_| async {});
         tokio::task::yield_now().await;
         assert!(!owes_a_pass(&mut ledger).await);
     }
@@ -379,11 +438,11 @@ mod tests {
     async fn the_owed_pass_starts_a_sync_again_and_owes_nothing_more() {
         let mut ledger = Ledger::default();
         let end = start_held(&mut ledger);
-        ledger.start(async {});
+        ledger.start(&Changed::default(), |_| async {});
         end.send(()).unwrap();
         assert!(owes_a_pass(&mut ledger).await);
         let (ran, runs) = oneshot::channel();
-        ledger.start(async move { ran.send(()).unwrap() });
+        ledger.start(&Changed::default(), |_| async move { ran.send(()).unwrap() });
         tokio::time::timeout(Duration::from_secs(1), runs)
             .await
             .expect("the owed pass's sync runs")

@@ -72,6 +72,8 @@ pub struct Inputs<'a> {
     pub suspect_hold: Option<(SuspectStatus, BTreeSet<String>)>,
     /// With `safety.settle`: when each candidate that turned unhealthy within it may start.
     pub settling: BTreeMap<String, Timestamp>,
+    /// Governed nodes recovered within a moment (`fleet::recovering`), and when the last settles.
+    pub recovering: Option<(u32, Timestamp)>,
     /// The time of the decision.
     pub now: Timestamp,
 }
@@ -98,6 +100,15 @@ pub enum Deferral {
         selected: u32,
         /// `maxUnhealthy` (and `maxUnhealthyCount`) as written.
         limit: String,
+    },
+    /// The circuit breaker closed only on recoveries younger than a moment: counted as still
+    /// unhealthy they would keep it open, so admissions wait until they settle (a burst of
+    /// recoveries is judged together, not by its first).
+    RecoveriesSettling {
+        /// Recovering governed nodes.
+        recovering: u32,
+        /// When the last of them settles.
+        until: Timestamp,
     },
     /// A failure domain of the node is over its unhealthy limit.
     DomainHeld(HeldDomain),
@@ -160,6 +171,7 @@ impl Deferral {
             Self::AttemptsExhausted { .. } => reasons::ATTEMPTS_EXHAUSTED,
             Self::Paused => reasons::PAUSED,
             Self::CircuitOpen { .. } => reasons::CIRCUIT_OPEN,
+            Self::RecoveriesSettling { .. } => reasons::RECOVERIES_SETTLING,
             Self::DomainHeld(_) => reasons::DOMAIN_HELD,
             Self::SuspectHeld(_) => reasons::SUSPECT_HELD,
             Self::Settling { .. } => reasons::SETTLING,
@@ -185,6 +197,10 @@ impl Deferral {
             } => format!(
                 "{unhealthy} of {selected} nodes are unhealthy, above {limit}: \
                  the fault looks systemic, so nothing new starts (in-flight work continues)"
+            ),
+            Self::RecoveriesSettling { recovering, until } => format!(
+                "{recovering} node(s) recovered a moment ago, and the circuit breaker would be open \
+                 with them: waits until {until} so recoveries arriving together are judged together"
             ),
             Self::DomainHeld(held) => held.message(),
             Self::Settling { until } => format!(
@@ -308,6 +324,7 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
         slow_start,
         suspect_hold,
         settling,
+        recovering,
         now,
     } = inputs;
     candidates.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.node.cmp(&b.node)));
@@ -330,11 +347,14 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
         None
     };
     let circuit_open = !safety.unhealthy_limit().allows(unhealthy, selected);
+    let recoveries_settling = (!circuit_open)
+        .then(|| unsettled(safety, recovering, unhealthy, selected, now))
+        .flatten();
     let held_domains = domains.held();
     let allowed = slow_start.map_or(concurrency_limit, |a| a.min(concurrency_limit));
     let concurrency_left = allowed.saturating_sub(in_flight);
     let rate_left = rate_limit.saturating_sub(started_in_window);
-    let remaining = if paused || circuit_open {
+    let remaining = if paused || circuit_open || recoveries_settling.is_some() {
         0
     } else {
         concurrency_left.min(rate_left)
@@ -367,6 +387,8 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
             })
         } else if let Some(until) = settling.get(&candidate.node).filter(|until| **until > now) {
             Some(Deferral::Settling { until: *until })
+        } else if let Some((recovering, until)) = recoveries_settling {
+            Some(Deferral::RecoveriesSettling { recovering, until })
         } else if let Some((suspect, _)) = suspect_hold
             .as_ref()
             .filter(|(_, nodes)| nodes.contains(&candidate.node))
@@ -412,6 +434,23 @@ pub fn admit(inputs: Inputs<'_>) -> Decision {
         circuit_open,
         held_domains,
     }
+}
+
+/// The recoveries that alone close the breaker and have not settled: held as if it were open
+/// until they do (`fleet::recovering`).
+fn unsettled(
+    safety: &Safety,
+    recovering: Option<(u32, Timestamp)>,
+    unhealthy: u32,
+    selected: u32,
+    now: Timestamp,
+) -> Option<(u32, Timestamp)> {
+    recovering.filter(|(count, until)| {
+        *until > now
+            && !safety
+                .unhealthy_limit()
+                .allows(unhealthy.saturating_add(*count), selected)
+    })
 }
 
 fn count<I: Iterator>(items: I) -> u32 {

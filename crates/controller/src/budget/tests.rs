@@ -57,8 +57,34 @@ fn inputs<'a>(safety: &'a Safety, started: &'a [Started], candidates: Vec<Candid
         slow_start: None,
         suspect_hold: None,
         settling: BTreeMap::new(),
+        recovering: None,
         now: at(1000),
     }
+}
+
+#[test]
+fn a_breaker_closed_only_by_unsettled_recoveries_holds_until_they_settle() {
+    // Two of ten may be unhealthy: one is, two more recovered a moment ago.
+    let safety = safety(5, "20%", (10, 3600));
+    let mut held = inputs(&safety, &[], vec![candidate("third", 100)]);
+    held.recovering = Some((2, at(1002)));
+    let decision = admit(held.clone());
+    assert!(decision.admitted.is_empty());
+    assert_eq!(
+        decision.waiting[0].deferral,
+        Deferral::RecoveriesSettling {
+            recovering: 2,
+            until: at(1002)
+        }
+    );
+    assert_eq!(decision.remaining, 0);
+    // Settled: admitted.
+    held.now = at(1002);
+    assert_eq!(admit(held.clone()).admitted, vec![candidate("third", 100)]);
+    // A recovery that would not reopen the breaker holds nothing.
+    held.now = at(1000);
+    held.recovering = Some((1, at(1002)));
+    assert_eq!(admit(held).admitted, vec![candidate("third", 100)]);
 }
 
 #[test]

@@ -335,6 +335,21 @@ fn describe_in_flight(current: &GpuRemediation, explanation: &mut Explanation) {
     if let Some(message) = status.message {
         explanation.facts.push(format!("status: {message}"));
     }
+    if let Some(hardware) = &current.spec.hardware {
+        let ledger = [
+            hardware
+                .repeat_offender
+                .as_ref()
+                .map(crate::hardware::history::describe),
+            crate::hardware::trust::describe_untrusted(hardware),
+        ];
+        explanation.facts.extend(
+            ledger
+                .into_iter()
+                .flatten()
+                .map(|line| format!("hardware: {line}")),
+        );
+    }
     if let Some(drain) = status.drain {
         explanation.facts.push(format!(
             "drain: {} of {} pods evicted, {} remaining",

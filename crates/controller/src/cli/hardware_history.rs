@@ -48,8 +48,9 @@ pub fn recycles_of_serial(
             let has = |list: &[gpu_remediation_api::hardware::LedgerGpu]| {
                 list.iter().any(|g| g.serial.as_deref() == Some(serial))
             };
-            let failed = has(&ledger.failed);
-            (failed || has(&ledger.gpus)).then(|| Recycle {
+            // Named failed but untrusted (a conflict, not listed before the fault): present only.
+            let failed = crate::hardware::trust::counts(ledger, serial);
+            (has(&ledger.failed) || has(&ledger.gpus)).then(|| Recycle {
                 remediation: r.name_any(),
                 node: r.spec.node_name.clone(),
                 failed,

@@ -306,7 +306,16 @@ fn failures_arriving_together_within_the_settle_window_are_judged_together() {
                 if i < broken {
                     Arc::new(node_broken_at(&format!("n{i}"), 0))
                 } else {
-                    node(&format!("n{i}"), "A", false)
+                    // Healthy for an hour: no recovery of a moment ago (`fleet::recovering`).
+                    let mut healthy = Node::clone(&node(&format!("n{i}"), "A", false));
+                    for condition in healthy
+                        .status
+                        .iter_mut()
+                        .flat_map(|s| s.conditions.iter_mut().flatten())
+                    {
+                        condition.last_transition_time = Some(Time(at(-3600)));
+                    }
+                    Arc::new(healthy)
                 }
             })
             .collect()

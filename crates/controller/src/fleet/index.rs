@@ -14,9 +14,13 @@
 //! every node a remediation names (finished ones too: slow start reads how they fared) and every
 //! node we wrote whose watch event has not come yet; `fleet::plan_with` over them is the plan over
 //! the whole fleet (the property tests in `index_tests.rs` check this over random fleets).
+//!
+//! A node whose trigger's condition turned to another status less than
+//! [`RECOVERY_SETTLE`] ago (by its transition time) is a candidate too, so that the plan counts
+//! recoveries arriving together as one burst (`recovering`).
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     hash::{DefaultHasher, Hash, Hasher},
     sync::Arc,
 };
@@ -24,10 +28,14 @@ use std::{
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, constants::REPEAT_OFFENDER_LABEL, ladder::HAND_OFF_LABEL,
 };
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt as _;
 
-use super::Census;
+use super::{
+    Census,
+    recovering::{RECOVERY_SETTLE, recent_recovery},
+};
 use crate::observe::{hash_of, is_ours};
 
 /// The node labels the controller writes (each beside an annotation of ours, but a label left
@@ -57,24 +65,30 @@ pub struct NodeIndex {
     notable: BTreeSet<String>,
     /// The counts of every node; `None` once a node joined, left or was relabelled.
     census: Option<Arc<Census>>,
+    /// The nodes that may be recovering, with when their trigger's condition turned: candidates
+    /// until [`RECOVERY_SETTLE`] after.
+    recovered: BTreeMap<String, Timestamp>,
 }
 
 impl NodeIndex {
-    /// Brings the index up to date with `news` under `policies`: `node` reads one node from
-    /// the cache (`None`: it is gone), `every_node` the whole cache.
+    /// Brings the index up to date with `news` under `policies` at `now`: `node` reads one node
+    /// from the cache (`None`: it is gone), `every_node` the whole cache.
     pub fn refresh(
         &mut self,
         policies: &[Arc<GpuRemediationPolicy>],
         news: NodeChanges<'_>,
+        now: Timestamp,
         node: impl Fn(&str) -> Option<Arc<Node>>,
         every_node: impl FnOnce() -> Vec<Arc<Node>>,
     ) {
+        let horizon = crate::time::minus(now, crate::time::signed(RECOVERY_SETTLE));
+        self.recovered.retain(|_, at| *at > horizon);
         let key = policies_key(policies);
         let names = match news {
             NodeChanges::Nodes(names) if self.policies == Some(key) => names,
             _ => {
                 let nodes = every_node();
-                self.rebuild(key, policies, &nodes);
+                self.rebuild(key, policies, &nodes, horizon);
                 return;
             }
         };
@@ -85,12 +99,17 @@ impl NodeIndex {
                     self.census = None;
                 }
                 self.notable.remove(name);
+                self.recovered.remove(name);
                 continue;
             };
             let labels = hash_one(node.labels());
             if self.labels.insert(name_hash, labels) != Some(labels) {
                 self.census = None;
             }
+            match recent_recovery(&node, &self.signals, horizon) {
+                Some(at) => self.recovered.insert(name.clone(), at),
+                None => self.recovered.remove(name),
+            };
             if self.is_notable(&node) {
                 self.notable.insert(name.clone());
             } else {
@@ -102,7 +121,13 @@ impl NodeIndex {
         }
     }
 
-    fn rebuild(&mut self, key: u64, policies: &[Arc<GpuRemediationPolicy>], nodes: &[Arc<Node>]) {
+    fn rebuild(
+        &mut self,
+        key: u64,
+        policies: &[Arc<GpuRemediationPolicy>],
+        nodes: &[Arc<Node>],
+        horizon: Timestamp,
+    ) {
         self.policies = Some(key);
         self.signals = policies
             .iter()
@@ -120,6 +145,10 @@ impl NodeIndex {
             .iter()
             .filter(|n| self.is_notable(n))
             .map(|n| n.name_any())
+            .collect();
+        self.recovered = nodes
+            .iter()
+            .filter_map(|n| Some((n.name_any(), recent_recovery(n, &self.signals, horizon)?)))
             .collect();
         self.census = Some(Arc::new(Census::take(policies, nodes)));
     }
@@ -148,8 +177,9 @@ impl NodeIndex {
         self.census.clone().unwrap_or_default()
     }
 
-    /// The names of the nodes a pass plans over: the notable ones, those `remediations` name, and
-    /// those in `written` (our writes the watch has not shown yet).
+    /// The names of the nodes a pass plans over: the notable ones, those recovering (see the
+    /// module's header), those `remediations` name, and those in `written` (our writes the watch
+    /// has not shown yet).
     #[must_use]
     pub fn candidates<'a>(
         &'a self,
@@ -158,6 +188,7 @@ impl NodeIndex {
     ) -> BTreeSet<&'a str> {
         self.notable
             .iter()
+            .chain(self.recovered.keys())
             .map(String::as_str)
             .chain(remediations.iter().map(|r| r.spec.node_name.as_str()))
             .chain(written.iter().map(String::as_str))

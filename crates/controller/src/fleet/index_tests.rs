@@ -155,9 +155,18 @@ fn planned_from(index: &NodeIndex, nodes: &[Arc<Node>], records: &[Arc<GpuRemedi
     )
 }
 
-fn built(nodes: &[Arc<Node>]) -> NodeIndex {
+/// Long after every drawn transition: no node is recovering.
+const LATER: i64 = 10_000;
+
+fn built(nodes: &[Arc<Node>], now: i64) -> NodeIndex {
     let mut index = NodeIndex::default();
-    index.refresh(&policies(), NodeChanges::Everything, |_| None, || nodes.to_vec());
+    index.refresh(
+        &policies(),
+        NodeChanges::Everything,
+        at(now),
+        |_| None,
+        || nodes.to_vec(),
+    );
     index
 }
 
@@ -177,7 +186,7 @@ proptest! {
             .collect();
         let whole = format!("{:?}", fleet::plan(&policies(), &nodes, &records, at(now)));
 
-        prop_assert_eq!(planned_from(&built(&nodes), &nodes, &records, now), whole);
+        prop_assert_eq!(planned_from(&built(&nodes, now), &nodes, &records, now), whole);
     }
 
     #[test]
@@ -188,7 +197,7 @@ proptest! {
         let mut nodes: Vec<Option<Arc<Node>>> =
             before.into_iter().enumerate().map(|(i, d)| Some(node(i, d))).collect();
         let present = |nodes: &[Option<Arc<Node>>]| nodes.iter().flatten().cloned().collect::<Vec<_>>();
-        let mut index = built(&present(&nodes));
+        let mut index = built(&present(&nodes), 150);
         let mut changed = BTreeSet::new();
         // Nodes change, join (beyond the fleet) and leave (`None`).
         for (i, edit) in edits {
@@ -200,8 +209,8 @@ proptest! {
         }
         let now = present(&nodes);
         let lookup = |name: &str| now.iter().find(|n| n.metadata.name.as_deref() == Some(name)).cloned();
-        index.refresh(&policies(), NodeChanges::Nodes(&changed), lookup, || now.clone());
-        let afresh = built(&now);
+        index.refresh(&policies(), NodeChanges::Nodes(&changed), at(150), lookup, || now.clone());
+        let afresh = built(&now, 150);
 
         prop_assert_eq!(index.candidates(&[], &[]), afresh.candidates(&[], &[]));
         prop_assert_eq!(index.census(), afresh.census());
@@ -220,7 +229,7 @@ fn a_healthy_untouched_node_is_not_a_candidate_and_a_signalling_or_touched_one_i
         .enumerate()
         .map(|(i, d)| node(i, d))
         .collect();
-    let index = built(&nodes);
+    let index = built(&nodes, LATER);
     let named = [record(4, 0, 0, 10)];
 
     assert_eq!(index.candidates(&[], &[]), BTreeSet::from(["n01", "n02", "n03"]));
@@ -242,7 +251,7 @@ fn a_label_of_our_group_the_controller_does_not_write_makes_no_node_notable() {
         .labels_mut()
         .insert(REPEAT_OFFENDER_LABEL.to_owned(), "true".to_owned());
 
-    let index = built(&[Arc::new(fleet_labelled), Arc::new(flagged)]);
+    let index = built(&[Arc::new(fleet_labelled), Arc::new(flagged)], LATER);
 
     assert_eq!(index.candidates(&[], &[]), BTreeSet::from(["n01"]));
 }
@@ -250,7 +259,7 @@ fn a_label_of_our_group_the_controller_does_not_write_makes_no_node_notable() {
 #[test]
 fn another_policy_spec_indexes_afresh() {
     let nodes = vec![node(0, (0, 0, false, true, 0, 0, false, false, 5))];
-    let mut index = built(&nodes);
+    let mut index = built(&nodes, LATER);
     let mut changed_policies = policies();
     let mut spec = changed_policies[0].spec.clone();
     spec.triggers[0].status = ConditionStatus::True;
@@ -259,6 +268,7 @@ fn another_policy_spec_indexes_afresh() {
     index.refresh(
         &changed_policies,
         NodeChanges::Nodes(&BTreeSet::new()),
+        at(LATER),
         |_| None,
         || nodes.clone(),
     );

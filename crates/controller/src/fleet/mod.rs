@@ -45,6 +45,7 @@ mod outcomes;
 mod pass_cost_tests;
 mod recheck;
 mod record;
+pub mod recovering;
 mod suspects;
 
 pub use candidates::awaits_person_past_attempts;
@@ -204,6 +205,8 @@ fn plan_policy(
     let suspect = suspects::named(&name, spec, nodes, &unhealthy, remediations, now);
     let settling = settling(spec, &unhealthy, now);
     wake = earliest(wake, settling.values().min().copied());
+    let recovering = recovering::recovering(spec, nodes, now);
+    wake = earliest(wake, recovering.map(|(_, until)| until));
     let decision = budget::admit(budget::Inputs {
         safety: &spec.safety,
         paused: spec.paused,
@@ -215,6 +218,7 @@ fn plan_policy(
         slow_start: allowance.as_ref().map(|a| a.allowed),
         suspect_hold: suspect.clone().filter(|(s, _)| s.holding),
         settling,
+        recovering,
         now,
     });
 
@@ -491,6 +495,16 @@ fn failure_domains(
     )
 }
 
+/// What `spec`'s triggers say of `node` at `now`.
+fn verdict(node: &Node, spec: &gpu_remediation_api::GpuRemediationPolicySpec, now: Timestamp) -> Verdict {
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    detect::evaluate(conditions, &spec.triggers, now)
+}
+
 /// The governed nodes that are unhealthy now, and when the first pending one turns unhealthy.
 fn detect_all<'n>(
     nodes: &[&'n Node],
@@ -500,12 +514,7 @@ fn detect_all<'n>(
     let mut wake = None;
     let mut unhealthy = Vec::new();
     for node in nodes {
-        let conditions = node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default();
-        match detect::evaluate(conditions, &spec.triggers, now) {
+        match verdict(node, spec, now) {
             Verdict::Unhealthy { evidence } => unhealthy.push((*node, evidence)),
             Verdict::Pending { due, .. } => wake = earliest(wake, Some(due)),
             Verdict::Healthy { .. } => {}

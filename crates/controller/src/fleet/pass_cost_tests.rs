@@ -167,7 +167,7 @@ fn one_pass_over_a_large_fleet_by_stage() {
                 );
                 let amend_ms = median_ms(5, || {
                     let mut plan = planned.clone();
-                    hardware::amend(&mut plan, &nodes, &failures, now);
+                    hardware::amend(&mut plan, &nodes, || nodes.clone(), &failures, now);
                     std::hint::black_box(plan);
                 });
                 let join_ms = median_ms(5, || {
@@ -210,12 +210,19 @@ fn indexed_plan_ms(
         .collect();
     let changed: BTreeSet<String> = (0..faults).map(|k| format!("gpu-{:05}", fault(k))).collect();
     let mut index = NodeIndex::default();
-    index.refresh(policies, NodeChanges::Everything, |_| None, || nodes.to_vec());
+    index.refresh(
+        policies,
+        NodeChanges::Everything,
+        now,
+        |_| None,
+        || nodes.to_vec(),
+    );
     let mut planned = None;
     let ms = median_ms(5, || {
         index.refresh(
             policies,
             NodeChanges::Nodes(&changed),
+            now,
             |name| by_name.get(name).cloned(),
             || unreachable!("no node joined, left or was relabelled"),
         );

@@ -3,9 +3,13 @@
 //! the policy's `safety.repeatOffender` limit goes straight to the last rung, naming the earlier
 //! failures: action `Replace` whatever its trigger said, or, for `ManualRequired`, a record that
 //! waits for a person (it joins the plan's `manual_required`, like a node past
-//! `maxAttemptsPerNode`). Pure.
+//! `maxAttemptsPerNode`). A failed GPU counts only as `trust` allows (listed by the node before
+//! the fault, claimed by no other live node); the others are recorded as untrusted. Pure.
 
-use std::sync::Arc;
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::Arc,
+};
 
 use gpu_remediation_api::{
     GpuRemediation,
@@ -19,7 +23,8 @@ use kube::ResourceExt;
 
 use super::{
     history::{Failures, describe, failed_hardware, offence},
-    ledger::{labels_of, ledger_of},
+    ledger::{failed_serials, labels_of, ledger_of},
+    trust::{self, Claims},
 };
 use crate::fleet::FleetPlan;
 
@@ -27,7 +32,15 @@ use crate::fleet::FleetPlan;
 const FEW: usize = 4;
 
 /// Records each created remediation's hardware and sends repeat offenders to the last rung.
-pub fn amend(plan: &mut FleetPlan, nodes: &[Arc<Node>], failures: &Failures, now: Timestamp) {
+/// `fleet` gives every node, asked for only when some record names a failed serial (to find
+/// another live node claiming it).
+pub fn amend(
+    plan: &mut FleetPlan,
+    nodes: &[Arc<Node>],
+    fleet: impl FnOnce() -> Vec<Arc<Node>>,
+    failures: &Failures,
+    now: Timestamp,
+) {
     let records: usize = plan
         .policies
         .iter()
@@ -38,28 +51,20 @@ pub fn amend(plan: &mut FleetPlan, nodes: &[Arc<Node>], failures: &Failures, now
     }
     // A few records: a walk each (no copy of a name); many admitted at once: one index of the
     // fleet, so a hundred cost one walk instead of a hundred.
-    let by_name: Option<std::collections::HashMap<&str, &Node>> = (records > FEW).then(|| {
+    let by_name: Option<HashMap<&str, &Node>> = (records > FEW).then(|| {
         nodes
             .iter()
             .filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref())))
             .collect()
     });
+    let node_of = |record: &GpuRemediation| node_named(&record.spec.node_name, nodes, by_name.as_ref());
+    let claims = claims_of(plan, node_of, fleet);
     for policy_plan in &mut plan.policies {
         let rule = policy_plan.policy.spec.safety.repeat_offender.clone();
-        let node_of = |record: &GpuRemediation| {
-            let name = record.spec.node_name.as_str();
-            match &by_name {
-                Some(by_name) => by_name.get(name).copied(),
-                None => nodes
-                    .iter()
-                    .find(|n| n.metadata.name.as_deref() == Some(name))
-                    .map(AsRef::as_ref),
-            }
-        };
         let mut kept = Vec::with_capacity(policy_plan.create.len());
         for mut record in std::mem::take(&mut policy_plan.create) {
             let node = node_of(&record);
-            let rung = record_hardware(&mut record, node, rule.as_ref(), failures, now);
+            let rung = record_hardware(&mut record, node, rule.as_ref(), failures, &claims, now);
             if rung == Some(OffenderAction::ManualRequired) {
                 policy_plan.manual_required.push(record);
             } else {
@@ -70,22 +75,69 @@ pub fn amend(plan: &mut FleetPlan, nodes: &[Arc<Node>], failures: &Failures, now
         for record in &mut policy_plan.manual_required {
             if record.spec.hardware.is_none() {
                 let node = node_of(record);
-                record_hardware(record, node, None, failures, now);
+                record_hardware(record, node, None, failures, &claims, now);
             }
         }
     }
 }
 
-/// Fills `record`'s ledger and labels from `node`; with `rule`, checks the failed hardware against
-/// it and returns the last rung when it is a repeat offender (already applied to `record`).
+/// Who else claims the serials the records' nodes name as failed (none asked about: no claims,
+/// and `fleet` is not called).
+fn claims_of<'n>(
+    plan: &FleetPlan,
+    node_of: impl Fn(&GpuRemediation) -> Option<&'n Node>,
+    fleet: impl FnOnce() -> Vec<Arc<Node>>,
+) -> Claims {
+    let named: BTreeSet<String> = plan
+        .policies
+        .iter()
+        .flat_map(|p| p.create.iter().chain(&p.manual_required))
+        .filter_map(node_of)
+        .filter_map(|node| ledger_of(node, ""))
+        .flat_map(|ledger| failed_serials(&ledger))
+        .collect();
+    if named.is_empty() {
+        return Claims::default();
+    }
+    Claims::of(&fleet(), Some(&named))
+}
+
+/// The node named `name`: from the index when there is one, else by a walk of `nodes`.
+fn node_named<'n>(
+    name: &str,
+    nodes: &'n [Arc<Node>],
+    by_name: Option<&HashMap<&str, &'n Node>>,
+) -> Option<&'n Node> {
+    match by_name {
+        Some(by_name) => by_name.get(name).copied(),
+        None => nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name))
+            .map(AsRef::as_ref),
+    }
+}
+
+/// Fills `record`'s ledger and labels from `node`, counting only the failed GPUs `trust` allows;
+/// with `rule`, checks the failed hardware against it and returns the last rung when it is a
+/// repeat offender (already applied to `record`).
 pub fn record_hardware(
     record: &mut GpuRemediation,
     node: Option<&Node>,
     rule: Option<&RepeatOffender>,
     failures: &Failures,
+    claims: &Claims,
     now: Timestamp,
 ) -> Option<OffenderAction> {
-    let mut ledger = ledger_of(node?, &record.spec.trigger.reason)?;
+    let node = node?;
+    let mut ledger = ledger_of(node, &record.spec.trigger.reason)?;
+    let fault_at = record.spec.trigger.since.as_ref().map_or(now, |t| t.0).min(now);
+    trust::sift(
+        &mut ledger,
+        &record.spec.node_name,
+        &trust::first_seen_of(node),
+        fault_at,
+        claims,
+    );
     let labels = labels_of(&ledger);
     record.labels_mut().extend(labels);
     let name = record.name_any();
@@ -125,7 +177,9 @@ pub fn record_hardware(
 #[cfg(test)]
 mod tests {
     use gpu_remediation_api::{
-        constants::{FAILED_GPUS_ANNOTATION, FAILED_SERIAL_LABEL, GPU_INVENTORY_ANNOTATION},
+        constants::{
+            FAILED_GPUS_ANNOTATION, FAILED_SERIAL_LABEL, GPU_FIRST_SEEN_ANNOTATION, GPU_INVENTORY_ANNOTATION,
+        },
         hardware::HardwareKind,
     };
 
@@ -148,6 +202,10 @@ mod tests {
                     FAILED_GPUS_ANNOTATION.to_owned(),
                     r#"[{"uuid":"GPU-x","reason":"XID79"}]"#.to_owned(),
                 ),
+                (
+                    GPU_FIRST_SEEN_ANNOTATION.to_owned(),
+                    format!(r#"{{"{serial}":"{}"}}"#, at(0)),
+                ),
             ]
             .into(),
         );
@@ -167,6 +225,7 @@ mod tests {
             Some(&node_with_failed("1650000000001")),
             None,
             &failures(&[], &[]),
+            &Claims::default(),
             at(5),
         );
         assert_eq!(rung, None);
@@ -185,6 +244,7 @@ mod tests {
             Some(&node_with_failed("1650000000001")),
             Some(&rule(1, 24)),
             &history,
+            &Claims::default(),
             at(5),
         );
         assert_eq!(rung, Some(OffenderAction::Replace));
@@ -212,6 +272,7 @@ mod tests {
             Some(&node_with_failed("1650000000001")),
             Some(&hand_off),
             &history,
+            &Claims::default(),
             at(5),
         );
         assert_eq!(rung, Some(OffenderAction::ManualRequired));

@@ -9,6 +9,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
     sync::Arc,
 };
 
@@ -200,21 +201,26 @@ pub fn carried_hardware(ledger: &HardwareLedger) -> Vec<(HardwareKind, String)> 
     out
 }
 
-/// One sentence naming an offence and its latest earlier failure, for status, Events and people.
+/// One sentence naming an offence and its evidence (each earlier failure it lists, newest first:
+/// which remediation, on which node, when, why), for status, Events and people.
 #[must_use]
 pub fn describe(offence: &RepeatOffence) -> String {
     let what = match offence.kind {
         HardwareKind::Gpu => format!("GPU serial {}", offence.id),
         HardwareKind::Host => format!("host {}", offence.id),
     };
-    let latest = offence.earlier.first().map_or_else(String::new, |f| {
-        format!(
-            "; latest: remediation {} on node {} at {} ({})",
+    let mut evidence = String::new();
+    for (i, f) in offence.earlier.iter().enumerate() {
+        let lead = if i == 0 { "; evidence:" } else { ";" };
+        // Writing to a String cannot fail.
+        let _ = write!(
+            evidence,
+            "{lead} remediation {} on node {} at {} ({})",
             f.remediation, f.node, f.at.0, f.reason
-        )
-    });
+        );
+    }
     format!(
-        "{what} failed {} time(s) within {} before{latest}: a repeat offender",
+        "{what} failed {} time(s) within {} before{evidence}: a repeat offender",
         offence.failures, offence.window
     )
 }
@@ -378,6 +384,7 @@ pub(crate) mod tests {
                     }],
                     host: host.map(str::to_owned),
                     repeat_offender: None,
+                    untrusted: Vec::new(),
                 }),
             },
         );
@@ -405,6 +412,7 @@ pub(crate) mod tests {
             window: gpu_remediation_api::Duration::from_hours(window_hours),
             action: OffenderAction::Replace,
             cordon_on_join: false,
+            cordon_on_join_max: None,
         }
     }
 
@@ -505,6 +513,19 @@ pub(crate) mod tests {
             "{}",
             describe(&found)
         );
+    }
+
+    #[test]
+    fn a_verdict_names_every_fault_it_rests_on_with_node_and_time() {
+        let history =
+            [("a-1", "node-a", 0), ("c-1", "node-c", 2)].map(|(r, n, h)| remediation(r, n, h, "S1", None));
+        let all = failures(&[], &history);
+        let found = offence(&all, [(HardwareKind::Gpu, "S1")], &rule(2, 24), at(3), None).unwrap();
+        let said = describe(&found);
+        assert!(said.contains("failed 2 time(s)"), "{said}");
+        let newest = said.find(&format!("remediation c-1 on node node-c at {}", at(2)));
+        let oldest = said.find(&format!("remediation a-1 on node node-a at {}", at(0)));
+        assert!(newest.is_some() && oldest.is_some() && newest < oldest, "{said}");
     }
 
     #[test]

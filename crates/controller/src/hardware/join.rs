@@ -4,14 +4,21 @@
 //! `cordonOnJoin`, cordoned; a node that registered with the `gpuremediation.dev/hardware-unchecked`
 //! taint keeps it until the agent has published its inventory and the check is made. A flag whose
 //! hardware has aged out of the window is taken back (and the cordon it made lifted). Nodes with a
-//! remediation in flight are left to it. Pure: the steps to take, and the node edits they are.
+//! remediation in flight are left to it. A serial another live node lists as well is a conflict,
+//! never a reason to flag (`trust`). The cordons made at join are bounded per policy, like
+//! quarantines: at most `cordonOnJoinMax` (default `safety.maxUnhealthy`) of its selected nodes;
+//! past it a node is flagged and the withheld cordon reported. Pure: the steps to take, and the
+//! node edits they are.
 
-use std::{collections::HashSet, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy,
     constants::{CORDONED_BY_ANNOTATION, HARDWARE_UNCHECKED_TAINT_KEY, REPEAT_OFFENDER_LABEL},
-    hardware::RepeatOffence,
+    hardware::{LedgerGpu, RepeatOffence},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
@@ -20,6 +27,7 @@ use kube::ResourceExt;
 use super::{
     history::{Failures, carried_hardware, offence},
     ledger::{host_of, inventory_of},
+    trust::Claims,
 };
 use crate::governance;
 
@@ -46,8 +54,10 @@ pub enum JoinStep {
         uid: Option<String>,
         /// The offence.
         offence: RepeatOffence,
-        /// Whether its policy says `cordonOnJoin`.
+        /// Whether to cordon it (its policy says `cordonOnJoin`, within `cordonOnJoinMax`).
         cordon: bool,
+        /// Why a cordon `cordonOnJoin` asked for is not made (`cordonOnJoinMax` reached).
+        withheld: Option<String>,
     },
     /// The node is flagged but its hardware is no longer past the limit: take the flag back.
     Unflag {
@@ -90,8 +100,37 @@ pub fn steps(
         .map(|r| r.spec.node_name.as_str())
         .collect();
     let every_node = needs_every_node(policies, failures);
+    let live_nodes: Vec<&Arc<Node>> = nodes
+        .iter()
+        .filter(|n| n.metadata.deletion_timestamp.is_none())
+        .collect();
+    // Each node's policy, and each policy's cordons at join, counted before any is decided.
+    let governed: Vec<Option<&str>> = live_nodes
+        .iter()
+        .map(|n| {
+            if every_node {
+                governance::governing(n.labels(), &claimants)
+            } else {
+                None
+            }
+        })
+        .collect();
+    let mut room = CordonRoom::of(&live, &live_nodes, &governed);
+    // Each inventory read once: for the conflicts (every live node's, when any node may be
+    // flagged) and for the node's own check.
+    let inventories: Vec<Vec<LedgerGpu>> = live_nodes
+        .iter()
+        .map(|n| if every_node { inventory_of(n) } else { Vec::new() })
+        .collect();
+    let names: Vec<String> = live_nodes.iter().map(|n| n.name_any()).collect();
+    let claims = Claims::of_inventories(
+        names
+            .iter()
+            .map(String::as_str)
+            .zip(inventories.iter().map(Vec::as_slice)),
+    );
     let mut out = Vec::new();
-    for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+    for (((node, policy), name), inventory) in live_nodes.iter().zip(&governed).zip(names).zip(inventories) {
         let flagged = node
             .labels()
             .get(REPEAT_OFFENDER_LABEL)
@@ -105,7 +144,7 @@ pub fn steps(
         if in_flight.contains(node.metadata.name.as_deref().unwrap_or_default()) {
             continue;
         }
-        let rule = governance::governing(node.labels(), &claimants).and_then(|policy| {
+        let rule = policy.and_then(|policy| {
             live.iter()
                 .find(|p| p.metadata.name.as_deref() == Some(policy))
                 .and_then(|p| p.spec.safety.repeat_offender.as_ref())
@@ -115,14 +154,20 @@ pub fn steps(
         if rule.is_none() && !flagged && !unchecked {
             continue;
         }
-        let name = node.name_any();
-        let inventory = inventory_of(node);
+        let inventory = if every_node { inventory } else { inventory_of(node) };
         let ledger = gpu_remediation_api::hardware::HardwareLedger {
             gpus: inventory.clone(),
             host: host_of(node),
             ..Default::default()
         };
-        let hardware = carried_hardware(&ledger);
+        // A serial another live node lists too is a conflict: it flags neither node.
+        let hardware: Vec<_> = carried_hardware(&ledger)
+            .into_iter()
+            .filter(|(kind, id)| {
+                *kind != gpu_remediation_api::hardware::HardwareKind::Gpu
+                    || claims.others(id, &name).is_empty()
+            })
+            .collect();
         let found = rule.and_then(|rule| {
             offence(
                 failures,
@@ -133,20 +178,101 @@ pub fn steps(
             )
         });
         let uid = node.metadata.uid.clone();
-        match (found, rule) {
-            (Some(offence), Some(rule)) if !flagged || unchecked => out.push(JoinStep::Flag {
-                node: name,
-                uid,
-                offence,
-                cordon: rule.cordon_on_join,
-            }),
-            (None, _) if flagged => out.push(JoinStep::Unflag { node: name, uid }),
-            (None, _) if unchecked && !inventory.is_empty() => out.push(JoinStep::Lift { node: name, uid }),
+        match (found, rule, *policy) {
+            (Some(offence), Some(rule), Some(policy)) if !flagged || unchecked => {
+                let (cordon, withheld) = if rule.cordon_on_join {
+                    room.take(policy)
+                } else {
+                    (false, None)
+                };
+                out.push(JoinStep::Flag {
+                    node: name,
+                    uid,
+                    offence,
+                    cordon,
+                    withheld,
+                });
+            }
+            (None, _, _) if flagged => out.push(JoinStep::Unflag { node: name, uid }),
+            (None, _, _) if unchecked && !inventory.is_empty() => {
+                out.push(JoinStep::Lift { node: name, uid });
+            }
             // Already flagged and checked, or clean and nothing to lift.
             _ => {}
         }
     }
     out
+}
+
+/// Each policy's room for cordons at join: its limit (`cordonOnJoinMax`, else
+/// `safety.maxUnhealthy`, of its selected nodes) and the nodes it has cordoned at join so far.
+struct CordonRoom<'p> {
+    by_policy: HashMap<&'p str, (u32, u32)>,
+    limits: HashMap<&'p str, String>,
+}
+
+impl<'p> CordonRoom<'p> {
+    fn of(
+        policies: &[&'p Arc<GpuRemediationPolicy>],
+        nodes: &[&Arc<Node>],
+        governed: &[Option<&'p str>],
+    ) -> Self {
+        let mut selected: HashMap<&str, u32> = HashMap::new();
+        let mut cordoned: HashMap<&str, u32> = HashMap::new();
+        for (node, policy) in nodes.iter().zip(governed) {
+            let Some(policy) = *policy else { continue };
+            *selected.entry(policy).or_default() += 1;
+            if is_join_cordoned(node) {
+                *cordoned.entry(policy).or_default() += 1;
+            }
+        }
+        let mut by_policy = HashMap::new();
+        let mut limits = HashMap::new();
+        for policy in policies {
+            let (Some(name), Some(rule)) = (
+                policy.metadata.name.as_deref(),
+                policy.spec.safety.repeat_offender.as_ref(),
+            ) else {
+                continue;
+            };
+            let max = rule
+                .cordon_on_join_max
+                .as_ref()
+                .unwrap_or(&policy.spec.safety.max_unhealthy);
+            let of = selected.get(name).copied().unwrap_or(0);
+            let limit = max.resolve(of).unwrap_or(0);
+            by_policy.insert(name, (limit, cordoned.get(name).copied().unwrap_or(0)));
+            limits.insert(name, format!("limit {max} of {of} selected nodes ({limit})"));
+        }
+        Self { by_policy, limits }
+    }
+
+    /// Takes one cordon of `policy`'s room: whether to cordon, or why not.
+    fn take(&mut self, policy: &str) -> (bool, Option<String>) {
+        let Some((limit, used)) = self.by_policy.get_mut(policy) else {
+            return (false, None);
+        };
+        if *used < *limit {
+            *used += 1;
+            return (true, None);
+        }
+        let limit_text = self.limits.get(policy).cloned().unwrap_or_default();
+        (
+            false,
+            Some(format!(
+                "not cordoned: {used} node(s) already cordoned at join, safety.repeatOffender.cordonOnJoinMax reached ({limit_text})"
+            )),
+        )
+    }
+}
+
+/// Whether the node is cordoned by a join check (not by a remediation or a person).
+fn is_join_cordoned(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+        && node
+            .annotations()
+            .get(CORDONED_BY_ANNOTATION)
+            .is_some_and(|by| by == JOIN_CORDON_OWNER)
 }
 
 /// Whether the node still carries the unchecked taint.
@@ -336,5 +462,54 @@ mod tests {
         flag(&mut theirs, true);
         unflag(&mut theirs);
         assert_eq!(theirs.spec.as_ref().and_then(|s| s.unschedulable), Some(true));
+    }
+
+    #[test]
+    fn a_serial_another_live_node_lists_too_flags_neither() {
+        let history = [remediation("a-1", "node-a", 0, "S1", None)];
+        let all = failures(&[], &history);
+        let both = [node("node-b", "S1", true), node("node-c", "S1", true)];
+        let steps = steps(&[policy(true)], &both, &[], &all, at(1));
+        assert!(
+            steps.iter().all(|s| matches!(s, JoinStep::Lift { .. })),
+            "a conflict is no offence: {steps:?}"
+        );
+    }
+
+    #[test]
+    fn cordons_at_join_stop_at_cordon_on_join_max_and_the_rest_are_flagged_and_reported() {
+        let mut bounded = GpuRemediationPolicy::clone(&policy(true));
+        let rule = bounded.spec.safety.repeat_offender.as_mut().unwrap();
+        rule.cordon_on_join_max = Some(gpu_remediation_api::selector::IntOrPercent::Percent(
+            "20%".to_owned(),
+        ));
+        // Ten nodes: three carry a board that failed (each its own), seven are clean.
+        let history: Vec<_> = (0..3)
+            .map(|i| remediation(&format!("x-{i}"), "node-x", 0, &format!("S{i}"), None))
+            .collect();
+        let all_three = failures(&[], &history);
+        let nodes: Vec<Arc<Node>> = (0..10)
+            .map(|i| node(&format!("node-{i}"), &format!("S{i}"), true))
+            .collect();
+        let steps = steps(&[Arc::new(bounded)], &nodes, &[], &all_three, at(1));
+        let flags: Vec<(bool, bool)> = steps
+            .iter()
+            .filter_map(|s| match s {
+                JoinStep::Flag { cordon, withheld, .. } => Some((*cordon, withheld.is_some())),
+                _ => None,
+            })
+            .collect();
+        // 20 % of ten: two cordoned, the third flagged with its cordon withheld.
+        assert_eq!(flags, [(true, false), (true, false), (false, true)], "{steps:?}");
+        let JoinStep::Flag {
+            withheld: Some(why), ..
+        } = &steps
+            .iter()
+            .find(|s| matches!(s, JoinStep::Flag { cordon: false, .. }))
+            .unwrap()
+        else {
+            unreachable!()
+        };
+        assert!(why.contains("cordonOnJoinMax"), "{why}");
     }
 }

@@ -35,6 +35,7 @@ impl AnnotatedGpu {
             index: self.index,
             pci_bus_id: self.pci_bus_id.filter(|p| !p.is_empty()),
             reason: self.reason.filter(|r| !r.is_empty()),
+            first_seen: None,
         }
     }
 }
@@ -99,13 +100,19 @@ pub fn ledger_of(node: &Node, reason: &str) -> Option<HardwareLedger> {
         failed,
         host,
         repeat_offender: None,
+        untrusted: Vec::new(),
     })
 }
 
-/// The failed GPUs' serials, sorted, each once.
+/// The failed GPUs' serials that count (none the ledger marks untrusted), sorted, each once.
 #[must_use]
 pub fn failed_serials(ledger: &HardwareLedger) -> Vec<String> {
-    let mut serials: Vec<String> = ledger.failed.iter().filter_map(|g| g.serial.clone()).collect();
+    let mut serials: Vec<String> = ledger
+        .failed
+        .iter()
+        .filter_map(|g| g.serial.clone())
+        .filter(|serial| super::trust::counts(ledger, serial))
+        .collect();
     serials.sort();
     serials.dedup();
     serials
@@ -172,6 +179,7 @@ mod tests {
                 index: Some(1),
                 pci_bus_id: None,
                 reason: Some("XID79".to_owned()),
+                first_seen: None,
             }]
         );
         assert_eq!(failed_serials(&ledger), ["1650000000002"]);

@@ -1,13 +1,15 @@
 //! The hardware ledger: each remediation records its node's GPUs and the failed ones at admission
 //! (`ledger`, `admission`); a `GpuHardwareRecord` per GPU serial and host keeps their failures past
 //! `history.ttl` (`history`); hardware past a policy's `safety.repeatOffender` goes straight to the
-//! last rung, and a node carrying it is flagged when it joins (`join`). Every module is pure but
+//! last rung, and a node carrying it is flagged when it joins (`join`); what an agent says of its
+//! GPUs counts only as far as `trust` allows. Every module is pure but
 //! `act`, which writes.
 
 pub mod admission;
 pub mod history;
 pub mod join;
 pub mod ledger;
+pub mod trust;
 
 pub use admission::amend;
 pub use history::{Failures, failures};

@@ -221,6 +221,7 @@ mod tests {
                             index: Some(3),
                             pci_bus_id: Some("0000:3b:00.0".into()),
                             reason: None,
+                            first_seen: None,
                         })
                         .collect(),
                     ..HardwareLedger::default()

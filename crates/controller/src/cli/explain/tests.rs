@@ -303,3 +303,33 @@ fn a_paused_policy_holds_an_unhealthy_node_and_the_overlapping_policy_is_named()
         "{e}"
     );
 }
+
+#[test]
+fn a_remediation_whose_agent_named_another_node_s_board_shows_the_conflict() {
+    let nodes = [node(
+        "gpu-1",
+        &json!({"gpu": "true"}),
+        Some(("False", "XID79", LONG_AGO)),
+    )];
+    let mut claimed = (*remediation("gpu-1", LONG_AGO, Phase::Draining)).clone();
+    claimed.spec.hardware = Some(
+        serde_json::from_value(json!({
+            "failed": [{"uuid": "GPU-b", "serial": "1650000000002"}],
+            "untrusted": [{"uuid": "GPU-b", "serial": "1650000000002", "why": "Conflict",
+                           "claimedBy": ["gpu-2"]}],
+        }))
+        .unwrap(),
+    );
+    let e = explain(
+        "gpu-1",
+        &nodes,
+        &[policy("gpus", &json!({}))],
+        &[Arc::new(claimed)],
+        now(),
+    );
+    let said = e.to_string();
+    assert!(
+        said.contains("hardware: not counted as failed hardware: serial 1650000000002 is also listed by live node(s) gpu-2: a conflict"),
+        "{said}"
+    );
+}

@@ -309,6 +309,7 @@ pub(super) fn record(setup: &Setup, rules: &PolicySnapshot, created: Timestamp) 
                     index: Some(3),
                     pci_bus_id: Some("0000:3b:00.0".into()),
                     reason: Some("XID79".into()),
+                    first_seen: None,
                 }],
                 ..HardwareLedger::default()
             }),
