@@ -161,6 +161,27 @@ fn a_quarantine_hysteresis_outside_a_second_to_an_hour_and_a_zero_limit_are_refu
 }
 
 #[test]
+fn a_zero_or_unreadable_cordon_on_join_limit_is_refused_like_the_quarantine_limit() {
+    let mut spec = spec();
+    spec.safety.repeat_offender = Some(crate::safety::RepeatOffender {
+        failures: 1,
+        window: Duration::from_hours(24),
+        action: crate::safety::OffenderAction::Replace,
+        cordon_on_join: true,
+        cordon_on_join_max: Some(IntOrPercent::Percent("10%".into())),
+    });
+    assert!(validate_spec(&spec).is_empty());
+    spec.safety.repeat_offender.as_mut().unwrap().cordon_on_join_max = Some(IntOrPercent::Int(0));
+    assert_eq!(
+        validate_spec(&spec),
+        vec![Violation::new(
+            "spec.safety.repeatOffender.cordonOnJoinMax",
+            messages::COUNT_AT_LEAST_ONE
+        )]
+    );
+}
+
+#[test]
 fn selector_operators_take_values_exactly_when_they_compare_them() {
     let mut spec = spec();
     let req = |operator, values: &[&str]| SelectorRequirement {

@@ -49,7 +49,7 @@ pub fn recycles_of_serial(
                 list.iter().any(|g| g.serial.as_deref() == Some(serial))
             };
             // Named failed but untrusted (a conflict, not listed before the fault): present only.
-            let failed = crate::hardware::trust::counts(ledger, serial);
+            let failed = crate::hardware::ledger::counts(ledger, serial);
             (has(&ledger.failed) || has(&ledger.gpus)).then(|| Recycle {
                 remediation: r.name_any(),
                 node: r.spec.node_name.clone(),

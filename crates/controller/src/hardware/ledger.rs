@@ -104,6 +104,16 @@ pub fn ledger_of(node: &Node, reason: &str) -> Option<HardwareLedger> {
     })
 }
 
+/// Whether `serial` counts as failed in `ledger`: named failed, and not untrusted (`trust`).
+#[must_use]
+pub fn counts(ledger: &HardwareLedger, serial: &str) -> bool {
+    ledger.failed.iter().any(|g| g.serial.as_deref() == Some(serial))
+        && !ledger
+            .untrusted
+            .iter()
+            .any(|g| g.serial.as_deref() == Some(serial))
+}
+
 /// The failed GPUs' serials that count (none the ledger marks untrusted), sorted, each once.
 #[must_use]
 pub fn failed_serials(ledger: &HardwareLedger) -> Vec<String> {
@@ -111,7 +121,7 @@ pub fn failed_serials(ledger: &HardwareLedger) -> Vec<String> {
         .failed
         .iter()
         .filter_map(|g| g.serial.clone())
-        .filter(|serial| super::trust::counts(ledger, serial))
+        .filter(|serial| counts(ledger, serial))
         .collect();
     serials.sort();
     serials.dedup();

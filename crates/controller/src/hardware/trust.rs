@@ -151,16 +151,6 @@ pub fn sift(
     ledger.untrusted = untrusted;
 }
 
-/// Whether `serial` counts as failed in `ledger` (named failed, and not untrusted).
-#[must_use]
-pub fn counts(ledger: &HardwareLedger, serial: &str) -> bool {
-    ledger.failed.iter().any(|g| g.serial.as_deref() == Some(serial))
-        && !ledger
-            .untrusted
-            .iter()
-            .any(|g| g.serial.as_deref() == Some(serial))
-}
-
 /// Whether one failed GPU counts (with its first-seen time; a GPU without a serial names no
 /// hardware and is kept as the agent said), or why not.
 fn verdict(
@@ -222,7 +212,7 @@ mod tests {
     use gpu_remediation_api::constants::GPU_INVENTORY_ANNOTATION;
 
     use super::*;
-    use crate::hardware::history::tests::at;
+    use crate::hardware::{history::tests::at, ledger::counts};
 
     fn node(name: &str, serials: &[&str], seen: &[(&str, i64)]) -> Arc<Node> {
         let inventory: Vec<String> = serials
