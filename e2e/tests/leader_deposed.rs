@@ -339,10 +339,12 @@ async fn a_node_delete_sent_after_the_lease_was_lost_is_refused_and_the_node_sta
         "deposed leader: resumed at {resumed_at}; node delete after losing the Lease refused: {}",
         delete.describe()
     );
+    // The fleet first: without the Lease, the fence refuses every write to the nodes the
+    // controller labelled, the admin's delete included (a missing Lease fails closed).
+    world.fleet.stop().await.expect("stopping the fleet");
     // Give the Lease back so nothing else waits on the usurper.
     leases
         .delete("gpu-remediator", &kube::api::DeleteParams::default())
         .await
         .expect("deleting the Lease");
-    world.fleet.stop().await.expect("stopping the fleet");
 }
