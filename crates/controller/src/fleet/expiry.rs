@@ -29,6 +29,8 @@ pub struct Expiry {
     /// (condition `AwaitingPerson=True`), with the record as read (its resourceVersion is the
     /// write's precondition). Each gets one Event.
     pub awaiting_person: Vec<(Arc<GpuRemediation>, GpuRemediationStatus)>,
+    /// When the next finished record's ttl runs out (the pass then decides it).
+    pub wake_at: Option<Timestamp>,
 }
 
 /// The policy `name`'s finished remediations whose last phase change is older than `ttl`: the audit
@@ -54,7 +56,12 @@ pub(super) fn expiry(
             .and_then(|s| s.phase_history.last())
             .map(|t| t.at.0)
             .or_else(|| record.creation_timestamp().map(|t| t.0));
-        if !(finished && last.is_some_and(|at| at < horizon)) {
+        let Some(last) = last.filter(|_| finished) else {
+            continue;
+        };
+        if last >= horizon {
+            let due = crate::time::plus(last, crate::time::signed(ttl.as_std()));
+            out.wake_at = super::candidates::earliest(out.wake_at, Some(due));
             continue;
         }
         let node = nodes.get(record.spec.node_name.as_str()).copied();

@@ -236,6 +236,7 @@ fn plan_policy(
         manual_required,
     } = records(policy, &decision, &found, remediations, invalid.is_none(), now);
     let expiry = expiry::expiry(&name, remediations, looked_at, spec.history.ttl, now);
+    wake = earliest(wake, expiry.wake_at);
     let quarantine = plan_quarantine(&name, spec, selected, nodes, remediations, invalid.is_none(), now);
     let counted = if spec.mode == Mode::DryRun {
         0
