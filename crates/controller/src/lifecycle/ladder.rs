@@ -366,6 +366,10 @@ fn judge_replacement(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus, step
             close(&mut status, StepOutcome::Succeeded, &message, facts.now);
             replacement::replaced(status, message, facts)
         }
+        Progress::GoneUnseen { message } => {
+            close(&mut status, StepOutcome::Succeeded, &message, facts.now);
+            replacement::gone_unseen(status, &message, facts)
+        }
         Progress::Failed { reason, message } => {
             let outcome = if reason == replace::verify::REPLACEMENT_TIMEOUT {
                 StepOutcome::TimedOut

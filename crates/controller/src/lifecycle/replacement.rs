@@ -115,6 +115,7 @@ fn verify(
     ) {
         Progress::Waiting { message } => waiting(status, message, seen, facts, deadline),
         Progress::Succeeded { message } => replaced(status, message, facts),
+        Progress::GoneUnseen { message } => gone_unseen(status, &message, facts),
         Progress::Failed { reason, message } => Decision::Settle(fail(status, reason, &message, facts.now)),
     }
 }
@@ -168,6 +169,19 @@ pub(super) fn replaced(status: GpuRemediationStatus, message: String, facts: &Fa
         release,
         &message,
         replace::verify::REPLACED,
+        facts.now,
+    ))
+}
+
+/// `DeleteNode` ended with the node gone and no replacement seen: the record ends (it holds
+/// nothing on a node that is gone) with reason `ReplacementNotSeen` in its `Complete` condition,
+/// which slow start does not count as a success.
+pub(super) fn gone_unseen(status: GpuRemediationStatus, message: &str, facts: &Facts<'_>) -> Decision {
+    Decision::Settle(status::succeed(
+        status,
+        facts.release(false),
+        message,
+        replace::verify::REPLACEMENT_NOT_SEEN,
         facts.now,
     ))
 }
