@@ -275,9 +275,11 @@ pub fn replacement_seen<'n>(
     joined.sort_unstable();
     joined
         .first()
-        .map_or(ReplacementNode::Awaited, |(not_ready, _, name)| ReplacementNode::Joined {
-            node: (*name).to_owned(),
-            ready: !not_ready,
+        .map_or(ReplacementNode::Awaited, |(not_ready, _, name)| {
+            ReplacementNode::Joined {
+                node: (*name).to_owned(),
+                ready: !not_ready,
+            }
         })
 }
 
@@ -412,7 +414,13 @@ mod tests {
 
     #[test]
     fn a_replacement_is_a_selected_node_of_another_uid_created_at_or_after_the_delete() {
-        let selects = |n: &Node| n.metadata.labels.as_ref().and_then(|l| l.get("group")).is_some_and(|g| g == "a");
+        let selects = |n: &Node| {
+            n.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("group"))
+                .is_some_and(|g| g == "a")
+        };
         let seen = |nodes: &[Node]| replacement_seen(nodes, selects, Some("old"), at(100));
         // Older nodes, other groups and the deleted machine itself are no replacement.
         let none = [
