@@ -457,10 +457,11 @@ async fn look_at(
         .for_strategy(strategy)
         .observe(remediation, reference, triggered_at)
         .await
-        .map_err(|error| Words {
-            action: format!("looking at the replacement {} {}", reference.kind, reference.name),
-            code: error.code(),
-            message: error.to_string(),
+        .map_err(|error| {
+            Words::of(
+                format!("looking at the replacement {} {}", reference.kind, reference.name),
+                &error,
+            )
         })?;
     if strategy == gpu_remediation_api::policy::Strategy::DeleteNode {
         // The replacement of a deleted Node is whatever joins that the policy selects: looked for

@@ -197,6 +197,21 @@ fn refused(
     deadline: Timestamp,
 ) -> Decision {
     let refusal = status::refusal(&status, words, facts.now);
+    if !words.is_transient() {
+        let message = format!(
+            "{} was refused: {} ({}); not asked again",
+            words.action,
+            words.message,
+            words.cause.describe()
+        );
+        status.refusal = Some(refusal);
+        return Decision::Settle(fail(
+            status,
+            replace::verify::REPLACEMENT_FAILED,
+            &message,
+            facts.now,
+        ));
+    }
     if facts.now >= deadline {
         let message = format!(
             "the replacement did not finish within replacement.timeout ({}): {} was refused since {}: {}",
@@ -210,7 +225,7 @@ fn refused(
             facts.now,
         ));
     }
-    let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+    let next = super::retry_at(facts, seen, &refusal, deadline);
     Decision::Settle(status::refused(status, refusal, next))
 }
 
