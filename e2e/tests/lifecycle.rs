@@ -1,6 +1,6 @@
 //! Every path gives back what it took, on the real control plane: a reboot through a template
-//! releases the node and a second fault is remediated again; a template the server refuses fails
-//! at `replacement.timeout` and frees its slot; evictions refused by an admission policy are
+//! releases the node and a second fault is remediated again; a template the server refuses with a
+//! 404 fails at once in the server's words and frees its slot; evictions refused by an admission policy are
 //! blockers in the server's words under `drain.timeout`; a node re-created under the same name is
 //! never touched; a policy deleted mid-replacement is followed by its snapshot; a deleted record
 //! is a person's cancel.
@@ -107,21 +107,21 @@ async fn a_reboot_through_a_template_releases_the_node_and_a_second_fault_is_rem
 }
 
 #[tokio::test]
-async fn a_template_the_server_refuses_fails_at_the_replacement_timeout_and_frees_its_slot() {
+async fn a_template_the_server_refuses_with_a_404_fails_at_once_in_its_words_and_frees_its_slot() {
     let s = Scenario::new(2).await;
     let broken = s.nodes()[0].clone();
-    let mut spec = reboot_policy(&s, "8s");
+    let mut spec = reboot_policy(&s, "5m");
     spec["replacement"]["template"]["apiVersion"] = json!("nothere.e2e.gpuremediation.dev/v1");
     spec["replacement"]["template"]["kind"] = json!("Missing");
     let controller = s.enforce_and_break(spec, &broken).await;
 
-    let refused = eventually("the refusal in status", Duration::from_secs(60), || async {
-        s.remediation_of(&broken)
-            .await
-            .filter(|r| r.status.as_ref().is_some_and(|st| st.refusal.is_some()))
-    })
-    .await;
-    let refusal = refused.status.unwrap().refusal.unwrap();
+    // A 404 is the server's last word: no retry until replacement.timeout (5m), the step fails at
+    // once with the server's own answer, naming the kind.
+    let failed = s
+        .wait_phase(&broken, Phase::Failed, Duration::from_secs(60))
+        .await;
+    let status = failed.status.clone().unwrap();
+    let refusal = status.refusal.clone().expect("the refusal is kept in status");
     assert!(
         refusal.code == Some(404)
             && refusal
@@ -129,32 +129,30 @@ async fn a_template_the_server_refuses_fails_at_the_replacement_timeout_and_free
                 .contains("nothere.e2e.gpuremediation.dev/v1 Missing"),
         "the server's own answer, naming the kind: {refusal:?}"
     );
-    let failed = s
-        .wait_phase(&broken, Phase::Failed, Duration::from_secs(30))
-        .await;
-    let message = failed
-        .status
-        .as_ref()
-        .and_then(|st| st.message.clone())
-        .unwrap_or_default();
+    let message = status.message.unwrap_or_default();
     assert!(
-        message.contains("replacement.timeout") && message.contains("404 page not found"),
+        message.contains("404 page not found") && message.contains("not asked again"),
         "{message}"
     );
-    // The Events follow the status write that carries the phase: wait for them.
-    let events = eventually(
-        "the refusal's and the timeout's Events",
-        Duration::from_secs(10),
-        || async {
-            let events = scenario::events_about(&s.client, &failed.name_any()).await;
-            events.contains_key("ReplacementTimeout").then_some(events)
-        },
-    )
-    .await;
+    let entered = |phase| {
+        status
+            .phase_history
+            .iter()
+            .find(|t| t.phase == phase)
+            .map(|t| t.at.0)
+            .unwrap()
+    };
+    let took = entered(Phase::Failed).duration_since(entered(Phase::Replacing));
     assert!(
-        events.contains_key("Refused"),
-        "an Event says the server refused: {events:?}"
+        took < k8s_openapi::jiff::SignedDuration::from_secs(10),
+        "failed {took:?} after the trigger"
     );
+    let events = eventually("the failure's Event", Duration::from_secs(10), || async {
+        let events = scenario::events_about(&s.client, &failed.name_any()).await;
+        events.contains_key("ReplacementFailed").then_some(events)
+    })
+    .await;
+    assert!(!events.contains_key("ReplacementTimeout"), "{events:?}");
     eventually("the slot freed", Duration::from_secs(30), || async {
         let policy = Api::<GpuRemediationPolicy>::all(s.client.clone())
             .get(&s.scope)

@@ -146,6 +146,16 @@ mod tests {
         assert!(!Cause::Invalid.is_transient());
     }
 
+    /// Our own error wrapping a client error.
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading: {0}")]
+    struct Ours(#[source] kube::Error);
+
+    /// Our own check, with nothing beneath it.
+    #[derive(Debug, thiserror::Error)]
+    #[error("the template does not render")]
+    struct Check;
+
     #[test]
     fn errors_are_classified_by_what_they_are() {
         let status = kube::core::Status::failure("forbidden", "Forbidden").with_code(403);
@@ -166,15 +176,9 @@ mod tests {
             Cause::Decode
         );
         // Our own error wrapping a decode error: found along the chain.
-        #[derive(Debug, thiserror::Error)]
-        #[error("reading: {0}")]
-        struct Ours(#[source] kube::Error);
         let decode = serde_json::from_str::<u8>("x").unwrap_err();
         assert_eq!(cause_of(&Ours(kube::Error::SerdeError(decode))), Cause::Decode);
         // Our own check with nothing beneath it.
-        #[derive(Debug, thiserror::Error)]
-        #[error("the template does not render")]
-        struct Check;
         assert_eq!(cause_of(&Check), Cause::Invalid);
     }
 

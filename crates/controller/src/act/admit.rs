@@ -191,27 +191,7 @@ pub async fn apply(
         tracing::info!(policy = %policy.name_any(), node = %waiting.node, reason = %waiting.reason, "node held back");
         announcements.add(policy, event(&waiting.reason, &note, EventType::Normal));
     }
-    for (stored, status) in &plan.awaiting_person {
-        let record = stored.name_any();
-        let updated = ctx
-            .writer
-            .write_remediation_status(stored, status)
-            .await
-            .map_err(|source| ApplyPolicyPlanError::AwaitPerson {
-                name: record.clone(),
-                source,
-            })?;
-        let message = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == remediation_conditions::AWAITING_PERSON)
-            .map_or_else(String::new, |c| c.message.clone());
-        tracing::warn!(remediation = %record, node = %updated.spec.node_name, "past history.ttl but still holding its node: kept for a person");
-        announcements.add(
-            &updated,
-            event(reasons::HELD_PAST_TTL, &message, EventType::Warning),
-        );
-    }
+    mark_awaiting_person(ctx, &plan, announcements).await?;
     for expired in &plan.expired {
         tracing::info!(policy = %name, remediation = %expired, "deleting a finished remediation past history.ttl");
         ctx.writer.delete_remediation(expired).await?;
@@ -255,6 +235,37 @@ pub async fn apply(
         announcements.add(policy, event(reasons::DOMAIN_RESUMED, &note, EventType::Normal));
     }
     Ok(held_until)
+}
+
+/// Marks each record past `history.ttl` that still holds its node as awaiting a person (its
+/// status and one Event), instead of deleting it (see `fleet::expiry`).
+async fn mark_awaiting_person(
+    ctx: &Context,
+    plan: &PolicyPlan,
+    announcements: &mut Announcements,
+) -> Result<(), ApplyPolicyPlanError> {
+    for (stored, status) in &plan.awaiting_person {
+        let record = stored.name_any();
+        let updated = ctx
+            .writer
+            .write_remediation_status(stored, status)
+            .await
+            .map_err(|source| ApplyPolicyPlanError::AwaitPerson {
+                name: record.clone(),
+                source,
+            })?;
+        let message = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == remediation_conditions::AWAITING_PERSON)
+            .map_or_else(String::new, |c| c.message.clone());
+        tracing::warn!(remediation = %record, node = %updated.spec.node_name, "past history.ttl but still holding its node: kept for a person");
+        announcements.add(
+            &updated,
+            event(reasons::HELD_PAST_TTL, &message, EventType::Warning),
+        );
+    }
+    Ok(())
 }
 
 /// What became of one admitted remediation.
