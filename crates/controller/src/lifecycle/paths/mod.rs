@@ -28,9 +28,9 @@
 //!    while evictions are in the server (at each answer and each change of a budget), so some
 //!    passes here hold answers back for a decision or more, as a slow server does;
 //! 10. no node leaves our cordon or taint without recorded evidence of health (the status says it
-//!    recovered, with its `GpuHealthy` indeed `True`, or that its replacement finished) unless a
-//!    person acted (deleted the record or the policy, or uncordoned the node); a `Failed` or
-//!    `ManualRequired` record keeps them (invariant 1's converse, checked at each release).
+//!     recovered, with its `GpuHealthy` indeed `True`, or that its replacement finished) unless a
+//!     person acted (deleted the record or the policy, or uncordoned the node); a `Failed` or
+//!     `ManualRequired` record keeps them (invariant 1's converse, checked at each release).
 //!
 //! `PROPTEST_CASES` sets the number of paths (100,000 by default).
 
