@@ -9,8 +9,10 @@
 //! - no answer (the connection failed, closed or timed out, credentials could not be refreshed):
 //!   transient;
 //! - the request could not be formed from what we have (a template that does not render, a kind
-//!   the server does not serve, an object that is not the node's, a malformed group/version):
-//!   permanent.
+//!   the server does not serve, an object that is not the node's, someone else's object holding
+//!   the template's name, a malformed group/version): permanent;
+//! - something of ours must settle first (a previous attempt's object being removed, an object
+//!   others kept writing between our read and our delete): transient.
 //!
 //! Transient failures are asked again after a backoff that grows exponentially with the
 //! consecutive failures (or the time since the first one), with jitter (so many records refused
@@ -37,6 +39,9 @@ pub enum Cause {
     Connection,
     /// The request could not be formed from what we have.
     Invalid,
+    /// Something of ours must settle first (a previous attempt's object going, an object others
+    /// kept writing between our read and our delete): asked again.
+    Pending,
 }
 
 impl Cause {
@@ -45,7 +50,7 @@ impl Cause {
     pub const fn is_transient(self) -> bool {
         match self {
             Self::Answered(code) => !(code >= 400 && code < 500) || matches!(code, 408 | 409 | 429),
-            Self::Connection => true,
+            Self::Connection | Self::Pending => true,
             Self::Decode | Self::Invalid => false,
         }
     }
@@ -61,6 +66,7 @@ impl Cause {
             Self::Decode => "the server's answer could not be decoded",
             Self::Connection => "no answer from the server",
             Self::Invalid => "the request cannot be made from the policy and what was found",
+            Self::Pending => "waiting for an earlier change to settle",
         }
     }
 }
@@ -72,6 +78,13 @@ impl Cause {
 pub fn cause_of(error: &(dyn std::error::Error + 'static)) -> Cause {
     let mut next = Some(error);
     while let Some(error) = next {
+        if let Some(
+            crate::replace::TriggerReplacementError::PreviousAttemptGoing { .. }
+            | crate::replace::TriggerReplacementError::KeptConflicting { .. },
+        ) = error.downcast_ref::<crate::replace::TriggerReplacementError>()
+        {
+            return Cause::Pending;
+        }
         if let Some(kube) = error.downcast_ref::<kube::Error>() {
             return match kube {
                 kube::Error::Api(status) => Cause::Answered(status.code),
