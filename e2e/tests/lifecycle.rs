@@ -11,10 +11,7 @@ mod scenario;
 use std::time::Duration;
 
 use common::eventually;
-use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, Phase,
-    constants::{CANCELLED_ANNOTATION, CORDONED_BY_ANNOTATION},
-};
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::CANCELLED_ANNOTATION};
 use gpu_sandbox::workload::Budget;
 use k8s_openapi::api::{
     admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
@@ -25,85 +22,22 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use scenario::{
-    RunningController, Scenario, has_our_taint, is_unschedulable, reboot_policy, report_rebooted,
+    RunningController, Scenario, is_unschedulable, reboot_policy,
+    reboots::{released, replacement_of},
+    report_rebooted,
 };
 use serde_json::json;
 
-fn replacement_name(remediation: &GpuRemediation) -> String {
-    remediation
-        .status
-        .as_ref()
-        .and_then(|s| s.replacement.as_ref())
-        .map(|r| r.name.clone())
-        .expect("a replacement object is recorded")
-}
-
-async fn released(s: &Scenario, node: &str) {
-    eventually(&format!("{node} released"), Duration::from_secs(30), || async {
-        let node = s.node(node).await;
-        (!is_unschedulable(&node)
-            && !has_our_taint(&node)
-            && !node.annotations().contains_key(CORDONED_BY_ANNOTATION))
-        .then_some(())
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn a_reboot_through_a_template_releases_the_node_and_a_second_fault_is_remediated_again() {
-    let s = Scenario::new(2).await;
-    common::install_crd(&s.client, common::REBOOT_CRD).await;
-    let broken = s.nodes()[0].clone();
-    s.policy(reboot_policy(&s, "5m")).await;
-    let controller = RunningController::start(&s.scope).await;
-
-    s.break_gpu(&broken).await;
-    let first = s
-        .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
-        .await;
-    let first_object = replacement_name(&first);
+    let (first, second) = scenario::reboots::reboot_twice("{{remediationName}}").await;
+    let first_object = replacement_of(&first).name;
     assert_eq!(
         first_object,
         first.name_any(),
         "objects are named after the remediation"
     );
-    report_rebooted(&s, &first_object).await;
-    s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
-        .await;
-    released(&s, &broken).await;
-
-    // The node comes back healthy, then fails again: a new episode, a new record and object.
-    s.heal_gpu(&broken).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    s.break_gpu(&broken).await;
-    let second = eventually(
-        "a second remediation in Verifying",
-        Duration::from_secs(60),
-        || async {
-            s.remediations().await.into_iter().find(|r| {
-                r.name_any() != first.name_any()
-                    && r.spec.node_name == broken
-                    && r.status.as_ref().is_some_and(|st| st.phase == Phase::Verifying)
-            })
-        },
-    )
-    .await;
-    let second_object = replacement_name(&second);
-    assert_ne!(second_object, first_object);
-    report_rebooted(&s, &second_object).await;
-    eventually(
-        "the second remediation Succeeded",
-        Duration::from_secs(30),
-        || async {
-            s.remediations().await.into_iter().find(|r| {
-                r.name_any() == second.name_any()
-                    && r.status.as_ref().is_some_and(|st| st.phase == Phase::Succeeded)
-            })
-        },
-    )
-    .await;
-    released(&s, &broken).await;
-    controller.stop().await;
+    assert_ne!(replacement_of(&second).name, first_object);
 }
 
 #[tokio::test]
@@ -333,7 +267,7 @@ async fn a_policy_deleted_while_its_remediation_replaces_the_node_is_followed_to
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    report_rebooted(&s, &replacement_name(&verifying)).await;
+    report_rebooted(&s, &replacement_of(&verifying).name).await;
     s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
         .await;
     released(&s, &broken).await;
