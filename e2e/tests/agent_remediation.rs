@@ -31,7 +31,9 @@ const SCOPE_LABEL: &str = "e2e.gpuremediation.dev/scope";
 
 /// `config/policy-h100-replace.yaml` as shipped, narrowed to one fleet: its name and scope label
 /// are the fleet's, its node selector also requires the fleet's label, and its trigger's `for` is
-/// 3s instead of 2m so the test does not wait minutes. Every safety limit stays as shipped.
+/// 3s instead of 2m so the test does not wait minutes; no node group replaces the deleted node
+/// here, so its `replacement.timeout` (how long a replacement is awaited) is 5s instead of 30m.
+/// Every safety limit stays as shipped.
 fn shipped_replace_policy(fleet: &str) -> GpuRemediationPolicy {
     let mut policy: Value =
         serde_yaml::from_str(include_str!("../../config/policy-h100-replace.yaml")).unwrap();
@@ -42,6 +44,7 @@ fn shipped_replace_policy(fleet: &str) -> GpuRemediationPolicy {
     assert_eq!(triggers.len(), 1, "the shipped policy has one trigger");
     assert_eq!(triggers[0]["reasons"], json!(["XID79", "GpuMissing"]));
     triggers[0]["for"] = json!("3s");
+    policy["spec"]["replacement"]["timeout"] = json!("5s");
     serde_json::from_value(policy).expect("the shipped policy parses")
 }
 

@@ -272,7 +272,9 @@ async fn a_reboot_object_done_without_a_new_boot_id_is_no_success_and_escalates_
         ..Behaviour::default()
     };
     let run = LadderRun::start(
-        &[("Reboot", Some("8s")), ("Replace", Some("1m"))],
+        // No node group here: the Replace step (DeleteNode) ends at its timeout with the node gone
+        // and no replacement seen.
+        &[("Reboot", Some("8s")), ("Replace", Some("10s"))],
         "2s",
         behaviour,
     )
@@ -280,6 +282,12 @@ async fn a_reboot_object_done_without_a_new_boot_id_is_no_success_and_escalates_
 
     run.xid(79, "RESTART_BM").await;
     let done = run.wait_phase(Phase::Succeeded).await;
+    let complete = done
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Complete"))
+        .expect("a Complete condition");
+    assert_eq!(complete.reason, "ReplacementNotSeen", "{}", complete.message);
 
     assert_eq!(
         steps(&done),

@@ -1,6 +1,6 @@
 //! Every path gives back what it took, on the real control plane: a reboot through a template
-//! releases the node and a second fault is remediated again; a template the server refuses fails
-//! at `replacement.timeout` and frees its slot; evictions refused by an admission policy are
+//! releases the node and a second fault is remediated again; a template the server refuses with a
+//! 404 fails at once in the server's words and frees its slot; evictions refused by an admission policy are
 //! blockers in the server's words under `drain.timeout`; a node re-created under the same name is
 //! never touched; a policy deleted mid-replacement is followed by its snapshot; a deleted record
 //! is a person's cancel.
@@ -11,10 +11,7 @@ mod scenario;
 use std::time::Duration;
 
 use common::eventually;
-use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, Phase,
-    constants::{CANCELLED_ANNOTATION, CORDONED_BY_ANNOTATION},
-};
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::CANCELLED_ANNOTATION};
 use gpu_sandbox::workload::Budget;
 use k8s_openapi::api::{
     admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
@@ -25,103 +22,40 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use scenario::{
-    RunningController, Scenario, has_our_taint, is_unschedulable, reboot_policy, report_rebooted,
+    RunningController, Scenario, is_unschedulable, reboot_policy,
+    reboots::{released, replacement_of},
+    report_rebooted,
 };
 use serde_json::json;
 
-fn replacement_name(remediation: &GpuRemediation) -> String {
-    remediation
-        .status
-        .as_ref()
-        .and_then(|s| s.replacement.as_ref())
-        .map(|r| r.name.clone())
-        .expect("a replacement object is recorded")
-}
-
-async fn released(s: &Scenario, node: &str) {
-    eventually(&format!("{node} released"), Duration::from_secs(30), || async {
-        let node = s.node(node).await;
-        (!is_unschedulable(&node)
-            && !has_our_taint(&node)
-            && !node.annotations().contains_key(CORDONED_BY_ANNOTATION))
-        .then_some(())
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn a_reboot_through_a_template_releases_the_node_and_a_second_fault_is_remediated_again() {
-    let s = Scenario::new(2).await;
-    common::install_crd(&s.client, common::REBOOT_CRD).await;
-    let broken = s.nodes()[0].clone();
-    s.policy(reboot_policy(&s, "5m")).await;
-    let controller = RunningController::start(&s.scope).await;
-
-    s.break_gpu(&broken).await;
-    let first = s
-        .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
-        .await;
-    let first_object = replacement_name(&first);
+    let (first, second) = scenario::reboots::reboot_twice("{{remediationName}}").await;
+    let first_object = replacement_of(&first).name;
     assert_eq!(
         first_object,
         first.name_any(),
         "objects are named after the remediation"
     );
-    report_rebooted(&s, &first_object).await;
-    s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
-        .await;
-    released(&s, &broken).await;
-
-    // The node comes back healthy, then fails again: a new episode, a new record and object.
-    s.heal_gpu(&broken).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    s.break_gpu(&broken).await;
-    let second = eventually(
-        "a second remediation in Verifying",
-        Duration::from_secs(60),
-        || async {
-            s.remediations().await.into_iter().find(|r| {
-                r.name_any() != first.name_any()
-                    && r.spec.node_name == broken
-                    && r.status.as_ref().is_some_and(|st| st.phase == Phase::Verifying)
-            })
-        },
-    )
-    .await;
-    let second_object = replacement_name(&second);
-    assert_ne!(second_object, first_object);
-    report_rebooted(&s, &second_object).await;
-    eventually(
-        "the second remediation Succeeded",
-        Duration::from_secs(30),
-        || async {
-            s.remediations().await.into_iter().find(|r| {
-                r.name_any() == second.name_any()
-                    && r.status.as_ref().is_some_and(|st| st.phase == Phase::Succeeded)
-            })
-        },
-    )
-    .await;
-    released(&s, &broken).await;
-    controller.stop().await;
+    assert_ne!(replacement_of(&second).name, first_object);
 }
 
 #[tokio::test]
-async fn a_template_the_server_refuses_fails_at_the_replacement_timeout_and_frees_its_slot() {
+async fn a_template_the_server_refuses_with_a_404_fails_at_once_in_its_words_and_frees_its_slot() {
     let s = Scenario::new(2).await;
     let broken = s.nodes()[0].clone();
-    let mut spec = reboot_policy(&s, "8s");
+    let mut spec = reboot_policy(&s, "5m");
     spec["replacement"]["template"]["apiVersion"] = json!("nothere.e2e.gpuremediation.dev/v1");
     spec["replacement"]["template"]["kind"] = json!("Missing");
     let controller = s.enforce_and_break(spec, &broken).await;
 
-    let refused = eventually("the refusal in status", Duration::from_secs(60), || async {
-        s.remediation_of(&broken)
-            .await
-            .filter(|r| r.status.as_ref().is_some_and(|st| st.refusal.is_some()))
-    })
-    .await;
-    let refusal = refused.status.unwrap().refusal.unwrap();
+    // A 404 is the server's last word: no retry until replacement.timeout (5m), the step fails at
+    // once with the server's own answer, naming the kind.
+    let failed = s
+        .wait_phase(&broken, Phase::Failed, Duration::from_secs(60))
+        .await;
+    let status = failed.status.clone().unwrap();
+    let refusal = status.refusal.clone().expect("the refusal is kept in status");
     assert!(
         refusal.code == Some(404)
             && refusal
@@ -129,32 +63,30 @@ async fn a_template_the_server_refuses_fails_at_the_replacement_timeout_and_free
                 .contains("nothere.e2e.gpuremediation.dev/v1 Missing"),
         "the server's own answer, naming the kind: {refusal:?}"
     );
-    let failed = s
-        .wait_phase(&broken, Phase::Failed, Duration::from_secs(30))
-        .await;
-    let message = failed
-        .status
-        .as_ref()
-        .and_then(|st| st.message.clone())
-        .unwrap_or_default();
+    let message = status.message.unwrap_or_default();
     assert!(
-        message.contains("replacement.timeout") && message.contains("404 page not found"),
+        message.contains("404 page not found") && message.contains("not asked again"),
         "{message}"
     );
-    // The Events follow the status write that carries the phase: wait for them.
-    let events = eventually(
-        "the refusal's and the timeout's Events",
-        Duration::from_secs(10),
-        || async {
-            let events = scenario::events_about(&s.client, &failed.name_any()).await;
-            events.contains_key("ReplacementTimeout").then_some(events)
-        },
-    )
-    .await;
+    let entered = |phase| {
+        status
+            .phase_history
+            .iter()
+            .find(|t| t.phase == phase)
+            .map(|t| t.at.0)
+            .unwrap()
+    };
+    let took = entered(Phase::Failed).duration_since(entered(Phase::Replacing));
     assert!(
-        events.contains_key("Refused"),
-        "an Event says the server refused: {events:?}"
+        took < k8s_openapi::jiff::SignedDuration::from_secs(10),
+        "failed {took:?} after the trigger"
     );
+    let events = eventually("the failure's Event", Duration::from_secs(10), || async {
+        let events = scenario::events_about(&s.client, &failed.name_any()).await;
+        events.contains_key("ReplacementFailed").then_some(events)
+    })
+    .await;
+    assert!(!events.contains_key("ReplacementTimeout"), "{events:?}");
     eventually("the slot freed", Duration::from_secs(30), || async {
         let policy = Api::<GpuRemediationPolicy>::all(s.client.clone())
             .get(&s.scope)
@@ -335,7 +267,7 @@ async fn a_policy_deleted_while_its_remediation_replaces_the_node_is_followed_to
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    report_rebooted(&s, &replacement_name(&verifying)).await;
+    report_rebooted(&s, &replacement_of(&verifying).name).await;
     s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
         .await;
     released(&s, &broken).await;

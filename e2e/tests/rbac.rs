@@ -205,7 +205,7 @@ async fn the_controller_with_only_its_service_account_token_completes_a_remediat
             "nodeSelector": {"matchLabels": {FLEET_LABEL: scope}},
             "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s"}],
             "action": "Replace",
-            "replacement": {"strategy": "DeleteNode", "timeout": "1m"},
+            "replacement": {"strategy": "DeleteNode", "timeout": "5s"},
             "safety": {"maxConcurrent": 1, "maxUnhealthy": "50%"},
             "drain": {"timeout": "2m"},
         },

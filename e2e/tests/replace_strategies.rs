@@ -24,6 +24,7 @@ use gpu_remediator::{
 };
 use gpu_sandbox::{
     Fleet, FleetOptions,
+    fleet::FLEET_LABEL,
     provider::{Provider, ProviderKind, machine_resource, node_claim_resource},
 };
 use k8s_openapi::{
@@ -131,6 +132,9 @@ struct Drive {
     remediation: GpuRemediation,
     replacers: Replacers,
     policy: Replacement,
+    /// The selector of the node's fleet, as a policy selects it (a `DeleteNode`'s replacement is
+    /// a new node it selects).
+    fleet: String,
 }
 
 impl Drive {
@@ -144,11 +148,19 @@ impl Drive {
     async fn fenced(client: &Client, node: &str, action: Action, policy: Replacement, fence: Fence) -> Self {
         let remediation = remediation(client, node, action).await;
         let replacers = Replacers::new(gpu_remediator::write::Writer::over(client.clone(), fence));
+        let labels = Api::<Node>::all(client.clone())
+            .get(node)
+            .await
+            .expect("reading the node")
+            .labels()
+            .clone();
+        let fleet = format!("{FLEET_LABEL}={}", labels.get(FLEET_LABEL).expect("a fleet node"));
         Self {
             client: client.clone(),
             remediation,
             replacers,
             policy,
+            fleet,
         }
     }
 
@@ -181,12 +193,26 @@ impl Drive {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let remediation = remediations.get(&name).await.expect("reading the remediation");
-            let observation = self
+            let mut observation = self
                 .replacers
                 .for_strategy(strategy)
                 .observe(&remediation, reference, triggered_at)
                 .await
                 .expect("observing the replacement");
+            if strategy == Strategy::DeleteNode {
+                // As the controller does from its node cache, with the policy's selector (here: the
+                // fleet's label).
+                let nodes = Api::<Node>::all(self.client.clone())
+                    .list(&ListParams::default().labels(&self.fleet))
+                    .await
+                    .expect("listing nodes");
+                observation.replacement = gpu_remediator::replace::verify::replacement_seen(
+                    &nodes.items,
+                    |_| true,
+                    remediation.spec.node_uid.as_deref(),
+                    triggered_at,
+                );
+            }
             let progress = judge(&Verification {
                 strategy,
                 observation: &observation,
@@ -259,7 +285,11 @@ async fn delete_node_removes_the_node_then_its_pods_and_a_new_node_joins() {
     let progress = drive
         .follow(&reference, triggered_at, Duration::from_secs(60))
         .await;
-    assert!(matches!(progress, Progress::Succeeded { .. }), "{progress:?}");
+    // Success needs the replacement seen: the node group's new node, Ready.
+    assert!(
+        matches!(&progress, Progress::Succeeded { message } if message.contains("replacement")),
+        "{progress:?}"
+    );
     assert!(!node_exists(&client, &broken).await);
     // The pod garbage collector removes pods of a vanished node after its 40s quarantine.
     common::eventually(

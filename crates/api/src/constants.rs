@@ -204,6 +204,10 @@ pub mod remediation_conditions {
     /// The status claims what nothing backs (written by someone other than the controller): the
     /// record is held and its node left alone.
     pub const TAMPERED: &str = "Tampered";
+    /// `True`: the record is past `history.ttl` but still holds its node (cordon, hand-off label,
+    /// or the quarantine of a `ManualRequired` node whose fault persists), so it is kept until a
+    /// person acts (uncordons the node, approves, or deletes the record).
+    pub const AWAITING_PERSON: &str = "AwaitingPerson";
 }
 
 /// Event and condition reasons the controller emits.
@@ -241,6 +245,8 @@ pub mod reasons {
     pub const DRAIN_TIMEOUT: &str = "DrainTimeout";
     /// The node recovered before replacement.
     pub const NODE_RECOVERED: &str = "NodeRecovered";
+    /// A finished record past `history.ttl` is kept: it still holds its node for a person.
+    pub const HELD_PAST_TTL: &str = "HeldPastHistoryTtl";
     /// A person uncordoned the node.
     pub const UNCORDONED_BY_PERSON: &str = "UncordonedByPerson";
     /// The node disappeared.

@@ -30,7 +30,8 @@ pub struct Settings {
     pub pod_poll: Duration,
     /// The longest the controller sleeps without a pass, whatever the watches say.
     pub resync: Duration,
-    /// How long a pass waits after an error before trying again.
+    /// How long a pass waits after an error before trying again (an advance that fails again
+    /// waits twice as long each time, with jitter, up to `retry::CAP`).
     pub error_backoff: Duration,
     /// How often a triggered replacement is looked at while it is under way.
     pub replacement_poll: Duration,

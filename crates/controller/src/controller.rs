@@ -350,6 +350,9 @@ struct Advances {
     touched: HashSet<String>,
     /// When each remediation that has been advanced wants the next advance.
     due: HashMap<String, Due>,
+    /// How many advances of each remediation failed in a row: the next is backed off
+    /// exponentially with jitter from `error_backoff` (see `retry::backoff`).
+    failures: HashMap<String, u32>,
     /// The lanes they run in: starting (up to the cordon) first, then carrying (see `lanes`).
     lanes: Lanes,
 }
@@ -362,6 +365,7 @@ impl Advances {
             in_flight: HashSet::new(),
             touched: HashSet::new(),
             due: HashMap::new(),
+            failures: HashMap::new(),
             lanes: Lanes::new(settings.remediation_concurrency),
         }
     }
@@ -378,6 +382,7 @@ impl Advances {
     fn forget_all_but(&mut self, pending: &[Arc<GpuRemediation>]) {
         let names: HashSet<String> = pending.iter().map(|r| r.name_any()).collect();
         self.due.retain(|name, _| names.contains(name));
+        self.failures.retain(|name, _| names.contains(name));
     }
 
     /// Starts an advance of `remediation` in its lane.
@@ -436,12 +441,22 @@ impl Advances {
             return;
         };
         self.in_flight.remove(&name);
-        let retry = crate::time::plus(Timestamp::now(), crate::time::signed(ctx.settings.error_backoff));
+        let failed = !matches!(result, Ok(Ok(_)));
+        let failures = if failed {
+            let count = self.failures.entry(name.clone()).or_default();
+            *count = count.saturating_add(1);
+            *count
+        } else {
+            self.failures.remove(&name);
+            0
+        };
+        let wait = crate::retry::backoff(ctx.settings.error_backoff, crate::retry::CAP, failures, &name);
+        let retry = crate::time::plus(Timestamp::now(), crate::time::signed(wait));
         let due = match result {
             Ok(Ok(Next::Idle)) => Due::OnChange,
             Ok(Ok(Next::At(at))) => Due::At(at),
             Ok(Err(error)) => {
-                tracing::warn!(remediation = %name, error = %error, "advancing the remediation failed; retrying");
+                tracing::warn!(remediation = %name, error = %error, failures, ?wait, "advancing the remediation failed; retrying after a backoff");
                 ctx.metrics
                     .reconcile_error("remediation", write::metric_label(&error));
                 Due::At(retry)

@@ -33,6 +33,7 @@ pub mod progress;
 pub mod quarantine;
 pub mod read;
 pub mod record_name;
+pub mod retry;
 pub mod status_condition;
 #[cfg(test)]
 mod test_fixtures;

@@ -135,7 +135,7 @@ impl World {
     pub async fn policy(&self, spec: serde_json::Value) {
         let mut base = serde_json::json!({
             "action": "Replace",
-            "replacement": {"strategy": "DeleteNode", "timeout": "5m"},
+            "replacement": {"strategy": "DeleteNode", "timeout": "60s"},
             "safety": {"maxConcurrent": 1, "maxUnhealthy": "50%"},
         });
         e2e::merge(&mut base, spec);

@@ -2,7 +2,8 @@
 //! in-process against the shared control plane: the generated CRDs installed once, a controller
 //! scoped to one policy (by label), a fleet and namespace per test, a workload behind a budget, and
 //! a pod watch that proves no budget was broken. [`pinned`] holds a drain back behind a closed
-//! budget; [`provisioned`] is what the tests against a real provisioner share.
+//! budget; [`provisioned`] is what the tests against a real provisioner share; [`reboots`] a node
+//! rebooted twice through a template.
 #![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
 use std::{
@@ -34,6 +35,7 @@ use crate::common::{self, eventually};
 
 pub mod pinned;
 pub mod provisioned;
+pub mod reboots;
 
 /// Label on test policies; each test's controller enforces only policies with its own value.
 pub const SCOPE_LABEL: &str = "e2e.gpuremediation.dev/scope";

@@ -7,12 +7,17 @@
 //! read afresh right before its remediation is created (the plan was made from our cache; the read
 //! is at least as fresh as it, from the API server's watch cache, see `read::node_read`): one
 //! that recovered meanwhile is not remediated. A record for a node past `maxAttemptsPerNode` is
-//! created silently: its one Event comes when it enters `ManualRequired`.
+//! created silently: its one Event comes when it enters `ManualRequired`. A finished record past
+//! `history.ttl` that still holds its node is not deleted: it is marked `AwaitingPerson`, with one
+//! Event (see `fleet::expiry`).
 
 use std::sync::Arc;
 
 use futures::{StreamExt as _, stream};
-use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, constants::reasons};
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy,
+    constants::{reasons, remediation_conditions},
+};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
     Resource, ResourceExt,
@@ -40,6 +45,15 @@ pub enum ApplyPolicyPlanError {
     /// Bringing an approved `ManualRequired` remediation back to `Pending` failed.
     #[error("re-admitting remediation {name} failed: {source}")]
     Readmit {
+        /// The remediation.
+        name: String,
+        /// What went wrong.
+        #[source]
+        source: WriteStatusError,
+    },
+    /// Saying on a record past `history.ttl` that it is kept for a person failed.
+    #[error("marking remediation {name} as awaiting a person failed: {source}")]
+    AwaitPerson {
         /// The remediation.
         name: String,
         /// What went wrong.
@@ -189,6 +203,7 @@ pub async fn apply(
         tracing::info!(policy = %policy.name_any(), node = %waiting.node, reason = %waiting.reason, "node held back");
         announcements.add(policy, event(&waiting.reason, &note, EventType::Normal));
     }
+    mark_awaiting_person(ctx, &plan, announcements).await?;
     for expired in &plan.expired {
         tracing::info!(policy = %name, remediation = %expired, "deleting a finished remediation past history.ttl");
         ctx.writer.delete_remediation(expired).await?;
@@ -232,6 +247,37 @@ pub async fn apply(
         announcements.add(policy, event(reasons::DOMAIN_RESUMED, &note, EventType::Normal));
     }
     Ok(held_until)
+}
+
+/// Marks each record past `history.ttl` that still holds its node as awaiting a person (its
+/// status and one Event), instead of deleting it (see `fleet::expiry`).
+async fn mark_awaiting_person(
+    ctx: &Context,
+    plan: &PolicyPlan,
+    announcements: &mut Announcements,
+) -> Result<(), ApplyPolicyPlanError> {
+    for (stored, status) in &plan.awaiting_person {
+        let record = stored.name_any();
+        let updated = ctx
+            .writer
+            .write_remediation_status(stored, status)
+            .await
+            .map_err(|source| ApplyPolicyPlanError::AwaitPerson {
+                name: record.clone(),
+                source,
+            })?;
+        let message = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == remediation_conditions::AWAITING_PERSON)
+            .map_or_else(String::new, |c| c.message.clone());
+        tracing::warn!(remediation = %record, node = %updated.spec.node_name, "past history.ttl but still holding its node: kept for a person");
+        announcements.add(
+            &updated,
+            event(reasons::HELD_PAST_TTL, &message, EventType::Warning),
+        );
+    }
+    Ok(())
 }
 
 /// What became of one admitted remediation.

@@ -477,15 +477,33 @@ async fn look_at(
     reference: &gpu_remediation_api::object_reference::ObjectReference,
     triggered_at: Timestamp,
 ) -> Result<Observation, Words> {
-    crate::act::replace::Replacers::new(ctx.writer.clone())
+    let mut observation = crate::act::replace::Replacers::new(ctx.writer.clone())
         .for_strategy(strategy)
         .observe(remediation, reference, triggered_at)
         .await
-        .map_err(|error| Words {
-            action: format!("looking at the replacement {} {}", reference.kind, reference.name),
-            code: error.code(),
-            message: error.to_string(),
-        })
+        .map_err(|error| {
+            Words::of(
+                format!("looking at the replacement {} {}", reference.kind, reference.name),
+                &error,
+            )
+        })?;
+    if strategy == gpu_remediation_api::policy::Strategy::DeleteNode {
+        // The replacement of a deleted Node is whatever joins that the policy selects: looked for
+        // in the node cache (no policy in scope: none is recognised, so none is proven).
+        let policy = ctx.caches.policy(&remediation.spec.policy_name);
+        let nodes = ctx.caches.all_nodes();
+        observation.replacement = crate::replace::verify::replacement_seen(
+            nodes.iter().map(AsRef::as_ref),
+            |node| {
+                policy
+                    .as_ref()
+                    .is_some_and(|p| p.spec.node_selector.matches(node.labels()))
+            },
+            remediation.spec.node_uid.as_deref(),
+            triggered_at,
+        );
+    }
+    Ok(observation)
 }
 
 /// The node's pods as a drain plan, how many of them the scheduler placed after `since` (the

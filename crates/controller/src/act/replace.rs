@@ -364,13 +364,64 @@ impl Replacers {
                         action: format!("reading {} {shown}", reference.kind),
                         source,
                     })?;
-                create_template::adopt(remediation, reference, &existing)
+                match create_template::previous_attempt(remediation, &existing) {
+                    Some((owner, uid)) => {
+                        self.remove_previous_attempt(reference, resource, object, &owner, &uid)
+                            .await
+                    }
+                    None => create_template::adopt(remediation, reference, &existing),
+                }
             }
             Err(WriteError::Api(source)) => Err(TriggerReplacementError::Api {
                 action: format!("creating {} {shown}", reference.kind),
                 source,
             }),
         }
+    }
+
+    /// Deletes the previous attempt's object under the template's name (pinned to its `uid`), unless
+    /// its remediation `owner` is still under way (then the name is taken); the create is asked
+    /// again once it is gone.
+    async fn remove_previous_attempt(
+        &self,
+        reference: &ObjectReference,
+        resource: &ApiResource,
+        object: &DynamicObject,
+        owner: &str,
+        uid: &str,
+    ) -> Result<Option<String>, TriggerReplacementError> {
+        let shown = create_template::shown(reference);
+        let running = self
+            .reader
+            .get_opt::<GpuRemediation>(Scope::Cluster, &(), owner)
+            .await
+            .map_err(|source| TriggerReplacementError::Api {
+                action: format!("reading GpuRemediation {owner}"),
+                source,
+            })?
+            .is_some_and(|r| !r.status.as_ref().is_some_and(|s| s.phase.is_terminal()));
+        if running {
+            return Err(TriggerReplacementError::TemplateNameTaken {
+                kind: reference.kind.clone(),
+                name: format!("{shown} (remediation {owner} is still under way)"),
+            });
+        }
+        tracing::info!(object = %shown, previous = %owner, "deleting the previous attempt's object that holds the template's name");
+        self.writer
+            .delete_stamped::<DynamicObject>(
+                resource,
+                Scope::of(object.metadata.namespace.as_deref()),
+                &reference.name,
+                Some(uid),
+                &DeleteParams::background(),
+            )
+            .await
+            .map_err(|error| during(error, format!("deleting {} {shown}", reference.kind)))?;
+        Err(TriggerReplacementError::PreviousAttemptGoing {
+            kind: reference.kind.clone(),
+            name: shown,
+            owner: owner.to_owned(),
+        })
     }
 
     /// The version of `group`'s `kind` the API server prefers, found by discovery: the

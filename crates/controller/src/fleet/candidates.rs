@@ -21,32 +21,6 @@ use crate::{
     record_name::remediation_name,
 };
 
-/// The policy's finished remediations whose last phase change is older than `ttl`: the audit
-/// trail keeps them that long (validation makes it longer than the rate and attempts windows, which
-/// count them), then they go.
-pub(super) fn expired(
-    name: &str,
-    remediations: &[Arc<GpuRemediation>],
-    ttl: gpu_remediation_api::Duration,
-    now: Timestamp,
-) -> Vec<String> {
-    let horizon = crate::time::minus(now, crate::time::signed(ttl.as_std()));
-    remediations
-        .iter()
-        .filter(|r| r.spec.policy_name == name && r.metadata.deletion_timestamp.is_none())
-        .filter(|r| {
-            let status = r.status.as_ref();
-            let finished = status.is_some_and(|s| s.phase.is_terminal());
-            let last = status
-                .and_then(|s| s.phase_history.last())
-                .map(|t| t.at.0)
-                .or_else(|| r.creation_timestamp().map(|t| t.0));
-            finished && last.is_some_and(|at| at < horizon)
-        })
-        .map(|r| r.name_any())
-        .collect()
-}
-
 /// The records a policy's decision writes.
 pub(super) struct Records {
     /// New remediations the budget admitted.

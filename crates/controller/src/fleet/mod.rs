@@ -16,7 +16,7 @@
 //! concurrency and rate; once admitted it goes back to `Pending` and proceeds like any other.
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
 };
 
@@ -39,6 +39,7 @@ mod census;
 mod conditions;
 #[cfg(test)]
 mod correlated_tests;
+mod expiry;
 pub mod index;
 mod outcomes;
 #[cfg(test)]
@@ -49,9 +50,10 @@ pub mod recovering;
 mod suspects;
 
 pub use candidates::awaits_person_past_attempts;
-use candidates::{Records, candidates, earliest, expired, records, started};
+use candidates::{Records, candidates, earliest, records, started};
 pub use census::{Census, Governed};
 use conditions::{conditions, has_true_condition, suspect_condition};
+pub use expiry::{Expiry, holds_node};
 pub use recheck::{no_longer_due, not_started};
 pub use record::{new_remediation, snapshot_of};
 
@@ -92,6 +94,9 @@ pub struct PolicyPlan {
     pub suspect_named: Option<gpu_remediation_api::correlated::SuspectStatus>,
     /// Finished remediations older than `history.ttl`, to delete.
     pub expired: Vec<String>,
+    /// Finished remediations older than `history.ttl` kept because they still hold their node,
+    /// newly saying so: the status to write and one Event each (see `expiry`).
+    pub awaiting_person: Vec<(Arc<GpuRemediation>, GpuRemediationStatus)>,
     /// Quarantine taints to add and lift on the policy's nodes.
     pub quarantine: quarantine::Plan,
 }
@@ -150,10 +155,15 @@ pub fn plan_with(
         }
     }
 
+    // Every node looked at by name: a finished record's node may have left its policy.
+    let by_name: HashMap<&str, &Node> = nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, n.as_ref())))
+        .collect();
     let mut fleet = FleetPlan::default();
     for (policy, name) in policies.into_iter().zip(&names) {
         let nodes = governed.get(name.as_str()).map_or(&[][..], Vec::as_slice);
-        let (plan, wake) = plan_policy(policy, nodes, census.of(name), remediations, now);
+        let (plan, wake) = plan_policy(policy, nodes, &by_name, census.of(name), remediations, now);
         fleet.wake_at = earliest(fleet.wake_at, wake);
         fleet.wake_at = earliest(fleet.wake_at, plan.quarantine.wake_at);
         fleet.policies.push(plan);
@@ -182,6 +192,7 @@ pub fn plan_with(
 fn plan_policy(
     policy: &Arc<GpuRemediationPolicy>,
     nodes: &[&Node],
+    looked_at: &HashMap<&str, &Node>,
     governed: &Governed,
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
@@ -228,6 +239,8 @@ fn plan_policy(
         readmit,
         manual_required,
     } = records(policy, &decision, &found, remediations, invalid.is_none(), now);
+    let expiry = expiry::expiry(&name, remediations, looked_at, spec.history.ttl, now);
+    wake = earliest(wake, expiry.wake_at);
     let quarantine = plan_quarantine(&name, spec, selected, nodes, remediations, invalid.is_none(), now);
     let counted = if spec.mode == Mode::DryRun {
         0
@@ -316,7 +329,8 @@ fn plan_policy(
             domains_held,
             domains_resumed,
             suspect_named,
-            expired: expired(&name, remediations, spec.history.ttl, now),
+            expired: expiry.delete,
+            awaiting_person: expiry.awaiting_person,
             quarantine,
         },
         wake,

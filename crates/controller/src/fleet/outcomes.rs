@@ -6,7 +6,9 @@
 //! replacement) is Ready and its trigger has not held since before that time; a trigger
 //! that began to hold again within that time makes it a failure (a relapse). A replaced node that
 //! left under its name is judged by the record alone: `Succeeded` already means its replacement
-//! was Ready. Cancelled, dry-run and `ManualRequired` records say nothing.
+//! was Ready. Cancelled, dry-run and `ManualRequired` records say nothing, nor does a `DeleteNode`
+//! that ended with its node gone but no replacement seen to join (`Complete` reason
+//! `ReplacementNotSeen`): nothing proves the capacity came back.
 
 use std::sync::Arc;
 
@@ -91,6 +93,7 @@ fn outcomes(
         };
         match status.phase {
             Phase::Failed => found.push(outcome(ended, OutcomeKind::Failed)),
+            Phase::Succeeded if replacement_not_seen(status) => {}
             Phase::Succeeded => {
                 let proven_at = plus(ended, healthy_for);
                 let node = by_name.get(record.spec.node_name.as_str());
@@ -114,6 +117,15 @@ fn outcomes(
         }
     }
     (found, wake)
+}
+
+/// Whether the record ended with its node gone and no replacement seen (see
+/// `replace::verify::REPLACEMENT_NOT_SEEN`).
+fn replacement_not_seen(status: &gpu_remediation_api::GpuRemediationStatus) -> bool {
+    status.conditions.iter().any(|c| {
+        c.type_ == gpu_remediation_api::constants::remediation_conditions::COMPLETE
+            && c.reason == crate::replace::verify::REPLACEMENT_NOT_SEEN
+    })
 }
 
 enum Health {

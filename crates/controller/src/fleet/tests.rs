@@ -27,7 +27,8 @@ fn policy(name: &str, group: &str) -> Arc<GpuRemediationPolicy> {
     Arc::new(p)
 }
 
-fn node(name: &str, group: &str, broken_since: Option<i64>) -> Arc<Node> {
+/// A node of `group`, broken since `broken_since` (healthy without), shared with `expiry`'s tests.
+pub(super) fn node(name: &str, group: &str, broken_since: Option<i64>) -> Arc<Node> {
     let condition = NodeCondition {
         type_: "GpuHealthy".into(),
         status: if broken_since.is_some() { "False" } else { "True" }.into(),

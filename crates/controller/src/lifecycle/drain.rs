@@ -196,6 +196,18 @@ fn on_timeout(
             );
             Decision::Settle(block(status, notes, &message, next, now))
         }
+        OnDrainTimeout::Proceed if let Some(protected) = protected_left(remediation, rules, plan, seen) => {
+            let message = format!(
+                "drain timed out after {} with {remaining} pods left; onTimeout Proceed never removes a pod a \
+                 disruption budget protects, and the next step ({}) would take down {protected}, so the node stays \
+                 cordoned and evictions keep being retried{}; free the budget, remove the pods by hand, or use \
+                 onTimeout ForceDelete",
+                rules.drain.timeout,
+                next_step(remediation, rules),
+                blocked_by(&status)
+            );
+            Decision::Settle(block(status, notes, &message, next, now))
+        }
         OnDrainTimeout::Proceed => {
             let message = format!(
                 "drain timed out after {} with {remaining} pods left; proceeding (onTimeout: Proceed){}",
@@ -214,6 +226,40 @@ fn on_timeout(
             notes.push(Note::new(reasons::DRAIN_TIMEOUT, EventType::Warning, &message));
             Decision::Settle(hand_over(remediation, rules, facts, status, before, notes))
         }
+    }
+}
+
+/// With `onTimeout: Proceed`, the pods still to leave that a disruption budget protects, as a
+/// person reads them (`ns/pod (budget ns/b)`), when the step after the drain takes the node's pods
+/// down without asking their budgets: a reboot (the action, or any ladder rung: a reset or reboot
+/// kills what runs, a replacement removes the node) or a replacement. `None` when nothing is
+/// protected, or the action holds the node (`None`): then Proceed goes on, budgets intact.
+fn protected_left(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    plan: &Plan,
+    seen: &Seen<'_>,
+) -> Option<String> {
+    let disrupts = remediation.spec.action != Action::None || !rules.ladder.is_empty();
+    if !disrupts {
+        return None;
+    }
+    let protected: Vec<String> = plan
+        .to_evict()
+        .filter_map(|pod| {
+            let budgets = crate::drain::covering_budgets(pod, seen.budgets);
+            (!budgets.is_empty())
+                .then(|| format!("{}/{} (budget {})", pod.namespace, pod.name, budgets.join(", ")))
+        })
+        .collect();
+    (!protected.is_empty()).then(|| protected.join(", "))
+}
+
+/// The step after the drain, as a person reads it.
+fn next_step(remediation: &GpuRemediation, rules: &PolicySnapshot) -> String {
+    match rules.ladder.first() {
+        Some(step) => format!("ladder step {}", step.step),
+        None => format!("{:?}", remediation.spec.action),
     }
 }
 

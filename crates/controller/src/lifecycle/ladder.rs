@@ -164,8 +164,13 @@ fn refused(
 ) -> Decision {
     let (_, _, seen, facts) = pass.parts();
     let refusal = status::refusal(&status, words, facts.now);
-    if !evidence::transient(words) {
-        let message = format!("{} was refused: {}", words.action, words.message);
+    if !words.is_transient() {
+        let message = format!(
+            "{} was refused: {} ({})",
+            words.action,
+            words.message,
+            words.cause.describe()
+        );
         status.refusal = Some(refusal);
         return escalate(pass, status, StepOutcome::Permanent, &message);
     }
@@ -177,7 +182,7 @@ fn refused(
         status.refusal = Some(refusal);
         return escalate(pass, status, StepOutcome::Transient, &message);
     }
-    let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+    let next = super::retry_at(facts, seen, &refusal, deadline);
     Decision::Settle(status::refused(status, refusal, next))
 }
 
@@ -366,6 +371,10 @@ fn judge_replacement(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus, step
             close(&mut status, StepOutcome::Succeeded, &message, facts.now);
             replacement::replaced(status, message, facts)
         }
+        Progress::GoneUnseen { message } => {
+            close(&mut status, StepOutcome::Succeeded, &message, facts.now);
+            replacement::gone_unseen(status, &message, facts)
+        }
         Progress::Failed { reason, message } => {
             let outcome = if reason == replace::verify::REPLACEMENT_TIMEOUT {
                 StepOutcome::TimedOut
@@ -388,9 +397,9 @@ fn hand_off(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus, deadline: Tim
     let gpus = evidence::name_gpus(remediation);
     let labelled = match answer {
         Ok(()) => format!("labelled {HAND_OFF_LABEL}=true"),
-        Err(words) if facts.now < deadline => {
+        Err(words) if facts.now < deadline && words.is_transient() => {
             let refusal = status::refusal(&status, words, facts.now);
-            let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+            let next = super::retry_at(facts, seen, &refusal, deadline);
             return Decision::Settle(status::refused(status, refusal, next));
         }
         Err(words) => format!("the {HAND_OFF_LABEL} label could not be set ({})", words.message),

@@ -12,8 +12,6 @@ use gpu_remediation_api::{
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use super::Words;
-
 /// `status.nodeInfo.bootID`, when the kubelet reported one.
 #[must_use]
 pub fn boot_id(node: &Node) -> Option<&str> {
@@ -111,16 +109,6 @@ pub fn reset_scope(
 #[must_use]
 pub fn step_of(rules: &PolicySnapshot, rung: Rung) -> Option<&LadderStep> {
     rules.ladder.iter().find(|s| s.step == rung)
-}
-
-/// Whether a refusal may pass if asked again (no answer, a conflict, throttling, a server error);
-/// any other answer is the server's last word on the step.
-#[must_use]
-pub fn transient(words: &Words) -> bool {
-    match words.code {
-        None => true,
-        Some(code) => code == 409 || code == 429 || code >= 500,
-    }
 }
 
 /// The GPUs named for a person: each failed GPU (else every GPU of the ledger) by index, UUID,
@@ -276,19 +264,5 @@ mod tests {
     fn a_hand_off_names_each_failed_gpu_by_index_uuid_serial_and_pci_address() {
         let r = remediation("XID79", "", &["GPU-3"]);
         assert_eq!(name_gpus(&r), "GPU 3 (UUID GPU-3, serial S3, PCI 0000:3b:00.0)");
-    }
-
-    #[test]
-    fn conflicts_throttling_and_server_errors_are_transient_other_refusals_are_not() {
-        let words = |code| Words {
-            action: "a".into(),
-            code,
-            message: String::new(),
-        };
-        assert!(transient(&words(None)));
-        assert!(transient(&words(Some(409))));
-        assert!(transient(&words(Some(503))));
-        assert!(!transient(&words(Some(403))));
-        assert!(!transient(&words(Some(422))));
     }
 }

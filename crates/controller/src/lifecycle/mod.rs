@@ -34,6 +34,8 @@ pub mod note;
 #[cfg(test)]
 mod paths;
 pub mod provenance;
+#[cfg(test)]
+mod refusal_tests;
 mod replacement;
 mod seen;
 pub mod status;
@@ -449,6 +451,23 @@ fn cordon_step(
             let admitted = status::admitted_at(&status).unwrap_or(facts.now);
             let deadline = plus(admitted, signed(rules.drain.timeout.as_std()));
             let refusal = status::refusal(&status, words, facts.now);
+            if !words.is_transient() {
+                let message = format!(
+                    "the node could not be cordoned: {} ({}); a person must look at it",
+                    words.message,
+                    words.cause.describe()
+                );
+                status.refusal = Some(refusal);
+                return Decision::Settle(status::move_to(
+                    status,
+                    Phase::Failed,
+                    &message,
+                    "CordonRefused",
+                    EventType::Warning,
+                    facts.now,
+                    Next::Idle,
+                ));
+            }
             if facts.now >= deadline {
                 let message = format!(
                     "the node could not be cordoned within drain.timeout ({}): {}; a person must look at it",
@@ -465,10 +484,18 @@ fn cordon_step(
                     Next::Idle,
                 ));
             }
-            let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+            let next = retry_at(facts, seen, &refusal, deadline);
             Decision::Settle(status::refused(status, refusal, next))
         }
     }
+}
+
+/// When a transiently refused request is asked again: backed off exponentially (with jitter, up
+/// to `retry::CAP`) since the refusal began, from the replacement poll, and never after `deadline`.
+pub(crate) fn retry_at(facts: &Facts<'_>, seen: &Seen<'_>, refusal: &Refusal, deadline: Timestamp) -> Next {
+    let failing_for = facts.now.duration_since(refusal.since.0);
+    let wait = crate::retry::backoff_since(seen.pace.replacement_poll, failing_for, &facts.name);
+    Next::At(plus(facts.now, wait)).or_at(Some(deadline))
 }
 
 /// A `Failed` remediation keeps the node cordoned for a person. It gives back what it holds when

@@ -115,6 +115,7 @@ fn verify(
     ) {
         Progress::Waiting { message } => waiting(status, message, seen, facts, deadline),
         Progress::Succeeded { message } => replaced(status, message, facts),
+        Progress::GoneUnseen { message } => gone_unseen(status, &message, facts),
         Progress::Failed { reason, message } => Decision::Settle(fail(status, reason, &message, facts.now)),
     }
 }
@@ -172,6 +173,19 @@ pub(super) fn replaced(status: GpuRemediationStatus, message: String, facts: &Fa
     ))
 }
 
+/// `DeleteNode` ended with the node gone and no replacement seen: the record ends (it holds
+/// nothing on a node that is gone) with reason `ReplacementNotSeen` in its `Complete` condition,
+/// which slow start does not count as a success.
+pub(super) fn gone_unseen(status: GpuRemediationStatus, message: &str, facts: &Facts<'_>) -> Decision {
+    Decision::Settle(status::succeed(
+        status,
+        facts.release(false),
+        message,
+        replace::verify::REPLACEMENT_NOT_SEEN,
+        facts.now,
+    ))
+}
+
 /// Records a refused trigger or look; past `replacement.timeout` the remediation fails with the
 /// server's words.
 fn refused(
@@ -183,6 +197,21 @@ fn refused(
     deadline: Timestamp,
 ) -> Decision {
     let refusal = status::refusal(&status, words, facts.now);
+    if !words.is_transient() {
+        let message = format!(
+            "{} was refused: {} ({}); not asked again",
+            words.action,
+            words.message,
+            words.cause.describe()
+        );
+        status.refusal = Some(refusal);
+        return Decision::Settle(fail(
+            status,
+            replace::verify::REPLACEMENT_FAILED,
+            &message,
+            facts.now,
+        ));
+    }
     if facts.now >= deadline {
         let message = format!(
             "the replacement did not finish within replacement.timeout ({}): {} was refused since {}: {}",
@@ -196,7 +225,7 @@ fn refused(
             facts.now,
         ));
     }
-    let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+    let next = super::retry_at(facts, seen, &refusal, deadline);
     Decision::Settle(status::refused(status, refusal, next))
 }
 

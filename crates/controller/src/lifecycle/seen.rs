@@ -48,6 +48,42 @@ pub struct Words {
     pub code: Option<u16>,
     /// The server's message.
     pub message: String,
+    /// What the failure is: whether asking again may pass (see `retry`).
+    pub cause: crate::retry::Cause,
+}
+
+impl Words {
+    /// The failure of `action` with `error`, classified by what it is (see `retry::cause_of`).
+    #[must_use]
+    pub fn of(action: String, error: &(dyn std::error::Error + 'static)) -> Self {
+        let cause = crate::retry::cause_of(error);
+        Self {
+            action,
+            code: match cause {
+                crate::retry::Cause::Answered(code) => Some(code),
+                _ => None,
+            },
+            message: error.to_string(),
+            cause,
+        }
+    }
+
+    /// The server's answer `code` to `action`, in its words.
+    #[must_use]
+    pub fn answered(action: String, code: u16, message: String) -> Self {
+        Self {
+            action,
+            code: Some(code),
+            message,
+            cause: crate::retry::Cause::Answered(code),
+        }
+    }
+
+    /// Whether asking again may pass (see `retry`).
+    #[must_use]
+    pub const fn is_transient(&self) -> bool {
+        self.cause.is_transient()
+    }
 }
 
 /// What the server answered to the cordon.

@@ -259,11 +259,7 @@ mod tests {
 
     #[test]
     fn a_refusal_keeps_the_time_it_started_while_the_same_step_is_refused() {
-        let words = |action: &str| Words {
-            action: action.to_owned(),
-            code: Some(403),
-            message: "forbidden".to_owned(),
-        };
+        let words = |action: &str| Words::answered(action.to_owned(), 403, "forbidden".to_owned());
         let mut status = GpuRemediationStatus::default();
         status.refusal = Some(refusal(&status, &words("creating X"), at(1)));
         assert_eq!(refusal(&status, &words("creating X"), at(9)).since.0, at(1));
@@ -272,11 +268,7 @@ mod tests {
 
     #[test]
     fn the_same_refusal_twice_is_one_event() {
-        let words = Words {
-            action: "creating X".to_owned(),
-            code: Some(403),
-            message: "forbidden".to_owned(),
-        };
+        let words = Words::answered("creating X".to_owned(), 403, "forbidden".to_owned());
         let first = refused(GpuRemediationStatus::default(), dated(&words, at(1)), Next::Idle);
         assert_eq!(first.notes.len(), 1);
         let second = refused(first.status, dated(&words, at(1)), Next::Idle);

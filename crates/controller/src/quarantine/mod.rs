@@ -9,8 +9,11 @@
 //!   `quarantine.hysteresis`;
 //! - `for` elapses: the episode's remediation takes the quarantine over (its cordon adds to it;
 //!   its release lifts it), so the node is never schedulable in between;
-//! - the episode ends without a remediation holding the node (a person cancelled it, it finished,
-//!   it waits in `ManualRequired`): the taint is lifted, so a person's decision is never fought.
+//! - the episode ends without a remediation holding the node (a person cancelled it, it finished):
+//!   the taint is lifted, so a person's decision is never fought;
+//! - the episode's record waits in `ManualRequired` (the node used up `maxAttemptsPerNode`): the
+//!   fault is still there and nobody has acted, so the quarantine stays while the signal persists
+//!   (and is lifted after `quarantine.hysteresis` once it clears, or by a person).
 //!
 //! Bounded: at most `quarantine.max` (default `safety.maxUnhealthy`) of the selected nodes carry
 //! the taint at once; a quarantine held is never lifted to make room, and past the limit no
@@ -33,7 +36,7 @@ use std::{
 };
 
 use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicySpec,
+    GpuRemediation, GpuRemediationPolicySpec, Phase,
     constants::{
         CANCELLED_ANNOTATION, CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, policy_conditions, reasons,
     },
@@ -392,7 +395,8 @@ fn held_by_remediation(node: &Node, policy: &str, records: &[&GpuRemediation]) -
 }
 
 /// Whether the node's current episode already had its remediation and it ended (finished,
-/// cancelled by a person, waiting in `ManualRequired`): the quarantine goes with it.
+/// cancelled by a person): the quarantine goes with it. A record waiting in `ManualRequired` does
+/// not end it: the broken node stays quarantined while its fault persists.
 fn episode_over(
     node: &Node,
     policy: &str,
@@ -411,7 +415,13 @@ fn episode_over(
         .is_some_and(|c| *c == crate::record_name::remediation_name(&name, policy, since));
     cancelled
         || records.iter().any(|r| {
-            r.spec.policy_name == policy && r.spec.trigger.since.as_ref().is_some_and(|t| t.0 == since)
+            let waits_for_person = r
+                .status
+                .as_ref()
+                .is_some_and(|s| s.phase == Phase::ManualRequired);
+            r.spec.policy_name == policy
+                && r.spec.trigger.since.as_ref().is_some_and(|t| t.0 == since)
+                && !waits_for_person
         })
 }
 

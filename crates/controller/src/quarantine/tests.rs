@@ -209,12 +209,7 @@ fn a_finished_remediation_still_holding_its_cordon_holds_the_quarantine() {
 
 #[test]
 fn an_episode_whose_remediation_ended_is_not_quarantined_and_its_quarantine_is_lifted() {
-    for phase in [
-        Phase::Cancelled,
-        Phase::Failed,
-        Phase::ManualRequired,
-        Phase::Succeeded,
-    ] {
+    for phase in [Phase::Cancelled, Phase::Failed, Phase::Succeeded] {
         let records = [record("n1", 0, phase)];
         let held = decide(&spec(), &[quarantined(node("n1", Some(0)), "p")], &records, 1000);
         assert_eq!(lifted(&held), ["n1"], "{phase:?}");
@@ -227,6 +222,25 @@ fn an_episode_whose_remediation_ended_is_not_quarantined_and_its_quarantine_is_l
         added(&decide(&spec(), &[node("n1", Some(500))], &records, 500)),
         ["n1"]
     );
+}
+
+#[test]
+fn a_node_waiting_in_manual_required_keeps_its_quarantine_while_the_fault_persists() {
+    let records = [record("n1", 0, Phase::ManualRequired)];
+    let held = decide(&spec(), &[quarantined(node("n1", Some(0)), "p")], &records, 1000);
+    assert!(held.lift.is_empty(), "{:?}", held.lift);
+    assert_eq!(held.held, 1);
+    // Not yet quarantined (e.g. the limit was full at its first signal): it is, as any broken node.
+    let fresh = decide(&spec(), &[node("n1", Some(0))], &records, 1000);
+    assert_eq!(added(&fresh), ["n1"]);
+    // The fault cleared long ago (past the hysteresis): the quarantine goes.
+    let cleared = decide(
+        &spec(),
+        &[quarantined(node_with("n1", "GpuHealthy", "True", 10), "p")],
+        &records,
+        1000,
+    );
+    assert_eq!(lifted(&cleared), ["n1"]);
 }
 
 #[test]

@@ -85,6 +85,29 @@ pub fn adopt(
     Ok(existing.metadata.uid.clone())
 }
 
+/// An object found under the name the template creates that a previous attempt left: its
+/// controlling owner is another `GpuRemediation` (a kind that must be named after the node, such
+/// as Self Node Remediation's, gets the same name on every attempt, and the object outlives its
+/// remediation until the record is deleted). Ours to remove before the next attempt's create:
+/// the owner's name and the object's UID (the delete is pinned to it). `None` for anyone else's
+/// object, which is never touched.
+#[must_use]
+pub fn previous_attempt(remediation: &GpuRemediation, existing: &DynamicObject) -> Option<(String, String)> {
+    let this = remediation.metadata.uid.as_deref().unwrap_or_default();
+    let owner = existing
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|owner| {
+            owner.controller == Some(true)
+                && owner.kind == "GpuRemediation"
+                && owner.api_version.starts_with("gpuremediation.dev/")
+                && owner.uid != this
+        })?;
+    Some((owner.name.clone(), existing.metadata.uid.clone()?))
+}
+
 /// The observation of a template's object (`found`, read by the recorded reference): whether it is
 /// the object of the recorded UID, and what it reports while it is; `node` the remediated node's
 /// presence.
@@ -205,6 +228,37 @@ mod tests {
                 .to_string(),
             "SelfNodeRemediation openshift-workload-availability/gpu-1 already exists and is not owned by this remediation"
         );
+    }
+
+    #[test]
+    fn a_previous_attempts_object_is_ours_to_remove_and_no_one_elses() {
+        let planned = plan(rendered(), &served(), &Scope::Namespaced).expect("fits its kind");
+        let [Write::Create { object, .. }] = planned.writes.as_slice() else {
+            panic!("one create")
+        };
+        let mut previous = object.clone();
+        previous.metadata.uid = Some("uid-snr-1".to_owned());
+        let mut second = remediation(Some("uid-gpu-1"));
+        second.metadata.uid = Some("uid-second-attempt".to_owned());
+        second.metadata.name = Some("gpu-1-second".to_owned());
+        // The first attempt's remediation controls it: remove it, pinned to its UID.
+        let first_owner = previous.metadata.owner_references.as_ref().unwrap()[0]
+            .name
+            .clone();
+        assert_eq!(
+            previous_attempt(&second, &previous),
+            Some((first_owner, "uid-snr-1".to_owned()))
+        );
+        // This attempt's own object is adopted, not removed.
+        let first = remediation(Some("uid-gpu-1"));
+        assert_eq!(previous_attempt(&first, &previous), None);
+        // Someone else's (no owner, or another kind owning it) is never touched.
+        let mut theirs = previous.clone();
+        theirs.metadata.owner_references = None;
+        assert_eq!(previous_attempt(&second, &theirs), None);
+        let mut other_kind = previous;
+        other_kind.metadata.owner_references.as_mut().unwrap()[0].kind = "Deployment".into();
+        assert_eq!(previous_attempt(&second, &other_kind), None);
     }
 
     #[test]

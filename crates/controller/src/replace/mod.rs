@@ -142,6 +142,19 @@ pub enum TriggerReplacementError {
         /// Kind.
         kind: String,
     },
+    /// A previous attempt's object holds the name the template must use (see
+    /// `create_template::previous_attempt`): it was deleted, and the create waits for it to go.
+    #[error(
+        "{kind} {name} of the previous attempt (remediation {owner}) holds the name: deleted it, creating ours once it is gone"
+    )]
+    PreviousAttemptGoing {
+        /// Kind.
+        kind: String,
+        /// Name (with namespace, if any).
+        name: String,
+        /// The previous attempt's remediation.
+        owner: String,
+    },
     /// An object with the rendered name exists and belongs to someone else.
     #[error("{kind} {name} already exists and is not owned by this remediation")]
     TemplateNameTaken {

@@ -3,6 +3,11 @@
 //! - `DeleteNode`, `DeleteMachine`, `DeleteNodeClaim`: succeeded when the deleted object *and*
 //!   the node are gone and, where the strategy knows a replacement is coming (a Cluster API
 //!   `MachineSet` restores its replicas), when that replacement's node is Ready.
+//! - `DeleteNode` in particular: succeeded only once a replacement was seen to join
+//!   ([`replacement_seen`]: a Ready node the policy selects, another machine than the deleted one,
+//!   created at or after the delete). A node gone with none seen by `replacement.timeout` ends
+//!   [`Progress::GoneUnseen`]: nothing is held any more, but nothing proves the capacity came back,
+//!   so slow start does not count it as a success.
 //! - `Template`: succeeded when the object reports done (a `Succeeded`/`Ready`/`Complete`-style
 //!   condition or phase), when the node is healthy again, or when the node is gone; failed when it
 //!   reports failure or is deleted before reporting done.
@@ -21,6 +26,9 @@ pub const REPLACEMENT_TIMEOUT: &str = "ReplacementTimeout";
 pub const REPLACEMENT_FAILED: &str = "ReplacementFailed";
 /// Condition/Event reason: the replacement finished.
 pub const REPLACED: &str = "Replaced";
+/// Condition/Event reason: `DeleteNode` ended with the node gone but no replacement seen to join
+/// within `replacement.timeout` (not a proven success).
+pub const REPLACEMENT_NOT_SEEN: &str = "ReplacementNotSeen";
 
 /// Whether an object exists, as far as the remediation is concerned (an object with the same name
 /// but another UID is a different object: ours is gone).
@@ -107,6 +115,13 @@ pub enum Progress {
         /// For a person.
         message: String,
     },
+    /// `DeleteNode`: the node is gone but no replacement was seen to join within
+    /// `replacement.timeout`. The remediation ends (it holds nothing) with reason
+    /// [`REPLACEMENT_NOT_SEEN`], which slow start does not count as a success.
+    GoneUnseen {
+        /// For a person.
+        message: String,
+    },
     /// Finished badly; the remediation fails with this reason.
     Failed {
         /// [`REPLACEMENT_TIMEOUT`] or [`REPLACEMENT_FAILED`].
@@ -120,13 +135,35 @@ pub enum Progress {
 #[must_use]
 pub fn judge(verification: &Verification<'_>) -> Progress {
     let observation = verification.observation;
+    // A deleted Node is replaced by whatever joins: one is always awaited (never "not expected").
+    let awaited = Observation {
+        replacement: ReplacementNode::Awaited,
+        ..observation.clone()
+    };
+    let observation = if verification.strategy == Strategy::DeleteNode
+        && observation.replacement == ReplacementNode::NotExpected
+    {
+        &awaited
+    } else {
+        observation
+    };
     let verdict = match verification.strategy {
         Strategy::Template => judge_template(observation, verification.node_healthy),
         Strategy::DeleteNode | Strategy::DeleteMachine | Strategy::DeleteNodeClaim => {
             judge_deletion(observation)
         }
     };
+    let gone_awaiting = verification.strategy == Strategy::DeleteNode
+        && observation.node == Presence::Gone
+        && observation.target == Presence::Gone
+        && observation.replacement == ReplacementNode::Awaited;
     match verdict {
+        Progress::Waiting { message } if gone_awaiting && timed_out(verification) => Progress::GoneUnseen {
+            message: format!(
+                "gone, replacement not seen: the node was deleted but no new Ready node the policy selects joined                  within {}s ({message})",
+                verification.timeout.as_secs()
+            ),
+        },
         Progress::Waiting { message } if timed_out(verification) => Progress::Failed {
             reason: REPLACEMENT_TIMEOUT,
             message: format!(
@@ -213,6 +250,39 @@ fn judge_deletion(observation: &Observation) -> Progress {
     }
 }
 
+/// The replacement a `DeleteNode` awaits, from the nodes seen: a node `selects` (the policy's
+/// selector), another machine than the deleted one (not its UID `deleted_uid`; a node re-registered
+/// under the same name counts), created at or after `deleted_at` (the delete). The earliest Ready
+/// one if any joined Ready, else the earliest joined; [`ReplacementNode::Awaited`] when none.
+/// Creation times have whole seconds: the delete's second counts.
+#[must_use]
+pub fn replacement_seen<'n>(
+    nodes: impl IntoIterator<Item = &'n Node>,
+    selects: impl Fn(&Node) -> bool,
+    deleted_uid: Option<&str>,
+    deleted_at: Timestamp,
+) -> ReplacementNode {
+    let deleted_at = Timestamp::from_second(deleted_at.as_second()).unwrap_or(deleted_at);
+    let mut joined: Vec<(bool, Timestamp, &str)> = nodes
+        .into_iter()
+        .filter(|n| n.metadata.uid.as_deref() != deleted_uid || deleted_uid.is_none())
+        .filter(|n| n.metadata.deletion_timestamp.is_none() && selects(n))
+        .filter_map(|n| {
+            let created = n.metadata.creation_timestamp.as_ref()?.0;
+            (created >= deleted_at).then_some((!node_is_ready(n), created, n.metadata.name.as_deref()?))
+        })
+        .collect();
+    joined.sort_unstable();
+    joined
+        .first()
+        .map_or(ReplacementNode::Awaited, |(not_ready, _, name)| {
+            ReplacementNode::Joined {
+                node: (*name).to_owned(),
+                ready: !not_ready,
+            }
+        })
+}
+
 /// When the replacement was triggered: the last entry into `Replacing` in the phase history (the
 /// `triggered_at` that [`Verification`] and `act::Replacing::observe` take).
 #[must_use]
@@ -271,12 +341,111 @@ mod tests {
     }
 
     #[test]
-    fn a_deleted_node_that_is_gone_is_replaced() {
-        let gone = observed(Presence::Gone, Presence::Gone);
-        assert!(matches!(
+    fn a_deleted_node_that_is_gone_succeeds_only_once_a_replacement_joined_ready() {
+        let mut gone = observed(Presence::Gone, Presence::Gone);
+        // Nothing seen yet (the acting layer's "not expected" reads as awaited for DeleteNode).
+        for replacement in [ReplacementNode::NotExpected, ReplacementNode::Awaited] {
+            gone.replacement = replacement;
+            assert_eq!(
+                judge_at(Strategy::DeleteNode, &gone, false, 5),
+                Progress::Waiting {
+                    message: "the node is gone; waiting for a replacement to join".to_owned()
+                }
+            );
+        }
+        gone.replacement = ReplacementNode::Joined {
+            node: "gpu-new".into(),
+            ready: false,
+        };
+        assert!(is_waiting(&judge_at(Strategy::DeleteNode, &gone, false, 5)));
+        gone.replacement = ReplacementNode::Joined {
+            node: "gpu-new".into(),
+            ready: true,
+        };
+        assert_eq!(
             judge_at(Strategy::DeleteNode, &gone, false, 5),
-            Progress::Succeeded { .. }
+            Progress::Succeeded {
+                message: "the node is gone and its replacement gpu-new is Ready".to_owned()
+            }
+        );
+    }
+
+    #[test]
+    fn a_deleted_node_gone_with_no_replacement_by_the_timeout_ends_gone_unseen_not_failed() {
+        let gone = Observation {
+            replacement: ReplacementNode::Awaited,
+            ..observed(Presence::Gone, Presence::Gone)
+        };
+        let Progress::GoneUnseen { message } = judge_at(Strategy::DeleteNode, &gone, false, 600) else {
+            panic!("gone, unseen expected");
+        };
+        assert!(message.starts_with("gone, replacement not seen"), "{message}");
+        // Still there at the timeout: that is a failure, as before.
+        let lingering = observed(Presence::Deleting, Presence::Deleting);
+        assert!(matches!(
+            judge_at(Strategy::DeleteNode, &lingering, false, 600),
+            Progress::Failed {
+                reason: REPLACEMENT_TIMEOUT,
+                ..
+            }
         ));
+    }
+
+    fn joining(name: &str, uid: &str, created: i64, ready: bool, group: &str) -> Node {
+        Node {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+                creation_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(created))),
+                labels: Some([("group".to_owned(), group.to_owned())].into()),
+                ..kube::api::ObjectMeta::default()
+            },
+            spec: None,
+            status: Some(k8s_openapi::api::core::v1::NodeStatus {
+                conditions: Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_replacement_is_a_selected_node_of_another_uid_created_at_or_after_the_delete() {
+        let selects = |n: &Node| {
+            n.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("group"))
+                .is_some_and(|g| g == "a")
+        };
+        let seen = |nodes: &[Node]| replacement_seen(nodes, selects, Some("old"), at(100));
+        // Older nodes, other groups and the deleted machine itself are no replacement.
+        let none = [
+            joining("gpu-1", "uid-1", 50, true, "a"),
+            joining("gpu-2", "uid-2", 150, true, "b"),
+            joining("gpu-9", "old", 150, true, "a"),
+        ];
+        assert_eq!(seen(&none), ReplacementNode::Awaited);
+        // Re-registered under the deleted node's name, not Ready yet; then another one Ready.
+        let mut joined = vec![joining("gpu-9", "new", 100, false, "a")];
+        assert_eq!(
+            seen(&joined),
+            ReplacementNode::Joined {
+                node: "gpu-9".into(),
+                ready: false
+            }
+        );
+        joined.push(joining("gpu-10", "uid-10", 160, true, "a"));
+        assert_eq!(
+            seen(&joined),
+            ReplacementNode::Joined {
+                node: "gpu-10".into(),
+                ready: true
+            }
+        );
     }
 
     #[test]

@@ -136,16 +136,14 @@ impl Writer {
             .await;
         match deleted {
             Ok(_) => Ok(Ok(())),
-            Err(DeleteStampedError::Write(WriteError::Api(kube::Error::Api(status)))) => Ok(Err(Words {
-                action: format!("deleting pod {}", pod.key()),
-                code: Some(status.code),
-                message: status.message,
-            })),
-            Err(DeleteStampedError::KeptConflicting) => Ok(Err(Words {
-                action: format!("deleting pod {}", pod.key()),
-                code: Some(409),
-                message: "the pod kept changing between our read and our delete".to_owned(),
-            })),
+            Err(DeleteStampedError::Write(WriteError::Api(kube::Error::Api(status)))) => Ok(Err(
+                Words::answered(format!("deleting pod {}", pod.key()), status.code, status.message),
+            )),
+            Err(DeleteStampedError::KeptConflicting) => Ok(Err(Words::answered(
+                format!("deleting pod {}", pod.key()),
+                409,
+                "the pod kept changing between our read and our delete".to_owned(),
+            ))),
             Err(DeleteStampedError::Write(source)) => Err(DeletePodError {
                 pod: pod.key(),
                 source,

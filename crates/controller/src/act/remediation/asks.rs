@@ -37,11 +37,7 @@ pub(super) async fn carry_out(
                 Ok(NodeEdit::Gone) => CordonAnswer::NodeGone,
                 Ok(NodeEdit::Replaced) => CordonAnswer::NodeReplaced,
                 Err(EditNodeError::Write { node: n, source }) if source.is_refusal() => {
-                    CordonAnswer::Refused(Words {
-                        action: format!("cordoning node {n}"),
-                        code: source.code(),
-                        message: source.to_string(),
-                    })
+                    CordonAnswer::Refused(Words::of(format!("cordoning node {n}"), &source))
                 }
                 Err(error) => return Err(error.into()),
             };
@@ -79,11 +75,7 @@ pub(super) async fn carry_out(
                 Ok(replace::Triggered { reference, rewritten }) => (Ok(reference), rewritten),
                 Err(replace::TriggerReplacementError::Fenced(fenced)) => return Err(fenced.into()),
                 Err(error) => {
-                    let words = Words {
-                        action: format!("triggering the replacement ({strategy:?})"),
-                        code: error.code(),
-                        message: error.to_string(),
-                    };
+                    let words = Words::of(format!("triggering the replacement ({strategy:?})"), &error);
                     (Err(words), None)
                 }
             };

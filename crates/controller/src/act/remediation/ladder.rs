@@ -68,17 +68,14 @@ pub(crate) async fn trigger_step(
     rules: &PolicySnapshot,
     rung: Rung,
 ) -> Result<Result<ObjectReference, Words>, AdvanceRemediationError> {
-    let words = |error: &TriggerReplacementError| Words {
-        action: format!("creating the {rung} step's object"),
-        code: error.code(),
-        message: error.to_string(),
-    };
+    let words =
+        |error: &TriggerReplacementError| Words::of(format!("creating the {rung} step's object"), error);
     let Some(template) = step_of(rules, rung).and_then(|s| s.template.as_ref()) else {
-        return Ok(Err(Words {
-            action: format!("creating the {rung} step's object"),
-            code: Some(422),
-            message: format!("the ladder's {rung} step has no template"),
-        }));
+        return Ok(Err(Words::answered(
+            format!("creating the {rung} step's object"),
+            422,
+            format!("the ladder's {rung} step has no template"),
+        )));
     };
     let replacement = Replacement {
         strategy: Strategy::Template,
@@ -190,11 +187,10 @@ pub(crate) async fn hand_off(
         .await
     {
         Ok(NodeEdit::Written(_) | NodeEdit::Gone | NodeEdit::Replaced) => Ok(Ok(())),
-        Err(EditNodeError::Write { node: n, source }) if source.is_refusal() => Ok(Err(Words {
-            action: format!("labelling node {n} for a person"),
-            code: source.code(),
-            message: source.to_string(),
-        })),
+        Err(EditNodeError::Write { node: n, source }) if source.is_refusal() => Ok(Err(Words::of(
+            format!("labelling node {n} for a person"),
+            &source,
+        ))),
         Err(error) => Err(error.into()),
     }
 }

@@ -124,3 +124,89 @@ fn blockers_name_each_budget_once() {
         ["work/a", "work/b", "work/c"]
     );
 }
+
+fn proceed_rules(ladder: &[gpu_remediation_api::ladder::Rung]) -> PolicySnapshot {
+    let spec: gpu_remediation_api::GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({
+        "nodeSelector": {"matchLabels": {"g": "a"}},
+        "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "60s"}],
+        "drain": {"onTimeout": "Proceed"},
+        "replacement": {"strategy": "Template", "template": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "y"}}},
+    }))
+    .unwrap();
+    let mut rules = crate::fleet::snapshot_of(&gpu_remediation_api::GpuRemediationPolicy::new("p", spec));
+    rules.ladder = ladder
+        .iter()
+        .map(|rung| {
+            serde_json::from_value(serde_json::json!({"step": rung.as_str(), "timeout": "5m"})).unwrap()
+        })
+        .collect();
+    rules
+}
+
+fn seen_with<'a>(budgets: &'a [PodDisruptionBudget], answers: &'a super::super::Answers) -> Seen<'a> {
+    static NONE: std::sync::LazyLock<std::collections::BTreeMap<String, u32>> =
+        std::sync::LazyLock::new(std::collections::BTreeMap::new);
+    Seen {
+        node: None,
+        pods: None,
+        drain_scope: None,
+        budgets,
+        in_flight: &NONE,
+        asked_at: &|_| None,
+        replacement: None,
+        answers,
+        pace: super::super::Pace {
+            pod_poll: jiff::SignedDuration::from_secs(1),
+            eviction_backoff: jiff::SignedDuration::from_secs(5),
+            replacement_poll: jiff::SignedDuration::from_secs(2),
+        },
+    }
+}
+
+#[test]
+fn proceed_never_takes_down_a_pod_a_budget_protects_on_a_reboot_or_any_ladder_rung() {
+    use gpu_remediation_api::ladder::Rung;
+    let plan = Plan {
+        leaving: vec![pod()],
+        staying: Vec::new(),
+    };
+    let answers = super::super::Answers::default();
+    let budgets = [budget("web", 0)];
+    let seen = seen_with(&budgets, &answers);
+    let record = |action| crate::test_fixtures::remediation("r", "gpu-1", "p", Some(at(0)), action);
+    for (action, ladder) in [
+        (Action::Reboot, &[][..]),
+        (Action::Replace, &[][..]),
+        (Action::Replace, &[Rung::ResetGpu, Rung::Reboot][..]),
+        (Action::Replace, &[Rung::Reboot, Rung::HandOff][..]),
+    ] {
+        let protected = protected_left(&record(action), &proceed_rules(ladder), &plan, &seen);
+        assert_eq!(
+            protected.as_deref(),
+            Some("work/web-0 (budget work/web)"),
+            "{action:?} {ladder:?}"
+        );
+    }
+    // Holding the node (action None) takes nothing down: Proceed goes on.
+    assert_eq!(
+        protected_left(&record(Action::None), &proceed_rules(&[]), &plan, &seen),
+        None
+    );
+    // A pod no budget protects does not hold a reboot back, nor one already terminating.
+    let none = seen_with(&[], &answers);
+    assert_eq!(
+        protected_left(&record(Action::Reboot), &proceed_rules(&[]), &plan, &none),
+        None
+    );
+    let terminating = Plan {
+        leaving: vec![Leaving {
+            terminating: true,
+            ..pod()
+        }],
+        staying: Vec::new(),
+    };
+    assert_eq!(
+        protected_left(&record(Action::Reboot), &proceed_rules(&[]), &terminating, &seen),
+        None
+    );
+}

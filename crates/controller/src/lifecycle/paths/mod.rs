@@ -1,7 +1,8 @@
 //! Random paths through the lifecycle: a small model of the cluster (one node that can recover,
 //! break, vanish or come back under a new UID; pods that leave, get stuck terminating or are
 //! refused with 429, 500, 403, 422 or no answer; a replacement that finishes, fails, vanishes or
-//! is refused; a person who cordons, uncordons, approves, deletes or hand-edits the record; time
+//! is refused (permanently, 403/422, failing at once; or transiently, 409/503, asked again after
+//! a backoff); a person who cordons, uncordons, approves, deletes or hand-edits the record; time
 //! that jumps past every timeout) answers [`decide`]'s asks, and after every settlement the
 //! lifecycle's invariants are checked:
 //!
@@ -27,7 +28,11 @@
 //!    while evictions are in the server (at each answer and each change of a budget), so some
 //!    passes here hold answers back for a decision or more, as a slow server does;
 //! 10. every status the lifecycle writes is one `provenance::judge` finds its own (no path that
-//!     only the controller walks is ever held as tampered).
+//!     only the controller walks is ever held as tampered);
+//! 11. no node leaves our cordon or taint without recorded evidence of health (the status says it
+//!     recovered, with its `GpuHealthy` indeed `True`, or that its replacement finished) unless a
+//!     person acted (deleted the record or the policy, or uncordoned the node); a `Failed` or
+//!     `ManualRequired` record keeps them (invariant 1's converse, checked at each release).
 //!
 //! `PROPTEST_CASES` sets the number of paths (100,000 by default).
 
@@ -185,7 +190,7 @@ fn answer(
                 ));
             }
             answers.cordon = Some(if stubborn || (!calm && world.roll(10) == 0) {
-                CordonAnswer::Refused(words("cordoning", 403))
+                CordonAnswer::Refused(words("cordoning", refused_code(world)))
             } else {
                 match world.node.as_mut() {
                     None => CordonAnswer::NodeGone,
@@ -289,7 +294,7 @@ fn answer(
                 return Err("a template triggered while another node holds the name".into());
             }
             answers.trigger = Some(if stubborn || (!calm && world.roll(5) == 0) {
-                Err(words("triggering", 403))
+                Err(words("triggering", refused_code(world)))
             } else {
                 if rules.replacement.strategy == Strategy::DeleteNode && world.ours().is_some() {
                     world.node = None;
@@ -356,6 +361,7 @@ fn settle(
 ) -> Result<(), Violation> {
     let admitted = record.spec.node_uid.clone();
     if let Some(release) = &settlement.release {
+        check_release_proven(world, record, settlement)?;
         if release.node.uid != admitted {
             return Err(format!(
                 "a release targets {:?}, not {admitted:?}",
@@ -399,6 +405,60 @@ fn settle(
     let gone = updated.metadata.deletion_timestamp.is_some() && updated.metadata.finalizers.is_none();
     world.record = (!gone).then_some(updated);
     check_node(world, after.phase)
+}
+
+/// A refusal's code: permanent (403, 422: the step fails at once) or transient (409, 503: asked
+/// again after a backoff until its deadline), by the dice.
+fn refused_code(world: &mut World) -> u16 {
+    [403, 422, 409, 503][usize::try_from(world.roll(4)).unwrap_or(0)]
+}
+
+/// Invariant 11: our cordon or taint leaves the standing admitted node only with recorded evidence
+/// of health, or because a person acted. Evidence: the settled status says the node recovered
+/// (`NodeRecovered`, and the node's `GpuHealthy` is indeed `True`) or its replacement finished
+/// (`Replaced`: the object reported done, the node came back healthy, or a ladder step's evidence,
+/// which invariant 8 checks). A person: the record deleted, the policy deleted, or the node
+/// uncordoned (taken over).
+fn check_release_proven(
+    world: &World,
+    record: &GpuRemediation,
+    settlement: &Settlement,
+) -> Result<(), Violation> {
+    let Some(n) = world.node.as_ref() else {
+        return Ok(());
+    };
+    let ours = n.metadata.uid.as_deref() == Some(world.admitted_uid.as_str());
+    let annotations = n.metadata.annotations.clone().unwrap_or_default();
+    let holds = cordon::has_taint(n)
+        || [CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION]
+            .iter()
+            .any(|key| annotations.get(*key).is_some_and(|by| by == NAME));
+    if !ours || !holds {
+        return Ok(());
+    }
+    let person =
+        record.metadata.deletion_timestamp.is_some() || !world.policy_exists || !cordon::is_unschedulable(n);
+    if person {
+        return Ok(());
+    }
+    let complete = settlement.status.conditions.iter().find(|c| {
+        c.type_ == gpu_remediation_api::constants::remediation_conditions::COMPLETE && c.status == "True"
+    });
+    let healthy = n
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "GpuHealthy"))
+        .is_some_and(|c| c.status == "True");
+    match complete.map(|c| c.reason.as_str()) {
+        Some(gpu_remediation_api::constants::reasons::NODE_RECOVERED) if healthy => Ok(()),
+        Some(crate::replace::verify::REPLACED) => Ok(()),
+        reason => Err(format!(
+            "{} released the node (healthy: {healthy}) with no recorded evidence of health (Complete reason \
+             {reason:?}) and no person acting",
+            settlement.status.phase
+        )),
+    }
 }
 
 /// Invariants 1 and 2 on the node as it now stands.

@@ -568,11 +568,7 @@ impl World {
 }
 
 pub(super) fn words(action: &str, code: u16) -> Words {
-    Words {
-        action: action.into(),
-        code: Some(code),
-        message: format!("the server refused ({code})"),
-    }
+    Words::answered(action.into(), code, format!("the server refused ({code})"))
 }
 
 pub(super) fn refusal(code: u16) -> EvictionAnswer {
