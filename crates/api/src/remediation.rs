@@ -86,6 +86,9 @@ pub struct PolicySnapshot {
     /// The escalation ladder (empty: the one step `spec.action`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ladder: Vec<crate::ladder::LadderStep>,
+    /// The validation Job run before release (unset: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<crate::validation::Validation>,
 }
 
 /// The node condition that triggered a remediation.

@@ -191,6 +191,7 @@ mod tests {
                 step(Rung::Replace),
                 step(Rung::HandOff),
             ],
+            validation: None,
         }
     }
 
