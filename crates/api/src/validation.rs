@@ -11,6 +11,9 @@ use crate::{duration::Duration, violation::Violation};
 
 /// The longest a validation Job may be given.
 pub const TIMEOUT_MAX: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+/// The label (value `true`) on a validation Job's pods: the sandbox's simulated kubelet decides
+/// such a pod's outcome from the node's simulated GPUs.
+pub const POD_LABEL: &str = "gpuremediation.dev/validation";
 /// The most characters a validation record's message keeps.
 pub const MESSAGE_MAX: usize = 512;
 

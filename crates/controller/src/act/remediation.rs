@@ -254,6 +254,13 @@ async fn step(
         }
         _ => None,
     };
+    let validation = match status.steps.last().filter(|s| s.end.is_none()) {
+        Some(open) if let Some(record) = open.evidence.validation.as_ref().filter(|r| r.outcome.is_none()) => {
+            let reference = lifecycle::validation::reference(record);
+            Some(look_at(ctx, remediation, gpu_remediation_api::policy::Strategy::Template, &reference, record.start.0).await)
+        }
+        _ => None,
+    };
     let asked_at = |uid: &str| ctx.last_eviction_attempt(uid);
     let mut answers = Answers::default();
     // The record dated from its admission: creation cannot set a status.
@@ -304,6 +311,7 @@ async fn step(
                 in_flight: &in_flight,
                 asked_at: &asked_at,
                 replacement: replacement.as_ref(),
+                validation: validation.as_ref(),
                 answers: &answers,
                 pace: pace(ctx),
             };

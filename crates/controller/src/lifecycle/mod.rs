@@ -36,6 +36,7 @@ mod paths;
 mod replacement;
 mod seen;
 pub mod status;
+pub mod validation;
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationStatus, Phase,

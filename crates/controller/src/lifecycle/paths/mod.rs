@@ -119,6 +119,7 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
             in_flight: &in_flight,
             asked_at: &asked_at,
             replacement: observed.as_ref(),
+            validation: None,
             answers: &answers,
             pace: Pace {
                 pod_poll: SignedDuration::from_secs(1),
@@ -326,6 +327,9 @@ fn answer(
                     uid: Some(format!("obj-{rung}")),
                 })
             });
+        }
+        Ask::Validate(rung) => {
+            return Err(format!("a {rung} validation was asked under rules without validation"));
         }
         Ask::HandOff(target) => {
             if target.uid != admitted {
