@@ -62,8 +62,10 @@ fn validation_schema(schema: &mut schemars::Schema) {
     );
     add_rules(
         property(schema, "job"),
+        // An embedded resource's CEL type knows its apiVersion, kind and metadata.name only; the
+        // namespace and the spec are checked by `check` (the controller's validation).
         [rule(
-            "self.apiVersion == 'batch/v1' && self.kind == 'Job' && has(self.metadata) && has(self.metadata.namespace) && has(self.spec)",
+            "self.apiVersion == 'batch/v1' && self.kind == 'Job'",
             JOB_MESSAGE,
         )],
     );
