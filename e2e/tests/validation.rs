@@ -4,7 +4,9 @@
 //! simulated GPU state (`gpu_sandbox::fleet::validation_pod`: a GPU still broken fails it). A
 //! reboot that brings the node back reporting healthy with its GPU still broken fails validation:
 //! the node stays cordoned and the ladder climbs to `Replace`; a reboot that heals passes it and
-//! the node is released, the record naming the Job, its outcome and its duration.
+//! the node is released, the record naming the Job, its outcome and its duration. Without a
+//! ladder, a template reporting done while the GPU is still broken releases nothing: the node must
+//! be healthy for the dwell first, then pass validation.
 
 mod common;
 mod scenario;
@@ -66,24 +68,42 @@ struct Run {
     watch: tokio::task::JoinHandle<()>,
 }
 
+/// The stand-in reboot object the repair operator carries out.
+fn reboot_object(s: &Scenario) -> serde_json::Value {
+    json!({
+        "apiVersion": "e2e.gpuremediation.dev/v1",
+        "kind": "FakeReboot",
+        "metadata": {"namespace": s.namespace},
+        "spec": {"node": "{{nodeName}}", "action": "Reboot"},
+    })
+}
+
 impl Run {
+    /// A `Reboot` → `Replace` ladder.
     async fn start(behaviour: Behaviour) -> Self {
+        Self::start_with(behaviour, |s| {
+            json!({"ladder": [
+                {"step": "Reboot", "timeout": "1m", "template": reboot_object(s)},
+                {"step": "Replace", "timeout": "1m"},
+            ]})
+        })
+        .await
+    }
+
+    /// The policy `spec(s)` merged over validation, a 2s dwell and no unhealthy limit.
+    async fn start_with(behaviour: Behaviour, spec: impl FnOnce(&Scenario) -> serde_json::Value) -> Self {
         let s = Scenario::new(1).await;
         let node = s.nodes()[0].clone();
         common::install_crd(&s.client, common::REBOOT_CRD).await;
-        let reboot = json!({"step": "Reboot", "timeout": "1m", "template": {
-            "apiVersion": "e2e.gpuremediation.dev/v1",
-            "kind": "FakeReboot",
-            "metadata": {"namespace": s.namespace},
-            "spec": {"node": "{{nodeName}}", "action": "Reboot"},
-        }});
-        s.policy(json!({
-            "ladder": [reboot, {"step": "Replace", "timeout": "1m"}],
+        let mut full = json!({
             "release": {"healthyFor": "2s"},
             "safety": {"maxUnhealthy": "100%"},
             "validation": validation(&s),
-        }))
-        .await;
+        });
+        for (key, value) in spec(&s).as_object().into_iter().flatten() {
+            full[key] = value.clone();
+        }
+        s.policy(full).await;
         let kind = ApiResource::from_gvk(&GroupVersionKind::gvk("e2e.gpuremediation.dev", "v1", "FakeReboot"));
         let repairer = Repairer::start(s.client.clone(), &kind, &s.namespace, behaviour);
         let gpus: Vec<SimGpu> = (0..8)
@@ -228,5 +248,79 @@ async fn a_reboot_that_heals_passes_validation_and_releases_the_node_recording_t
         (!is_unschedulable(&n) && !has_our_taint(&n)).then_some(())
     })
     .await;
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn a_template_reporting_done_while_the_gpu_is_still_broken_does_not_release_the_node() {
+    // A reboot object that reports done with the node booted but its GPU still failing.
+    let run = Run::start_with(
+        Behaviour {
+            reboot_heals: false,
+            ..Behaviour::default()
+        },
+        |s| {
+            json!({
+                "action": "Reboot",
+                "replacement": {"strategy": "Template", "timeout": "15s", "template": reboot_object(s)},
+            })
+        },
+    )
+    .await;
+
+    repair::xid(&run.s.client, &run.node, &run.gpu, 79, "RESTART_BM")
+        .await
+        .unwrap();
+    let failed = run.wait_phase(Phase::Failed).await;
+
+    assert_eq!(run.repairer.repaired().len(), 1, "the object reported done");
+    let status = failed.status.as_ref().unwrap();
+    let message = status.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("reported condition Succeeded=True") && message.contains("no proof within replacement.timeout"),
+        "{message}"
+    );
+    assert!(status.validation.is_none(), "no validation runs on a node still unhealthy");
+    assert!(
+        !run.released_early.load(Ordering::SeqCst),
+        "the node was never let back into service"
+    );
+    let node = run.s.node(&run.node).await;
+    assert!(is_unschedulable(&node) && has_our_taint(&node), "the cordon is kept");
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn a_template_done_on_a_node_reporting_healthy_with_its_gpu_broken_fails_validation_and_keeps_the_cordon() {
+    let run = Run::start_with(
+        Behaviour {
+            heals_hardware: false,
+            ..Behaviour::default()
+        },
+        |s| {
+            json!({
+                "action": "Reboot",
+                "replacement": {"strategy": "Template", "timeout": "1m", "template": reboot_object(s)},
+            })
+        },
+    )
+    .await;
+
+    repair::xid(&run.s.client, &run.node, &run.gpu, 79, "RESTART_BM")
+        .await
+        .unwrap();
+    let failed = run.wait_phase(Phase::Failed).await;
+
+    let status = failed.status.as_ref().unwrap();
+    let validation = status.validation.as_ref().expect("the validation Job is recorded");
+    assert_eq!(validation.outcome, Some(ValidationOutcome::Failed));
+    let message = status.message.clone().unwrap_or_default();
+    assert!(message.contains("failed after"), "{message}");
+    assert!(
+        !run.released_early.load(Ordering::SeqCst),
+        "the node was never let back into service"
+    );
+    let node = run.s.node(&run.node).await;
+    assert!(is_unschedulable(&node) && has_our_taint(&node), "the cordon is kept");
     run.stop().await;
 }

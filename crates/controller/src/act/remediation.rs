@@ -254,12 +254,21 @@ async fn step(
         }
         _ => None,
     };
-    let validation = match status.steps.last().filter(|s| s.end.is_none()) {
-        Some(open) if let Some(record) = open.evidence.validation.as_ref().filter(|r| r.outcome.is_none()) => {
+    // The validation Job running: the open step's (with a ladder), else the record's own.
+    let running = status
+        .steps
+        .last()
+        .filter(|s| s.end.is_none())
+        .and_then(|s| s.evidence.validation.as_ref())
+        .or(status.validation.as_ref())
+        .filter(|r| r.outcome.is_none());
+    let validation = match running {
+        Some(record) => {
             let reference = lifecycle::validation::reference(record);
-            Some(look_at(ctx, remediation, gpu_remediation_api::policy::Strategy::Template, &reference, record.start.0).await)
+            let strategy = gpu_remediation_api::policy::Strategy::Template;
+            Some(look_at(ctx, remediation, strategy, &reference, record.start.0).await)
         }
-        _ => None,
+        None => None,
     };
     let asked_at = |uid: &str| ctx.last_eviction_attempt(uid);
     let mut answers = Answers::default();
