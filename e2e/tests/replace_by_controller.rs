@@ -314,6 +314,7 @@ async fn a_template_reporting_done_is_no_proof_the_node_is_released_once_healthy
     let namespace_placeholder = "NAMESPACE";
     let spec = json!({
         "action": "Reboot",
+        "release": {"healthyFor": "2s"},
         "replacement": {"strategy": "Template", "timeout": "2m", "template": {
             "apiVersion": "e2e.gpuremediation.dev/v1",
             "kind": "FakeReboot",
