@@ -354,20 +354,27 @@ async fn a_template_reporting_done_is_no_proof_the_node_is_released_once_healthy
         .await
         .expect("reporting done");
     // Done, yet the GPU is still broken: no release (it used to succeed here).
-    common::eventually("the record saying why it waits", Duration::from_secs(30), || async {
-        let r = s.remediation(&broken).await?;
-        let status = r.status?;
-        (status.phase == Phase::Verifying
-            && status
-                .message
-                .as_deref()
-                .is_some_and(|m| m.contains("reported condition Succeeded=True") && m.contains("stays cordoned")))
-        .then_some(())
-    })
+    common::eventually(
+        "the record saying why it waits",
+        Duration::from_secs(30),
+        || async {
+            let r = s.remediation(&broken).await?;
+            let status = r.status?;
+            (status.phase == Phase::Verifying
+                && status.message.as_deref().is_some_and(|m| {
+                    m.contains("reported condition Succeeded=True") && m.contains("stays cordoned")
+                }))
+            .then_some(())
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let held = s.remediation(&broken).await.expect("the record");
-    assert_eq!(held.status.map(|st| st.phase), Some(Phase::Verifying), "not released while broken");
+    assert_eq!(
+        held.status.map(|st| st.phase),
+        Some(Phase::Verifying),
+        "not released while broken"
+    );
     gpu_sandbox::fault::set_gpu_condition(&s.client, &broken, "True", "GpusHealthy", "all GPUs healthy")
         .await
         .expect("heal");

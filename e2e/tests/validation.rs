@@ -30,11 +30,7 @@ use gpu_sandbox::{
     repair::{self, Behaviour, Repairer},
 };
 use k8s_openapi::api::{batch::v1::Job, core::v1::Node};
-use kube::{
-    Api,
-    api::ApiResource,
-    core::GroupVersionKind,
-};
+use kube::{Api, api::ApiResource, core::GroupVersionKind};
 use scenario::{RunningController, Scenario, has_our_taint, is_unschedulable};
 use serde_json::json;
 
@@ -104,14 +100,22 @@ impl Run {
             full[key] = value.clone();
         }
         s.policy(full).await;
-        let kind = ApiResource::from_gvk(&GroupVersionKind::gvk("e2e.gpuremediation.dev", "v1", "FakeReboot"));
+        let kind = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "e2e.gpuremediation.dev",
+            "v1",
+            "FakeReboot",
+        ));
         let repairer = Repairer::start(s.client.clone(), &kind, &s.namespace, behaviour);
         let gpus: Vec<SimGpu> = (0..8)
             .map(|i| SimGpu::new(i, &format!("{}-{i}", s.fleet.name())))
             .collect();
         set_inventory(&s.client, &node, &gpus).await.unwrap();
         let released_early = Arc::new(AtomicBool::new(false));
-        let watch = tokio::spawn(watch_release(s.client.clone(), node.clone(), released_early.clone()));
+        let watch = tokio::spawn(watch_release(
+            s.client.clone(),
+            node.clone(),
+            released_early.clone(),
+        ));
         let controller = RunningController::start(&s.scope).await;
         Self {
             s,
@@ -125,7 +129,9 @@ impl Run {
     }
 
     async fn wait_phase(&self, phase: Phase) -> GpuRemediation {
-        self.s.wait_phase(&self.node, phase, Duration::from_secs(90)).await
+        self.s
+            .wait_phase(&self.node, phase, Duration::from_secs(90))
+            .await
     }
 
     async fn stop(self) {
@@ -184,12 +190,19 @@ async fn a_reboot_that_leaves_the_gpu_broken_fails_validation_keeps_the_cordon_a
         reboot.evidence.boot_id_before, reboot.evidence.boot_id_after,
         "the reboot happened: its evidence was in"
     );
-    let validation = reboot.evidence.validation.as_ref().expect("the validation Job is recorded");
+    let validation = reboot
+        .evidence
+        .validation
+        .as_ref()
+        .expect("the validation Job is recorded");
     assert_eq!(validation.outcome, Some(ValidationOutcome::Failed));
     assert!(validation.duration_seconds.is_some());
     let message = reboot.message.clone().unwrap_or_default();
     assert!(
-        message.contains(&format!("validation Job {}/{} failed", validation.namespace, validation.job)),
+        message.contains(&format!(
+            "validation Job {}/{} failed",
+            validation.namespace, validation.job
+        )),
         "{message}"
     );
     let job = Api::<Job>::namespaced(run.s.client.clone(), &validation.namespace)
@@ -226,7 +239,11 @@ async fn a_reboot_that_heals_passes_validation_and_releases_the_node_recording_t
 
     assert_eq!(steps(&done), [(Rung::Reboot, Some(StepOutcome::Succeeded))]);
     let reboot = &done.status.as_ref().unwrap().steps[0];
-    let validation = reboot.evidence.validation.as_ref().expect("the validation Job is recorded");
+    let validation = reboot
+        .evidence
+        .validation
+        .as_ref()
+        .expect("the validation Job is recorded");
     assert_eq!(validation.outcome, Some(ValidationOutcome::Passed));
     let seconds = validation.duration_seconds.expect("its duration");
     assert!(seconds <= 30, "{seconds}s");
@@ -241,7 +258,11 @@ async fn a_reboot_that_heals_passes_validation_and_releases_the_node_recording_t
         .as_ref()
         .and_then(|s| s.template.spec.as_ref())
         .and_then(|p| p.node_name.clone());
-    assert_eq!(pinned.as_deref(), Some(run.node.as_str()), "the Job ran on the node");
+    assert_eq!(
+        pinned.as_deref(),
+        Some(run.node.as_str()),
+        "the Job ran on the node"
+    );
     assert_eq!(job.status.and_then(|s| s.succeeded), Some(1));
     eventually("the node released", Duration::from_secs(20), || async {
         let n = run.s.node(&run.node).await;
@@ -277,21 +298,29 @@ async fn a_template_reporting_done_while_the_gpu_is_still_broken_does_not_releas
     let status = failed.status.as_ref().unwrap();
     let message = status.message.clone().unwrap_or_default();
     assert!(
-        message.contains("reported condition Succeeded=True") && message.contains("no proof within replacement.timeout"),
+        message.contains("reported condition Succeeded=True")
+            && message.contains("no proof within replacement.timeout"),
         "{message}"
     );
-    assert!(status.validation.is_none(), "no validation runs on a node still unhealthy");
+    assert!(
+        status.validation.is_none(),
+        "no validation runs on a node still unhealthy"
+    );
     assert!(
         !run.released_early.load(Ordering::SeqCst),
         "the node was never let back into service"
     );
     let node = run.s.node(&run.node).await;
-    assert!(is_unschedulable(&node) && has_our_taint(&node), "the cordon is kept");
+    assert!(
+        is_unschedulable(&node) && has_our_taint(&node),
+        "the cordon is kept"
+    );
     run.stop().await;
 }
 
 #[tokio::test]
-async fn a_template_done_on_a_node_reporting_healthy_with_its_gpu_broken_fails_validation_and_keeps_the_cordon() {
+async fn a_template_done_on_a_node_reporting_healthy_with_its_gpu_broken_fails_validation_and_keeps_the_cordon()
+ {
     let run = Run::start_with(
         Behaviour {
             heals_hardware: false,
@@ -312,7 +341,10 @@ async fn a_template_done_on_a_node_reporting_healthy_with_its_gpu_broken_fails_v
     let failed = run.wait_phase(Phase::Failed).await;
 
     let status = failed.status.as_ref().unwrap();
-    let validation = status.validation.as_ref().expect("the validation Job is recorded");
+    let validation = status
+        .validation
+        .as_ref()
+        .expect("the validation Job is recorded");
     assert_eq!(validation.outcome, Some(ValidationOutcome::Failed));
     let message = status.message.clone().unwrap_or_default();
     assert!(message.contains("failed after"), "{message}");
@@ -321,6 +353,9 @@ async fn a_template_done_on_a_node_reporting_healthy_with_its_gpu_broken_fails_v
         "the node was never let back into service"
     );
     let node = run.s.node(&run.node).await;
-    assert!(is_unschedulable(&node) && has_our_taint(&node), "the cordon is kept");
+    assert!(
+        is_unschedulable(&node) && has_our_taint(&node),
+        "the cordon is kept"
+    );
     run.stop().await;
 }

@@ -74,8 +74,7 @@ fn validation_schema(schema: &mut schemars::Schema) {
 /// A validation timeout out of range.
 pub const TIMEOUT_MESSAGE: &str = "validation.timeout must be from 1s to 6h";
 /// A validation job that is not a namespaced `batch/v1` Job with a spec.
-pub const JOB_MESSAGE: &str =
-    "validation.job must be a batch/v1 Job with metadata.namespace and a spec (its template runs on the node)";
+pub const JOB_MESSAGE: &str = "validation.job must be a batch/v1 Job with metadata.namespace and a spec (its template runs on the node)";
 
 /// How a validation run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -195,6 +194,9 @@ mod tests {
             job: job(),
             timeout: Duration::from_hours(7),
         };
-        assert_eq!(check("spec.validation", &long)[0].field, "spec.validation.timeout");
+        assert_eq!(
+            check("spec.validation", &long)[0].field,
+            "spec.validation.timeout"
+        );
     }
 }

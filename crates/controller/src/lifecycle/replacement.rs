@@ -118,7 +118,8 @@ fn verify(
     ) {
         Progress::Waiting { message } => waiting(status, message, seen, facts, deadline),
         Progress::Succeeded { message }
-            if rules.replacement.strategy == Strategy::Template && matches!(facts.identity, Identity::Same(_)) =>
+            if rules.replacement.strategy == Strategy::Template
+                && matches!(facts.identity, Identity::Same(_)) =>
         {
             standing(remediation, rules, seen, facts, status, &message, deadline)
         }
@@ -165,11 +166,18 @@ fn standing(
     if let Some(lacking) = lacking {
         if facts.now >= deadline {
             let message = format!("{evidence}, but no proof within replacement.timeout: {lacking}");
-            return Decision::Settle(fail(status, replace::verify::REPLACEMENT_TIMEOUT, &message, facts.now));
+            return Decision::Settle(fail(
+                status,
+                replace::verify::REPLACEMENT_TIMEOUT,
+                &message,
+                facts.now,
+            ));
         }
         status.message = Some(format!("{evidence}; the node stays cordoned: {lacking}"));
         status.refusal = None;
-        let next = poll.or_at(Some(deadline)).or_at(release_at.filter(|at| *at > facts.now));
+        let next = poll
+            .or_at(Some(deadline))
+            .or_at(release_at.filter(|at| *at > facts.now));
         return Decision::Settle(status::unchanged(status, false, next));
     }
     let (gate, record) = validation::gate(

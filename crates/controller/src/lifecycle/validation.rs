@@ -129,7 +129,10 @@ pub fn gate(
         (now >= deadline).then(|| {
             (
                 ValidationOutcome::TimedOut,
-                format!("reported nothing within validation.timeout ({})", validation.timeout),
+                format!(
+                    "reported nothing within validation.timeout ({})",
+                    validation.timeout
+                ),
             )
         })
     });
@@ -140,7 +143,10 @@ pub fn gate(
     if let Some(Err(words)) = observed {
         return (Gate::Refused(words.clone()), Some(record.clone()));
     }
-    let message = format!("{shown} runs since {}; the node stays cordoned until it passes", record.start.0);
+    let message = format!(
+        "{shown} runs since {}; the node stays cordoned until it passes",
+        record.start.0
+    );
     (Gate::Wait { message, deadline }, Some(record.clone()))
 }
 

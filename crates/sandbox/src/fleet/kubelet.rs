@@ -278,7 +278,9 @@ impl Kubelet {
         tokio::spawn(async move {
             match (step, admitted) {
                 (KubeletStep::MakeRunning, Err(refused)) => self.reject(&pod, &refused.to_string()).await,
-                (KubeletStep::MakeRunning, Ok(_)) if work == Work::Validate => self.validate(&pod, &node).await,
+                (KubeletStep::MakeRunning, Ok(_)) if work == Work::Validate => {
+                    self.validate(&pod, &node).await;
+                }
                 (KubeletStep::MakeRunning, Ok(_)) => self.make_running(&pod, &host_ip).await,
                 (KubeletStep::Finalise { after }, _) => {
                     self.finalise(&pod, &uid, after).await;

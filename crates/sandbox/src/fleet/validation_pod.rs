@@ -33,14 +33,24 @@ pub fn finished_patch(pod: &Pod, node: Option<&Node>, now: Timestamp) -> Value {
         .and_then(|n| n.metadata.annotations.as_ref())
         .and_then(|a| a.get(SIM_GPU_FAULT_ANNOTATION));
     let (phase, code, reason, message) = match (node, fault) {
-        (None, _) => ("Failed", 1, "Error", "simulated diagnostic: the node is gone".to_owned()),
+        (None, _) => (
+            "Failed",
+            1,
+            "Error",
+            "simulated diagnostic: the node is gone".to_owned(),
+        ),
         (Some(_), Some(fault)) => (
             "Failed",
             1,
             "Error",
             format!("simulated diagnostic failed: GPU still broken ({fault})"),
         ),
-        (Some(_), None) => ("Succeeded", 0, "Completed", "simulated diagnostic passed".to_owned()),
+        (Some(_), None) => (
+            "Succeeded",
+            0,
+            "Completed",
+            "simulated diagnostic passed".to_owned(),
+        ),
     };
     let now = now.to_string();
     let containers: Vec<Value> = pod
@@ -77,7 +87,8 @@ mod tests {
     fn node(fault: Option<&str>) -> Node {
         let mut node = Node::default();
         if let Some(fault) = fault {
-            node.metadata.annotations = Some([(SIM_GPU_FAULT_ANNOTATION.to_owned(), fault.to_owned())].into());
+            node.metadata.annotations =
+                Some([(SIM_GPU_FAULT_ANNOTATION.to_owned(), fault.to_owned())].into());
         }
         node
     }
@@ -89,7 +100,10 @@ mod tests {
         let now = Timestamp::UNIX_EPOCH;
         let failed = finished_patch(&pod(), Some(&node(Some("XID79 on GPU-3"))), now);
         assert_eq!(failed["status"]["phase"], "Failed");
-        assert_eq!(failed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 1);
+        assert_eq!(
+            failed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+            1
+        );
         let passed = finished_patch(&pod(), Some(&node(None)), now);
         assert_eq!(passed["status"]["phase"], "Succeeded");
         assert_eq!(finished_patch(&pod(), None, now)["status"]["phase"], "Failed");

@@ -329,7 +329,9 @@ fn answer(
             });
         }
         Ask::Validate(rung) => {
-            return Err(format!("a {rung} validation was asked under rules without validation"));
+            return Err(format!(
+                "a {rung} validation was asked under rules without validation"
+            ));
         }
         Ask::HandOff(target) => {
             if target.uid != admitted {
@@ -583,9 +585,15 @@ fn a_reboot_that_succeeds_releases_the_node_it_held() {
         pass(&mut world, Mood::Calm).expect("no invariant breaks");
     }
     // Done while the GPU is still broken is no proof: the node stays held.
-    let held = world.record.as_ref().and_then(|r| r.status.as_ref()).expect("a status");
+    let held = world
+        .record
+        .as_ref()
+        .and_then(|r| r.status.as_ref())
+        .expect("a status");
     assert_eq!(held.phase, Phase::Verifying);
-    assert!(cordon::is_unschedulable(world.node.as_ref().expect("the node stands")));
+    assert!(cordon::is_unschedulable(
+        world.node.as_ref().expect("the node stands")
+    ));
     // Healthy, then healthy for `release.healthyFor` (5 min): released.
     world.happen(Event::Recovers);
     pass(&mut world, Mood::Calm).expect("no invariant breaks");
