@@ -159,6 +159,18 @@ mod tests {
     }
 
     #[test]
+    fn the_sample_validation_and_the_ladder_policy_that_carries_it_are_valid() {
+        let sample: Validation =
+            serde_yaml::from_str(include_str!("../../../config/validation/dcgm-diag.yaml")).unwrap();
+        assert_eq!(check("validation", &sample), Vec::new());
+        let policy: crate::GpuRemediationPolicy =
+            serde_yaml::from_str(include_str!("../../../config/policy-ladder.yaml")).unwrap();
+        assert_eq!(crate::validate::validate_spec(&policy.spec), Vec::new());
+        let carried = policy.spec.validation.expect("the ladder sample validates");
+        assert_eq!(carried.job["spec"], sample.job["spec"]);
+    }
+
+    #[test]
     fn a_namespaced_job_with_a_spec_and_a_timeout_in_range_is_valid() {
         let v = Validation {
             job: job(),
