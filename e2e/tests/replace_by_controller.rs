@@ -131,12 +131,15 @@ impl Scenario {
             metrics: self.metrics.clone(),
             health: None,
         };
-        tokio::spawn(async move {
-            run_with_telemetry(config, settings, Fence::standalone(), telemetry, async move {
+        tokio::spawn(run_with_telemetry(
+            config,
+            settings,
+            Fence::standalone(),
+            telemetry,
+            async move {
                 let _ = stopped.await;
-            })
-            .await
-        });
+            },
+        ));
         self.stop = Some(stop);
     }
 

@@ -266,7 +266,10 @@ async fn step(
         Some(record) => {
             let reference = lifecycle::validation::reference(record);
             let strategy = gpu_remediation_api::policy::Strategy::Template;
-            Some(look_at(ctx, remediation, strategy, &reference, record.start.0).await)
+            // Boxed: held across this step's awaits (clippy's large-future bound).
+            Some(Box::new(
+                look_at(ctx, remediation, strategy, &reference, record.start.0).await,
+            ))
         }
         None => None,
     };
@@ -320,7 +323,7 @@ async fn step(
                 in_flight: &in_flight,
                 asked_at: &asked_at,
                 replacement: replacement.as_ref(),
-                validation: validation.as_ref(),
+                validation: validation.as_deref(),
                 answers: &answers,
                 pace: pace(ctx),
             };

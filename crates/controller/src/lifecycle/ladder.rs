@@ -304,7 +304,7 @@ fn judge_repair(
         let (gate, validation) = validation::gate(
             rules,
             open.evidence.validation.as_ref(),
-            seen.answers.validation.as_ref(),
+            seen.answers.validation.as_deref(),
             seen.validation,
             facts.now,
         );

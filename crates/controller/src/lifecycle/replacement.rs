@@ -183,7 +183,7 @@ fn standing(
     let (gate, record) = validation::gate(
         rules,
         status.validation.as_ref(),
-        seen.answers.validation.as_ref(),
+        seen.answers.validation.as_deref(),
         seen.validation,
         facts.now,
     );

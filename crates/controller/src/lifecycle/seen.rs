@@ -87,8 +87,9 @@ pub struct Answers {
     pub step: Option<Result<ObjectReference, Words>>,
     /// The hand-off label.
     pub hand_off: Option<Result<(), Words>>,
-    /// The validation Job's create.
-    pub validation: Option<Result<ObjectReference, Words>>,
+    /// The validation Job's create (boxed: the acting layer's future holds the answers across its
+    /// awaits, and stays under clippy's large-future bound).
+    pub validation: Option<Box<Result<ObjectReference, Words>>>,
 }
 
 /// What was seen for this pass.

@@ -40,7 +40,10 @@ fn running() -> ValidationRecord {
     record.expect("a record once the Job is created")
 }
 
-#[allow(clippy::unnecessary_wraps, reason = "the gate takes the acting layer's look as it comes, a Result")]
+#[allow(
+    clippy::unnecessary_wraps,
+    reason = "the gate takes the acting layer's look as it comes, a Result"
+)]
 fn seen(reported: Reported, target: Presence) -> Result<Observation, Words> {
     Ok(Observation {
         target,

@@ -102,7 +102,7 @@ pub(super) async fn carry_out(
             let Some(rules) = rules else {
                 unreachable!("the lifecycle validates only under rules")
             };
-            answers.validation = Some(ladder::validate(ctx, remediation, rules, rung).await?);
+            answers.validation = Some(Box::new(ladder::validate(ctx, remediation, rules, rung).await?));
         }
         Ask::HandOff(node) => {
             answers.hand_off = Some(ladder::hand_off(ctx, &node, &name).await?);
