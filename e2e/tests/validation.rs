@@ -195,6 +195,7 @@ async fn a_reboot_that_leaves_the_gpu_broken_fails_validation_keeps_the_cordon_a
         .validation
         .as_ref()
         .expect("the validation Job is recorded");
+    eprintln!("the reboot's validation: {validation:?}");
     assert_eq!(validation.outcome, Some(ValidationOutcome::Failed));
     assert!(validation.duration_seconds.is_some());
     let message = reboot.message.clone().unwrap_or_default();
@@ -244,6 +245,7 @@ async fn a_reboot_that_heals_passes_validation_and_releases_the_node_recording_t
         .validation
         .as_ref()
         .expect("the validation Job is recorded");
+    eprintln!("the reboot's validation: {validation:?}");
     assert_eq!(validation.outcome, Some(ValidationOutcome::Passed));
     let seconds = validation.duration_seconds.expect("its duration");
     assert!(seconds <= 30, "{seconds}s");
