@@ -131,12 +131,15 @@ impl Scenario {
             metrics: self.metrics.clone(),
             health: None,
         };
-        tokio::spawn(async move {
-            run_with_telemetry(config, settings, Fence::standalone(), telemetry, async move {
+        tokio::spawn(run_with_telemetry(
+            config,
+            settings,
+            Fence::standalone(),
+            telemetry,
+            async move {
                 let _ = stopped.await;
-            })
-            .await
-        });
+            },
+        ));
         self.stop = Some(stop);
     }
 
@@ -310,10 +313,11 @@ async fn the_controller_replaces_a_karpenter_node_by_deleting_its_node_claim() {
 }
 
 #[tokio::test]
-async fn the_controller_reboots_through_a_template_and_finishes_when_the_object_reports_done() {
+async fn a_template_reporting_done_is_no_proof_the_node_is_released_once_healthy_for_the_dwell() {
     let namespace_placeholder = "NAMESPACE";
     let spec = json!({
         "action": "Reboot",
+        "release": {"healthyFor": "2s"},
         "replacement": {"strategy": "Template", "timeout": "2m", "template": {
             "apiVersion": "e2e.gpuremediation.dev/v1",
             "kind": "FakeReboot",
@@ -352,6 +356,31 @@ async fn the_controller_reboots_through_a_template_and_finishes_when_the_object_
         )
         .await
         .expect("reporting done");
+    // Done, yet the GPU is still broken: no release (it used to succeed here).
+    common::eventually(
+        "the record saying why it waits",
+        Duration::from_secs(30),
+        || async {
+            let r = s.remediation(&broken).await?;
+            let status = r.status?;
+            (status.phase == Phase::Verifying
+                && status.message.as_deref().is_some_and(|m| {
+                    m.contains("reported condition Succeeded=True") && m.contains("stays cordoned")
+                }))
+            .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = s.remediation(&broken).await.expect("the record");
+    assert_eq!(
+        held.status.map(|st| st.phase),
+        Some(Phase::Verifying),
+        "not released while broken"
+    );
+    gpu_sandbox::fault::set_gpu_condition(&s.client, &broken, "True", "GpusHealthy", "all GPUs healthy")
+        .await
+        .expect("heal");
     let done = s
         .wait_phase(&broken, Phase::Succeeded, Duration::from_secs(60))
         .await;

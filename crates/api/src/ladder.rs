@@ -131,6 +131,9 @@ pub struct StepEvidence {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 86_400))]
     pub dwell_seconds: Option<u32>,
+    /// The validation Job run once the step showed its evidence (`spec.validation`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<crate::validation::ValidationRecord>,
 }
 
 /// One step a remediation took.

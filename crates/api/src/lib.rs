@@ -23,6 +23,7 @@ pub mod schema;
 pub mod selector;
 pub mod unknown_fields;
 pub mod validate;
+pub mod validation;
 pub mod violation;
 
 pub use duration::Duration;

@@ -80,6 +80,11 @@ pub struct GpuRemediationPolicySpec {
     /// When a node counts as recovered.
     #[serde(default)]
     pub release: Release,
+    /// A Job run on a repaired node before it is released: the node returns to service only when
+    /// the Job succeeds; a Job that fails or times out is evidence against the repair (the ladder
+    /// climbs). Unset: the repair's evidence and `release.healthyFor` alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<crate::validation::Validation>,
     /// How long finished remediations are kept (the audit trail, and the memory of rate windows).
     #[serde(default)]
     pub history: History,

@@ -86,6 +86,9 @@ pub struct PolicySnapshot {
     /// The escalation ladder (empty: the one step `spec.action`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ladder: Vec<crate::ladder::LadderStep>,
+    /// The validation Job run before release (unset: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<crate::validation::Validation>,
 }
 
 /// The node condition that triggered a remediation.
@@ -207,6 +210,10 @@ pub struct GpuRemediationStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub steps: Vec<crate::ladder::StepRecord>,
+    /// Without a ladder: the validation Job run before a standing node is released (with a ladder
+    /// each step's evidence holds its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<crate::validation::ValidationRecord>,
     /// From the start of the trigger to the node (or its replacement) back in service, in whole
     /// seconds; set when the remediation succeeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]

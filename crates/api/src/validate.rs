@@ -71,6 +71,9 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
     check_triggers(spec, &mut out);
     check_replacement(&spec.replacement, &mut out);
     check_ladder(spec, &mut out);
+    if let Some(validation) = &spec.validation {
+        out.extend(crate::validation::check("spec.validation", validation));
+    }
     let reboots =
         spec.action == Action::Reboot || spec.triggers.iter().any(|t| t.action == Some(Action::Reboot));
     if reboots && spec.replacement.strategy != Strategy::Template {

@@ -31,7 +31,7 @@ use kube::{
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use crate::fault;
+use crate::{fault, fleet::validation_pod::SIM_GPU_FAULT_ANNOTATION};
 
 /// What the simulated operator does with the next objects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,11 @@ pub struct Behaviour {
     pub takes: Duration,
     /// How a repair that helps shows on the node.
     pub heal_by: Heal,
+    /// A repair that makes the node report healthy also heals its simulated GPU (false: the node
+    /// reports healthy, as the agent does after a reboot resets its latch, yet the GPU stays
+    /// broken: [`crate::fleet::validation_pod::SIM_GPU_FAULT_ANNOTATION`] stays, and a
+    /// validation Job on the node fails).
+    pub heals_hardware: bool,
 }
 
 /// How a repair that helps makes the node report healthy.
@@ -76,6 +81,7 @@ impl Default for Behaviour {
             fails: false,
             takes: Duration::from_millis(500),
             heal_by: Heal::Condition,
+            heals_hardware: true,
         }
     }
 }
@@ -234,12 +240,12 @@ async fn carry_out(
     };
     if heals && behaviour.heal_by == Heal::ClearAnnotation {
         let cleared = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH);
-        let patch = json!({"metadata": {"annotations": {CLEAR_ANNOTATION: cleared.to_string()}}});
+        let patch = json!({"metadata": {"annotations": {CLEAR_ANNOTATION: cleared.to_string(), SIM_GPU_FAULT_ANNOTATION: hardware(behaviour)}}});
         nodes
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
     } else if heals {
-        let patch = json!({"metadata": {"annotations": {FAILED_GPUS_ANNOTATION: null}}});
+        let patch = json!({"metadata": {"annotations": {FAILED_GPUS_ANNOTATION: null, SIM_GPU_FAULT_ANNOTATION: hardware(behaviour)}}});
         nodes
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
@@ -251,6 +257,16 @@ async fn carry_out(
             })?;
     }
     Ok(())
+}
+
+/// The simulated GPU fault after a repair that makes the node report healthy: gone (`null`) when
+/// it heals the hardware, else still there.
+fn hardware(behaviour: Behaviour) -> serde_json::Value {
+    if behaviour.heals_hardware {
+        serde_json::Value::Null
+    } else {
+        json!("the repair left the GPU broken")
+    }
 }
 
 /// A fatal XID on `gpu` as the agent publishes it: the `failed-gpus` annotation naming the GPU
@@ -269,7 +285,10 @@ pub async fn xid(
     let pci = format!("00000000:{:02X}:00.0", gpu.index + 1);
     let reason = format!("XID{xid}");
     let failed = json!([{"uuid": gpu.uuid, "serial": gpu.serial, "index": gpu.index, "pciBusId": pci, "reason": reason}]);
-    let patch = json!({"metadata": {"annotations": {FAILED_GPUS_ANNOTATION: failed.to_string()}}});
+    let patch = json!({"metadata": {"annotations": {
+        FAILED_GPUS_ANNOTATION: failed.to_string(),
+        SIM_GPU_FAULT_ANNOTATION: format!("{reason} on {}", gpu.uuid),
+    }}});
     Api::<Node>::all(client.clone())
         .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;

@@ -278,6 +278,25 @@ async fn step(
         }
         _ => None,
     };
+    // The validation Job running: the open step's (with a ladder), else the record's own.
+    let running = status
+        .steps
+        .last()
+        .filter(|s| s.end.is_none())
+        .and_then(|s| s.evidence.validation.as_ref())
+        .or(status.validation.as_ref())
+        .filter(|r| r.outcome.is_none());
+    let validation = match running {
+        Some(record) => {
+            let reference = lifecycle::validation::reference(record);
+            let strategy = gpu_remediation_api::policy::Strategy::Template;
+            // Boxed: held across this step's awaits (clippy's large-future bound).
+            Some(Box::new(
+                look_at(ctx, remediation, strategy, &reference, record.start.0).await,
+            ))
+        }
+        None => None,
+    };
     let asked_at = |uid: &str| ctx.last_eviction_attempt(uid);
     let mut answers = Answers::default();
     // The record dated from its admission: creation cannot set a status.
@@ -328,6 +347,7 @@ async fn step(
                 in_flight: &in_flight,
                 asked_at: &asked_at,
                 replacement: replacement.as_ref(),
+                validation: validation.as_deref(),
                 answers: &answers,
                 pace: pace(ctx),
             };

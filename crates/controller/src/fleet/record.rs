@@ -71,5 +71,6 @@ pub fn snapshot_of(policy: &GpuRemediationPolicy) -> PolicySnapshot {
         replacement: policy.spec.replacement.clone(),
         release: policy.spec.release.clone(),
         ladder: policy.spec.ladder.clone(),
+        validation: policy.spec.validation.clone(),
     }
 }

@@ -35,6 +35,9 @@ pub enum Ask {
     TriggerStep(gpu_remediation_api::ladder::Rung),
     /// Label the node for a person (the ladder's `HandOff`), keeping the cordon.
     HandOff(NodeRef),
+    /// Create the policy's validation Job on the node for the step `Rung` (idempotent, as the
+    /// `Template` strategy).
+    Validate(gpu_remediation_api::ladder::Rung),
 }
 
 /// When the remediation wants another look.

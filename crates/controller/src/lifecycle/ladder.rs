@@ -39,6 +39,7 @@ use super::{
     ladder_evidence::{self as evidence, boot_id, is_ready},
     replacement,
     status::{self, set_condition},
+    validation::{self, Gate},
 };
 use crate::{
     replace::{self, Progress},
@@ -305,7 +306,34 @@ fn judge_repair(
         && lacking.is_none()
         && at <= facts.now
     {
-        let message = match rung {
+        let (gate, validation) = validation::gate(
+            rules,
+            open.evidence.validation.as_ref(),
+            seen.answers.validation.as_deref(),
+            seen.validation,
+            facts.now,
+        );
+        open.evidence.validation = validation;
+        let validated = match gate {
+            Gate::Release(words) => words,
+            Gate::Ask => return Decision::Ask(Ask::Validate(rung)),
+            Gate::Refused(words) => {
+                *status.steps.last_mut().expect("a step is open") = open;
+                return refused(pass, status, &words, deadline);
+            }
+            Gate::Against { outcome, message } => {
+                *status.steps.last_mut().expect("a step is open") = open;
+                return escalate(pass, status, outcome, &message);
+            }
+            Gate::Wait { message, deadline } => {
+                *status.steps.last_mut().expect("a step is open") = open;
+                status.message = Some(format!("step {rung}: {message}"));
+                status.refusal = None;
+                let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
+                return Decision::Settle(status::unchanged(status, false, next));
+            }
+        };
+        let proven = match rung {
             Rung::ResetGpu => format!(
                 "reset proven: {} answering under the same UUID and the node healthy for {}",
                 open.evidence.gpus_answering.join(", "),
@@ -317,6 +345,10 @@ fn judge_repair(
                 open.evidence.boot_id_after.as_deref().unwrap_or("?"),
                 rules.release.healthy_for
             ),
+        };
+        let message = match validated {
+            Some(words) => format!("{proven}; {words}"),
+            None => proven,
         };
         *status.steps.last_mut().expect("a step is open") = open;
         close(&mut status, StepOutcome::Succeeded, &message, facts.now);

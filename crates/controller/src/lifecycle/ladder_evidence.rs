@@ -179,6 +179,7 @@ mod tests {
                 step(Rung::Replace),
                 step(Rung::HandOff),
             ],
+            validation: None,
         }
     }
 

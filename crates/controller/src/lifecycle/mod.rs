@@ -39,6 +39,7 @@ mod refusal_tests;
 mod replacement;
 mod seen;
 pub mod status;
+pub mod validation;
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationStatus, Phase,

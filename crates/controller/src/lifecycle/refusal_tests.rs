@@ -57,6 +57,7 @@ fn decide_with(record: &GpuRemediation, answers: &Answers, now: Timestamp) -> De
         in_flight: &BTreeMap::new(),
         asked_at: &never,
         replacement: None,
+        validation: None,
         answers,
         pace: Pace {
             pod_poll: SignedDuration::from_secs(1),

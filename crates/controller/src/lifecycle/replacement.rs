@@ -6,6 +6,7 @@
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationStatus, Phase,
     constants::{reasons, remediation_conditions},
+    ladder::Rung,
     object_reference::ObjectReference,
     policy::Strategy,
     remediation::PolicySnapshot,
@@ -14,8 +15,9 @@ use jiff::Timestamp;
 use kube::runtime::events::EventType;
 
 use super::{
-    Ask, CancelReason, Decision, Facts, Health, Identity, Next, Pass, Seen, Words, cancel,
+    Ask, CancelReason, Decision, Facts, Health, Identity, Next, Pass, Seen, Words, cancel, ladder_evidence,
     status::{self, set_condition},
+    validation::{self, Gate},
 };
 use crate::{
     replace::{self, Progress, Verification},
@@ -30,7 +32,7 @@ pub(super) fn advance(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Deci
     if status.phase == Phase::Replacing || status.replacement.is_none() {
         return trigger(remediation, rules, seen, facts, status, deadline);
     }
-    verify(rules, seen, facts, status, triggered_at, deadline)
+    verify(remediation, rules, seen, facts, status, triggered_at, deadline)
 }
 
 /// Triggers the replacement and records its object, or the refusal.
@@ -91,6 +93,7 @@ pub(super) fn triggered(mut status: GpuRemediationStatus, message: &str, now: Ti
 
 /// Judges what was seen of the replacement.
 fn verify(
+    remediation: &GpuRemediation,
     rules: &PolicySnapshot,
     seen: &Seen<'_>,
     facts: &Facts<'_>,
@@ -114,9 +117,94 @@ fn verify(
         rules.replacement.timeout.as_std(),
     ) {
         Progress::Waiting { message } => waiting(status, message, seen, facts, deadline),
+        Progress::Succeeded { message }
+            if rules.replacement.strategy == Strategy::Template
+                && matches!(facts.identity, Identity::Same(_)) =>
+        {
+            standing(remediation, rules, seen, facts, status, &message, deadline)
+        }
         Progress::Succeeded { message } => replaced(status, message, facts),
         Progress::GoneUnseen { message } => gone_unseen(status, &message, facts),
         Progress::Failed { reason, message } => Decision::Settle(fail(status, reason, &message, facts.now)),
+    }
+}
+
+/// A template's evidence (its object reported done, or the trigger cleared) on a node that still
+/// stands is not proof: the node is released only once it has been healthy for
+/// `release.healthyFor` with every failed GPU listed in its inventory again, and, with
+/// `spec.validation`, once the validation Job passed (see `lifecycle::validation`). A Job that
+/// fails ends the remediation `Failed`, the node cordoned; no proof within `replacement.timeout`
+/// likewise.
+fn standing(
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    seen: &Seen<'_>,
+    facts: &Facts<'_>,
+    mut status: GpuRemediationStatus,
+    evidence: &str,
+    deadline: Timestamp,
+) -> Decision {
+    let Identity::Same(node) = facts.identity else {
+        unreachable!("judged standing only when the admitted node stands")
+    };
+    let release_at = facts.release_at();
+    let listed = ladder_evidence::inventory_uuids(node);
+    let silent: Vec<&str> = ladder_evidence::failed_gpus(remediation)
+        .iter()
+        .filter(|gpu| !listed.contains(&gpu.uuid))
+        .map(|gpu| gpu.uuid.as_str())
+        .collect();
+    let lacking = match release_at {
+        None => Some("the node is not healthy".to_owned()),
+        Some(at) if at > facts.now => Some(format!("the node must stay healthy until {at}")),
+        Some(_) if !silent.is_empty() => Some(format!(
+            "{} not listed in the node's GPU inventory",
+            silent.join(", ")
+        )),
+        Some(_) => None,
+    };
+    let poll = Next::At(plus(facts.now, seen.pace.replacement_poll));
+    if let Some(lacking) = lacking {
+        if facts.now >= deadline {
+            let message = format!("{evidence}, but no proof within replacement.timeout: {lacking}");
+            return Decision::Settle(fail(
+                status,
+                replace::verify::REPLACEMENT_TIMEOUT,
+                &message,
+                facts.now,
+            ));
+        }
+        status.message = Some(format!("{evidence}; the node stays cordoned: {lacking}"));
+        status.refusal = None;
+        let next = poll
+            .or_at(Some(deadline))
+            .or_at(release_at.filter(|at| *at > facts.now));
+        return Decision::Settle(status::unchanged(status, false, next));
+    }
+    let (gate, record) = validation::gate(
+        rules,
+        status.validation.as_ref(),
+        seen.answers.validation.as_deref(),
+        seen.validation,
+        facts.now,
+    );
+    status.validation = record;
+    match gate {
+        Gate::Release(None) => replaced(status, evidence.to_owned(), facts),
+        Gate::Release(Some(words)) => replaced(status, format!("{evidence}; {words}"), facts),
+        Gate::Ask => Decision::Ask(Ask::Validate(Rung::Reboot)),
+        Gate::Refused(words) => refused(rules, seen, facts, status, &words, deadline),
+        Gate::Against { message, .. } => Decision::Settle(fail(
+            status,
+            replace::verify::REPLACEMENT_FAILED,
+            &format!("{evidence}; {message}"),
+            facts.now,
+        )),
+        Gate::Wait { message, deadline } => {
+            status.message = Some(message);
+            status.refusal = None;
+            Decision::Settle(status::unchanged(status, false, poll.or_at(Some(deadline))))
+        }
     }
 }
 

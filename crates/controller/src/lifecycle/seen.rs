@@ -123,6 +123,9 @@ pub struct Answers {
     pub step: Option<Result<ObjectReference, Words>>,
     /// The hand-off label.
     pub hand_off: Option<Result<(), Words>>,
+    /// The validation Job's create (boxed: the acting layer's future holds the answers across its
+    /// awaits, and stays under clippy's large-future bound).
+    pub validation: Option<Box<Result<ObjectReference, Words>>>,
 }
 
 /// What was seen for this pass.
@@ -143,6 +146,8 @@ pub struct Seen<'a> {
     pub asked_at: &'a (dyn Fn(&str) -> Option<Timestamp> + Sync),
     /// The replacement (or the ladder step's object), looked at in `Verifying`.
     pub replacement: Option<&'a Result<Observation, Words>>,
+    /// The open step's validation Job, looked at while it runs (see `lifecycle::validation`).
+    pub validation: Option<&'a Result<Observation, Words>>,
     /// The answers to the asks of this pass.
     pub answers: &'a Answers,
     /// The controller's pace.

@@ -153,6 +153,7 @@ pub fn running_status_patch(pod: &Pod, pod_ip: &str, host_ip: &str, now: Timesta
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Work {
     Run,
+    Validate,
     Reject,
     Finalise,
 }
@@ -262,6 +263,7 @@ impl Kubelet {
         let work = match (&step, &admitted) {
             (KubeletStep::MakeRunning, Err(_)) => Work::Reject,
             (KubeletStep::Nothing | KubeletStep::Stall, _) => return,
+            (KubeletStep::MakeRunning, Ok(_)) if super::validation_pod::is_validation(&pod) => Work::Validate,
             (KubeletStep::MakeRunning, Ok(_)) => Work::Run,
             (KubeletStep::Finalise { .. }, _) => Work::Finalise,
         };
@@ -276,6 +278,9 @@ impl Kubelet {
         tokio::spawn(async move {
             match (step, admitted) {
                 (KubeletStep::MakeRunning, Err(refused)) => self.reject(&pod, &refused.to_string()).await,
+                (KubeletStep::MakeRunning, Ok(_)) if work == Work::Validate => {
+                    self.validate(&pod, &node).await;
+                }
                 (KubeletStep::MakeRunning, Ok(_)) => self.make_running(&pod, &host_ip).await,
                 (KubeletStep::Finalise { after }, _) => {
                     self.finalise(&pod, &uid, after).await;
@@ -311,6 +316,29 @@ impl Kubelet {
                     tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
                 }
             }
+        }
+    }
+
+    /// Finishes a validation Job's pod from its node's simulated GPU state
+    /// ([`super::validation_pod`]): no diagnostic runs.
+    async fn validate(&self, pod: &Pod, node: &str) {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        let namespace = pod.namespace().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let _permit = self.permits.acquire().await.expect("semaphore open");
+        let found = match nodes.get_opt(node).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(%node, error = %e, "simulated kubelet: reading the node for a validation pod failed");
+                return;
+            }
+        };
+        let patch = super::validation_pod::finished_patch(pod, found.as_ref(), Timestamp::now());
+        if let Err(e) = pods
+            .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!(%namespace, pod = %pod.name_any(), error = %e, "simulated kubelet: finishing a validation pod failed");
         }
     }
 

@@ -11,6 +11,7 @@ pub mod kubelet;
 pub mod node;
 pub mod pod_resources;
 mod registry;
+pub mod validation_pod;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

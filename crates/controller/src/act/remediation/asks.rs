@@ -90,6 +90,12 @@ pub(super) async fn carry_out(
             };
             answers.step = Some(ladder::trigger_step(ctx, remediation, rules, rung).await?);
         }
+        Ask::Validate(rung) => {
+            let Some(rules) = rules else {
+                unreachable!("the lifecycle validates only under rules")
+            };
+            answers.validation = Some(Box::new(ladder::validate(ctx, remediation, rules, rung).await?));
+        }
         Ask::HandOff(node) => {
             answers.hand_off = Some(ladder::hand_off(ctx, &node, &name).await?);
         }

@@ -68,25 +68,52 @@ pub(crate) async fn trigger_step(
     rules: &PolicySnapshot,
     rung: Rung,
 ) -> Result<Result<ObjectReference, Words>, AdvanceRemediationError> {
-    let words =
-        |error: &TriggerReplacementError| Words::of(format!("creating the {rung} step's object"), error);
+    let action = format!("creating the {rung} step's object");
     let Some(template) = step_of(rules, rung).and_then(|s| s.template.as_ref()) else {
         return Ok(Err(Words::answered(
-            format!("creating the {rung} step's object"),
+            action,
             422,
             format!("the ladder's {rung} step has no template"),
         )));
     };
+    let object = step_template(
+        template,
+        &remediation.name_any(),
+        rung,
+        crate::lifecycle::ladder_evidence::failed_gpus(remediation)
+            .first()
+            .map(|gpu| gpu.uuid.as_str()),
+    );
+    create(ctx, remediation, rules, object, action).await
+}
+
+/// Creates the policy's validation Job on the node for the step `rung` (see
+/// `lifecycle::validation`); a refusal is the lifecycle's to weigh.
+pub(crate) async fn validate(
+    ctx: &Context,
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    rung: Rung,
+) -> Result<Result<ObjectReference, Words>, AdvanceRemediationError> {
+    let action = format!("creating the {rung} step's validation Job");
+    let Some(job) = crate::lifecycle::validation::job_object(rules, &remediation.name_any(), rung) else {
+        return Ok(Err(Words::answered(action, 422, "the policy has no validation".to_owned())));
+    };
+    create(ctx, remediation, rules, job, action).await
+}
+
+/// Creates `object` for the remediation through the `Template` strategy (rendered, owned by the
+/// remediation, idempotent).
+async fn create(
+    ctx: &Context,
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+    object: Value,
+    action: String,
+) -> Result<Result<ObjectReference, Words>, AdvanceRemediationError> {
     let replacement = Replacement {
         strategy: Strategy::Template,
-        template: Some(step_template(
-            template,
-            &remediation.name_any(),
-            rung,
-            crate::lifecycle::ladder_evidence::failed_gpus(remediation)
-                .first()
-                .map(|gpu| gpu.uuid.as_str()),
-        )),
+        template: Some(object),
         timeout: rules.replacement.timeout,
     };
     match crate::act::replace::Replacers::new(ctx.writer.clone())
@@ -97,7 +124,7 @@ pub(crate) async fn trigger_step(
         // A template's trigger creates its object and never writes the remediation.
         Ok(triggered) => Ok(Ok(triggered.reference)),
         Err(TriggerReplacementError::Fenced(fenced)) => Err(fenced.into()),
-        Err(error) => Ok(Err(words(&error))),
+        Err(error) => Ok(Err(Words::of(action, &error))),
     }
 }
 

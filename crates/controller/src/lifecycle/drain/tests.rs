@@ -154,6 +154,7 @@ fn seen_with<'a>(budgets: &'a [PodDisruptionBudget], answers: &'a super::super::
         in_flight: &NONE,
         asked_at: &|_| None,
         replacement: None,
+        validation: None,
         answers,
         pace: super::super::Pace {
             pod_poll: jiff::SignedDuration::from_secs(1),

@@ -126,6 +126,7 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
             in_flight: &in_flight,
             asked_at: &asked_at,
             replacement: observed.as_ref(),
+            validation: None,
             answers: &answers,
             pace: Pace {
                 pod_poll: SignedDuration::from_secs(1),
@@ -333,6 +334,11 @@ fn answer(
                     uid: Some(format!("obj-{rung}")),
                 })
             });
+        }
+        Ask::Validate(rung) => {
+            return Err(format!(
+                "a {rung} validation was asked under rules without validation"
+            ));
         }
         Ask::HandOff(target) => {
             if target.uid != admitted {
@@ -654,13 +660,28 @@ fn a_reboot_that_succeeds_releases_the_node_it_held() {
         world.now += SignedDuration::from_secs(40);
         pass(&mut world, Mood::Calm).expect("no invariant breaks");
     }
+    // Done while the GPU is still broken is no proof: the node stays held.
+    let held = world
+        .record
+        .as_ref()
+        .and_then(|r| r.status.as_ref())
+        .expect("a status");
+    assert_eq!(held.phase, Phase::Verifying);
+    assert!(cordon::is_unschedulable(
+        world.node.as_ref().expect("the node stands")
+    ));
+    // Healthy, then healthy for `release.healthyFor` (5 min): released.
+    world.happen(Event::Recovers);
+    pass(&mut world, Mood::Calm).expect("no invariant breaks");
+    world.now += SignedDuration::from_mins(5);
+    pass(&mut world, Mood::Calm).expect("no invariant breaks");
     let record = world.record.as_ref().expect("the record stays");
     let status = record.status.as_ref().expect("a status");
     assert_eq!(status.phase, Phase::Succeeded);
     assert_eq!(
         status.time_to_recovery_seconds,
-        Some(4 * 40),
-        "from the trigger's start to the reboot seen done"
+        Some(4 * 40 + 300),
+        "from the trigger's start to the node healthy for the dwell"
     );
     let node = world.node.as_ref().expect("the rebooted node stands");
     assert!(!cordon::is_unschedulable(node) && !cordon::has_taint(node));

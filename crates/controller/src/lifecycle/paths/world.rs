@@ -277,6 +277,7 @@ pub(super) fn rules(setup: &Setup) -> PolicySnapshot {
             healthy_for: gpu_remediation_api::Duration::from_mins(5),
         },
         ladder: setup.ladder.iter().copied().map(ladder_step).collect(),
+        validation: None,
     }
 }
 

@@ -1,0 +1,214 @@
+//! Validation before release: the policy's `validation` section (a Job run on the node once a
+//! repair shows evidence, whose success alone lets the node back into service), the record a
+//! remediation keeps of each validation run, and the pure checks of the section.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{duration::Duration, violation::Violation};
+
+/// The longest a validation Job may be given.
+pub const TIMEOUT_MAX: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+/// The label (value `true`) on a validation Job's pods: the sandbox's simulated kubelet decides
+/// such a pod's outcome from the node's simulated GPUs.
+pub const POD_LABEL: &str = "gpuremediation.dev/validation";
+/// The most characters a validation record's message keeps.
+pub const MESSAGE_MAX: usize = 512;
+
+/// A Job run on a repaired node before it is released: a node returns to service only when the
+/// Job succeeds. The controller pins the Job's pod to the node (`spec.nodeName`), lets it tolerate
+/// every taint (the node is still cordoned and tainted), sets `restartPolicy: Never`,
+/// `backoffLimit: 0` unless given and `activeDeadlineSeconds` from `timeout`, and owns the Job
+/// (deleted when the remediation goes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = validation_schema)]
+pub struct Validation {
+    /// A `batch/v1` Job (`apiVersion`, `kind`, `metadata.namespace`, `spec`), e.g. one running
+    /// `dcgmi diag -r 2`. `{{nodeName}}` and `{{remediationName}}` are substituted. Unnamed, it is
+    /// named `<remediation>-validate-<step>`. Pass: the Job reports `Complete`; fail: `Failed`.
+    #[schemars(schema_with = "job_schema")]
+    pub job: Value,
+    /// How long the Job may run before it counts as failed (1s to 6h).
+    #[serde(default = "default_timeout")]
+    pub timeout: Duration,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_mins(15)
+}
+
+fn job_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "x-kubernetes-embedded-resource": true,
+    })
+}
+
+fn validation_schema(schema: &mut schemars::Schema) {
+    use crate::schema::{add_rules, duration_ok, property, rule};
+    add_rules(
+        property(schema, "timeout"),
+        [rule(
+            format!(
+                "!{} || (duration(self) >= duration('1s') && duration(self) <= duration('6h'))",
+                duration_ok("self")
+            ),
+            TIMEOUT_MESSAGE,
+        )],
+    );
+    add_rules(
+        property(schema, "job"),
+        // An embedded resource's CEL type knows its apiVersion, kind and metadata.name only; the
+        // namespace and the spec are checked by `check` (the controller's validation).
+        [rule(
+            "self.apiVersion == 'batch/v1' && self.kind == 'Job'",
+            JOB_MESSAGE,
+        )],
+    );
+}
+
+/// A validation timeout out of range.
+pub const TIMEOUT_MESSAGE: &str = "validation.timeout must be from 1s to 6h";
+/// A validation job that is not a namespaced `batch/v1` Job with a spec.
+pub const JOB_MESSAGE: &str = "validation.job must be a batch/v1 Job with metadata.namespace and a spec (its template runs on the node)";
+
+/// How a validation run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ValidationOutcome {
+    /// The Job reported `Complete`: the node may return to service.
+    Passed,
+    /// The Job reported `Failed` (or was deleted before it reported): evidence against the repair.
+    Failed,
+    /// The Job reported nothing within `validation.timeout`: evidence against the repair.
+    TimedOut,
+}
+
+/// One validation run a remediation made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidationRecord {
+    /// The Job's namespace.
+    #[schemars(length(max = 63))]
+    pub namespace: String,
+    /// The Job's name.
+    #[schemars(length(max = 253))]
+    pub job: String,
+    /// The Job's UID, once created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub uid: Option<String>,
+    /// When the Job was created.
+    pub start: Time,
+    /// When its outcome was seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<Time>,
+    /// How it ended (unset while it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<ValidationOutcome>,
+    /// From creation to outcome, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 86_400))]
+    pub duration_seconds: Option<u32>,
+    /// What the Job reported, for a person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub message: Option<String>,
+}
+
+/// The rules `validation` breaks (`field` is where it sits, e.g. `spec.validation`).
+#[must_use]
+pub fn check(field: &str, validation: &Validation) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let timeout = validation.timeout.as_std();
+    if timeout < std::time::Duration::from_secs(1) || timeout > TIMEOUT_MAX {
+        out.push(Violation::new(format!("{field}.timeout"), TIMEOUT_MESSAGE));
+    }
+    let job = &validation.job;
+    let namespaced = job
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    let is_job = job["apiVersion"] == "batch/v1" && job["kind"] == "Job" && namespaced;
+    let spec = job
+        .get("spec")
+        .map(|spec| serde_json::from_value::<k8s_openapi::api::batch::v1::JobSpec>(spec.clone()));
+    match spec {
+        Some(Ok(_)) if is_job => {}
+        Some(Err(error)) if is_job => out.push(Violation::new(
+            format!("{field}.job.spec"),
+            format!("not a Job spec: {error}"),
+        )),
+        _ => out.push(Violation::new(format!("{field}.job"), JOB_MESSAGE)),
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn job() -> Value {
+        json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"namespace": "gpu-ops"},
+               "spec": {"template": {"spec": {"containers": [{"name": "diag", "image": "dcgm", "command": ["dcgmi", "diag", "-r", "2"]}]}}}})
+    }
+
+    #[test]
+    fn the_sample_validation_and_the_ladder_policy_that_carries_it_are_valid() {
+        let sample: Validation =
+            serde_yaml::from_str(include_str!("../../../config/validation/dcgm-diag.yaml")).unwrap();
+        assert_eq!(check("validation", &sample), Vec::new());
+        let policy: crate::GpuRemediationPolicy =
+            serde_yaml::from_str(include_str!("../../../config/policy-ladder.yaml")).unwrap();
+        assert_eq!(crate::validate::validate_spec(&policy.spec), Vec::new());
+        let carried = policy.spec.validation.expect("the ladder sample validates");
+        assert_eq!(carried.job["spec"], sample.job["spec"]);
+    }
+
+    #[test]
+    fn a_namespaced_job_with_a_spec_and_a_timeout_in_range_is_valid() {
+        let v = Validation {
+            job: job(),
+            timeout: Duration::from_mins(10),
+        };
+        assert_eq!(check("spec.validation", &v), Vec::new());
+    }
+
+    #[test]
+    fn another_kind_a_job_without_namespace_or_a_timeout_past_6h_is_refused() {
+        let mut other = job();
+        other["kind"] = json!("Pod");
+        let mut bare = job();
+        bare["metadata"] = json!({});
+        let mut broken = job();
+        broken["spec"]["template"] = json!("not a pod template");
+        for (job, field) in [
+            (other, "spec.validation.job"),
+            (bare, "spec.validation.job"),
+            (broken, "spec.validation.job.spec"),
+        ] {
+            let found = check(
+                "spec.validation",
+                &Validation {
+                    job,
+                    timeout: Duration::from_mins(1),
+                },
+            );
+            assert_eq!(found.len(), 1, "{found:?}");
+            assert_eq!(found[0].field, field);
+        }
+        let long = Validation {
+            job: job(),
+            timeout: Duration::from_hours(7),
+        };
+        assert_eq!(
+            check("spec.validation", &long)[0].field,
+            "spec.validation.timeout"
+        );
+    }
+}
