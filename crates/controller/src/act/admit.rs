@@ -7,13 +7,18 @@
 //! read afresh right before its remediation is created (the plan was made from our cache; the read
 //! is at least as fresh as it, from the API server's watch cache, see `read::node_read`): one
 //! that recovered meanwhile is not remediated. A record for a node past `maxAttemptsPerNode` is
-//! created silently: its one Event comes when it enters `ManualRequired`.
+//! created silently: its one Event comes when it enters `ManualRequired`. A record the API server
+//! refuses for what it holds stops neither the policy's other records nor its status: the refusal
+//! is said in the status (`recordRefusals`) and a Warning Event naming the node and the server's
+//! words, and the node waits a backoff (`fleet::episodes`).
 
 use std::sync::Arc;
 
 use futures::{StreamExt as _, stream};
-use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, constants::reasons};
-use k8s_openapi::api::core::v1::ObjectReference;
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy, constants::reasons, policy::RecordRefusal,
+};
+use k8s_openapi::{api::core::v1::ObjectReference, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
     Resource, ResourceExt,
     runtime::events::{Event, EventType},
@@ -122,6 +127,7 @@ pub async fn apply(
     let mut creating = stream::iter(starts).buffer_unordered(ctx.settings.remediation_concurrency.max(1));
     let mut policy_status = plan.status.clone();
     let mut failed = None;
+    let mut refusals = Vec::new();
     while let Some(result) = creating.next().await {
         match result {
             // Announced on the policy; the record's own first Event is its first phase change
@@ -140,6 +146,10 @@ pub async fn apply(
                 tracing::info!(policy = %name, "{why}: no remediation started");
                 fleet::not_started(&mut policy_status, policy.spec.mode);
             }
+            Ok(Start::Refused(refusal)) => {
+                fleet::not_started(&mut policy_status, policy.spec.mode);
+                refusals.push(refusal);
+            }
             Err(error) => failed = Some(error),
         }
     }
@@ -147,8 +157,21 @@ pub async fn apply(
         return Err(error);
     }
     for record in &plan.manual_required {
-        let created = ctx.writer.create_remediation(record).await?;
-        tracing::info!(remediation = %created.name_any(), node = %created.spec.node_name, "node past maxAttemptsPerNode: a person must act");
+        match ctx.writer.create_remediation(record).await {
+            Ok(created) => {
+                tracing::info!(remediation = %created.name_any(), node = %created.spec.node_name, "node past maxAttemptsPerNode: a person must act");
+            }
+            Err(error) => refusals.push(refused(record, error)?),
+        }
+    }
+    for refusal in refusals {
+        let note = format!(
+            "the API server refused the record of node {}: {}",
+            refusal.node, refusal.message
+        );
+        tracing::warn!(policy = %name, node = %refusal.node, code = ?refusal.code, message = %refusal.message, "record refused; the policy's other nodes proceed");
+        announcements.add(policy, event(reasons::RECORD_REFUSED, &note, EventType::Warning));
+        fleet::episodes::add_refusal(&mut policy_status.record_refusals, refusal);
     }
     for (stored, status) in &plan.readmit {
         let record = &stored.name_any();
@@ -234,6 +257,24 @@ enum Start {
     },
     /// Not created: a fresh read of its node found it no longer due (why).
     NoLongerDue(String),
+    /// Not created: the API server refused the record (see [`refused`]).
+    Refused(RecordRefusal),
+}
+
+/// A record's create the API server refused for what it holds (400, 422: a value its schema or an
+/// admission policy does not take), as the policy's status keeps it: one node's data must not stop
+/// the policy's pass. Any other failure (the fence, no answer, a conflict) stays an error: the
+/// pass is made again.
+fn refused(record: &GpuRemediation, error: CreateRemediationError) -> Result<RecordRefusal, ApplyPolicyPlanError> {
+    if error.source.metric_label() != "invalid" {
+        return Err(error.into());
+    }
+    Ok(RecordRefusal {
+        node: record.spec.node_name.clone(),
+        at: Time(jiff::Timestamp::now()),
+        code: error.source.code(),
+        message: note::truncate(&error.source.to_string(), fleet::episodes::REFUSAL_MESSAGE_MAX),
+    })
 }
 
 /// Creates one admitted remediation, unless a fresh read of its node (the plan was made from the
@@ -257,7 +298,10 @@ async fn start(
     ) {
         return Ok(Start::NoLongerDue(why));
     }
-    let created = ctx.writer.create_remediation(remediation).await?;
+    let created = match ctx.writer.create_remediation(remediation).await {
+        Ok(created) => created,
+        Err(error) => return Ok(Start::Refused(refused(remediation, error)?)),
+    };
     ctx.metrics
         .remediation_started(&policy.name_any(), created.spec.action);
     if let (Some(previous), Some(since)) = (&created.spec.previous_incident, &created.spec.trigger.since) {

@@ -24,7 +24,9 @@ use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus,
     constants::{policy_conditions, reasons},
     correlated::HeldDomain,
-    policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, SlowStartStatus, WaitingNode},
+    policy::{
+        BudgetStatus, GpuRemediationPolicyStatus, Mode, SlowStartStatus, WAITING_LISTED_MAX, WaitingNode,
+    },
     validate,
 };
 use jiff::Timestamp;
@@ -39,6 +41,7 @@ mod census;
 mod conditions;
 #[cfg(test)]
 mod correlated_tests;
+pub mod episodes;
 pub mod index;
 mod outcomes;
 #[cfg(test)]
@@ -189,7 +192,17 @@ fn plan_policy(
     let spec = &policy.spec;
     let (unhealthy, mut wake) = detect_all(nodes, spec, now);
 
-    let found = candidates(&name, &unhealthy, remediations);
+    let previous = policy.status.clone().unwrap_or_default();
+    let mut found = candidates(&name, &unhealthy, remediations);
+    let held_off = episodes::hold_off(
+        &mut found,
+        &name,
+        spec,
+        &previous.record_refusals,
+        remediations,
+        now,
+    );
+    wake = earliest(wake, held_off.iter().map(|h| h.until).min());
     let started = started(&name, remediations, now);
     // Nothing yielded reads as no list at all.
     let yielded = Some(&governed.yielded).filter(|y| !y.is_empty());
@@ -238,8 +251,12 @@ fn plan_policy(
         wake = earliest(wake, decision.next_slot_at);
     }
 
-    let waiting = waiting_nodes(&decision, &manual_required, invalid.is_none());
-    let previous = policy.status.clone().unwrap_or_default();
+    let (waiting, waiting_total) = listed(waiting_nodes(
+        &decision,
+        &manual_required,
+        held_off,
+        invalid.is_none(),
+    ));
     let newly_waiting = newly_waiting(&waiting, &previous.waiting);
     let domains_held = newly_in(&decision.held_domains, &previous.held_domains);
     let domains_resumed = newly_in(&previous.held_domains, &decision.held_domains);
@@ -289,6 +306,9 @@ fn plan_policy(
             next_slot_at: decision.next_slot_at.map(Time),
         }),
         waiting,
+        waiting_total,
+        // As last written: admission adds this pass's refusals.
+        record_refusals: episodes::current_refusals(&previous.record_refusals, now),
         held_domains: decision.held_domains.clone(),
         quarantined_nodes: quarantine.held,
         leaked_pods: crate::quarantine::leak::on_record(&name, remediations),
@@ -395,11 +415,13 @@ fn report_validity(
     }
 }
 
-/// The nodes the decision holds back, with why (none for an invalid policy). A node past its
-/// attempts is not waiting: its `ManualRequired` record says why, once.
+/// The nodes the decision holds back and those held off before it (see `episodes`), with why
+/// (none for an invalid policy). A node past its attempts is not waiting: its `ManualRequired`
+/// record says why, once.
 fn waiting_nodes(
     decision: &budget::Decision,
     manual_required: &[GpuRemediation],
+    held_off: Vec<episodes::HeldOff>,
     valid: bool,
 ) -> Vec<WaitingNode> {
     decision
@@ -417,7 +439,22 @@ fn waiting_nodes(
             reason: w.deferral.reason().to_owned(),
             message: w.deferral.message(),
         })
+        .chain(held_off.into_iter().filter(|_| valid).map(|h| h.waiting))
         .collect()
+}
+
+/// The waiting nodes a status lists, the longest waiting first (at most [`WAITING_LISTED_MAX`]),
+/// and how many wait in all: a status listing every one of 10,000 waiting nodes outgrows what the
+/// API server takes, and then no status is written at all.
+#[must_use]
+pub fn listed(mut waiting: Vec<WaitingNode>) -> (Vec<WaitingNode>, u32) {
+    let total = count(waiting.len());
+    waiting.sort_by(|a, b| {
+        let since = |w: &WaitingNode| w.unhealthy_since.as_ref().map(|t| t.0);
+        since(a).cmp(&since(b)).then_with(|| a.node.cmp(&b.node))
+    });
+    waiting.truncate(WAITING_LISTED_MAX as usize);
+    (waiting, total)
 }
 
 /// The nodes of `now` that were not waiting before, or waited for another reason.
