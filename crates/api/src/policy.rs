@@ -430,9 +430,10 @@ pub struct GpuRemediationPolicyStatus {
 pub const YIELDED_LISTED_MAX: u32 = 10;
 
 /// The most waiting nodes a policy's status lists (`waitingTotal` counts them all). Each entry is
-/// some 250 bytes: listing every waiting node made the status outgrow the API server's request
-/// limit (1.5 MiB by default) from about 6,000 of them, and then every status write failed. A
-/// hundred, the longest waiting first, is what a person reads; the rest is a count.
+/// 150 to 250 bytes (the node's name, the limit's sentence): listing every waiting node made the
+/// status outgrow the API server's request limit (1.5 MiB by default) from 6,000 to 10,000 of
+/// them, and then every status write failed. A hundred, the longest waiting first, is what a
+/// person reads; the rest is a count.
 pub const WAITING_LISTED_MAX: u32 = 100;
 
 /// The most refused record creations a policy's status lists (the latest first).

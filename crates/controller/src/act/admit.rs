@@ -15,9 +15,7 @@
 use std::sync::Arc;
 
 use futures::{StreamExt as _, stream};
-use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, constants::reasons, policy::RecordRefusal,
-};
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, constants::reasons, policy::RecordRefusal};
 use k8s_openapi::{api::core::v1::ObjectReference, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
     Resource, ResourceExt,
@@ -26,6 +24,7 @@ use kube::{
 
 use crate::{
     context::Context,
+    first_seen::FirstSeen,
     fleet,
     fleet::PolicyPlan,
     lifecycle::{Note, note},
@@ -105,6 +104,7 @@ fn aggregate(events: Vec<(ObjectReference, Event)>) -> Vec<(ObjectReference, Eve
 pub async fn apply(
     ctx: &Context,
     plan: PolicyPlan,
+    first_seen: &FirstSeen,
     announcements: &mut Announcements,
     created: &mut (dyn FnMut(Arc<GpuRemediation>) + Send),
 ) -> Result<Option<jiff::Timestamp>, ApplyPolicyPlanError> {
@@ -123,7 +123,11 @@ pub async fn apply(
     // many nodes fail together, each waits for its record before its cordon, and one at a time
     // costs tens of milliseconds per node.
     // Futures built before they enter the stream (see `remediation::evict_all`).
-    let starts: Vec<_> = plan.create.iter().map(|r| start(ctx, policy, r)).collect();
+    let starts: Vec<_> = plan
+        .create
+        .iter()
+        .map(|r| start(ctx, policy, r, first_seen))
+        .collect();
     let mut creating = stream::iter(starts).buffer_unordered(ctx.settings.remediation_concurrency.max(1));
     let mut policy_status = plan.status.clone();
     let mut failed = None;
@@ -265,7 +269,10 @@ enum Start {
 /// admission policy does not take), as the policy's status keeps it: one node's data must not stop
 /// the policy's pass. Any other failure (the fence, no answer, a conflict) stays an error: the
 /// pass is made again.
-fn refused(record: &GpuRemediation, error: CreateRemediationError) -> Result<RecordRefusal, ApplyPolicyPlanError> {
+fn refused(
+    record: &GpuRemediation,
+    error: CreateRemediationError,
+) -> Result<RecordRefusal, ApplyPolicyPlanError> {
     if error.source.metric_label() != "invalid" {
         return Err(error.into());
     }
@@ -283,6 +290,7 @@ async fn start(
     ctx: &Context,
     policy: &GpuRemediationPolicy,
     remediation: &GpuRemediation,
+    first_seen: &FirstSeen,
 ) -> Result<Start, ApplyPolicyPlanError> {
     let node_name = &remediation.spec.node_name;
     let known = ctx
@@ -294,6 +302,7 @@ async fn start(
         remediation,
         fresh.as_ref(),
         &policy.spec.triggers,
+        first_seen,
         jiff::Timestamp::now(),
     ) {
         return Ok(Start::NoLongerDue(why));

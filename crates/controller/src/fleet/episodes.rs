@@ -134,7 +134,10 @@ fn next_episode_at(
 
 /// Until when `node`'s latest refused record keeps it off, with why.
 fn refused_until(node: &str, refusals: &[RecordRefusal]) -> Option<(Timestamp, String)> {
-    let refusal = refusals.iter().filter(|r| r.node == node).max_by_key(|r| r.at.0)?;
+    let refusal = refusals
+        .iter()
+        .filter(|r| r.node == node)
+        .max_by_key(|r| r.at.0)?;
     let until = plus(refusal.at.0, SignedDuration::from_secs(REFUSAL_BACKOFF_SECONDS));
     let message = format!(
         "the API server refused node {node}'s record at {} ({}): asked again at {until}",
@@ -198,7 +201,7 @@ mod tests {
         found
     }
 
-    fn names(found: &Found<'_, '_>) -> Vec<&str> {
+    fn names<'f>(found: &'f Found<'_, '_>) -> Vec<&'f str> {
         found.candidates.iter().map(|c| c.node.as_str()).collect()
     }
 

@@ -60,6 +60,7 @@ pub use record::{new_remediation, snapshot_of};
 use crate::{
     budget::{self, Deferral, Started},
     detect::{self, Evidence, Verdict},
+    first_seen::FirstSeen,
     governance, quarantine,
     status_condition::condition,
 };
@@ -118,19 +119,30 @@ pub fn plan(
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
 ) -> FleetPlan {
-    plan_with(policies, &Census::take(policies, nodes), nodes, remediations, now)
+    let mut first_seen = FirstSeen::default();
+    first_seen.observe(nodes.iter().map(AsRef::as_ref), now);
+    plan_with(
+        policies,
+        &Census::take(policies, nodes),
+        nodes,
+        remediations,
+        &first_seen,
+        now,
+    )
 }
 
 /// Plans the fleet at `now` from its `census`, looking only at the `nodes` that may need a
 /// decision: every node that is not healthy by its policy's triggers or carries anything of ours,
 /// and every node a remediation names (`index::NodeIndex::candidates`). The plan is the same as
 /// [`plan`]'s over the whole fleet: the nodes left out only count, and the census counts them.
+/// A condition whose own clock cannot be trusted holds since `first_seen` saw it.
 #[must_use]
 pub fn plan_with(
     policies: &[Arc<GpuRemediationPolicy>],
     census: &Census,
     nodes: &[Arc<Node>],
     remediations: &[Arc<GpuRemediation>],
+    first_seen: &FirstSeen,
     now: Timestamp,
 ) -> FleetPlan {
     let mut policies: Vec<&Arc<GpuRemediationPolicy>> = policies
@@ -155,7 +167,7 @@ pub fn plan_with(
     let mut fleet = FleetPlan::default();
     for (policy, name) in policies.into_iter().zip(&names) {
         let nodes = governed.get(name.as_str()).map_or(&[][..], Vec::as_slice);
-        let (plan, wake) = plan_policy(policy, nodes, census.of(name), remediations, now);
+        let (plan, wake) = plan_policy(policy, nodes, census.of(name), remediations, first_seen, now);
         fleet.wake_at = earliest(fleet.wake_at, wake);
         fleet.wake_at = earliest(fleet.wake_at, plan.quarantine.wake_at);
         fleet.policies.push(plan);
@@ -186,11 +198,12 @@ fn plan_policy(
     nodes: &[&Node],
     governed: &Governed,
     remediations: &[Arc<GpuRemediation>],
+    first_seen: &FirstSeen,
     now: Timestamp,
 ) -> (PolicyPlan, Option<Timestamp>) {
     let name = policy.name_any();
     let spec = &policy.spec;
-    let (unhealthy, mut wake) = detect_all(nodes, spec, now);
+    let (unhealthy, mut wake) = detect_all(nodes, spec, first_seen, now);
 
     let previous = policy.status.clone().unwrap_or_default();
     let mut found = candidates(&name, &unhealthy, remediations);
@@ -532,6 +545,7 @@ fn failure_domains(
 fn detect_all<'n>(
     nodes: &[&'n Node],
     spec: &gpu_remediation_api::GpuRemediationPolicySpec,
+    first_seen: &FirstSeen,
     now: Timestamp,
 ) -> (Vec<(&'n Node, Evidence)>, Option<Timestamp>) {
     let mut wake = None;
@@ -542,7 +556,10 @@ fn detect_all<'n>(
             .as_ref()
             .and_then(|s| s.conditions.as_deref())
             .unwrap_or_default();
-        match detect::evaluate(conditions, &spec.triggers, now) {
+        let name = node.name_any();
+        let since =
+            |condition: &k8s_openapi::api::core::v1::NodeCondition| first_seen.since(&name, condition, now);
+        match detect::evaluate_with(conditions, &spec.triggers, now, since) {
             Verdict::Unhealthy { evidence } => unhealthy.push((*node, evidence)),
             Verdict::Pending { due, .. } => wake = earliest(wake, Some(due)),
             Verdict::Healthy { .. } => {}
