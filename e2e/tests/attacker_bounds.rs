@@ -86,9 +86,15 @@ async fn one_record_each_whatever_the_clock(transition: Option<Timestamp>) {
     .await;
     let controller = RunningController::start(&s.scope).await;
     break_with_clock(&s, attacker, transition).await;
-    set_gpu_condition(&s.client, victim, "False", "XID79", "GPU 0 has fallen off the bus")
-        .await
-        .expect("the victim's fault");
+    set_gpu_condition(
+        &s.client,
+        victim,
+        "False",
+        "XID79",
+        "GPU 0 has fallen off the bus",
+    )
+    .await
+    .expect("the victim's fault");
 
     eventually("a record of each node", Duration::from_secs(30), || async {
         let records = s.remediations().await;
@@ -105,8 +111,18 @@ async fn one_record_each_whatever_the_clock(transition: Option<Timestamp>) {
             .map(|r| r.metadata.name.clone().unwrap_or_default())
             .collect::<Vec<_>>()
     };
-    assert_eq!(of(attacker).len(), 1, "one episode of the attacker: {:?}", of(attacker));
-    assert_eq!(of(victim).len(), 1, "the victim's fault is recorded: {:?}", of(victim));
+    assert_eq!(
+        of(attacker).len(),
+        1,
+        "one episode of the attacker: {:?}",
+        of(attacker)
+    );
+    assert_eq!(
+        of(victim).len(),
+        1,
+        "the victim's fault is recorded: {:?}",
+        of(victim)
+    );
     controller.stop().await;
 }
 
@@ -185,13 +201,25 @@ async fn a_node_whose_record_is_refused_neither_stops_its_policy_nor_keeps_its_s
     }))
     .await;
     // The refused node's fault is the older: it is admitted first, to the only slot.
-    set_gpu_condition(&s.client, refused, "False", &poison, "a fault the server refuses to record")
-        .await
-        .expect("the refused node's fault");
+    set_gpu_condition(
+        &s.client,
+        refused,
+        "False",
+        &poison,
+        "a fault the server refuses to record",
+    )
+    .await
+    .expect("the refused node's fault");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    set_gpu_condition(&s.client, victim, "False", "XID79", "GPU 0 has fallen off the bus")
-        .await
-        .expect("the victim's fault");
+    set_gpu_condition(
+        &s.client,
+        victim,
+        "False",
+        "XID79",
+        "GPU 0 has fallen off the bus",
+    )
+    .await
+    .expect("the victim's fault");
     let controller = RunningController::start(&s.scope).await;
 
     // The policy governs its other node: the victim's fault is recorded and cordoned.
@@ -218,7 +246,8 @@ async fn a_node_whose_record_is_refused_neither_stops_its_policy_nor_keeps_its_s
         .unwrap_or_else(|| panic!("the refusal is in the status: {status:?}"));
     assert_eq!(said.code, Some(422), "{said:?}");
     assert!(
-        said.message.contains(&format!("no record of reason {poison} is taken")),
+        said.message
+            .contains(&format!("no record of reason {poison} is taken")),
         "{said:?}"
     );
     let waiting = status.waiting.iter().find(|w| w.node == *refused);
@@ -294,10 +323,7 @@ async fn the_status_of_a_policy_with_ten_thousand_waiting_nodes_is_written() {
         "status": built,
     }))
     .unwrap();
-    println!(
-        "status of 10,000 waiting nodes: {} bytes as written",
-        body.len()
-    );
+    println!("status of 10,000 waiting nodes: {} bytes as written", body.len());
     let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
     Api::<GpuRemediationPolicy>::all(s.client.clone())
         .patch_status(

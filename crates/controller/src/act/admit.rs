@@ -110,15 +110,7 @@ pub async fn apply(
 ) -> Result<Option<jiff::Timestamp>, ApplyPolicyPlanError> {
     let policy = plan.policy.as_ref();
     let name = policy.name_any();
-    ctx.metrics.set_in_flight(&name, plan.status.in_flight);
-    ctx.metrics
-        .set_budget_remaining(&name, plan.status.budget.as_ref().map_or(0, |b| b.remaining));
-    ctx.metrics.set_circuit_open(
-        &name,
-        plan.status.conditions.iter().any(|c| {
-            c.type_ == gpu_remediation_api::constants::policy_conditions::CIRCUIT_OPEN && c.status == "True"
-        }),
-    );
+    set_metrics(ctx, &name, &plan.status);
     // Created as many at once as advance at once to their cordon (`remediation_concurrency`): when
     // many nodes fail together, each waits for its record before its cordon, and one at a time
     // costs tens of milliseconds per node.
@@ -168,15 +160,7 @@ pub async fn apply(
             Err(error) => refusals.push(refused(record, error)?),
         }
     }
-    for refusal in refusals {
-        let note = format!(
-            "the API server refused the record of node {}: {}",
-            refusal.node, refusal.message
-        );
-        tracing::warn!(policy = %name, node = %refusal.node, code = ?refusal.code, message = %refusal.message, "record refused; the policy's other nodes proceed");
-        announcements.add(policy, event(reasons::RECORD_REFUSED, &note, EventType::Warning));
-        fleet::episodes::add_refusal(&mut policy_status.record_refusals, refusal);
-    }
+    report_refusals(policy, refusals, &mut policy_status, announcements);
     for (stored, status) in &plan.readmit {
         let record = &stored.name_any();
         let updated = ctx
@@ -249,6 +233,19 @@ pub async fn apply(
     Ok(held_until)
 }
 
+/// The policy's gauges, from the status its plan built.
+fn set_metrics(ctx: &Context, name: &str, status: &gpu_remediation_api::policy::GpuRemediationPolicyStatus) {
+    ctx.metrics.set_in_flight(name, status.in_flight);
+    ctx.metrics
+        .set_budget_remaining(name, status.budget.as_ref().map_or(0, |b| b.remaining));
+    ctx.metrics.set_circuit_open(
+        name,
+        status.conditions.iter().any(|c| {
+            c.type_ == gpu_remediation_api::constants::policy_conditions::CIRCUIT_OPEN && c.status == "True"
+        }),
+    );
+}
+
 /// What became of one admitted remediation.
 enum Start {
     /// Created: the record as the server returned it, and the note of the Event announcing it (on
@@ -272,9 +269,9 @@ enum Start {
 fn refused(
     record: &GpuRemediation,
     error: CreateRemediationError,
-) -> Result<RecordRefusal, ApplyPolicyPlanError> {
+) -> Result<RecordRefusal, CreateRemediationError> {
     if error.source.metric_label() != "invalid" {
-        return Err(error.into());
+        return Err(error);
     }
     Ok(RecordRefusal {
         node: record.spec.node_name.clone(),
@@ -282,6 +279,25 @@ fn refused(
         code: error.source.code(),
         message: note::truncate(&error.source.to_string(), fleet::episodes::REFUSAL_MESSAGE_MAX),
     })
+}
+
+/// Says each refusal: in the policy's status and a Warning Event naming the node and the server's
+/// words.
+fn report_refusals(
+    policy: &GpuRemediationPolicy,
+    refusals: Vec<RecordRefusal>,
+    status: &mut gpu_remediation_api::policy::GpuRemediationPolicyStatus,
+    announcements: &mut Announcements,
+) {
+    for refusal in refusals {
+        let note = format!(
+            "the API server refused the record of node {}: {}",
+            refusal.node, refusal.message
+        );
+        tracing::warn!(policy = %policy.name_any(), node = %refusal.node, code = ?refusal.code, message = %refusal.message, "record refused; the policy's other nodes proceed");
+        announcements.add(policy, event(reasons::RECORD_REFUSED, &note, EventType::Warning));
+        fleet::episodes::add_refusal(&mut status.record_refusals, refusal);
+    }
 }
 
 /// Creates one admitted remediation, unless a fresh read of its node (the plan was made from the

@@ -176,7 +176,7 @@ mod tests {
         Arc::new(record)
     }
 
-    fn found<'n>(nodes: &'n [Node]) -> Found<'n, 'static> {
+    fn found(nodes: &[Node]) -> Found<'_, 'static> {
         let mut found = Found {
             candidates: Vec::new(),
             evidence_of: std::collections::BTreeMap::new(),
