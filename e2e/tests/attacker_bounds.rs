@@ -256,16 +256,16 @@ async fn a_node_whose_record_is_refused_neither_stops_its_policy_nor_keeps_its_s
         Some(reasons::RECORD_REFUSED),
         "the refused node waits its backoff: {status:?}"
     );
-    let notes = eventually("the refusal's Event", Duration::from_secs(20), || async {
-        let notes = event_notes(&s.client, &s.scope, reasons::RECORD_REFUSED).await;
-        (!notes.is_empty()).then_some(notes)
+    let said_in_events = eventually("the refusal's Event", Duration::from_secs(20), || async {
+        let found = event_notes(&s.client, &s.scope, reasons::RECORD_REFUSED).await;
+        (!found.is_empty()).then_some(found)
     })
     .await;
     assert!(
-        notes
+        said_in_events
             .iter()
             .any(|n| n.contains(refused.as_str()) && n.contains("no record of reason")),
-        "{notes:?}"
+        "{said_in_events:?}"
     );
     controller.stop().await;
     remove_admission_policy(&s, &admission).await;

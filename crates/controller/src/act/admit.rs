@@ -29,7 +29,7 @@ use crate::{
     fleet::PolicyPlan,
     lifecycle::{Note, note},
     read::ReadNodeError,
-    write::{self, CreateRemediationError, DeleteRemediationError, WriteStatusError},
+    write::{self, CreateRemediationError, DeleteRemediationError, WriteError, WriteStatusError},
 };
 
 /// Why a policy's plan could not be carried out (it is planned again in the next pass).
@@ -277,8 +277,16 @@ fn refused(
         node: record.spec.node_name.clone(),
         at: Time(jiff::Timestamp::now()),
         code: error.source.code(),
-        message: note::truncate(&error.source.to_string(), fleet::episodes::REFUSAL_MESSAGE_MAX),
+        message: note::truncate(&server_words(&error.source), fleet::episodes::REFUSAL_MESSAGE_MAX),
     })
+}
+
+/// The server's message of a refusal (the whole error when it gave none).
+fn server_words(error: &WriteError) -> String {
+    match error {
+        WriteError::Api(kube::Error::Api(status)) if !status.message.is_empty() => status.message.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// Says each refusal: in the policy's status and a Warning Event naming the node and the server's
