@@ -237,6 +237,11 @@ pub mod reasons {
     pub const DEFERRED_DOMAIN_IN_FLIGHT: &str = "DeferredByDomainInFlight";
     /// The node used up `maxAttemptsPerNode`.
     pub const ATTEMPTS_EXHAUSTED: &str = "AttemptsExhausted";
+    /// The node opened an episode less than its trigger's `for` (at least a minute) ago: a new one
+    /// waits, whatever clock the node's condition carries.
+    pub const EPISODE_HELD_OFF: &str = "EpisodeHeldOff";
+    /// The API server refused to create the node's record: it is asked again after a backoff.
+    pub const RECORD_REFUSED: &str = "RecordRefused";
     /// A phase changed.
     pub const PHASE_CHANGED: &str = "PhaseChanged";
     /// An eviction was refused by a `PodDisruptionBudget`.

@@ -79,6 +79,10 @@ pub enum Distrust {
     Conflict,
 }
 
+/// The largest NVML index a ledger records (far above any machine's GPU count); a node reporting
+/// a larger one has its index left out, not its record refused.
+pub const GPU_INDEX_MAX: u32 = 1024;
+
 /// One GPU in a ledger.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -92,7 +96,7 @@ pub struct LedgerGpu {
     pub serial: Option<String>,
     /// NVML index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = 1024))]
+    #[schemars(range(max = GPU_INDEX_MAX))]
     pub index: Option<u32>,
     /// PCI bus id.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -394,9 +394,20 @@ pub struct GpuRemediationPolicyStatus {
     /// What the budget allows now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetStatus>,
-    /// Unhealthy nodes held back, longest-unhealthy first, each with the limit that holds it.
+    /// Unhealthy nodes held back, longest-unhealthy first, each with the limit that holds it: the
+    /// first 100 of them ([`WAITING_LISTED_MAX`]) (`waitingTotal` counts them all).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = WAITING_LISTED_MAX))]
     pub waiting: Vec<WaitingNode>,
+    /// How many unhealthy nodes are held back, listed in `waiting` or not.
+    #[serde(default)]
+    pub waiting_total: u32,
+    /// The latest records the API server refused to create (at most 10, [`REFUSALS_LISTED_MAX`]),
+    /// newest first: each node is asked again after five minutes ([`REFUSAL_BACKOFF_SECONDS`]), and meanwhile
+    /// neither holds a slot nor keeps the policy's other nodes waiting.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = REFUSALS_LISTED_MAX))]
+    pub record_refusals: Vec<RecordRefusal>,
     /// Failure domains over their unhealthy limit, whose nodes wait (the suspects).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_domains: Vec<HeldDomain>,
@@ -422,6 +433,36 @@ pub struct GpuRemediationPolicyStatus {
 
 /// The most yielded nodes a policy's status names (it counts them all).
 pub const YIELDED_LISTED_MAX: u32 = 10;
+
+/// The most waiting nodes a policy's status lists (`waitingTotal` counts them all). Each entry is
+/// 150 to 250 bytes (the node's name, the limit's sentence): listing every waiting node made the
+/// status outgrow the API server's request limit (1.5 MiB by default) from 6,000 to 10,000 of
+/// them, and then every status write failed. A hundred, the longest waiting first, is what a
+/// person reads; the rest is a count.
+pub const WAITING_LISTED_MAX: u32 = 100;
+
+/// The most refused record creations a policy's status lists (the latest first).
+pub const REFUSALS_LISTED_MAX: u32 = 10;
+
+/// How long a node whose record the API server refused waits before its record is asked again: a
+/// refusal (422: a value the schema does not take) repeats until the node's data changes, and
+/// asking it every pass would keep the node in the policy's only slot for ever.
+pub const REFUSAL_BACKOFF_SECONDS: i64 = 300;
+
+/// A record the API server refused to create.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordRefusal {
+    /// The node the record was for.
+    pub node: String,
+    /// When it was refused.
+    pub at: Time,
+    /// The HTTP status, when the server answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<u16>,
+    /// The server's words.
+    pub message: String,
+}
 
 /// A node a policy selects and yields to another.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -35,6 +35,7 @@ use crate::{
         remediation::{self, AdvanceRemediationError, Next},
     },
     context::{Context, Settings},
+    first_seen::FirstSeen,
     fleet, hardware,
     lanes::{Lane, Lanes},
     leader::Fence,
@@ -127,6 +128,8 @@ pub async fn run_with_telemetry(
     tracing::info!(policy_selector = ?ctx.settings.policy_selector, "caches ready; controller running");
     let mut advances = Advances::new(&ctx.settings);
     let mut index = fleet::index::NodeIndex::default();
+    // When each condition whose own clock cannot be trusted was first seen (see `first_seen`).
+    let mut first_seen = FirstSeen::default();
     let mut ledger = act::hardware::Ledger::default();
     // The first pass, and every pass the resync starts, looks at every remediation; a pass a watch
     // event starts looks at those the change concerns and those due; a pass started by an
@@ -147,7 +150,15 @@ pub async fn run_with_telemetry(
             last_full_pass = tokio::time::Instant::now();
         }
         let since_last = std::mem::take(&mut changed);
-        let next = pass(&ctx, &mut advances, &mut index, &mut ledger, &since_last).await;
+        let next = pass(
+            &ctx,
+            &mut advances,
+            &mut index,
+            &mut first_seen,
+            &mut ledger,
+            &since_last,
+        )
+        .await;
         let sleep = until(next, ctx.settings.resync);
         tokio::select! {
             () = wake.notified() => {
@@ -183,6 +194,7 @@ async fn pass(
     ctx: &Arc<Context>,
     advances: &mut Advances,
     index: &mut fleet::index::NodeIndex,
+    first_seen: &mut FirstSeen,
     ledger: &mut act::hardware::Ledger,
     changed: &Changed,
 ) -> Timestamp {
@@ -217,7 +229,8 @@ async fn pass(
         .map(str::to_owned)
         .collect();
     let nodes = ctx.caches.nodes_named(&candidates);
-    let mut plan = fleet::plan_with(&policies, &index.census(), &nodes, &remediations, now);
+    first_seen.observe(nodes.iter().map(AsRef::as_ref), now);
+    let mut plan = fleet::plan_with(&policies, &index.census(), &nodes, &remediations, first_seen, now);
     // The hardware ledger: each new record names its node's GPUs; repeat offenders skip rungs.
     let failures = hardware::failures(&ctx.caches.hardware_records(), &remediations);
     hardware::amend(&mut plan, &nodes, || ctx.caches.all_nodes(), &failures, now);
@@ -248,7 +261,7 @@ async fn pass(
         let policy = policy_plan.policy.metadata.name.clone().unwrap_or_default();
         // Each record's cordon starts as soon as the record exists.
         let mut created = |record: Arc<GpuRemediation>| advances.start(ctx, record.name_any(), record);
-        match admit::apply(ctx, policy_plan, &mut announcements, &mut created).await {
+        match admit::apply(ctx, policy_plan, first_seen, &mut announcements, &mut created).await {
             Ok(Some(counts_held_until)) => next = next.min(counts_held_until),
             Ok(None) => {}
             Err(error) => {

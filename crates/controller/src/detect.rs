@@ -78,9 +78,28 @@ pub fn condition_matches(trigger: &Trigger, condition: &NodeCondition) -> bool {
 ///
 /// When several triggers hold, the one that has held longest decides, so a node is reported
 /// unhealthy as early as any trigger allows. A matching condition without `lastTransitionTime`
-/// counts as having just started: the clock cannot be trusted, so the node is not condemned on it.
+/// counts as having just started: the clock cannot be trusted, so the node is not condemned on it
+/// (the controller's passes use [`evaluate_with`] and remember when they first saw it, see
+/// `first_seen`).
 #[must_use]
 pub fn evaluate(conditions: &[NodeCondition], triggers: &[Trigger], now: Timestamp) -> Verdict {
+    // A time in the future is the writer's clock or a forgery; it counts as now.
+    evaluate_with(conditions, triggers, now, |condition| {
+        condition
+            .last_transition_time
+            .as_ref()
+            .map_or(now, |t| t.0.min(now))
+    })
+}
+
+/// [`evaluate`], each condition's clock (since when it holds) given by `since`.
+#[must_use]
+pub fn evaluate_with(
+    conditions: &[NodeCondition],
+    triggers: &[Trigger],
+    now: Timestamp,
+    since: impl Fn(&NodeCondition) -> Timestamp,
+) -> Verdict {
     let mut unhealthy: Option<Evidence> = None;
     let mut pending: Option<(Evidence, Timestamp)> = None;
     let mut healthy_since: Option<Timestamp> = None;
@@ -89,11 +108,7 @@ pub fn evaluate(conditions: &[NodeCondition], triggers: &[Trigger], now: Timesta
         let Some(condition) = conditions.iter().find(|c| c.type_ == trigger.condition_type) else {
             continue;
         };
-        // A time in the future is the writer's clock or a forgery; it counts as now.
-        let changed_at = condition
-            .last_transition_time
-            .as_ref()
-            .map_or(now, |t| t.0.min(now));
+        let changed_at = since(condition).min(now);
         if !condition_matches(trigger, condition) {
             healthy_since = Some(healthy_since.map_or(changed_at, |t| t.max(changed_at)));
             continue;

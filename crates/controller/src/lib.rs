@@ -21,6 +21,7 @@ pub mod detect;
 pub mod dra;
 pub mod drain;
 pub mod election;
+pub mod first_seen;
 pub mod fleet;
 pub mod governance;
 pub mod hardware;

@@ -9,7 +9,10 @@
 //! that recovered meanwhile is not remediated. A record for a node past `maxAttemptsPerNode` is
 //! created silently: its one Event comes when it enters `ManualRequired`. A finished record past
 //! `history.ttl` that still holds its node is not deleted: it is marked `AwaitingPerson`, with one
-//! Event (see `fleet::expiry`).
+//! Event (see `fleet::expiry`). A record the API server
+//! refuses for what it holds stops neither the policy's other records nor its status: the refusal
+//! is said in the status (`recordRefusals`) and a Warning Event naming the node and the server's
+//! words, and the node waits a backoff (`fleet::episodes`).
 
 use std::sync::Arc;
 
@@ -17,8 +20,9 @@ use futures::{StreamExt as _, stream};
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy,
     constants::{reasons, remediation_conditions},
+    policy::RecordRefusal,
 };
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::{api::core::v1::ObjectReference, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
     Resource, ResourceExt,
     runtime::events::{Event, EventType},
@@ -26,11 +30,12 @@ use kube::{
 
 use crate::{
     context::Context,
+    first_seen::FirstSeen,
     fleet,
     fleet::PolicyPlan,
     lifecycle::{Note, note},
     read::ReadNodeError,
-    write::{self, CreateRemediationError, DeleteRemediationError, WriteStatusError},
+    write::{self, CreateRemediationError, DeleteRemediationError, WriteError, WriteStatusError},
 };
 
 /// Why a policy's plan could not be carried out (it is planned again in the next pass).
@@ -114,28 +119,26 @@ fn aggregate(events: Vec<(ObjectReference, Event)>) -> Vec<(ObjectReference, Eve
 pub async fn apply(
     ctx: &Context,
     plan: PolicyPlan,
+    first_seen: &FirstSeen,
     announcements: &mut Announcements,
     created: &mut (dyn FnMut(Arc<GpuRemediation>) + Send),
 ) -> Result<Option<jiff::Timestamp>, ApplyPolicyPlanError> {
     let policy = plan.policy.as_ref();
     let name = policy.name_any();
-    ctx.metrics.set_in_flight(&name, plan.status.in_flight);
-    ctx.metrics
-        .set_budget_remaining(&name, plan.status.budget.as_ref().map_or(0, |b| b.remaining));
-    ctx.metrics.set_circuit_open(
-        &name,
-        plan.status.conditions.iter().any(|c| {
-            c.type_ == gpu_remediation_api::constants::policy_conditions::CIRCUIT_OPEN && c.status == "True"
-        }),
-    );
+    set_metrics(ctx, &name, &plan.status);
     // Created as many at once as advance at once to their cordon (`remediation_concurrency`): when
     // many nodes fail together, each waits for its record before its cordon, and one at a time
     // costs tens of milliseconds per node.
     // Futures built before they enter the stream (see `remediation::evict_all`).
-    let starts: Vec<_> = plan.create.iter().map(|r| start(ctx, policy, r)).collect();
+    let starts: Vec<_> = plan
+        .create
+        .iter()
+        .map(|r| start(ctx, policy, r, first_seen))
+        .collect();
     let mut creating = stream::iter(starts).buffer_unordered(ctx.settings.remediation_concurrency.max(1));
     let mut policy_status = plan.status.clone();
     let mut failed = None;
+    let mut refusals = Vec::new();
     while let Some(result) = creating.next().await {
         match result {
             // Announced on the policy; the record's own first Event is its first phase change
@@ -166,6 +169,10 @@ pub async fn apply(
                 tracing::info!(policy = %name, "{why}: no remediation started");
                 fleet::not_started(&mut policy_status, policy.spec.mode);
             }
+            Ok(Start::Refused(refusal)) => {
+                fleet::not_started(&mut policy_status, policy.spec.mode);
+                refusals.push(refusal);
+            }
             Err(error) => failed = Some(error),
         }
     }
@@ -173,9 +180,14 @@ pub async fn apply(
         return Err(error);
     }
     for record in &plan.manual_required {
-        let created = ctx.writer.create_remediation(record).await?;
-        tracing::info!(remediation = %created.name_any(), node = %created.spec.node_name, "node past maxAttemptsPerNode: a person must act");
+        match ctx.writer.create_remediation(record).await {
+            Ok(created) => {
+                tracing::info!(remediation = %created.name_any(), node = %created.spec.node_name, "node past maxAttemptsPerNode: a person must act");
+            }
+            Err(error) => refusals.push(refused(record, error)?),
+        }
     }
+    report_refusals(policy, refusals, &mut policy_status, announcements);
     for (stored, status) in &plan.readmit {
         let record = &stored.name_any();
         let updated = ctx
@@ -280,6 +292,19 @@ async fn mark_awaiting_person(
     Ok(())
 }
 
+/// The policy's gauges, from the status its plan built.
+fn set_metrics(ctx: &Context, name: &str, status: &gpu_remediation_api::policy::GpuRemediationPolicyStatus) {
+    ctx.metrics.set_in_flight(name, status.in_flight);
+    ctx.metrics
+        .set_budget_remaining(name, status.budget.as_ref().map_or(0, |b| b.remaining));
+    ctx.metrics.set_circuit_open(
+        name,
+        status.conditions.iter().any(|c| {
+            c.type_ == gpu_remediation_api::constants::policy_conditions::CIRCUIT_OPEN && c.status == "True"
+        }),
+    );
+}
+
 /// What became of one admitted remediation.
 enum Start {
     /// Created: the record as the server returned it, and the note of the Event announcing it (on
@@ -292,6 +317,54 @@ enum Start {
     },
     /// Not created: a fresh read of its node found it no longer due (why).
     NoLongerDue(String),
+    /// Not created: the API server refused the record (see [`refused`]).
+    Refused(RecordRefusal),
+}
+
+/// A record's create the API server refused for what it holds (400, 422: a value its schema or an
+/// admission policy does not take), as the policy's status keeps it: one node's data must not stop
+/// the policy's pass. Any other failure (the fence, no answer, a conflict) stays an error: the
+/// pass is made again.
+fn refused(
+    record: &GpuRemediation,
+    error: CreateRemediationError,
+) -> Result<RecordRefusal, CreateRemediationError> {
+    if error.source.metric_label() != "invalid" {
+        return Err(error);
+    }
+    Ok(RecordRefusal {
+        node: record.spec.node_name.clone(),
+        at: Time(jiff::Timestamp::now()),
+        code: error.source.code(),
+        message: note::truncate(&server_words(&error.source), fleet::episodes::REFUSAL_MESSAGE_MAX),
+    })
+}
+
+/// The server's message of a refusal (the whole error when it gave none).
+fn server_words(error: &WriteError) -> String {
+    match error {
+        WriteError::Api(kube::Error::Api(status)) if !status.message.is_empty() => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Says each refusal: in the policy's status and a Warning Event naming the node and the server's
+/// words.
+fn report_refusals(
+    policy: &GpuRemediationPolicy,
+    refusals: Vec<RecordRefusal>,
+    status: &mut gpu_remediation_api::policy::GpuRemediationPolicyStatus,
+    announcements: &mut Announcements,
+) {
+    for refusal in refusals {
+        let note = format!(
+            "the API server refused the record of node {}: {}",
+            refusal.node, refusal.message
+        );
+        tracing::warn!(policy = %policy.name_any(), node = %refusal.node, code = ?refusal.code, message = %refusal.message, "record refused; the policy's other nodes proceed");
+        announcements.add(policy, event(reasons::RECORD_REFUSED, &note, EventType::Warning));
+        fleet::episodes::add_refusal(&mut status.record_refusals, refusal);
+    }
 }
 
 /// Creates one admitted remediation, unless a fresh read of its node (the plan was made from the
@@ -300,6 +373,7 @@ async fn start(
     ctx: &Context,
     policy: &GpuRemediationPolicy,
     remediation: &GpuRemediation,
+    first_seen: &FirstSeen,
 ) -> Result<Start, ApplyPolicyPlanError> {
     let node_name = &remediation.spec.node_name;
     let known = ctx
@@ -311,11 +385,15 @@ async fn start(
         remediation,
         fresh.as_ref(),
         &policy.spec.triggers,
+        first_seen,
         jiff::Timestamp::now(),
     ) {
         return Ok(Start::NoLongerDue(why));
     }
-    let created = ctx.writer.create_remediation(remediation).await?;
+    let created = match ctx.writer.create_remediation(remediation).await {
+        Ok(created) => created,
+        Err(error) => return Ok(Start::Refused(refused(remediation, error)?)),
+    };
     ctx.metrics
         .remediation_started(&policy.name_any(), created.spec.action);
     if let (Some(previous), Some(since)) = (&created.spec.previous_incident, &created.spec.trigger.since) {

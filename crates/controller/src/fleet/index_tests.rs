@@ -151,7 +151,14 @@ fn planned_from(index: &NodeIndex, nodes: &[Arc<Node>], records: &[Arc<GpuRemedi
         .collect();
     format!(
         "{:?}",
-        fleet::plan_with(&policies(), &index.census(), &looked_at, records, at(now))
+        fleet::plan_with(
+            &policies(),
+            &index.census(),
+            &looked_at,
+            records,
+            &crate::first_seen::FirstSeen::default(),
+            at(now)
+        )
     )
 }
 

@@ -24,7 +24,9 @@ use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus,
     constants::{policy_conditions, reasons},
     correlated::HeldDomain,
-    policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, SlowStartStatus, WaitingNode},
+    policy::{
+        BudgetStatus, GpuRemediationPolicyStatus, Mode, SlowStartStatus, WAITING_LISTED_MAX, WaitingNode,
+    },
     validate,
 };
 use jiff::Timestamp;
@@ -39,6 +41,7 @@ mod census;
 mod conditions;
 #[cfg(test)]
 mod correlated_tests;
+pub mod episodes;
 mod expiry;
 pub mod index;
 mod outcomes;
@@ -60,6 +63,7 @@ pub use record::{new_remediation, snapshot_of};
 use crate::{
     budget::{self, Deferral, Started},
     detect::{self, Evidence, Verdict},
+    first_seen::FirstSeen,
     governance, quarantine,
     status_condition::condition,
 };
@@ -121,19 +125,30 @@ pub fn plan(
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
 ) -> FleetPlan {
-    plan_with(policies, &Census::take(policies, nodes), nodes, remediations, now)
+    let mut first_seen = FirstSeen::default();
+    first_seen.observe(nodes.iter().map(AsRef::as_ref), now);
+    plan_with(
+        policies,
+        &Census::take(policies, nodes),
+        nodes,
+        remediations,
+        &first_seen,
+        now,
+    )
 }
 
 /// Plans the fleet at `now` from its `census`, looking only at the `nodes` that may need a
 /// decision: every node that is not healthy by its policy's triggers or carries anything of ours,
 /// and every node a remediation names (`index::NodeIndex::candidates`). The plan is the same as
 /// [`plan`]'s over the whole fleet: the nodes left out only count, and the census counts them.
+/// A condition whose own clock cannot be trusted holds since `first_seen` saw it.
 #[must_use]
 pub fn plan_with(
     policies: &[Arc<GpuRemediationPolicy>],
     census: &Census,
     nodes: &[Arc<Node>],
     remediations: &[Arc<GpuRemediation>],
+    first_seen: &FirstSeen,
     now: Timestamp,
 ) -> FleetPlan {
     let mut policies: Vec<&Arc<GpuRemediationPolicy>> = policies
@@ -163,7 +178,8 @@ pub fn plan_with(
     let mut fleet = FleetPlan::default();
     for (policy, name) in policies.into_iter().zip(&names) {
         let nodes = governed.get(name.as_str()).map_or(&[][..], Vec::as_slice);
-        let (plan, wake) = plan_policy(policy, nodes, &by_name, census.of(name), remediations, now);
+        let (plan, wake) =
+            plan_policy(policy, nodes, &by_name, census.of(name), remediations, first_seen, now);
         fleet.wake_at = earliest(fleet.wake_at, wake);
         fleet.wake_at = earliest(fleet.wake_at, plan.quarantine.wake_at);
         fleet.policies.push(plan);
@@ -195,13 +211,24 @@ fn plan_policy(
     looked_at: &HashMap<&str, &Node>,
     governed: &Governed,
     remediations: &[Arc<GpuRemediation>],
+    first_seen: &FirstSeen,
     now: Timestamp,
 ) -> (PolicyPlan, Option<Timestamp>) {
     let name = policy.name_any();
     let spec = &policy.spec;
-    let (unhealthy, mut wake) = detect_all(nodes, spec, now);
+    let (unhealthy, mut wake) = detect_all(nodes, spec, first_seen, now);
 
-    let found = candidates(&name, &unhealthy, remediations);
+    let previous = policy.status.clone().unwrap_or_default();
+    let mut found = candidates(&name, &unhealthy, remediations);
+    let held_off = episodes::hold_off(
+        &mut found,
+        &name,
+        spec,
+        &previous.record_refusals,
+        remediations,
+        now,
+    );
+    wake = earliest(wake, held_off.iter().map(|h| h.until).min());
     let started = started(&name, remediations, now);
     // Nothing yielded reads as no list at all.
     let yielded = Some(&governed.yielded).filter(|y| !y.is_empty());
@@ -216,7 +243,7 @@ fn plan_policy(
     let suspect = suspects::named(&name, spec, nodes, &unhealthy, remediations, now);
     let settling = settling(spec, &unhealthy, now);
     wake = earliest(wake, settling.values().min().copied());
-    let recovering = recovering::recovering(spec, nodes, now);
+    let recovering = recovering::recovering(spec, nodes, first_seen, now);
     wake = earliest(wake, recovering.map(|(_, until)| until));
     let decision = budget::admit(budget::Inputs {
         safety: &spec.safety,
@@ -255,8 +282,12 @@ fn plan_policy(
         wake = earliest(wake, decision.next_slot_at);
     }
 
-    let waiting = waiting_nodes(&decision, &manual_required, invalid.is_none());
-    let previous = policy.status.clone().unwrap_or_default();
+    let (waiting, waiting_total) = listed(waiting_nodes(
+        &decision,
+        &manual_required,
+        held_off,
+        invalid.is_none(),
+    ));
     let newly_waiting = newly_waiting(&waiting, &previous.waiting);
     let domains_held = newly_in(&decision.held_domains, &previous.held_domains);
     let domains_resumed = newly_in(&previous.held_domains, &decision.held_domains);
@@ -306,6 +337,9 @@ fn plan_policy(
             next_slot_at: decision.next_slot_at.map(Time),
         }),
         waiting,
+        waiting_total,
+        // As last written: admission adds this pass's refusals.
+        record_refusals: episodes::current_refusals(&previous.record_refusals, now),
         held_domains: decision.held_domains.clone(),
         quarantined_nodes: quarantine.held,
         leaked_pods: crate::quarantine::leak::on_record(&name, remediations),
@@ -413,11 +447,13 @@ fn report_validity(
     }
 }
 
-/// The nodes the decision holds back, with why (none for an invalid policy). A node past its
-/// attempts is not waiting: its `ManualRequired` record says why, once.
+/// The nodes the decision holds back and those held off before it (see `episodes`), with why
+/// (none for an invalid policy). A node past its attempts is not waiting: its `ManualRequired`
+/// record says why, once.
 fn waiting_nodes(
     decision: &budget::Decision,
     manual_required: &[GpuRemediation],
+    held_off: Vec<episodes::HeldOff>,
     valid: bool,
 ) -> Vec<WaitingNode> {
     decision
@@ -435,7 +471,22 @@ fn waiting_nodes(
             reason: w.deferral.reason().to_owned(),
             message: w.deferral.message(),
         })
+        .chain(held_off.into_iter().filter(|_| valid).map(|h| h.waiting))
         .collect()
+}
+
+/// The waiting nodes a status lists, the longest waiting first (at most [`WAITING_LISTED_MAX`]),
+/// and how many wait in all: a status listing every one of 10,000 waiting nodes outgrows what the
+/// API server takes, and then no status is written at all.
+#[must_use]
+pub fn listed(mut waiting: Vec<WaitingNode>) -> (Vec<WaitingNode>, u32) {
+    let total = count(waiting.len());
+    waiting.sort_by(|a, b| {
+        let since = |w: &WaitingNode| w.unhealthy_since.as_ref().map(|t| t.0);
+        since(a).cmp(&since(b)).then_with(|| a.node.cmp(&b.node))
+    });
+    waiting.truncate(WAITING_LISTED_MAX as usize);
+    (waiting, total)
 }
 
 /// The nodes of `now` that were not waiting before, or waited for another reason.
@@ -510,25 +561,33 @@ fn failure_domains(
 }
 
 /// What `spec`'s triggers say of `node` at `now`.
-fn verdict(node: &Node, spec: &gpu_remediation_api::GpuRemediationPolicySpec, now: Timestamp) -> Verdict {
+fn verdict(
+    node: &Node,
+    spec: &gpu_remediation_api::GpuRemediationPolicySpec,
+    first_seen: &FirstSeen,
+    now: Timestamp,
+) -> Verdict {
     let conditions = node
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default();
-    detect::evaluate(conditions, &spec.triggers, now)
+    let name = node.name_any();
+    let since = |condition: &k8s_openapi::api::core::v1::NodeCondition| first_seen.since(&name, condition, now);
+    detect::evaluate_with(conditions, &spec.triggers, now, since)
 }
 
 /// The governed nodes that are unhealthy now, and when the first pending one turns unhealthy.
 fn detect_all<'n>(
     nodes: &[&'n Node],
     spec: &gpu_remediation_api::GpuRemediationPolicySpec,
+    first_seen: &FirstSeen,
     now: Timestamp,
 ) -> (Vec<(&'n Node, Evidence)>, Option<Timestamp>) {
     let mut wake = None;
     let mut unhealthy = Vec::new();
     for node in nodes {
-        match verdict(node, spec, now) {
+        match verdict(node, spec, first_seen, now) {
             Verdict::Unhealthy { evidence } => unhealthy.push((*node, evidence)),
             Verdict::Pending { due, .. } => wake = earliest(wake, Some(due)),
             Verdict::Healthy { .. } => {}

@@ -236,6 +236,7 @@ fn indexed_plan_ms(
             &index.census(),
             &looked_at,
             remediations,
+            &crate::first_seen::FirstSeen::default(),
             now,
         ));
     });

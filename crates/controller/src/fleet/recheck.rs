@@ -12,7 +12,10 @@ use gpu_remediation_api::{
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
-use crate::detect::{self, Verdict};
+use crate::{
+    detect::{self, Verdict},
+    first_seen::FirstSeen,
+};
 
 /// Why an admitted node is no longer due, as a sentence; `None`: it is, create its remediation.
 #[must_use]
@@ -20,6 +23,7 @@ pub fn no_longer_due(
     remediation: &GpuRemediation,
     fresh: Option<&Node>,
     triggers: &[Trigger],
+    first_seen: &FirstSeen,
     now: Timestamp,
 ) -> Option<String> {
     let node = &remediation.spec.node_name;
@@ -34,7 +38,9 @@ pub fn no_longer_due(
         .as_ref()
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default();
-    match detect::evaluate(conditions, triggers, now) {
+    let since =
+        |condition: &k8s_openapi::api::core::v1::NodeCondition| first_seen.since(node, condition, now);
+    match detect::evaluate_with(conditions, triggers, now, since) {
         Verdict::Unhealthy { .. } => None,
         Verdict::Healthy { since } => Some(format!(
             "node {node} recovered{} (no trigger holds on a fresh read): not cordoned",
@@ -111,14 +117,27 @@ mod tests {
     #[test]
     fn a_node_still_broken_on_the_fresh_read_is_due() {
         assert_eq!(
-            no_longer_due(&admitted(), Some(&node("uid-1", "False", 0)), &triggers(), at(10)),
+            no_longer_due(
+                &admitted(),
+                Some(&node("uid-1", "False", 0)),
+                &triggers(),
+                &FirstSeen::default(),
+                at(10)
+            ),
             None
         );
     }
 
     #[test]
     fn a_node_that_recovered_since_the_cached_read_is_not_cordoned() {
-        let why = no_longer_due(&admitted(), Some(&node("uid-1", "True", 10)), &triggers(), at(10)).unwrap();
+        let why = no_longer_due(
+            &admitted(),
+            Some(&node("uid-1", "True", 10)),
+            &triggers(),
+            &FirstSeen::default(),
+            at(10),
+        )
+        .unwrap();
         assert!(
             why.contains("recovered at 2027") && why.ends_with("not cordoned"),
             "{why}"
@@ -127,7 +146,14 @@ mod tests {
 
     #[test]
     fn a_node_that_broke_again_within_for_waits_for_its_new_episode() {
-        let why = no_longer_due(&admitted(), Some(&node("uid-1", "False", 8)), &triggers(), at(10)).unwrap();
+        let why = no_longer_due(
+            &admitted(),
+            Some(&node("uid-1", "False", 8)),
+            &triggers(),
+            &FirstSeen::default(),
+            at(10),
+        )
+        .unwrap();
         assert!(why.contains("broke again"), "{why}");
     }
 
@@ -154,8 +180,17 @@ mod tests {
 
     #[test]
     fn a_gone_or_replaced_node_is_not_due() {
-        assert!(no_longer_due(&admitted(), None, &triggers(), at(10)).is_some_and(|w| w.contains("gone")));
-        let replaced = no_longer_due(&admitted(), Some(&node("uid-2", "False", 0)), &triggers(), at(10));
+        assert!(
+            no_longer_due(&admitted(), None, &triggers(), &FirstSeen::default(), at(10))
+                .is_some_and(|w| w.contains("gone"))
+        );
+        let replaced = no_longer_due(
+            &admitted(),
+            Some(&node("uid-2", "False", 0)),
+            &triggers(),
+            &FirstSeen::default(),
+            at(10),
+        );
         assert!(replaced.is_some_and(|w| w.contains("replaced")));
     }
 }

@@ -9,6 +9,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::detect::Verdict;
+use crate::first_seen::FirstSeen;
 use crate::time::{minus, plus, signed};
 
 /// How long a recovery counts as arriving with the others. Condition times are whole seconds
@@ -22,13 +23,14 @@ pub const RECOVERY_SETTLE: std::time::Duration = std::time::Duration::from_secs(
 pub fn recovering(
     spec: &gpu_remediation_api::GpuRemediationPolicySpec,
     nodes: &[&Node],
+    first_seen: &FirstSeen,
     now: Timestamp,
 ) -> Option<(u32, Timestamp)> {
     let horizon = minus(now, signed(RECOVERY_SETTLE));
     let mut count = 0u32;
     let mut settled = None;
     for node in nodes {
-        if let Verdict::Healthy { since: Some(since) } = super::verdict(node, spec, now)
+        if let Verdict::Healthy { since: Some(since) } = super::verdict(node, spec, first_seen, now)
             && since > horizon
             && since <= now
         {
@@ -101,10 +103,10 @@ mod tests {
             node("False", 10),
         );
         assert_eq!(
-            recovering(&spec(), &[&a, &b, &old, &broken], at(10)),
+            recovering(&spec(), &[&a, &b, &old, &broken], &FirstSeen::default(), at(10)),
             Some((2, plus(at(10), signed(RECOVERY_SETTLE))))
         );
-        assert_eq!(recovering(&spec(), &[&old, &broken], at(10)), None);
+        assert_eq!(recovering(&spec(), &[&old, &broken], &FirstSeen::default(), at(10)), None);
     }
 
     #[test]

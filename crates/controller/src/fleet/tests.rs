@@ -473,3 +473,41 @@ fn a_trigger_action_overrides_the_policy_action() {
     let fleet = plan(&[Arc::new(p)], &[node("n1", "a", Some(0))], &[], at(60));
     assert_eq!(fleet.policies[0].create[0].spec.action, Action::Replace);
 }
+
+#[test]
+fn ten_thousand_waiting_nodes_make_a_status_the_server_takes_listing_the_longest_waiting() {
+    let p = policy("p", "a");
+    let nodes: Vec<Arc<Node>> = (0..10_000)
+        .map(|i| node(&format!("gpu-node-{i:05}"), "a", Some(10_000 - i)))
+        .collect();
+    let fleet = plan(&[p], &nodes, &[], at(20_000));
+    let plan = &fleet.policies[0];
+    assert_eq!(
+        plan.create.len(),
+        1,
+        "maxConcurrent 1 admits the longest unhealthy"
+    );
+    let status = &plan.status;
+    assert_eq!(status.waiting_total, 9_999);
+    assert_eq!(status.waiting.len(), WAITING_LISTED_MAX as usize);
+    assert_eq!(
+        status.waiting[0].node, "gpu-node-09998",
+        "the longest waiting first"
+    );
+    assert_eq!(status.waiting[99].node, "gpu-node-09899");
+    let bytes = serde_json::to_vec(status).unwrap().len();
+    // The API server takes a request of at most 1.5 MiB; a status this size is a small write.
+    assert!(bytes < 64 * 1024, "{bytes} bytes");
+    // Every one listed comes to the API server's request limit (1.5 MiB by default) with names
+    // this short; longer names pass it.
+    let mut all = status.clone();
+    all.waiting = (0..10_000).map(|_| status.waiting[0].clone()).collect();
+    let unlisted = serde_json::to_vec(&all).unwrap().len();
+    assert!(unlisted > 1_500_000, "{unlisted} bytes");
+    println!("status of 10,000 waiting nodes: {bytes} bytes (all listed: {unlisted})");
+    assert_eq!(
+        plan.newly_waiting.len(),
+        100,
+        "an Event per node listed, not per node waiting"
+    );
+}

@@ -10,7 +10,7 @@ use gpu_remediation_api::{
         FAILED_GPUS_ANNOTATION, FAILED_SERIAL_LABEL, FAILED_SERIAL_LABELS_MAX, GPU_INVENTORY_ANNOTATION,
         HOST_LABEL,
     },
-    hardware::{HardwareLedger, LEDGER_GPUS_MAX, LedgerGpu, label_value},
+    hardware::{GPU_INDEX_MAX, HardwareLedger, LEDGER_GPUS_MAX, LedgerGpu, label_value},
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -32,7 +32,8 @@ impl AnnotatedGpu {
         LedgerGpu {
             uuid: self.uuid,
             serial: self.serial.filter(|s| !s.is_empty()),
-            index: self.index,
+            // A node's own words: one past the schema's bound would have its record refused.
+            index: self.index.filter(|i| *i <= GPU_INDEX_MAX),
             pci_bus_id: self.pci_bus_id.filter(|p| !p.is_empty()),
             reason: self.reason.filter(|r| !r.is_empty()),
             first_seen: None,
@@ -193,6 +194,14 @@ mod tests {
             }]
         );
         assert_eq!(failed_serials(&ledger), ["1650000000002"]);
+    }
+
+    #[test]
+    fn an_index_past_the_schema_s_bound_is_left_out_not_recorded() {
+        let inventory = r#"[{"index":5000,"uuid":"GPU-a"},{"index":1024,"uuid":"GPU-b"}]"#;
+        let ledger = ledger_of(&node(&[(GPU_INVENTORY_ANNOTATION, inventory)]), "XID79").unwrap();
+        let indexes: Vec<Option<u32>> = ledger.gpus.iter().map(|g| g.index).collect();
+        assert_eq!(indexes, [None, Some(GPU_INDEX_MAX)]);
     }
 
     #[test]
