@@ -57,7 +57,8 @@ pub async fn inference_on(admin: &Client, namespace: &str, node: &str, replicas:
 }
 
 /// Creates policy `name` (labelled `e2e=<name>`): the fleet `name`'s nodes replaced
-/// (`DeleteNode`) after `GpuHealthy=False` for 1 s, under `safety`, and `drain` where given.
+/// (`DeleteNode`, no node group: the record ends "replacement not seen" 15 s after the delete)
+/// after `GpuHealthy=False` for 1 s, under `safety`, and `drain` where given.
 pub async fn create_replace_policy(
     admin: &Client,
     name: &str,
@@ -68,7 +69,7 @@ pub async fn create_replace_policy(
         "nodeSelector": {"matchLabels": {FLEET_LABEL: name}},
         "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "1s"}],
         "action": "Replace",
-        "replacement": {"strategy": "DeleteNode", "timeout": "5m"},
+        "replacement": {"strategy": "DeleteNode", "timeout": "15s"},
         "safety": safety,
     });
     if let Some(drain) = drain {
