@@ -178,8 +178,15 @@ pub fn plan_with(
     let mut fleet = FleetPlan::default();
     for (policy, name) in policies.into_iter().zip(&names) {
         let nodes = governed.get(name.as_str()).map_or(&[][..], Vec::as_slice);
-        let (plan, wake) =
-            plan_policy(policy, nodes, &by_name, census.of(name), remediations, first_seen, now);
+        let (plan, wake) = plan_policy(
+            policy,
+            nodes,
+            &by_name,
+            census.of(name),
+            remediations,
+            first_seen,
+            now,
+        );
         fleet.wake_at = earliest(fleet.wake_at, wake);
         fleet.wake_at = earliest(fleet.wake_at, plan.quarantine.wake_at);
         fleet.policies.push(plan);
@@ -573,7 +580,8 @@ fn verdict(
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default();
     let name = node.name_any();
-    let since = |condition: &k8s_openapi::api::core::v1::NodeCondition| first_seen.since(&name, condition, now);
+    let since =
+        |condition: &k8s_openapi::api::core::v1::NodeCondition| first_seen.since(&name, condition, now);
     detect::evaluate_with(conditions, &spec.triggers, now, since)
 }
 

@@ -106,7 +106,10 @@ mod tests {
             recovering(&spec(), &[&a, &b, &old, &broken], &FirstSeen::default(), at(10)),
             Some((2, plus(at(10), signed(RECOVERY_SETTLE))))
         );
-        assert_eq!(recovering(&spec(), &[&old, &broken], &FirstSeen::default(), at(10)), None);
+        assert_eq!(
+            recovering(&spec(), &[&old, &broken], &FirstSeen::default(), at(10)),
+            None
+        );
     }
 
     #[test]

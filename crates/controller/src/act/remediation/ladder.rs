@@ -97,7 +97,11 @@ pub(crate) async fn validate(
 ) -> Result<Result<ObjectReference, Words>, AdvanceRemediationError> {
     let action = format!("creating the {rung} step's validation Job");
     let Some(job) = crate::lifecycle::validation::job_object(rules, &remediation.name_any(), rung) else {
-        return Ok(Err(Words::answered(action, 422, "the policy has no validation".to_owned())));
+        return Ok(Err(Words::answered(
+            action,
+            422,
+            "the policy has no validation".to_owned(),
+        )));
     };
     create(ctx, remediation, rules, job, action).await
 }
