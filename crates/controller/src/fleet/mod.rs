@@ -24,9 +24,7 @@ use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus,
     constants::{policy_conditions, reasons},
     correlated::HeldDomain,
-    policy::{
-        BudgetStatus, GpuRemediationPolicyStatus, Mode, SlowStartStatus, WAITING_LISTED_MAX, WaitingNode,
-    },
+    policy::{BudgetStatus, GpuRemediationPolicyStatus, Mode, SlowStartStatus, WaitingNode},
     validate,
 };
 use jiff::Timestamp;
@@ -51,6 +49,7 @@ mod recheck;
 mod record;
 pub mod recovering;
 mod suspects;
+mod waiting;
 
 pub use candidates::awaits_person_past_attempts;
 use candidates::{Records, candidates, earliest, records, started};
@@ -289,13 +288,13 @@ fn plan_policy(
         wake = earliest(wake, decision.next_slot_at);
     }
 
-    let (waiting, waiting_total) = listed(waiting_nodes(
+    let (waiting, waiting_total) = waiting::listed(waiting::waiting_nodes(
         &decision,
         &manual_required,
         held_off,
         invalid.is_none(),
     ));
-    let newly_waiting = newly_waiting(&waiting, &previous.waiting);
+    let newly_waiting = waiting::newly_waiting(&waiting, &previous.waiting);
     let domains_held = newly_in(&decision.held_domains, &previous.held_domains);
     let domains_resumed = newly_in(&previous.held_domains, &decision.held_domains);
     let was_open = has_true_condition(&previous.conditions, policy_conditions::CIRCUIT_OPEN);
@@ -452,56 +451,6 @@ fn report_validity(
             now,
         ));
     }
-}
-
-/// The nodes the decision holds back and those held off before it (see `episodes`), with why
-/// (none for an invalid policy). A node past its attempts is not waiting: its `ManualRequired`
-/// record says why, once.
-fn waiting_nodes(
-    decision: &budget::Decision,
-    manual_required: &[GpuRemediation],
-    held_off: Vec<episodes::HeldOff>,
-    valid: bool,
-) -> Vec<WaitingNode> {
-    decision
-        .waiting
-        .iter()
-        .filter(|_| valid)
-        .filter(|w| {
-            !manual_required
-                .iter()
-                .any(|r| r.spec.node_name == w.candidate.node)
-        })
-        .map(|w| WaitingNode {
-            node: w.candidate.node.clone(),
-            unhealthy_since: Some(Time(w.candidate.since)),
-            reason: w.deferral.reason().to_owned(),
-            message: w.deferral.message(),
-        })
-        .chain(held_off.into_iter().filter(|_| valid).map(|h| h.waiting))
-        .collect()
-}
-
-/// The waiting nodes a status lists, the longest waiting first (at most [`WAITING_LISTED_MAX`]),
-/// and how many wait in all: a status listing every one of 10,000 waiting nodes outgrows what the
-/// API server takes, and then no status is written at all.
-#[must_use]
-pub fn listed(mut waiting: Vec<WaitingNode>) -> (Vec<WaitingNode>, u32) {
-    let total = count(waiting.len());
-    waiting.sort_by(|a, b| {
-        let since = |w: &WaitingNode| w.unhealthy_since.as_ref().map(|t| t.0);
-        since(a).cmp(&since(b)).then_with(|| a.node.cmp(&b.node))
-    });
-    waiting.truncate(WAITING_LISTED_MAX as usize);
-    (waiting, total)
-}
-
-/// The nodes of `now` that were not waiting before, or waited for another reason.
-fn newly_waiting(now: &[WaitingNode], before: &[WaitingNode]) -> Vec<WaitingNode> {
-    now.iter()
-        .filter(|w| !before.iter().any(|p| p.node == w.node && p.reason == w.reason))
-        .cloned()
-        .collect()
 }
 
 /// The domains of `now` that were not in `before`.

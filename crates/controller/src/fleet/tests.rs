@@ -489,7 +489,10 @@ fn ten_thousand_waiting_nodes_make_a_status_the_server_takes_listing_the_longest
     );
     let status = &plan.status;
     assert_eq!(status.waiting_total, 9_999);
-    assert_eq!(status.waiting.len(), WAITING_LISTED_MAX as usize);
+    assert_eq!(
+        status.waiting.len(),
+        gpu_remediation_api::policy::WAITING_LISTED_MAX as usize
+    );
     assert_eq!(
         status.waiting[0].node, "gpu-node-09998",
         "the longest waiting first"
