@@ -68,7 +68,7 @@ impl PublishedCondition {
         Self {
             status: status.to_owned(),
             reason: desired.reason.clone(),
-            message: crate::publish::truncate(&desired.message, MESSAGE_LIMIT),
+            message: truncate(&desired.message, MESSAGE_LIMIT),
             last_transition,
             annotations,
         }
@@ -229,6 +229,18 @@ impl NodeView {
                 .collect(),
         })
     }
+}
+
+/// Cuts a text (an Event's note, a condition's message) to a size limit, on a character boundary.
+pub(crate) fn truncate(text: &str, max_bytes: usize) -> String {
+    if text.len() <= max_bytes {
+        return text.to_owned();
+    }
+    let mut end = max_bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
 }
 
 #[cfg(test)]

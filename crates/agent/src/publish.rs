@@ -11,7 +11,10 @@ use kube::{
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
 
-use crate::{condition::PublishedCondition, health::WarningEvent};
+use crate::{
+    condition::{PublishedCondition, truncate},
+    health::WarningEvent,
+};
 
 /// Reading the node failed.
 #[derive(Debug, thiserror::Error)]
@@ -143,16 +146,4 @@ impl NodePublisher {
                 source,
             })
     }
-}
-
-/// Cuts a text (an Event's note, a condition's message) to a size limit, on a character boundary.
-pub(crate) fn truncate(text: &str, max_bytes: usize) -> String {
-    if text.len() <= max_bytes {
-        return text.to_owned();
-    }
-    let mut end = max_bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
 }

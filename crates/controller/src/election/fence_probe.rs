@@ -5,38 +5,11 @@
 //! prove that the policy and its binding are installed, match this replica's writes and read its
 //! Lease; the fence in this process ([`crate::leader::Fence`]) cannot see any of that.
 
-/// The name every refusal by the fence policy starts with (`ValidatingAdmissionPolicy
-/// 'gpu-remediator-fence…' with binding … denied request: …`).
-const FENCE_POLICY_NAME: &str = "ValidatingAdmissionPolicy 'gpu-remediator-fence";
-
 /// How many unproven probes in a row a new leader takes as the answer (a fresh Lease may be
 /// missing from the policy's cache for a moment, and the fence then refuses our own claim too).
 pub const PATIENCE: u32 = 4;
 
-/// How the API server answered one probe write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
-    /// Admitted (dry run: nothing was stored).
-    Admitted,
-    /// Refused by the fence policy, with its message.
-    Fenced(String),
-    /// Failed otherwise (no permission, no such resource, a timeout), with why.
-    Failed(String),
-}
-
-impl Answer {
-    /// The answer an API error with `code` and `message` stands for.
-    #[must_use]
-    pub fn refused(code: u16, message: &str) -> Self {
-        // 403 for the policy's validation; 422 when its binding cannot find the Lease (a
-        // configuration error under `failurePolicy: Fail`).
-        if matches!(code, 403 | 422) && message.contains(FENCE_POLICY_NAME) {
-            Self::Fenced(message.to_owned())
-        } else {
-            Self::Failed(format!("{code}: {message}"))
-        }
-    }
-}
+use crate::write::fence_probe::Answer;
 
 /// What a probe proves.
 #[derive(Debug, Clone, PartialEq, Eq)]

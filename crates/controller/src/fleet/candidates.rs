@@ -15,6 +15,7 @@ use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use kube::ResourceExt;
 
 use super::record::new_remediation;
+use crate::lifecycle::status::awaits_person_past_attempts;
 use crate::{
     budget::{self, Candidate, Deferral, Started},
     detect::Evidence,
@@ -81,22 +82,6 @@ pub(super) fn records(
         readmit,
         manual_required,
     }
-}
-
-/// Whether `remediation` was created past `maxAttemptsPerNode` and has not been admitted since:
-/// it waits for a person (in `ManualRequired`, or in `Pending` on its way there) and counts
-/// against neither concurrency, rate nor attempts.
-#[must_use]
-pub fn awaits_person_past_attempts(remediation: &GpuRemediation) -> bool {
-    remediation
-        .annotations()
-        .contains_key(ATTEMPTS_EXHAUSTED_ANNOTATION)
-        && !remediation.status.as_ref().is_some_and(|s| {
-            s.phase_history
-                .iter()
-                .skip_while(|t| t.phase != Phase::ManualRequired)
-                .any(|t| t.phase == Phase::Pending)
-        })
 }
 
 /// The status of an approved `ManualRequired` record the budget admitted: back in `Pending`.

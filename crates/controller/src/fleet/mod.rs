@@ -51,7 +51,6 @@ pub mod recovering;
 mod suspects;
 mod waiting;
 
-pub use candidates::awaits_person_past_attempts;
 use candidates::{Records, candidates, earliest, records, started};
 pub use census::{Census, Governed};
 use conditions::{conditions, has_true_condition, suspect_condition};

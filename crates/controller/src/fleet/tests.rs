@@ -262,10 +262,10 @@ fn an_approved_manual_required_record_still_waits_for_a_concurrency_slot() {
 #[test]
 fn a_record_admitted_after_approval_counts_like_any_other() {
     let mut r = (*manual_required("n1", 500, 900, true)).clone();
-    assert!(awaits_person_past_attempts(&r));
+    assert!(crate::lifecycle::status::awaits_person_past_attempts(&r));
     let status = readmitted_status(&r, at(1000));
     r.status = Some(status);
-    assert!(!awaits_person_past_attempts(&r));
+    assert!(!crate::lifecycle::status::awaits_person_past_attempts(&r));
     let counted = started("p", &[Arc::new(r)], at(2000));
     assert_eq!(
         counted[0].at,

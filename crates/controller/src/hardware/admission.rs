@@ -277,6 +277,6 @@ mod tests {
         );
         assert_eq!(rung, Some(OffenderAction::ManualRequired));
         assert!(record.annotations()[ATTEMPTS_EXHAUSTED_ANNOTATION].contains("remediation a-1"));
-        assert!(crate::fleet::awaits_person_past_attempts(&record));
+        assert!(crate::lifecycle::status::awaits_person_past_attempts(&record));
     }
 }

@@ -348,7 +348,7 @@ fn before_hand_over(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Decisi
         .get(APPROVED_ANNOTATION)
         .is_some_and(|v| v == "true");
     match phase {
-        Phase::Pending if crate::fleet::awaits_person_past_attempts(remediation) => {
+        Phase::Pending if status::awaits_person_past_attempts(remediation) => {
             Decision::Settle(require_manual(remediation, facts, status))
         }
         Phase::Pending if remediation.spec.mode == Mode::DryRun => drain::dry_run(seen, facts, status),

@@ -233,6 +233,21 @@ pub fn succeed(
     settled
 }
 
+/// Whether `remediation` was created past `maxAttemptsPerNode` and has not been admitted since:
+/// it waits for a person (in `ManualRequired`, or in `Pending` on its way there) and counts
+/// against neither concurrency, rate nor attempts.
+#[must_use]
+pub fn awaits_person_past_attempts(remediation: &gpu_remediation_api::GpuRemediation) -> bool {
+    kube::ResourceExt::annotations(remediation)
+        .contains_key(gpu_remediation_api::constants::ATTEMPTS_EXHAUSTED_ANNOTATION)
+        && !remediation.status.as_ref().is_some_and(|s| {
+            s.phase_history
+                .iter()
+                .skip_while(|t| t.phase != Phase::ManualRequired)
+                .any(|t| t.phase == Phase::Pending)
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,9 @@ use gpu_remediation_api::{
 };
 use kube::{Api, Client, api::PostParams};
 
-use crate::election::fence_probe::Answer;
+/// The name every refusal by the fence policy starts with (`ValidatingAdmissionPolicy
+/// 'gpu-remediator-fence…' with binding … denied request: …`).
+const FENCE_POLICY_NAME: &str = "ValidatingAdmissionPolicy 'gpu-remediator-fence";
 
 /// The name of the probe's object (never stored).
 pub const PROBE_NAME: &str = "gpu-remediator-fence-probe";
@@ -62,6 +64,31 @@ impl FenceProbes {
             Ok(_) => Answer::Admitted,
             Err(kube::Error::Api(status)) => Answer::refused(status.code, &status.message),
             Err(error) => Answer::Failed(error.to_string()),
+        }
+    }
+}
+
+/// How the API server answered one probe write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Admitted (dry run: nothing was stored).
+    Admitted,
+    /// Refused by the fence policy, with its message.
+    Fenced(String),
+    /// Failed otherwise (no permission, no such resource, a timeout), with why.
+    Failed(String),
+}
+
+impl Answer {
+    /// The answer an API error with `code` and `message` stands for.
+    #[must_use]
+    pub fn refused(code: u16, message: &str) -> Self {
+        // 403 for the policy's validation; 422 when its binding cannot find the Lease (a
+        // configuration error under `failurePolicy: Fail`).
+        if matches!(code, 403 | 422) && message.contains(FENCE_POLICY_NAME) {
+            Self::Fenced(message.to_owned())
+        } else {
+            Self::Failed(format!("{code}: {message}"))
         }
     }
 }
