@@ -188,24 +188,7 @@ pub async fn apply(
         }
     }
     report_refusals(policy, refusals, &mut policy_status, announcements);
-    for (stored, status) in &plan.readmit {
-        let record = &stored.name_any();
-        let updated = ctx
-            .writer
-            .write_remediation_status(stored, status)
-            .await
-            .map_err(|source| ApplyPolicyPlanError::Readmit {
-                name: record.clone(),
-                source,
-            })?;
-        ctx.metrics.remediation_started(&name, updated.spec.action);
-        let note = format!(
-            "remediation {record} of node {}: approved past maxAttemptsPerNode and admitted by the budget; proceeding",
-            updated.spec.node_name
-        );
-        tracing::info!(remediation = %record, "approved past maxAttemptsPerNode: re-admitted");
-        announcements.add(&updated, event(reasons::STARTED, &note, EventType::Normal));
-    }
+    readmit(ctx, &plan, &name, announcements).await?;
     let held_until = ctx
         .writer
         .write_policy_status_unless_held(policy, &policy_status)
@@ -259,6 +242,35 @@ pub async fn apply(
         announcements.add(policy, event(reasons::DOMAIN_RESUMED, &note, EventType::Normal));
     }
     Ok(held_until)
+}
+
+/// Writes the status of each record a person approved past `maxAttemptsPerNode` that the budget
+/// now admits (back to `Pending`), with its Event.
+async fn readmit(
+    ctx: &Context,
+    plan: &PolicyPlan,
+    name: &str,
+    announcements: &mut Announcements,
+) -> Result<(), ApplyPolicyPlanError> {
+    for (stored, status) in &plan.readmit {
+        let record = &stored.name_any();
+        let updated = ctx
+            .writer
+            .write_remediation_status(stored, status)
+            .await
+            .map_err(|source| ApplyPolicyPlanError::Readmit {
+                name: record.clone(),
+                source,
+            })?;
+        ctx.metrics.remediation_started(name, updated.spec.action);
+        let note = format!(
+            "remediation {record} of node {}: approved past maxAttemptsPerNode and admitted by the budget; proceeding",
+            updated.spec.node_name
+        );
+        tracing::info!(remediation = %record, "approved past maxAttemptsPerNode: re-admitted");
+        announcements.add(&updated, event(reasons::STARTED, &note, EventType::Normal));
+    }
+    Ok(())
 }
 
 /// Marks each record past `history.ttl` that still holds its node as awaiting a person (its
