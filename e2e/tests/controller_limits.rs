@@ -224,11 +224,12 @@ async fn a_node_failing_again_past_one_attempt_per_hour_requires_a_person_and_pr
         "recovery uncordoned it"
     );
 
-    // The second episode within the hour is one recycle too many.
+    // The second episode within the hour is one recycle too many. It opens no sooner than a
+    // minute after the first record (`fleet::episodes::EPISODE_FLOOR`).
     s.break_gpu(&broken).await;
     let second = eventually(
         "the second episode's remediation in ManualRequired",
-        Duration::from_secs(30),
+        Duration::from_secs(90),
         || async {
             s.remediations().await.into_iter().find(|r| {
                 r.spec.node_name == broken

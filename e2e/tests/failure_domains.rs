@@ -308,13 +308,19 @@ async fn slow_start_doubles_to_max_concurrent_and_a_failed_remediation_brings_it
         "{}",
         allowance.message
     );
-    // With 3 still in flight, a node failing again now waits for the slow start.
+    // With 3 still in flight, a node failing again now waits for the slow start (once a minute
+    // has passed since its first record: until then its new episode is held off,
+    // `fleet::episodes::EPISODE_FLOOR`).
     s.break_gpu(&first).await;
     let status = status_when(
         &s,
-        "the first node waiting again",
-        Duration::from_secs(30),
-        |st| st.waiting.iter().any(|w| w.node == first),
+        "the first node waiting again for the slow start",
+        Duration::from_secs(90),
+        |st| {
+            st.waiting
+                .iter()
+                .any(|w| w.node == first && w.reason == reasons::DEFERRED_SLOW_START)
+        },
     )
     .await;
     assert_eq!(status.in_flight, 3);

@@ -253,7 +253,9 @@ async fn a_policy_deleted_while_its_remediation_replaces_the_node_is_followed_to
     let s = Scenario::new(2).await;
     common::install_crd(&s.client, common::REBOOT_CRD).await;
     let broken = s.nodes()[0].clone();
-    let controller = s.enforce_and_break(reboot_policy(&s, "5m"), &broken).await;
+    let mut spec = reboot_policy(&s, "5m");
+    spec["release"] = json!({"healthyFor": "2s"});
+    let controller = s.enforce_and_break(spec, &broken).await;
     let verifying = s
         .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
         .await;
@@ -268,6 +270,7 @@ async fn a_policy_deleted_while_its_remediation_replaces_the_node_is_followed_to
         .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     report_rebooted(&s, &replacement_of(&verifying).name).await;
+    s.heal_gpu(&broken).await;
     s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
         .await;
     released(&s, &broken).await;

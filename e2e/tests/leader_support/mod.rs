@@ -180,7 +180,7 @@ pub async fn install_fence(client: &Client, namespace: &str) {
 }
 
 /// Grants service account `namespace/account` the controller's real RBAC (the `ClusterRole` of
-/// `manifests/controller/rbac.yaml` and leases in `namespace`), puts the shipped fence policy on
+/// `manifests/controller/rbac.yaml`, and its namespaced Roles' rules in `namespace`), puts the shipped fence policy on
 /// `namespace`'s controllers ([`install_fence`]), and returns a token for the account.
 pub async fn controller_account(client: &Client, namespace: &str, account: &str) -> String {
     install_fence(client, namespace).await;
@@ -199,7 +199,17 @@ pub async fn unfenced_controller_account(client: &Client, namespace: &str, accou
             Some("ClusterRole") => {
                 cluster_role = Some(serde_yaml::from_value::<ClusterRole>(value).expect("ClusterRole"));
             }
-            Some("Role") => lease_role = Some(serde_yaml::from_value::<Role>(value).expect("Role")),
+            // Every namespaced Role of the manifest (leader election, validation Jobs) as one.
+            Some("Role") => {
+                let role = serde_yaml::from_value::<Role>(value).expect("Role");
+                match &mut lease_role {
+                    None => lease_role = Some(role),
+                    Some(all) => all
+                        .rules
+                        .get_or_insert_with(Vec::new)
+                        .extend(role.rules.unwrap_or_default()),
+                }
+            }
             _ => {}
         }
     }

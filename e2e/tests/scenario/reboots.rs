@@ -33,8 +33,8 @@ pub async fn released(s: &Scenario, node: &str) {
 }
 
 /// Breaks a node, reboots it through the template with its object named `name` (a placeholder
-/// such as `{{remediationName}}`), reports it rebooted, and checks it released; heals it, breaks
-/// it again (a new episode) and does it all again. Returns both remediations as they were in
+/// such as `{{remediationName}}`), reports it rebooted and heals it, and checks it released once
+/// healthy for `healthyFor`; breaks it again (a new episode) and does it all again. Returns both remediations as they were in
 /// `Verifying` (their objects recorded).
 pub async fn reboot_twice(name: &str) -> (GpuRemediation, GpuRemediation) {
     let s = Scenario::new(2).await;
@@ -42,6 +42,8 @@ pub async fn reboot_twice(name: &str) -> (GpuRemediation, GpuRemediation) {
     let broken = s.nodes()[0].clone();
     let mut spec = reboot_policy(&s, "2m");
     spec["replacement"]["template"]["metadata"]["name"] = serde_json::json!(name);
+    // A reboot reported done is evidence, not proof: the node must then stay healthy this long.
+    spec["release"] = serde_json::json!({"healthyFor": "2s"});
     s.policy(spec).await;
     let controller = RunningController::start(&s.scope).await;
 
@@ -50,12 +52,13 @@ pub async fn reboot_twice(name: &str) -> (GpuRemediation, GpuRemediation) {
         .wait_phase(&broken, Phase::Verifying, Duration::from_secs(60))
         .await;
     report_rebooted(&s, &replacement_of(&first).name).await;
+    s.heal_gpu(&broken).await;
     s.wait_phase(&broken, Phase::Succeeded, Duration::from_secs(30))
         .await;
     released(&s, &broken).await;
 
-    // The node comes back healthy, then fails again: a new episode, a new record.
-    s.heal_gpu(&broken).await;
+    // The node, back healthy, fails again: a new episode, a new record (no sooner than a minute
+    // after the first, `fleet::episodes::EPISODE_FLOOR`).
     tokio::time::sleep(Duration::from_secs(2)).await;
     s.break_gpu(&broken).await;
     let second = eventually(
@@ -78,6 +81,7 @@ pub async fn reboot_twice(name: &str) -> (GpuRemediation, GpuRemediation) {
             .any(|r| r.name_any() == first.name_any())
     );
     report_rebooted(&s, &replacement_of(&second).name).await;
+    s.heal_gpu(&broken).await;
     eventually(
         "the second remediation Succeeded",
         Duration::from_secs(30),
