@@ -178,12 +178,11 @@ pub fn explain(
             remediation: done.name_any(),
             phase: done.status.as_ref().map(|s| s.phase).unwrap_or_default(),
         };
-        let steps = done
-            .status
-            .as_ref()
-            .map(|s| s.steps.as_slice())
-            .unwrap_or_default();
-        explanation.facts.extend(super::ladder_steps::step_lines(steps));
+        if let Some(status) = &done.status {
+            explanation
+                .facts
+                .extend(super::ladder_steps::record_lines(status));
+        }
         return explanation;
     }
     admission(
@@ -332,7 +331,7 @@ fn describe_in_flight(current: &GpuRemediation, explanation: &mut Explanation) {
         current.spec.trigger.condition_type,
         current.spec.trigger.reason
     ));
-    if let Some(message) = status.message {
+    if let Some(message) = &status.message {
         explanation.facts.push(format!("status: {message}"));
     }
     if let Some(hardware) = &current.spec.hardware {
@@ -350,12 +349,12 @@ fn describe_in_flight(current: &GpuRemediation, explanation: &mut Explanation) {
                 .map(|line| format!("hardware: {line}")),
         );
     }
-    if let Some(drain) = status.drain {
+    if let Some(drain) = &status.drain {
         explanation.facts.push(format!(
             "drain: {} of {} pods evicted, {} remaining",
             drain.pods_evicted, drain.pods_total, drain.pods_remaining
         ));
-        for blocker in drain.blockers {
+        for blocker in &drain.blockers {
             explanation.facts.push(format!(
                 "blocked: pod {} by {}: {}",
                 blocker.pod,
@@ -366,7 +365,7 @@ fn describe_in_flight(current: &GpuRemediation, explanation: &mut Explanation) {
     }
     explanation
         .facts
-        .extend(super::ladder_steps::step_lines(&status.steps));
+        .extend(super::ladder_steps::record_lines(&status));
 }
 
 /// What the triggers say (`detect`). `None` (with the outcome set) unless the node is unhealthy.

@@ -63,7 +63,7 @@ pub fn rows(node: &str, remediations: &[GpuRemediation]) -> Vec<Row> {
                 action: format!("{:?}", r.spec.action),
                 created: r.metadata.creation_timestamp.as_ref().map(|t| t.0),
                 finished,
-                steps: super::ladder_steps::step_lines(&status.steps),
+                steps: super::ladder_steps::record_lines(&status),
             }
         })
         .collect();

@@ -1,9 +1,36 @@
 //! A remediation's ladder steps (`status.steps`) as `explain` and `history` print them: one line
 //! per step (its rung, outcome, start, end and how long it took), then, indented, its evidence
 //! (the GPU UUIDs answering again, the healthy dwell, the boot IDs before and after), the pods
-//! evicted for it, the object that carried it out, and its message. Pure.
+//! evicted for it, the object that carried it out, its validation Job (which, how it ended, how
+//! long it took) and its message. Pure.
 
 use gpu_remediation_api::ladder::StepRecord;
+
+/// One validation Job's run, for a person: which Job, how it ended and how long it took, and what
+/// it reported (`validation: Job gpu-remediation/x-validate Passed in 5s: ...`, or running since).
+#[must_use]
+pub fn validation_line(run: &gpu_remediation_api::validation::ValidationRecord) -> String {
+    let job = format!("Job {}/{}", run.namespace, run.job);
+    let how = match (run.outcome, run.duration_seconds) {
+        (Some(outcome), Some(seconds)) => format!("{outcome:?} in {}", span(i64::from(seconds))),
+        (Some(outcome), None) => format!("{outcome:?}"),
+        (None, _) => format!("running since {}", run.start.0),
+    };
+    match run.message.as_deref().filter(|m| !m.is_empty()) {
+        Some(message) => format!("validation: {job} {how}: {message}"),
+        None => format!("validation: {job} {how}"),
+    }
+}
+
+/// What a record says of its steps and validation, as lines: its ladder steps (each with its own
+/// validation), then the validation of a remediation without a ladder.
+#[must_use]
+pub fn record_lines(status: &gpu_remediation_api::GpuRemediationStatus) -> Vec<String> {
+    step_lines(&status.steps)
+        .into_iter()
+        .chain(status.validation.as_ref().map(validation_line))
+        .collect()
+}
 
 /// The lines of `steps`, in order; none for a remediation without a ladder.
 #[must_use]
@@ -45,6 +72,9 @@ pub fn step_lines(steps: &[StepRecord]) -> Vec<String> {
         }
         if !seen.is_empty() {
             lines.push(format!("  evidence: {}", seen.join("; ")));
+        }
+        if let Some(validation) = &evidence.validation {
+            lines.push(format!("  {}", validation_line(validation)));
         }
         if !step.evicted_pods.is_empty() {
             lines.push(format!(
@@ -148,6 +178,29 @@ steps:
     #[test]
     fn a_remediation_without_a_ladder_prints_no_steps() {
         assert!(step_lines(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_validation_says_which_job_how_it_ended_and_how_long_it_took() {
+        let status: GpuRemediationStatus = serde_yaml::from_str(
+            "phase: Verifying
+steps:
+- {step: Reboot, start: '2026-11-30T22:00:00Z', end: '2026-11-30T22:03:00Z', outcome: Permanent,
+   evidence: {bootIdBefore: boot-a, bootIdAfter: boot-b,
+     validation: {namespace: gpu-remediation, job: gpu-1-abc-validate-reboot, start: '2026-11-30T22:02:00Z',
+       end: '2026-11-30T22:02:05Z', outcome: Failed, durationSeconds: 5, message: Job has reached the specified backoff limit}}}
+validation: {namespace: gpu-remediation, job: gpu-1-abc-validate, start: '2026-11-30T22:04:00Z'}",
+        )
+        .unwrap();
+        assert_eq!(
+            record_lines(&status),
+            [
+                "step 1 Reboot: Permanent, 2026-11-30T22:00:00Z -> 2026-11-30T22:03:00Z (took 3m0s)",
+                "  evidence: boot ID boot-a -> boot-b",
+                "  validation: Job gpu-remediation/gpu-1-abc-validate-reboot Failed in 5s: Job has reached the specified backoff limit",
+                "validation: Job gpu-remediation/gpu-1-abc-validate running since 2026-11-30T22:04:00Z",
+            ]
+        );
     }
 
     #[test]

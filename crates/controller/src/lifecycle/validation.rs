@@ -165,11 +165,18 @@ fn verdict(shown: &str, outcome: ValidationOutcome, record: &ValidationRecord, w
     }
 }
 
+/// How long a finished validation Job (and its pod, with its log) stays for a person to read
+/// before the Job controller removes it (`ttlSecondsAfterFinished`): the record keeps its outcome,
+/// and the lifecycle has read it long before (a Job gone before its outcome was read counts as a
+/// failed validation, never as a pass).
+pub const FINISHED_JOB_KEPT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// The validation Job for `remediation`'s step `rung`: the policy's Job named
 /// `<remediation>-validate-<step>` unless it names itself, its pod pinned to the node
 /// (`nodeName: {{nodeName}}`, rendered with the template), tolerating every taint (the node is
 /// cordoned and tainted by us), never restarted, one try unless the Job says otherwise, bounded by
-/// the timeout, and labelled [`POD_LABEL`].
+/// the timeout, removed by the Job controller [`FINISHED_JOB_KEPT`] after it finished unless it
+/// says otherwise, and labelled [`POD_LABEL`].
 #[must_use]
 pub fn job_object(rules: &PolicySnapshot, remediation: &str, rung: Rung) -> Option<Value> {
     let validation = rules.validation.as_ref()?;
@@ -190,6 +197,9 @@ pub fn job_object(rules: &PolicySnapshot, remediation: &str, rung: Rung) -> Opti
     }
     if spec.get("activeDeadlineSeconds").is_none() {
         spec["activeDeadlineSeconds"] = json!(validation.timeout.as_std().as_secs().max(1));
+    }
+    if spec.get("ttlSecondsAfterFinished").is_none() {
+        spec["ttlSecondsAfterFinished"] = json!(FINISHED_JOB_KEPT.as_secs());
     }
     let template = &mut spec["template"];
     template["metadata"]["labels"][POD_LABEL] = json!("true");

@@ -173,6 +173,7 @@ fn the_job_is_pinned_to_the_node_tolerates_every_taint_and_runs_once_within_the_
         ),
         (Some(0), Some(60))
     );
+    assert_eq!(job["spec"]["ttlSecondsAfterFinished"], json!(86_400));
     let long = job_object(&rules(true), &"x".repeat(80), Rung::ResetGpu).unwrap();
     assert!(long["metadata"]["name"].as_str().unwrap().len() <= JOB_NAME_MAX);
     assert!(job_object(&rules(false), "r", Rung::Reboot).is_none());
