@@ -92,14 +92,38 @@ enum Fate {
 #[derive(Clone, Debug)]
 enum Step {
     Advance(i64),
-    Read { node: usize, reading: Reading },
-    Pass { fates: Vec<Fate>, deletes_lost: bool },
+    Read {
+        node: usize,
+        reading: Reading,
+    },
+    Pass {
+        fates: Vec<Fate>,
+        deletes_lost: bool,
+    },
     /// Record `record` (modulo their number) moves to `PHASES[phase]`; a `Failed` one keeps its
     /// node cordoned when `holds`.
-    Progress { record: usize, phase: usize, holds: bool },
-    /// A finished record of an older episode on `node`, created `age` seconds ago.
-    Older { node: usize, phase: usize, age: i64 },
+    Progress {
+        record: usize,
+        phase: usize,
+        holds: bool,
+    },
+    /// A finished record of an older episode on `node`, created `age` seconds ago (a `Failed`
+    /// one keeps the node cordoned when `holds`).
+    Older {
+        node: usize,
+        phase: usize,
+        age: i64,
+        holds: bool,
+    },
     LeaderChange,
+}
+
+#[derive(Clone, Debug)]
+struct Seen {
+    at: i64,
+    untrusted: bool,
+    healthy: bool,
+    stamp: Option<i64>,
 }
 
 #[derive(Clone, Debug)]
@@ -110,9 +134,10 @@ struct NodeState {
     healthy: bool,
     stamp: Option<i64>,
     cordoned_by: Option<String>,
-    /// When the current leader first saw the condition as it is, and whether its stamp was
-    /// untrusted then.
-    seen: Option<(i64, bool)>,
+    /// When the current leader first saw the condition as it is (status and stamp, as of its
+    /// last pass: a blip between two passes is not seen), and whether its stamp was untrusted
+    /// then.
+    seen: Option<Seen>,
 }
 
 struct Model {
@@ -125,7 +150,13 @@ struct Model {
     serial: u32,
 }
 
-fn policy(name: &str, selector: serde_json::Value, priority: i32, for_secs: u32, limits: Limits) -> GpuRemediationPolicy {
+fn policy(
+    name: &str,
+    selector: serde_json::Value,
+    priority: i32,
+    for_secs: u32,
+    limits: Limits,
+) -> GpuRemediationPolicy {
     let mut safety = serde_json::json!({
         "maxConcurrent": limits.max_concurrent,
         "maxUnhealthy": format!("{}%", limits.max_unhealthy_percent),
@@ -144,7 +175,10 @@ fn policy(name: &str, selector: serde_json::Value, priority: i32, for_secs: u32,
         "history": {"ttl": "2h"},
     }))
     .unwrap();
-    assert!(validate::validate_spec(&spec).is_empty(), "the model's policy {name} is valid");
+    assert!(
+        validate::validate_spec(&spec).is_empty(),
+        "the model's policy {name} is valid"
+    );
     let mut p = GpuRemediationPolicy::new(name, spec);
     p.metadata.generation = Some(1);
     p
@@ -159,19 +193,25 @@ struct Limits {
 }
 
 fn limits() -> impl Strategy<Value = Limits> {
-    (1..4u32, prop_oneof![Just(30u32), Just(60), Just(100)], prop::option::of(1..5u32), 1..6u32).prop_map(
-        |(max_concurrent, max_unhealthy_percent, max_unhealthy_count, rate)| Limits {
-            max_concurrent,
-            max_unhealthy_percent,
-            max_unhealthy_count,
-            rate,
-        },
+    (
+        1..4u32,
+        prop_oneof![Just(40u32), Just(70), Just(100)],
+        prop::option::of(2..6u32),
+        1..6u32,
     )
+        .prop_map(
+            |(max_concurrent, max_unhealthy_percent, max_unhealthy_count, rate)| Limits {
+                max_concurrent,
+                max_unhealthy_percent,
+                max_unhealthy_count,
+                rate,
+            },
+        )
 }
 
 fn reading() -> impl Strategy<Value = Reading> {
     prop_oneof![
-        2 => Just(Reading::Healthy),
+        4 => Just(Reading::Healthy),
         3 => (0..900i64).prop_map(Reading::BrokenSince),
         1 => Just(Reading::BrokenUnstamped),
         1 => (1..900i64).prop_map(Reading::BrokenInFuture),
@@ -189,13 +229,15 @@ fn fate() -> impl Strategy<Value = Fate> {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        4 => (1..1500i64).prop_map(Step::Advance),
+        4 => (1..90i64).prop_map(Step::Advance),
+        1 => (90..2000i64).prop_map(Step::Advance),
         4 => (0..12usize, reading()).prop_map(|(node, reading)| Step::Read { node, reading }),
         5 => (prop::collection::vec(fate(), 12), prop::bool::weighted(0.2))
             .prop_map(|(fates, deletes_lost)| Step::Pass { fates, deletes_lost }),
         3 => (0..64usize, 0..PHASES.len(), prop::bool::ANY)
             .prop_map(|(record, phase, holds)| Step::Progress { record, phase, holds }),
-        1 => (0..12usize, 5..PHASES.len(), 0..3600i64).prop_map(|(node, phase, age)| Step::Older { node, phase, age }),
+        1 => (0..12usize, 5..PHASES.len(), 0..12_000i64, prop::bool::ANY)
+            .prop_map(|(node, phase, age, holds)| Step::Older { node, phase, age, holds }),
         1 => Just(Step::LeaderChange),
     ]
 }
@@ -222,7 +264,13 @@ impl Model {
             nodes: Vec::new(),
             records: Vec::new(),
             policies: vec![
-                policy("narrow", serde_json::json!({"group": "a"}), 10, narrow_for, narrow),
+                policy(
+                    "narrow",
+                    serde_json::json!({"group": "a"}),
+                    10,
+                    narrow_for,
+                    narrow,
+                ),
                 policy("wide", serde_json::json!({"gpu": "yes"}), 0, 120, wide),
             ],
             first_seen: FirstSeen::default(),
@@ -262,11 +310,8 @@ impl Model {
             Reading::BrokenUnstamped => (false, None),
             Reading::BrokenInFuture(ahead) => (false, Some(now + ahead)),
         };
-        if (healthy, stamp) != (node.healthy, node.stamp) {
-            node.healthy = healthy;
-            node.stamp = stamp;
-            node.seen = None;
-        }
+        node.healthy = healthy;
+        node.stamp = stamp;
     }
 
     /// A record of node `i`'s episode begun at `since`, created at `created`, in `phase`.
@@ -301,10 +346,9 @@ impl Model {
                 if n.narrow {
                     labels.insert("group".into(), "a".into());
                 }
-                let annotations = n
-                    .cordoned_by
-                    .as_ref()
-                    .map(|by| std::collections::BTreeMap::from([(CORDONED_BY_ANNOTATION.to_owned(), by.clone())]));
+                let annotations = n.cordoned_by.as_ref().map(|by| {
+                    std::collections::BTreeMap::from([(CORDONED_BY_ANNOTATION.to_owned(), by.clone())])
+                });
                 Arc::new(Node {
                     metadata: ObjectMeta {
                         name: Some(n.name.clone()),
@@ -334,28 +378,42 @@ impl Model {
         if node.healthy {
             return false;
         }
-        let Some((seen, untrusted)) = node.seen else {
+        let Some(seen) = &node.seen else {
             return false;
         };
-        let since = if untrusted {
-            seen
+        let since = if seen.untrusted {
+            seen.at
         } else {
-            node.stamp.unwrap_or(seen).min(self.now)
+            node.stamp.unwrap_or(seen.at).min(self.now)
         };
         let trigger_for = self.spec(self.governor(node)).triggers[0].for_.as_std().as_secs();
         since + i64::try_from(trigger_for).unwrap() <= self.now
     }
 
     fn open(record: &GpuRemediation) -> bool {
-        !record.status.as_ref().map(|s| s.phase).unwrap_or_default().is_terminal()
+        !record
+            .status
+            .as_ref()
+            .map(|s| s.phase)
+            .unwrap_or_default()
+            .is_terminal()
     }
 
-    fn pass(&mut self, fates: &[Fate], deletes_lost: bool) -> Result<(), proptest::test_runner::TestCaseError> {
+    fn pass(
+        &mut self,
+        fates: &[Fate],
+        deletes_lost: bool,
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
         let now = self.now;
         for node in &mut self.nodes {
-            if node.seen.is_none() {
-                let untrusted = node.stamp.is_none_or(|s| s > now);
-                node.seen = Some((now, untrusted));
+            let same = |seen: &Seen| (seen.healthy, seen.stamp) == (node.healthy, node.stamp);
+            if !node.seen.as_ref().is_some_and(same) {
+                node.seen = Some(Seen {
+                    at: now,
+                    untrusted: node.stamp.is_none_or(|s| s > now),
+                    healthy: node.healthy,
+                    stamp: node.stamp,
+                });
             }
         }
         let nodes = self.node_objects();
@@ -376,7 +434,10 @@ impl Model {
         for r in self.records.iter().filter(|r| Self::open(r)) {
             *open.entry(r.spec.node_name.as_str()).or_default() += 1;
         }
-        prop_assert!(open.values().all(|n| *n <= 1), "4: a node has two open records: {open:?}");
+        prop_assert!(
+            open.values().all(|n| *n <= 1),
+            "4: a node has two open records: {open:?}"
+        );
         Ok(())
     }
 
@@ -404,20 +465,31 @@ impl Model {
                 admitted == 0 || spec.safety.unhealthy_limit().allows(unhealthy, selected),
                 "2: {name} admits {admitted} with its breaker open ({unhealthy} of {selected} unhealthy)"
             );
-            let trigger_for = SignedDuration::from_secs(
-                i64::try_from(spec.triggers[0].for_.as_std().as_secs()).unwrap(),
-            );
+            let trigger_for =
+                SignedDuration::from_secs(i64::try_from(spec.triggers[0].for_.as_std().as_secs()).unwrap());
             let floor = trigger_for.max(EPISODE_FLOOR).as_secs();
             for created in p.create.iter().chain(&p.manual_required) {
                 let node_name = created.spec.node_name.as_str();
                 let node = self.nodes.iter().find(|n| n.name == node_name).unwrap();
-                prop_assert!(self.governor(node) == name, "3: {name} opens a record for {node_name}, governed by another");
-                prop_assert!(self.holds(node), "3: {name} opens a record for {node_name}, whose trigger does not hold: {node:?}");
                 prop_assert!(
-                    !self.records.iter().any(|r| r.spec.node_name == node_name && Self::open(r)),
+                    self.governor(node) == name,
+                    "3: {name} opens a record for {node_name}, governed by another"
+                );
+                prop_assert!(
+                    self.holds(node),
+                    "3: {name} opens a record for {node_name}, whose trigger does not hold: {node:?}"
+                );
+                prop_assert!(
+                    !self
+                        .records
+                        .iter()
+                        .any(|r| r.spec.node_name == node_name && Self::open(r)),
                     "4: {name} opens a record for {node_name}, which has one open"
                 );
-                prop_assert!(!opened.contains(&node_name), "4: two records opened for {node_name} in one pass");
+                prop_assert!(
+                    !opened.contains(&node_name),
+                    "4: two records opened for {node_name} in one pass"
+                );
                 opened.push(node_name);
                 let last = self
                     .records
@@ -432,10 +504,14 @@ impl Model {
                 );
                 let refused = p.policy.status.as_ref().is_some_and(|s| {
                     s.record_refusals.iter().any(|r| {
-                        r.node == node_name && r.at.0.as_second() - at(0).as_second() + REFUSAL_BACKOFF_SECONDS > now
+                        r.node == node_name
+                            && r.at.0.as_second() - at(0).as_second() + REFUSAL_BACKOFF_SECONDS > now
                     })
                 });
-                prop_assert!(!refused, "5: {name} asks again for {node_name} within the refusal backoff");
+                prop_assert!(
+                    !refused,
+                    "5: {name} asks again for {node_name} within the refusal backoff"
+                );
             }
             let ttl = i64::try_from(spec.history.ttl.as_std().as_secs()).unwrap();
             for expired in &p.expired {
@@ -445,7 +521,10 @@ impl Model {
                 prop_assert!(status.phase.is_terminal(), "6: {expired} expires unfinished");
                 prop_assert!(last + ttl < now, "6: {expired} expires within history.ttl");
                 prop_assert!(
-                    !self.nodes.iter().any(|n| n.cordoned_by.as_deref() == Some(expired.as_str())),
+                    !self
+                        .nodes
+                        .iter()
+                        .any(|n| n.cordoned_by.as_deref() == Some(expired.as_str())),
                     "6: {expired} expires while it holds its node"
                 );
             }
@@ -545,10 +624,18 @@ impl Model {
             }
             Step::Pass { fates, deletes_lost } => self.pass(fates, *deletes_lost)?,
             Step::Progress { record, phase, holds } => self.progress(*record, *phase, *holds),
-            Step::Older { node, phase, age } => {
+            Step::Older {
+                node,
+                phase,
+                age,
+                holds,
+            } => {
                 let i = node % self.nodes.len();
                 let created = self.now - age;
                 self.add_record(i, PHASES[*phase], created, created - 600);
+                if PHASES[*phase] == Phase::Failed && *holds {
+                    self.nodes[i].cordoned_by = self.records.last().map(ResourceExt::name_any);
+                }
             }
             Step::LeaderChange => {
                 self.first_seen = FirstSeen::default();
