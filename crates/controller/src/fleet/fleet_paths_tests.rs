@@ -33,18 +33,8 @@
 
 use std::sync::Arc;
 
-use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy, GpuRemediationPolicySpec, GpuRemediationStatus, Phase,
-    constants::CORDONED_BY_ANNOTATION,
-    policy::{REFUSAL_BACKOFF_SECONDS, RecordRefusal},
-    remediation::PhaseTransition,
-    validate,
-};
+use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, policy::REFUSAL_BACKOFF_SECONDS};
 use jiff::SignedDuration;
-use k8s_openapi::{
-    api::core::v1::{Node, NodeCondition, NodeStatus},
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
-};
 use kube::ResourceExt;
 use proptest::{
     prelude::{ProptestConfig, Strategy, prop, prop_assert, prop_oneof, proptest},
@@ -52,42 +42,11 @@ use proptest::{
 };
 
 use super::{Census, FleetPlan, episodes::EPISODE_FLOOR, plan_with};
-use crate::{first_seen::FirstSeen, test_fixtures::at};
+use crate::test_fixtures::at;
+use model::{Fate, Limits, Model, NodeState, PHASES, Reading, Start};
 
-/// The phases a record moves through, open and finished.
-const PHASES: [Phase; 9] = [
-    Phase::Pending,
-    Phase::Cordoned,
-    Phase::Draining,
-    Phase::Replacing,
-    Phase::Verifying,
-    Phase::Succeeded,
-    Phase::Failed,
-    Phase::Cancelled,
-    Phase::ManualRequired,
-];
-
-/// What a node's `GpuHealthy` condition says, and with which stamp.
-#[derive(Clone, Copy, Debug)]
-enum Reading {
-    Healthy,
-    /// `False`, stamped this many seconds before now.
-    BrokenSince(i64),
-    /// `False`, no `lastTransitionTime`.
-    BrokenUnstamped,
-    /// `False`, stamped this many seconds after now.
-    BrokenInFuture(i64),
-}
-
-/// What becomes of one create of a pass.
-#[derive(Clone, Copy, Debug)]
-enum Fate {
-    Applied,
-    RefusedWithCode,
-    RefusedUnanswered,
-    /// Created, but the policy status of the pass was never written.
-    HalfApplied,
-}
+#[path = "fleet_paths_model.rs"]
+mod model;
 
 #[derive(Clone, Debug)]
 enum Step {
@@ -116,80 +75,6 @@ enum Step {
         holds: bool,
     },
     LeaderChange,
-}
-
-#[derive(Clone, Debug)]
-struct Seen {
-    at: i64,
-    untrusted: bool,
-    healthy: bool,
-    stamp: Option<i64>,
-}
-
-#[derive(Clone, Debug)]
-struct NodeState {
-    name: String,
-    /// In group `a`: governed by `narrow`.
-    narrow: bool,
-    healthy: bool,
-    stamp: Option<i64>,
-    cordoned_by: Option<String>,
-    /// When the current leader first saw the condition as it is (status and stamp, as of its
-    /// last pass: a blip between two passes is not seen), and whether its stamp was untrusted
-    /// then.
-    seen: Option<Seen>,
-}
-
-struct Model {
-    now: i64,
-    nodes: Vec<NodeState>,
-    records: Vec<GpuRemediation>,
-    policies: Vec<GpuRemediationPolicy>,
-    first_seen: FirstSeen,
-    /// A number for the names of added records.
-    serial: u32,
-}
-
-fn policy(
-    name: &str,
-    selector: serde_json::Value,
-    priority: i32,
-    for_secs: u32,
-    limits: Limits,
-) -> GpuRemediationPolicy {
-    let mut safety = serde_json::json!({
-        "maxConcurrent": limits.max_concurrent,
-        "maxUnhealthy": format!("{}%", limits.max_unhealthy_percent),
-        "rate": {"limit": limits.rate, "per": "1h"},
-        "maxAttemptsPerNode": {"count": 2, "per": "1h"},
-    });
-    if let Some(count) = limits.max_unhealthy_count {
-        safety["maxUnhealthyCount"] = count.into();
-    }
-    let spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({
-        "nodeSelector": {"matchLabels": selector},
-        "priority": priority,
-        "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": format!("{for_secs}s")}],
-        "action": "None",
-        "safety": safety,
-        "history": {"ttl": "2h"},
-    }))
-    .unwrap();
-    assert!(
-        validate::validate_spec(&spec).is_empty(),
-        "the model's policy {name} is valid"
-    );
-    let mut p = GpuRemediationPolicy::new(name, spec);
-    p.metadata.generation = Some(1);
-    p
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Limits {
-    max_concurrent: u32,
-    max_unhealthy_percent: u32,
-    max_unhealthy_count: Option<u32>,
-    rate: u32,
 }
 
 fn limits() -> impl Strategy<Value = Limits> {
@@ -242,9 +127,6 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-/// The fleet at the start: each node's group and reading, and the phase of its record (if any).
-type Start = Vec<(bool, Reading, Option<(usize, i64)>)>;
-
 fn start() -> impl Strategy<Value = Start> {
     prop::collection::vec(
         (
@@ -257,165 +139,13 @@ fn start() -> impl Strategy<Value = Start> {
 }
 
 impl Model {
-    fn new(start: &Start, wide: Limits, narrow: Limits, narrow_for: u32) -> Self {
-        let now = 100_000;
-        let mut model = Self {
-            now,
-            nodes: Vec::new(),
-            records: Vec::new(),
-            policies: vec![
-                policy(
-                    "narrow",
-                    serde_json::json!({"group": "a"}),
-                    10,
-                    narrow_for,
-                    narrow,
-                ),
-                policy("wide", serde_json::json!({"gpu": "yes"}), 0, 120, wide),
-            ],
-            first_seen: FirstSeen::default(),
-            serial: 0,
-        };
-        for (i, (narrow, reading, record)) in start.iter().enumerate() {
-            model.nodes.push(NodeState {
-                name: format!("n{i}"),
-                narrow: *narrow,
-                healthy: true,
-                stamp: None,
-                cordoned_by: None,
-                seen: None,
-            });
-            model.read(i, *reading);
-            if let Some((phase, age)) = record {
-                model.add_record(i, PHASES[*phase], now - age, now - age - 600);
-            }
-        }
-        model
-    }
-
-    fn governor(&self, node: &NodeState) -> &'static str {
-        if node.narrow { "narrow" } else { "wide" }
-    }
-
-    fn spec(&self, name: &str) -> &GpuRemediationPolicySpec {
-        &self.policies.iter().find(|p| p.name_any() == name).unwrap().spec
-    }
-
-    fn read(&mut self, i: usize, reading: Reading) {
-        let now = self.now;
-        let node = &mut self.nodes[i];
-        let (healthy, stamp) = match reading {
-            Reading::Healthy => (true, Some(now)),
-            Reading::BrokenSince(ago) => (false, Some(now - ago)),
-            Reading::BrokenUnstamped => (false, None),
-            Reading::BrokenInFuture(ahead) => (false, Some(now + ahead)),
-        };
-        node.healthy = healthy;
-        node.stamp = stamp;
-    }
-
-    /// A record of node `i`'s episode begun at `since`, created at `created`, in `phase`.
-    fn add_record(&mut self, i: usize, phase: Phase, created: i64, since: i64) {
-        let node = &self.nodes[i];
-        self.serial += 1;
-        let mut r = crate::test_fixtures::remediation(
-            &format!("{}-{}", node.name, self.serial),
-            &node.name,
-            self.governor(node),
-            Some(at(since)),
-            gpu_remediation_api::policy::Action::None,
-        );
-        r.metadata.creation_timestamp = Some(Time(at(created)));
-        r.status = Some(GpuRemediationStatus {
-            phase,
-            phase_history: vec![PhaseTransition {
-                phase,
-                at: Time(at(created)),
-                message: None,
-            }],
-            ..GpuRemediationStatus::default()
-        });
-        self.records.push(r);
-    }
-
-    fn node_objects(&self) -> Vec<Arc<Node>> {
-        self.nodes
-            .iter()
-            .map(|n| {
-                let mut labels = std::collections::BTreeMap::from([("gpu".to_owned(), "yes".to_owned())]);
-                if n.narrow {
-                    labels.insert("group".into(), "a".into());
-                }
-                let annotations = n.cordoned_by.as_ref().map(|by| {
-                    std::collections::BTreeMap::from([(CORDONED_BY_ANNOTATION.to_owned(), by.clone())])
-                });
-                Arc::new(Node {
-                    metadata: ObjectMeta {
-                        name: Some(n.name.clone()),
-                        uid: Some(format!("uid-{}", n.name)),
-                        labels: Some(labels),
-                        annotations,
-                        ..ObjectMeta::default()
-                    },
-                    spec: None,
-                    status: Some(NodeStatus {
-                        conditions: Some(vec![NodeCondition {
-                            type_: "GpuHealthy".into(),
-                            status: if n.healthy { "True" } else { "False" }.into(),
-                            reason: Some("XID79".into()),
-                            last_transition_time: n.stamp.map(|s| Time(at(s))),
-                            ..NodeCondition::default()
-                        }]),
-                        ..NodeStatus::default()
-                    }),
-                })
-            })
-            .collect()
-    }
-
-    /// Whether node `i`'s trigger under its governing policy holds now, by the model's clock.
-    fn holds(&self, node: &NodeState) -> bool {
-        if node.healthy {
-            return false;
-        }
-        let Some(seen) = &node.seen else {
-            return false;
-        };
-        let since = if seen.untrusted {
-            seen.at
-        } else {
-            node.stamp.unwrap_or(seen.at).min(self.now)
-        };
-        let trigger_for = self.spec(self.governor(node)).triggers[0].for_.as_std().as_secs();
-        since + i64::try_from(trigger_for).unwrap() <= self.now
-    }
-
-    fn open(record: &GpuRemediation) -> bool {
-        !record
-            .status
-            .as_ref()
-            .map(|s| s.phase)
-            .unwrap_or_default()
-            .is_terminal()
-    }
-
     fn pass(
         &mut self,
         fates: &[Fate],
         deletes_lost: bool,
     ) -> Result<(), proptest::test_runner::TestCaseError> {
         let now = self.now;
-        for node in &mut self.nodes {
-            let same = |seen: &Seen| (seen.healthy, seen.stamp) == (node.healthy, node.stamp);
-            if !node.seen.as_ref().is_some_and(same) {
-                node.seen = Some(Seen {
-                    at: now,
-                    untrusted: node.stamp.is_none_or(|s| s > now),
-                    healthy: node.healthy,
-                    stamp: node.stamp,
-                });
-            }
-        }
+        self.observe();
         let nodes = self.node_objects();
         self.first_seen.observe(nodes.iter().map(AsRef::as_ref), at(now));
         let policies: Vec<Arc<GpuRemediationPolicy>> = self.policies.iter().cloned().map(Arc::new).collect();
@@ -447,7 +177,7 @@ impl Model {
         for p in &plan.policies {
             let name = p.policy.name_any();
             let spec = self.spec(&name);
-            let governed: Vec<&NodeState> = self.nodes.iter().filter(|n| self.governor(n) == name).collect();
+            let governed: Vec<&NodeState> = self.nodes.iter().filter(|n| n.governor() == name).collect();
             let selected = u32::try_from(governed.len()).unwrap();
             let unhealthy = u32::try_from(governed.iter().filter(|n| self.holds(n)).count()).unwrap();
             let in_flight = self
@@ -472,7 +202,7 @@ impl Model {
                 let node_name = created.spec.node_name.as_str();
                 let node = self.nodes.iter().find(|n| n.name == node_name).unwrap();
                 prop_assert!(
-                    self.governor(node) == name,
+                    node.governor() == name,
                     "3: {name} opens a record for {node_name}, governed by another"
                 );
                 prop_assert!(
@@ -532,89 +262,6 @@ impl Model {
         Ok(())
     }
 
-    fn apply(&mut self, plan: FleetPlan, fates: &[Fate], deletes_lost: bool) {
-        let now = self.now;
-        let mut fates = fates.iter().cycle();
-        for p in plan.policies {
-            let name = p.policy.name_any();
-            let mut status = p.status;
-            let mut status_lost = false;
-            let manual = p.manual_required.into_iter().map(|r| (r, Phase::ManualRequired));
-            for (mut record, phase) in p.create.into_iter().map(|r| (r, Phase::Pending)).chain(manual) {
-                let node = record.spec.node_name.clone();
-                let code = match fates.next().copied().unwrap_or(Fate::Applied) {
-                    Fate::Applied => None,
-                    Fate::HalfApplied => {
-                        status_lost = true;
-                        None
-                    }
-                    Fate::RefusedWithCode => Some(Some(422)),
-                    Fate::RefusedUnanswered => Some(None),
-                };
-                let exists = self.records.iter().any(|r| r.name_any() == record.name_any());
-                let code = if exists { Some(Some(409)) } else { code };
-                if let Some(code) = code {
-                    super::episodes::add_refusal(
-                        &mut status.record_refusals,
-                        RecordRefusal {
-                            node,
-                            at: Time(at(now)),
-                            code,
-                            message: "refused".into(),
-                        },
-                    );
-                    continue;
-                }
-                record.metadata.creation_timestamp = Some(Time(at(now)));
-                record.status = Some(GpuRemediationStatus {
-                    phase,
-                    phase_history: vec![PhaseTransition {
-                        phase,
-                        at: Time(at(now)),
-                        message: None,
-                    }],
-                    ..GpuRemediationStatus::default()
-                });
-                self.records.push(record);
-            }
-            if !deletes_lost {
-                self.records.retain(|r| !p.expired.contains(&r.name_any()));
-            }
-            if !status_lost {
-                let policy = self.policies.iter_mut().find(|q| q.name_any() == name).unwrap();
-                policy.status = Some(status);
-            }
-        }
-    }
-
-    fn progress(&mut self, record: usize, phase: usize, holds: bool) {
-        if self.records.is_empty() {
-            return;
-        }
-        let now = self.now;
-        let i = record % self.records.len();
-        let record = &mut self.records[i];
-        if !Self::open(record) {
-            return;
-        }
-        let phase = PHASES[phase];
-        let status = record.status.get_or_insert_with(GpuRemediationStatus::default);
-        status.phase = phase;
-        status.phase_history.push(PhaseTransition {
-            phase,
-            at: Time(at(now)),
-            message: None,
-        });
-        let name = record.name_any();
-        let node_name = record.spec.node_name.clone();
-        let node = self.nodes.iter_mut().find(|n| n.name == node_name).unwrap();
-        if phase == Phase::Failed && holds {
-            node.cordoned_by = Some(name);
-        } else if node.cordoned_by.as_deref() == Some(name.as_str()) && phase.is_terminal() {
-            node.cordoned_by = None;
-        }
-    }
-
     fn step(&mut self, step: &Step) -> Result<(), proptest::test_runner::TestCaseError> {
         match step {
             Step::Advance(secs) => self.now += secs,
@@ -637,12 +284,7 @@ impl Model {
                     self.nodes[i].cordoned_by = self.records.last().map(ResourceExt::name_any);
                 }
             }
-            Step::LeaderChange => {
-                self.first_seen = FirstSeen::default();
-                for node in &mut self.nodes {
-                    node.seen = None;
-                }
-            }
+            Step::LeaderChange => self.leader_change(),
         }
         Ok(())
     }
