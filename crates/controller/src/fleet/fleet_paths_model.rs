@@ -64,6 +64,8 @@ pub(super) struct NodeState {
     pub(super) name: String,
     /// In group `a`: governed by `narrow`.
     pub(super) narrow: bool,
+    /// Its zone (label `zone`), `z0` or `z1`: every other node.
+    pub(super) zone: usize,
     pub(super) healthy: bool,
     pub(super) stamp: Option<i64>,
     pub(super) cordoned_by: Option<String>,
@@ -106,6 +108,13 @@ pub(super) fn policy(
     if let Some(count) = limits.max_unhealthy_count {
         safety["maxUnhealthyCount"] = count.into();
     }
+    if let Some(domain) = limits.zone {
+        safety["failureDomains"] = serde_json::json!([{
+            "topologyKey": "zone",
+            "maxUnhealthyCount": domain.max_unhealthy,
+            "maxInFlight": domain.max_in_flight,
+        }]);
+    }
     let spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({
         "nodeSelector": {"matchLabels": {label: value}},
         "priority": priority,
@@ -130,6 +139,15 @@ pub(super) struct Limits {
     pub(super) max_unhealthy_percent: u32,
     pub(super) max_unhealthy_count: Option<u32>,
     pub(super) rate: u32,
+    /// A failure domain per zone, if any.
+    pub(super) zone: Option<Zone>,
+}
+
+/// The limits of a policy's failure domain (label `zone`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Zone {
+    pub(super) max_unhealthy: u32,
+    pub(super) max_in_flight: u32,
 }
 
 /// The fleet at the start: each node's group and reading, and the phase of its record (if any).
@@ -153,6 +171,7 @@ impl Model {
             model.nodes.push(NodeState {
                 name: format!("n{i}"),
                 narrow: *narrow,
+                zone: i % 2,
                 healthy: true,
                 stamp: None,
                 cordoned_by: None,
@@ -211,7 +230,10 @@ impl Model {
         self.nodes
             .iter()
             .map(|n| {
-                let mut labels = std::collections::BTreeMap::from([("gpu".to_owned(), "yes".to_owned())]);
+                let mut labels = std::collections::BTreeMap::from([
+                    ("gpu".to_owned(), "yes".to_owned()),
+                    ("zone".to_owned(), format!("z{}", n.zone)),
+                ]);
                 if n.narrow {
                     labels.insert("group".into(), "a".into());
                 }
