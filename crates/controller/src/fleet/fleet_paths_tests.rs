@@ -338,19 +338,20 @@ impl Model {
     }
 }
 
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
+/// 10,000 paths, or as many as `PROPTEST_CASES` says; no failure file (a failure prints its
+/// minimal path).
+fn paths() -> ProptestConfig {
+    let paths = std::env::var("PROPTEST_CASES")
         .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(10_000)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(10_000);
+    let mut config = ProptestConfig::with_cases(paths);
+    config.failure_persistence = None;
+    config
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: cases(),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(paths())]
 
     #[test]
     fn every_random_fleet_path_keeps_the_planner_invariants(
