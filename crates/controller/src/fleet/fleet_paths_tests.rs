@@ -7,7 +7,8 @@
 //! HTTP code or without an answer), or a create whose policy status was never written (a
 //! half-applied settlement); it also adds finished records of older episodes on a node, moves
 //! records through their phases (a `Failed` one may keep its node cordoned), lets records expire
-//! past `history.ttl`, and changes leader (the planner's first-seen memory is lost).
+//! past `history.ttl`, moves nodes between the policies (a label changes, the records stay),
+//! and changes leader (the planner's first-seen memory is lost).
 //!
 //! After every pass, for every policy:
 //! 1. what it admits (creates and readmissions) never brings its records in flight past
@@ -78,6 +79,10 @@ enum Step {
         holds: bool,
     },
     LeaderChange,
+    /// `node` joins group `a` or leaves it: its governing policy changes, its records stay.
+    Relabel {
+        node: usize,
+    },
 }
 
 fn limits() -> impl Strategy<Value = Limits> {
@@ -132,6 +137,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..12usize, 5..PHASES.len(), 0..12_000i64, prop::bool::ANY)
             .prop_map(|(node, phase, age, holds)| Step::Older { node, phase, age, holds }),
         1 => Just(Step::LeaderChange),
+        1 => (0..12usize).prop_map(|node| Step::Relabel { node }),
     ]
 }
 
@@ -333,6 +339,10 @@ impl Model {
                 }
             }
             Step::LeaderChange => self.leader_change(),
+            Step::Relabel { node } => {
+                let i = node % self.nodes.len();
+                self.nodes[i].narrow = !self.nodes[i].narrow;
+            }
         }
         Ok(())
     }
