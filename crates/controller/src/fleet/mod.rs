@@ -41,6 +41,9 @@ mod conditions;
 mod correlated_tests;
 pub mod episodes;
 mod expiry;
+#[cfg(test)]
+#[path = "fleet_paths_tests.rs"]
+mod fleet_paths_tests;
 pub mod index;
 mod outcomes;
 #[cfg(test)]
