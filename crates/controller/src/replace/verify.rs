@@ -160,7 +160,8 @@ pub fn judge(verification: &Verification<'_>) -> Progress {
     match verdict {
         Progress::Waiting { message } if gone_awaiting && timed_out(verification) => Progress::GoneUnseen {
             message: format!(
-                "gone, replacement not seen: the node was deleted but no new Ready node the policy selects joined                  within {}s ({message})",
+                "gone, replacement not seen: the node was deleted but no new Ready node the policy selects joined \
+                 within {}s ({message})",
                 verification.timeout.as_secs()
             ),
         },
