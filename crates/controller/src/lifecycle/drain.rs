@@ -203,7 +203,7 @@ fn on_timeout(
                  cordoned and evictions keep being retried{}; free the budget, remove the pods by hand, or use \
                  onTimeout ForceDelete",
                 rules.drain.timeout,
-                next_step(remediation, rules),
+                next_step(remediation, rules, &status),
                 blocked_by(&status)
             );
             Decision::Settle(block(status, notes, &message, next, now))
@@ -255,12 +255,18 @@ fn protected_left(
     (!protected.is_empty()).then(|| protected.join(", "))
 }
 
-/// The step after the drain, as a person reads it.
-fn next_step(remediation: &GpuRemediation, rules: &PolicySnapshot) -> String {
-    match rules.ladder.first() {
-        Some(step) => format!("ladder step {}", step.step),
-        None => format!("{:?}", remediation.spec.action),
+/// The step after the drain, as a person reads it: the ladder step left open (a drain re-entered
+/// after an escalation), else the rung the ladder starts at (as `hand_over` opens it), else the
+/// action.
+fn next_step(remediation: &GpuRemediation, rules: &PolicySnapshot, status: &GpuRemediationStatus) -> String {
+    if rules.ladder.is_empty() {
+        return format!("{:?}", remediation.spec.action);
     }
+    let step = status.steps.last().filter(|s| s.end.is_none()).map_or_else(
+        || rules.ladder[super::ladder_evidence::start_index(remediation, rules)].step,
+        |open| open.step,
+    );
+    format!("ladder step {step}")
 }
 
 /// Enters `Blocked` (once, with an Event) or updates its message; evictions keep being retried.

@@ -211,3 +211,28 @@ fn proceed_never_takes_down_a_pod_a_budget_protects_on_a_reboot_or_any_ladder_ru
         None
     );
 }
+
+#[test]
+fn the_next_step_a_drain_names_is_the_step_left_open_else_the_rung_the_ladder_starts_at() {
+    use super::super::ladder_record::new_record;
+    use gpu_remediation_api::ladder::{Rung, StepOutcome};
+    let record = |action| crate::test_fixtures::remediation("r", "gpu-1", "p", Some(at(0)), action);
+    let replace = record(Action::Replace);
+    let ladder = proceed_rules(&[Rung::Reboot, Rung::Replace]);
+    let mut status = GpuRemediationStatus::default();
+    assert_eq!(next_step(&replace, &ladder, &status), "ladder step Reboot");
+    // A reset without a failed GPU to reset starts a rung higher.
+    let reset_first = proceed_rules(&[Rung::ResetGpu, Rung::Reboot]);
+    assert_eq!(next_step(&replace, &reset_first, &status), "ladder step Reboot");
+    // Re-entered after an escalation: the step opened by it comes next, not the ladder's first.
+    let mut rebooted = new_record(Rung::Reboot, at(1));
+    rebooted.end = Some(Time(at(2)));
+    rebooted.outcome = Some(StepOutcome::TimedOut);
+    status.steps = vec![rebooted, new_record(Rung::Replace, at(2))];
+    assert_eq!(next_step(&replace, &ladder, &status), "ladder step Replace");
+    // No ladder: the action.
+    assert_eq!(
+        next_step(&record(Action::Reboot), &proceed_rules(&[]), &status),
+        "Reboot"
+    );
+}
