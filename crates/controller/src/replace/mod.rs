@@ -165,26 +165,6 @@ pub enum TriggerReplacementError {
     },
 }
 
-impl TriggerReplacementError {
-    /// The HTTP status the server answered the failed call with, if it did.
-    #[must_use]
-    pub fn code(&self) -> Option<u16> {
-        answered(self)
-    }
-}
-
-/// The HTTP status of the API server's answer along `error`'s chain of sources, if one is there.
-fn answered(error: &(dyn std::error::Error + 'static)) -> Option<u16> {
-    let mut next = Some(error);
-    while let Some(error) = next {
-        if let Some(kube::Error::Api(status)) = error.downcast_ref::<kube::Error>() {
-            return Some(status.code);
-        }
-        next = error.source();
-    }
-    None
-}
-
 /// Why a replacement could not be observed.
 #[derive(Debug, thiserror::Error)]
 pub enum ObserveReplacementError {
@@ -204,14 +184,6 @@ pub enum ObserveReplacementError {
         /// Kind.
         kind: String,
     },
-}
-
-impl ObserveReplacementError {
-    /// The status code of the server's refusal, when the look failed on one.
-    #[must_use]
-    pub fn code(&self) -> Option<u16> {
-        answered(self)
-    }
 }
 
 /// A replacement started.
