@@ -59,9 +59,7 @@ impl Cause {
     #[must_use]
     pub const fn describe(self) -> &'static str {
         match self {
-            Self::Answered(code) if code >= 400 && code < 500 && !matches!(code, 408 | 409 | 429) => {
-                "the server's last word on this request"
-            }
+            Self::Answered(_) if !self.is_transient() => "the server's last word on this request",
             Self::Answered(_) => "the server may accept it later",
             Self::Decode => "the server's answer could not be decoded",
             Self::Connection => "no answer from the server",

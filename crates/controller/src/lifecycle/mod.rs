@@ -543,7 +543,7 @@ fn held(facts: &Facts<'_>, status: GpuRemediationStatus) -> Decision {
 pub(crate) fn dated(words: &Words, since: Timestamp) -> Refusal {
     Refusal {
         action: words.action.clone(),
-        code: words.code,
+        code: words.code(),
         message: words.message.clone(),
         since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(since),
     }

@@ -100,7 +100,6 @@ fn a_cordon_forbidden_fails_at_once_with_the_servers_words() {
 fn an_undecodable_answer_fails_at_once_and_no_answer_is_retried() {
     let decode = Words {
         action: "cordoning node gpu-1".into(),
-        code: None,
         message: "Error deserializing response".into(),
         cause: Cause::Decode,
     };
@@ -112,7 +111,6 @@ fn an_undecodable_answer_fails_at_once_and_no_answer_is_retried() {
     assert_eq!(failed.status.phase, Phase::Failed);
     let unreachable = Words {
         action: "cordoning node gpu-1".into(),
-        code: None,
         message: "connection refused".into(),
         cause: Cause::Connection,
     };

@@ -39,13 +39,11 @@ pub enum EvictionAnswer {
     Unanswered(String),
 }
 
-/// A refusal as the server worded it, before it is dated.
+/// A refusal as the server worded it (or one of our own checks), before it is dated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Words {
     /// What was asked.
     pub action: String,
-    /// The HTTP status, if the server answered.
-    pub code: Option<u16>,
     /// The server's message.
     pub message: String,
     /// What the failure is: whether asking again may pass (see `retry`).
@@ -56,26 +54,42 @@ impl Words {
     /// The failure of `action` with `error`, classified by what it is (see `retry::cause_of`).
     #[must_use]
     pub fn of(action: String, error: &(dyn std::error::Error + 'static)) -> Self {
-        let cause = crate::retry::cause_of(error);
         Self {
             action,
-            code: match cause {
-                crate::retry::Cause::Answered(code) => Some(code),
-                _ => None,
-            },
             message: error.to_string(),
-            cause,
+            cause: crate::retry::cause_of(error),
         }
     }
 
     /// The server's answer `code` to `action`, in its words.
     #[must_use]
-    pub fn answered(action: String, code: u16, message: String) -> Self {
+    pub const fn answered(action: String, code: u16, message: String) -> Self {
         Self {
             action,
-            code: Some(code),
             message,
             cause: crate::retry::Cause::Answered(code),
+        }
+    }
+
+    /// One of our own checks refusing `action` before anything was asked ([`Cause::Invalid`]:
+    /// permanent, no HTTP status).
+    ///
+    /// [`Cause::Invalid`]: crate::retry::Cause::Invalid
+    #[must_use]
+    pub const fn invalid(action: String, message: String) -> Self {
+        Self {
+            action,
+            message,
+            cause: crate::retry::Cause::Invalid,
+        }
+    }
+
+    /// The HTTP status, if the server answered.
+    #[must_use]
+    pub const fn code(&self) -> Option<u16> {
+        match self.cause {
+            crate::retry::Cause::Answered(code) => Some(code),
+            _ => None,
         }
     }
 

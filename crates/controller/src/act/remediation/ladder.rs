@@ -70,9 +70,8 @@ pub(crate) async fn trigger_step(
 ) -> Result<Result<ObjectReference, Words>, AdvanceRemediationError> {
     let action = format!("creating the {rung} step's object");
     let Some(template) = step_of(rules, rung).and_then(|s| s.template.as_ref()) else {
-        return Ok(Err(Words::answered(
+        return Ok(Err(Words::invalid(
             action,
-            422,
             format!("the ladder's {rung} step has no template"),
         )));
     };
@@ -97,9 +96,8 @@ pub(crate) async fn validate(
 ) -> Result<Result<ObjectReference, Words>, AdvanceRemediationError> {
     let action = format!("creating the {rung} step's validation Job");
     let Some(job) = crate::lifecycle::validation::job_object(rules, &remediation.name_any(), rung) else {
-        return Ok(Err(Words::answered(
+        return Ok(Err(Words::invalid(
             action,
-            422,
             "the policy has no validation".to_owned(),
         )));
     };
