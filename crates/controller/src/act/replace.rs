@@ -152,11 +152,13 @@ impl Replacing<'_> {
         let found = node.as_ref().map(|node| &node.metadata);
         let presence = node_presence(found, remediation.spec.node_uid.as_deref(), triggered_at);
         match self.strategy {
+            // A deleted Node is replaced by whatever joins: one is always awaited (which one joined
+            // is the caller's to find, in its node cache: `replace::verify::replacement_seen`).
             Strategy::DeleteNode => Ok(deletion_observed(
                 found,
                 reference,
                 presence,
-                ReplacementNode::NotExpected,
+                ReplacementNode::Awaited,
             )),
             // The node was already gone when the replacement was triggered.
             Strategy::DeleteMachine | Strategy::DeleteNodeClaim if reference.kind == "Node" => {

@@ -127,7 +127,10 @@ async fn delete_node_deletes_the_node_pinned_to_its_uid_once_and_a_retry_finds_i
         .observe(&remediation, &triggered.reference, Timestamp::now())
         .await
         .expect("looked");
-    assert_eq!((looked.target, looked.node), (Presence::Gone, Presence::Gone));
+    assert_eq!(
+        (looked.target, looked.node, looked.replacement),
+        (Presence::Gone, Presence::Gone, ReplacementNode::Awaited)
+    );
 }
 
 #[tokio::test]

@@ -135,18 +135,6 @@ pub enum Progress {
 #[must_use]
 pub fn judge(verification: &Verification<'_>) -> Progress {
     let observation = verification.observation;
-    // A deleted Node is replaced by whatever joins: one is always awaited (never "not expected").
-    let awaited = Observation {
-        replacement: ReplacementNode::Awaited,
-        ..observation.clone()
-    };
-    let observation = if verification.strategy == Strategy::DeleteNode
-        && observation.replacement == ReplacementNode::NotExpected
-    {
-        &awaited
-    } else {
-        observation
-    };
     let verdict = match verification.strategy {
         Strategy::Template => judge_template(observation, verification.node_healthy),
         Strategy::DeleteNode | Strategy::DeleteMachine | Strategy::DeleteNodeClaim => {

@@ -31,16 +31,14 @@ fn is_waiting(progress: &Progress) -> bool {
 #[test]
 fn a_deleted_node_that_is_gone_succeeds_only_once_a_replacement_joined_ready() {
     let mut gone = observed(Presence::Gone, Presence::Gone);
-    // Nothing seen yet (the acting layer's "not expected" reads as awaited for DeleteNode).
-    for replacement in [ReplacementNode::NotExpected, ReplacementNode::Awaited] {
-        gone.replacement = replacement;
-        assert_eq!(
-            judge_at(Strategy::DeleteNode, &gone, false, 5),
-            Progress::Waiting {
-                message: "the node is gone; waiting for a replacement to join".to_owned()
-            }
-        );
-    }
+    // Nothing seen yet.
+    gone.replacement = ReplacementNode::Awaited;
+    assert_eq!(
+        judge_at(Strategy::DeleteNode, &gone, false, 5),
+        Progress::Waiting {
+            message: "the node is gone; waiting for a replacement to join".to_owned()
+        }
+    );
     gone.replacement = ReplacementNode::Joined {
         node: "gpu-new".into(),
         ready: false,

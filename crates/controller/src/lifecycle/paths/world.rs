@@ -563,7 +563,12 @@ impl World {
             target: if exists { Presence::Present } else { Presence::Gone },
             node,
             reported,
-            replacement: ReplacementNode::NotExpected,
+            // A deleted Node's replacement is awaited (none joins in this world).
+            replacement: if self.rules.replacement.strategy == Strategy::DeleteNode {
+                ReplacementNode::Awaited
+            } else {
+                ReplacementNode::NotExpected
+            },
         })
     }
 }
