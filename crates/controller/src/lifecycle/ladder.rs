@@ -159,32 +159,36 @@ fn trigger(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus, deadline: Time
 /// A refused request or look: retried within the step while it may pass, else the step ends.
 fn refused(
     pass: &Pass<'_, '_>,
-    mut status: GpuRemediationStatus,
+    status: GpuRemediationStatus,
     words: &Words,
     deadline: Timestamp,
 ) -> Decision {
     let (_, _, seen, facts) = pass.parts();
-    let refusal = status::refusal(&status, words, facts.now);
-    if !words.is_transient() {
-        let message = format!(
-            "{} was refused: {} ({})",
-            words.action,
-            words.message,
-            words.cause.describe()
-        );
-        status.refusal = Some(refusal);
-        return escalate(pass, status, StepOutcome::Permanent, &message);
-    }
-    if facts.now >= deadline {
-        let message = format!(
-            "{} was refused since {} until the step's timeout: {}",
-            words.action, refusal.since.0, words.message
-        );
-        status.refusal = Some(refusal);
-        return escalate(pass, status, StepOutcome::Transient, &message);
-    }
-    let next = super::retry_at(facts, seen, &refusal, deadline);
-    Decision::Settle(status::refused(status, refusal, next))
+    super::weigh_refusal(
+        facts,
+        seen,
+        status,
+        words,
+        deadline,
+        |status, since| match since {
+            None => {
+                let message = format!(
+                    "{} was refused: {} ({})",
+                    words.action,
+                    words.message,
+                    words.cause.describe()
+                );
+                escalate(pass, status, StepOutcome::Permanent, &message)
+            }
+            Some(since) => {
+                let message = format!(
+                    "{} was refused since {since} until the step's timeout: {}",
+                    words.action, words.message
+                );
+                escalate(pass, status, StepOutcome::Transient, &message)
+            }
+        },
+    )
 }
 
 /// Judges a reset or a reboot by its object and the node's evidence.

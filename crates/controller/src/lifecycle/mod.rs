@@ -451,15 +451,19 @@ fn cordon_step(
         CordonAnswer::Refused(words) => {
             let admitted = status::admitted_at(&status).unwrap_or(facts.now);
             let deadline = plus(admitted, signed(rules.drain.timeout.as_std()));
-            let refusal = status::refusal(&status, words, facts.now);
-            if !words.is_transient() {
-                let message = format!(
-                    "the node could not be cordoned: {} ({}); a person must look at it",
-                    words.message,
-                    words.cause.describe()
-                );
-                status.refusal = Some(refusal);
-                return Decision::Settle(status::move_to(
+            weigh_refusal(facts, seen, status, words, deadline, |status, since| {
+                let message = match since {
+                    None => format!(
+                        "the node could not be cordoned: {} ({}); a person must look at it",
+                        words.message,
+                        words.cause.describe()
+                    ),
+                    Some(_) => format!(
+                        "the node could not be cordoned within drain.timeout ({}): {}; a person must look at it",
+                        rules.drain.timeout, words.message
+                    ),
+                };
+                Decision::Settle(status::move_to(
                     status,
                     Phase::Failed,
                     &message,
@@ -467,28 +471,31 @@ fn cordon_step(
                     EventType::Warning,
                     facts.now,
                     Next::Idle,
-                ));
-            }
-            if facts.now >= deadline {
-                let message = format!(
-                    "the node could not be cordoned within drain.timeout ({}): {}; a person must look at it",
-                    rules.drain.timeout, words.message
-                );
-                status.refusal = Some(refusal);
-                return Decision::Settle(status::move_to(
-                    status,
-                    Phase::Failed,
-                    &message,
-                    "CordonRefused",
-                    EventType::Warning,
-                    facts.now,
-                    Next::Idle,
-                ));
-            }
-            let next = retry_at(facts, seen, &refusal, deadline);
-            Decision::Settle(status::refused(status, refusal, next))
+                ))
+            })
         }
     }
+}
+
+/// Weighs a refused request: one refused for good (`give_up` gets `None`) or still refused at
+/// `deadline` (`give_up` gets when the refusal began) is given up, with the refusal kept in the
+/// status; else it is asked again at [`retry_at`].
+pub(crate) fn weigh_refusal(
+    facts: &Facts<'_>,
+    seen: &Seen<'_>,
+    mut status: GpuRemediationStatus,
+    words: &Words,
+    deadline: Timestamp,
+    give_up: impl FnOnce(GpuRemediationStatus, Option<Timestamp>) -> Decision,
+) -> Decision {
+    let refusal = status::refusal(&status, words, facts.now);
+    if !words.is_transient() || facts.now >= deadline {
+        let since = words.is_transient().then_some(refusal.since.0);
+        status.refusal = Some(refusal);
+        return give_up(status, since);
+    }
+    let next = retry_at(facts, seen, &refusal, deadline);
+    Decision::Settle(status::refused(status, refusal, next))
 }
 
 /// When a transiently refused request is asked again: backed off exponentially (with jitter, up

@@ -280,41 +280,31 @@ fn refused(
     rules: &PolicySnapshot,
     seen: &Seen<'_>,
     facts: &Facts<'_>,
-    mut status: GpuRemediationStatus,
+    status: GpuRemediationStatus,
     words: &Words,
     deadline: Timestamp,
 ) -> Decision {
-    let refusal = status::refusal(&status, words, facts.now);
-    if !words.is_transient() {
-        let message = format!(
-            "{} was refused: {} ({}); not asked again",
-            words.action,
-            words.message,
-            words.cause.describe()
-        );
-        status.refusal = Some(refusal);
-        return Decision::Settle(fail(
-            status,
-            replace::verify::REPLACEMENT_FAILED,
-            &message,
-            facts.now,
-        ));
-    }
-    if facts.now >= deadline {
-        let message = format!(
-            "the replacement did not finish within replacement.timeout ({}): {} was refused since {}: {}",
-            rules.replacement.timeout, words.action, refusal.since.0, words.message
-        );
-        status.refusal = Some(refusal);
-        return Decision::Settle(fail(
-            status,
-            replace::verify::REPLACEMENT_TIMEOUT,
-            &message,
-            facts.now,
-        ));
-    }
-    let next = super::retry_at(facts, seen, &refusal, deadline);
-    Decision::Settle(status::refused(status, refusal, next))
+    super::weigh_refusal(facts, seen, status, words, deadline, |status, since| {
+        let (reason, message) = match since {
+            None => (
+                replace::verify::REPLACEMENT_FAILED,
+                format!(
+                    "{} was refused: {} ({}); not asked again",
+                    words.action,
+                    words.message,
+                    words.cause.describe()
+                ),
+            ),
+            Some(since) => (
+                replace::verify::REPLACEMENT_TIMEOUT,
+                format!(
+                    "the replacement did not finish within replacement.timeout ({}): {} was refused since {since}: {}",
+                    rules.replacement.timeout, words.action, words.message
+                ),
+            ),
+        };
+        Decision::Settle(fail(status, reason, &message, facts.now))
+    })
 }
 
 /// Ends the remediation `Failed`: the node stays cordoned, and the status says who must act.
