@@ -241,7 +241,8 @@ fn judge_repair(
         }
         Health::Recovered(since) => Some(since.map_or(record.start.0, |s| s.max(record.start.0))),
     };
-    let mut open = record.clone();
+    // The open step's record, its evidence written as it is judged.
+    let open = status.steps.last_mut().expect("a step is open");
     open.evidence.dwell_seconds = u32::try_from(dwell.as_secs()).ok();
     // What the step still lacks, in the words a person reads.
     let mut lacking = None;
@@ -293,7 +294,6 @@ fn judge_repair(
         match &open.evidence.healthy_since {
             // Healthy again since a later time: the fault came and went between two looks.
             Some(seen_since) if since > seen_since.0 => {
-                *status.steps.last_mut().expect("a step is open") = open;
                 let message = "the fault came back within release.healthyFor after the node was healthy";
                 return escalate(pass, status, StepOutcome::Permanent, message);
             }
@@ -322,19 +322,19 @@ fn judge_repair(
             Gate::Release(words) => words,
             Gate::Ask => return Decision::Ask(Ask::Validate(rung)),
             Gate::Refused(words) => {
-                *status.steps.last_mut().expect("a step is open") = open;
                 return refused(pass, status, &words, deadline);
             }
             Gate::Against { outcome, message } => {
-                *status.steps.last_mut().expect("a step is open") = open;
                 return escalate(pass, status, outcome, &message);
             }
             Gate::Wait { message, deadline } => {
-                *status.steps.last_mut().expect("a step is open") = open;
-                status.message = Some(format!("step {rung}: {message}"));
-                status.refusal = None;
-                let next = Next::At(plus(facts.now, seen.pace.replacement_poll)).or_at(Some(deadline));
-                return Decision::Settle(status::unchanged(status, false, next));
+                return replacement::waiting(
+                    status,
+                    format!("step {rung}: {message}"),
+                    seen,
+                    facts,
+                    deadline,
+                );
             }
         };
         let proven = match rung {
@@ -354,7 +354,6 @@ fn judge_repair(
             Some(words) => format!("{proven}; {words}"),
             None => proven,
         };
-        *status.steps.last_mut().expect("a step is open") = open;
         close(&mut status, StepOutcome::Succeeded, &message, facts.now);
         let release = facts.release(false);
         return Decision::Settle(status::succeed(
@@ -372,7 +371,6 @@ fn judge_repair(
                 .as_deref()
                 .unwrap_or("the node was not healthy for the dwell")
         );
-        *status.steps.last_mut().expect("a step is open") = open;
         return escalate(pass, status, StepOutcome::TimedOut, &message);
     }
     let message = match (&lacking, proven_at) {
@@ -380,7 +378,6 @@ fn judge_repair(
         (None, Some(at)) => format!("step {rung}: proof seen; the node must stay healthy until {at}"),
         (None, None) => format!("step {rung}: waiting for the node to be healthy again"),
     };
-    *status.steps.last_mut().expect("a step is open") = open;
     status.message = Some(message);
     status.refusal = None;
     let next = Next::At(plus(facts.now, seen.pace.replacement_poll))

@@ -163,7 +163,6 @@ fn standing(
         )),
         Some(_) => None,
     };
-    let poll = Next::At(plus(facts.now, seen.pace.replacement_poll));
     if let Some(lacking) = lacking {
         if facts.now >= deadline {
             let message = format!("{evidence}, but no proof within replacement.timeout: {lacking}");
@@ -174,12 +173,12 @@ fn standing(
                 facts.now,
             ));
         }
-        status.message = Some(format!("{evidence}; the node stays cordoned: {lacking}"));
-        status.refusal = None;
-        let next = poll
-            .or_at(Some(deadline))
-            .or_at(release_at.filter(|at| *at > facts.now));
-        return Decision::Settle(status::unchanged(status, false, next));
+        // Looked at again by the deadline, and when the node has been healthy long enough.
+        let by = release_at
+            .filter(|at| *at > facts.now)
+            .map_or(deadline, |at| at.min(deadline));
+        let message = format!("{evidence}; the node stays cordoned: {lacking}");
+        return waiting(status, message, seen, facts, by);
     }
     let (gate, record) = validation::gate(
         rules,
@@ -200,11 +199,7 @@ fn standing(
             &format!("{evidence}; {message}"),
             facts.now,
         )),
-        Gate::Wait { message, deadline } => {
-            status.message = Some(message);
-            status.refusal = None;
-            Decision::Settle(status::unchanged(status, false, poll.or_at(Some(deadline))))
-        }
+        Gate::Wait { message, deadline } => waiting(status, message, seen, facts, deadline),
     }
 }
 
