@@ -44,7 +44,7 @@ pub struct NotAwaitingApproval {
 /// When the record is past the point where approval means anything.
 pub fn decide(remediation: &GpuRemediation, user: &str) -> Result<Decision, NotAwaitingApproval> {
     let annotations = remediation.annotations();
-    if annotations.get(APPROVED_ANNOTATION).map(String::as_str) == Some("true") {
+    if crate::lifecycle::status::approved(remediation) {
         return Ok(Decision::AlreadyApproved {
             by: annotations.get(APPROVED_BY_ANNOTATION).cloned(),
         });

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus, Phase,
-    constants::{APPROVED_ANNOTATION, ATTEMPTS_EXHAUSTED_ANNOTATION, CANCELLED_ANNOTATION},
+    constants::{ATTEMPTS_EXHAUSTED_ANNOTATION, CANCELLED_ANNOTATION},
     policy::Mode,
     remediation::PhaseTransition,
 };
@@ -131,9 +131,7 @@ pub(super) fn candidates<'n, 'r>(
                     .since
                     .as_ref()
                     .is_some_and(|t| t.0 == evidence.since)
-                && r.annotations()
-                    .get(APPROVED_ANNOTATION)
-                    .is_some_and(|v| v == "true")
+                && crate::lifecycle::status::approved(r)
         });
         if let Some(record) = approved {
             candidates.push(Candidate {

@@ -141,10 +141,8 @@ pub fn decide(
 
 /// Records who approved the remediation, and when the controller first saw it, once.
 fn record_approval(remediation: &GpuRemediation, status: &mut GpuRemediationStatus, now: Timestamp) {
-    let annotations = remediation.annotations();
-    let approved = annotations.get(APPROVED_ANNOTATION).is_some_and(|v| v == "true");
-    if approved && status.approved_at.is_none() {
-        status.approved_by = annotations.get(APPROVED_BY_ANNOTATION).cloned();
+    if status::approved(remediation) && status.approved_at.is_none() {
+        status.approved_by = remediation.annotations().get(APPROVED_BY_ANNOTATION).cloned();
         status.approved_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
     }
 }
@@ -343,10 +341,7 @@ fn before_hand_over(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Decisi
     if release_at.is_some_and(|at| at <= facts.now) {
         return cancel(facts, status, CancelReason::Recovered);
     }
-    let approved = remediation
-        .annotations()
-        .get(APPROVED_ANNOTATION)
-        .is_some_and(|v| v == "true");
+    let approved = status::approved(remediation);
     match phase {
         Phase::Pending if status::awaits_person_past_attempts(remediation) => {
             Decision::Settle(require_manual(remediation, facts, status))

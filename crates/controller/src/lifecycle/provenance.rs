@@ -56,7 +56,9 @@ pub fn judge(remediation: &GpuRemediation) -> Provenance {
     if acting && remediation.spec.mode == Mode::DryRun {
         findings.push(format!("a DryRun record is never {phase}: it touches nothing"));
     }
-    if (acting || readmitted(status)) && awaits_person(remediation) && !approved(remediation) {
+    // A `ManualRequired` record back in `Pending` was readmitted, which only an approval does.
+    let readmitted = status.phase == Phase::Pending && super::status::readmitted(status);
+    if (acting || readmitted) && awaits_person(remediation) && !super::status::approved(remediation) {
         findings.push(format!(
             "{phase} without an approval: the record waits for a person and carries no {APPROVED_ANNOTATION}=true"
         ));
@@ -78,24 +80,6 @@ fn awaits_person(remediation: &GpuRemediation) -> bool {
         || remediation
             .annotations()
             .contains_key(ATTEMPTS_EXHAUSTED_ANNOTATION)
-}
-
-fn approved(remediation: &GpuRemediation) -> bool {
-    remediation
-        .annotations()
-        .get(APPROVED_ANNOTATION)
-        .is_some_and(|v| v == "true")
-}
-
-/// Whether the history shows a `ManualRequired` record brought back to `Pending` (which only an
-/// approval does).
-fn readmitted(status: &GpuRemediationStatus) -> bool {
-    status.phase == Phase::Pending
-        && status
-            .phase_history
-            .iter()
-            .skip_while(|t| t.phase != Phase::ManualRequired)
-            .any(|t| t.phase == Phase::Pending)
 }
 
 fn history_findings(status: &GpuRemediationStatus) -> Vec<String> {

@@ -1,5 +1,6 @@
 //! Editing a remediation's status: entering a phase (with its time in the history), conditions,
-//! refusals, and the Event that says each change. Pure; the one home of these helpers.
+//! refusals, and the Event that says each change; and reading what the record says of a person
+//! (approved, readmitted, waiting past its attempts). Pure; the one home of these helpers.
 
 use gpu_remediation_api::{
     GpuRemediationStatus, Phase,
@@ -240,12 +241,26 @@ pub fn succeed(
 pub fn awaits_person_past_attempts(remediation: &gpu_remediation_api::GpuRemediation) -> bool {
     kube::ResourceExt::annotations(remediation)
         .contains_key(gpu_remediation_api::constants::ATTEMPTS_EXHAUSTED_ANNOTATION)
-        && !remediation.status.as_ref().is_some_and(|s| {
-            s.phase_history
-                .iter()
-                .skip_while(|t| t.phase != Phase::ManualRequired)
-                .any(|t| t.phase == Phase::Pending)
-        })
+        && !remediation.status.as_ref().is_some_and(readmitted)
+}
+
+/// Whether the history shows a `ManualRequired` record brought back to `Pending` (which only an
+/// approval does).
+#[must_use]
+pub fn readmitted(status: &GpuRemediationStatus) -> bool {
+    status
+        .phase_history
+        .iter()
+        .skip_while(|t| t.phase != Phase::ManualRequired)
+        .any(|t| t.phase == Phase::Pending)
+}
+
+/// Whether a person approved the record: its approval annotation says `true`.
+#[must_use]
+pub fn approved(remediation: &gpu_remediation_api::GpuRemediation) -> bool {
+    kube::ResourceExt::annotations(remediation)
+        .get(gpu_remediation_api::constants::APPROVED_ANNOTATION)
+        .is_some_and(|v| v == "true")
 }
 
 #[cfg(test)]
