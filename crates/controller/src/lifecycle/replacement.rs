@@ -4,7 +4,7 @@
 //! (a reboot) gets back what the remediation held.
 
 use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationStatus, Phase,
+    GpuRemediationStatus, Phase,
     constants::{reasons, remediation_conditions},
     ladder::Rung,
     object_reference::ObjectReference,
@@ -26,24 +26,18 @@ use crate::{
 
 /// One step of `Replacing` or `Verifying` (not the held `action: None`).
 pub(super) fn advance(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Decision {
-    let (remediation, rules, seen, facts) = pass.parts();
+    let (_, rules, _, facts) = pass.parts();
     let triggered_at = status::deadline_base(&status, Phase::Replacing, facts.now);
     let deadline = plus(triggered_at, signed(rules.replacement.timeout.as_std()));
     if status.phase == Phase::Replacing || status.replacement.is_none() {
-        return trigger(remediation, rules, seen, facts, status, deadline);
+        return trigger(pass, status, deadline);
     }
-    verify(remediation, rules, seen, facts, status, triggered_at, deadline)
+    verify(pass, status, triggered_at, deadline)
 }
 
 /// Triggers the replacement and records its object, or the refusal.
-fn trigger(
-    remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
-    mut status: GpuRemediationStatus,
-    deadline: Timestamp,
-) -> Decision {
+fn trigger(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus, deadline: Timestamp) -> Decision {
+    let (remediation, rules, seen, facts) = pass.parts();
     let Some(answer) = &seen.answers.trigger else {
         // Never act on a machine that is not the one admitted; a template acts on the node by
         // name, so it needs the node itself to be there.
@@ -64,7 +58,7 @@ fn trigger(
             status.replacement = Some(reference.clone());
             triggered(status, &message, facts.now)
         }
-        Err(words) => refused(rules, seen, facts, status, words, deadline),
+        Err(words) => refused(pass, status, words, deadline),
     }
 }
 
@@ -93,21 +87,19 @@ pub(super) fn triggered(mut status: GpuRemediationStatus, message: &str, now: Ti
 
 /// Judges what was seen of the replacement.
 fn verify(
-    remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
+    pass: &Pass<'_, '_>,
     status: GpuRemediationStatus,
     triggered_at: Timestamp,
     deadline: Timestamp,
 ) -> Decision {
+    let (_, rules, seen, facts) = pass.parts();
     let Some(observed) = seen.replacement else {
         // The acting layer looks at the replacement in every `Verifying` pass.
         return Decision::Settle(status::unchanged(status, false, Next::At(facts.now)));
     };
     let observation = match observed {
         Ok(observation) => observation,
-        Err(words) => return refused(rules, seen, facts, status, words, deadline),
+        Err(words) => return refused(pass, status, words, deadline),
     };
     match judged(
         rules,
@@ -121,7 +113,7 @@ fn verify(
             if rules.replacement.strategy == Strategy::Template
                 && matches!(facts.identity, Identity::Same(_)) =>
         {
-            standing(remediation, rules, seen, facts, status, &message, deadline)
+            standing(pass, status, &message, deadline)
         }
         Progress::Succeeded { message } => replaced(status, message, facts),
         Progress::GoneUnseen { message } => gone_unseen(status, &message, facts),
@@ -136,14 +128,12 @@ fn verify(
 /// fails ends the remediation `Failed`, the node cordoned; no proof within `replacement.timeout`
 /// likewise.
 fn standing(
-    remediation: &GpuRemediation,
-    rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
+    pass: &Pass<'_, '_>,
     mut status: GpuRemediationStatus,
     evidence: &str,
     deadline: Timestamp,
 ) -> Decision {
+    let (remediation, rules, seen, facts) = pass.parts();
     let Identity::Same(node) = facts.identity else {
         unreachable!("judged standing only when the admitted node stands")
     };
@@ -192,7 +182,7 @@ fn standing(
         Gate::Release(None) => replaced(status, evidence.to_owned(), facts),
         Gate::Release(Some(words)) => replaced(status, format!("{evidence}; {words}"), facts),
         Gate::Ask => Decision::Ask(Ask::Validate(Rung::Reboot)),
-        Gate::Refused(words) => refused(rules, seen, facts, status, &words, deadline),
+        Gate::Refused(words) => refused(pass, status, &words, deadline),
         Gate::Against { message, .. } => Decision::Settle(fail(
             status,
             replace::verify::REPLACEMENT_FAILED,
@@ -272,13 +262,12 @@ pub(super) fn gone_unseen(status: GpuRemediationStatus, message: &str, facts: &F
 /// Records a refused trigger or look; past `replacement.timeout` the remediation fails with the
 /// server's words.
 fn refused(
-    rules: &PolicySnapshot,
-    seen: &Seen<'_>,
-    facts: &Facts<'_>,
+    pass: &Pass<'_, '_>,
     status: GpuRemediationStatus,
     words: &Words,
     deadline: Timestamp,
 ) -> Decision {
+    let (_, rules, seen, facts) = pass.parts();
     super::weigh_refusal(facts, seen, status, words, deadline, |status, since| {
         let (reason, message) = match since {
             None => (
