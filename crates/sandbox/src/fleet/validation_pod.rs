@@ -58,17 +58,9 @@ pub fn finished_patch(pod: &Pod, node: Option<&Node>, now: Timestamp) -> Value {
         .iter()
         .flat_map(|s| s.containers.iter())
         .map(|c| {
-            json!({
-                "name": c.name,
-                "image": c.image.clone().unwrap_or_default(),
-                "imageID": "",
-                "containerID": format!("sim://{}", c.name),
-                "ready": false,
-                "started": false,
-                "restartCount": 0,
-                "state": {"terminated": {"exitCode": code, "reason": reason, "message": message,
-                                         "startedAt": now, "finishedAt": now}},
-            })
+            let state = json!({"terminated": {"exitCode": code, "reason": reason, "message": message,
+                                              "startedAt": now, "finishedAt": now}});
+            super::kubelet::container_status(c, false, &state)
         })
         .collect();
     json!({"status": {"phase": phase, "message": message, "startTime": now, "containerStatuses": containers}})
