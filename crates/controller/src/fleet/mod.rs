@@ -242,7 +242,8 @@ fn plan_policy(
     let yielded = Some(&governed.yielded).filter(|y| !y.is_empty());
     let selected = governed.selected;
     let mut domains = failure_domains(spec, &governed.domain_sizes, nodes, &unhealthy, &started);
-    let (slow_start, proven_at) = outcomes::slow_start(&name, spec, selected, nodes, remediations, now);
+    let (slow_start, proven_at) =
+        outcomes::slow_start(&name, spec, selected, nodes, remediations, first_seen, now);
     wake = earliest(wake, proven_at);
     if let Some(slow) = &slow_start {
         domains.slow_start(&slow.outcomes, slow.max_concurrent);
@@ -276,7 +277,16 @@ fn plan_policy(
     } = records(policy, &decision, &found, remediations, invalid.is_none(), now);
     let expiry = expiry::expiry(&name, remediations, looked_at, spec.history.ttl, now);
     wake = earliest(wake, expiry.wake_at);
-    let quarantine = plan_quarantine(&name, spec, selected, nodes, remediations, invalid.is_none(), now);
+    let quarantine = quarantine::plan(&quarantine::Inputs {
+        policy: &name,
+        spec,
+        selected,
+        nodes,
+        remediations,
+        valid: invalid.is_none(),
+        first_seen,
+        now,
+    });
     let counted = if spec.mode == Mode::DryRun {
         0
     } else {
@@ -390,27 +400,6 @@ fn invalid_reason(spec: &gpu_remediation_api::GpuRemediationPolicySpec) -> Optio
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join("; ")
-    })
-}
-
-/// The policy's quarantine decision (see `quarantine`).
-fn plan_quarantine(
-    name: &str,
-    spec: &gpu_remediation_api::GpuRemediationPolicySpec,
-    selected: u32,
-    nodes: &[&Node],
-    remediations: &[Arc<GpuRemediation>],
-    valid: bool,
-    now: Timestamp,
-) -> quarantine::Plan {
-    quarantine::plan(&quarantine::Inputs {
-        policy: name,
-        spec,
-        selected,
-        nodes,
-        remediations,
-        valid,
-        now,
     })
 }
 
