@@ -57,7 +57,7 @@ mod waiting;
 use candidates::{Records, candidates, earliest, records, started};
 pub use census::{Census, Governed};
 use conditions::{conditions, has_true_condition, suspect_condition};
-pub use expiry::{Expiry, holds_node};
+pub use expiry::{AwaitingPerson, Expiry, holds_node};
 pub use recheck::{no_longer_due, not_started};
 pub use record::{new_remediation, snapshot_of};
 
@@ -101,7 +101,7 @@ pub struct PolicyPlan {
     pub expired: Vec<String>,
     /// Finished remediations older than `history.ttl` kept because they still hold their node,
     /// newly saying so: the status to write and one Event each (see `expiry`).
-    pub awaiting_person: Vec<(Arc<GpuRemediation>, GpuRemediationStatus)>,
+    pub awaiting_person: Vec<AwaitingPerson>,
     /// Quarantine taints to add and lift on the policy's nodes.
     pub quarantine: quarantine::Plan,
 }
