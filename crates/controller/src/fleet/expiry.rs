@@ -11,8 +11,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationStatus, Phase,
-    constants::{CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, reasons, remediation_conditions},
-    ladder::HANDED_OFF_BY_ANNOTATION,
+    constants::{reasons, remediation_conditions},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
@@ -117,12 +116,12 @@ pub fn holds_node(record: &GpuRemediation, node: Option<&Node>) -> Option<&'stat
     if record.spec.node_uid.is_some() && node.metadata.uid != record.spec.node_uid {
         return None;
     }
-    let name = record.name_any();
-    let names = |key: &str| node.annotations().get(key).is_some_and(|by| *by == name);
-    if names(HANDED_OFF_BY_ANNOTATION) {
+    // What its release would give back (`cordon::release`).
+    let held = crate::cordon::holds(node, record.metadata.name.as_deref().unwrap_or_default());
+    if held.handed_off {
         return Some("handed off to a person: labelled gpuremediation.dev/hand-off");
     }
-    if names(CORDONED_BY_ANNOTATION) || names(PRE_CORDONED_ANNOTATION) {
+    if held.cordon() {
         return Some("cordoned and tainted by it");
     }
     let manual = record
@@ -136,7 +135,9 @@ pub fn holds_node(record: &GpuRemediation, node: Option<&Node>) -> Option<&'stat
 
 #[cfg(test)]
 mod tests {
-    use gpu_remediation_api::remediation::PhaseTransition;
+    use gpu_remediation_api::{
+        constants::CORDONED_BY_ANNOTATION, ladder::HANDED_OFF_BY_ANNOTATION, remediation::PhaseTransition,
+    };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;

@@ -37,9 +37,7 @@ use std::{
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicySpec, Phase,
-    constants::{
-        CANCELLED_ANNOTATION, CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, policy_conditions, reasons,
-    },
+    constants::{CANCELLED_ANNOTATION, policy_conditions, reasons},
     policy::Mode,
 };
 use jiff::Timestamp;
@@ -404,14 +402,10 @@ impl<'a> RecordsByNode<'a> {
 /// holding the cordon (action `None` keeps it). Its release lifts the quarantine. `records`: the
 /// node's.
 fn held_by_remediation(node: &Node, policy: &str, records: &[&GpuRemediation]) -> bool {
-    let cordon_holder = |key: &str| node.annotations().get(key).cloned();
-    let holders = [
-        cordon_holder(CORDONED_BY_ANNOTATION),
-        cordon_holder(PRE_CORDONED_ANNOTATION),
-    ];
     records.iter().filter(|r| r.spec.policy_name == policy).any(|r| {
         let phase = r.status.as_ref().map(|s| s.phase).unwrap_or_default();
-        !phase.is_terminal() || holders.iter().flatten().any(|h| *h == r.name_any())
+        !phase.is_terminal()
+            || crate::cordon::holds(node, r.metadata.name.as_deref().unwrap_or_default()).cordon()
     })
 }
 
