@@ -105,19 +105,47 @@ pub fn cordon(node: &mut Node, remediation: &str) -> bool {
     changed
 }
 
-/// Releases what `remediation` owns on `node`: the cordon only if we made it, our taint and our
-/// annotations always; another party's cordon and every other taint stay. Returns whether anything
-/// changed.
+/// What our annotations on a node say `remediation` holds there: what [`release`] gives back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Holds {
+    /// `cordoned-by` names it: the cordon and our taint are its.
+    pub cordoned: bool,
+    /// `pre-cordoned` names it: our taint is its (the cordon was there before).
+    pub pre_cordoned: bool,
+    /// `handed-off-by` names it: the hand-off label is its.
+    pub handed_off: bool,
+}
+
+impl Holds {
+    /// Whether it holds our cordon note (`cordoned-by` or `pre-cordoned`), and so our taint.
+    #[must_use]
+    pub fn cordon(self) -> bool {
+        self.cordoned || self.pre_cordoned
+    }
+}
+
+/// What `remediation` holds on `node`, by our annotations naming it.
+#[must_use]
+pub fn holds(node: &Node, remediation: &str) -> Holds {
+    let names = |key: &str| node.annotations().get(key).is_some_and(|by| by == remediation);
+    Holds {
+        cordoned: names(CORDONED_BY_ANNOTATION),
+        pre_cordoned: names(PRE_CORDONED_ANNOTATION),
+        handed_off: names(HANDED_OFF_BY_ANNOTATION),
+    }
+}
+
+/// Releases what `remediation` owns on `node` (see [`holds`]): the cordon only if we made it, our
+/// taint and our annotations always; another party's cordon and every other taint stay. Returns
+/// whether anything changed.
 pub fn release(node: &mut Node, remediation: &str) -> bool {
-    let ours = |key: &str, node: &Node| node.annotations().get(key).is_some_and(|by| by == remediation);
-    let cordoned_by_us = ours(CORDONED_BY_ANNOTATION, node);
-    let handed_off = ours(HANDED_OFF_BY_ANNOTATION, node);
+    let held = holds(node, remediation);
+    let (cordoned_by_us, handed_off) = (held.cordoned, held.handed_off);
     if handed_off {
         node.labels_mut().remove(HAND_OFF_LABEL);
         node.annotations_mut().remove(HANDED_OFF_BY_ANNOTATION);
     }
-    let noted = cordoned_by_us || ours(PRE_CORDONED_ANNOTATION, node);
-    if !noted {
+    if !held.cordon() {
         // Not ours at all (another remediation's, or released already): leave it exactly as is.
         return handed_off;
     }

@@ -9,7 +9,6 @@ use std::collections::HashMap;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
-use kube::ResourceExt;
 
 /// One condition seen without a trustworthy clock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,15 +30,20 @@ impl FirstSeen {
     /// it stays the same), and forgets every node not among them: a node left out of a pass is
     /// healthy by its triggers, and a condition seen again is seen anew.
     pub fn observe<'n>(&mut self, nodes: impl IntoIterator<Item = &'n Node>, now: Timestamp) {
-        let mut kept = HashMap::new();
+        let mut before = std::mem::take(&mut self.0);
         for node in nodes {
-            let name = node.name_any();
-            let before = self.0.remove(&name).unwrap_or_default();
             let conditions = node
                 .status
                 .as_ref()
                 .and_then(|s| s.conditions.as_deref())
                 .unwrap_or_default();
+            let name = node.metadata.name.as_deref().unwrap_or_default();
+            let known = before.remove_entry(name);
+            // Every condition's clock trusted and none remembered (most nodes): nothing to keep.
+            if known.is_none() && !conditions.iter().any(|c| untrusted_stamp(c, now)) {
+                continue;
+            }
+            let (name, before) = known.unwrap_or_else(|| (name.to_owned(), Vec::new()));
             let untrusted: Vec<Untrusted> = conditions
                 .iter()
                 .filter_map(|condition| {
@@ -52,7 +56,7 @@ impl FirstSeen {
                     if let Some(known) = before.iter().find(same) {
                         return Some(known.clone());
                     }
-                    stamp.is_none_or(|t| t > now).then(|| Untrusted {
+                    untrusted_stamp(condition, now).then(|| Untrusted {
                         condition_type: condition.type_.clone(),
                         status: condition.status.clone(),
                         stamp,
@@ -61,10 +65,9 @@ impl FirstSeen {
                 })
                 .collect();
             if !untrusted.is_empty() {
-                kept.insert(name, untrusted);
+                self.0.insert(name, untrusted);
             }
         }
-        self.0 = kept;
     }
 
     /// Since when `condition` of node `node` holds: its `lastTransitionTime` when that is
@@ -83,18 +86,11 @@ impl FirstSeen {
             (None, None) => now,
         }
     }
+}
 
-    /// How many nodes it remembers a condition of.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether it remembers none.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
+/// Whether `condition`'s clock cannot be trusted at `now`: missing, or in the future.
+fn untrusted_stamp(condition: &NodeCondition, now: Timestamp) -> bool {
+    condition.last_transition_time.as_ref().is_none_or(|t| t.0 > now)
 }
 
 #[cfg(test)]
@@ -103,6 +99,18 @@ mod tests {
 
     use super::*;
     use crate::test_fixtures::{at, node};
+
+    impl FirstSeen {
+        /// How many nodes it remembers a condition of.
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+
+        /// Whether it remembers none.
+        fn is_empty(&self) -> bool {
+            self.0.is_empty()
+        }
+    }
 
     fn with_condition(stamp: Option<i64>, status: &str) -> Node {
         let mut n = node("gpu-1", None);

@@ -18,9 +18,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt as _, stream};
 use gpu_remediation_api::{
-    GpuRemediation, GpuRemediationPolicy,
-    constants::{reasons, remediation_conditions},
-    policy::RecordRefusal,
+    GpuRemediation, GpuRemediationPolicy, GpuRemediationStatus, constants::reasons, policy::RecordRefusal,
 };
 use k8s_openapi::{api::core::v1::ObjectReference, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
@@ -253,22 +251,17 @@ async fn readmit(
     announcements: &mut Announcements,
 ) -> Result<(), ApplyPolicyPlanError> {
     for (stored, status) in &plan.readmit {
-        let record = &stored.name_any();
-        let updated = ctx
-            .writer
-            .write_remediation_status(stored, status)
-            .await
-            .map_err(|source| ApplyPolicyPlanError::Readmit {
-                name: record.clone(),
-                source,
-            })?;
-        ctx.metrics.remediation_started(name, updated.spec.action);
         let note = format!(
-            "remediation {record} of node {}: approved past maxAttemptsPerNode and admitted by the budget; proceeding",
-            updated.spec.node_name
+            "remediation {} of node {}: approved past maxAttemptsPerNode and admitted by the budget; proceeding",
+            stored.name_any(),
+            stored.spec.node_name
         );
-        tracing::info!(remediation = %record, "approved past maxAttemptsPerNode: re-admitted");
-        announcements.add(&updated, event(reasons::STARTED, &note, EventType::Normal));
+        let said = (reasons::STARTED, note.as_str(), EventType::Normal);
+        let updated = write_record_status(ctx, stored, status, said, announcements)
+            .await
+            .map_err(|(name, source)| ApplyPolicyPlanError::Readmit { name, source })?;
+        ctx.metrics.remediation_started(name, updated.spec.action);
+        tracing::info!(remediation = %updated.name_any(), "approved past maxAttemptsPerNode: re-admitted");
     }
     Ok(())
 }
@@ -280,28 +273,36 @@ async fn mark_awaiting_person(
     plan: &PolicyPlan,
     announcements: &mut Announcements,
 ) -> Result<(), ApplyPolicyPlanError> {
-    for (stored, status) in &plan.awaiting_person {
-        let record = stored.name_any();
-        let updated = ctx
-            .writer
-            .write_remediation_status(stored, status)
-            .await
-            .map_err(|source| ApplyPolicyPlanError::AwaitPerson {
-                name: record.clone(),
-                source,
-            })?;
-        let message = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == remediation_conditions::AWAITING_PERSON)
-            .map_or_else(String::new, |c| c.message.clone());
-        tracing::warn!(remediation = %record, node = %updated.spec.node_name, "past history.ttl but still holding its node: kept for a person");
-        announcements.add(
-            &updated,
-            event(reasons::HELD_PAST_TTL, &message, EventType::Warning),
+    for awaiting in &plan.awaiting_person {
+        let said = (
+            reasons::HELD_PAST_TTL,
+            awaiting.message.as_str(),
+            EventType::Warning,
         );
+        let updated = write_record_status(ctx, &awaiting.record, &awaiting.status, said, announcements)
+            .await
+            .map_err(|(name, source)| ApplyPolicyPlanError::AwaitPerson { name, source })?;
+        tracing::warn!(remediation = %updated.name_any(), node = %updated.spec.node_name, "past history.ttl but still holding its node: kept for a person");
     }
     Ok(())
+}
+
+/// Writes a status the plan decided for a record, and announces it on the record (`said`: the
+/// Event's reason, note and type). A failure names the record.
+async fn write_record_status(
+    ctx: &Context,
+    stored: &GpuRemediation,
+    status: &GpuRemediationStatus,
+    (reason, note, kind): (&str, &str, EventType),
+    announcements: &mut Announcements,
+) -> Result<GpuRemediation, (String, WriteStatusError)> {
+    let updated = ctx
+        .writer
+        .write_remediation_status(stored, status)
+        .await
+        .map_err(|source| (stored.name_any(), source))?;
+    announcements.add(&updated, event(reason, note, kind));
+    Ok(updated)
 }
 
 /// The policy's gauges, from the status its plan built.
@@ -341,7 +342,7 @@ fn refused(
     record: &GpuRemediation,
     error: CreateRemediationError,
 ) -> Result<RecordRefusal, CreateRemediationError> {
-    if error.source.metric_label() != "invalid" {
+    if !error.source.is_invalid() {
         return Err(error);
     }
     Ok(RecordRefusal {

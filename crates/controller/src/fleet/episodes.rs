@@ -5,7 +5,7 @@
 //! [`REFUSAL_BACKOFF_SECONDS`] before it is asked again, neither holding a slot nor in flight
 //! meanwhile. The nodes held off this way wait, each with why. Pure.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicySpec,
@@ -38,11 +38,7 @@ pub fn add_refusal(listed: &mut Vec<RecordRefusal>, refusal: RecordRefusal) {
 /// The refusals still holding their node off at `now` (the others are asked again, and said
 /// again if refused again).
 pub(super) fn current_refusals(listed: &[RecordRefusal], now: Timestamp) -> Vec<RecordRefusal> {
-    listed
-        .iter()
-        .filter(|r| refused_until(&r.node, std::slice::from_ref(r)).is_some_and(|(until, _)| until > now))
-        .cloned()
-        .collect()
+    listed.iter().filter(|r| backoff_ends(r) > now).cloned().collect()
 }
 
 /// A candidate held off, and until when.
@@ -65,6 +61,13 @@ pub(super) fn hold_off(
     now: Timestamp,
 ) -> Vec<HeldOff> {
     let mut held = Vec::new();
+    // Each node's latest record looked up, not searched for; built only when a new candidate may
+    // need it.
+    let latest = if found.candidates.iter().any(|c| !c.approved_past_attempts) {
+        latest_records(policy, remediations)
+    } else {
+        HashMap::new()
+    };
     found.candidates.retain(|candidate| {
         if candidate.approved_past_attempts {
             return true;
@@ -76,11 +79,14 @@ pub(super) fn hold_off(
             .triggers
             .get(evidence.trigger)
             .map_or(SignedDuration::ZERO, |t| signed(t.for_.as_std()));
-        let why = refused_until(&candidate.node, refusals)
+        let why = latest_refusal(&candidate.node, refusals)
+            .map(|refusal| (backoff_ends(refusal), refusal))
             .filter(|(until, _)| *until > now)
-            .map(|(until, message)| (until, reasons::RECORD_REFUSED, message))
+            .map(|(until, refusal)| (until, reasons::RECORD_REFUSED, refused_message(refusal, until)))
             .or_else(|| {
-                next_episode_at(&candidate.node, policy, trigger_for, remediations)
+                latest
+                    .get(candidate.node.as_str())
+                    .map(|created| plus(*created, floor(trigger_for)))
                     .filter(|until| *until > now)
                     .map(|until| {
                         let message = format!(
@@ -116,34 +122,38 @@ fn floor(trigger_for: SignedDuration) -> SignedDuration {
     trigger_for.max(EPISODE_FLOOR)
 }
 
-/// When `node` may open its next episode under `policy`: its latest record's creation plus
-/// [`floor`]; `None` when it has no record kept.
-fn next_episode_at(
-    node: &str,
-    policy: &str,
-    trigger_for: SignedDuration,
-    remediations: &[Arc<GpuRemediation>],
-) -> Option<Timestamp> {
-    remediations
-        .iter()
-        .filter(|r| r.spec.node_name == node && r.spec.policy_name == policy)
-        .filter_map(|r| r.metadata.creation_timestamp.as_ref().map(|t| t.0))
-        .max()
-        .map(|created| plus(created, floor(trigger_for)))
+/// When each node's latest record under `policy` was created: its next episode may open
+/// [`floor`] after (a node with no record kept may open one now).
+fn latest_records<'r>(policy: &str, remediations: &'r [Arc<GpuRemediation>]) -> HashMap<&'r str, Timestamp> {
+    let mut latest: HashMap<&str, Timestamp> = HashMap::new();
+    for record in remediations.iter().filter(|r| r.spec.policy_name == policy) {
+        let Some(created) = record.metadata.creation_timestamp.as_ref().map(|t| t.0) else {
+            continue;
+        };
+        latest
+            .entry(record.spec.node_name.as_str())
+            .and_modify(|at| *at = (*at).max(created))
+            .or_insert(created);
+    }
+    latest
 }
 
-/// Until when `node`'s latest refused record keeps it off, with why.
-fn refused_until(node: &str, refusals: &[RecordRefusal]) -> Option<(Timestamp, String)> {
-    let refusal = refusals
-        .iter()
-        .filter(|r| r.node == node)
-        .max_by_key(|r| r.at.0)?;
-    let until = plus(refusal.at.0, SignedDuration::from_secs(REFUSAL_BACKOFF_SECONDS));
-    let message = format!(
-        "the API server refused node {node}'s record at {} ({}): asked again at {until}",
-        refusal.at.0, refusal.message
-    );
-    Some((until, message))
+/// `node`'s latest refused record.
+fn latest_refusal<'r>(node: &str, refusals: &'r [RecordRefusal]) -> Option<&'r RecordRefusal> {
+    refusals.iter().filter(|r| r.node == node).max_by_key(|r| r.at.0)
+}
+
+/// Until when a refusal keeps its node off.
+fn backoff_ends(refusal: &RecordRefusal) -> Timestamp {
+    plus(refusal.at.0, SignedDuration::from_secs(REFUSAL_BACKOFF_SECONDS))
+}
+
+/// Why a refused node waits until `until`.
+fn refused_message(refusal: &RecordRefusal, until: Timestamp) -> String {
+    format!(
+        "the API server refused node {}'s record at {} ({}): asked again at {until}",
+        refusal.node, refusal.at.0, refusal.message
+    )
 }
 
 #[cfg(test)]

@@ -11,8 +11,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationStatus, Phase,
-    constants::{CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, reasons, remediation_conditions},
-    ladder::HANDED_OFF_BY_ANNOTATION,
+    constants::{reasons, remediation_conditions},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
@@ -28,9 +27,20 @@ pub struct Expiry {
     /// Records past the ttl that still hold their node and do not say so yet: the status to write
     /// (condition `AwaitingPerson=True`), with the record as read (its resourceVersion is the
     /// write's precondition). Each gets one Event.
-    pub awaiting_person: Vec<(Arc<GpuRemediation>, GpuRemediationStatus)>,
+    pub awaiting_person: Vec<AwaitingPerson>,
     /// When the next finished record's ttl runs out (the pass then decides it).
     pub wake_at: Option<Timestamp>,
+}
+
+/// A record past the ttl that still holds its node, newly saying so.
+#[derive(Clone, Debug)]
+pub struct AwaitingPerson {
+    /// The record as read (its resourceVersion is the write's precondition).
+    pub record: Arc<GpuRemediation>,
+    /// Its status to write, with condition `AwaitingPerson=True`.
+    pub status: GpuRemediationStatus,
+    /// What the condition says, for the Event.
+    pub message: String,
 }
 
 /// The policy `name`'s finished remediations whose last phase change is older than `ttl`: the audit
@@ -85,7 +95,11 @@ pub(super) fn expiry(
                     &message,
                     now,
                 );
-                out.awaiting_person.push((record.clone(), status));
+                out.awaiting_person.push(AwaitingPerson {
+                    record: record.clone(),
+                    status,
+                    message,
+                });
             }
         }
     }
@@ -102,12 +116,12 @@ pub fn holds_node(record: &GpuRemediation, node: Option<&Node>) -> Option<&'stat
     if record.spec.node_uid.is_some() && node.metadata.uid != record.spec.node_uid {
         return None;
     }
-    let name = record.name_any();
-    let names = |key: &str| node.annotations().get(key).is_some_and(|by| *by == name);
-    if names(HANDED_OFF_BY_ANNOTATION) {
+    // What its release would give back (`cordon::release`).
+    let held = crate::cordon::holds(node, record.metadata.name.as_deref().unwrap_or_default());
+    if held.handed_off {
         return Some("handed off to a person: labelled gpuremediation.dev/hand-off");
     }
-    if names(CORDONED_BY_ANNOTATION) || names(PRE_CORDONED_ANNOTATION) {
+    if held.cordon() {
         return Some("cordoned and tainted by it");
     }
     let manual = record
@@ -121,7 +135,9 @@ pub fn holds_node(record: &GpuRemediation, node: Option<&Node>) -> Option<&'stat
 
 #[cfg(test)]
 mod tests {
-    use gpu_remediation_api::remediation::PhaseTransition;
+    use gpu_remediation_api::{
+        constants::CORDONED_BY_ANNOTATION, ladder::HANDED_OFF_BY_ANNOTATION, remediation::PhaseTransition,
+    };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
@@ -167,7 +183,11 @@ mod tests {
         let n = annotated("n1", CORDONED_BY_ANNOTATION, &record.name_any());
         let out = run(std::slice::from_ref(&record), &[&n]);
         assert!(out.delete.is_empty(), "{:?}", out.delete);
-        let (kept, status) = &out.awaiting_person[0];
+        let AwaitingPerson {
+            record: kept,
+            status,
+            message,
+        } = &out.awaiting_person[0];
         assert_eq!(kept.name_any(), record.name_any());
         let condition = status
             .conditions
@@ -184,6 +204,10 @@ mod tests {
             condition.message
         );
         assert!(condition.message.contains("cordoned"), "{}", condition.message);
+        assert_eq!(
+            *message, condition.message,
+            "the Event says what the condition says"
+        );
     }
 
     #[test]
@@ -192,7 +216,7 @@ mod tests {
         let n = annotated("n1", CORDONED_BY_ANNOTATION, &record.name_any());
         let first = run(std::slice::from_ref(&record), &[&n]);
         let mut said = (*record).clone();
-        said.status = Some(first.awaiting_person[0].1.clone());
+        said.status = Some(first.awaiting_person[0].status.clone());
         let again = run(&[Arc::new(said)], &[&n]);
         assert!(again.delete.is_empty() && again.awaiting_person.is_empty());
     }
@@ -204,7 +228,7 @@ mod tests {
         let out = run(std::slice::from_ref(&record), &[&n]);
         assert!(out.delete.is_empty());
         assert!(
-            out.awaiting_person[0].1.conditions[0]
+            out.awaiting_person[0].status.conditions[0]
                 .message
                 .contains("hand-off")
         );

@@ -39,7 +39,7 @@ mod census;
 mod conditions;
 #[cfg(test)]
 mod correlated_tests;
-pub mod episodes;
+pub(crate) mod episodes;
 mod expiry;
 #[cfg(test)]
 #[path = "fleet_paths_tests.rs"]
@@ -50,14 +50,14 @@ mod outcomes;
 mod pass_cost_tests;
 mod recheck;
 mod record;
-pub mod recovering;
+pub(crate) mod recovering;
 mod suspects;
 mod waiting;
 
 use candidates::{Records, candidates, earliest, records, started};
 pub use census::{Census, Governed};
 use conditions::{conditions, has_true_condition, suspect_condition};
-pub use expiry::{Expiry, holds_node};
+pub use expiry::{AwaitingPerson, Expiry, holds_node};
 pub use recheck::{no_longer_due, not_started};
 pub use record::{new_remediation, snapshot_of};
 
@@ -101,7 +101,7 @@ pub struct PolicyPlan {
     pub expired: Vec<String>,
     /// Finished remediations older than `history.ttl` kept because they still hold their node,
     /// newly saying so: the status to write and one Event each (see `expiry`).
-    pub awaiting_person: Vec<(Arc<GpuRemediation>, GpuRemediationStatus)>,
+    pub awaiting_person: Vec<AwaitingPerson>,
     /// Quarantine taints to add and lift on the policy's nodes.
     pub quarantine: quarantine::Plan,
 }
@@ -224,7 +224,11 @@ fn plan_policy(
 ) -> (PolicyPlan, Option<Timestamp>) {
     let name = policy.name_any();
     let spec = &policy.spec;
-    let (unhealthy, mut wake) = detect_all(nodes, spec, first_seen, now);
+    let Detected {
+        unhealthy,
+        mut wake,
+        recovering,
+    } = detect_all(nodes, spec, first_seen, now);
 
     let previous = policy.status.clone().unwrap_or_default();
     let mut found = candidates(&name, &unhealthy, remediations);
@@ -242,7 +246,8 @@ fn plan_policy(
     let yielded = Some(&governed.yielded).filter(|y| !y.is_empty());
     let selected = governed.selected;
     let mut domains = failure_domains(spec, &governed.domain_sizes, nodes, &unhealthy, &started);
-    let (slow_start, proven_at) = outcomes::slow_start(&name, spec, selected, nodes, remediations, now);
+    let (slow_start, proven_at) =
+        outcomes::slow_start(&name, spec, selected, nodes, remediations, first_seen, now);
     wake = earliest(wake, proven_at);
     if let Some(slow) = &slow_start {
         domains.slow_start(&slow.outcomes, slow.max_concurrent);
@@ -251,7 +256,6 @@ fn plan_policy(
     let suspect = suspects::named(&name, spec, nodes, &unhealthy, remediations, now);
     let settling = settling(spec, &unhealthy, now);
     wake = earliest(wake, settling.values().min().copied());
-    let recovering = recovering::recovering(spec, nodes, first_seen, now);
     wake = earliest(wake, recovering.map(|(_, until)| until));
     let decision = budget::admit(budget::Inputs {
         safety: &spec.safety,
@@ -276,7 +280,16 @@ fn plan_policy(
     } = records(policy, &decision, &found, remediations, invalid.is_none(), now);
     let expiry = expiry::expiry(&name, remediations, looked_at, spec.history.ttl, now);
     wake = earliest(wake, expiry.wake_at);
-    let quarantine = plan_quarantine(&name, spec, selected, nodes, remediations, invalid.is_none(), now);
+    let quarantine = quarantine::plan(&quarantine::Inputs {
+        policy: &name,
+        spec,
+        selected,
+        nodes,
+        remediations,
+        valid: invalid.is_none(),
+        first_seen,
+        now,
+    });
     let counted = if spec.mode == Mode::DryRun {
         0
     } else {
@@ -390,27 +403,6 @@ fn invalid_reason(spec: &gpu_remediation_api::GpuRemediationPolicySpec) -> Optio
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join("; ")
-    })
-}
-
-/// The policy's quarantine decision (see `quarantine`).
-fn plan_quarantine(
-    name: &str,
-    spec: &gpu_remediation_api::GpuRemediationPolicySpec,
-    selected: u32,
-    nodes: &[&Node],
-    remediations: &[Arc<GpuRemediation>],
-    valid: bool,
-    now: Timestamp,
-) -> quarantine::Plan {
-    quarantine::plan(&quarantine::Inputs {
-        policy: name,
-        spec,
-        selected,
-        nodes,
-        remediations,
-        valid,
-        now,
     })
 }
 
@@ -530,29 +522,44 @@ fn verdict(
         .as_ref()
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default();
-    let name = node.name_any();
+    let name = node.metadata.name.as_deref().unwrap_or_default();
     let since =
-        |condition: &k8s_openapi::api::core::v1::NodeCondition| first_seen.since(&name, condition, now);
+        |condition: &k8s_openapi::api::core::v1::NodeCondition| first_seen.since(name, condition, now);
     detect::evaluate_with(conditions, &spec.triggers, now, since)
 }
 
-/// The governed nodes that are unhealthy now, and when the first pending one turns unhealthy.
+/// What the governed nodes' verdicts say, read in one pass over them.
+struct Detected<'n> {
+    /// The nodes unhealthy now, with their evidence.
+    unhealthy: Vec<(&'n Node, Evidence)>,
+    /// When the first pending one turns unhealthy.
+    wake: Option<Timestamp>,
+    /// The recovering nodes (`recovering`): how many, and when the last settles.
+    recovering: Option<(u32, Timestamp)>,
+}
+
+/// The governed nodes' verdicts at `now`.
 fn detect_all<'n>(
     nodes: &[&'n Node],
     spec: &gpu_remediation_api::GpuRemediationPolicySpec,
     first_seen: &FirstSeen,
     now: Timestamp,
-) -> (Vec<(&'n Node, Evidence)>, Option<Timestamp>) {
+) -> Detected<'n> {
     let mut wake = None;
     let mut unhealthy = Vec::new();
+    let mut recovering = recovering::Recovering::new(now);
     for node in nodes {
         match verdict(node, spec, first_seen, now) {
             Verdict::Unhealthy { evidence } => unhealthy.push((*node, evidence)),
             Verdict::Pending { due, .. } => wake = earliest(wake, Some(due)),
-            Verdict::Healthy { .. } => {}
+            Verdict::Healthy { since } => recovering.note(since),
         }
     }
-    (unhealthy, wake)
+    Detected {
+        unhealthy,
+        wake,
+        recovering: recovering.found(),
+    }
 }
 
 fn count(n: usize) -> u32 {

@@ -20,6 +20,7 @@ use kube::ResourceExt;
 use crate::{
     budget::slow_start::{Allowance, Outcome, OutcomeKind, allowance},
     detect::{self, Verdict},
+    first_seen::FirstSeen,
     time::{plus, signed},
 };
 
@@ -42,12 +43,13 @@ pub(super) fn slow_start(
     selected: u32,
     nodes: &[&Node],
     remediations: &[Arc<GpuRemediation>],
+    first_seen: &FirstSeen,
     now: Timestamp,
 ) -> (Option<SlowStart>, Option<Timestamp>) {
     if !spec.safety.slow_start {
         return (None, None);
     }
-    let (found, wake) = outcomes(policy, spec, nodes, remediations, now);
+    let (found, wake) = outcomes(policy, spec, nodes, remediations, first_seen, now);
     let max_concurrent = crate::budget::max_concurrent(&spec.safety, selected);
     (
         Some(SlowStart {
@@ -65,6 +67,7 @@ fn outcomes(
     spec: &GpuRemediationPolicySpec,
     nodes: &[&Node],
     remediations: &[Arc<GpuRemediation>],
+    first_seen: &FirstSeen,
     now: Timestamp,
 ) -> (Vec<Outcome>, Option<Timestamp>) {
     let mut found = Vec::new();
@@ -97,7 +100,7 @@ fn outcomes(
             Phase::Succeeded => {
                 let proven_at = plus(ended, healthy_for);
                 let node = by_name.get(record.spec.node_name.as_str());
-                match node.map(|n| health_since(n, spec, now)) {
+                match node.map(|n| health_since(n, spec, first_seen, now)) {
                     Some(Health::BrokenSince(since)) if since >= ended && since < proven_at => {
                         found.push(outcome(since, OutcomeKind::Failed));
                     }
@@ -134,13 +137,23 @@ enum Health {
     BrokenSince(Timestamp),
 }
 
-fn health_since(node: &Node, spec: &GpuRemediationPolicySpec, now: Timestamp) -> Health {
+/// The node's health by the policy's triggers, a condition without a trustworthy clock holding
+/// since it was first seen (as for detection: `fleet::verdict`).
+fn health_since(
+    node: &Node,
+    spec: &GpuRemediationPolicySpec,
+    first_seen: &FirstSeen,
+    now: Timestamp,
+) -> Health {
     let conditions = node
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default();
-    match detect::evaluate(conditions, &spec.triggers, now) {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    match detect::evaluate_with(conditions, &spec.triggers, now, |c| {
+        first_seen.since(name, c, now)
+    }) {
         Verdict::Unhealthy { evidence } | Verdict::Pending { evidence, .. } => {
             Health::BrokenSince(evidence.since)
         }
@@ -224,10 +237,10 @@ mod tests {
     fn a_success_is_proven_once_its_node_stayed_healthy_for_healthy_for() {
         let healthy = node("n1", None, true);
         let rems = [record("n1", Phase::Succeeded, 100)];
-        let (early, wake) = outcomes("p", &spec(), &[&healthy], &rems, at(150));
+        let (early, wake) = outcomes("p", &spec(), &[&healthy], &rems, &FirstSeen::default(), at(150));
         assert!(early.is_empty());
         assert_eq!(wake, Some(at(160)), "plan again when it is proven");
-        let (proven, wake) = outcomes("p", &spec(), &[&healthy], &rems, at(160));
+        let (proven, wake) = outcomes("p", &spec(), &[&healthy], &rems, &FirstSeen::default(), at(160));
         assert_eq!(proven.len(), 1);
         assert_eq!((proven[0].kind, proven[0].at), (OutcomeKind::Proven, at(160)));
         assert_eq!(wake, None);
@@ -236,7 +249,7 @@ mod tests {
     #[test]
     fn a_replaced_node_that_left_is_proven_by_its_record() {
         let rems = [record("gone", Phase::Succeeded, 100)];
-        let (proven, _) = outcomes("p", &spec(), &[], &rems, at(200));
+        let (proven, _) = outcomes("p", &spec(), &[], &rems, &FirstSeen::default(), at(200));
         assert_eq!(proven[0].kind, OutcomeKind::Proven);
     }
 
@@ -244,15 +257,34 @@ mod tests {
     fn a_node_broken_again_within_healthy_for_makes_the_success_a_failure() {
         let relapsed = node("n1", Some(130), true);
         let rems = [record("n1", Phase::Succeeded, 100)];
-        let (found, _) = outcomes("p", &spec(), &[&relapsed], &rems, at(500));
+        let (found, _) = outcomes("p", &spec(), &[&relapsed], &rems, &FirstSeen::default(), at(500));
         assert_eq!((found[0].kind, found[0].at), (OutcomeKind::Failed, at(130)));
         let later = node("n1", Some(400), true);
-        let (found, _) = outcomes("p", &spec(), &[&later], &rems, at(500));
+        let (found, _) = outcomes("p", &spec(), &[&later], &rems, &FirstSeen::default(), at(500));
         assert_eq!(
             found[0].kind,
             OutcomeKind::Proven,
             "it broke after proving itself"
         );
+    }
+
+    #[test]
+    fn a_fault_without_a_clock_holds_since_first_seen_not_since_each_pass() {
+        let mut broken = node("n1", Some(0), true);
+        broken.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].last_transition_time = None;
+        let rems = [record("n1", Phase::Succeeded, 100)];
+        // Broken since before the remediation ended (seen at 90): no relapse at 130.
+        let mut first_seen = FirstSeen::default();
+        first_seen.observe([&broken], at(90));
+        first_seen.observe([&broken], at(130));
+        let (found, _) = outcomes("p", &spec(), &[&broken], &rems, &first_seen, at(130));
+        assert!(found.is_empty(), "{found:?}");
+        // Broken again within healthyFor (seen at 130): still a relapse at 500.
+        let mut first_seen = FirstSeen::default();
+        first_seen.observe([&broken], at(130));
+        first_seen.observe([&broken], at(500));
+        let (found, _) = outcomes("p", &spec(), &[&broken], &rems, &first_seen, at(500));
+        assert_eq!((found[0].kind, found[0].at), (OutcomeKind::Failed, at(130)));
     }
 
     #[test]
@@ -263,7 +295,7 @@ mod tests {
             record("n2", Phase::Failed, 120),
             record("n3", Phase::Cancelled, 130),
         ];
-        let (found, _) = outcomes("p", &spec(), &[&not_ready], &rems, at(500));
+        let (found, _) = outcomes("p", &spec(), &[&not_ready], &rems, &FirstSeen::default(), at(500));
         assert_eq!(found.len(), 1);
         assert_eq!(
             (found[0].node.as_str(), found[0].kind),

@@ -8,8 +8,6 @@
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
-use crate::detect::Verdict;
-use crate::first_seen::FirstSeen;
 use crate::time::{minus, plus, signed};
 
 /// How long a recovery counts as arriving with the others. Condition times are whole seconds
@@ -17,28 +15,44 @@ use crate::time::{minus, plus, signed};
 /// seconds of the controller's clock.
 pub const RECOVERY_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The policy's recovering nodes among `nodes` (by its triggers, at `now`): how many, and when
-/// the last of them is settled. `None` when none is recovering.
-#[must_use]
-pub fn recovering(
-    spec: &gpu_remediation_api::GpuRemediationPolicySpec,
-    nodes: &[&Node],
-    first_seen: &FirstSeen,
+/// The policy's recovering nodes, counted over its nodes' verdicts (by its triggers, at `now`;
+/// `fleet::detect_all` notes each healthy one): how many, and when the last of them is settled.
+pub struct Recovering {
     now: Timestamp,
-) -> Option<(u32, Timestamp)> {
-    let horizon = minus(now, signed(RECOVERY_SETTLE));
-    let mut count = 0u32;
-    let mut settled = None;
-    for node in nodes {
-        if let Verdict::Healthy { since: Some(since) } = super::verdict(node, spec, first_seen, now)
-            && since > horizon
-            && since <= now
-        {
-            count += 1;
-            settled = settled.max(Some(plus(since, signed(RECOVERY_SETTLE))));
+    horizon: Timestamp,
+    count: u32,
+    settled: Option<Timestamp>,
+}
+
+impl Recovering {
+    /// None counted yet, at `now`.
+    #[must_use]
+    pub fn new(now: Timestamp) -> Self {
+        Self {
+            now,
+            horizon: minus(now, signed(RECOVERY_SETTLE)),
+            count: 0,
+            settled: None,
         }
     }
-    settled.map(|at| (count, at))
+
+    /// Notes a node healthy by the policy's triggers since `since` (`None`: no trigger's condition
+    /// present): recovering if that was within [`RECOVERY_SETTLE`].
+    pub fn note(&mut self, since: Option<Timestamp>) {
+        if let Some(since) = since
+            && since > self.horizon
+            && since <= self.now
+        {
+            self.count += 1;
+            self.settled = self.settled.max(Some(plus(since, signed(RECOVERY_SETTLE))));
+        }
+    }
+
+    /// How many are recovering, and when the last is settled. `None` when none is.
+    #[must_use]
+    pub fn found(self) -> Option<(u32, Timestamp)> {
+        self.settled.map(|at| (self.count, at))
+    }
 }
 
 /// When a condition of `node` of a trigger's type turned to a status no trigger of that type
@@ -70,7 +84,17 @@ mod tests {
     };
 
     use super::*;
-    use crate::test_fixtures::at;
+    use crate::{first_seen::FirstSeen, test_fixtures::at};
+
+    /// The recovering nodes among `nodes`, as the fleet plan counts them.
+    fn recovering(
+        spec: &gpu_remediation_api::GpuRemediationPolicySpec,
+        nodes: &[&Node],
+        first_seen: &FirstSeen,
+        now: Timestamp,
+    ) -> Option<(u32, Timestamp)> {
+        super::super::detect_all(nodes, spec, first_seen, now).recovering
+    }
 
     fn node(status: &str, since: i64) -> Node {
         Node {

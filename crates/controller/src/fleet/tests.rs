@@ -501,13 +501,6 @@ fn ten_thousand_waiting_nodes_make_a_status_the_server_takes_listing_the_longest
     let bytes = serde_json::to_vec(status).unwrap().len();
     // The API server takes a request of at most 1.5 MiB; a status this size is a small write.
     assert!(bytes < 64 * 1024, "{bytes} bytes");
-    // Every one listed comes to the API server's request limit (1.5 MiB by default) with names
-    // this short; longer names pass it.
-    let mut all = status.clone();
-    all.waiting = (0..10_000).map(|_| status.waiting[0].clone()).collect();
-    let unlisted = serde_json::to_vec(&all).unwrap().len();
-    assert!(unlisted > 1_500_000, "{unlisted} bytes");
-    println!("status of 10,000 waiting nodes: {bytes} bytes (all listed: {unlisted})");
     assert_eq!(
         plan.newly_waiting.len(),
         100,

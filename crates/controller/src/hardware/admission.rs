@@ -99,7 +99,7 @@ fn claims_of<'n>(
     if named.is_empty() {
         return Claims::default();
     }
-    Claims::of(&fleet(), Some(&named))
+    Claims::of(&fleet(), &named)
 }
 
 /// The node named `name`: from the index when there is one, else by a walk of `nodes`.

@@ -68,23 +68,20 @@ pub struct Claims {
 }
 
 impl Claims {
-    /// The claims of `nodes` (those not being deleted) to `serials` only; every serial when
-    /// `serials` is `None`.
+    /// The claims of `nodes` (those not being deleted) to `serials` only.
     #[must_use]
-    pub fn of(nodes: &[Arc<Node>], serials: Option<&BTreeSet<String>>) -> Self {
+    pub fn of(nodes: &[Arc<Node>], serials: &BTreeSet<String>) -> Self {
         let mut by_serial: HashMap<String, BTreeSet<String>> = HashMap::new();
         for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
             // Most nodes list none of the few serials asked about: a look at the text first.
-            if let Some(serials) = serials {
-                let text = node
-                    .annotations()
-                    .get(gpu_remediation_api::constants::GPU_INVENTORY_ANNOTATION);
-                if !text.is_some_and(|t| serials.iter().any(|s| t.contains(s.as_str()))) {
-                    continue;
-                }
+            let text = node
+                .annotations()
+                .get(gpu_remediation_api::constants::GPU_INVENTORY_ANNOTATION);
+            if !text.is_some_and(|t| serials.iter().any(|s| t.contains(s.as_str()))) {
+                continue;
             }
             for serial in inventory_of(node).into_iter().filter_map(|g| g.serial) {
-                if serials.is_none_or(|s| s.contains(&serial)) {
+                if serials.contains(&serial) {
                     by_serial.entry(serial).or_default().insert(node.name_any());
                 }
             }
@@ -272,10 +269,15 @@ mod tests {
         );
     }
 
+    /// The serials a claim is asked about.
+    fn serials(serials: &[&str]) -> BTreeSet<String> {
+        serials.iter().map(|s| (*s).to_owned()).collect()
+    }
+
     #[test]
     fn a_serial_counts_only_if_the_node_listed_it_before_the_fault_and_nobody_else_does() {
         let a = node("a", &["A1"], &[("A1", 0)]);
-        let claims = Claims::of(std::slice::from_ref(&a), None);
+        let claims = Claims::of(std::slice::from_ref(&a), &serials(&["A1"]));
         let mut ledger = ledger_of(&a, &["A1"]);
         sift(&mut ledger, "a", &first_seen_of(&a), at(2), &claims);
         assert_eq!(ledger.failed[0].first_seen, Some(Time(at(0))));
@@ -287,7 +289,7 @@ mod tests {
     fn another_node_s_serial_named_as_failed_is_not_in_the_inventory_and_does_not_count() {
         let a = node("a", &["A1"], &[("A1", 0)]);
         let b = node("b", &["B1"], &[("B1", 0)]);
-        let claims = Claims::of(&[a.clone(), b], None);
+        let claims = Claims::of(&[a.clone(), b], &serials(&["B1"]));
         let mut ledger = ledger_of(&a, &["B1"]);
         sift(&mut ledger, "a", &first_seen_of(&a), at(2), &claims);
         assert_eq!(ledger.untrusted[0].why, Distrust::NotInInventory);
@@ -297,7 +299,7 @@ mod tests {
     #[test]
     fn a_serial_listed_only_with_the_fault_does_not_count() {
         let a = node("a", &["A1", "X9"], &[("A1", 0), ("X9", 3)]);
-        let claims = Claims::of(std::slice::from_ref(&a), None);
+        let claims = Claims::of(std::slice::from_ref(&a), &serials(&["X9"]));
         let mut ledger = ledger_of(&a, &["X9"]);
         sift(&mut ledger, "a", &first_seen_of(&a), at(2), &claims);
         assert_eq!(ledger.untrusted[0].why, Distrust::ListedAfterFault);
@@ -311,7 +313,7 @@ mod tests {
     fn a_serial_two_live_nodes_list_is_a_conflict_naming_the_other() {
         let a = node("a", &["A1", "B1"], &[("A1", 0), ("B1", 0)]);
         let b = node("b", &["B1"], &[("B1", 0)]);
-        let claims = Claims::of(&[a.clone(), b], Some(&BTreeSet::from(["B1".to_owned()])));
+        let claims = Claims::of(&[a.clone(), b], &serials(&["B1"]));
         let mut ledger = ledger_of(&a, &["B1"]);
         sift(&mut ledger, "a", &first_seen_of(&a), at(2), &claims);
         assert!(!counts(&ledger, "B1"));
@@ -328,7 +330,7 @@ mod tests {
         let mut leaving = Node::clone(&node("b", &["B1"], &[]));
         leaving.metadata.deletion_timestamp = Some(Time(at(1)));
         assert!(
-            Claims::of(&[Arc::new(leaving)], None)
+            Claims::of(&[Arc::new(leaving)], &serials(&["B1"]))
                 .others("B1", "a")
                 .is_empty()
         );

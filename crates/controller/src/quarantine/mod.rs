@@ -37,9 +37,7 @@ use std::{
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicySpec, Phase,
-    constants::{
-        CANCELLED_ANNOTATION, CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, policy_conditions, reasons,
-    },
+    constants::{CANCELLED_ANNOTATION, policy_conditions, reasons},
     policy::Mode,
 };
 use jiff::Timestamp;
@@ -52,6 +50,7 @@ use kube::ResourceExt;
 use crate::{
     cordon::NodeRef,
     detect::{self, Verdict},
+    first_seen::FirstSeen,
     time::{plus, signed},
 };
 
@@ -113,6 +112,9 @@ pub struct Inputs<'a> {
     pub remediations: &'a [Arc<GpuRemediation>],
     /// Whether the policy passes every check (an invalid one quarantines nothing new).
     pub valid: bool,
+    /// When a condition without a trustworthy clock was first seen: it holds since then, as
+    /// for detection (`fleet::verdict`), so its episode is the one its record names.
+    pub first_seen: &'a FirstSeen,
     /// The time.
     pub now: Timestamp,
 }
@@ -127,6 +129,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         nodes,
         remediations,
         valid,
+        first_seen,
         now,
     } = *inputs;
     let max = spec.quarantine.max.as_ref().unwrap_or(&spec.safety.max_unhealthy);
@@ -144,7 +147,12 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
     for node in nodes {
         let ours = taint::owner(node) == Some(policy);
         let conditions = conditions_of(node);
-        let signalled = signal(conditions, spec, now);
+        let clock = Clock {
+            node: node.metadata.name.as_deref().unwrap_or_default(),
+            first_seen,
+            now,
+        };
+        let signalled = signal(conditions, spec, &clock);
         // Neither signalling nor quarantined by this policy (most of the fleet, most of the time):
         // nothing to decide, and its records are not looked up.
         if signalled.is_none() && !ours {
@@ -161,7 +169,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             out.held += u32::from(tainted);
             continue;
         }
-        let signal = signalled.filter(|_| !episode_over(node, policy, spec, records, now));
+        let signal = signalled.filter(|_| !episode_over(node, policy, spec, records, &clock));
         match (signal, ours) {
             (Some(_), true) => {
                 // Our annotation without our taint: a person took the taint off; not again this
@@ -305,12 +313,26 @@ pub fn orphans<'p>(
         .collect()
 }
 
+/// Since when a node's conditions hold: their own clock where it can be trusted, else when this
+/// controller first saw them so (`first_seen`), the same clock detection reads.
+struct Clock<'a> {
+    node: &'a str,
+    first_seen: &'a FirstSeen,
+    now: Timestamp,
+}
+
+impl Clock<'_> {
+    fn since(&self, condition: &NodeCondition) -> Timestamp {
+        self.first_seen.since(self.node, condition, self.now)
+    }
+}
+
 /// The earliest-held condition of a quarantining trigger that matches now: since when, and what
 /// it says.
 fn signal(
     conditions: &[NodeCondition],
     spec: &GpuRemediationPolicySpec,
-    now: Timestamp,
+    clock: &Clock<'_>,
 ) -> Option<(Timestamp, String)> {
     spec.triggers
         .iter()
@@ -319,10 +341,7 @@ fn signal(
             let condition = conditions
                 .iter()
                 .find(|c| detect::condition_matches(trigger, c))?;
-            let since = condition
-                .last_transition_time
-                .as_ref()
-                .map_or(now, |t| t.0.min(now));
+            let since = clock.since(condition);
             let reason = condition.reason.as_deref().unwrap_or_default();
             Some((
                 since,
@@ -383,14 +402,10 @@ impl<'a> RecordsByNode<'a> {
 /// holding the cordon (action `None` keeps it). Its release lifts the quarantine. `records`: the
 /// node's.
 fn held_by_remediation(node: &Node, policy: &str, records: &[&GpuRemediation]) -> bool {
-    let cordon_holder = |key: &str| node.annotations().get(key).cloned();
-    let holders = [
-        cordon_holder(CORDONED_BY_ANNOTATION),
-        cordon_holder(PRE_CORDONED_ANNOTATION),
-    ];
     records.iter().filter(|r| r.spec.policy_name == policy).any(|r| {
         let phase = r.status.as_ref().map(|s| s.phase).unwrap_or_default();
-        !phase.is_terminal() || holders.iter().flatten().any(|h| *h == r.name_any())
+        !phase.is_terminal()
+            || crate::cordon::holds(node, r.metadata.name.as_deref().unwrap_or_default()).cordon()
     })
 }
 
@@ -402,17 +417,17 @@ fn episode_over(
     policy: &str,
     spec: &GpuRemediationPolicySpec,
     records: &[&GpuRemediation],
-    now: Timestamp,
+    clock: &Clock<'_>,
 ) -> bool {
-    let since = match detect::evaluate(conditions_of(node), &spec.triggers, now) {
+    let verdict = detect::evaluate_with(conditions_of(node), &spec.triggers, clock.now, |c| clock.since(c));
+    let since = match verdict {
         Verdict::Unhealthy { evidence } | Verdict::Pending { evidence, .. } => evidence.since,
         Verdict::Healthy { .. } => return false,
     };
-    let name = node.name_any();
     let cancelled = node
         .annotations()
         .get(CANCELLED_ANNOTATION)
-        .is_some_and(|c| *c == crate::record_name::remediation_name(&name, policy, since));
+        .is_some_and(|c| *c == crate::record_name::remediation_name(clock.node, policy, since));
     cancelled
         || records.iter().any(|r| {
             let waits_for_person = r

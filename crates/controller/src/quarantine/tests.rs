@@ -1,4 +1,6 @@
-use gpu_remediation_api::{GpuRemediationStatus, Phase, policy::Action, selector::IntOrPercent};
+use gpu_remediation_api::{
+    GpuRemediationStatus, Phase, constants::CORDONED_BY_ANNOTATION, policy::Action, selector::IntOrPercent,
+};
 use k8s_openapi::{
     api::core::v1::{NodeSpec, NodeStatus, Taint},
     apimachinery::pkg::apis::meta::v1::Time,
@@ -78,6 +80,16 @@ fn decide(
     records: &[Arc<GpuRemediation>],
     now: i64,
 ) -> Plan {
+    decide_seen(spec, nodes, records, &FirstSeen::default(), now)
+}
+
+fn decide_seen(
+    spec: &GpuRemediationPolicySpec,
+    nodes: &[Node],
+    records: &[Arc<GpuRemediation>],
+    first_seen: &FirstSeen,
+    now: i64,
+) -> Plan {
     let nodes: Vec<&Node> = nodes.iter().collect();
     plan(&Inputs {
         policy: "p",
@@ -86,6 +98,7 @@ fn decide(
         nodes: &nodes,
         remediations: records,
         valid: true,
+        first_seen,
         now: at(now),
     })
 }
@@ -182,6 +195,7 @@ fn a_dry_run_a_paused_and_an_invalid_policy_quarantine_nothing_new() {
         nodes: &refs,
         remediations: &[],
         valid: false,
+        first_seen: &FirstSeen::default(),
         now: at(100),
     });
     assert!(invalid.add.is_empty());
@@ -222,6 +236,23 @@ fn an_episode_whose_remediation_ended_is_not_quarantined_and_its_quarantine_is_l
         added(&decide(&spec(), &[node("n1", Some(500))], &records, 500)),
         ["n1"]
     );
+}
+
+#[test]
+fn an_episode_without_a_clock_whose_remediation_ended_is_over_at_every_later_pass() {
+    // No lastTransitionTime: the episode holds since it was first seen (100), which its record
+    // names, not since each pass's now.
+    let mut n = quarantined(node("n1", Some(0)), "p");
+    n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].last_transition_time = None;
+    let mut first_seen = FirstSeen::default();
+    first_seen.observe([&n], at(100));
+    let records = [record("n1", 100, Phase::Succeeded)];
+    for now in [100, 500, 1000] {
+        first_seen.observe([&n], at(now));
+        let plan = decide_seen(&spec(), &[n.clone()], &records, &first_seen, now);
+        assert_eq!(lifted(&plan), ["n1"], "at {now}");
+        assert!(plan.add.is_empty(), "at {now}");
+    }
 }
 
 #[test]

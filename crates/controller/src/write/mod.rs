@@ -99,6 +99,13 @@ impl WriteError {
         matches!(self, Self::Api(kube::Error::Api(_)))
     }
 
+    /// Whether the API server refused the write for what it holds (400, 422: a value its schema
+    /// or an admission policy does not take).
+    #[must_use]
+    pub fn is_invalid(&self) -> bool {
+        matches!(self.code(), Some(400 | 422))
+    }
+
     /// The HTTP status the server answered, if it did.
     #[must_use]
     pub fn code(&self) -> Option<u16> {
