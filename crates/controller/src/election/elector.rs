@@ -7,9 +7,11 @@
 //! outlive the renew deadline while the loop believes a request is merely in flight. Each request
 //! also carries a local timeout that ends by the renew deadline.
 //!
-//! A new leader does not act at once. It renews its Lease meanwhile, but the fence stays closed
-//! until two things are done: the wait for any earlier holder's lease and the API server's caches
-//! ([`first_write_at`]), then a probe of the API server's fence ([`super::fence_probe`]): two
+//! A new leader does not act at once. Its predecessor's lease is already waited out: [`decide`]
+//! takes a Lease over from another holder only once it went unrenewed for its whole duration. It
+//! renews its Lease meanwhile, but the fence stays closed until two things are done: the wait for
+//! the API server's caches ([`ElectionTimings::cache_lag_allowance`], counted from the acquiring
+//! write), then a probe of the API server's fence ([`super::fence_probe`]): two
 //! dry-run writes, one with a stale claim that the fence policy must refuse and one with ours that
 //! it must admit. A leader that cannot prove the fence releases the Lease, says why on `/readyz`
 //! and campaigns again later ([`FenceRequirement::Required`], the default); with
@@ -45,8 +47,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     decision::{
-        Decision, ElectionTimings, LeaseRecord, Observed, Predecessor, Role, StepDownReason,
-        ValidateTimingsError, decide, first_write_at,
+        Decision, ElectionTimings, LeaseRecord, Observed, Role, StepDownReason, ValidateTimingsError, decide,
     },
     fence_probe::{self, Verdict},
 };
@@ -350,12 +351,12 @@ impl Elector {
                     .unwrap_or(0);
                 self.keeper.claimed_as(&self.config.identity, transitions);
                 if *role == Role::Follower {
-                    let predecessor = Predecessor::of(&known.observed, &self.config.identity, timings);
-                    let probe_at = first_write_at(predecessor, sent_at, timings);
+                    // `decide` took the Lease from another holder only once its lease ran out:
+                    // what is left to wait for is the caches.
+                    let probe_at = sent_at + timings.cache_lag_allowance;
                     info!(
                         identity = %self.config.identity,
                         lease = %self.config.lease_name,
-                        ?predecessor,
                         first_write_in = ?probe_at.saturating_duration_since(Instant::now()),
                         "acquired the leader Lease; acting once earlier claims and caches have settled and the fence is proven"
                     );
