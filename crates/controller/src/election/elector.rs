@@ -25,7 +25,7 @@
 //!     election::{ElectionConfig, Elector, lease_client},
 //!     leader::Fence,
 //! };
-//! let (fence, keeper) = Fence::keeper();
+//! let (fence, keeper) = Fence::keeper(Some("gpu-remediator"));
 //! let elector = Elector::new(lease_client(config)?, ElectionConfig::new("gpu-remediator", "pod-abc"), keeper);
 //! let election = tokio::spawn(elector.run(async { let _ = tokio::signal::ctrl_c().await; }));
 //! // ... start watches now (followers keep caches warm); reconcilers call `fence.check()` before
@@ -175,10 +175,10 @@ enum AfterProbe {
 }
 
 impl Elector {
-    /// An elector writing through `client` (build it with [`lease_client`]).
+    /// An elector writing through `client` (build it with [`lease_client`]); `keeper` comes from
+    /// [`Fence::keeper`](crate::leader::Fence::keeper) given the Lease's namespace, `config.namespace`.
     #[must_use]
     pub fn new(client: Client, config: ElectionConfig, keeper: FenceKeeper) -> Self {
-        keeper.lease_in(&config.namespace);
         Self {
             leases: crate::write::lease::Leases::new(client.clone(), &config.namespace),
             probes: FenceProbes::new(client, &config.namespace),
