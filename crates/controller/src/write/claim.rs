@@ -22,7 +22,6 @@ use kube::{
     Api, Resource, ResourceExt as _,
     api::{DeleteParams, PostParams, Preconditions},
 };
-
 use serde_json::Value;
 
 use super::{Verb, Writable, WriteError, Writer};
@@ -33,7 +32,7 @@ const DELETE_CONFLICT_RETRIES: usize = 5;
 /// What a write under a claim carries, as [`Writer::send`] hands it to the request: the claim
 /// (`None` without leader election or once it is no longer current) and the namespace of the
 /// Lease it is on, the value of the `gpuremediation.dev/fenced` label.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Stamp {
     /// The claim, `<holder>/<leaseTransitions>`.
     pub claim: Option<Arc<str>>,
@@ -181,7 +180,6 @@ pub enum DeleteStampedError {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::Node;
-
     use serde_json::json;
 
     use super::*;
