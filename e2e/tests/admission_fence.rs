@@ -147,7 +147,7 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
     let node = fleet.node_names()[0].clone();
     let controller = cluster().await.client_with_token(&token);
 
-    let (fence, keeper) = Fence::keeper();
+    let (fence, keeper) = Fence::keeper(None);
     keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(600));
     keeper.claimed_as("replica-a", 3);
     let deposed = ops(&controller, fence.clone());
@@ -199,7 +199,7 @@ async fn an_eviction_with_a_stale_claim_is_refused_by_the_api_server_and_the_cur
     );
 
     // The keeper above now names the current claim: a deposed leader's fence of its own.
-    let (stale_fence, stale_keeper) = Fence::keeper();
+    let (stale_fence, stale_keeper) = Fence::keeper(None);
     stale_keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(600));
     stale_keeper.claimed_as("replica-a", 3);
     let deposed = ops(&controller, stale_fence);

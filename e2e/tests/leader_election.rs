@@ -53,7 +53,7 @@ struct Replica {
 
 impl Replica {
     fn start(client: Client, namespace: &str, identity: &str) -> Self {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(Some(namespace));
         let config = ElectionConfig {
             timings: timings(),
             // No fence policy here: these tests are about the election; `fence_hardening` proves

@@ -207,7 +207,7 @@ fn controller_ops(
     client: &kube::Client,
     claim: (&str, i32),
 ) -> (gpu_remediator::write::Writer, gpu_remediator::leader::FenceKeeper) {
-    let (fence, keeper) = gpu_remediator::leader::Fence::keeper();
+    let (fence, keeper) = gpu_remediator::leader::Fence::keeper(None);
     keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(600));
     keeper.claimed_as(claim.0, claim.1);
     let reporter = kube::runtime::events::Reporter {

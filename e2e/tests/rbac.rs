@@ -115,7 +115,7 @@ struct ServiceAccountController {
 impl ServiceAccountController {
     async fn start(admin: &Client, scope: &str) -> Self {
         let config = service_account_config(admin).await;
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(Some(NAMESPACE));
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
             let _ = stopped.wait_for(|s| *s).await;
@@ -485,7 +485,7 @@ async fn lead_for_a_moment(admin: &Client, holder: &str) -> (Fence, gpu_remediat
     } else {
         leases.create(&PostParams::default(), &lease).await.unwrap();
     }
-    let (fence, keeper) = Fence::keeper();
+    let (fence, keeper) = Fence::keeper(None);
     keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(120));
     keeper.claimed_as(holder, transitions);
     (fence, keeper)

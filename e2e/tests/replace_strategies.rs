@@ -613,7 +613,7 @@ async fn a_replica_without_a_current_claim_deletes_nothing() {
     let client = crds_installed().await;
     let fleet = fleet(&client, 1).await;
     let node = fleet.node_names()[0].clone();
-    let (unheld, _keeper) = Fence::keeper();
+    let (unheld, _keeper) = Fence::keeper(None);
     let drive = Drive::fenced(
         &client,
         &node,

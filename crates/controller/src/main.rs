@@ -134,7 +134,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // advance included: a follower must not take over while this replica still acts.
     let (controller_ended, ended) = watch::channel(false);
     let (fence, election) = if args.leader_elect {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(Some(&args.lease_namespace));
         let fence_requirement = if args.allow_unfenced {
             FenceRequirement::Optional
         } else {

@@ -24,10 +24,12 @@ pub struct ElectionTimings {
     pub renew_deadline: Duration,
     /// How often the leader renews and followers look at the Lease.
     pub retry_period: Duration,
-    /// How long a new leader waits, once no earlier holder's lease can still be believed, before
-    /// its first write: time for the API server's caches (the fence policy reads the Lease from
-    /// one) and this replica's watches to catch up with the Lease it just wrote and with the last
-    /// writes of its predecessor. See [`first_write_at`].
+    /// How long a new leader waits after its acquiring write was sent before its first write:
+    /// time for the API server's caches (the fence policy reads the Lease from one) and this
+    /// replica's watches to catch up with the Lease it just wrote and with the last writes of its
+    /// predecessor. The predecessor's lease itself needs no wait of its own: [`decide`] takes a
+    /// Lease over from another holder only once `leaseDuration` has passed since this replica saw
+    /// its last renewal.
     pub cache_lag_allowance: Duration,
 }
 
@@ -181,56 +183,6 @@ pub enum StepDownReason {
     RenewDeadlinePassed,
     /// The Lease names another holder (or none, or is gone): someone took it over.
     LeaseTakenOver,
-}
-
-/// Who held the Lease just before this replica's acquiring write, as far as this replica knew.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Predecessor {
-    /// Nobody anyone could still believe: there was no Lease (this replica created it), it was
-    /// released (no holder), or its holder was this replica itself.
-    Nobody,
-    /// Another replica, whose record this replica first saw at `since`, with `lease_duration`.
-    Other {
-        /// When this replica first saw that version of the record (local clock).
-        since: Instant,
-        /// The lease duration that holder wrote (or ours when it wrote none).
-        lease_duration: Duration,
-    },
-}
-
-impl Predecessor {
-    /// The predecessor as `observed` (the observation the acquiring write was based on) names it.
-    #[must_use]
-    pub fn of(observed: &Observed, identity: &str, timings: &ElectionTimings) -> Self {
-        match observed {
-            Observed::Present { record, since } => match record.holder() {
-                Some(holder) if holder != identity => Self::Other {
-                    since: *since,
-                    lease_duration: record.lease_duration.unwrap_or(timings.lease_duration),
-                },
-                _ => Self::Nobody,
-            },
-            Observed::Absent => Self::Nobody,
-        }
-    }
-}
-
-/// When a replica whose acquiring write was sent at `acquired_at` may make its first write: once
-/// the predecessor's lease can no longer be believed by anyone (its holder stops acting by its
-/// renew deadline, counted from a renewal sent before this replica saw it, so `since +
-/// lease_duration` bounds it on our clock), plus the cache-lag allowance. A take-over decided by
-/// [`decide`] happens only after that bound, so there the wait is the allowance alone; the bound
-/// still holds should an acquisition ever come sooner.
-#[must_use]
-pub fn first_write_at(predecessor: Predecessor, acquired_at: Instant, timings: &ElectionTimings) -> Instant {
-    let believed_until = match predecessor {
-        Predecessor::Nobody => acquired_at,
-        Predecessor::Other {
-            since,
-            lease_duration,
-        } => (since + lease_duration).max(acquired_at),
-    };
-    believed_until + timings.cache_lag_allowance
 }
 
 /// Decides the next election step for `identity` at `now`.

@@ -185,57 +185,6 @@ fn a_deleted_lease_is_observed_as_absent() {
 }
 
 #[test]
-fn a_new_leader_that_took_over_an_expired_lease_waits_only_the_cache_lag_allowance() {
-    let since = Instant::now();
-    let observed = seen(Some(OTHER), since);
-    let acquired_at = since + secs(15);
-    assert_eq!(
-        decide(&observed, ME, Role::Follower, acquired_at, &timings()),
-        Decision::Acquire
-    );
-    let predecessor = Predecessor::of(&observed, ME, &timings());
-    assert_eq!(
-        predecessor,
-        Predecessor::Other {
-            since,
-            lease_duration: secs(15)
-        }
-    );
-    assert_eq!(
-        first_write_at(predecessor, acquired_at, &timings()),
-        acquired_at + secs(1)
-    );
-}
-
-#[test]
-fn a_new_leader_waits_out_a_predecessors_lease_that_may_still_be_believed() {
-    let since = Instant::now();
-    let long = Observed::Present {
-        record: LeaseRecord {
-            lease_duration: Some(secs(60)),
-            ..record(Some(OTHER), "1")
-        },
-        since,
-    };
-    let acquired_at = since + secs(20);
-    assert_eq!(
-        first_write_at(Predecessor::of(&long, ME, &timings()), acquired_at, &timings()),
-        since + secs(61),
-        "the rest of the predecessor's 60s, then the allowance"
-    );
-}
-
-#[test]
-fn a_new_leader_with_no_believable_predecessor_waits_only_the_allowance() {
-    let now = Instant::now();
-    for observed in [Observed::Absent, seen(None, now), seen(Some(ME), now)] {
-        let predecessor = Predecessor::of(&observed, ME, &timings());
-        assert_eq!(predecessor, Predecessor::Nobody, "{observed:?}");
-        assert_eq!(first_write_at(predecessor, now, &timings()), now + secs(1));
-    }
-}
-
-#[test]
 fn a_leader_waits_for_the_retry_period_between_renewals() {
     let renewed_at = Instant::now();
     assert_eq!(

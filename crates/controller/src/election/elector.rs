@@ -7,9 +7,11 @@
 //! outlive the renew deadline while the loop believes a request is merely in flight. Each request
 //! also carries a local timeout that ends by the renew deadline.
 //!
-//! A new leader does not act at once. It renews its Lease meanwhile, but the fence stays closed
-//! until two things are done: the wait for any earlier holder's lease and the API server's caches
-//! ([`first_write_at`]), then a probe of the API server's fence ([`super::fence_probe`]): two
+//! A new leader does not act at once. Its predecessor's lease is already waited out: [`decide`]
+//! takes a Lease over from another holder only once it went unrenewed for its whole duration. It
+//! renews its Lease meanwhile, but the fence stays closed until two things are done: the wait for
+//! the API server's caches ([`ElectionTimings::cache_lag_allowance`], counted from the acquiring
+//! write), then a probe of the API server's fence ([`super::fence_probe`]): two
 //! dry-run writes, one with a stale claim that the fence policy must refuse and one with ours that
 //! it must admit. A leader that cannot prove the fence releases the Lease, says why on `/readyz`
 //! and campaigns again later ([`FenceRequirement::Required`], the default); with
@@ -23,7 +25,7 @@
 //!     election::{ElectionConfig, Elector, lease_client},
 //!     leader::Fence,
 //! };
-//! let (fence, keeper) = Fence::keeper();
+//! let (fence, keeper) = Fence::keeper(Some("gpu-remediator"));
 //! let elector = Elector::new(lease_client(config)?, ElectionConfig::new("gpu-remediator", "pod-abc"), keeper);
 //! let election = tokio::spawn(elector.run(async { let _ = tokio::signal::ctrl_c().await; }));
 //! // ... start watches now (followers keep caches warm); reconcilers call `fence.check()` before
@@ -32,7 +34,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
@@ -45,15 +47,11 @@ use tracing::{debug, info, warn};
 
 use super::{
     decision::{
-        Decision, ElectionTimings, LeaseRecord, Observed, Predecessor, Role, StepDownReason,
-        ValidateTimingsError, decide, first_write_at,
+        Decision, ElectionTimings, LeaseRecord, Observed, Role, StepDownReason, ValidateTimingsError, decide,
     },
     fence_probe::{self, Verdict},
 };
-use crate::{
-    leader::{FenceKeeper, claim_of},
-    write::fence_probe::FenceProbes,
-};
+use crate::{leader::FenceKeeper, write::fence_probe::FenceProbes};
 
 /// A client for the Lease (and for evictions) with kube's default retry of 429/503/504 turned
 /// off, so each call returns within its own timeout and the caller decides what a refusal means.
@@ -154,13 +152,17 @@ struct Known {
 }
 
 /// Whether a leader acts (its fence is open).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Acting {
     /// Not leading.
     No,
-    /// Leading, not acting yet: the next fence probe is due at `probe_at`; `unproven` probes in a
-    /// row have not proven the fence so far.
-    SettlingIn { probe_at: Instant, unproven: u32 },
+    /// Leading under `claim`, not acting yet: the next fence probe is due at `probe_at`;
+    /// `unproven` probes in a row have not proven the fence so far.
+    SettlingIn {
+        claim: Arc<str>,
+        probe_at: Instant,
+        unproven: u32,
+    },
     /// Leading and acting: every renewal extends the fence.
     Yes,
 }
@@ -174,10 +176,10 @@ enum AfterProbe {
 }
 
 impl Elector {
-    /// An elector writing through `client` (build it with [`lease_client`]).
+    /// An elector writing through `client` (build it with [`lease_client`]); `keeper` comes from
+    /// [`Fence::keeper`](crate::leader::Fence::keeper) given the Lease's namespace, `config.namespace`.
     #[must_use]
     pub fn new(client: Client, config: ElectionConfig, keeper: FenceKeeper) -> Self {
-        keeper.lease_in(&config.namespace);
         Self {
             leases: crate::write::lease::Leases::new(client.clone(), &config.namespace),
             probes: FenceProbes::new(client, &config.namespace),
@@ -204,10 +206,17 @@ impl Elector {
             if read_first {
                 self.read(&mut known, role).await;
             }
-            if let (Role::Leader { renewed_at }, Acting::SettlingIn { probe_at, .. }) = (role, known.acting)
-                && Instant::now() >= probe_at
+            if let (
+                Role::Leader { renewed_at },
+                Acting::SettlingIn {
+                    claim,
+                    probe_at,
+                    unproven,
+                },
+            ) = (role, &known.acting)
+                && Instant::now() >= *probe_at
             {
-                let probed = self.probe(&mut known, renewed_at);
+                let probed = self.probe(claim.clone(), *unproven, renewed_at, &mut known.acting);
                 let after = tokio::select! {
                     after = probed => after,
                     () = &mut shutdown => return Ok(self.shut_down(role).await),
@@ -348,18 +357,19 @@ impl Elector {
                     .as_ref()
                     .and_then(|s| s.lease_transitions)
                     .unwrap_or(0);
-                self.keeper.claimed_as(&self.config.identity, transitions);
+                let claim = self.keeper.claimed_as(&self.config.identity, transitions);
                 if *role == Role::Follower {
-                    let predecessor = Predecessor::of(&known.observed, &self.config.identity, timings);
-                    let probe_at = first_write_at(predecessor, sent_at, timings);
+                    // `decide` took the Lease from another holder only once its lease ran out:
+                    // what is left to wait for is the caches.
+                    let probe_at = sent_at + timings.cache_lag_allowance;
                     info!(
                         identity = %self.config.identity,
                         lease = %self.config.lease_name,
-                        ?predecessor,
                         first_write_in = ?probe_at.saturating_duration_since(Instant::now()),
                         "acquired the leader Lease; acting once earlier claims and caches have settled and the fence is proven"
                     );
                     known.acting = Acting::SettlingIn {
+                        claim,
                         probe_at,
                         unproven: 0,
                     };
@@ -437,26 +447,24 @@ impl Elector {
         }
     }
 
-    /// Probes the API server's fence for a leader that is settling in (see the module docs) and
-    /// opens this replica's fence when it is proven; decides what to do when it is not.
-    async fn probe(&self, known: &mut Known, renewed_at: Instant) -> AfterProbe {
-        let Acting::SettlingIn { unproven, .. } = known.acting else {
-            return AfterProbe::Lead;
-        };
+    /// Probes the API server's fence for a leader that is settling in under `own` after `unproven`
+    /// probes that did not prove it (see the module docs), and opens this replica's fence when it
+    /// is proven (or, with [`FenceRequirement::Optional`], when it is not); decides what to do
+    /// when it is not.
+    async fn probe(
+        &self,
+        own: Arc<str>,
+        unproven: u32,
+        renewed_at: Instant,
+        acting: &mut Acting,
+    ) -> AfterProbe {
         let timings = &self.config.timings;
-        let transitions = known
-            .lease
-            .as_ref()
-            .and_then(|lease| lease.spec.as_ref())
-            .and_then(|spec| spec.lease_transitions)
-            .unwrap_or(0);
-        let own = claim_of(&self.config.identity, transitions);
         let stale = format!("{own}-stale");
         let limit = self.request_timeout(Role::Leader { renewed_at });
         let answers = timeout(limit, async {
-            (
-                self.probes.dry_run_create(&stale).await,
-                self.probes.dry_run_create(&own).await,
+            tokio::join!(
+                self.probes.dry_run_create(&stale),
+                self.probes.dry_run_create(&own),
             )
         })
         .await;
@@ -464,34 +472,25 @@ impl Elector {
             Ok((stale, own)) => fence_probe::verdict(stale, own),
             Err(_) => Verdict::Unproven(format!("the probe writes timed out after {limit:?}")),
         };
-        let why = match verdict {
-            Verdict::Enforced => {
+        match (verdict, self.config.fence) {
+            (Verdict::Enforced, _) => {
                 info!(claim = %own, "the API server's fence refused a stale claim and admitted ours: acting");
                 self.keeper.fence_proven();
-                known.acting = Acting::Yes;
-                self.keeper.hold_until(renewed_at + timings.renew_deadline);
-                return AfterProbe::Lead;
             }
-            Verdict::Unproven(why) => why,
-        };
-        let unproven = unproven + 1;
-        match self.config.fence {
-            FenceRequirement::Optional => {
+            (Verdict::Unproven(why), FenceRequirement::Optional) => {
                 warn!(%why, "the API server's fence is not proven enforced; leading anyway (--allow-unfenced)");
                 self.keeper.fence_not_proven(why, false);
-                known.acting = Acting::Yes;
-                self.keeper.hold_until(renewed_at + timings.renew_deadline);
-                AfterProbe::Lead
             }
-            FenceRequirement::Required if unproven < fence_probe::PATIENCE => {
-                debug!(%why, unproven, "the fence is not proven yet; probing again");
-                known.acting = Acting::SettlingIn {
+            (Verdict::Unproven(why), FenceRequirement::Required) if unproven + 1 < fence_probe::PATIENCE => {
+                debug!(%why, unproven = unproven + 1, "the fence is not proven yet; probing again");
+                *acting = Acting::SettlingIn {
+                    claim: own,
                     probe_at: Instant::now() + timings.retry_period / 4,
-                    unproven,
+                    unproven: unproven + 1,
                 };
-                AfterProbe::Lead
+                return AfterProbe::Lead;
             }
-            FenceRequirement::Required => {
+            (Verdict::Unproven(why), FenceRequirement::Required) => {
                 tracing::error!(
                     %why,
                     "refusing to lead: the API server's fence is not proven enforced; releasing the Lease \
@@ -499,11 +498,15 @@ impl Elector {
                      development cluster)"
                 );
                 self.keeper.fence_not_proven(why, true);
-                AfterProbe::Refuse {
+                return AfterProbe::Refuse {
                     pause: timings.lease_duration,
-                }
+                };
             }
         }
+        // Open the fence.
+        *acting = Acting::Yes;
+        self.keeper.hold_until(renewed_at + timings.renew_deadline);
+        AfterProbe::Lead
     }
 
     /// Stops acting, then (if leading) releases the Lease so a follower need not wait out the

@@ -24,10 +24,7 @@
 //!   [`FenceKeeper::revoke`] (the clock is `tokio::time`, so `#[tokio::test(start_paused = true)]`
 //!   can move it).
 
-use std::{
-    sync::{Arc, OnceLock},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use tokio::{sync::watch, time::Instant};
 
@@ -104,7 +101,7 @@ pub struct Fence {
     participation: watch::Receiver<Participation>,
     holder: watch::Receiver<Option<Arc<str>>>,
     proof: watch::Receiver<FenceProof>,
-    lease_namespace: Arc<OnceLock<Arc<str>>>,
+    lease_namespace: Option<Arc<str>>,
 }
 
 /// The writing side of a [`Fence`], held by the elector only. Dropping it leaves the last claim in
@@ -115,7 +112,6 @@ pub struct FenceKeeper {
     participation: watch::Sender<Participation>,
     holder: watch::Sender<Option<Arc<str>>>,
     proof: watch::Sender<FenceProof>,
-    lease_namespace: Arc<OnceLock<Arc<str>>>,
 }
 
 impl Fence {
@@ -133,32 +129,33 @@ impl Fence {
             participation,
             holder,
             proof,
-            lease_namespace: Arc::default(),
+            lease_namespace: None,
         }
     }
 
     /// An unheld fence and the keeper that the elector uses to extend and revoke it.
+    /// `lease_namespace` is the namespace of the leader Lease (`--lease-namespace`), stamped on
+    /// every object written under a claim as the `gpuremediation.dev/fenced` label; `None` stamps
+    /// no label (tests of the claim alone).
     #[must_use]
-    pub fn keeper() -> (Self, FenceKeeper) {
+    pub fn keeper(lease_namespace: Option<&str>) -> (Self, FenceKeeper) {
         let (sender, claim) = watch::channel(Claim::NotHeld);
         let (participating, participation) = watch::channel(Participation::default());
         let (holding, holder) = watch::channel(None);
         let (proving, proof) = watch::channel(FenceProof::default());
-        let lease_namespace: Arc<OnceLock<Arc<str>>> = Arc::default();
         (
             Self {
                 claim,
                 participation,
                 holder,
                 proof,
-                lease_namespace: lease_namespace.clone(),
+                lease_namespace: lease_namespace.map(Arc::from),
             },
             FenceKeeper {
                 claim: sender,
                 participation: participating,
                 holder: holding,
                 proof: proving,
-                lease_namespace,
             },
         )
     }
@@ -175,12 +172,12 @@ impl Fence {
         self.holder.borrow().clone()
     }
 
-    /// The namespace of the Lease this replica's claims are on, once the elector named it: the
+    /// The namespace of the Lease this replica's claims are on (given to [`Fence::keeper`]): the
     /// value of the `gpuremediation.dev/fenced` label its writes carry, which the fence policy's
     /// fail-closed binding selects. `None` without leader election.
     #[must_use]
     pub fn lease_namespace(&self) -> Option<Arc<str>> {
-        self.lease_namespace.get().cloned()
+        self.lease_namespace.clone()
     }
 
     /// Why this replica cannot take part in the leader election (it can never lead, so it is not
@@ -273,19 +270,20 @@ impl FenceKeeper {
         self.claim.send_replace(Claim::NotHeld);
     }
 
-    /// Records the namespace of the Lease (once; later calls change nothing).
-    pub fn lease_in(&self, namespace: &str) {
-        let _ = self.lease_namespace.set(namespace.into());
-    }
-
-    /// Records which claim the Lease now names: `holder` with `transitions` (`leaseTransitions`).
-    pub fn claimed_as(&self, holder: &str, transitions: i32) {
+    /// Records which claim the Lease now names: `holder` with `transitions` (`leaseTransitions`);
+    /// returns it.
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "recording is the point; the elector alone keeps what it returns"
+    )]
+    pub fn claimed_as(&self, holder: &str, transitions: i32) -> Arc<str> {
         let claim: Arc<str> = claim_of(holder, transitions).into();
         self.holder.send_if_modified(|current| {
             (current.as_ref() != Some(&claim))
-                .then(|| *current = Some(claim))
+                .then(|| *current = Some(claim.clone()))
                 .is_some()
         });
+        claim
     }
 
     /// Whether the claim is current now, as the fences see it.
@@ -355,7 +353,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_new_fence_refuses_until_the_lease_is_held() {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         assert_eq!(fence.check(), Err(FenceError::NotHolder));
         keeper.hold_until(Instant::now() + Duration::from_secs(10));
         assert_eq!(fence.check(), Ok(()));
@@ -363,7 +361,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_claim_not_renewed_before_its_deadline_expires_by_itself() {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         keeper.hold_until(Instant::now() + Duration::from_secs(10));
         tokio::time::advance(Duration::from_millis(9_999)).await;
         assert_eq!(fence.check(), Ok(()));
@@ -386,7 +384,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_renewal_pushes_the_deadline_out() {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         keeper.hold_until(Instant::now() + Duration::from_secs(10));
         tokio::time::advance(Duration::from_secs(8)).await;
         keeper.hold_until(Instant::now() + Duration::from_secs(10));
@@ -396,7 +394,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_revoked_claim_fails_every_clone_at_once() {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         let clone = fence.clone();
         keeper.hold_until(Instant::now() + Duration::from_secs(10));
         keeper.revoke();
@@ -406,7 +404,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_dropped_keeper_leaves_the_claim_to_expire_at_its_deadline() {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         keeper.hold_until(Instant::now() + Duration::from_secs(5));
         drop(keeper);
         assert!(fence.is_current());
@@ -416,7 +414,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn lost_resolves_when_the_deadline_passes_without_renewal() {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         let start = Instant::now();
         keeper.hold_until(start + Duration::from_secs(10));
         fence.lost().await;
@@ -425,7 +423,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn lost_follows_renewals_and_resolves_on_revoke() {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         let start = Instant::now();
         keeper.hold_until(start + Duration::from_secs(10));
         let lost = tokio::spawn({
@@ -444,7 +442,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn acquired_waits_for_the_keeper_to_grant_the_claim() {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         let acquired = tokio::spawn({
             let fence = fence.clone();
             async move { fence.acquired().await }
@@ -457,7 +455,7 @@ mod tests {
 
     #[test]
     fn a_problem_found_by_a_write_outlasts_reads_until_a_write_succeeds() {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         assert_eq!(fence.election_problem(), None);
         keeper.cannot_take_part("namespaces \"x\" not found", true);
         keeper.read_succeeded();
@@ -475,7 +473,7 @@ mod tests {
 
     #[test]
     fn an_unproven_fence_keeps_a_refusing_replica_unready_until_a_probe_proves_it() {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         keeper.fence_not_proven("a write with a stale claim was admitted", true);
         let problem = fence.election_problem().expect("a problem");
         assert!(
@@ -501,7 +499,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_claim_is_named_only_while_it_is_current() {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         keeper.claimed_as("replica-a-12", 3);
         assert_eq!(fence.claim(), None, "not held yet");
         keeper.hold_until(Instant::now() + Duration::from_secs(10));

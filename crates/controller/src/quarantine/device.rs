@@ -84,7 +84,7 @@ pub fn target(node: &str, failed: &[String], slices: Option<&[ResourceSlice]>) -
                 "GPU {uuid} is not allocated through DRA (no ResourceSlice of node {node} publishes it)"
             ));
         }
-        if let Some(foreign) = found.iter().find(|d| d.pool != node) {
+        if let Some(foreign) = found.iter().find(|d| !in_own_pool(node, &d.pool)) {
             return Target::Node(format!(
                 "GPU {uuid} is published by driver {} in pool {}, not in the pool named after node {node}: a \
                  DeviceTaintRule selecting it could match another node's devices",
@@ -177,13 +177,14 @@ pub fn rule_name(node: &str, device: &QuarantinedDevice) -> String {
     format!("{node}-{device}-{:08x}", hash & 0xffff_ffff)
 }
 
-/// Whether `device` is in the pool named after `node`, the only pool a rule for `node` selects. A
-/// rule selects devices by driver, pool and name, whichever node publishes them: a slice of node
-/// A's driver naming its pool after node B (a broken or compromised node, or a forged
-/// `quarantined-devices` annotation on A) would otherwise have B's device of that name tainted.
+/// Whether `pool`, a device's, is the pool named after `node`, the only pool a rule for `node`
+/// selects. A rule selects devices by driver, pool and name, whichever node publishes them: a
+/// slice of node A's driver naming its pool after node B (a broken or compromised node, or a
+/// forged `quarantined-devices` annotation on A) would otherwise have B's device of that name
+/// tainted.
 #[must_use]
-pub fn in_own_pool(node: &str, device: &QuarantinedDevice) -> bool {
-    device.pool == node
+pub fn in_own_pool(node: &str, pool: &str) -> bool {
+    pool == node
 }
 
 /// The `DeviceTaintRule` quarantining `device` of `node` for `policy`. Its selector is pinned to
@@ -263,7 +264,7 @@ pub fn reconcile(
             continue;
         };
         let name = node.name_any();
-        for device in recorded(node).into_iter().filter(|d| in_own_pool(&name, d)) {
+        for device in recorded(node).into_iter().filter(|d| in_own_pool(&name, &d.pool)) {
             let rule = rule(policy, &name, &device);
             named.insert(rule.name_any());
             if known(policy) {

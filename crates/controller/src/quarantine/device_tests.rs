@@ -171,8 +171,8 @@ fn a_rule_is_pinned_to_the_pool_named_after_its_node_whatever_the_device_says() 
     let selector = rule("gpus", "gpu-a", &foreign).spec.device_selector.unwrap();
     assert_eq!(selector.pool.as_deref(), Some("gpu-a"));
     assert_eq!(selector.driver.as_deref(), Some("gpu.sandbox.gpuremediation.dev"));
-    assert!(in_own_pool("gpu-a", &device("GPU-aaaa-3", 3)));
-    assert!(!in_own_pool("gpu-a", &foreign));
+    assert!(in_own_pool("gpu-a", &device("GPU-aaaa-3", 3).pool));
+    assert!(!in_own_pool("gpu-a", &foreign.pool));
 }
 
 #[test]

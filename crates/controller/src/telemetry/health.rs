@@ -156,7 +156,7 @@ mod tests {
             readiness.as_str(),
             "cannot take part in leader election: no permission on the leader Lease gpu-remediation/gpu-remediator"
         );
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         let health = Health::new(fence);
         health.mark_caches_synced();
         assert_eq!(health.readiness(), Readiness::Ready);

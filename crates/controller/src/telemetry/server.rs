@@ -88,7 +88,7 @@ mod tests {
     async fn readyz_turns_ready_when_caches_sync_and_metrics_report_the_leader() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         let health = Health::new(fence);
         let metrics = Metrics::new();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -4,7 +4,7 @@
 //!
 //! - creates, updates and patches carry it as the `gpuremediation.dev/claim` annotation, and the
 //!   object the label `gpuremediation.dev/fenced=<the Lease's namespace>`, which lets the policy
-//!   refuse writes to it while that Lease is missing ([`annotate`]); status writes in the status itself (`status.claim`), because the API server
+//!   refuse writes to it while that Lease is missing ([`Stamp::annotate`]); status writes in the status itself (`status.claim`), because the API server
 //!   drops metadata changes sent to a custom resource's status subresource before admission;
 //! - a delete carries no object, so [`delete_stamped`] first writes the claim onto the object (an
 //!   update the policy checks) and then deletes with that write's resourceVersion as a
@@ -14,37 +14,74 @@
 //! Without leader election there is no claim and nothing is stamped (the policy is installed only
 //! with leader election).
 
+use std::sync::Arc;
+
 use gpu_remediation_api::constants::{CLAIM_ANNOTATION, FENCED_LABEL};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{
     Api, Resource, ResourceExt as _,
     api::{DeleteParams, PostParams, Preconditions},
 };
+use serde_json::Value;
 
 use super::{Verb, Writable, WriteError, Writer};
 
 /// How many times a stamp-then-delete is retried when the object changed in between.
 const DELETE_CONFLICT_RETRIES: usize = 5;
 
-/// Puts `claim` on `object` as its claim annotation, and the fenced label naming the Lease's
-/// namespace `lease_namespace` (when known); returns whether that changed it. `None` (no leader
-/// election) leaves the object as it is.
-pub fn annotate<K: Resource>(object: &mut K, claim: Option<&str>, lease_namespace: Option<&str>) -> bool {
-    let Some(claim) = claim else { return false };
-    let meta = object.meta_mut();
-    let mut labelled = true;
-    if let Some(namespace) = lease_namespace {
-        let labels = meta.labels.get_or_insert_with(Default::default);
-        labelled = labels.get(FENCED_LABEL).map(String::as_str) == Some(namespace);
-        if !labelled {
-            labels.insert(FENCED_LABEL.to_owned(), namespace.to_owned());
+/// What a write under a claim carries, as [`Writer::send`] hands it to the request: the claim
+/// (`None` without leader election or once it is no longer current) and the namespace of the
+/// Lease it is on, the value of the `gpuremediation.dev/fenced` label.
+#[derive(Debug, Clone)]
+pub struct Stamp {
+    /// The claim, `<holder>/<leaseTransitions>`.
+    pub claim: Option<Arc<str>>,
+    /// The Lease's namespace (`None`: no label).
+    pub fenced: Option<Arc<str>>,
+}
+
+impl Stamp {
+    /// Puts the claim on `object` as its claim annotation, and the fenced label naming the Lease's
+    /// namespace (when known); returns whether that changed it. No claim (no leader election)
+    /// leaves the object as it is.
+    pub fn annotate<K: Resource>(&self, object: &mut K) -> bool {
+        self.annotate_meta(object.meta_mut())
+    }
+
+    /// [`Stamp::annotate`] on the metadata of a merge patch: the annotation and label are added
+    /// to the patch's `metadata`.
+    pub fn annotate_patch(&self, patch: &mut Value) {
+        let mut meta = ObjectMeta::default();
+        if !self.annotate_meta(&mut meta) {
+            return;
+        }
+        let stamped = [("labels", meta.labels), ("annotations", meta.annotations)];
+        for (field, entries) in stamped {
+            for (key, value) in entries.into_iter().flatten() {
+                patch["metadata"][field][key] = Value::String(value);
+            }
         }
     }
-    let annotations = meta.annotations.get_or_insert_with(Default::default);
-    if annotations.get(CLAIM_ANNOTATION).map(String::as_str) == Some(claim) {
-        return !labelled;
+
+    fn annotate_meta(&self, meta: &mut ObjectMeta) -> bool {
+        let Some(claim) = self.claim.as_deref() else {
+            return false;
+        };
+        let mut labelled = true;
+        if let Some(namespace) = self.fenced.as_deref() {
+            let labels = meta.labels.get_or_insert_with(Default::default);
+            labelled = labels.get(FENCED_LABEL).map(String::as_str) == Some(namespace);
+            if !labelled {
+                labels.insert(FENCED_LABEL.to_owned(), namespace.to_owned());
+            }
+        }
+        let annotations = meta.annotations.get_or_insert_with(Default::default);
+        if annotations.get(CLAIM_ANNOTATION).map(String::as_str) == Some(claim) {
+            return !labelled;
+        }
+        annotations.insert(CLAIM_ANNOTATION.to_owned(), claim.to_owned());
+        true
     }
-    annotations.insert(CLAIM_ANNOTATION.to_owned(), claim.to_owned());
-    true
 }
 
 /// What [`delete_stamped`] found.
@@ -84,10 +121,9 @@ where
         if uid.is_some() && object.uid().as_deref() != uid {
             return Ok(Deleted::Gone);
         }
-        let lease_namespace = writer.fence.lease_namespace();
         let stamped = writer
-            .send(Verb::Replace, &resource, |claim| {
-                let changed = annotate(&mut object, claim.as_deref(), lease_namespace.as_deref());
+            .send(Verb::Replace, &resource, |stamp| {
+                let changed = stamp.annotate(&mut object);
                 // `object` carries the resourceVersion of our read: the update fails on any write since.
                 async move {
                     if changed {
@@ -144,8 +180,44 @@ pub enum DeleteStampedError {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::Node;
+    use serde_json::json;
 
     use super::*;
+
+    fn stamp(claim: Option<&str>, fenced: Option<&str>) -> Stamp {
+        Stamp {
+            claim: claim.map(Arc::from),
+            fenced: fenced.map(Arc::from),
+        }
+    }
+
+    fn annotate(node: &mut Node, claim: Option<&str>, fenced: Option<&str>) -> bool {
+        stamp(claim, fenced).annotate(node)
+    }
+
+    #[test]
+    fn a_patch_carries_the_same_stamp_and_none_without_a_claim() {
+        let mut patch = json!({"spec": {"unschedulable": true}});
+        stamp(None, Some("ns")).annotate_patch(&mut patch);
+        assert_eq!(patch, json!({"spec": {"unschedulable": true}}));
+        stamp(Some("replica-a/3"), Some("ns")).annotate_patch(&mut patch);
+        assert_eq!(
+            patch,
+            json!({
+                "spec": {"unschedulable": true},
+                "metadata": {
+                    "labels": {FENCED_LABEL: "ns"},
+                    "annotations": {CLAIM_ANNOTATION: "replica-a/3"},
+                },
+            })
+        );
+        let mut unlabelled = json!({});
+        stamp(Some("replica-a/3"), None).annotate_patch(&mut unlabelled);
+        assert_eq!(
+            unlabelled,
+            json!({"metadata": {"annotations": {CLAIM_ANNOTATION: "replica-a/3"}}})
+        );
+    }
 
     #[test]
     fn a_claim_is_written_once_and_only_with_leader_election() {

@@ -283,7 +283,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_replica_that_lost_the_lease_while_its_events_queued_sends_none() {
-        let (fence, keeper) = Fence::keeper();
+        let (fence, keeper) = Fence::keeper(None);
         keeper.claimed_as("replica-a", 1);
         keeper.hold_until(tokio::time::Instant::now() + Duration::from_secs(60));
         let (ops, mut handle) = ops(fence);

@@ -4,11 +4,16 @@
 //! writes (`write::lease`) they are the elector's, made before this replica may act: they carry a
 //! claim chosen by the probe, not the fence's.
 
+use std::sync::Arc;
+
 use gpu_remediation_api::{
-    constants::{CLAIM_ANNOTATION, FENCED_LABEL},
-    remediation::GpuRemediation,
+    GpuRemediationSpec,
+    policy::{Action, ConditionStatus, Mode},
+    remediation::{GpuRemediation, TriggerRecord},
 };
 use kube::{Api, Client, api::PostParams};
+
+use super::claim::Stamp;
 
 /// The name every refusal by the fence policy starts with (`ValidatingAdmissionPolicy
 /// 'gpu-remediator-fence…' with binding … denied request: …`).
@@ -21,7 +26,7 @@ pub const PROBE_NAME: &str = "gpu-remediator-fence-probe";
 #[derive(Clone, Debug)]
 pub struct FenceProbes {
     api: Api<GpuRemediation>,
-    lease_namespace: String,
+    lease_namespace: Arc<str>,
 }
 
 impl FenceProbes {
@@ -31,31 +36,39 @@ impl FenceProbes {
     pub fn new(client: Client, lease_namespace: &str) -> Self {
         Self {
             api: Api::all(client),
-            lease_namespace: lease_namespace.to_owned(),
+            lease_namespace: lease_namespace.into(),
         }
     }
 
     /// Sends a dry-run create carrying `claim`; says how the API server answered.
     pub async fn dry_run_create(&self, claim: &str) -> Answer {
-        let object = serde_json::json!({
-            "apiVersion": "gpuremediation.dev/v1alpha1",
-            "kind": "GpuRemediation",
-            "metadata": {
-                "name": PROBE_NAME,
-                "annotations": {CLAIM_ANNOTATION: claim},
-                "labels": {FENCED_LABEL: self.lease_namespace},
+        let mut object = GpuRemediation::new(
+            PROBE_NAME,
+            GpuRemediationSpec {
+                node_name: PROBE_NAME.to_owned(),
+                policy_name: PROBE_NAME.to_owned(),
+                trigger: TriggerRecord {
+                    condition_type: "FenceProbe".to_owned(),
+                    status: ConditionStatus::Unknown,
+                    reason: String::new(),
+                    message: String::new(),
+                    since: None,
+                },
+                action: Action::None,
+                mode: Mode::Enforce,
+                node_uid: None,
+                previous_incident: None,
+                policy_snapshot: None,
+                hardware: None,
             },
-            "spec": {
-                "nodeName": PROBE_NAME,
-                "policyName": PROBE_NAME,
-                "trigger": {"conditionType": "FenceProbe", "status": "Unknown"},
-                "action": "None",
-            },
-        });
-        let object: GpuRemediation = match serde_json::from_value(object) {
-            Ok(object) => object,
-            Err(error) => return Answer::Failed(format!("building the probe object: {error}")),
-        };
+        );
+        // Stamped as the writer stamps what it writes (so the fail-closed binding selects the
+        // probe too), with the probe's claim.
+        Stamp {
+            claim: Some(claim.into()),
+            fenced: Some(self.lease_namespace.clone()),
+        }
+        .annotate(&mut object);
         let params = PostParams {
             dry_run: true,
             ..PostParams::default()

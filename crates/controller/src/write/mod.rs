@@ -27,7 +27,7 @@
 //! patch that carries our taint without a precondition would overwrite taints others added
 //! meanwhile (see [`node_edit`] and [`crate::node_patch`]).
 
-use std::{future::Future, sync::Arc};
+use std::future::Future;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
@@ -304,15 +304,18 @@ impl Writer {
     /// outcome counted.
     async fn send<T, F, Fut>(&self, verb: Verb, resource: &str, request: F) -> Result<T, WriteError>
     where
-        F: FnOnce(Option<Arc<str>>) -> Fut,
+        F: FnOnce(claim::Stamp) -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
     {
         let outcome = if let Err(fenced) = self.fence.check() {
             Err(WriteError::Fenced(fenced))
         } else {
-            let claim = self.fence.claim();
+            let stamp = claim::Stamp {
+                claim: self.fence.claim(),
+                fenced: self.fence.lease_namespace(),
+            };
             crate::leader::freeze::before_write(&freeze_name(verb, resource));
-            request(claim).await.map_err(WriteError::Api)
+            request(stamp).await.map_err(WriteError::Api)
         };
         let kind = outcome.as_ref().err().map_or("ok", WriteError::metric_label);
         self.metrics.write(verb.label(), resource, kind);
@@ -349,10 +352,9 @@ impl Writer {
         let api: Api<K> = api(&self.client, Scope::of(object.meta().namespace.as_deref()), kind);
         let mut object = Self::bounded(kind, object)?;
         let resource = K::plural(kind).into_owned();
-        let lease_namespace = self.fence.lease_namespace();
         let mut created = self
-            .send(Verb::Create, &resource, |claim| {
-                claim::annotate(&mut object, claim.as_deref(), lease_namespace.as_deref());
+            .send(Verb::Create, &resource, |stamp| {
+                stamp.annotate(&mut object);
                 async move { api.create(&post_params(), &object).await }
             })
             .await?;
@@ -367,10 +369,9 @@ impl Writer {
         let mut object = Self::bounded(kind, object)?;
         let name = object.name_any();
         let resource = K::plural(kind).into_owned();
-        let lease_namespace = self.fence.lease_namespace();
         let mut replaced = self
-            .send(Verb::Replace, &resource, |claim| {
-                claim::annotate(&mut object, claim.as_deref(), lease_namespace.as_deref());
+            .send(Verb::Replace, &resource, |stamp| {
+                stamp.annotate(&mut object);
                 async move { api.replace(&name, &post_params(), &object).await }
             })
             .await?;
@@ -390,17 +391,9 @@ impl Writer {
     ) -> Result<K, WriteError> {
         let api: Api<K> = api(&self.client, scope, kind);
         let resource = K::plural(kind).into_owned();
-        let lease_namespace = self.fence.lease_namespace();
         let mut patched = self
-            .send(Verb::Patch, &resource, |claim| {
-                if let Some(claim) = claim {
-                    patch["metadata"]["annotations"][gpu_remediation_api::constants::CLAIM_ANNOTATION] =
-                        json!(claim.as_ref());
-                    if let Some(namespace) = lease_namespace {
-                        patch["metadata"]["labels"][gpu_remediation_api::constants::FENCED_LABEL] =
-                            json!(namespace.as_ref());
-                    }
-                }
+            .send(Verb::Patch, &resource, |stamp| {
+                stamp.annotate_patch(&mut patch);
                 async move { api.patch(name, &patch_params(), &Patch::Merge(&patch)).await }
             })
             .await?;
@@ -429,11 +422,11 @@ impl Writer {
             }
         }
         let mut applied = self
-            .send(Verb::Status, &resource, |claim| {
+            .send(Verb::Status, &resource, |stamp| {
                 if K::CLAIM_IN_STATUS
                     && let Some(fields) = status.as_object_mut()
                 {
-                    match claim {
+                    match stamp.claim {
                         Some(claim) => fields.insert("claim".to_owned(), json!(claim.as_ref())),
                         None => fields.remove("claim"),
                     };

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Patch;
 
-use super::{Verb, WriteError, Writer, claim, patch_params};
+use super::{Verb, WriteError, Writer, patch_params};
 use crate::{
     cordon,
     cordon::NodeRef,
@@ -153,10 +153,9 @@ impl Writer {
         if let Some(seen) = seen {
             let mut edited = seen.clone();
             if edit(&mut edited) {
-                let lease_namespace = self.fence.lease_namespace();
                 let patched = self
-                    .send(Verb::Patch, "nodes", |claim| {
-                        claim::annotate(&mut edited, claim.as_deref(), lease_namespace.as_deref());
+                    .send(Verb::Patch, "nodes", |stamp| {
+                        stamp.annotate(&mut edited);
                         let patch = crate::node_patch::merge_patch(seen, &edited);
                         let api = &api;
                         async move {

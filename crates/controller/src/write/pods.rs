@@ -55,29 +55,12 @@ impl Writer {
             dry_run,
             field_manager: None,
         };
-        let lease_namespace = self.fence.lease_namespace();
         let answer = self
-            .send(Verb::Evict, "pods", |claim| {
-                let eviction = Eviction {
+            .send(Verb::Evict, "pods", |stamp| {
+                let mut eviction = Eviction {
                     metadata: ObjectMeta {
                         name: Some(pod.name.clone()),
                         namespace: Some(pod.namespace.clone()),
-                        // The claim the fence admission policy checks (issue 13), and the label
-                        // that has it refuse the eviction while the Lease is missing.
-                        labels: claim.as_ref().and(lease_namespace).map(|namespace| {
-                            [(
-                                gpu_remediation_api::constants::FENCED_LABEL.to_owned(),
-                                namespace.to_string(),
-                            )]
-                            .into()
-                        }),
-                        annotations: claim.map(|claim| {
-                            [(
-                                gpu_remediation_api::constants::CLAIM_ANNOTATION.to_owned(),
-                                claim.to_string(),
-                            )]
-                            .into()
-                        }),
                         ..ObjectMeta::default()
                     },
                     delete_options: Some(DeleteOptions {
@@ -90,6 +73,9 @@ impl Writer {
                         ..DeleteOptions::default()
                     }),
                 };
+                // The claim the fence admission policy checks (issue 13), and the label that has
+                // it refuse the eviction while the Lease is missing.
+                stamp.annotate(&mut eviction);
                 async move {
                     pods.create_subresource::<_, serde_json::Value>("eviction", &pod.name, &params, &eviction)
                         .await

@@ -66,7 +66,7 @@ pub(crate) fn reply(code: u16, body: &serde_json::Value) -> Response<Body> {
 
 #[tokio::test]
 async fn a_replica_that_is_not_the_leader_sends_no_eviction() {
-    let (fence, _keeper) = Fence::keeper();
+    let (fence, _keeper) = Fence::keeper(None);
     let (ops, mut handle) = ops(fence);
     let outcome = ops.evict(&pod(), None, false).await;
     assert!(

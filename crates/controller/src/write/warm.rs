@@ -81,7 +81,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_replica_that_does_not_lead_keeps_nothing_open() {
-        let (fence, _keeper) = Fence::keeper();
+        let (fence, _keeper) = Fence::keeper(None);
         let (ops, mut handle) = ops(fence);
         let warm = tokio::spawn(keep_warm(ops.reader(), ops.fence().clone(), 3));
         let request = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;

@@ -134,44 +134,18 @@ pub fn create(dir: &Path) -> Result<Pki, CreatePkiError> {
             p(&pki.ca_cert_der),
         ],
     )?;
-    openssl(
-        "create serving key and request",
-        &[
-            "req",
-            "-new",
-            "-nodes",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-config",
-            p(&req_config),
-            "-keyout",
-            p(&pki.serving_key),
-            "-out",
-            p(&csr),
-        ],
-    )?;
-    openssl(
-        "sign serving certificate",
-        &[
-            "x509",
-            "-req",
-            "-in",
-            p(&csr),
-            "-CA",
-            p(&pki.ca_cert),
-            "-CAkey",
-            p(&pki.ca_key),
-            "-CAcreateserial",
-            "-days",
-            "3650",
-            "-extfile",
-            p(&extensions),
-            "-out",
-            p(&pki.serving_cert),
-        ],
-    )?;
+    sign_leaf(&Leaf {
+        steps: ("create serving key and request", "sign serving certificate"),
+        subject: ["-config", p(&req_config)],
+        extensions: &extensions,
+        ca_cert: &pki.ca_cert,
+        ca_key: &pki.ca_key,
+        serial: None,
+        days: "3650",
+        key: &pki.serving_key,
+        csr: &csr,
+        cert: &pki.serving_cert,
+    })?;
     openssl(
         "create service account key",
         &[
@@ -233,47 +207,78 @@ pub fn node_client_certificate(pki_dir: &Path, node: &str) -> Result<ClientCerti
     };
     let csr = dir.join(format!("{node}.csr"));
     let subject = format!("/O=system:nodes/CN=system:node:{node}");
-    openssl(
-        "create node client key and request",
-        &[
-            "req",
-            "-new",
-            "-nodes",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-subj",
-            &subject,
-            "-keyout",
-            p(&certificate.key),
-            "-out",
-            p(&csr),
-        ],
-    )?;
-    openssl(
-        "sign node client certificate",
-        &[
-            "x509",
-            "-req",
-            "-in",
-            p(&csr),
-            "-CA",
-            p(&pki_dir.join("ca.crt")),
-            "-CAkey",
-            p(&pki_dir.join("ca.key")),
-            "-CAserial",
-            p(&serial),
-            "-CAcreateserial",
-            "-days",
-            "30",
-            "-extfile",
-            p(&extensions),
-            "-out",
-            p(&certificate.cert),
-        ],
-    )?;
+    sign_leaf(&Leaf {
+        steps: (
+            "create node client key and request",
+            "sign node client certificate",
+        ),
+        subject: ["-subj", &subject],
+        extensions: &extensions,
+        ca_cert: &pki_dir.join("ca.crt"),
+        ca_key: &pki_dir.join("ca.key"),
+        serial: Some(&serial),
+        days: "30",
+        key: &certificate.key,
+        csr: &csr,
+        cert: &certificate.cert,
+    })?;
     Ok(certificate)
+}
+
+/// A certificate signed by the CA: a fresh P-256 key and request, then the CA's signature.
+struct Leaf<'a> {
+    /// The two openssl steps' names, for errors: the key and request, the signature.
+    steps: (&'static str, &'static str),
+    /// How the request gets its subject: `-config <file>` or `-subj <name>`.
+    subject: [&'a str; 2],
+    /// The certificate's extensions (an `-extfile`).
+    extensions: &'a Path,
+    ca_cert: &'a Path,
+    ca_key: &'a Path,
+    /// The CA's serial file; `None`: openssl's default next to the CA certificate.
+    serial: Option<&'a Path>,
+    days: &'a str,
+    key: &'a Path,
+    csr: &'a Path,
+    cert: &'a Path,
+}
+
+fn sign_leaf(leaf: &Leaf<'_>) -> Result<(), CreatePkiError> {
+    let mut request = vec![
+        "req",
+        "-new",
+        "-nodes",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+    ];
+    request.extend(leaf.subject);
+    request.extend(["-keyout", p(leaf.key), "-out", p(leaf.csr)]);
+    openssl(leaf.steps.0, &request)?;
+    let mut sign = vec![
+        "x509",
+        "-req",
+        "-in",
+        p(leaf.csr),
+        "-CA",
+        p(leaf.ca_cert),
+        "-CAkey",
+        p(leaf.ca_key),
+    ];
+    if let Some(serial) = leaf.serial {
+        sign.extend(["-CAserial", p(serial)]);
+    }
+    sign.extend([
+        "-CAcreateserial",
+        "-days",
+        leaf.days,
+        "-extfile",
+        p(leaf.extensions),
+        "-out",
+        p(leaf.cert),
+    ]);
+    openssl(leaf.steps.1, &sign)
 }
 
 fn p(path: &Path) -> &str {
@@ -302,5 +307,40 @@ fn openssl(step: &'static str, args: &[&str]) -> Result<(), CreatePkiError> {
             step,
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verify(ca: &Path, cert: &Path, purpose: &str) -> String {
+        let output = Command::new("openssl")
+            .args(["verify", "-purpose", purpose, "-CAfile", p(ca), p(cert)])
+            .output()
+            .expect("openssl runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let subject = Command::new("openssl")
+            .args(["x509", "-noout", "-subject", "-in", p(cert)])
+            .output()
+            .expect("openssl runs");
+        String::from_utf8_lossy(&subject.stdout).into_owned()
+    }
+
+    #[test]
+    fn the_serving_and_node_certificates_are_signed_by_the_ca() {
+        let dir = std::env::temp_dir().join(format!("gpu-sandbox-pki-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temporary directory");
+        let pki = create(&dir).expect("pki");
+        let serving = verify(&pki.ca_cert, &pki.serving_cert, "sslserver");
+        assert!(serving.contains("kube-apiserver"), "{serving}");
+        let node = node_client_certificate(&dir, "gpu-1").expect("node certificate");
+        let subject = verify(&pki.ca_cert, &node.cert, "sslclient");
+        assert!(subject.contains("system:node:gpu-1"), "{subject}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
