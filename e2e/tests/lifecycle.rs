@@ -13,10 +13,7 @@ use std::time::Duration;
 use common::eventually;
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::CANCELLED_ANNOTATION};
 use gpu_sandbox::workload::Budget;
-use k8s_openapi::api::{
-    admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
-    core::v1::Node,
-};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -107,39 +104,18 @@ async fn evictions_an_admission_policy_refuses_are_blockers_in_its_words_and_the
         .await;
     // An admission policy refusing every eviction in the namespace (as a webhook might), with
     // reason Forbidden: the server answers 403 with the policy's message.
-    let name = format!("freeze-{}", s.namespace);
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{
-                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                "resources": ["pods/eviction"],
-            }]},
-            "validations": [{"expression": "false", "reason": "Forbidden",
-                             "message": "evictions are frozen in this namespace"}],
-        },
-    }))
-    .unwrap();
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "policyName": name,
-            "validationActions": ["Deny"],
-            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": s.namespace}}},
-        },
-    }))
-    .unwrap();
-    Api::<ValidatingAdmissionPolicy>::all(s.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicyBinding>::all(s.client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    // The policy takes effect once the API server has loaded it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let freeze = common::deny(
+        &s.client,
+        &format!("freeze-{}", s.namespace),
+        json!([{
+            "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+            "resources": ["pods/eviction"],
+        }]),
+        json!({"expression": "false", "reason": "Forbidden",
+               "message": "evictions are frozen in this namespace"}),
+        json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": s.namespace}}}),
+    )
+    .await;
     let controller = s
         .enforce_and_break(
             json!({"drain": {"timeout": "6s", "onTimeout": "Block"}, "safety": {"maxUnhealthy": "100%"}}),
@@ -166,14 +142,7 @@ async fn evictions_an_admission_policy_refuses_are_blockers_in_its_words_and_the
         is_unschedulable(&s.node(&broken).await),
         "Blocked keeps the node cordoned"
     );
-    Api::<ValidatingAdmissionPolicyBinding>::all(s.client.clone())
-        .delete(&name, &DeleteParams::default())
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicy>::all(s.client.clone())
-        .delete(&name, &DeleteParams::default())
-        .await
-        .unwrap();
+    freeze.remove(&s.client).await;
     controller.stop().await;
 }
 
