@@ -303,6 +303,34 @@ impl Scenario {
             .unwrap();
         pods.items
     }
+
+    /// Waits until the controller's first-seen stamps on `node` name `serial` (any, when empty):
+    /// a board counts as failed only once its node listed it before the fault.
+    pub async fn stamped_serial(&self, node: &str, serial: &str) {
+        eventually(
+            &format!("node {node}'s serials stamped as first seen"),
+            Duration::from_secs(20),
+            || async {
+                let node = self.node(node).await;
+                let stamps = node
+                    .annotations()
+                    .get(gpu_remediation_api::constants::GPU_FIRST_SEEN_ANNOTATION)?;
+                stamps.contains(serial).then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// One node named `name` joins the fleet carrying `gpus` (as `hardware::joining_with`
+    /// prepares it: with the unchecked taint).
+    pub async fn join_carrying(&self, name: &str, gpus: &[gpu_sandbox::hardware::SimGpu]) {
+        let added = self
+            .fleet
+            .add_nodes_prepared(1, &|node| gpu_sandbox::hardware::joining_with(node, gpus))
+            .await
+            .unwrap();
+        assert_eq!(added, [name]);
+    }
 }
 
 pub use e2e::merge;
