@@ -1,9 +1,10 @@
 //! Every path gives back what it took, on the real control plane: a reboot through a template
-//! releases the node and a second fault is remediated again; a template the server refuses with a
-//! 404 fails at once in the server's words and frees its slot; evictions refused by an admission policy are
-//! blockers in the server's words under `drain.timeout`; a node re-created under the same name is
-//! never touched; a policy deleted mid-replacement is followed by its snapshot; a deleted record
-//! is a person's cancel.
+//! releases the node and a second fault is remediated again (also with the object named after the
+//! node, as Self Node Remediation requires, the first object deleted and a new one made); a
+//! template the server refuses with a 404 fails at once in the server's words and frees its slot;
+//! evictions refused by an admission policy are blockers in the server's words under
+//! `drain.timeout`; a node re-created under the same name is never touched; a policy deleted
+//! mid-replacement is followed by its snapshot; a deleted record is a person's cancel.
 
 mod common;
 mod scenario;
@@ -35,6 +36,18 @@ async fn a_reboot_through_a_template_releases_the_node_and_a_second_fault_is_rem
         "objects are named after the remediation"
     );
     assert_ne!(replacement_of(&second).name, first_object);
+}
+
+/// The same node rebooted twice in one run through a template named after the node, as Self Node
+/// Remediation requires (`{{nodeName}}`): the first attempt's object outlives its remediation, so
+/// the second attempt deletes it (it is ours: its controlling owner is the finished first record),
+/// waits for it to go, and creates its own. Both recoveries are released.
+#[tokio::test]
+async fn a_node_rebooted_twice_through_an_object_named_after_it_is_released_both_times() {
+    let (first, second) = scenario::reboots::reboot_twice("{{nodeName}}").await;
+    let (first, second) = (replacement_of(&first), replacement_of(&second));
+    assert_eq!(first.name, second.name, "both objects are named after the node");
+    assert_ne!(first.uid, second.uid, "a new object, not the first one adopted");
 }
 
 #[tokio::test]
