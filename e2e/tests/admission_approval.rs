@@ -7,25 +7,18 @@ mod common;
 
 use std::{path::Path, process::Command, time::Duration};
 
-use common::{cluster, eventually, install_crd, unique_name};
+use common::{bind, client_as, cluster, eventually, install_crd, unique_name};
 use gpu_remediation_api::{
     GpuRemediation,
     constants::{APPROVED_ANNOTATION, APPROVED_BY_ANNOTATION},
     crds,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::{
     Api, Client,
     api::{Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-
-/// A client acting as `user` (the admin impersonates them, so the API server authorises `user`).
-async fn client_as(user: &str) -> Client {
-    let mut config = cluster().await.config();
-    config.auth_info.impersonate = Some(user.to_owned());
-    Client::try_from(config).expect("an impersonating client")
-}
 
 async fn kubectl_apply_kustomization(dir: &str) {
     let cluster = cluster().await;
@@ -42,19 +35,6 @@ async fn kubectl_apply_kustomization(dir: &str) {
         "kubectl apply -k {dir}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-}
-
-async fn bind(admin: &Client, user: &str, role: &str) {
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": format!("{role}-{user}")},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap_or_else(|e| panic!("binding {role} to {user}: {e}"));
 }
 
 async fn approve(as_user: &Client, name: &str, approved_by: &str) -> Result<GpuRemediation, kube::Error> {

@@ -23,16 +23,13 @@ use gpu_remediation_api::{
 };
 use gpu_sandbox::fault::set_gpu_condition;
 use k8s_openapi::{
-    api::{
-        admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
-        core::v1::{Node, NodeCondition, NodeStatus},
-    },
+    api::core::v1::{Node, NodeCondition, NodeStatus},
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::{SignedDuration, Timestamp},
 };
 use kube::{
     Api,
-    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+    api::{ObjectMeta, Patch, PatchParams},
 };
 use scenario::{RunningController, Scenario, event_notes, is_unschedulable};
 use serde_json::json;
@@ -86,15 +83,7 @@ async fn one_record_each_whatever_the_clock(transition: Option<Timestamp>) {
     .await;
     let controller = RunningController::start(&s.scope).await;
     break_with_clock(&s, attacker, transition).await;
-    set_gpu_condition(
-        &s.client,
-        victim,
-        "False",
-        "XID79",
-        "GPU 0 has fallen off the bus",
-    )
-    .await
-    .expect("the victim's fault");
+    s.break_gpu(victim).await;
 
     eventually("a record of each node", Duration::from_secs(30), || async {
         let records = s.remediations().await;
@@ -141,51 +130,22 @@ async fn a_condition_dated_in_the_future_opens_one_episode_not_one_a_pass() {
 
 /// An admission policy refusing the records of nodes whose fault's reason is `reason`, with
 /// reason `Invalid` (422, as a schema bound answers).
-async fn refuse_records_of_reason(s: &Scenario, reason: &str) -> String {
-    let name = format!("refuse-{}", s.scope);
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{
-                "apiGroups": ["gpuremediation.dev"], "apiVersions": ["*"], "operations": ["CREATE"],
-                "resources": ["gpuremediations"],
-            }]},
-            "validations": [{
-                "expression": format!("object.spec.trigger.reason != '{reason}'"),
-                "reason": "Invalid",
-                "message": format!("no record of reason {reason} is taken"),
-            }],
-        },
-    }))
-    .unwrap();
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    }))
-    .unwrap();
-    Api::<ValidatingAdmissionPolicy>::all(s.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicyBinding>::all(s.client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    // The policy takes effect once the API server has loaded it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    name
-}
-
-async fn remove_admission_policy(s: &Scenario, name: &str) {
-    Api::<ValidatingAdmissionPolicyBinding>::all(s.client.clone())
-        .delete(name, &DeleteParams::default())
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicy>::all(s.client.clone())
-        .delete(name, &DeleteParams::default())
-        .await
-        .unwrap();
+async fn refuse_records_of_reason(s: &Scenario, reason: &str) -> common::Denial {
+    common::deny(
+        &s.client,
+        &format!("refuse-{}", s.scope),
+        json!([{
+            "apiGroups": ["gpuremediation.dev"], "apiVersions": ["*"], "operations": ["CREATE"],
+            "resources": ["gpuremediations"],
+        }]),
+        json!({
+            "expression": format!("object.spec.trigger.reason != '{reason}'"),
+            "reason": "Invalid",
+            "message": format!("no record of reason {reason} is taken"),
+        }),
+        serde_json::Value::Null,
+    )
+    .await
 }
 
 #[tokio::test]
@@ -211,15 +171,7 @@ async fn a_node_whose_record_is_refused_neither_stops_its_policy_nor_keeps_its_s
     .await
     .expect("the refused node's fault");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    set_gpu_condition(
-        &s.client,
-        victim,
-        "False",
-        "XID79",
-        "GPU 0 has fallen off the bus",
-    )
-    .await
-    .expect("the victim's fault");
+    s.break_gpu(victim).await;
     let controller = RunningController::start(&s.scope).await;
 
     // The policy governs its other node: the victim's fault is recorded and cordoned.
@@ -268,7 +220,7 @@ async fn a_node_whose_record_is_refused_neither_stops_its_policy_nor_keeps_its_s
         "{said_in_events:?}"
     );
     controller.stop().await;
-    remove_admission_policy(&s, &admission).await;
+    admission.remove(&s.client).await;
 }
 
 async fn policy_status(s: &Scenario) -> GpuRemediationPolicyStatus {

@@ -14,12 +14,12 @@ use std::time::Duration;
 use common::eventually;
 use gpu_remediation_api::{
     GpuHardwareRecord, GpuRemediation, Phase,
-    constants::{FAILED_SERIAL_LABEL, GPU_FIRST_SEEN_ANNOTATION, REPEAT_OFFENDER_LABEL},
+    constants::{FAILED_SERIAL_LABEL, REPEAT_OFFENDER_LABEL},
     hardware::{Distrust, HardwareKind, record_name},
     policy::Action,
 };
 use gpu_remediator::hardware::join::has_unchecked_taint;
-use gpu_sandbox::hardware::{SimGpu, fail_gpu, joining_with, set_inventory};
+use gpu_sandbox::hardware::{SimGpu, fail_gpu, set_inventory};
 use kube::{Api, ResourceExt};
 use scenario::{RunningController, Scenario, event_notes, is_unschedulable};
 use serde_json::json;
@@ -52,7 +52,7 @@ async fn an_agent_naming_another_node_s_boards_as_failed_flags_nothing_and_the_c
     }))
     .await;
     let controller = RunningController::start(&s.scope).await;
-    stamped(&s, &a).await;
+    s.stamped_serial(&a, "").await;
 
     // A names B's first board, which its inventory never listed.
     fail_gpu(&s.client, &a, &b0, "XID79").await.unwrap();
@@ -75,12 +75,7 @@ async fn an_agent_naming_another_node_s_boards_as_failed_flags_nothing_and_the_c
     // B joins carrying the board A named (with the unchecked taint): checked clean, not flagged,
     // not cordoned.
     let carried = [b0.clone(), b1.clone()];
-    let added = s
-        .fleet
-        .add_nodes_prepared(1, &|node| joining_with(node, &carried))
-        .await
-        .unwrap();
-    assert_eq!(added, std::slice::from_ref(&b));
+    s.join_carrying(&b, &carried).await;
     let joined = eventually("B's unchecked taint lifted", Duration::from_secs(20), || async {
         let node = s.node(&b).await;
         (!has_unchecked_taint(&node)).then_some(node)
@@ -91,12 +86,12 @@ async fn an_agent_naming_another_node_s_boards_as_failed_flags_nothing_and_the_c
         "B flagged at join"
     );
     assert!(!is_unschedulable(&joined), "B cordoned at join");
-    stamped(&s, &b).await;
+    s.stamped_serial(&b, "").await;
     // C's agent lists B's second board as its own.
     set_inventory(&s.client, &c, &[c0.clone(), b1.clone()])
         .await
         .unwrap();
-    stamped_serial(&s, &c, &b1.serial).await;
+    s.stamped_serial(&c, &b1.serial).await;
 
     // C fails B's second board, which both C and B list: a conflict, reported.
     fail_gpu(&s.client, &c, &b1, "XID79").await.unwrap();
@@ -152,25 +147,6 @@ async fn an_agent_naming_another_node_s_boards_as_failed_flags_nothing_and_the_c
         "B's own failure counts"
     );
     controller.stop().await;
-}
-
-/// Waits until the controller has stamped `node`'s inventory as first seen.
-async fn stamped(s: &Scenario, node: &str) {
-    stamped_serial(s, node, "").await;
-}
-
-/// Waits until the controller's first-seen stamps on `node` name `serial` (any, when empty).
-async fn stamped_serial(s: &Scenario, node: &str, serial: &str) {
-    eventually(
-        &format!("node {node}'s serials stamped as first seen"),
-        Duration::from_secs(20),
-        || async {
-            let node = s.node(node).await;
-            let stamps = node.annotations().get(GPU_FIRST_SEEN_ANNOTATION)?;
-            stamps.contains(serial).then_some(())
-        },
-    )
-    .await;
 }
 
 /// The remediation of `node` once it has left `Pending` (its ledger written at admission).

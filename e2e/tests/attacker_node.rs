@@ -1,17 +1,19 @@
 //! A broken or compromised node cannot steer the fleet (issue 39). The attacker holds what a node
 //! holds: its kubelet's client certificate (`system:node:A`, under the Node authorizer and
 //! `NodeRestriction`, see `gpu_sandbox::controlplane::node_credentials`) and the agent's token
-//! bound to a pod on A (`common::agent_identity`). Each test makes one move from node A of a
-//! three-node fleet (A, B, C) governed by a `Replace` policy and the controller in-process, then
-//! asserts that no other node, Machine, `NodeClaim` or remediation record was touched, that the
-//! refusal is visible (the server's message, or A's record), and that the policy still governs
+//! bound to a pod on A (`common::agent_identity`). Each test makes one move (or moves of one kind in
+//! turn) from node A of a three-node fleet (A, B, C) governed by a `Replace` policy and the
+//! controller in-process, then asserts that no other node, Machine, `NodeClaim` or remediation
+//! record was touched, that the refusal is visible (the server's message, or A's record), and that the policy still governs
 //! the fleet: C's fault is remediated to the end.
 
 mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use common::agent_identity::{apply_status, enforced_agent_on, gpu_healthy, refusal};
+use common::agent_identity::{
+    apply_metadata_and_status, apply_status, enforced_agent_on, gpu_healthy, refusal,
+};
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::NODE_LABEL};
 use gpu_sandbox::{
     Fleet, FleetOptions,
@@ -329,74 +331,37 @@ async fn a_node_naming_another_nodes_node_claim_gets_only_its_own_replaced() {
 }
 
 /// The agent's token on A adds a finalizer to A's Node (which would hold its deletion by the
-/// replacement): the policy refuses.
+/// replacement), or makes B's Node the owner of A's (so the garbage collector would delete A with
+/// B): the policy refuses each.
 #[tokio::test]
-async fn the_agent_cannot_set_finalizers_on_its_node() {
-    let world = World::new(Infrastructure::ClusterApi).await;
-    let [a, b, _] = &world.nodes;
-    let before = world.footprint(b).await;
-    let agent = enforced_agent_on(&world.admin, a).await;
-    let patch = json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": a, "finalizers": ["attacker.example/hold"]},
-        "status": gpu_healthy("True", Timestamp::now()),
-    });
-    let result = Api::<Node>::all(agent)
-        .patch_status(
-            a,
-            &PatchParams::apply("gpu-health-agent").force(),
-            &Patch::Apply(&patch),
-        )
-        .await;
-    let message = refusal("a finalizer on A", result);
-    assert!(message.contains("finalizers or owner references"), "{message}");
-    assert!(
-        world
-            .node(a)
-            .await
-            .metadata
-            .finalizers
-            .unwrap_or_default()
-            .is_empty()
-    );
-    world.assert_contained(&before).await;
-}
-
-/// The agent's token on A makes B's Node the owner of A's (so the garbage collector would delete A
-/// with B), or B's Machine A's: the policy refuses.
-#[tokio::test]
-async fn the_agent_cannot_set_owner_references_on_its_node() {
+async fn the_agent_cannot_set_finalizers_or_owner_references_on_its_node() {
     let world = World::new(Infrastructure::ClusterApi).await;
     let [a, b, _] = &world.nodes;
     let before = world.footprint(b).await;
     let agent = enforced_agent_on(&world.admin, a).await;
     let owner = world.node(b).await;
-    let patch = json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": a, "ownerReferences": [{
-            "apiVersion": "v1", "kind": "Node", "name": b, "uid": owner.metadata.uid,
-        }]},
-        "status": gpu_healthy("True", Timestamp::now()),
-    });
-    let result = Api::<Node>::all(agent)
-        .patch_status(
-            a,
-            &PatchParams::apply("gpu-health-agent").force(),
-            &Patch::Apply(&patch),
-        )
-        .await;
-    let message = refusal("an owner reference on A", result);
-    assert!(message.contains("finalizers or owner references"), "{message}");
-    assert!(
-        world
-            .node(a)
-            .await
-            .metadata
-            .owner_references
-            .unwrap_or_default()
-            .is_empty()
-    );
-    world.assert_contained(&before).await;
+    let moves = [
+        (
+            "a finalizer on A",
+            json!({"finalizers": ["attacker.example/hold"]}),
+        ),
+        (
+            "an owner reference on A",
+            json!({"ownerReferences": [{
+                "apiVersion": "v1", "kind": "Node", "name": b, "uid": owner.metadata.uid,
+            }]}),
+        ),
+    ];
+    for (what, metadata) in moves {
+        let result =
+            apply_metadata_and_status(&agent, a, metadata, &gpu_healthy("True", Timestamp::now())).await;
+        let message = refusal(what, result);
+        assert!(
+            message.contains("finalizers or owner references"),
+            "{what}: {message}"
+        );
+        world.assert_contained(&before).await;
+    }
 }
 
 /// The agent's token on A publishes an inventory past its bound, then a `GpuHealthy` message past

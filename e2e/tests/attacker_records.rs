@@ -19,17 +19,13 @@ mod scenario;
 
 use std::time::Duration;
 
-use common::{cluster, eventually};
+use common::{bind, client_as, eventually};
 use gpu_remediation_api::{
     GpuRemediation, Phase,
     constants::{POLICY_LABEL, REMEDIATION_FINALIZER},
 };
 use gpu_sandbox::workload::Workload;
-use k8s_openapi::api::{
-    authentication::v1::SelfSubjectReview,
-    core::v1::Node,
-    rbac::v1::{ClusterRole, ClusterRoleBinding},
-};
+use k8s_openapi::api::{authentication::v1::SelfSubjectReview, core::v1::Node, rbac::v1::ClusterRole};
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -41,13 +37,6 @@ const SHIPPED_CONTROLLER: &str = "system:serviceaccount:gpu-remediation:gpu-reme
 const REFUSED_STATUS: &str = "the status of a GpuRemediation is the controller's record";
 const REFUSED_METADATA: &str = "labels, annotations and finalizer of a GpuRemediation are the controller's";
 
-/// A client acting as `user` (the admin impersonates them, so the API server authorises `user`).
-async fn client_as(user: &str) -> Client {
-    let mut config = cluster().await.config();
-    config.auth_info.impersonate = Some(user.to_owned());
-    Client::try_from(config).expect("an impersonating client")
-}
-
 /// Grants `user` exactly `rules` (a `ClusterRole` of its own).
 async fn grant(admin: &Client, user: &str, rules: Value) {
     let role: ClusterRole = serde_json::from_value(json!({
@@ -58,16 +47,7 @@ async fn grant(admin: &Client, user: &str, rules: Value) {
         .create(&PostParams::default(), &role)
         .await
         .unwrap_or_else(|e| panic!("role of {user}: {e}"));
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": format!("e2e-{user}")},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("e2e-{user}")},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap_or_else(|e| panic!("binding of {user}: {e}"));
+    bind(admin, user, &format!("e2e-{user}")).await;
 }
 
 /// A user who may only patch remediations' status (and read them).

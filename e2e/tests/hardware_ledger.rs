@@ -12,11 +12,11 @@ use std::time::Duration;
 use common::eventually;
 use gpu_remediation_api::{
     GpuHardwareRecord, GpuRemediation, Phase,
-    constants::{FAILED_SERIAL_LABEL, GPU_FIRST_SEEN_ANNOTATION, REPEAT_OFFENDER_LABEL, node_conditions},
+    constants::{FAILED_SERIAL_LABEL, REPEAT_OFFENDER_LABEL, node_conditions},
     hardware::{HardwareKind, record_name},
     policy::Action,
 };
-use gpu_sandbox::hardware::{SimGpu, fail_gpu, joining_with, set_inventory};
+use gpu_sandbox::hardware::{SimGpu, fail_gpu, set_inventory};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, ResourceExt,
@@ -92,18 +92,7 @@ async fn a_gpu_failing_again_on_another_node_skips_to_replace_and_a_node_joining
 async fn fails_on_a_which_is_replaced(s: &Scenario, a: &str, bad: &SimGpu, serial: &str) -> GpuRemediation {
     // A board counts as failed only once its node listed it before the fault: the controller
     // stamps when it first saw each serial in the inventory.
-    eventually(
-        "node A's serials stamped as first seen",
-        Duration::from_secs(20),
-        || async {
-            s.node(a)
-                .await
-                .annotations()
-                .contains_key(GPU_FIRST_SEEN_ANNOTATION)
-                .then_some(())
-        },
-    )
-    .await;
+    s.stamped_serial(a, "").await;
     fail_gpu(&s.client, a, bad, "XID79").await.unwrap();
     let first = s.wait_phase(a, Phase::Verifying, Duration::from_secs(60)).await;
     assert_eq!(first.spec.action, Action::None);
@@ -238,12 +227,7 @@ async fn a_node_joining_with_it_is_flagged_before_a_pod_lands(s: &Scenario, bad:
     let pods = Api::<Pod>::namespaced(s.client.clone(), &s.namespace);
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let carried = [bad.clone(), SimGpu::new(1, &format!("{serial}c"))];
-    let added = s
-        .fleet
-        .add_nodes_prepared(1, &|node| joining_with(node, &carried))
-        .await
-        .unwrap();
-    assert_eq!(added, std::slice::from_ref(&joining));
+    s.join_carrying(&joining, &carried).await;
     let node = eventually("the joining node flagged", Duration::from_secs(20), || async {
         let node = s.node(&joining).await;
         (carries_label(&node) && is_unschedulable(&node) && offender_condition(&node).is_some())

@@ -14,114 +14,42 @@ use std::time::Duration;
 
 use common::eventually;
 use gpu_remediation_api::{
-    GpuRemediation, Phase,
+    Phase,
     ladder::{HAND_OFF_LABEL, Rung, StepOutcome, StepRecord},
 };
 use gpu_remediator::dra::{Holders, pods_holding_on};
 use gpu_sandbox::{
     ControlPlaneOptions, Dra, Fleet, FleetOptions, dra,
-    hardware::{SimGpu, set_inventory},
-    repair::{self, Behaviour, Repairer},
+    repair::{self, Behaviour},
 };
-use k8s_openapi::api::{
-    admissionregistration::v1::ValidatingWebhookConfiguration,
-    core::v1::{Node, Pod},
-};
+use k8s_openapi::api::{admissionregistration::v1::ValidatingWebhookConfiguration, core::v1::Pod};
 use kube::{
     Api, ResourceExt,
-    api::{ApiResource, ListParams, PostParams},
-    core::GroupVersionKind,
+    api::{ListParams, PostParams},
 };
-use scenario::{RunningController, Scenario, has_our_taint, is_unschedulable};
+use scenario::{
+    RunningController, Scenario, has_our_taint, is_unschedulable,
+    ladder::{LadderRun, boot_id, setup, step, steps},
+};
 use serde_json::json;
 
-/// The stand-in kind the step objects are made of (`common::REBOOT_CRD`).
-fn step_kind() -> ApiResource {
-    ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "e2e.gpuremediation.dev",
-        "v1",
-        "FakeReboot",
-    ))
-}
-
-/// A ladder step: `ResetGpu` and `Reboot` are carried out by an object of the stand-in kind,
-/// `Replace` and `HandOff` by the controller itself.
-fn step(s: &Scenario, rung: &str, timeout: Option<&str>) -> serde_json::Value {
-    let mut step = json!({"step": rung});
-    if let Some(timeout) = timeout {
-        step["timeout"] = json!(timeout);
-    }
-    if matches!(rung, "ResetGpu" | "Reboot") {
-        step["template"] = json!({
-            "apiVersion": "e2e.gpuremediation.dev/v1",
-            "kind": "FakeReboot",
-            "metadata": {"namespace": s.namespace},
-            "spec": {"node": "{{nodeName}}", "action": rung},
-        });
-    }
-    step
-}
-
-/// An 8-GPU inventory on `node`, as the agent publishes it; returns GPU 3.
-async fn eight_gpus(s: &Scenario, node: &str) -> SimGpu {
-    let gpus: Vec<SimGpu> = (0..8)
-        .map(|i| SimGpu::new(i, &format!("{}-{i}", s.fleet.name())))
-        .collect();
-    set_inventory(&s.client, node, &gpus).await.unwrap();
-    gpus[3].clone()
-}
-
-async fn setup(s: &Scenario, ladder: serde_json::Value, healthy_for: &str, behaviour: Behaviour) -> Repairer {
-    common::install_crd(&s.client, common::REBOOT_CRD).await;
-    s.policy(json!({
-        "ladder": ladder,
-        "release": {"healthyFor": healthy_for},
-        "safety": {"maxUnhealthy": "100%"},
-    }))
-    .await;
-    Repairer::start(s.client.clone(), &step_kind(), &s.namespace, behaviour)
-}
-
-/// One 8-GPU node under a ladder policy, with the repair operator and the controller running.
-struct LadderRun {
-    s: Scenario,
-    /// The node that faults.
-    node: String,
-    /// Its GPU 3, the one that faults.
-    gpu: SimGpu,
-    /// The node's boot ID before anything happened.
-    boot_before: String,
-    repairer: Repairer,
-    controller: RunningController,
-}
-
 impl LadderRun {
-    /// `rungs`: each step and its timeout (the policy's default where `None`).
-    async fn start(rungs: &[(&str, Option<&str>)], healthy_for: &str, behaviour: Behaviour) -> Self {
+    /// `rungs`: each step and its timeout (the policy's default where `None`), its dwell
+    /// `healthy_for`.
+    async fn rungs(rungs: &[(&str, Option<&str>)], healthy_for: &str, behaviour: Behaviour) -> Self {
         let s = scenario(1, false).await;
-        let node = s.nodes()[0].clone();
-        let ladder = rungs
+        let ladder: Vec<_> = rungs
             .iter()
             .map(|(rung, timeout)| step(&s, rung, *timeout))
             .collect();
-        let repairer = setup(&s, serde_json::Value::Array(ladder), healthy_for, behaviour).await;
-        let gpu = eight_gpus(&s, &node).await;
-        let boot_before = boot_id(&s.node(&node).await);
-        let controller = RunningController::start(&s.scope).await;
-        Self {
-            s,
-            node,
-            gpu,
-            boot_before,
-            repairer,
-            controller,
-        }
+        let spec = json!({"ladder": ladder, "release": {"healthyFor": healthy_for}});
+        Self::start(s, spec, behaviour).await
     }
 
     /// The whole ladder (`ResetGpu`, `Reboot`, each with 1m, then `Replace`), its dwell
     /// `healthy_for`, the repairer doing what it is asked.
     async fn reset_reboot_replace(healthy_for: &str) -> Self {
-        Self::start(
+        Self::rungs(
             &[
                 ("ResetGpu", Some("1m")),
                 ("Reboot", Some("1m")),
@@ -132,27 +60,6 @@ impl LadderRun {
         )
         .await
     }
-
-    /// What `pick` finds in the node's remediation, once it finds something (within 40 s).
-    async fn wait_for<T>(&self, what: &str, pick: impl Fn(GpuRemediation) -> Option<T>) -> T {
-        eventually(what, Duration::from_secs(40), || async {
-            pick(self.s.remediation_of(&self.node).await?)
-        })
-        .await
-    }
-
-    /// GPU 3 reports XID `code`, whose catalog entry recommends `action`.
-    async fn xid(&self, code: u32, action: &str) {
-        repair::xid(&self.s.client, &self.node, &self.gpu, code, action)
-            .await
-            .unwrap();
-    }
-
-    async fn wait_phase(&self, phase: Phase) -> GpuRemediation {
-        self.s
-            .wait_phase(&self.node, phase, Duration::from_secs(60))
-            .await
-    }
 }
 
 /// The step's message says `text`.
@@ -162,21 +69,6 @@ fn assert_says(step: &StepRecord, text: &str) {
         "{:?}",
         step.message
     );
-}
-
-fn steps(r: &GpuRemediation) -> Vec<(Rung, Option<StepOutcome>)> {
-    r.status
-        .as_ref()
-        .map(|s| s.steps.iter().map(|st| (st.step, st.outcome)).collect())
-        .unwrap_or_default()
-}
-
-fn boot_id(node: &Node) -> String {
-    node.status
-        .as_ref()
-        .and_then(|s| s.node_info.as_ref())
-        .map(|i| i.boot_id.clone())
-        .unwrap_or_default()
 }
 
 async fn released(s: &Scenario, node: &str) {
@@ -271,7 +163,7 @@ async fn a_reboot_object_done_without_a_new_boot_id_is_no_success_and_escalates_
         reboot_boots: false,
         ..Behaviour::default()
     };
-    let run = LadderRun::start(
+    let run = LadderRun::rungs(
         // No node group here: the Replace step (DeleteNode) ends at its timeout with the node gone
         // and no replacement seen.
         &[("Reboot", Some("8s")), ("Replace", Some("10s"))],
@@ -302,16 +194,7 @@ async fn a_reboot_object_done_without_a_new_boot_id_is_no_success_and_escalates_
     assert_eq!(reboot.evidence.boot_id_before, reboot.evidence.boot_id_after);
     assert_eq!(run.repairer.repaired().len(), 1, "the reboot object was done");
     // DeleteNode: the node is gone.
-    eventually("the node deleted", Duration::from_secs(20), || async {
-        Api::<Node>::all(run.s.client.clone())
-            .get_opt(&run.node)
-            .await
-            .ok()
-            .flatten()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    run.node_deleted().await;
     run.controller.stop().await;
 }
 
@@ -321,7 +204,7 @@ async fn out_of_rungs_the_node_is_handed_off_manual_required_with_its_gpus_named
         fails: true,
         ..Behaviour::default()
     };
-    let run = LadderRun::start(&[("Reboot", Some("1m")), ("HandOff", None)], "2s", behaviour).await;
+    let run = LadderRun::rungs(&[("Reboot", Some("1m")), ("HandOff", None)], "2s", behaviour).await;
     let gpu = &run.gpu;
 
     run.xid(79, "RESTART_BM").await;
@@ -499,7 +382,8 @@ async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_dra_pod_and_the_other_seven_ne
     let s = scenario(1, true).await;
     let node = s.nodes()[0].clone();
     let ladder = json!([step(&s, "ResetGpu", Some("1m")), step(&s, "Reboot", Some("1m"))]);
-    let _repairer = setup(&s, ladder, "3s", Behaviour::default()).await;
+    let spec = json!({"ladder": ladder, "release": {"healthyFor": "3s"}});
+    let _repairer = setup(&s, spec, Behaviour::default()).await;
     let app = s.eight_pods_claiming_a_gpu_each(&node).await;
     s.run_workload(
         &app,

@@ -19,7 +19,7 @@ use agent_support::{
 };
 use common::eventually;
 use gpu_remediation_api::{
-    GpuRemediation, Phase,
+    Phase,
     constants::GPU_PODS_ANNOTATION,
     gpu_pods::{GPU_PODS_CLOCK_SLACK_SECONDS, GpuPods},
     ladder::{Rung, StepOutcome},
@@ -32,37 +32,21 @@ use gpu_sandbox::{
     workload::Workload,
 };
 use k8s_openapi::{api::core::v1::Pod, jiff::SignedDuration};
-use kube::{
-    Api, ResourceExt,
-    api::{ApiResource, ListParams},
-    core::GroupVersionKind,
+use kube::{Api, ResourceExt, api::ListParams};
+use scenario::{
+    RunningController, Scenario, has_our_taint, is_unschedulable,
+    ladder::{setup, step, steps},
 };
-use scenario::{RunningController, Scenario, has_our_taint, is_unschedulable};
 use serde_json::{Value, json};
 
 /// A `ResetGpu` → `Reboot` ladder whose steps are objects of the stand-in kind
 /// (`common::REBOOT_CRD`), carried out by the sandbox's repair operator under `behaviour`.
 async fn ladder(s: &Scenario, behaviour: Behaviour) -> Repairer {
-    common::install_crd(&s.client, common::REBOOT_CRD).await;
-    let step = |rung: &str| {
-        json!({"step": rung, "timeout": "1m", "template": {
-            "apiVersion": "e2e.gpuremediation.dev/v1", "kind": "FakeReboot",
-            "metadata": {"namespace": s.namespace},
-            "spec": {"node": "{{nodeName}}", "action": rung},
-        }})
-    };
-    s.policy(json!({
-        "ladder": [step("ResetGpu"), step("Reboot")],
+    let spec = json!({
+        "ladder": [step(s, "ResetGpu", Some("1m")), step(s, "Reboot", Some("1m"))],
         "release": {"healthyFor": "3s"},
-        "safety": {"maxUnhealthy": "100%"},
-    }))
-    .await;
-    let kind = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "e2e.gpuremediation.dev",
-        "v1",
-        "FakeReboot",
-    ));
-    Repairer::start(s.client.clone(), &kind, &s.namespace, behaviour)
+    });
+    setup(s, spec, behaviour).await
 }
 
 /// 8 pods of one GPU each through the device plugin, on `node`, running.
@@ -122,13 +106,6 @@ async fn real_agent(
     .await;
     wait_until_healthy(&s.client, node, &agent).await;
     (server, agent, probe)
-}
-
-fn steps(r: &GpuRemediation) -> Vec<(Rung, Option<StepOutcome>)> {
-    r.status
-        .as_ref()
-        .map(|s| s.steps.iter().map(|st| (st.step, st.outcome)).collect())
-        .unwrap_or_default()
 }
 
 /// Each pod's name and UID.

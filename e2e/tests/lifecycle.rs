@@ -1,9 +1,10 @@
 //! Every path gives back what it took, on the real control plane: a reboot through a template
-//! releases the node and a second fault is remediated again; a template the server refuses with a
-//! 404 fails at once in the server's words and frees its slot; evictions refused by an admission policy are
-//! blockers in the server's words under `drain.timeout`; a node re-created under the same name is
-//! never touched; a policy deleted mid-replacement is followed by its snapshot; a deleted record
-//! is a person's cancel.
+//! releases the node and a second fault is remediated again (also with the object named after the
+//! node, as Self Node Remediation requires, the first object deleted and a new one made); a
+//! template the server refuses with a 404 fails at once in the server's words and frees its slot;
+//! evictions refused by an admission policy are blockers in the server's words under
+//! `drain.timeout`; a node re-created under the same name is never touched; a policy deleted
+//! mid-replacement is followed by its snapshot; a deleted record is a person's cancel.
 
 mod common;
 mod scenario;
@@ -13,10 +14,7 @@ use std::time::Duration;
 use common::eventually;
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::CANCELLED_ANNOTATION};
 use gpu_sandbox::workload::Budget;
-use k8s_openapi::api::{
-    admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
-    core::v1::Node,
-};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -38,6 +36,18 @@ async fn a_reboot_through_a_template_releases_the_node_and_a_second_fault_is_rem
         "objects are named after the remediation"
     );
     assert_ne!(replacement_of(&second).name, first_object);
+}
+
+/// The same node rebooted twice in one run through a template named after the node, as Self Node
+/// Remediation requires (`{{nodeName}}`): the first attempt's object outlives its remediation, so
+/// the second attempt deletes it (it is ours: its controlling owner is the finished first record),
+/// waits for it to go, and creates its own. Both recoveries are released.
+#[tokio::test]
+async fn a_node_rebooted_twice_through_an_object_named_after_it_is_released_both_times() {
+    let (first, second) = scenario::reboots::reboot_twice("{{nodeName}}").await;
+    let (first, second) = (replacement_of(&first), replacement_of(&second));
+    assert_eq!(first.name, second.name, "both objects are named after the node");
+    assert_ne!(first.uid, second.uid, "a new object, not the first one adopted");
 }
 
 #[tokio::test]
@@ -107,39 +117,18 @@ async fn evictions_an_admission_policy_refuses_are_blockers_in_its_words_and_the
         .await;
     // An admission policy refusing every eviction in the namespace (as a webhook might), with
     // reason Forbidden: the server answers 403 with the policy's message.
-    let name = format!("freeze-{}", s.namespace);
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{
-                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                "resources": ["pods/eviction"],
-            }]},
-            "validations": [{"expression": "false", "reason": "Forbidden",
-                             "message": "evictions are frozen in this namespace"}],
-        },
-    }))
-    .unwrap();
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "policyName": name,
-            "validationActions": ["Deny"],
-            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": s.namespace}}},
-        },
-    }))
-    .unwrap();
-    Api::<ValidatingAdmissionPolicy>::all(s.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicyBinding>::all(s.client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    // The policy takes effect once the API server has loaded it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let freeze = common::deny(
+        &s.client,
+        &format!("freeze-{}", s.namespace),
+        json!([{
+            "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+            "resources": ["pods/eviction"],
+        }]),
+        json!({"expression": "false", "reason": "Forbidden",
+               "message": "evictions are frozen in this namespace"}),
+        json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": s.namespace}}}),
+    )
+    .await;
     let controller = s
         .enforce_and_break(
             json!({"drain": {"timeout": "6s", "onTimeout": "Block"}, "safety": {"maxUnhealthy": "100%"}}),
@@ -166,14 +155,7 @@ async fn evictions_an_admission_policy_refuses_are_blockers_in_its_words_and_the
         is_unschedulable(&s.node(&broken).await),
         "Blocked keeps the node cordoned"
     );
-    Api::<ValidatingAdmissionPolicyBinding>::all(s.client.clone())
-        .delete(&name, &DeleteParams::default())
-        .await
-        .unwrap();
-    Api::<ValidatingAdmissionPolicy>::all(s.client.clone())
-        .delete(&name, &DeleteParams::default())
-        .await
-        .unwrap();
+    freeze.remove(&s.client).await;
     controller.stop().await;
 }
 

@@ -25,13 +25,13 @@ use gpu_remediation_api::{
     ladder::{Rung, StepOutcome},
     validation::ValidationOutcome,
 };
-use gpu_sandbox::{
-    hardware::{SimGpu, set_inventory},
-    repair::{self, Behaviour, Repairer},
-};
+use gpu_sandbox::repair::Behaviour;
 use k8s_openapi::api::{batch::v1::Job, core::v1::Node};
-use kube::{Api, api::ApiResource, core::GroupVersionKind};
-use scenario::{RunningController, Scenario, has_our_taint, is_unschedulable};
+use kube::Api;
+use scenario::{
+    Scenario, has_our_taint, is_unschedulable,
+    ladder::{LadderRun, step, step_template, steps},
+};
 use serde_json::json;
 
 /// The policy's validation Job: the sample's `dcgmi diag -r 2` (nothing runs it here: the
@@ -52,92 +52,98 @@ fn validation(s: &Scenario) -> serde_json::Value {
     })
 }
 
-/// One node under a `Reboot` → `Replace` ladder with validation, the repair operator and the
-/// controller running; a watch that notes whether the node was ever let back into service.
+/// One node under a policy with validation (a `Reboot` → `Replace` ladder, or a `Reboot` template),
+/// the repair operator and the controller running; a watch that notes whether the node was ever
+/// let back into service.
 struct Run {
-    s: Scenario,
-    node: String,
-    gpu: SimGpu,
-    repairer: Repairer,
-    controller: RunningController,
+    ladder: LadderRun,
     released_early: Arc<AtomicBool>,
     watch: tokio::task::JoinHandle<()>,
 }
 
-/// The stand-in reboot object the repair operator carries out.
-fn reboot_object(s: &Scenario) -> serde_json::Value {
-    json!({
-        "apiVersion": "e2e.gpuremediation.dev/v1",
-        "kind": "FakeReboot",
-        "metadata": {"namespace": s.namespace},
-        "spec": {"node": "{{nodeName}}", "action": "Reboot"},
-    })
+impl std::ops::Deref for Run {
+    type Target = LadderRun;
+
+    fn deref(&self) -> &LadderRun {
+        &self.ladder
+    }
 }
 
 impl Run {
     /// A `Reboot` → `Replace` ladder.
     async fn start(behaviour: Behaviour) -> Self {
+        Self::start_with(
+            behaviour,
+            |s| json!({"ladder": [step(s, "Reboot", Some("1m")), step(s, "Replace", Some("1m"))]}),
+        )
+        .await
+    }
+
+    /// No ladder: a `Reboot` through a template of the stand-in kind, within `timeout`.
+    async fn start_template(behaviour: Behaviour, timeout: &str) -> Self {
         Self::start_with(behaviour, |s| {
-            json!({"ladder": [
-                {"step": "Reboot", "timeout": "1m", "template": reboot_object(s)},
-                {"step": "Replace", "timeout": "1m"},
-            ]})
+            json!({
+                "action": "Reboot",
+                "replacement": {"strategy": "Template", "timeout": timeout, "template": step_template(s, "Reboot")},
+            })
         })
         .await
     }
 
-    /// The policy `spec(s)` merged over validation, a 2s dwell and no unhealthy limit.
+    /// The policy `spec(s)` merged over validation and a 2s dwell.
     async fn start_with(behaviour: Behaviour, spec: impl FnOnce(&Scenario) -> serde_json::Value) -> Self {
         let s = Scenario::new(1).await;
-        let node = s.nodes()[0].clone();
-        common::install_crd(&s.client, common::REBOOT_CRD).await;
         let mut full = json!({
             "release": {"healthyFor": "2s"},
-            "safety": {"maxUnhealthy": "100%"},
             "validation": validation(&s),
         });
         for (key, value) in spec(&s).as_object().into_iter().flatten() {
             full[key] = value.clone();
         }
-        s.policy(full).await;
-        let kind = ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "e2e.gpuremediation.dev",
-            "v1",
-            "FakeReboot",
-        ));
-        let repairer = Repairer::start(s.client.clone(), &kind, &s.namespace, behaviour);
-        let gpus: Vec<SimGpu> = (0..8)
-            .map(|i| SimGpu::new(i, &format!("{}-{i}", s.fleet.name())))
-            .collect();
-        set_inventory(&s.client, &node, &gpus).await.unwrap();
         let released_early = Arc::new(AtomicBool::new(false));
         let watch = tokio::spawn(watch_release(
             s.client.clone(),
-            node.clone(),
+            s.nodes()[0].clone(),
             released_early.clone(),
         ));
-        let controller = RunningController::start(&s.scope).await;
+        let ladder = LadderRun::start(s, full, behaviour).await;
         Self {
-            s,
-            node,
-            gpu: gpus[3].clone(),
-            repairer,
-            controller,
+            ladder,
             released_early,
             watch,
         }
     }
 
+    /// GPU 3 reports XID 79 (`RESTART_BM`).
+    async fn fault(&self) {
+        self.xid(79, "RESTART_BM").await;
+    }
+
     async fn wait_phase(&self, phase: Phase) -> GpuRemediation {
-        self.s
-            .wait_phase(&self.node, phase, Duration::from_secs(90))
-            .await
+        self.wait_phase_within(phase, Duration::from_secs(90)).await
+    }
+
+    fn assert_never_released(&self) {
+        assert!(
+            !self.released_early.load(Ordering::SeqCst),
+            "the node was never let back into service"
+        );
+    }
+
+    /// The node was never let back into service and is still cordoned and tainted.
+    async fn assert_held(&self) {
+        self.assert_never_released();
+        let node = self.s.node(&self.node).await;
+        assert!(
+            is_unschedulable(&node) && has_our_taint(&node),
+            "the cordon is kept"
+        );
     }
 
     async fn stop(self) {
         self.watch.abort();
-        self.controller.stop().await;
-        drop(self.repairer);
+        self.ladder.controller.stop().await;
+        drop(self.ladder.repairer);
     }
 }
 
@@ -158,13 +164,6 @@ async fn watch_release(client: kube::Client, node: String, released: Arc<AtomicB
     }
 }
 
-fn steps(r: &GpuRemediation) -> Vec<(Rung, Option<StepOutcome>)> {
-    r.status
-        .as_ref()
-        .map(|s| s.steps.iter().map(|st| (st.step, st.outcome)).collect())
-        .unwrap_or_default()
-}
-
 #[tokio::test]
 async fn a_reboot_that_leaves_the_gpu_broken_fails_validation_keeps_the_cordon_and_climbs_to_replace() {
     let run = Run::start(Behaviour {
@@ -173,9 +172,7 @@ async fn a_reboot_that_leaves_the_gpu_broken_fails_validation_keeps_the_cordon_a
     })
     .await;
 
-    repair::xid(&run.s.client, &run.node, &run.gpu, 79, "RESTART_BM")
-        .await
-        .unwrap();
+    run.fault().await;
     let done = run.wait_phase(Phase::Succeeded).await;
 
     assert_eq!(
@@ -211,21 +208,9 @@ async fn a_reboot_that_leaves_the_gpu_broken_fails_validation_keeps_the_cordon_a
         .await
         .unwrap();
     assert_eq!(job.status.and_then(|s| s.failed), Some(1), "its one pod failed");
-    assert!(
-        !run.released_early.load(Ordering::SeqCst),
-        "the node was never let back into service"
-    );
+    run.assert_never_released();
     // Replace (DeleteNode): the node is gone.
-    eventually("the node deleted", Duration::from_secs(20), || async {
-        Api::<Node>::all(run.s.client.clone())
-            .get_opt(&run.node)
-            .await
-            .ok()
-            .flatten()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    run.node_deleted().await;
     run.stop().await;
 }
 
@@ -233,9 +218,7 @@ async fn a_reboot_that_leaves_the_gpu_broken_fails_validation_keeps_the_cordon_a
 async fn a_reboot_that_heals_passes_validation_and_releases_the_node_recording_the_job() {
     let run = Run::start(Behaviour::default()).await;
 
-    repair::xid(&run.s.client, &run.node, &run.gpu, 79, "RESTART_BM")
-        .await
-        .unwrap();
+    run.fault().await;
     let done = run.wait_phase(Phase::Succeeded).await;
 
     assert_eq!(steps(&done), [(Rung::Reboot, Some(StepOutcome::Succeeded))]);
@@ -277,23 +260,16 @@ async fn a_reboot_that_heals_passes_validation_and_releases_the_node_recording_t
 #[tokio::test]
 async fn a_template_reporting_done_while_the_gpu_is_still_broken_does_not_release_the_node() {
     // A reboot object that reports done with the node booted but its GPU still failing.
-    let run = Run::start_with(
+    let run = Run::start_template(
         Behaviour {
             reboot_heals: false,
             ..Behaviour::default()
         },
-        |s| {
-            json!({
-                "action": "Reboot",
-                "replacement": {"strategy": "Template", "timeout": "15s", "template": reboot_object(s)},
-            })
-        },
+        "15s",
     )
     .await;
 
-    repair::xid(&run.s.client, &run.node, &run.gpu, 79, "RESTART_BM")
-        .await
-        .unwrap();
+    run.fault().await;
     let failed = run.wait_phase(Phase::Failed).await;
 
     assert_eq!(run.repairer.repaired().len(), 1, "the object reported done");
@@ -308,38 +284,23 @@ async fn a_template_reporting_done_while_the_gpu_is_still_broken_does_not_releas
         status.validation.is_none(),
         "no validation runs on a node still unhealthy"
     );
-    assert!(
-        !run.released_early.load(Ordering::SeqCst),
-        "the node was never let back into service"
-    );
-    let node = run.s.node(&run.node).await;
-    assert!(
-        is_unschedulable(&node) && has_our_taint(&node),
-        "the cordon is kept"
-    );
+    run.assert_held().await;
     run.stop().await;
 }
 
 #[tokio::test]
 async fn a_template_done_on_a_node_reporting_healthy_with_its_gpu_broken_fails_validation_and_keeps_the_cordon()
  {
-    let run = Run::start_with(
+    let run = Run::start_template(
         Behaviour {
             heals_hardware: false,
             ..Behaviour::default()
         },
-        |s| {
-            json!({
-                "action": "Reboot",
-                "replacement": {"strategy": "Template", "timeout": "1m", "template": reboot_object(s)},
-            })
-        },
+        "1m",
     )
     .await;
 
-    repair::xid(&run.s.client, &run.node, &run.gpu, 79, "RESTART_BM")
-        .await
-        .unwrap();
+    run.fault().await;
     let failed = run.wait_phase(Phase::Failed).await;
 
     let status = failed.status.as_ref().unwrap();
@@ -350,14 +311,6 @@ async fn a_template_done_on_a_node_reporting_healthy_with_its_gpu_broken_fails_v
     assert_eq!(validation.outcome, Some(ValidationOutcome::Failed));
     let message = status.message.clone().unwrap_or_default();
     assert!(message.contains("failed after"), "{message}");
-    assert!(
-        !run.released_early.load(Ordering::SeqCst),
-        "the node was never let back into service"
-    );
-    let node = run.s.node(&run.node).await;
-    assert!(
-        is_unschedulable(&node) && has_our_taint(&node),
-        "the cordon is kept"
-    );
+    run.assert_held().await;
     run.stop().await;
 }

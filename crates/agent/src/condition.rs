@@ -8,6 +8,7 @@ use gpu_remediation_api::constants::{
     CLEAR_ANNOTATION, FAILED_GPUS_ANNOTATION, GPU_COUNT_LABEL, GPU_INVENTORY_ANNOTATION, GPU_PODS_ANNOTATION,
     gpu_reasons, node_conditions,
 };
+use gpu_remediation_api::text::truncate;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{Value, json};
@@ -231,18 +232,6 @@ impl NodeView {
     }
 }
 
-/// Cuts a text (an Event's note, a condition's message) to a size limit, on a character boundary.
-pub(crate) fn truncate(text: &str, max_bytes: usize) -> String {
-    if text.len() <= max_bytes {
-        return text.to_owned();
-    }
-    let mut end = max_bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use k8s_openapi::{
@@ -251,6 +240,26 @@ mod tests {
     };
 
     use super::*;
+
+    /// The agent's admission policy bounds the message at [`MESSAGE_LIMIT`], the size the agent
+    /// cuts it to, and says so: the two cannot drift apart.
+    #[test]
+    fn the_admission_policy_bounds_the_message_at_the_limit_the_agent_cuts_to() {
+        let policy = include_str!("../../../manifests/agent/admission-policy.yaml");
+        assert_eq!(
+            policy.matches("size(c.message)").count(),
+            1,
+            "one bound on the message"
+        );
+        assert!(
+            policy.contains(&format!("size(c.message) <= {MESSAGE_LIMIT})")),
+            "the policy's rule bounds the message at {MESSAGE_LIMIT}"
+        );
+        assert!(
+            policy.contains(&format!("a message of at most {MESSAGE_LIMIT} bytes")),
+            "the policy's refusal names {MESSAGE_LIMIT}"
+        );
+    }
 
     fn at(seconds: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + seconds).unwrap()

@@ -2,7 +2,7 @@
 //! `nodes/status` by server-side apply under the agent's own field manager, and publish warnings as
 //! Events regarding the Node. Thin IO; every decision is made before this is called.
 
-use gpu_remediation_api::constants::field_managers;
+use gpu_remediation_api::{constants::field_managers, text::truncate};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::{
@@ -11,10 +11,7 @@ use kube::{
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
 
-use crate::{
-    condition::{PublishedCondition, truncate},
-    health::WarningEvent,
-};
+use crate::{condition::PublishedCondition, health::WarningEvent};
 
 /// Reading the node failed.
 #[derive(Debug, thiserror::Error)]

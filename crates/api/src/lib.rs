@@ -21,6 +21,7 @@ pub mod remediation;
 pub mod safety;
 pub mod schema;
 pub mod selector;
+pub mod text;
 pub mod unknown_fields;
 pub mod validate;
 pub mod validation;

@@ -82,9 +82,21 @@ pub async fn apply_status(
     annotations: &Value,
     status: &Value,
 ) -> Result<Node, kube::Error> {
+    apply_metadata_and_status(agent, node, json!({"annotations": annotations}), status).await
+}
+
+/// [`apply_status`] with any `metadata` (its name set to `node`): what the agent's token could
+/// write beyond what the agent does.
+pub async fn apply_metadata_and_status(
+    agent: &Client,
+    node: &str,
+    mut metadata: Value,
+    status: &Value,
+) -> Result<Node, kube::Error> {
+    metadata["name"] = json!(node);
     let patch = json!({
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": node, "annotations": annotations},
+        "metadata": metadata,
         "status": status,
     });
     Api::<Node>::all(agent.clone())
@@ -96,21 +108,9 @@ pub async fn apply_status(
         .await
 }
 
-/// The refusal's message, asserting the policy made it.
+/// The refusal's message, asserting the agent's admission policy made it.
 pub fn refusal<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) -> String {
-    match result {
-        Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
-            assert!(
-                status
-                    .message
-                    .contains("ValidatingAdmissionPolicy 'gpu-health-agent-own-node-"),
-                "{what}: refused, but not by the policy: {}",
-                status.message
-            );
-            status.message
-        }
-        other => panic!("{what}: expected the policy's refusal, got {other:?}"),
-    }
+    super::refused_by("gpu-health-agent-own-node-", what, result)
 }
 
 /// The agent's `GpuHealthy` condition, `status` since `since` (an XID 79).

@@ -340,3 +340,105 @@ pub fn assert_replaced_through(done: &gpu_remediation_api::GpuRemediation, kind:
         (kind, name)
     );
 }
+
+/// A client acting as `user` (the admin impersonates them, so the API server authorises `user`).
+///
+/// # Panics
+/// If the client cannot be built.
+pub async fn client_as(user: &str) -> kube::Client {
+    let mut config = cluster().await.config();
+    config.auth_info.impersonate = Some(user.to_owned());
+    kube::Client::try_from(config).expect("an impersonating client")
+}
+
+/// Binds the `ClusterRole` `role` to `user` (a `ClusterRoleBinding` named `{role}-{user}`).
+///
+/// # Panics
+/// If the server refuses the binding.
+pub async fn bind(admin: &kube::Client, user: &str, role: &str) {
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{role}-{user}")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap_or_else(|e| panic!("binding {role} to {user}: {e}"));
+}
+
+/// A `ValidatingAdmissionPolicy` and its `Deny` binding, both named `name`, installed by
+/// [`deny`]; [`Self::remove`] takes them away.
+pub struct Denial {
+    pub name: String,
+}
+
+/// Installs the admission policy `name` (`failurePolicy: Fail`) matching `rules` (its
+/// `resourceRules`) with the one `validation`, bound with `Deny` (to `match_resources` where it is
+/// not null); returns once the API server has loaded it. No probe fits every rule (one would
+/// have to make the refused write), so the wait is the time the server takes to load it: 2 s.
+///
+/// # Panics
+/// If the server refuses the policy or its binding.
+pub async fn deny(
+    client: &kube::Client,
+    name: &str,
+    rules: serde_json::Value,
+    validation: serde_json::Value,
+    match_resources: serde_json::Value,
+) -> Denial {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": rules},
+            "validations": [validation],
+        },
+    }))
+    .unwrap();
+    let mut spec = serde_json::json!({"policyName": name, "validationActions": ["Deny"]});
+    if !match_resources.is_null() {
+        spec["matchResources"] = match_resources;
+    }
+    let binding: ValidatingAdmissionPolicyBinding =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "spec": spec})).unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    // The policy takes effect once the API server has loaded it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Denial {
+        name: name.to_owned(),
+    }
+}
+
+impl Denial {
+    /// Deletes the binding, then the policy.
+    ///
+    /// # Panics
+    /// If the server refuses either deletion.
+    pub async fn remove(self, client: &kube::Client) {
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        };
+        let delete = kube::api::DeleteParams::default();
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .delete(&self.name, &delete)
+            .await
+            .unwrap();
+        Api::<ValidatingAdmissionPolicy>::all(client.clone())
+            .delete(&self.name, &delete)
+            .await
+            .unwrap();
+    }
+}

@@ -3,7 +3,7 @@
 //! scoped to one policy (by label), a fleet and namespace per test, a workload behind a budget, and
 //! a pod watch that proves no budget was broken. [`pinned`] holds a drain back behind a closed
 //! budget; [`provisioned`] is what the tests against a real provisioner share; [`reboots`] a node
-//! rebooted twice through a template.
+//! rebooted twice through a template; [`ladder`] one node under a ladder of stand-in step objects.
 #![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
 use std::{
@@ -26,13 +26,13 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams},
-    core::GroupVersionKind,
+    api::{DynamicObject, ListParams, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
 
 use crate::common::{self, eventually};
 
+pub mod ladder;
 pub mod pinned;
 pub mod provisioned;
 pub mod reboots;
@@ -303,6 +303,34 @@ impl Scenario {
             .unwrap();
         pods.items
     }
+
+    /// Waits until the controller's first-seen stamps on `node` name `serial` (any, when empty):
+    /// a board counts as failed only once its node listed it before the fault.
+    pub async fn stamped_serial(&self, node: &str, serial: &str) {
+        eventually(
+            &format!("node {node}'s serials stamped as first seen"),
+            Duration::from_secs(20),
+            || async {
+                let node = self.node(node).await;
+                let stamps = node
+                    .annotations()
+                    .get(gpu_remediation_api::constants::GPU_FIRST_SEEN_ANNOTATION)?;
+                stamps.contains(serial).then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// One node named `name` joins the fleet carrying `gpus` (as `hardware::joining_with`
+    /// prepares it: with the unchecked taint).
+    pub async fn join_carrying(&self, name: &str, gpus: &[gpu_sandbox::hardware::SimGpu]) {
+        let added = self
+            .fleet
+            .add_nodes_prepared(1, &|node| gpu_sandbox::hardware::joining_with(node, gpus))
+            .await
+            .unwrap();
+        assert_eq!(added, [name]);
+    }
 }
 
 pub use e2e::merge;
@@ -490,12 +518,7 @@ pub async fn event_notes(client: &Client, name: &str, reason: &str) -> Vec<Strin
 
 /// The stand-in reboot kind (`common::REBOOT_CRD`).
 pub fn reboots(s: &Scenario) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "e2e.gpuremediation.dev",
-        "v1",
-        "FakeReboot",
-    ));
-    Api::namespaced_with(s.client.clone(), &s.namespace, &resource)
+    Api::namespaced_with(s.client.clone(), &s.namespace, &ladder::step_kind())
 }
 
 /// A reboot policy whose template makes one `FakeReboot` per remediation.

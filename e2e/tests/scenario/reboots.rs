@@ -1,5 +1,5 @@
 //! A node rebooted twice through the policy's template in one run: the flow the template tests
-//! share (lifecycle's per-remediation names, `reboot_twice`'s names after the node).
+//! share (lifecycle's, with objects named per remediation and after the node).
 
 use std::time::Duration;
 

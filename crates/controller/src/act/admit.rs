@@ -102,7 +102,7 @@ fn aggregate(events: Vec<(ObjectReference, Event)>) -> Vec<(ObjectReference, Eve
                     .map(|e| e.note.clone().unwrap_or_default())
                     .collect();
                 let text = format!("{} at once: {}", events.len(), notes.join("; "));
-                events[0].note = Some(note::truncate(&text, note::NOTE_MAX));
+                events[0].note = Some(gpu_remediation_api::text::truncate(&text, note::NOTE_MAX));
             }
             (reference, events.swap_remove(0))
         })
@@ -349,7 +349,10 @@ fn refused(
         node: record.spec.node_name.clone(),
         at: Time(jiff::Timestamp::now()),
         code: error.source.code(),
-        message: note::truncate(&server_words(&error.source), fleet::episodes::REFUSAL_MESSAGE_MAX),
+        message: gpu_remediation_api::text::truncate(
+            &server_words(&error.source),
+            fleet::episodes::REFUSAL_MESSAGE_MAX,
+        ),
     })
 }
 

@@ -2,7 +2,7 @@
 //! on each object, and on a policy its `Ready=False`/`Invalid=True` conditions, written while this
 //! replica's fence holds (a follower reports what it found once it leads).
 
-use gpu_remediation_api::{GpuRemediationPolicy, constants::policy_conditions};
+use gpu_remediation_api::{GpuRemediationPolicy, constants::policy_conditions, text::truncate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{
     Resource as _,
@@ -11,7 +11,7 @@ use kube::{
 };
 
 use crate::{
-    lifecycle::note::{NOTE_MAX, truncate},
+    lifecycle::note::NOTE_MAX,
     observe::undecodable::{Finding, Findings, REASON},
     write::Writer,
 };

@@ -46,7 +46,7 @@ pub(super) fn close(status: &mut GpuRemediationStatus, outcome: StepOutcome, mes
     if let Some(open) = status.steps.last_mut().filter(|s| s.end.is_none()) {
         open.end = Some(Time(now));
         open.outcome = Some(outcome);
-        open.message = Some(super::note::truncate(message, STEP_MESSAGE_MAX));
+        open.message = Some(gpu_remediation_api::text::truncate(message, STEP_MESSAGE_MAX));
     }
 }
 

@@ -1,7 +1,7 @@
 //! The Events the lifecycle asks to publish about a remediation ([`Note`]), cut to what the API
 //! server takes.
 
-use gpu_remediation_api::{GpuRemediationStatus, Phase};
+use gpu_remediation_api::{GpuRemediationStatus, Phase, text::truncate};
 use kube::runtime::events::EventType;
 
 /// The longest Event note; the API server refuses longer ones.
@@ -56,29 +56,5 @@ impl Note {
             action: action.to_owned(),
             secondary: None,
         }
-    }
-}
-
-/// Cuts `text` to at most `max` bytes, on a character boundary.
-#[must_use]
-pub fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn long_event_notes_are_cut_on_a_character_boundary() {
-        assert_eq!(truncate("héllo", 2), "h");
-        assert_eq!(truncate("short", 100), "short");
     }
 }

@@ -14,13 +14,14 @@ use gpu_remediation_api::{
     ladder::{Rung, StepOutcome},
     object_reference::ObjectReference,
     remediation::PolicySnapshot,
+    text::truncate,
     validation::{MESSAGE_MAX, POD_LABEL, ValidationOutcome, ValidationRecord},
 };
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
-use super::{Words, note::truncate};
+use super::Words;
 use crate::{
     replace::{Observation, Presence, Reported},
     time::{plus, signed},

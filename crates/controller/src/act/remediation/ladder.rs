@@ -191,14 +191,14 @@ pub(crate) async fn scope_drain(
             );
             let narrowed = crate::drain::scoped_to(plan, &names);
             let words = (pass == ScopePass::Decide)
-                .then(|| crate::lifecycle::note::truncate(&scope, STEP_MESSAGE_MAX));
+                .then(|| gpu_remediation_api::text::truncate(&scope, STEP_MESSAGE_MAX));
             return Ok((narrowed, words));
         }
         Holders::Unknown(reason) => format!("{MAPPING_UNKNOWN} ({reason}): whole node drained"),
     };
     Ok((
         plan,
-        Some(crate::lifecycle::note::truncate(&scope, STEP_MESSAGE_MAX)),
+        Some(gpu_remediation_api::text::truncate(&scope, STEP_MESSAGE_MAX)),
     ))
 }
 
