@@ -371,7 +371,7 @@ async fn a_direct_pod_delete_is_refused_unless_the_optional_force_delete_role_is
             async move {
                 match ops.force_delete(&leaving, None).await {
                     Ok(Ok(())) => Some(Ok(())),
-                    Ok(Err(words)) if words.code == Some(403) && !words.message.contains("fenced") => None,
+                    Ok(Err(words)) if words.code() == Some(403) && !words.message.contains("fenced") => None,
                     Ok(Err(words)) => Some(Err(format!("{words:?}"))),
                     Err(other) => Some(Err(other.to_string())),
                 }

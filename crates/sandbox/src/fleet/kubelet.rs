@@ -97,25 +97,6 @@ pub fn next_step(pod: &Pod) -> (KubeletStep, Option<String>) {
     }
 }
 
-/// A container's status as the simulated kubelet reports it: ready and started when `running`,
-/// in `state`.
-pub(super) fn container_status(
-    c: &k8s_openapi::api::core::v1::Container,
-    running: bool,
-    state: &Value,
-) -> Value {
-    json!({
-        "name": c.name,
-        "image": c.image.clone().unwrap_or_default(),
-        "imageID": "",
-        "containerID": format!("sim://{}", c.name),
-        "ready": running,
-        "started": running,
-        "restartCount": 0,
-        "state": state,
-    })
-}
-
 /// A merge patch for the pod's status: Running, every condition true, every container running and
 /// ready (init containers completed).
 #[must_use]
@@ -128,7 +109,7 @@ pub fn running_status_patch(pod: &Pod, pod_ip: &str, host_ip: &str, now: Timesta
         } else {
             json!({ "terminated": { "exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now } })
         };
-        container_status(c, running, &state)
+        super::pod_status::container_status(c, running, &state)
     };
     let containers: Vec<Value> = spec
         .map(|s| s.containers.iter().map(|c| container(c, true)).collect())

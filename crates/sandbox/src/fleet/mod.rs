@@ -10,6 +10,7 @@ mod heartbeat;
 pub mod kubelet;
 pub mod node;
 pub mod pod_resources;
+mod pod_status;
 mod registry;
 pub mod validation_pod;
 

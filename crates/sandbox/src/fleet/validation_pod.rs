@@ -60,7 +60,7 @@ pub fn finished_patch(pod: &Pod, node: Option<&Node>, now: Timestamp) -> Value {
         .map(|c| {
             let state = json!({"terminated": {"exitCode": code, "reason": reason, "message": message,
                                               "startedAt": now, "finishedAt": now}});
-            super::kubelet::container_status(c, false, &state)
+            super::pod_status::container_status(c, false, &state)
         })
         .collect();
     json!({"status": {"phase": phase, "message": message, "startTime": now, "containerStatuses": containers}})
