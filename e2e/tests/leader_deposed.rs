@@ -295,6 +295,16 @@ async fn a_node_delete_sent_after_the_lease_was_lost_is_refused_and_the_node_sta
         Some(&a_claim),
         "the leader stamped its claim on the node before its delete"
     );
+    assert_eq!(
+        stamped
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("gpuremediation.dev/fenced")),
+        None,
+        "a Node carries our claim, never the fail-closed label: were our Lease deleted, the \
+         node-lifecycle controller and people must still write it"
+    );
 
     // The Lease moves on, as when another replica takes it after the lease duration.
     let leases = Api::<Lease>::namespaced(admin.clone(), NAMESPACE);

@@ -312,7 +312,10 @@ impl Writer {
         } else {
             let stamp = claim::Stamp {
                 claim: self.fence.claim(),
-                fenced: self.fence.lease_namespace(),
+                fenced: self
+                    .fence
+                    .lease_namespace()
+                    .filter(|_| !shared_with_others(verb, resource)),
             };
             crate::leader::freeze::before_write(&freeze_name(verb, resource));
             request(stamp).await.map_err(WriteError::Api)
@@ -495,6 +498,18 @@ impl Writer {
 
 /// The freeze hook's name of a write (`leader::freeze`): `status` for a remediation's status,
 /// `eviction`, `delete <resource>`, else `<verb> <resource>`.
+/// Whether the object this write lands on is one other actors must always be able to write:
+/// Nodes (the node-lifecycle controller's taints, a person's uncordon, the kubelet) and Pods (the
+/// kubelet, the pod garbage collector). Those carry our claim but never the fail-closed
+/// `gpuremediation.dev/fenced` label: the binding that label selects refuses every user's write
+/// while the Lease is missing, so a labelled Node would stay locked, even against the
+/// node-lifecycle controller, after an uninstall that left the bindings. An eviction names a Pod
+/// but is an object of its own, never stored: it keeps the label, so a missing Lease still stops
+/// the controller's evictions.
+fn shared_with_others(verb: Verb, resource: &str) -> bool {
+    verb != Verb::Evict && matches!(resource, "nodes" | "pods")
+}
+
 fn freeze_name(verb: Verb, resource: &str) -> String {
     match (verb, resource) {
         (Verb::Status, "gpuremediations") => "status".to_owned(),

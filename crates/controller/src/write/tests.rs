@@ -138,3 +138,23 @@ async fn a_refusal_by_a_budget_comes_back_at_once_with_the_servers_words() {
     assert_eq!(crate::drain::budget_named_in(&status).as_deref(), Some("web"));
     assert!(server.await.unwrap(), "the refused eviction was asked only once");
 }
+
+#[test]
+fn nodes_and_pods_never_carry_the_fail_closed_label_but_evictions_and_our_objects_do() {
+    for (verb, resource) in [
+        (Verb::Patch, "nodes"),
+        (Verb::Replace, "nodes"),
+        (Verb::Replace, "pods"),
+    ] {
+        assert!(shared_with_others(verb, resource), "{verb:?} {resource}");
+    }
+    for (verb, resource) in [
+        (Verb::Evict, "pods"),
+        (Verb::Create, "gpuremediations"),
+        (Verb::Replace, "devicetaintrules"),
+        (Verb::Create, "jobs"),
+        (Verb::Replace, "nodeclaims"),
+    ] {
+        assert!(!shared_with_others(verb, resource), "{verb:?} {resource}");
+    }
+}
