@@ -41,6 +41,9 @@ struct CatalogFile {
     unknown: Option<XidEntry>,
     #[serde(default)]
     xids: Vec<CatalogFileEntry>,
+    /// NVLink and fabric thresholds (`crate::nvlink::policy`).
+    #[serde(default)]
+    nvlink: Option<crate::nvlink::policy::LinkPolicyFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,6 +83,14 @@ pub enum LoadCatalogError {
         /// The repeated XID.
         xid: u64,
     },
+    /// The `nvlink:` section holds a value the agent cannot use.
+    #[error("XID catalog {origin}: {message}")]
+    Nvlink {
+        /// Where the YAML came from.
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// XID code → entry, plus the entry for codes the catalog does not list.
@@ -87,6 +98,8 @@ pub enum LoadCatalogError {
 pub struct XidCatalog {
     entries: BTreeMap<u64, XidEntry>,
     unknown: XidEntry,
+    /// NVLink and fabric thresholds and actions.
+    pub(crate) nvlink: crate::nvlink::policy::LinkPolicy,
 }
 
 impl XidCatalog {
@@ -104,6 +117,7 @@ impl XidCatalog {
                 severity: Severity::Warning,
                 action: "CONTACT_SUPPORT".to_owned(),
             },
+            nvlink: crate::nvlink::policy::LinkPolicy::default(),
         };
         catalog.merge_yaml(yaml, origin)?;
         Ok(catalog)
@@ -135,6 +149,14 @@ impl XidCatalog {
         }
         if let Some(unknown) = file.unknown {
             self.unknown = unknown;
+        }
+        if let Some(nvlink) = file.nvlink {
+            self.nvlink
+                .merge(nvlink)
+                .map_err(|message| LoadCatalogError::Nvlink {
+                    origin: origin.to_owned(),
+                    message,
+                })?;
         }
         Ok(())
     }

@@ -15,6 +15,7 @@ pub mod condition;
 pub mod health;
 pub mod inventory;
 pub mod liveness;
+pub mod nvlink;
 pub mod pod_resources;
 pub mod probe;
 pub mod publish;

@@ -123,6 +123,7 @@ impl Probe for FileProbe {
             unreadable_indices: file.unreadable_indices,
             xid_events,
             failed_calls: file.failed_calls,
+            taken_at: Some(std::time::Instant::now()),
         })
     }
 }

@@ -107,6 +107,7 @@ impl Probe for NvmlProbe {
             .map_err(|err| ReadGpusError::NvmlUnavailable(format!("nvmlDeviceGetCount: {err}")))?;
         let mut snapshot = Snapshot {
             device_count,
+            taken_at: Some(Instant::now()),
             ..Snapshot::default()
         };
         for index in 0..device_count {
@@ -141,14 +142,14 @@ enum DeviceRead {
 }
 
 /// A failed call: lost GPU, unsupported feature, or a real failure (recorded).
-enum CallError {
+pub(super) enum CallError {
     Lost,
     Failed,
 }
 
 /// Sorts one call's result: `NotSupported` is `None`, `GpuLost` ends the device's read, anything
 /// else is recorded as a failed call.
-fn optional<T>(
+pub(super) fn optional<T>(
     result: Result<T, NvmlError>,
     index: u32,
     call: &str,
@@ -260,6 +261,8 @@ fn read_fields(device: &Device<'_>, index: u32, failed: &mut Vec<String>) -> Res
         .map(|celsius| gpu.slowdown_threshold_c = celsius),
     )?;
     keep_unless_lost(read_pcie(device, index, failed).map(|pcie| gpu.pcie = pcie))?;
+    gpu.nvlinks = super::nvml_links::read_nvlinks(device, index, failed)?;
+    gpu.fabric = super::nvml_links::read_fabric(device, index, failed)?;
     Ok(gpu)
 }
 
