@@ -1,0 +1,107 @@
+//! The scenario's NVLink and fabric fields of a GPU (the agent's `nvlink::readings`):
+//!
+//! ```json
+//! "nvlinks": [{"link": 0, "active": true, "errors": {"crcFlit": 0, "crcData": 0, "replay": 0, "recovery": 0}}],
+//! "fabric": {"state": "completed", "status": 0}
+//! ```
+//!
+//! - `nvlinks`: `nvmlDeviceGetNvLinkState` answers each listed link (`active`), and
+//!   `nvmlDeviceGetNvLinkErrorCounter` its counters (a counter left out is `NOT_SUPPORTED`); a link
+//!   not listed is `NOT_SUPPORTED`, as on a GPU without it.
+//! - `fabric`: `nvmlDeviceGetGpuFabricInfo` answers its `state` (`notStarted`, `inProgress`,
+//!   `completed`) and `status` (an `nvmlReturn_t`); without it, `NOT_SUPPORTED`.
+//!
+//! A `failedCalls` entry names a link's call with the link in brackets, as the agent reports it:
+//! `device 5: nvmlDeviceGetNvLinkState(3): Unknown Error`.
+
+use nvml_wrapper_sys::bindings::{
+    NVML_GPU_FABRIC_STATE_COMPLETED, NVML_GPU_FABRIC_STATE_IN_PROGRESS, NVML_GPU_FABRIC_STATE_NOT_STARTED,
+    nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_DATA,
+    nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_FLIT,
+    nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_RECOVERY,
+    nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY, nvmlNvLinkErrorCounter_t,
+};
+use serde::Deserialize;
+
+/// One NVLink link.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NvLink {
+    /// The link number.
+    pub link: u32,
+    /// Up.
+    pub active: bool,
+    /// Its error counters.
+    #[serde(default)]
+    pub errors: NvLinkErrors,
+}
+
+/// A link's cumulative error counters.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NvLinkErrors {
+    /// `NVML_NVLINK_ERROR_DL_CRC_FLIT`.
+    #[serde(default)]
+    pub crc_flit: Option<u64>,
+    /// `NVML_NVLINK_ERROR_DL_CRC_DATA`.
+    #[serde(default)]
+    pub crc_data: Option<u64>,
+    /// `NVML_NVLINK_ERROR_DL_REPLAY`.
+    #[serde(default)]
+    pub replay: Option<u64>,
+    /// `NVML_NVLINK_ERROR_DL_RECOVERY`.
+    #[serde(default)]
+    pub recovery: Option<u64>,
+}
+
+impl NvLinkErrors {
+    /// The value of `counter`, `None` for a counter not in the scenario (or not one NVML defines).
+    #[must_use]
+    pub fn get(&self, counter: nvmlNvLinkErrorCounter_t) -> Option<u64> {
+        [
+            (nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_FLIT, self.crc_flit),
+            (nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_DATA, self.crc_data),
+            (nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY, self.replay),
+            (nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_RECOVERY, self.recovery),
+        ]
+        .into_iter()
+        .find(|(code, _)| *code == counter)
+        .and_then(|(_, value)| value)
+    }
+}
+
+/// Fabric registration state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FabricState {
+    /// Not started.
+    NotStarted,
+    /// In progress.
+    InProgress,
+    /// Completed (with `status`).
+    Completed,
+}
+
+/// The GPU's fabric registration.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Fabric {
+    /// Where it stands.
+    pub state: FabricState,
+    /// Its result, an `nvmlReturn_t`.
+    #[serde(default)]
+    pub status: u32,
+}
+
+impl Fabric {
+    /// `nvmlGpuFabricState_t` of the state.
+    #[must_use]
+    pub fn state_code(&self) -> u8 {
+        let code = match self.state {
+            FabricState::NotStarted => NVML_GPU_FABRIC_STATE_NOT_STARTED,
+            FabricState::InProgress => NVML_GPU_FABRIC_STATE_IN_PROGRESS,
+            FabricState::Completed => NVML_GPU_FABRIC_STATE_COMPLETED,
+        };
+        u8::try_from(code).unwrap_or(u8::MAX)
+    }
+}
