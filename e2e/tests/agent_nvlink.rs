@@ -85,7 +85,9 @@ async fn a_link_down_on_gpu_5_of_8_is_nvlink_down_naming_it_and_a_trigger_on_tha
     common::install_generated_crds(&client).await;
     let ground = AgentGround::new(&format!("nvlink-down-{probe:?}"), 1).await;
     let node = ground.fleet.node_names().remove(0);
-    let agent = ground.start_agent(probe, &node, &hgx(&node), &expect_eight()).await;
+    let agent = ground
+        .start_agent(probe, &node, &hgx(&node), &expect_eight())
+        .await;
     let healthy = wait_until_healthy(&client, &node, &agent).await;
     assert_eq!(
         healthy.message.as_deref(),
@@ -148,7 +150,11 @@ async fn a_link_down_on_gpu_5_of_8_is_nvlink_down_naming_it_and_a_trigger_on_tha
     .await;
     assert_eq!(admitted.spec.trigger.reason, gpu_reasons::NVLINK_DOWN);
     assert!(
-        admitted.spec.trigger.message.contains(&format!("GPU-{node}-0005")),
+        admitted
+            .spec
+            .trigger
+            .message
+            .contains(&format!("GPU-{node}-0005")),
         "{}",
         admitted.spec.trigger.message
     );

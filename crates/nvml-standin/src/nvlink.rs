@@ -59,10 +59,22 @@ impl NvLinkErrors {
     #[must_use]
     pub fn get(&self, counter: nvmlNvLinkErrorCounter_t) -> Option<u64> {
         [
-            (nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_FLIT, self.crc_flit),
-            (nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_DATA, self.crc_data),
-            (nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY, self.replay),
-            (nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_RECOVERY, self.recovery),
+            (
+                nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_FLIT,
+                self.crc_flit,
+            ),
+            (
+                nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_DATA,
+                self.crc_data,
+            ),
+            (
+                nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY,
+                self.replay,
+            ),
+            (
+                nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_RECOVERY,
+                self.recovery,
+            ),
         ]
         .into_iter()
         .find(|(code, _)| *code == counter)

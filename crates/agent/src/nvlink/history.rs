@@ -47,7 +47,10 @@ pub fn growth(
     now: Instant,
     window: Duration,
 ) -> Option<u64> {
-    let latest = history.iter().rev().find_map(|sample| sample.errors.get(counter))?;
+    let latest = history
+        .iter()
+        .rev()
+        .find_map(|sample| sample.errors.get(counter))?;
     if current < latest {
         return None;
     }
@@ -168,7 +171,10 @@ mod tests {
         let start = Instant::now();
         let samples = history(start, &[(0, Some(1_000)), (10, Some(1_000))]);
         let now = start + Duration::from_secs(20);
-        assert_eq!(growth(&samples, Counter::Replay, 3, now, Duration::from_secs(300)), None);
+        assert_eq!(
+            growth(&samples, Counter::Replay, 3, now, Duration::from_secs(300)),
+            None
+        );
     }
 
     #[test]
@@ -176,10 +182,25 @@ mod tests {
         let start = Instant::now();
         let samples = history(start, &[(0, Some(5)), (10, None)]);
         let now = start + Duration::from_secs(20);
-        assert_eq!(growth(&samples, Counter::Replay, 8, now, Duration::from_secs(300)), Some(3));
+        assert_eq!(
+            growth(&samples, Counter::Replay, 8, now, Duration::from_secs(300)),
+            Some(3)
+        );
         let unread = history(start, &[(0, None), (10, None)]);
-        assert_eq!(growth(&unread, Counter::Replay, 8, now, Duration::from_secs(300)), None);
-        assert_eq!(growth(&VecDeque::new(), Counter::Replay, 8, now, Duration::from_secs(300)), None);
+        assert_eq!(
+            growth(&unread, Counter::Replay, 8, now, Duration::from_secs(300)),
+            None
+        );
+        assert_eq!(
+            growth(
+                &VecDeque::new(),
+                Counter::Replay,
+                8,
+                now,
+                Duration::from_secs(300)
+            ),
+            None
+        );
     }
 
     #[test]
@@ -209,9 +230,17 @@ mod tests {
             .iter()
             .map(|sample| sample.errors.replay)
             .collect();
-        assert_eq!(kept, vec![Some(10), Some(13)], "the first sample stays as the base");
+        assert_eq!(
+            kept,
+            vec![Some(10), Some(13)],
+            "the first sample stays as the base"
+        );
         memory.remember(&snapshot(20, 2));
-        assert_eq!(memory.samples("GPU-a", 3).unwrap().len(), 1, "reset: history restarts");
+        assert_eq!(
+            memory.samples("GPU-a", 3).unwrap().len(),
+            1,
+            "reset: history restarts"
+        );
         assert!(memory.was_up("GPU-a", 3));
     }
 }

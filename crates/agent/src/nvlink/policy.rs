@@ -179,6 +179,9 @@ mod tests {
         let mut policy = LinkPolicy::default();
         assert!(policy.merge(file("windowSeconds: 0")).is_err());
         assert!(policy.merge(file("windowSeconds: 7200")).is_err());
-        assert!(serde_yaml::from_str::<LinkPolicyFile>("windowSecond: 5").is_err(), "typo refused");
+        assert!(
+            serde_yaml::from_str::<LinkPolicyFile>("windowSecond: 5").is_err(),
+            "typo refused"
+        );
     }
 }

@@ -51,7 +51,12 @@ pub enum Counter {
 
 impl Counter {
     /// Every counter, in the order messages list them.
-    pub const ALL: [Counter; 4] = [Counter::CrcFlit, Counter::CrcData, Counter::Replay, Counter::Recovery];
+    pub const ALL: [Counter; 4] = [
+        Counter::CrcFlit,
+        Counter::CrcData,
+        Counter::Replay,
+        Counter::Recovery,
+    ];
 
     /// How messages name it.
     #[must_use]

@@ -38,7 +38,12 @@ pub fn link_signals(snapshot: &Snapshot, history: &LinkHistory, policy: &LinkPol
     signals
 }
 
-fn link_down(gpu: &GpuReading, history: &LinkHistory, policy: &LinkPolicy, node_uses_nvlink: bool) -> Option<Signal> {
+fn link_down(
+    gpu: &GpuReading,
+    history: &LinkHistory,
+    policy: &LinkPolicy,
+    node_uses_nvlink: bool,
+) -> Option<Signal> {
     let down: Vec<String> = gpu
         .nvlinks
         .iter()
@@ -63,7 +68,12 @@ fn link_down(gpu: &GpuReading, history: &LinkHistory, policy: &LinkPolicy, node_
     ))
 }
 
-fn link_errors(gpu: &GpuReading, snapshot: &Snapshot, history: &LinkHistory, policy: &LinkPolicy) -> Option<Signal> {
+fn link_errors(
+    gpu: &GpuReading,
+    snapshot: &Snapshot,
+    history: &LinkHistory,
+    policy: &LinkPolicy,
+) -> Option<Signal> {
     let kind = match policy.errors_severity {
         Severity::Fatal => SignalKind::Fatal,
         Severity::Warning => SignalKind::Warning,
@@ -222,8 +232,14 @@ mod tests {
         );
         let message = &signals[0].message;
         assert!(message.starts_with("GPU 1 (UUID GPU-7d0e2c11"), "{message}");
-        assert!(message.contains("NVLink link 2 down (2 of 3 links up)"), "{message}");
-        assert!(message.contains("recommended action WORKFLOW_NVLINK_ERR"), "{message}");
+        assert!(
+            message.contains("NVLink link 2 down (2 of 3 links up)"),
+            "{message}"
+        );
+        assert!(
+            message.contains("recommended action WORKFLOW_NVLINK_ERR"),
+            "{message}"
+        );
     }
 
     #[test]
@@ -240,8 +256,16 @@ mod tests {
         history.remember(&recorded());
         let signals = link_signals(&snapshot, &history, &policy);
         assert_eq!(signals.len(), 2, "every link seen up before is down now");
-        assert!(signals[0].message.contains("link 0, 1, 2, 3 down"), "{}", signals[0].message);
-        assert!(signals[1].message.contains("link 0, 1 down"), "{}", signals[1].message);
+        assert!(
+            signals[0].message.contains("link 0, 1, 2, 3 down"),
+            "{}",
+            signals[0].message
+        );
+        assert!(
+            signals[1].message.contains("link 0, 1 down"),
+            "{}",
+            signals[1].message
+        );
     }
 
     #[test]
@@ -261,7 +285,10 @@ mod tests {
     #[test]
     fn counters_rising_faster_than_the_limit_within_the_window_are_a_fault() {
         let policy = LinkPolicy::default();
-        let runs = replay_run(&policy, &[(0, Some(1_000)), (60, Some(1_050)), (120, Some(1_101))]);
+        let runs = replay_run(
+            &policy,
+            &[(0, Some(1_000)), (60, Some(1_050)), (120, Some(1_101))],
+        );
         assert_eq!(runs[0], vec![], "a first sample is no rate");
         assert_eq!(runs[1], vec![], "+50 within the window is under 100");
         assert_eq!(
@@ -269,7 +296,9 @@ mod tests {
             vec![(SignalKind::Fatal, "NvlinkErrors", Some("GPU-5"))]
         );
         assert!(
-            runs[2][0].message.contains("link 7 replay errors +101 (limit 100)"),
+            runs[2][0]
+                .message
+                .contains("link 7 replay errors +101 (limit 100)"),
             "{}",
             runs[2][0].message
         );
@@ -288,7 +317,12 @@ mod tests {
     fn a_reset_or_wrapped_counter_is_not_a_spike() {
         let runs = replay_run(
             &LinkPolicy::default(),
-            &[(0, Some(u64::MAX - 5)), (10, Some(3)), (20, Some(40)), (30, Some(90))],
+            &[
+                (0, Some(u64::MAX - 5)),
+                (10, Some(3)),
+                (20, Some(40)),
+                (30, Some(90)),
+            ],
         );
         assert!(runs.iter().all(Vec::is_empty), "{runs:?}");
     }
@@ -301,15 +335,23 @@ mod tests {
         );
         assert_eq!(runs[1], vec![]);
         assert_eq!(runs[2], vec![]);
-        assert_eq!(reasons(&runs[3]), vec![(SignalKind::Fatal, "NvlinkErrors", Some("GPU-5"))]);
+        assert_eq!(
+            reasons(&runs[3]),
+            vec![(SignalKind::Fatal, "NvlinkErrors", Some("GPU-5"))]
+        );
     }
 
     #[test]
     fn link_errors_follow_the_catalog_severity() {
-        let mut policy = LinkPolicy::default();
-        policy.errors_severity = Severity::Warning;
+        let mut policy = LinkPolicy {
+            errors_severity: Severity::Warning,
+            ..LinkPolicy::default()
+        };
         let runs = replay_run(&policy, &[(0, Some(0)), (10, Some(500))]);
-        assert_eq!(reasons(&runs[1]), vec![(SignalKind::Warning, "NvlinkErrors", Some("GPU-5"))]);
+        assert_eq!(
+            reasons(&runs[1]),
+            vec![(SignalKind::Warning, "NvlinkErrors", Some("GPU-5"))]
+        );
         policy.errors_severity = Severity::Ignore;
         let runs = replay_run(&policy, &[(0, Some(0)), (10, Some(500))]);
         assert_eq!(runs[1], vec![]);
@@ -342,9 +384,14 @@ mod tests {
         assert_eq!(signals_at(0, pending), vec![]);
         assert_eq!(signals_at(59, pending), vec![]);
         let late = signals_at(60, pending);
-        assert_eq!(reasons(&late), vec![(SignalKind::Fatal, "FabricNotReady", Some("GPU-5"))]);
+        assert_eq!(
+            reasons(&late),
+            vec![(SignalKind::Fatal, "FabricNotReady", Some("GPU-5"))]
+        );
         assert!(
-            late[0].message.contains("registration in progress for 60s, past the 60s grace")
+            late[0]
+                .message
+                .contains("registration in progress for 60s, past the 60s grace")
                 && late[0].message.contains("recommended action RESTART_BM"),
             "{}",
             late[0].message
@@ -365,8 +412,15 @@ mod tests {
         };
         let snapshot = with_fabric(Instant::now(), 0, failed);
         let signals = link_signals(&snapshot, &LinkHistory::default(), &LinkPolicy::default());
-        assert_eq!(reasons(&signals), vec![(SignalKind::Fatal, "FabricNotReady", Some("GPU-5"))]);
-        assert!(signals[0].message.contains("registration failed"), "{}", signals[0].message);
+        assert_eq!(
+            reasons(&signals),
+            vec![(SignalKind::Fatal, "FabricNotReady", Some("GPU-5"))]
+        );
+        assert!(
+            signals[0].message.contains("registration failed"),
+            "{}",
+            signals[0].message
+        );
     }
 
     #[test]
@@ -377,6 +431,10 @@ mod tests {
             .merge_yaml("nvlink:\n  fabricGraceSeconds: 5\n", "override")
             .unwrap();
         assert_eq!(catalog.nvlink.fabric_grace, Duration::from_secs(5));
-        assert!(catalog.merge_yaml("nvlink:\n  windowSeconds: 0\n", "bad").is_err());
+        assert!(
+            catalog
+                .merge_yaml("nvlink:\n  windowSeconds: 0\n", "bad")
+                .is_err()
+        );
     }
 }

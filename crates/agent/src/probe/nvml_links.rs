@@ -29,7 +29,12 @@ pub(super) fn read_nvlinks(
         let active = match wrapper.is_active() {
             Ok(active) => active,
             Err(NvmlError::NotSupported | NvmlError::InvalidArg) => continue,
-            Err(err) => match optional::<bool>(Err(err), index, &format!("nvmlDeviceGetNvLinkState({link})"), failed) {
+            Err(err) => match optional::<bool>(
+                Err(err),
+                index,
+                &format!("nvmlDeviceGetNvLinkState({link})"),
+                failed,
+            ) {
                 Err(CallError::Lost) => return Err(CallError::Lost),
                 Ok(_) | Err(CallError::Failed) => continue,
             },

@@ -21,13 +21,16 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     is_active: *mut nvmlEnableState_t,
 ) -> nvmlReturn_t {
     let state = field(device, &format!("nvmlDeviceGetNvLinkState({link})"), |gpu| {
-        gpu.nvlinks.iter().find(|listed| listed.link == link).map(|listed| {
-            if listed.active {
-                nvmlEnableState_enum_NVML_FEATURE_ENABLED
-            } else {
-                nvmlEnableState_enum_NVML_FEATURE_DISABLED
-            }
-        })
+        gpu.nvlinks
+            .iter()
+            .find(|listed| listed.link == link)
+            .map(|listed| {
+                if listed.active {
+                    nvmlEnableState_enum_NVML_FEATURE_ENABLED
+                } else {
+                    nvmlEnableState_enum_NVML_FEATURE_DISABLED
+                }
+            })
     });
     // SAFETY: forwarded from the caller's contract.
     unsafe { answer(is_active, state) }
@@ -45,12 +48,16 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
     counter: nvmlNvLinkErrorCounter_t,
     value: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    let count = field(device, &format!("nvmlDeviceGetNvLinkErrorCounter({link})"), |gpu| {
-        gpu.nvlinks
-            .iter()
-            .find(|listed| listed.link == link)
-            .and_then(|listed| listed.errors.get(counter))
-    });
+    let count = field(
+        device,
+        &format!("nvmlDeviceGetNvLinkErrorCounter({link})"),
+        |gpu| {
+            gpu.nvlinks
+                .iter()
+                .find(|listed| listed.link == link)
+                .and_then(|listed| listed.errors.get(counter))
+        },
+    );
     // SAFETY: forwarded from the caller's contract.
     unsafe { answer(value, count) }
 }
