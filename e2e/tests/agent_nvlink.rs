@@ -148,15 +148,12 @@ async fn a_link_down_on_gpu_5_of_8_is_nvlink_down_naming_it_and_a_trigger_on_tha
         },
     )
     .await;
-    assert_eq!(admitted.spec.trigger.reason, gpu_reasons::NVLINK_DOWN);
+    let trigger = &admitted.spec.trigger;
+    assert_eq!(trigger.reason, gpu_reasons::NVLINK_DOWN);
     assert!(
-        admitted
-            .spec
-            .trigger
-            .message
-            .contains(&format!("GPU-{node}-0005")),
+        trigger.message.contains(&format!("GPU-{node}-0005")),
         "{}",
-        admitted.spec.trigger.message
+        trigger.message
     );
 
     let _ = stop_controller.send(());

@@ -21,10 +21,12 @@ use nvml_wrapper_sys::bindings::{
     nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_RECOVERY,
     nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY, nvmlNvLinkErrorCounter_t,
 };
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 
 /// One NVLink link.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NvLink {
     /// The link number.
@@ -36,50 +38,49 @@ pub struct NvLink {
     pub errors: NvLinkErrors,
 }
 
-/// A link's cumulative error counters.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NvLinkErrors {
+/// A link's cumulative error counters by name; a counter left out (or `null`) is `NOT_SUPPORTED`.
+pub type NvLinkErrors = BTreeMap<Counter, Option<u64>>;
+
+/// The counters NVML names, as the scenario spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Counter {
     /// `NVML_NVLINK_ERROR_DL_CRC_FLIT`.
-    #[serde(default)]
-    pub crc_flit: Option<u64>,
+    CrcFlit,
     /// `NVML_NVLINK_ERROR_DL_CRC_DATA`.
-    #[serde(default)]
-    pub crc_data: Option<u64>,
+    CrcData,
     /// `NVML_NVLINK_ERROR_DL_REPLAY`.
-    #[serde(default)]
-    pub replay: Option<u64>,
+    Replay,
     /// `NVML_NVLINK_ERROR_DL_RECOVERY`.
-    #[serde(default)]
-    pub recovery: Option<u64>,
+    Recovery,
 }
 
-impl NvLinkErrors {
-    /// The value of `counter`, `None` for a counter not in the scenario (or not one NVML defines).
-    #[must_use]
-    pub fn get(&self, counter: nvmlNvLinkErrorCounter_t) -> Option<u64> {
-        [
-            (
-                nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_FLIT,
-                self.crc_flit,
-            ),
-            (
-                nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_DATA,
-                self.crc_data,
-            ),
-            (
-                nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY,
-                self.replay,
-            ),
-            (
-                nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_RECOVERY,
-                self.recovery,
-            ),
-        ]
-        .into_iter()
-        .find(|(code, _)| *code == counter)
-        .and_then(|(_, value)| value)
-    }
+/// The value `errors` gives NVML's `counter`; `None` for one it leaves out, or one NVML does not
+/// define.
+#[must_use]
+pub fn counter_value(errors: &NvLinkErrors, counter: nvmlNvLinkErrorCounter_t) -> Option<u64> {
+    let named = [
+        (
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_FLIT,
+            Counter::CrcFlit,
+        ),
+        (
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_DATA,
+            Counter::CrcData,
+        ),
+        (
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY,
+            Counter::Replay,
+        ),
+        (
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_RECOVERY,
+            Counter::Recovery,
+        ),
+    ]
+    .into_iter()
+    .find(|(code, _)| *code == counter)?
+    .1;
+    errors.get(&named).copied().flatten()
 }
 
 /// Fabric registration state.

@@ -55,7 +55,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
             gpu.nvlinks
                 .iter()
                 .find(|listed| listed.link == link)
-                .and_then(|listed| listed.errors.get(counter))
+                .and_then(|listed| crate::nvlink::counter_value(&listed.errors, counter))
         },
     );
     // SAFETY: forwarded from the caller's contract.
