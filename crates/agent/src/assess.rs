@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 
 use gpu_remediation_api::constants::gpu_reasons;
 
+pub mod link_history;
+pub mod link_signals;
+
 use crate::{
     catalog::{Severity, XidCatalog},
     readings::{GpuReading, Snapshot},
@@ -63,7 +66,7 @@ impl Signal {
 pub struct Memory {
     known: BTreeMap<String, GpuReading>,
     replay_counters: BTreeMap<String, u32>,
-    nvlink: crate::nvlink::history::LinkHistory,
+    nvlink: link_history::LinkHistory,
 }
 
 impl Memory {
@@ -101,7 +104,7 @@ pub fn assess(
     for gpu in &snapshot.gpus {
         signals.extend(warning_signals(gpu, memory));
     }
-    signals.extend(crate::nvlink::signals::link_signals(
+    signals.extend(link_signals::link_signals(
         snapshot,
         &memory.nvlink,
         &catalog.nvlink,

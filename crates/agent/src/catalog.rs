@@ -6,6 +6,8 @@ use std::{collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
 
+pub mod nvlink;
+
 /// The catalog shipped with the agent.
 pub const DEFAULT_CATALOG_YAML: &str = include_str!("../../../config/xid-catalog.yaml");
 
@@ -41,9 +43,9 @@ struct CatalogFile {
     unknown: Option<XidEntry>,
     #[serde(default)]
     xids: Vec<CatalogFileEntry>,
-    /// NVLink and fabric thresholds (`crate::nvlink::policy`).
+    /// NVLink and fabric thresholds ([`nvlink`]).
     #[serde(default)]
-    nvlink: Option<crate::nvlink::policy::LinkPolicyFile>,
+    nvlink: Option<nvlink::LinkPolicyFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -99,7 +101,7 @@ pub struct XidCatalog {
     entries: BTreeMap<u64, XidEntry>,
     unknown: XidEntry,
     /// NVLink and fabric thresholds and actions.
-    pub(crate) nvlink: crate::nvlink::policy::LinkPolicy,
+    pub(crate) nvlink: nvlink::LinkPolicy,
 }
 
 impl XidCatalog {
@@ -117,7 +119,7 @@ impl XidCatalog {
                 severity: Severity::Warning,
                 action: "CONTACT_SUPPORT".to_owned(),
             },
-            nvlink: crate::nvlink::policy::LinkPolicy::default(),
+            nvlink: nvlink::LinkPolicy::default(),
         };
         catalog.merge_yaml(yaml, origin)?;
         Ok(catalog)

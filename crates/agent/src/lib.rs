@@ -15,7 +15,6 @@ pub mod condition;
 pub mod health;
 pub mod inventory;
 pub mod liveness;
-pub mod nvlink;
 pub mod pod_resources;
 pub mod probe;
 pub mod publish;

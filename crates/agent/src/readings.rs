@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod nvlink;
+
 /// One read of every GPU on the host, plus the XID events that arrived since the previous read.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -77,11 +79,11 @@ pub struct GpuReading {
     pub pcie: Option<PcieLink>,
     /// The NVLink links the GPU has (a link NVML answers `NotSupported` for is absent, not down).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nvlinks: Vec<crate::nvlink::readings::NvLinkReading>,
+    pub nvlinks: Vec<nvlink::NvLinkReading>,
     /// The NVLink fabric (NVSwitch / Fabric Manager) registration; `None` where the GPU has no
     /// fabric.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fabric: Option<crate::nvlink::readings::FabricReading>,
+    pub fabric: Option<nvlink::FabricReading>,
 }
 
 /// Row remapper field values (`NVML_FI_DEV_REMAPPED_PENDING`, `NVML_FI_DEV_REMAPPED_FAILURE`).

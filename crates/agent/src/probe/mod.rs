@@ -4,13 +4,11 @@
 //!
 //! - [`nvml`]: the real GPUs, through NVML loaded at run time (a host without the library or the
 //!   driver gets a read error, never a crash).
-//! - [`nvml_links`]: the NVML probe's NVLink and fabric reads.
 //! - [`file`]: a JSON file describing GPUs and events, for the sandbox and e2e tests.
 
 pub mod deadline;
 pub mod file;
 pub mod nvml;
-pub mod nvml_links;
 
 use crate::readings::Snapshot;
 

@@ -23,6 +23,8 @@ use nvml_wrapper::{
     sys_exports::field_id::{NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING},
 };
 
+mod links;
+
 use super::{Probe, ReadGpusError};
 use crate::readings::{GpuReading, PcieLink, RowRemap, Snapshot, XidEvent};
 
@@ -261,8 +263,8 @@ fn read_fields(device: &Device<'_>, index: u32, failed: &mut Vec<String>) -> Res
         .map(|celsius| gpu.slowdown_threshold_c = celsius),
     )?;
     keep_unless_lost(read_pcie(device, index, failed).map(|pcie| gpu.pcie = pcie))?;
-    gpu.nvlinks = super::nvml_links::read_nvlinks(device, index, failed)?;
-    gpu.fabric = super::nvml_links::read_fabric(device, index, failed)?;
+    gpu.nvlinks = links::read_nvlinks(device, index, failed)?;
+    gpu.fabric = links::read_fabric(device, index, failed)?;
     Ok(gpu)
 }
 

@@ -10,11 +10,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
-    policy::MAX_WINDOW,
-    readings::{Counter, NvLinkErrors},
+use crate::{
+    catalog::nvlink::MAX_WINDOW,
+    readings::{
+        Snapshot,
+        nvlink::{Counter, NvLinkErrors},
+    },
 };
-use crate::readings::Snapshot;
 
 /// Samples closer together than this replace one another, bounding the history per link.
 pub const SPACING: Duration = Duration::from_secs(10);
@@ -205,7 +207,7 @@ mod tests {
 
     #[test]
     fn a_reset_starts_the_history_again_and_samples_are_thinned() {
-        use crate::{nvlink::readings::NvLinkReading, readings::GpuReading};
+        use crate::readings::{GpuReading, nvlink::NvLinkReading};
         let start = Instant::now();
         let snapshot = |seconds: u64, replay: u64| Snapshot {
             gpus: vec![GpuReading {

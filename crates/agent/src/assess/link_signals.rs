@@ -12,14 +12,15 @@
 use gpu_remediation_api::constants::gpu_reasons;
 
 use super::{
-    history::{LinkHistory, growth},
-    policy::LinkPolicy,
-    readings::{Counter, FabricState},
+    Signal, SignalKind,
+    link_history::{LinkHistory, growth},
 };
 use crate::{
-    assess::{Signal, SignalKind},
-    catalog::Severity,
-    readings::{GpuReading, Snapshot},
+    catalog::{Severity, nvlink::LinkPolicy},
+    readings::{
+        GpuReading, Snapshot,
+        nvlink::{Counter, FabricState},
+    },
 };
 
 /// Every NVLink and fabric fault of `snapshot`.
@@ -165,7 +166,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::nvlink::readings::{FabricReading, NvLinkErrors, NvLinkReading};
+    use crate::readings::nvlink::{FabricReading, NvLinkErrors, NvLinkReading};
 
     fn recorded() -> Snapshot {
         serde_json::from_str(include_str!(

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::{catalog::Severity, nvlink::readings::Counter};
+use super::Severity;
+use crate::readings::nvlink::Counter;
 
 /// The longest window the history keeps samples for.
 pub const MAX_WINDOW: Duration = Duration::from_secs(3600);

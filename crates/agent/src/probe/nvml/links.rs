@@ -11,8 +11,8 @@
 use nvml_fabric::{FabricState as NvmlFabricState, gpu_fabric_info};
 use nvml_wrapper::{Device, enum_wrappers::nv_link::ErrorCounter, error::NvmlError};
 
-use super::nvml::{CallError, optional};
-use crate::nvlink::readings::{FabricReading, FabricState, NvLinkErrors, NvLinkReading};
+use super::{CallError, optional};
+use crate::readings::nvlink::{FabricReading, FabricState, NvLinkErrors, NvLinkReading};
 
 /// `NVML_NVLINK_MAX_LINKS` of the NVML headers nvml-wrapper 0.13 is built from.
 pub const MAX_LINKS: u32 = 18;
