@@ -118,3 +118,40 @@ impl Fabric {
         u8::try_from(code).unwrap_or(u8::MAX)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_answer_by_nvml_code_and_one_left_out_or_null_is_not_supported() {
+        let link: NvLink =
+            serde_json::from_str(r#"{"link": 3, "active": true, "errors": {"replay": 7, "recovery": null}}"#)
+                .unwrap();
+        let value = |code| counter_value(&link.errors, code);
+        assert_eq!(
+            value(nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY),
+            Some(7)
+        );
+        assert_eq!(
+            value(nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_RECOVERY),
+            None
+        );
+        assert_eq!(
+            value(nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_FLIT),
+            None
+        );
+        assert_eq!(value(99), None, "a counter NVML does not define");
+    }
+
+    #[test]
+    fn a_misspelt_counter_or_fabric_state_is_refused() {
+        assert!(
+            serde_json::from_str::<NvLink>(r#"{"link": 0, "active": true, "errors": {"replays": 1}}"#)
+                .is_err()
+        );
+        assert!(serde_json::from_str::<Fabric>(r#"{"state": "done"}"#).is_err());
+        let fabric: Fabric = serde_json::from_str(r#"{"state": "inProgress"}"#).unwrap();
+        assert_eq!(u32::from(fabric.state_code()), NVML_GPU_FABRIC_STATE_IN_PROGRESS);
+    }
+}
