@@ -5,7 +5,8 @@
 //! GPU 5 and the link, records GPU 5 as the failed GPU, and a policy whose trigger selects
 //! `NvlinkDown` by reason admits the node (the controller, in-process, creates its
 //! `GpuRemediation`); a fabric that never registers reads `FabricNotReady` once the catalog's grace
-//! (overridden to a few seconds) has passed, not before.
+//! (overridden to a few seconds) has passed, not before; a link's replay counter rising past the
+//! catalog's limit within its window reads `NvlinkErrors` naming the GPU, link and counter.
 
 #[macro_use]
 mod agent_support;
@@ -26,6 +27,7 @@ use serde_json::{Value, json};
 for_both_probes!(
     a_link_down_on_gpu_5_of_8_is_nvlink_down_naming_it_and_a_trigger_on_that_reason_admits_the_node,
     a_fabric_that_never_registers_is_fabric_not_ready_after_the_grace,
+    link_errors_rising_past_the_catalog_rate_are_nvlink_errors,
 );
 
 /// GPUs on an HGX H100 board.
@@ -204,6 +206,42 @@ async fn a_fabric_that_never_registers_is_fabric_not_ready_after_the_grace(probe
     assert!(
         message.contains("NVLink fabric registration not started for")
             && message.contains("past the 4s grace; recommended action RESTART_BM"),
+        "{message}"
+    );
+    drop(agent);
+    ground.stop().await;
+}
+
+async fn link_errors_rising_past_the_catalog_rate_are_nvlink_errors(probe: Probe) {
+    let ground = AgentGround::new(&format!("nvlink-errors-{probe:?}"), 1).await;
+    let client = ground.client.clone();
+    let node = ground.fleet.node_names().remove(0);
+    let agent = ground
+        .start_agent(probe, &node, &hgx(&node), &expect_eight())
+        .await;
+    wait_until_healthy(&client, &node, &agent).await;
+    // 40 replays on GPU 2's link 4: under the shipped 100 per 300 s, still healthy.
+    let mut errors = hgx(&node);
+    errors["gpus"][2]["nvlinks"][4]["errors"]["replay"] = json!(40);
+    write_probe_file(&ground.probe_file(&node), &errors);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_until_healthy(&client, &node, &agent).await;
+    // 460 more within seconds: past the limit.
+    errors["gpus"][2]["nvlinks"][4]["errors"]["replay"] = json!(500);
+    write_probe_file(&ground.probe_file(&node), &errors);
+    let condition = wait_for_condition(
+        &client,
+        &node,
+        "False",
+        gpu_reasons::NVLINK_ERRORS,
+        Duration::from_secs(10),
+        &agent,
+    )
+    .await;
+    let message = condition.message.unwrap_or_default();
+    assert!(
+        message.starts_with(&format!("GPU 2 (UUID GPU-{node}-0002"))
+            && message.contains("link 4 replay errors +500 (limit 100)"),
         "{message}"
     );
     drop(agent);
