@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One prepared run on a lent GPU machine (at most ~5 minutes): builds the agent in release (unless
 # AGENT_BIN names one), runs gpu-check.sh against the real GPUs, then prints the agent's inventory
-# next to what nvidia-smi says of the same boards. Exits with gpu-check.sh's verdict, or 1 when the
-# inventory and nvidia-smi disagree on a UUID's serial.
+# next to what nvidia-smi says of the same boards, then the NVLink links and fabric registration the
+# agent reads next to nvidia-smi's. Exits with gpu-check.sh's verdict, or 1 when the inventory and
+# nvidia-smi disagree on a UUID's serial or on a GPU's count of NVLink links up, or when an NVLink
+# or fabric read fails.
 #
 # Usage (repository root): crates/agent/gpu-check-device.sh
 #        AGENT_BIN=path/to/gpu-health-agent crates/agent/gpu-check-device.sh
@@ -46,6 +48,54 @@ if command -v nvidia-smi >/dev/null; then
     fi
   done < <(nvidia-smi --query-gpu=uuid,serial --format=csv,noheader)
 fi
+
+step "NVLink and fabric as the agent reads them (nvmlDeviceGetNvLinkState, nvmlDeviceGetNvLinkErrorCounter, nvmlDeviceGetGpuFabricInfo)"
+# Read-only. A failed NVLink or fabric call is a detector fault (the agent's bug or the driver's),
+# so it fails the check; links down or a fabric not registered are reported, not failed on: the
+# machine may be built that way (no NVSwitch, Fabric Manager not installed).
+nvlink_verdict=0
+summarise_links=$(cat <<'PY'
+import json, sys
+report = json.load(sys.stdin)
+readings = report.get('readings', {})
+failed = [call for call in readings.get('failedCalls', []) if 'NvLink' in call or 'Fabric' in call]
+for gpu in readings.get('gpus', []):
+    links = gpu.get('nvlinks', [])
+    up = [link['link'] for link in links if link['active']]
+    down = [link['link'] for link in links if not link['active']]
+    totals = {}
+    for link in links:
+        for counter, value in link.get('errors', {}).items():
+            if value is not None:
+                totals[counter] = totals.get(counter, 0) + value
+    fabric = gpu.get('fabric') or 'none (NOT_SUPPORTED)'
+    print(f"GPU {gpu['index']} {gpu['uuid']}: {len(up)} of {len(links)} NVLink links up"
+          + (f' (down: {down})' if down else '')
+          + f"; error counters summed over links: {totals or 'none'}; fabric: {fabric}")
+condition = report.get('condition', {})
+print(f"condition: {condition.get('status')}/{condition.get('reason')}: {condition.get('message')}")
+for call in failed:
+    print(f'FAIL: NVLink/fabric read failed: {call}')
+sys.exit(1 if failed else 0)
+PY
+)
+printf '%s\n' "$report" | python3 -c "$summarise_links" || nvlink_verdict=1
+if command -v nvidia-smi >/dev/null; then
+  step "nvidia-smi nvlink --status and the fabric section, for comparison"
+  nvidia-smi nvlink --status 2>&1 | head -80 || true
+  nvidia-smi -q 2>/dev/null | grep -A4 -i "^ *fabric" | head -40 || true
+  # Links up per GPU, as nvidia-smi counts them, against the agent's count.
+  while IFS= read -r index; do
+    smi_up=$(nvidia-smi nvlink --status -i "$index" 2>/dev/null | grep -c "Link [0-9]*: [0-9]" || true)
+    agent_up=$(printf '%s\n' "$report" | python3 -c "import json,sys; r=json.load(sys.stdin); print(sum(l['active'] for g in r['readings']['gpus'] if g['index']==$index for l in g.get('nvlinks',[])))")
+    if [[ "$smi_up" == "$agent_up" ]]; then
+      echo "ok: GPU $index has $agent_up NVLink links up, as nvidia-smi says"
+    else
+      echo "FAIL: GPU $index: nvidia-smi counts $smi_up NVLink links up, the agent $agent_up"; nvlink_verdict=1
+    fi
+  done < <(nvidia-smi --query-gpu=index --format=csv,noheader)
+fi
+if [[ $nvlink_verdict -ne 0 && $verdict -eq 0 ]]; then verdict=1; fi
 
 step "done, verdict $verdict"
 exit "$verdict"

@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 
 use gpu_remediation_api::constants::gpu_reasons;
 
+pub mod link_history;
+pub mod link_signals;
+
 use crate::{
     catalog::{Severity, XidCatalog},
     readings::{GpuReading, Snapshot},
@@ -45,7 +48,7 @@ pub struct Signal {
 }
 
 impl Signal {
-    fn new(kind: SignalKind, reason: &str, gpu: Option<&str>, message: String) -> Self {
+    pub(crate) fn new(kind: SignalKind, reason: &str, gpu: Option<&str>, message: String) -> Self {
         let key = format!("{reason}/{}", gpu.unwrap_or("node"));
         Self {
             kind,
@@ -63,6 +66,7 @@ impl Signal {
 pub struct Memory {
     known: BTreeMap<String, GpuReading>,
     replay_counters: BTreeMap<String, u32>,
+    nvlink: link_history::LinkHistory,
 }
 
 impl Memory {
@@ -80,6 +84,7 @@ impl Memory {
                 self.replay_counters.insert(gpu.uuid.clone(), pcie.replay_counter);
             }
         }
+        self.nvlink.remember(snapshot);
     }
 }
 
@@ -99,6 +104,11 @@ pub fn assess(
     for gpu in &snapshot.gpus {
         signals.extend(warning_signals(gpu, memory));
     }
+    signals.extend(link_signals::link_signals(
+        snapshot,
+        &memory.nvlink,
+        &catalog.nvlink,
+    ));
     if !snapshot.failed_calls.is_empty() {
         signals.push(Signal::new(
             SignalKind::DetectorFault,

@@ -6,6 +6,8 @@ use std::{collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
 
+pub mod nvlink;
+
 /// The catalog shipped with the agent.
 pub const DEFAULT_CATALOG_YAML: &str = include_str!("../../../config/xid-catalog.yaml");
 
@@ -41,6 +43,9 @@ struct CatalogFile {
     unknown: Option<XidEntry>,
     #[serde(default)]
     xids: Vec<CatalogFileEntry>,
+    /// NVLink and fabric thresholds ([`nvlink`]).
+    #[serde(default)]
+    nvlink: Option<nvlink::LinkPolicyFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,6 +85,14 @@ pub enum LoadCatalogError {
         /// The repeated XID.
         xid: u64,
     },
+    /// The `nvlink:` section holds a value the agent cannot use.
+    #[error("XID catalog {origin}: {message}")]
+    Nvlink {
+        /// Where the YAML came from.
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// XID code → entry, plus the entry for codes the catalog does not list.
@@ -87,6 +100,8 @@ pub enum LoadCatalogError {
 pub struct XidCatalog {
     entries: BTreeMap<u64, XidEntry>,
     unknown: XidEntry,
+    /// NVLink and fabric thresholds and actions.
+    pub(crate) nvlink: nvlink::LinkPolicy,
 }
 
 impl XidCatalog {
@@ -104,6 +119,7 @@ impl XidCatalog {
                 severity: Severity::Warning,
                 action: "CONTACT_SUPPORT".to_owned(),
             },
+            nvlink: nvlink::LinkPolicy::default(),
         };
         catalog.merge_yaml(yaml, origin)?;
         Ok(catalog)
@@ -135,6 +151,14 @@ impl XidCatalog {
         }
         if let Some(unknown) = file.unknown {
             self.unknown = unknown;
+        }
+        if let Some(nvlink) = file.nvlink {
+            self.nvlink
+                .merge(nvlink)
+                .map_err(|message| LoadCatalogError::Nvlink {
+                    origin: origin.to_owned(),
+                    message,
+                })?;
         }
         Ok(())
     }

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod nvlink;
+
 /// One read of every GPU on the host, plus the XID events that arrived since the previous read.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -27,6 +29,10 @@ pub struct Snapshot {
     /// never evidence that a GPU is broken.
     #[serde(default)]
     pub failed_calls: Vec<String>,
+    /// When the probe took it (rates and graces count from here); `None` in recorded readings,
+    /// where nothing time-based is decided.
+    #[serde(skip)]
+    pub taken_at: Option<std::time::Instant>,
 }
 
 /// The readings of one GPU. A field is `None` when the GPU does not support it.
@@ -71,6 +77,13 @@ pub struct GpuReading {
     /// PCI Express link state.
     #[serde(default)]
     pub pcie: Option<PcieLink>,
+    /// The NVLink links the GPU has (a link NVML answers `NotSupported` for is absent, not down).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvlinks: Vec<nvlink::NvLinkReading>,
+    /// The NVLink fabric (NVSwitch / Fabric Manager) registration; `None` where the GPU has no
+    /// fabric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<nvlink::FabricReading>,
 }
 
 /// Row remapper field values (`NVML_FI_DEV_REMAPPED_PENDING`, `NVML_FI_DEV_REMAPPED_FAILURE`).

@@ -166,6 +166,12 @@ pub mod gpu_reasons {
     pub const NVML_UNAVAILABLE: &str = "NvmlUnavailable";
     /// Prefix of XID reasons: `XID79`, `XID48`, ...
     pub const XID_PREFIX: &str = "XID";
+    /// An NVLink link of a GPU is down (the node uses NVLink and this link was or should be up).
+    pub const NVLINK_DOWN: &str = "NvlinkDown";
+    /// NVLink error counters (CRC, replay, recovery) grew faster than the catalog's threshold.
+    pub const NVLINK_ERRORS: &str = "NvlinkErrors";
+    /// The GPU's NVLink fabric (NVSwitch / Fabric Manager) did not register within the grace.
+    pub const FABRIC_NOT_READY: &str = "FabricNotReady";
 }
 
 /// Condition types on a `GpuRemediationPolicy`'s status.

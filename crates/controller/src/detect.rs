@@ -209,6 +209,31 @@ mod tests {
     }
 
     #[test]
+    fn a_trigger_selects_the_agents_nvlink_and_fabric_faults_by_reason() {
+        use gpu_remediation_api::constants::gpu_reasons::{FABRIC_NOT_READY, NVLINK_DOWN, NVLINK_ERRORS};
+        let nvlink_only = trigger(&[NVLINK_DOWN, NVLINK_ERRORS], 10);
+        for reason in [NVLINK_DOWN, NVLINK_ERRORS] {
+            assert!(
+                condition_matches(&nvlink_only, &condition("GpuHealthy", "False", reason, 0)),
+                "{reason}"
+            );
+        }
+        assert!(!condition_matches(
+            &nvlink_only,
+            &condition("GpuHealthy", "False", FABRIC_NOT_READY, 0)
+        ));
+        let verdict = evaluate(
+            &[condition("GpuHealthy", "False", FABRIC_NOT_READY, 0)],
+            &[nvlink_only, trigger(&[FABRIC_NOT_READY], 10)],
+            at(10),
+        );
+        let Verdict::Unhealthy { evidence } = verdict else {
+            panic!("expected unhealthy, got {verdict:?}")
+        };
+        assert_eq!(evidence.reason, "FabricNotReady");
+    }
+
+    #[test]
     fn a_healthy_condition_reports_since_when_it_has_been_healthy() {
         let verdict = evaluate(
             &[condition("GpuHealthy", "True", "GpusHealthy", 30)],

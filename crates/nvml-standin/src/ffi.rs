@@ -10,6 +10,8 @@
 //! pair is valid for `length` bytes.
 #![allow(non_snake_case, reason = "NVML's exported names")]
 
+mod nvlink;
+
 use std::{
     ffi::{c_char, c_int, c_uint, c_ulonglong},
     sync::OnceLock,

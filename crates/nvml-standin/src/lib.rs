@@ -4,13 +4,15 @@
 //! scenario in `GPU_STANDIN_SCENARIO`: the same JSON file the agent's `file` probe reads,
 //! re-read whenever it changes.
 //!
-//! - [`scenario`]: the file's format and how it becomes NVML answers.
+//! - [`scenario`]: the file's format and how it becomes NVML answers; [`nvlink`]: its NVLink and
+//!   fabric fields.
 //! - `state`: the answers, without raw pointers (init count, handles, event sets, XID delivery).
 //! - `ffi`: the exported C functions; the only `unsafe` in the workspace outside its dependencies.
 //!
 //! This library is for tests only: nothing in it talks to a GPU.
 
 mod ffi;
+pub mod nvlink;
 pub mod scenario;
 mod state;
 

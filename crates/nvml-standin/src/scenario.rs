@@ -17,6 +17,7 @@
 //! - `deviceCount`: what `nvmlDeviceGetCount_v2` answers (default: the number of slots); slots past
 //!   it are not reachable, a count past the slots reaches indices that fail with `INVALID_ARGUMENT`.
 //! - `xidEvents`: delivered once each (keyed by `id`, else position) through `nvmlEventSetWait_v2`.
+//! - `nvlinks`, `fabric`: see [`crate::nvlink`].
 //! - `failedCalls`: `device <index>: <nvml function>: <error>` makes that call on that device
 //!   (`index` as in the file) fail with that error; any other form is refused.
 
@@ -101,6 +102,12 @@ pub struct Gpu {
     /// PCI Express link.
     #[serde(default)]
     pub pcie: Option<Pcie>,
+    /// NVLink links (see [`crate::nvlink`]).
+    #[serde(default)]
+    pub nvlinks: Vec<crate::nvlink::NvLink>,
+    /// Fabric registration (see [`crate::nvlink`]).
+    #[serde(default)]
+    pub fabric: Option<crate::nvlink::Fabric>,
 }
 
 /// Row remapper field values.

@@ -7,7 +7,9 @@
 //!   "nvmlError": null,          // a string here makes every read fail: NVML unavailable
 //!   "hangSeconds": 0,           // each read blocks this long: a hung NVML
 //!   "deviceCount": 2,           // optional; defaults to gpus + lostIndices + unreadableIndices
-//!   "gpus": [{"index": 0, "uuid": "GPU-...", "pciBusId": "00000000:18:00.0", ...}],
+//!   "gpus": [{"index": 0, "uuid": "GPU-...", "pciBusId": "00000000:18:00.0", ...,
+//!             "nvlinks": [{"link": 0, "active": true, "errors": {"replay": 0, ...}}],
+//!             "fabric": {"state": "completed", "status": 0}}],
 //!   "lostIndices": [],
 //!   "xidEvents": [{"id": 1, "xid": 79, "gpuUuid": "GPU-..."}],
 //!   "failedCalls": []
@@ -123,6 +125,7 @@ impl Probe for FileProbe {
             unreadable_indices: file.unreadable_indices,
             xid_events,
             failed_calls: file.failed_calls,
+            taken_at: Some(std::time::Instant::now()),
         })
     }
 }

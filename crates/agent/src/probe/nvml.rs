@@ -23,6 +23,8 @@ use nvml_wrapper::{
     sys_exports::field_id::{NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING},
 };
 
+mod links;
+
 use super::{Probe, ReadGpusError};
 use crate::readings::{GpuReading, PcieLink, RowRemap, Snapshot, XidEvent};
 
@@ -107,6 +109,7 @@ impl Probe for NvmlProbe {
             .map_err(|err| ReadGpusError::NvmlUnavailable(format!("nvmlDeviceGetCount: {err}")))?;
         let mut snapshot = Snapshot {
             device_count,
+            taken_at: Some(Instant::now()),
             ..Snapshot::default()
         };
         for index in 0..device_count {
@@ -141,14 +144,14 @@ enum DeviceRead {
 }
 
 /// A failed call: lost GPU, unsupported feature, or a real failure (recorded).
-enum CallError {
+pub(super) enum CallError {
     Lost,
     Failed,
 }
 
 /// Sorts one call's result: `NotSupported` is `None`, `GpuLost` ends the device's read, anything
 /// else is recorded as a failed call.
-fn optional<T>(
+pub(super) fn optional<T>(
     result: Result<T, NvmlError>,
     index: u32,
     call: &str,
@@ -260,6 +263,8 @@ fn read_fields(device: &Device<'_>, index: u32, failed: &mut Vec<String>) -> Res
         .map(|celsius| gpu.slowdown_threshold_c = celsius),
     )?;
     keep_unless_lost(read_pcie(device, index, failed).map(|pcie| gpu.pcie = pcie))?;
+    gpu.nvlinks = links::read_nvlinks(device, index, failed)?;
+    gpu.fabric = links::read_fabric(device, index, failed)?;
     Ok(gpu)
 }
 
