@@ -12,6 +12,7 @@ use gpu_health_agent::{
     catalog::XidCatalog,
     health::{HealthState, WarningPolicy},
     inventory::inventory_of,
+    kernel_log::{self, KernelLog},
     liveness::{self, Liveness},
     pod_resources::reader::PodResourcesReader,
     probe::{Probe, deadline::DeadlineReader, file::FileProbe, nvml::NvmlProbe},
@@ -81,6 +82,12 @@ struct Flags {
     /// not read, and not published.
     #[arg(long, default_value = gpu_health_agent::pod_resources::reader::DEFAULT_SOCKET)]
     pod_resources_socket: PathBuf,
+    /// The kernel log read for the driver's XID lines (`NVRM: Xid ...`), including XIDs raised
+    /// while the agent was down; a plain file of `/dev/kmsg` or `dmesg` lines in tests. Empty: not
+    /// read. Reading `/dev/kmsg` needs `CAP_SYSLOG` where `kernel.dmesg_restrict=1`; a log that
+    /// cannot be read sets `GpuHealthy=Unknown` (`KernelLogUnreadable`).
+    #[arg(long, default_value = kernel_log::DEFAULT_PATH)]
+    kernel_log: PathBuf,
     /// Serve `/healthz` (liveness: the loop keeps ticking) on this address, e.g. `0.0.0.0:8081`.
     #[arg(long)]
     health_listen: Option<std::net::SocketAddr>,
@@ -138,7 +145,11 @@ async fn main() -> anyhow::Result<()> {
     // A tick may take a read timeout plus API calls; three missed intervals (at least a minute)
     // mean the loop is stuck.
     let stale_after = (settings.interval * 3).max(Duration::from_secs(60)) + flags.read_timeout.as_std();
+    let booted_at = settings.booted_at;
     let mut agent = Agent::start(settings, catalog, reader, publisher).await;
+    if !flags.kernel_log.as_os_str().is_empty() {
+        agent = agent.with_kernel_log(KernelLog::new(&flags.kernel_log, booted_at));
+    }
     if !flags.pod_resources_socket.as_os_str().is_empty() {
         // A hung kubelet must not hold up the GPU health loop for long.
         let deadline = flags.read_timeout.as_std().min(Duration::from_secs(2));
