@@ -1,7 +1,11 @@
 //! `gpu-health-agent`: the `DaemonSet` binary. Parses flags, builds the probe and the API client,
 //! and runs the loop (or one read with `--once`, printing what it saw with `--print`).
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
@@ -87,7 +91,7 @@ struct Flags {
     /// read. Reading `/dev/kmsg` needs `CAP_SYSLOG` where `kernel.dmesg_restrict=1`; a log that
     /// cannot be read sets `GpuHealthy=Unknown` (`KernelLogUnreadable`).
     #[arg(long, default_value = kernel_log::DEFAULT_PATH)]
-    kernel_log: PathBuf,
+    kernel_log: String,
     /// Serve `/healthz` (liveness: the loop keeps ticking) on this address, e.g. `0.0.0.0:8081`.
     #[arg(long)]
     health_listen: Option<std::net::SocketAddr>,
@@ -147,8 +151,8 @@ async fn main() -> anyhow::Result<()> {
     let stale_after = (settings.interval * 3).max(Duration::from_secs(60)) + flags.read_timeout.as_std();
     let booted_at = settings.booted_at;
     let mut agent = Agent::start(settings, catalog, reader, publisher).await;
-    if !flags.kernel_log.as_os_str().is_empty() {
-        agent = agent.with_kernel_log(KernelLog::new(&flags.kernel_log, booted_at));
+    if !flags.kernel_log.is_empty() {
+        agent = agent.with_kernel_log(KernelLog::new(Path::new(&flags.kernel_log), booted_at));
     }
     if !flags.pod_resources_socket.as_os_str().is_empty() {
         // A hung kubelet must not hold up the GPU health loop for long.

@@ -274,6 +274,10 @@ impl AgentProcess {
                 command.env("GPU_STANDIN_SCENARIO", scenario);
             }
         }
+        // The host's /dev/kmsg is not the scenario's: a test that wants a kernel log names one.
+        if !extra.iter().any(|arg| arg.starts_with("--kernel-log")) {
+            args.push("--kernel-log=".to_owned());
+        }
         args.extend(extra.iter().map(|arg| (*arg).to_owned()));
         let child = command
             .arg("-c")
