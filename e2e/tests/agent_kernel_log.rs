@@ -66,14 +66,14 @@ fn write_kernel_log(path: &Path, scenario: &Value) {
     let temporary = path.with_extension("tmp");
     std::fs::write(
         &temporary,
-        lines.iter().map(|line| format!("{line}\n")).collect::<String>(),
+        lines.iter().flat_map(|line| [*line, "\n"]).collect::<String>(),
     )
     .unwrap();
     std::fs::rename(&temporary, path).unwrap();
 }
 
 /// Appends `line` to the scenario's kernel log and writes both files (the log first).
-fn log(scenario: &mut Value, line: String, kernel_log: &Path, probe_file: &Path) {
+fn log(scenario: &mut Value, line: &str, kernel_log: &Path, probe_file: &Path) {
     scenario["kernelLog"].as_array_mut().unwrap().push(json!(line));
     write_kernel_log(kernel_log, scenario);
     write_probe_file(probe_file, scenario);
@@ -142,7 +142,7 @@ async fn an_xid_79_only_in_the_kernel_log_sets_the_condition_once_and_an_xid_on_
     scenario["xidEvents"] = json!([{"id": 1, "xid": 13, "gpuUuid": format!("GPU-{node}-0001")}]);
     log(
         &mut scenario,
-        xid_record(3, 1, 13, "Graphics SM Warp Exception"),
+        &xid_record(3, 1, 13, "Graphics SM Warp Exception"),
         &kernel_log,
         &probe_file,
     );
@@ -156,7 +156,7 @@ async fn an_xid_79_only_in_the_kernel_log_sets_the_condition_once_and_an_xid_on_
     // A second XID 13, in the kernel log only: the second occurrence, so the warning Event.
     log(
         &mut scenario,
-        xid_record(4, 1, 13, "Graphics SM Warp Exception"),
+        &xid_record(4, 1, 13, "Graphics SM Warp Exception"),
         &kernel_log,
         &probe_file,
     );
@@ -170,7 +170,7 @@ async fn an_xid_79_only_in_the_kernel_log_sets_the_condition_once_and_an_xid_on_
     // XID 79 on GPU 2, in the kernel log only (NVML's event API silent, the GPU still listed).
     log(
         &mut scenario,
-        xid_record(5, 2, 79, "GPU has fallen off the bus."),
+        &xid_record(5, 2, 79, "GPU has fallen off the bus."),
         &kernel_log,
         &probe_file,
     );
@@ -213,7 +213,7 @@ async fn an_xid_raised_while_the_agent_was_down_is_seen_and_a_cleared_one_is_not
     // While no agent runs, the driver logs XID 79 on GPU 3; the next agent finds it in the log.
     log(
         &mut scenario,
-        xid_record(3, 3, 79, "GPU has fallen off the bus."),
+        &xid_record(3, 3, 79, "GPU has fallen off the bus."),
         &kernel_log,
         &probe_file,
     );
