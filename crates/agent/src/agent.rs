@@ -167,6 +167,13 @@ impl Agent {
         }
     }
 
+    /// Scrapes a DCGM exporter too.
+    #[must_use]
+    pub fn with_dcgm(mut self, source: crate::dcgm::DcgmSource) -> Self {
+        self.xid_paths.set_dcgm(source);
+        self
+    }
+
     /// Reads XIDs from the kernel log too. What the node says was handled (a clear, a `True`
     /// condition) sets the log's horizon; the inventory it carries names GPUs NVML no longer lists.
     #[must_use]
@@ -240,9 +247,10 @@ impl Agent {
             self.refresh_node().await;
         }
         let mut read = self.reader.read().await;
+        let dcgm = self.xid_paths.scrape_dcgm().await;
         let other_paths = self
             .xid_paths
-            .collect(&mut read, &self.memory, &self.catalog, now());
+            .collect(&mut read, dcgm, &self.memory, &self.catalog, now());
         let (mut signals, healthy_message) = signals_of(&read, &self.memory, self.expected(), &self.catalog);
         signals.extend(other_paths);
         signals.sort_by_key(|signal| signal.kind);

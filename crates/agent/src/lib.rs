@@ -5,7 +5,7 @@
 //! signals using the [`catalog`], [`health`] latches fatal ones and counts warnings, [`condition`]
 //! shapes what goes on the Node with the hardware [`inventory`] and the device plugin's GPU assignment
 //! read from the kubelet ([`pod_resources`]), and [`publish`] writes it. [`agent`] runs that loop.
-//! XIDs also come from the [`kernel_log`], merged with NVML's by [`xid_paths`] and [`xid_dedup`].
+//! XIDs also come from the [`kernel_log`] and a [`dcgm`] exporter, merged with NVML's by [`xid_paths`] and [`xid_dedup`].
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -13,6 +13,7 @@ pub mod assess;
 pub mod boot_time;
 pub mod catalog;
 pub mod condition;
+pub mod dcgm;
 pub mod health;
 pub mod inventory;
 pub mod kernel_log;

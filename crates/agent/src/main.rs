@@ -14,6 +14,7 @@ use gpu_health_agent::{
     assess::{Memory, SignalKind},
     boot_time::host_boot_time,
     catalog::XidCatalog,
+    dcgm::DcgmSource,
     health::{HealthState, WarningPolicy},
     inventory::inventory_of,
     kernel_log::{self, KernelLog},
@@ -92,6 +93,12 @@ struct Flags {
     /// cannot be read sets `GpuHealthy=Unknown` (`KernelLogUnreadable`).
     #[arg(long, default_value = kernel_log::DEFAULT_PATH)]
     kernel_log: String,
+    /// A DCGM exporter's metrics on this node, e.g. `http://127.0.0.1:9400/metrics`, scraped every
+    /// tick as a second opinion (XIDs, double-bit ECC, row remapping); off when unset. One that
+    /// does not answer within `--read-timeout` (at most 5s) sets `GpuHealthy=Unknown`
+    /// (`DcgmUnavailable`).
+    #[arg(long)]
+    dcgm_metrics_url: Option<String>,
     /// Serve `/healthz` (liveness: the loop keeps ticking) on this address, e.g. `0.0.0.0:8081`.
     #[arg(long)]
     health_listen: Option<std::net::SocketAddr>,
@@ -151,6 +158,10 @@ async fn main() -> anyhow::Result<()> {
     let stale_after = (settings.interval * 3).max(Duration::from_secs(60)) + flags.read_timeout.as_std();
     let booted_at = settings.booted_at;
     let mut agent = Agent::start(settings, catalog, reader, publisher).await;
+    if let Some(url) = &flags.dcgm_metrics_url {
+        let timeout = flags.read_timeout.as_std().min(Duration::from_secs(5));
+        agent = agent.with_dcgm(DcgmSource::new(url, timeout).map_err(anyhow::Error::msg)?);
+    }
     if !flags.kernel_log.is_empty() {
         agent = agent.with_kernel_log(KernelLog::new(Path::new(&flags.kernel_log), booted_at));
     }
