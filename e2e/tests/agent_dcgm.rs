@@ -16,10 +16,9 @@ use std::{
 };
 
 use agent_support::{
-    AgentGround, Probe, gpu_condition, healthy_gpus, wait_for_condition, wait_until_healthy,
+    AgentGround, Probe, assert_condition_stays, healthy_gpus, wait_for_condition, wait_for_fault_set_once,
+    wait_until_healthy,
 };
-use k8s_openapi::api::{core::v1::Node, events::v1::Event};
-use kube::{Api, Client, api::ListParams};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 for_both_probes!(
@@ -103,18 +102,6 @@ fn metrics(node: &str, xids: [u64; 4]) -> String {
     text
 }
 
-async fn events_of(client: &Client, node: &str, reason: &str) -> usize {
-    let params = ListParams::default().fields(&format!("regarding.name={node}"));
-    Api::<Event>::namespaced(client.clone(), "default")
-        .list(&params)
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|event| event.reason.as_deref() == Some(reason))
-        .count()
-}
-
 async fn an_xid_only_dcgm_reports_sets_the_condition_once(probe: Probe) {
     let ground = AgentGround::new(&format!("dcgm-xid-{probe:?}"), 1).await;
     let client = ground.client.clone();
@@ -129,26 +116,16 @@ async fn an_xid_only_dcgm_reports_sets_the_condition_once(probe: Probe) {
 
     // DCGM sees XID 79 on GPU 1; NVML's event API stays silent.
     exporter.serve(metrics(&node, [0, 79, 0, 0]));
-    let condition =
-        wait_for_condition(&client, &node, "False", "XID79", Duration::from_secs(10), &agent).await;
-    let message = condition.message.clone().unwrap_or_default();
-    assert!(
-        message.contains(&format!("GPU-{node}-0001")),
-        "names the UUID: {message}"
-    );
-    assert!(
-        message.contains("00000000:28:00.0"),
-        "names the PCI address: {message}"
-    );
-    assert!(
-        message.contains("DCGM exporter"),
-        "says where it was read: {message}"
-    );
-    // Once: DCGM keeps serving 79 on every scrape; the condition keeps its transition.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let later = gpu_condition(&Api::<Node>::all(client.clone()).get(&node).await.unwrap()).unwrap();
-    assert_eq!(later.last_transition_time, condition.last_transition_time);
-    assert_eq!(events_of(&client, &node, "XID79").await, 1);
+    // Once, though DCGM keeps serving 79 on every scrape.
+    let uuid = format!("GPU-{node}-0001");
+    wait_for_fault_set_once(
+        &client,
+        &node,
+        "XID79",
+        &[&uuid, "00000000:28:00.0", "DCGM exporter"],
+        &agent,
+    )
+    .await;
     drop(agent);
     ground.stop().await;
 }
@@ -179,12 +156,7 @@ async fn an_unreachable_dcgm_exporter_reads_unknown_never_a_gpu_fault(probe: Pro
         message.contains(&closed.to_string()),
         "names the exporter: {message}"
     );
-    let nodes: Api<Node> = Api::all(client.clone());
-    for _ in 0..6 {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let condition = gpu_condition(&nodes.get(&node).await.unwrap()).unwrap();
-        assert_eq!(condition.status, "Unknown", "never a GPU fault: {condition:?}");
-    }
+    assert_condition_stays(&client, &node, "Unknown").await;
     drop(agent);
     ground.stop().await;
 }

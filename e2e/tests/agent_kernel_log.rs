@@ -15,17 +15,14 @@ use std::{
 };
 
 use agent_support::{
-    AgentGround, AgentProcess, Probe, gpu_condition, healthy_gpus, wait_for_condition, wait_for_event,
-    wait_until_healthy, write_probe_file,
+    AgentGround, AgentProcess, Probe, assert_condition_stays, count_events, gpu_condition, healthy_gpus,
+    wait_for_condition, wait_for_event, wait_for_fault_set_once, wait_until_healthy, write_probe_file,
 };
 use gpu_remediation_api::constants::{CLEAR_ANNOTATION, FAILED_GPUS_ANNOTATION};
-use k8s_openapi::{
-    api::{core::v1::Node, events::v1::Event},
-    jiff::Timestamp,
-};
+use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
 use kube::{
-    Api, Client,
-    api::{ListParams, Patch, PatchParams},
+    Api,
+    api::{Patch, PatchParams},
 };
 use serde_json::{Value, json};
 
@@ -90,18 +87,6 @@ fn quiet_scenario(node: &str) -> Value {
     scenario
 }
 
-async fn events_of(client: &Client, node: &str, reason: &str) -> Vec<Event> {
-    let params = ListParams::default().fields(&format!("regarding.name={node}"));
-    Api::<Event>::namespaced(client.clone(), "default")
-        .list(&params)
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|event| event.reason.as_deref() == Some(reason))
-        .collect()
-}
-
 /// Starts `node`'s agent on `scenario`, reading `kernel_log` (written first).
 async fn start(
     ground: &AgentGround,
@@ -148,7 +133,7 @@ async fn an_xid_79_only_in_the_kernel_log_sets_the_condition_once_and_an_xid_on_
     );
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
-        events_of(&client, &node, "XID13").await.len(),
+        count_events(&client, &node, "XID13").await,
         0,
         "one XID on two paths counted twice\nagent log:\n{}",
         agent.log_tail()
@@ -174,27 +159,15 @@ async fn an_xid_79_only_in_the_kernel_log_sets_the_condition_once_and_an_xid_on_
         &kernel_log,
         &probe_file,
     );
-    let condition =
-        wait_for_condition(&client, &node, "False", "XID79", Duration::from_secs(10), &agent).await;
-    let message = condition.message.clone().unwrap_or_default();
-    assert!(
-        message.contains(&format!("GPU-{node}-0002")),
-        "names the UUID: {message}"
-    );
-    assert!(
-        message.contains("00000000:38:00.0"),
-        "names the PCI address: {message}"
-    );
-    assert!(
-        message.contains("kernel log at"),
-        "says where it was read: {message}"
-    );
-    // Once: the condition keeps its transition, and one status-change Event says XID79.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let later = gpu_condition(&Api::<Node>::all(client.clone()).get(&node).await.unwrap()).unwrap();
-    assert_eq!(later.last_transition_time, condition.last_transition_time);
-    assert_eq!(later.reason.as_deref(), Some("XID79"));
-    assert_eq!(events_of(&client, &node, "XID79").await.len(), 1);
+    let uuid = format!("GPU-{node}-0002");
+    wait_for_fault_set_once(
+        &client,
+        &node,
+        "XID79",
+        &[&uuid, "00000000:38:00.0", "kernel log at"],
+        &agent,
+    )
+    .await;
     drop(agent);
     ground.stop().await;
 }
@@ -278,12 +251,8 @@ async fn an_unreadable_kernel_log_reads_unknown_never_a_gpu_fault(probe: Probe) 
     );
     assert!(message.contains("cannot be read"), "{message}");
     // Never a GPU fault: no False while it stays unreadable, nothing latched, nothing to remediate.
+    assert_condition_stays(&client, &node, "Unknown").await;
     let nodes: Api<Node> = Api::all(client.clone());
-    for _ in 0..6 {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let condition = gpu_condition(&nodes.get(&node).await.unwrap()).unwrap();
-        assert_eq!(condition.status, "Unknown", "{condition:?}");
-    }
     let annotations = nodes
         .get(&node)
         .await
