@@ -97,5 +97,15 @@ if command -v nvidia-smi >/dev/null; then
 fi
 if [[ $nvlink_verdict -ne 0 && $verdict -eq 0 ]]; then verdict=1; fi
 
+step "the kernel log's NVRM lines (what --kernel-log=/dev/kmsg parses; read-only, last 40)"
+# dmesg only reads the ring buffer (no --clear); where kernel.dmesg_restrict=1 it needs root or
+# CAP_SYSLOG, as the agent does. Informational: the verdict does not depend on it.
+echo "kernel.dmesg_restrict=$(cat /proc/sys/kernel/dmesg_restrict 2>/dev/null || echo '?')"
+if nvrm=$(timeout 10 dmesg --kernel 2>&1); then
+  printf '%s\n' "$nvrm" | grep -E 'NVRM: (Xid|GPU at)' | tail -n 40 || echo "no NVRM Xid lines since boot"
+else
+  echo "dmesg cannot read the kernel log here: $nvrm"
+fi
+
 step "done, verdict $verdict"
 exit "$verdict"

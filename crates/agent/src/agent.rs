@@ -13,7 +13,8 @@ use crate::{
     catalog::XidCatalog,
     condition::{NodeAnnotations, NodeView, PublishedCondition},
     health::{DesiredCondition, HealthState, WarningPolicy, detector_fault},
-    inventory::{FailedGpu, annotation_text, failed_gpus, inventory_of},
+    inventory::{FailedGpu, InventoryGpu, annotation_text, failed_gpus, inventory_of},
+    kernel_log::KernelLog,
     liveness::Liveness,
     pod_resources::{
         assignment::{annotation_to_publish, assignment_of, restamp_due},
@@ -22,6 +23,7 @@ use crate::{
     probe::{ReadGpusError, deadline::DeadlineReader},
     publish::NodePublisher,
     readings::Snapshot,
+    xid_paths::XidPaths,
 };
 
 /// How the loop runs.
@@ -108,6 +110,8 @@ pub struct Agent {
     pod_resources_error: Option<String>,
     /// NVML index → UUID from the last successful read, for index-named devices.
     gpu_indices: std::collections::BTreeMap<u32, String>,
+    /// The XID paths besides NVML's events (the kernel log), deduplicated with them.
+    xid_paths: XidPaths,
 }
 
 impl Agent {
@@ -159,7 +163,39 @@ impl Agent {
             gpu_pods: None,
             pod_resources_error: None,
             gpu_indices: std::collections::BTreeMap::new(),
+            xid_paths: XidPaths::default(),
         }
+    }
+
+    /// Scrapes a DCGM exporter too.
+    #[must_use]
+    pub fn with_dcgm(mut self, source: crate::dcgm::DcgmSource) -> Self {
+        self.xid_paths.set_dcgm(source);
+        self
+    }
+
+    /// Reads XIDs from the kernel log too. What the node says was handled (a clear, a `True`
+    /// condition) sets the log's horizon; the inventory it carries names GPUs NVML no longer lists.
+    #[must_use]
+    pub fn with_kernel_log(mut self, mut log: KernelLog) -> Self {
+        if let Some(cleared_at) = self.view.cleared_at {
+            log.handled_until(cleared_at);
+        }
+        if let Some(condition) = self.view.condition.as_ref().filter(|c| c.status == "True") {
+            log.handled_until(condition.last_transition);
+        }
+        let recorded: Vec<InventoryGpu> = self
+            .inventory
+            .as_deref()
+            .and_then(|text| serde_json::from_str(text).ok())
+            .unwrap_or_default();
+        log.learn(
+            recorded
+                .iter()
+                .map(|gpu| (gpu.pci_bus_id.as_str(), gpu.uuid.as_str())),
+        );
+        self.xid_paths.set_kernel_log(log);
+        self
     }
 
     /// Reads the device plugin's GPU assignment from the kubelet at every tick and publishes it
@@ -210,8 +246,14 @@ impl Agent {
         if self.node_read_at.elapsed() >= refresh {
             self.refresh_node().await;
         }
-        let read = self.reader.read().await;
-        let (signals, healthy_message) = signals_of(&read, &self.memory, self.expected(), &self.catalog);
+        let mut read = self.reader.read().await;
+        let dcgm = self.xid_paths.scrape_dcgm().await;
+        let other_paths = self
+            .xid_paths
+            .collect(&mut read, dcgm, &self.memory, &self.catalog, now());
+        let (mut signals, healthy_message) = signals_of(&read, &self.memory, self.expected(), &self.catalog);
+        signals.extend(other_paths);
+        signals.sort_by_key(|signal| signal.kind);
         if let Ok(snapshot) = &read {
             self.memory.remember(snapshot);
             self.inventory = Some(annotation_text(&inventory_of(snapshot)));
@@ -280,6 +322,9 @@ impl Agent {
                     && self.health.clear_if_before(cleared_at)
                 {
                     tracing::info!(%cleared_at, "latched fault cleared by annotation");
+                    if let Some(log) = self.xid_paths.kernel_log_mut() {
+                        log.handled_until(cleared_at);
+                    }
                     // The person accepted the node as it is now: GPUs gone before the clear are no
                     // longer looked for (the expected count still is).
                     self.memory = Memory::default();

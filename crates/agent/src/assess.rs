@@ -177,7 +177,8 @@ fn missing_gpus(snapshot: &Snapshot, memory: &Memory, expected: Option<u32>) -> 
     signals
 }
 
-fn xid_signals<'a>(
+/// The signals of a snapshot's XID events, through the catalog (also for XIDs other paths report).
+pub fn xid_signals<'a>(
     snapshot: &'a Snapshot,
     memory: &'a Memory,
     catalog: &'a XidCatalog,

@@ -174,7 +174,7 @@ impl HealthState {
         {
             DesiredCondition {
                 status: ConditionStatus::Unknown,
-                reason: gpu_reasons::NVML_UNAVAILABLE.to_owned(),
+                reason: fault.reason.clone(),
                 message: fault.message.clone(),
             }
         } else {

@@ -5,6 +5,7 @@
 //! signals using the [`catalog`], [`health`] latches fatal ones and counts warnings, [`condition`]
 //! shapes what goes on the Node with the hardware [`inventory`] and the device plugin's GPU assignment
 //! read from the kubelet ([`pod_resources`]), and [`publish`] writes it. [`agent`] runs that loop.
+//! XIDs also come from the [`kernel_log`] and a [`dcgm`] exporter, merged with NVML's by [`xid_paths`] and [`xid_dedup`].
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -12,10 +13,14 @@ pub mod assess;
 pub mod boot_time;
 pub mod catalog;
 pub mod condition;
+pub mod dcgm;
 pub mod health;
 pub mod inventory;
+pub mod kernel_log;
 pub mod liveness;
 pub mod pod_resources;
 pub mod probe;
 pub mod publish;
 pub mod readings;
+pub mod xid_dedup;
+pub mod xid_paths;

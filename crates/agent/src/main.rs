@@ -1,7 +1,11 @@
 //! `gpu-health-agent`: the `DaemonSet` binary. Parses flags, builds the probe and the API client,
 //! and runs the loop (or one read with `--once`, printing what it saw with `--print`).
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
@@ -10,8 +14,10 @@ use gpu_health_agent::{
     assess::{Memory, SignalKind},
     boot_time::host_boot_time,
     catalog::XidCatalog,
+    dcgm::DcgmSource,
     health::{HealthState, WarningPolicy},
     inventory::inventory_of,
+    kernel_log::{self, KernelLog},
     liveness::{self, Liveness},
     pod_resources::reader::PodResourcesReader,
     probe::{Probe, deadline::DeadlineReader, file::FileProbe, nvml::NvmlProbe},
@@ -81,6 +87,18 @@ struct Flags {
     /// not read, and not published.
     #[arg(long, default_value = gpu_health_agent::pod_resources::reader::DEFAULT_SOCKET)]
     pod_resources_socket: PathBuf,
+    /// The kernel log read for the driver's XID lines (`NVRM: Xid ...`), including XIDs raised
+    /// while the agent was down; a plain file of `/dev/kmsg` or `dmesg` lines in tests. Empty: not
+    /// read. Reading `/dev/kmsg` needs `CAP_SYSLOG` where `kernel.dmesg_restrict=1`; a log that
+    /// cannot be read sets `GpuHealthy=Unknown` (`KernelLogUnreadable`).
+    #[arg(long, default_value = kernel_log::DEFAULT_PATH)]
+    kernel_log: String,
+    /// A DCGM exporter's metrics on this node, e.g. `http://127.0.0.1:9400/metrics`, scraped every
+    /// tick as a second opinion (XIDs, double-bit ECC, row remapping); off when unset. One that
+    /// does not answer within `--read-timeout` (at most 5s) sets `GpuHealthy=Unknown`
+    /// (`DcgmUnavailable`).
+    #[arg(long)]
+    dcgm_metrics_url: Option<String>,
     /// Serve `/healthz` (liveness: the loop keeps ticking) on this address, e.g. `0.0.0.0:8081`.
     #[arg(long)]
     health_listen: Option<std::net::SocketAddr>,
@@ -138,7 +156,15 @@ async fn main() -> anyhow::Result<()> {
     // A tick may take a read timeout plus API calls; three missed intervals (at least a minute)
     // mean the loop is stuck.
     let stale_after = (settings.interval * 3).max(Duration::from_secs(60)) + flags.read_timeout.as_std();
+    let booted_at = settings.booted_at;
     let mut agent = Agent::start(settings, catalog, reader, publisher).await;
+    if let Some(url) = &flags.dcgm_metrics_url {
+        let timeout = flags.read_timeout.as_std().min(Duration::from_secs(5));
+        agent = agent.with_dcgm(DcgmSource::new(url, timeout).map_err(anyhow::Error::msg)?);
+    }
+    if !flags.kernel_log.is_empty() {
+        agent = agent.with_kernel_log(KernelLog::new(Path::new(&flags.kernel_log), booted_at));
+    }
     if !flags.pod_resources_socket.as_os_str().is_empty() {
         // A hung kubelet must not hold up the GPU health loop for long.
         let deadline = flags.read_timeout.as_std().min(Duration::from_secs(2));

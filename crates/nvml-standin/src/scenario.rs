@@ -20,6 +20,7 @@
 //! - `nvlinks`, `fabric`: see [`crate::nvlink`].
 //! - `failedCalls`: `device <index>: <nvml function>: <error>` makes that call on that device
 //!   (`index` as in the file) fail with that error; any other form is refused.
+//! - `kernelLog`: no NVML answer; the harness writes these lines to the agent's kernel log.
 
 use std::{path::Path, time::SystemTime};
 
@@ -57,6 +58,10 @@ pub struct Scenario {
     xid_events: Vec<ScenarioXid>,
     #[serde(default)]
     failed_calls: Vec<String>,
+    /// Kernel-log lines (`/dev/kmsg` records): no NVML call answers them; the harness writes them
+    /// to the file the agent reads as its kernel log (`--kernel-log`).
+    #[serde(default, rename = "kernelLog")]
+    _kernel_log: Vec<String>,
     /// `failed_calls`, parsed.
     #[serde(skip)]
     failures: Vec<FailedCall>,
@@ -523,6 +528,16 @@ mod tests {
         assert!(
             Scenario::parse(r#"{"gpus": [{"index": 0, "uuid": "a", "pciBusId": "b", "temp": 3}]}"#).is_err()
         );
+    }
+
+    #[test]
+    fn kernel_log_lines_are_accepted_and_answer_no_nvml_call() {
+        let scenario = Scenario::parse(
+            r#"{"gpus": [], "kernelLog": ["3,1,5000000,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."]}"#,
+        )
+        .unwrap();
+        assert!(scenario.xids().is_empty());
+        assert!(Scenario::parse(r#"{"kernelLog": "not a list"}"#).is_err());
     }
 
     #[test]

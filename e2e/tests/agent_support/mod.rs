@@ -274,6 +274,10 @@ impl AgentProcess {
                 command.env("GPU_STANDIN_SCENARIO", scenario);
             }
         }
+        // The host's /dev/kmsg is not the scenario's: a test that wants a kernel log names one.
+        if !extra.iter().any(|arg| arg.starts_with("--kernel-log")) {
+            args.push("--kernel-log=".to_owned());
+        }
         args.extend(extra.iter().map(|arg| (*arg).to_owned()));
         let child = command
             .arg("-c")
@@ -504,4 +508,56 @@ pub async fn wait_until_gpu_missing(client: &Client, node: &str, agent: &AgentPr
         agent,
     )
     .await
+}
+
+/// The Events about `node` with `reason`.
+pub async fn count_events(client: &Client, node: &str, reason: &str) -> usize {
+    let params = ListParams::default().fields(&format!("regarding.name={node}"));
+    Api::<Event>::namespaced(client.clone(), "default")
+        .list(&params)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|event| event.reason.as_deref() == Some(reason))
+        .count()
+}
+
+/// Waits (10 s) for `GpuHealthy=False` with `reason`, whose message names each of `names`; then,
+/// 4 s later, asserts it was set once: the same transition time and one status-change Event.
+pub async fn wait_for_fault_set_once(
+    client: &Client,
+    node: &str,
+    reason: &str,
+    names: &[&str],
+    agent: &AgentProcess,
+) -> NodeCondition {
+    let condition = wait_for_condition(client, node, "False", reason, Duration::from_secs(10), agent).await;
+    let message = condition.message.clone().unwrap_or_default();
+    for name in names {
+        assert!(message.contains(name), "names {name}: {message}");
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let later = gpu_condition(&Api::<Node>::all(client.clone()).get(node).await.unwrap()).unwrap();
+    assert_eq!(
+        (later.reason.as_deref(), later.last_transition_time.as_ref()),
+        (Some(reason), condition.last_transition_time.as_ref()),
+        "set once"
+    );
+    assert_eq!(
+        count_events(client, node, reason).await,
+        1,
+        "one status-change Event"
+    );
+    condition
+}
+
+/// Asserts `node`'s `GpuHealthy` stays `status` for 3 s.
+pub async fn assert_condition_stays(client: &Client, node: &str, status: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let condition = gpu_condition(&nodes.get(node).await.unwrap()).unwrap();
+        assert_eq!(condition.status, status, "{condition:?}");
+    }
 }

@@ -12,7 +12,8 @@
 //!             "fabric": {"state": "completed", "status": 0}}],
 //!   "lostIndices": [],
 //!   "xidEvents": [{"id": 1, "xid": 79, "gpuUuid": "GPU-..."}],
-//!   "failedCalls": []
+//!   "failedCalls": [],
+//!   "kernelLog": ["3,1,5000000,-;NVRM: Xid (PCI:0000:18:00): 79, ..."] // for the harness
 //! }
 //! ```
 //!
@@ -51,6 +52,9 @@ struct ProbeFile {
     xid_events: Vec<FileXidEvent>,
     #[serde(default)]
     failed_calls: Vec<String>,
+    /// Kernel-log lines: the harness writes them to the file `--kernel-log` reads, not the probe.
+    #[serde(default, rename = "kernelLog")]
+    _kernel_log: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -190,6 +194,16 @@ mod tests {
                 gpu_uuid: None
             }]
         );
+    }
+
+    #[test]
+    fn kernel_log_lines_are_left_to_the_kernel_log_reader() {
+        let dir = temp_dir("kernel-log");
+        let path = write(
+            &dir,
+            r#"{"kernelLog": ["3,1,5000000,-;NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."]}"#,
+        );
+        assert_eq!(FileProbe::new(&path).read().unwrap().xid_events, vec![]);
     }
 
     #[test]
