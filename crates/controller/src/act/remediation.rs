@@ -297,6 +297,18 @@ async fn step(
         }
         None => None,
     };
+    // The diagnostics Job running before the step that destroys the node's state.
+    let diagnostics = match status.diagnostics.as_ref().filter(|r| r.outcome.is_none()) {
+        Some(record) => {
+            let reference = lifecycle::node_job::reference(record);
+            let strategy = gpu_remediation_api::policy::Strategy::Template;
+            // Boxed, as the validation's look.
+            Some(Box::new(
+                look_at(ctx, remediation, strategy, &reference, record.start.0).await,
+            ))
+        }
+        None => None,
+    };
     let asked_at = |uid: &str| ctx.last_eviction_attempt(uid);
     let mut answers = Answers::default();
     // The record dated from its admission: creation cannot set a status.
@@ -348,6 +360,7 @@ async fn step(
                 asked_at: &asked_at,
                 replacement: replacement.as_ref(),
                 validation: validation.as_deref(),
+                diagnostics: diagnostics.as_deref(),
                 answers: &answers,
                 pace: pace(ctx),
             };

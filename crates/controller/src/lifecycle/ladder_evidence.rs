@@ -180,6 +180,7 @@ mod tests {
                 step(Rung::HandOff),
             ],
             validation: None,
+            diagnostics: None,
         }
     }
 

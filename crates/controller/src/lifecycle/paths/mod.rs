@@ -129,6 +129,7 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
             asked_at: &asked_at,
             replacement: observed.as_ref(),
             validation: None,
+            diagnostics: None,
             answers: &answers,
             pace: Pace {
                 pod_poll: SignedDuration::from_secs(1),
@@ -341,6 +342,9 @@ fn answer(
             return Err(format!(
                 "a {rung} validation was asked under rules without validation"
             ));
+        }
+        Ask::Diagnose => {
+            return Err("diagnostics were asked under rules without diagnostics".into());
         }
         Ask::HandOff(target) => {
             if target.uid != admitted {

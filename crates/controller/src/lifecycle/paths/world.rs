@@ -278,6 +278,7 @@ pub(super) fn rules(setup: &Setup) -> PolicySnapshot {
         },
         ladder: setup.ladder.iter().copied().map(ladder_step).collect(),
         validation: None,
+        diagnostics: None,
     }
 }
 
