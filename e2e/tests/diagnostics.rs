@@ -1,0 +1,195 @@
+//! Diagnostics before destruction on the real control plane: the policy names a diagnostics Job
+//! (`spec.diagnostics`); once the node is drained and before its `DeleteNode` replacement, the
+//! controller runs the Job pinned to the node (kube-controller-manager's job controller creates
+//! its pod; the sandbox's simulated kubelet finishes it as a bug report collected, or keeps it
+//! running when its template says `gpuremediation.dev/sim-hang`), and the node is deleted only
+//! once the Job ended or its timeout passed. The record names the Job and how it ended, and the
+//! Job outlives the node it ran on. Without diagnostics nothing changes: no Job, no wait.
+
+mod common;
+mod scenario;
+
+use gpu_remediation_api::{
+    GpuRemediation, Phase,
+    diagnostics::{DiagnosticsOutcome, DiagnosticsRecord},
+};
+use gpu_sandbox::repair::Behaviour;
+use k8s_openapi::api::batch::v1::Job;
+use kube::{Api, api::ListParams};
+use scenario::{Scenario, event_notes, ladder::LadderRun, phase_at};
+use serde_json::json;
+
+/// The policy's diagnostics: the sample's bug report (nothing runs it here), hanging when `hang`.
+fn diagnostics(s: &Scenario, timeout: &str, hang: bool) -> serde_json::Value {
+    let annotations = if hang {
+        json!({"gpuremediation.dev/sim-hang": "true"})
+    } else {
+        json!({})
+    };
+    json!({
+        "job": {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"namespace": s.namespace},
+            "spec": {"template": {
+                "metadata": {"annotations": annotations},
+                "spec": {"containers": [{
+                    "name": "nvidia-bug-report",
+                    "image": "ubuntu:24.04",
+                    "command": ["/bin/sh", "-c", "nvidia-bug-report.sh --output-file /bundle/report.log"],
+                }]},
+            }},
+        },
+        "timeout": timeout,
+    })
+}
+
+/// One node under `action: Replace` with `DeleteNode`, diagnostics as `with` says, the controller
+/// running.
+async fn start(with: impl FnOnce(&Scenario) -> Option<serde_json::Value>) -> LadderRun {
+    let s = Scenario::new(1).await;
+    let mut spec = json!({
+        "action": "Replace",
+        "replacement": {"strategy": "DeleteNode", "timeout": "20s"},
+    });
+    if let Some(diagnostics) = with(&s) {
+        spec["diagnostics"] = diagnostics;
+    }
+    LadderRun::start(s, spec, Behaviour::default()).await
+}
+
+/// The record of the node's remediation once its node was deleted.
+async fn after_the_delete(run: &LadderRun) -> GpuRemediation {
+    run.xid(79, "RESTART_BM").await;
+    run.wait_for("the replacement triggered", |r| {
+        phase_at(&r, Phase::Verifying).map(|_| ())
+    })
+    .await;
+    run.node_deleted().await;
+    run.s.remediation_of(&run.node).await.expect("the record stays")
+}
+
+fn record(r: &GpuRemediation) -> DiagnosticsRecord {
+    r.status
+        .as_ref()
+        .and_then(|s| s.diagnostics.clone())
+        .expect("the diagnostics are recorded")
+}
+
+/// When the node was handed over to its destruction (the entry into `Replacing`).
+fn handed_over(r: &GpuRemediation) -> k8s_openapi::jiff::Timestamp {
+    phase_at(r, Phase::Replacing).expect("the remediation entered Replacing")
+}
+
+#[tokio::test]
+async fn a_delete_node_recycle_runs_the_diagnostics_job_on_the_node_before_deleting_it() {
+    let run = start(|s| Some(diagnostics(s, "30s", false))).await;
+
+    let done = after_the_delete(&run).await;
+
+    let diagnostics = record(&done);
+    eprintln!("diagnostics: {diagnostics:?}");
+    assert_eq!(diagnostics.outcome, Some(DiagnosticsOutcome::Collected));
+    assert!(diagnostics.job.ends_with("-diagnostics"), "{}", diagnostics.job);
+    assert!(diagnostics.duration_seconds.is_some_and(|s| s <= 30));
+    let ended = diagnostics.end.as_ref().expect("its end").0;
+    assert!(
+        ended <= handed_over(&done),
+        "the Job ended ({ended}) before the node was handed to its deletion ({})",
+        handed_over(&done)
+    );
+    // The Job outlives the node it ran on, named by the record.
+    let job = Api::<Job>::namespaced(run.s.client.clone(), &diagnostics.namespace)
+        .get(&diagnostics.job)
+        .await
+        .expect("the Job stays after the node is gone");
+    let pod = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("a pod template");
+    assert_eq!(
+        pod.node_name.as_deref(),
+        Some(run.node.as_str()),
+        "pinned to the node"
+    );
+    assert_eq!(
+        job.spec.as_ref().and_then(|s| s.ttl_seconds_after_finished),
+        Some(86_400)
+    );
+    let status = job.status.expect("the Job's status");
+    assert_eq!(status.succeeded, Some(1), "its pod ran to completion on the node");
+    let completed = status.completion_time.expect("a completion time").0;
+    assert!(completed <= handed_over(&done), "completed at {completed}");
+    let name = done.metadata.name.clone().unwrap();
+    let notes = event_notes(&run.s.client, &name, "DiagnosticsCollected").await;
+    assert!(
+        notes.iter().any(|n| n.contains(&diagnostics.job)),
+        "an Event says so: {notes:?}"
+    );
+    run.controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_diagnostics_job_that_hangs_delays_the_deletion_only_until_its_timeout() {
+    let run = start(|s| Some(diagnostics(s, "6s", true))).await;
+
+    let done = after_the_delete(&run).await;
+
+    let diagnostics = record(&done);
+    eprintln!("diagnostics: {diagnostics:?}");
+    assert_eq!(diagnostics.outcome, Some(DiagnosticsOutcome::TimedOut));
+    assert!(
+        diagnostics
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("diagnostics.timeout"),
+        "{:?}",
+        diagnostics.message
+    );
+    let waited = handed_over(&done).duration_since(diagnostics.start.0);
+    assert!(
+        waited.as_secs() >= 6,
+        "the deletion waited for the timeout ({waited})"
+    );
+    assert!(waited.as_secs() < 40, "and not much longer ({waited})");
+    let job = Api::<Job>::namespaced(run.s.client.clone(), &diagnostics.namespace)
+        .get(&diagnostics.job)
+        .await
+        .unwrap();
+    assert_eq!(
+        job.status.and_then(|s| s.succeeded).unwrap_or(0),
+        0,
+        "the Job never completed"
+    );
+    let name = done.metadata.name.clone().unwrap();
+    let notes = event_notes(&run.s.client, &name, "DiagnosticsNotCollected").await;
+    assert!(notes.iter().any(|n| n.contains("TimedOut")), "{notes:?}");
+    run.controller.stop().await;
+}
+
+#[tokio::test]
+async fn without_diagnostics_the_node_is_deleted_with_no_job_and_no_record() {
+    let run = start(|_| None).await;
+
+    let done = after_the_delete(&run).await;
+
+    assert_eq!(done.status.as_ref().and_then(|s| s.diagnostics.clone()), None);
+    let jobs = Api::<Job>::namespaced(run.s.client.clone(), &run.s.namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        jobs.items.is_empty(),
+        "no Job was created: {:?}",
+        jobs.items.len()
+    );
+    let waited = handed_over(&done).duration_since(
+        phase_at(&done, Phase::Draining)
+            .or(phase_at(&done, Phase::Cordoned))
+            .unwrap(),
+    );
+    assert!(waited.as_secs() < 10, "no wait before the hand-over ({waited})");
+    run.controller.stop().await;
+}
