@@ -84,6 +84,13 @@ pub enum Gate {
     },
 }
 
+/// What the acting layer brought this pass: the server's answer to the Job's create, and the Job
+/// as read.
+pub type Looks<'a> = (
+    Option<&'a Result<ObjectReference, Words>>,
+    Option<&'a Result<Observation, Words>>,
+);
+
 /// Whether the step after the drain destroys the node's state: the ladder's first step unless it
 /// is `HandOff`, else `action: Reboot` or `Replace`.
 #[must_use]
@@ -126,10 +133,7 @@ pub fn gate(
     rules: &PolicySnapshot,
     node: &Node,
     status: &GpuRemediationStatus,
-    (answer, observed): (
-        Option<&Result<ObjectReference, Words>>,
-        Option<&Result<Observation, Words>>,
-    ),
+    (answer, observed): Looks<'_>,
     now: Timestamp,
 ) -> (Gate, Option<DiagnosticsRecord>) {
     let record = status.diagnostics.as_ref();
@@ -179,13 +183,13 @@ pub fn gate(
                     record.job,
                     plus(now, signed(timeout.as_std()))
                 );
-                let note = Note::new(STARTED, EventType::Normal, &message);
+                let started = Note::new(STARTED, EventType::Normal, &message);
                 let deadline = plus(now, signed(timeout.as_std()));
                 (
                     Gate::Wait {
                         message,
                         deadline,
-                        note: Some(note),
+                        note: Some(started),
                     },
                     Some(record),
                 )

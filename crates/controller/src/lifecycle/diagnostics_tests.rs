@@ -11,7 +11,7 @@ use k8s_openapi::{
 use serde_json::json;
 
 use super::*;
-use crate::replace::{Presence, ReplacementNode, Reported};
+use crate::replace::{Presence, Reported};
 
 fn rules(diagnostics: bool, ladder: &[Rung]) -> PolicySnapshot {
     PolicySnapshot {
@@ -88,12 +88,7 @@ fn created() -> ObjectReference {
 }
 
 fn job(reported: Reported) -> Result<Observation, Words> {
-    Ok(Observation {
-        target: Presence::Present,
-        node: Presence::Present,
-        reported,
-        replacement: ReplacementNode::NotExpected,
-    })
+    super::super::validation::tests::seen(reported, Presence::Present)
 }
 
 fn running(rules: &PolicySnapshot) -> DiagnosticsRecord {

@@ -384,18 +384,18 @@ fn diagnosed_hand_over(
     let (gate, record) = diagnostics::gate(remediation, rules, node, &status, looked, facts.now);
     status.diagnostics = record;
     match gate {
-        Gate::Proceed(note) => {
-            notes.extend(note);
+        Gate::Proceed(ended) => {
+            notes.extend(ended);
             Decision::Settle(hand_over(remediation, rules, facts, status, before, notes))
         }
         Gate::Ask => Decision::Ask(Ask::Diagnose),
         Gate::Wait {
             message,
             deadline,
-            note,
+            note: started,
         } => match super::replacement::waiting(status, message, seen, facts, deadline) {
             Decision::Settle(mut settled) => {
-                notes.extend(note);
+                notes.extend(started);
                 settled.notes.splice(0..0, notes);
                 Decision::Settle(settled)
             }

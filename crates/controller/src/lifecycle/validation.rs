@@ -162,4 +162,4 @@ pub fn job_object(rules: &PolicySnapshot, remediation: &str, rung: Rung) -> Opti
 
 #[cfg(test)]
 #[path = "validation_tests.rs"]
-mod tests;
+pub(super) mod tests;

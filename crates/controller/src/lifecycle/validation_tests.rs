@@ -45,7 +45,8 @@ fn running() -> ValidationRecord {
     clippy::unnecessary_wraps,
     reason = "the gate takes the acting layer's look as it comes, a Result"
 )]
-fn seen(reported: Reported, target: Presence) -> Result<Observation, Words> {
+/// A Job as the acting layer saw it (the diagnostics' tests see Jobs alike).
+pub(in crate::lifecycle) fn seen(reported: Reported, target: Presence) -> Result<Observation, Words> {
     Ok(Observation {
         target,
         node: Presence::Present,
