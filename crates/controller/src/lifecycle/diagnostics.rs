@@ -105,14 +105,7 @@ pub fn before_destruction(remediation: &GpuRemediation, rules: &PolicySnapshot) 
 /// Whether the node's kubelet stopped reporting (`Ready=Unknown`): no pod can run there.
 #[must_use]
 pub fn unreachable(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "Unknown")
-        })
+    super::ladder_evidence::ready(node) == Some("Unknown")
 }
 
 /// When the drain ended: the wait for diagnostics counts from then.
