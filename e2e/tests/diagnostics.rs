@@ -13,7 +13,7 @@ use gpu_remediation_api::{
     GpuRemediation, Phase,
     diagnostics::{DiagnosticsOutcome, DiagnosticsRecord},
 };
-use gpu_sandbox::repair::Behaviour;
+use gpu_sandbox::{demo::install, repair::Behaviour};
 use k8s_openapi::api::batch::v1::Job;
 use kube::{Api, api::ListParams};
 use scenario::{Scenario, event_notes, ladder::LadderRun, phase_at};
@@ -56,6 +56,12 @@ async fn start(with: impl FnOnce(&Scenario) -> Option<serde_json::Value>) -> Lad
         spec["diagnostics"] = diagnostics;
     }
     LadderRun::start(s, spec, Behaviour::default()).await
+}
+
+/// A file of the repository.
+fn repo_file(path: &str) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// The record of the node's remediation once its node was deleted.
@@ -191,5 +197,40 @@ async fn without_diagnostics_the_node_is_deleted_with_no_job_and_no_record() {
             .unwrap(),
     );
     assert!(waited.as_secs() < 10, "no wait before the hand-over ({waited})");
+    run.controller.stop().await;
+}
+
+#[tokio::test]
+async fn the_shipped_bug_report_sample_runs_as_shipped_under_its_service_account_and_is_collected() {
+    // The sample as shipped, in the controller's namespace, with the optional component's
+    // ServiceAccount and claim (the simulated kubelet stands in for the host's driver).
+    let sample: serde_json::Value =
+        serde_yaml::from_str(&repo_file("config/diagnostics/nvidia-bug-report.yaml")).unwrap();
+    let run = start(|_| Some(sample.clone())).await;
+    let mut objects = install::parse_documents(&repo_file("manifests/namespace.yaml")).unwrap();
+    objects.extend(
+        install::parse_documents(&repo_file("manifests/optional/diagnostics/diagnostics.yaml")).unwrap(),
+    );
+    install::apply(&run.s.client, &objects).await.unwrap();
+
+    let done = after_the_delete(&run).await;
+
+    let diagnostics = record(&done);
+    eprintln!("diagnostics: {diagnostics:?}");
+    assert_eq!(diagnostics.namespace, "gpu-remediation");
+    assert_eq!(diagnostics.outcome, Some(DiagnosticsOutcome::Collected));
+    let job = Api::<Job>::namespaced(run.s.client.clone(), "gpu-remediation")
+        .get(&diagnostics.job)
+        .await
+        .unwrap();
+    let pod = job.spec.as_ref().and_then(|s| s.template.spec.as_ref()).unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("gpu-diagnostics"));
+    let env = &pod.containers[0].env.clone().unwrap_or_default();
+    let node = env
+        .iter()
+        .find(|e| e.name == "NODE")
+        .and_then(|e| e.value.clone());
+    assert_eq!(node.as_deref(), Some(run.node.as_str()), "{{nodeName}} rendered");
+    assert_eq!(job.status.and_then(|s| s.succeeded), Some(1));
     run.controller.stop().await;
 }

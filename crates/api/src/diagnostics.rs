@@ -90,7 +90,11 @@ mod tests {
         let policy: crate::GpuRemediationPolicy =
             serde_yaml::from_str(include_str!("../../../config/policy-ladder.yaml")).unwrap();
         assert_eq!(crate::validate::validate_spec(&policy.spec), Vec::new());
-        assert_eq!(policy.spec.diagnostics.as_ref(), Some(&sample), "the ladder sample carries it");
+        assert_eq!(
+            policy.spec.diagnostics.as_ref(),
+            Some(&sample),
+            "the ladder sample carries it"
+        );
         let rendered = sample.job["spec"]["template"]["spec"].to_string();
         assert!(rendered.contains("nvidia-bug-report.sh"), "{rendered}");
         let long = Diagnostics {
