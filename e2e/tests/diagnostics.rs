@@ -4,7 +4,9 @@
 //! its pod; the sandbox's simulated kubelet finishes it as a bug report collected, or keeps it
 //! running when its template says `gpuremediation.dev/sim-hang`), and the node is deleted only
 //! once the Job ended or its timeout passed. The record names the Job and how it ended, and the
-//! Job outlives the node it ran on. Without diagnostics nothing changes: no Job, no wait.
+//! Job outlives the node it ran on. Without diagnostics nothing changes: no Job, no wait. The
+//! shipped Job samples (the bug report, and the NCCL validation that shares its ServiceAccount)
+//! run as shipped, in the controller's namespace with the optional component applied.
 
 mod common;
 mod scenario;
@@ -12,11 +14,17 @@ mod scenario;
 use gpu_remediation_api::{
     GpuRemediation, Phase,
     diagnostics::{DiagnosticsOutcome, DiagnosticsRecord},
+    ladder::{Rung, StepOutcome},
+    validation::ValidationOutcome,
 };
 use gpu_sandbox::{demo::install, repair::Behaviour};
 use k8s_openapi::api::batch::v1::Job;
 use kube::{Api, api::ListParams};
-use scenario::{Scenario, event_notes, ladder::LadderRun, phase_at};
+use scenario::{
+    Scenario, event_notes,
+    ladder::{LadderRun, step, steps},
+    phase_at,
+};
 use serde_json::json;
 
 /// The policy's diagnostics: the sample's bug report (nothing runs it here), hanging when `hang`.
@@ -62,6 +70,15 @@ async fn start(with: impl FnOnce(&Scenario) -> Option<serde_json::Value>) -> Lad
 fn repo_file(path: &str) -> String {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The controller's namespace and the optional component the samples run under, as shipped.
+async fn install_optional_component(run: &LadderRun) {
+    let mut objects = install::parse_documents(&repo_file("manifests/namespace.yaml")).unwrap();
+    objects.extend(
+        install::parse_documents(&repo_file("manifests/optional/diagnostics/diagnostics.yaml")).unwrap(),
+    );
+    install::apply(&run.s.client, &objects).await.unwrap();
 }
 
 /// The record of the node's remediation once its node was deleted.
@@ -232,5 +249,42 @@ async fn the_shipped_bug_report_sample_runs_as_shipped_under_its_service_account
         .and_then(|e| e.value.clone());
     assert_eq!(node.as_deref(), Some(run.node.as_str()), "{{nodeName}} rendered");
     assert_eq!(job.status.and_then(|s| s.succeeded), Some(1));
+    run.controller.stop().await;
+}
+
+#[tokio::test]
+async fn the_shipped_nccl_validation_sample_runs_as_shipped_and_passes_a_healed_reboot() {
+    let sample: serde_json::Value =
+        serde_yaml::from_str(&repo_file("config/validation/nccl-all-reduce.yaml")).unwrap();
+    let s = Scenario::new(1).await;
+    let spec = json!({
+        "release": {"healthyFor": "2s"},
+        "ladder": [step(&s, "Reboot", Some("1m"))],
+        "validation": sample,
+    });
+    let run = LadderRun::start(s, spec, Behaviour::default()).await;
+    install_optional_component(&run).await;
+
+    run.xid(79, "RESTART_BM").await;
+    let done = run
+        .wait_phase_within(Phase::Succeeded, std::time::Duration::from_secs(90))
+        .await;
+
+    assert_eq!(steps(&done), [(Rung::Reboot, Some(StepOutcome::Succeeded))]);
+    let validation = done.status.as_ref().unwrap().steps[0]
+        .evidence
+        .validation
+        .clone()
+        .expect("the validation is recorded");
+    assert_eq!(validation.namespace, "gpu-remediation");
+    assert_eq!(validation.outcome, Some(ValidationOutcome::Passed));
+    let job = Api::<Job>::namespaced(run.s.client.clone(), "gpu-remediation")
+        .get(&validation.job)
+        .await
+        .unwrap();
+    let pod = job.spec.as_ref().and_then(|s| s.template.spec.as_ref()).unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("gpu-diagnostics"));
+    let script = pod.containers[0].args.clone().unwrap_or_default().join("\n");
+    assert!(script.contains("all_reduce_perf"), "{script}");
     run.controller.stop().await;
 }
