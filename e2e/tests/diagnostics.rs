@@ -5,7 +5,7 @@
 //! running when its template says `gpuremediation.dev/sim-hang`), and the node is deleted only
 //! once the Job ended or its timeout passed. The record names the Job and how it ended, and the
 //! Job outlives the node it ran on. Without diagnostics nothing changes: no Job, no wait. The
-//! shipped Job samples (the bug report, and the NCCL validation that shares its ServiceAccount)
+//! shipped Job samples (the bug report, and the NCCL validation that shares its service account)
 //! run as shipped, in the controller's namespace with the optional component applied.
 
 mod common;
