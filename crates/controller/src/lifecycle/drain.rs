@@ -385,6 +385,10 @@ fn diagnosed_hand_over(
     status.diagnostics = record;
     match gate {
         Gate::Proceed(ended) => {
+            if ended.is_some() {
+                // A refused create given up, or retried until it passed: its refusal is over.
+                status.refusal = None;
+            }
             notes.extend(ended);
             Decision::Settle(hand_over(remediation, rules, facts, status, before, notes))
         }
