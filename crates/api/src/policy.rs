@@ -85,6 +85,11 @@ pub struct GpuRemediationPolicySpec {
     /// climbs). Unset: the repair's evidence and `release.healthyFor` alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation: Option<crate::validation::Validation>,
+    /// A Job run on the node once it is drained, before the first step that destroys its state (a
+    /// GPU reset, a reboot, a replacement), once per remediation: the step waits for it at most
+    /// `timeout`, then goes on whatever it did. Unset: no diagnostics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostics: Option<crate::diagnostics::Diagnostics>,
     /// How long finished remediations are kept (the audit trail, and the memory of rate windows).
     #[serde(default)]
     pub history: History,

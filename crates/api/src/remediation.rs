@@ -89,6 +89,9 @@ pub struct PolicySnapshot {
     /// The validation Job run before release (unset: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation: Option<crate::validation::Validation>,
+    /// The diagnostics Job run before the first destructive step (unset: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostics: Option<crate::diagnostics::Diagnostics>,
 }
 
 /// The node condition that triggered a remediation.
@@ -214,6 +217,10 @@ pub struct GpuRemediationStatus {
     /// each step's evidence holds its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation: Option<crate::validation::ValidationRecord>,
+    /// The diagnostics Job run before the first step that destroys the node's state, and how it
+    /// ended (see `spec.diagnostics` of the policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostics: Option<crate::diagnostics::DiagnosticsRecord>,
     /// From the start of the trigger to the node (or its replacement) back in service, in whole
     /// seconds; set when the remediation succeeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]

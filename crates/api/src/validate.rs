@@ -74,6 +74,9 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
     if let Some(validation) = &spec.validation {
         out.extend(crate::validation::check("spec.validation", validation));
     }
+    if let Some(diagnostics) = &spec.diagnostics {
+        out.extend(crate::diagnostics::check("spec.diagnostics", diagnostics));
+    }
     let reboots =
         spec.action == Action::Reboot || spec.triggers.iter().any(|t| t.action == Some(Action::Reboot));
     if reboots && spec.replacement.strategy != Strategy::Template {

@@ -2,11 +2,11 @@
 //! repair shows evidence, whose success alone lets the node back into service), the record a
 //! remediation keeps of each validation run, and the pure checks of the section.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::node_job::MESSAGE_MAX;
 use crate::{duration::Duration, violation::Violation};
 
 /// The longest a validation Job may be given.
@@ -14,8 +14,6 @@ pub const TIMEOUT_MAX: std::time::Duration = std::time::Duration::from_secs(6 * 
 /// The label (value `true`) on a validation Job's pods: the sandbox's simulated kubelet decides
 /// such a pod's outcome from the node's simulated GPUs.
 pub const POD_LABEL: &str = "gpuremediation.dev/validation";
-/// The most characters a validation record's message keeps.
-pub const MESSAGE_MAX: usize = 512;
 
 /// A Job run on a repaired node before it is released: a node returns to service only when the
 /// Job succeeds. The controller pins the Job's pod to the node (`spec.nodeName`), lets it tolerate
@@ -29,7 +27,7 @@ pub struct Validation {
     /// A `batch/v1` Job (`apiVersion`, `kind`, `metadata.namespace`, `spec`), e.g. one running
     /// `dcgmi diag -r 2`. `{{nodeName}}` and `{{remediationName}}` are substituted. Unnamed, it is
     /// named `<remediation>-validate-<step>`. Pass: the Job reports `Complete`; fail: `Failed`.
-    #[schemars(schema_with = "job_schema")]
+    #[schemars(schema_with = "crate::node_job::job_schema")]
     pub job: Value,
     /// How long the Job may run before it counts as failed (1s to 6h).
     #[serde(default = "default_timeout")]
@@ -40,35 +38,8 @@ fn default_timeout() -> Duration {
     Duration::from_mins(15)
 }
 
-fn job_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true,
-        "x-kubernetes-embedded-resource": true,
-    })
-}
-
 fn validation_schema(schema: &mut schemars::Schema) {
-    use crate::schema::{add_rules, duration_ok, property, rule};
-    add_rules(
-        property(schema, "timeout"),
-        [rule(
-            format!(
-                "!{} || (duration(self) >= duration('1s') && duration(self) <= duration('6h'))",
-                duration_ok("self")
-            ),
-            TIMEOUT_MESSAGE,
-        )],
-    );
-    add_rules(
-        property(schema, "job"),
-        // An embedded resource's CEL type knows its apiVersion, kind and metadata.name only; the
-        // namespace and the spec are checked by `check` (the controller's validation).
-        [rule(
-            "self.apiVersion == 'batch/v1' && self.kind == 'Job'",
-            JOB_MESSAGE,
-        )],
-    );
+    crate::node_job::section_rules(schema, "6h", TIMEOUT_MESSAGE, JOB_MESSAGE);
 }
 
 /// A validation timeout out of range.
@@ -88,63 +59,18 @@ pub enum ValidationOutcome {
 }
 
 /// One validation run a remediation made.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ValidationRecord {
-    /// The Job's namespace.
-    #[schemars(length(max = 63))]
-    pub namespace: String,
-    /// The Job's name.
-    #[schemars(length(max = 253))]
-    pub job: String,
-    /// The Job's UID, once created.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
-    pub uid: Option<String>,
-    /// When the Job was created.
-    pub start: Time,
-    /// When its outcome was seen.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub end: Option<Time>,
-    /// How it ended (unset while it runs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<ValidationOutcome>,
-    /// From creation to outcome, in seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = 86_400))]
-    pub duration_seconds: Option<u32>,
-    /// What the Job reported, for a person.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 512))]
-    pub message: Option<String>,
-}
+pub type ValidationRecord = crate::node_job::JobRecord<ValidationOutcome>;
 
 /// The rules `validation` breaks (`field` is where it sits, e.g. `spec.validation`).
 #[must_use]
 pub fn check(field: &str, validation: &Validation) -> Vec<Violation> {
-    let mut out = Vec::new();
-    let timeout = validation.timeout.as_std();
-    if timeout < std::time::Duration::from_secs(1) || timeout > TIMEOUT_MAX {
-        out.push(Violation::new(format!("{field}.timeout"), TIMEOUT_MESSAGE));
-    }
-    let job = &validation.job;
-    let namespaced = job
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .is_some_and(|n| !n.is_empty());
-    let is_job = job["apiVersion"] == "batch/v1" && job["kind"] == "Job" && namespaced;
-    let spec = job
-        .get("spec")
-        .map(|spec| serde_json::from_value::<k8s_openapi::api::batch::v1::JobSpec>(spec.clone()));
-    match spec {
-        Some(Ok(_)) if is_job => {}
-        Some(Err(error)) if is_job => out.push(Violation::new(
-            format!("{field}.job.spec"),
-            format!("not a Job spec: {error}"),
-        )),
-        _ => out.push(Violation::new(format!("{field}.job"), JOB_MESSAGE)),
-    }
-    out
+    crate::node_job::check(
+        field,
+        &validation.job,
+        validation.timeout.as_std(),
+        TIMEOUT_MAX,
+        (TIMEOUT_MESSAGE, JOB_MESSAGE),
+    )
 }
 
 #[cfg(test)]
@@ -168,6 +94,10 @@ mod tests {
         assert_eq!(crate::validate::validate_spec(&policy.spec), Vec::new());
         let carried = policy.spec.validation.expect("the ladder sample validates");
         assert_eq!(carried.job["spec"], sample.job["spec"]);
+        let nccl: Validation =
+            serde_yaml::from_str(include_str!("../../../config/validation/nccl-all-reduce.yaml")).unwrap();
+        assert_eq!(check("validation", &nccl), Vec::new());
+        assert!(nccl.job["spec"].to_string().contains("all_reduce_perf"));
     }
 
     #[test]

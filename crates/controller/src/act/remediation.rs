@@ -287,14 +287,12 @@ async fn step(
         .or(status.validation.as_ref())
         .filter(|r| r.outcome.is_none());
     let validation = match running {
-        Some(record) => {
-            let reference = lifecycle::validation::reference(record);
-            let strategy = gpu_remediation_api::policy::Strategy::Template;
-            // Boxed: held across this step's awaits (clippy's large-future bound).
-            Some(Box::new(
-                look_at(ctx, remediation, strategy, &reference, record.start.0).await,
-            ))
-        }
+        Some(record) => Some(look_at_job(ctx, remediation, record).await),
+        None => None,
+    };
+    // The diagnostics Job running before the step that destroys the node's state.
+    let diagnostics = match status.diagnostics.as_ref().filter(|r| r.outcome.is_none()) {
+        Some(record) => Some(look_at_job(ctx, remediation, record).await),
         None => None,
     };
     let asked_at = |uid: &str| ctx.last_eviction_attempt(uid);
@@ -348,6 +346,7 @@ async fn step(
                 asked_at: &asked_at,
                 replacement: replacement.as_ref(),
                 validation: validation.as_deref(),
+                diagnostics: diagnostics.as_deref(),
                 answers: &answers,
                 pace: pace(ctx),
             };
@@ -490,6 +489,18 @@ fn pace(ctx: &Context) -> Pace {
 
 /// Looks at the replacement (or a ladder step's object) through `strategy`; a failure to look is
 /// a refusal the lifecycle weighs.
+/// The validation or diagnostics Job `record` names, as it is now. Boxed: held across the
+/// pass's awaits (clippy's large-future bound).
+async fn look_at_job<O>(
+    ctx: &Context,
+    remediation: &GpuRemediation,
+    record: &gpu_remediation_api::node_job::JobRecord<O>,
+) -> Box<Result<Observation, Words>> {
+    let reference = lifecycle::node_job::reference(record);
+    let strategy = gpu_remediation_api::policy::Strategy::Template;
+    Box::new(look_at(ctx, remediation, strategy, &reference, record.start.0).await)
+}
+
 async fn look_at(
     ctx: &Context,
     remediation: &GpuRemediation,

@@ -2,7 +2,8 @@
 //! per step (its rung, outcome, start, end and how long it took), then, indented, its evidence
 //! (the GPU UUIDs answering again, the healthy dwell, the boot IDs before and after), the pods
 //! evicted for it, the object that carried it out, its validation Job (which, how it ended, how
-//! long it took) and its message. Pure.
+//! long it took) and its message; before them, the diagnostics Job run before the first step that
+//! destroyed the node's state, and where its output is. Pure.
 
 use gpu_remediation_api::ladder::StepRecord;
 
@@ -10,24 +11,45 @@ use gpu_remediation_api::ladder::StepRecord;
 /// it reported (`validation: Job gpu-remediation/x-validate Passed in 5s: ...`, or running since).
 #[must_use]
 pub fn validation_line(run: &gpu_remediation_api::validation::ValidationRecord) -> String {
+    job_line("validation", run)
+}
+
+/// The diagnostics Job's run, as [`validation_line`] words it, and where its output is: the Job's
+/// log (while the node stands) and wherever the Job wrote its bundle.
+#[must_use]
+pub fn diagnostics_line(run: &gpu_remediation_api::diagnostics::DiagnosticsRecord) -> String {
+    format!(
+        "{}; output: kubectl logs job/{} -n {} (while the node stands), and wherever the Job wrote its bundle",
+        job_line("diagnostics", run),
+        run.job,
+        run.namespace
+    )
+}
+
+fn job_line<O: std::fmt::Debug>(what: &str, run: &gpu_remediation_api::node_job::JobRecord<O>) -> String {
     let job = format!("Job {}/{}", run.namespace, run.job);
-    let how = match (run.outcome, run.duration_seconds) {
+    let how = match (&run.outcome, run.duration_seconds) {
         (Some(outcome), Some(seconds)) => format!("{outcome:?} in {}", span(i64::from(seconds))),
         (Some(outcome), None) => format!("{outcome:?}"),
         (None, _) => format!("running since {}", run.start.0),
     };
     match run.message.as_deref().filter(|m| !m.is_empty()) {
-        Some(message) => format!("validation: {job} {how}: {message}"),
-        None => format!("validation: {job} {how}"),
+        Some(message) => format!("{what}: {job} {how}: {message}"),
+        None => format!("{what}: {job} {how}"),
     }
 }
 
-/// What a record says of its steps and validation, as lines: its ladder steps (each with its own
-/// validation), then the validation of a remediation without a ladder.
+/// What a record says of its diagnostics, steps and validation, as lines: the diagnostics run
+/// before the first destroying step, its ladder steps (each with its own validation), then the
+/// validation of a remediation without a ladder.
 #[must_use]
 pub fn record_lines(status: &gpu_remediation_api::GpuRemediationStatus) -> Vec<String> {
-    step_lines(&status.steps)
+    status
+        .diagnostics
+        .as_ref()
+        .map(diagnostics_line)
         .into_iter()
+        .chain(step_lines(&status.steps))
         .chain(status.validation.as_ref().map(validation_line))
         .collect()
 }
@@ -201,6 +223,27 @@ validation: {namespace: gpu-remediation, job: gpu-1-abc-validate, start: '2026-1
                 "validation: Job gpu-remediation/gpu-1-abc-validate running since 2026-11-30T22:04:00Z",
             ]
         );
+    }
+
+    #[test]
+    fn the_diagnostics_come_first_saying_how_they_ended_and_where_the_output_is() {
+        let status: GpuRemediationStatus = serde_yaml::from_str(
+            "phase: Verifying
+diagnostics: {namespace: gpu-remediation, job: gpu-1-abc-diagnostics, start: '2026-11-30T21:58:00Z',
+  end: '2026-11-30T21:58:42Z', outcome: TimedOut, durationSeconds: 42,
+  message: reported nothing within diagnostics.timeout (42s)}
+steps:
+- {step: Replace, start: '2026-11-30T21:58:42Z'}",
+        )
+        .unwrap();
+        let lines = record_lines(&status);
+        assert_eq!(
+            lines[0],
+            "diagnostics: Job gpu-remediation/gpu-1-abc-diagnostics TimedOut in 42s: reported nothing within \
+             diagnostics.timeout (42s); output: kubectl logs job/gpu-1-abc-diagnostics -n gpu-remediation (while \
+             the node stands), and wherever the Job wrote its bundle"
+        );
+        assert!(lines[1].starts_with("step 1 Replace: running"), "{lines:?}");
     }
 
     #[test]

@@ -72,5 +72,6 @@ pub fn snapshot_of(policy: &GpuRemediationPolicy) -> PolicySnapshot {
         release: policy.spec.release.clone(),
         ladder: policy.spec.ladder.clone(),
         validation: policy.spec.validation.clone(),
+        diagnostics: policy.spec.diagnostics.clone(),
     }
 }

@@ -38,6 +38,9 @@ pub enum Ask {
     /// Create the policy's validation Job on the node for the step `Rung` (idempotent, as the
     /// `Template` strategy).
     Validate(gpu_remediation_api::ladder::Rung),
+    /// Create the policy's diagnostics Job on the node, before the step that destroys its state
+    /// (idempotent, as the `Template` strategy).
+    Diagnose,
 }
 
 /// When the remediation wants another look.

@@ -18,7 +18,9 @@ mod blockers;
 mod force;
 
 use super::{
-    Ask, Decision, EvictionAnswer, Facts, Next, Note, Pass, Seen, Settlement, eviction_round,
+    Ask, Decision, EvictionAnswer, Facts, Identity, Next, Note, Pass, Seen, Settlement,
+    diagnostics::{self, Gate},
+    eviction_round,
     status::{self, enter, set_condition},
 };
 use crate::{
@@ -38,7 +40,7 @@ pub(super) fn advance(
     let now = facts.now;
     if status::has_true(&status, remediation_conditions::DRAINED) {
         let before = status.phase;
-        return Decision::Settle(hand_over(remediation, rules, facts, status, before, Vec::new()));
+        return diagnosed_hand_over(pass, status, before, Vec::new());
     }
     let Some(plan) = seen.pods else {
         // The acting layer lists pods for every draining phase; without them, look again.
@@ -140,7 +142,7 @@ pub(super) fn advance(
             now,
         );
         status.message = Some(message);
-        return Decision::Settle(hand_over(remediation, rules, facts, status, before, notes));
+        return diagnosed_hand_over(pass, status, before, notes);
     }
     if now < deadline {
         return Decision::Settle(Settlement {
@@ -224,7 +226,13 @@ fn on_timeout(
             );
             status.message = Some(message.clone());
             notes.push(Note::new(reasons::DRAIN_TIMEOUT, EventType::Warning, &message));
-            Decision::Settle(hand_over(remediation, rules, facts, status, before, notes))
+            let pass = &Pass {
+                remediation,
+                rules,
+                seen,
+                facts,
+            };
+            diagnosed_hand_over(pass, status, before, notes)
         }
     }
 }
@@ -356,6 +364,54 @@ fn record_answers(
         would_evict: Vec::new(),
         evicted: previous.evicted.clone(),
         scope: None,
+    }
+}
+
+/// After the drain, before the step that destroys the node's state: the diagnostics the policy
+/// asks for run first, once, bounded by their timeout (see `lifecycle::diagnostics`); then the
+/// hand-over.
+fn diagnosed_hand_over(
+    pass: &Pass<'_, '_>,
+    mut status: GpuRemediationStatus,
+    before: Phase,
+    mut notes: Vec<Note>,
+) -> Decision {
+    let (remediation, rules, seen, facts) = pass.parts();
+    let Identity::Same(node) = facts.identity else {
+        unreachable!("a drain on a node that is not the admitted one was cancelled before")
+    };
+    let looked = (seen.answers.diagnostics.as_deref(), seen.diagnostics);
+    let (gate, record) = diagnostics::gate(remediation, rules, node, &status, looked, facts.now);
+    status.diagnostics = record;
+    match gate {
+        Gate::Proceed(ended) => {
+            if ended.is_some() {
+                // A refused create given up, or retried until it passed: its refusal is over.
+                status.refusal = None;
+            }
+            notes.extend(ended);
+            Decision::Settle(hand_over(remediation, rules, facts, status, before, notes))
+        }
+        Gate::Ask => Decision::Ask(Ask::Diagnose),
+        Gate::Wait {
+            message,
+            deadline,
+            note: started,
+        } => match super::replacement::waiting(status, message, seen, facts, deadline) {
+            Decision::Settle(mut settled) => {
+                notes.extend(started);
+                settled.notes.splice(0..0, notes);
+                Decision::Settle(settled)
+            }
+            ask @ Decision::Ask(_) => ask,
+        },
+        Gate::Retry { words, deadline } => {
+            let refusal = status::refusal(&status, &words, facts.now);
+            let next = super::retry_at(facts, seen, &refusal, deadline);
+            let mut settled = status::refused(status, refusal, next);
+            settled.notes.splice(0..0, notes);
+            Decision::Settle(settled)
+        }
     }
 }
 

@@ -25,14 +25,17 @@ pub fn boot_id(node: &Node) -> Option<&str> {
 /// Whether the node's `Ready` condition is `True`.
 #[must_use]
 pub fn is_ready(node: &Node) -> bool {
+    ready(node) == Some("True")
+}
+
+/// The status of the node's `Ready` condition (`True`, `False`, `Unknown`), if it has one.
+#[must_use]
+pub fn ready(node: &Node) -> Option<&str> {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+        .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.as_str())
 }
 
 /// The UUIDs the agent's `gpuremediation.dev/gpu-inventory` annotation lists now.
@@ -180,6 +183,7 @@ mod tests {
                 step(Rung::HandOff),
             ],
             validation: None,
+            diagnostics: None,
         }
     }
 

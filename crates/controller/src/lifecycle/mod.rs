@@ -25,11 +25,13 @@
 //! must act); a replacement refused or unfinished past `replacement.timeout` fails.
 
 mod decision;
+pub mod diagnostics;
 mod drain;
 pub mod eviction_round;
 pub mod ladder;
 pub mod ladder_evidence;
 mod ladder_record;
+pub mod node_job;
 pub mod note;
 #[cfg(test)]
 mod paths;

@@ -58,6 +58,7 @@ fn decide_with(record: &GpuRemediation, answers: &Answers, now: Timestamp) -> De
         asked_at: &never,
         replacement: None,
         validation: None,
+        diagnostics: None,
         answers,
         pace: Pace {
             pod_poll: SignedDuration::from_secs(1),

@@ -140,6 +140,8 @@ pub struct Answers {
     /// The validation Job's create (boxed: the acting layer's future holds the answers across its
     /// awaits, and stays under clippy's large-future bound).
     pub validation: Option<Box<Result<ObjectReference, Words>>>,
+    /// The diagnostics Job's create (boxed, as the validation's).
+    pub diagnostics: Option<Box<Result<ObjectReference, Words>>>,
 }
 
 /// What was seen for this pass.
@@ -162,6 +164,8 @@ pub struct Seen<'a> {
     pub replacement: Option<&'a Result<Observation, Words>>,
     /// The open step's validation Job, looked at while it runs (see `lifecycle::validation`).
     pub validation: Option<&'a Result<Observation, Words>>,
+    /// The diagnostics Job, looked at while it runs (see `lifecycle::diagnostics`).
+    pub diagnostics: Option<&'a Result<Observation, Words>>,
     /// The answers to the asks of this pass.
     pub answers: &'a Answers,
     /// The controller's pace.

@@ -14,21 +14,20 @@ use gpu_remediation_api::{
     ladder::{Rung, StepOutcome},
     object_reference::ObjectReference,
     remediation::PolicySnapshot,
-    text::truncate,
-    validation::{MESSAGE_MAX, POD_LABEL, ValidationOutcome, ValidationRecord},
+    validation::{POD_LABEL, ValidationOutcome, ValidationRecord},
 };
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::Words;
+pub use super::node_job::{FINISHED_JOB_KEPT, reference};
+use super::{
+    Words,
+    node_job::{self, Reading},
+};
 use crate::{
-    replace::{Observation, Presence, Reported},
+    replace::Observation,
     time::{plus, signed},
 };
-
-/// The longest a validation Job's name may be (its pods carry it in the `job-name` label).
-const JOB_NAME_MAX: usize = 63;
 
 /// What the gate says now.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,16 +74,7 @@ pub fn gate(
             None => (Gate::Ask, None),
             Some(Err(words)) => (Gate::Refused(words.clone()), None),
             Some(Ok(reference)) => {
-                let record = ValidationRecord {
-                    namespace: reference.namespace.clone().unwrap_or_default(),
-                    job: reference.name.clone(),
-                    uid: reference.uid.clone(),
-                    start: Time(now),
-                    end: None,
-                    outcome: None,
-                    duration_seconds: None,
-                    message: None,
-                };
+                let record: ValidationRecord = node_job::started(reference, now);
                 let message = format!(
                     "validation Job {}/{} created; the node stays cordoned until it passes",
                     record.namespace, record.job
@@ -101,30 +91,15 @@ pub fn gate(
     };
     let shown = format!("validation Job {}/{}", record.namespace, record.job);
     let deadline = plus(record.start.0, timeout);
-    let ended = |outcome, what: String| {
-        let mut ended = record.clone();
-        ended.end = Some(Time(now));
-        ended.outcome = Some(outcome);
-        ended.duration_seconds = u32::try_from(now.duration_since(record.start.0).as_secs()).ok();
-        ended.message = Some(truncate(&what, MESSAGE_MAX));
-        ended
-    };
     if let Some(outcome) = record.outcome {
         // Judged in an earlier pass (a status written between two of its looks).
         let what = record.message.clone().unwrap_or_default();
         return (verdict(&shown, outcome, record, &what), Some(record.clone()));
     }
-    let judged = match observed {
-        Some(Ok(observation)) => match &observation.reported {
-            Reported::Done(what) => Some((ValidationOutcome::Passed, format!("reported {what}"))),
-            Reported::Failed(what) => Some((ValidationOutcome::Failed, format!("reported {what}"))),
-            Reported::Nothing | Reported::InProgress if observation.target == Presence::Gone => Some((
-                ValidationOutcome::Failed,
-                "was deleted before it reported".to_owned(),
-            )),
-            Reported::Nothing | Reported::InProgress => None,
-        },
-        Some(Err(_)) | None => None,
+    let judged = match node_job::reading(observed) {
+        Reading::Complete(what) => Some((ValidationOutcome::Passed, what)),
+        Reading::Failed(what) => Some((ValidationOutcome::Failed, what)),
+        Reading::Running => None,
     };
     let judged = judged.or_else(|| {
         (now >= deadline).then(|| {
@@ -138,7 +113,7 @@ pub fn gate(
         })
     });
     if let Some((outcome, what)) = judged {
-        let ended = ended(outcome, what.clone());
+        let ended = node_job::ended(record, outcome, &what, now);
         return (verdict(&shown, outcome, &ended, &what), Some(ended));
     }
     if let Some(Err(words)) = observed {
@@ -166,12 +141,6 @@ fn verdict(shown: &str, outcome: ValidationOutcome, record: &ValidationRecord, w
     }
 }
 
-/// How long a finished validation Job (and its pod, with its log) stays for a person to read
-/// before the Job controller removes it (`ttlSecondsAfterFinished`): the record keeps its outcome,
-/// and the lifecycle has read it long before (a Job gone before its outcome was read counts as a
-/// failed validation, never as a pass).
-pub const FINISHED_JOB_KEPT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
-
 /// The validation Job for `remediation`'s step `rung`: the policy's Job named
 /// `<remediation>-validate-<step>` unless it names itself, its pod pinned to the node
 /// (`nodeName: {{nodeName}}`, rendered with the template), tolerating every taint (the node is
@@ -181,54 +150,16 @@ pub const FINISHED_JOB_KEPT: std::time::Duration = std::time::Duration::from_sec
 #[must_use]
 pub fn job_object(rules: &PolicySnapshot, remediation: &str, rung: Rung) -> Option<Value> {
     let validation = rules.validation.as_ref()?;
-    let mut job = validation.job.clone();
-    let unnamed = job
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .is_none_or(str::is_empty);
-    if unnamed {
-        let suffix = format!("-validate-{}", rung.as_str().to_ascii_lowercase());
-        let room = JOB_NAME_MAX.saturating_sub(suffix.len());
-        let stem: String = remediation.chars().take(room).collect();
-        job["metadata"]["name"] = json!(format!("{}{suffix}", stem.trim_end_matches(['-', '.'])));
-    }
-    let spec = &mut job["spec"];
-    if spec.get("backoffLimit").is_none() {
-        spec["backoffLimit"] = json!(0);
-    }
-    if spec.get("activeDeadlineSeconds").is_none() {
-        spec["activeDeadlineSeconds"] = json!(validation.timeout.as_std().as_secs().max(1));
-    }
-    if spec.get("ttlSecondsAfterFinished").is_none() {
-        spec["ttlSecondsAfterFinished"] = json!(FINISHED_JOB_KEPT.as_secs());
-    }
-    let template = &mut spec["template"];
-    template["metadata"]["labels"][POD_LABEL] = json!("true");
-    let pod = &mut template["spec"];
-    pod["nodeName"] = json!(gpu_remediation_api::constants::template_placeholders::NODE_NAME);
-    pod["restartPolicy"] = json!("Never");
-    let tolerations = &mut pod["tolerations"];
-    if !tolerations.is_array() {
-        *tolerations = json!([]);
-    }
-    if let Value::Array(list) = tolerations {
-        list.push(json!({"operator": "Exists"}));
-    }
-    Some(job)
-}
-
-/// The reference to look at the Job `record` names.
-#[must_use]
-pub fn reference(record: &ValidationRecord) -> ObjectReference {
-    ObjectReference {
-        api_version: "batch/v1".to_owned(),
-        kind: "Job".to_owned(),
-        name: record.job.clone(),
-        namespace: Some(record.namespace.clone()),
-        uid: record.uid.clone(),
-    }
+    let suffix = format!("-validate-{}", rung.as_str().to_ascii_lowercase());
+    Some(node_job::job_object(
+        &validation.job,
+        validation.timeout.as_std(),
+        remediation,
+        &suffix,
+        POD_LABEL,
+    ))
 }
 
 #[cfg(test)]
 #[path = "validation_tests.rs"]
-mod tests;
+pub(super) mod tests;

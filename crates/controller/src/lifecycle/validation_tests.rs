@@ -2,7 +2,7 @@ use gpu_remediation_api::validation::Validation;
 use serde_json::json;
 
 use super::*;
-use crate::replace::ReplacementNode;
+use crate::replace::{Presence, ReplacementNode, Reported};
 
 fn rules(validation: bool) -> PolicySnapshot {
     PolicySnapshot {
@@ -18,6 +18,7 @@ fn rules(validation: bool) -> PolicySnapshot {
                     "tolerations": [{"key": "a", "operator": "Exists"}]}}}}),
             timeout: gpu_remediation_api::Duration::from_secs(60),
         }),
+        diagnostics: None,
     }
 }
 
@@ -44,7 +45,8 @@ fn running() -> ValidationRecord {
     clippy::unnecessary_wraps,
     reason = "the gate takes the acting layer's look as it comes, a Result"
 )]
-fn seen(reported: Reported, target: Presence) -> Result<Observation, Words> {
+/// A Job as the acting layer saw it (the diagnostics' tests see Jobs alike).
+pub(in crate::lifecycle) fn seen(reported: Reported, target: Presence) -> Result<Observation, Words> {
     Ok(Observation {
         target,
         node: Presence::Present,
@@ -175,6 +177,6 @@ fn the_job_is_pinned_to_the_node_tolerates_every_taint_and_runs_once_within_the_
     );
     assert_eq!(job["spec"]["ttlSecondsAfterFinished"], json!(86_400));
     let long = job_object(&rules(true), &"x".repeat(80), Rung::ResetGpu).unwrap();
-    assert!(long["metadata"]["name"].as_str().unwrap().len() <= JOB_NAME_MAX);
+    assert!(long["metadata"]["name"].as_str().unwrap().len() <= super::node_job::JOB_NAME_MAX);
     assert!(job_object(&rules(false), "r", Rung::Reboot).is_none());
 }

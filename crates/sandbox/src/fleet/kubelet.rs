@@ -254,7 +254,7 @@ impl Kubelet {
         let work = match (&step, &admitted) {
             (KubeletStep::MakeRunning, Err(_)) => Work::Reject,
             (KubeletStep::Nothing | KubeletStep::Stall, _) => return,
-            (KubeletStep::MakeRunning, Ok(_)) if super::validation_pod::is_validation(&pod) => Work::Validate,
+            (KubeletStep::MakeRunning, Ok(_)) if super::validation_pod::finishes(&pod) => Work::Validate,
             (KubeletStep::MakeRunning, Ok(_)) => Work::Run,
             (KubeletStep::Finalise { .. }, _) => Work::Finalise,
         };
@@ -310,8 +310,8 @@ impl Kubelet {
         }
     }
 
-    /// Finishes a validation Job's pod from its node's simulated GPU state
-    /// ([`super::validation_pod`]): no diagnostic runs.
+    /// Finishes a validation Job's pod from its node's simulated GPU state, or a diagnostics Job's
+    /// pod as collected ([`super::validation_pod`]): no diagnostic runs.
     async fn validate(&self, pod: &Pod, node: &str) {
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         let namespace = pod.namespace().unwrap_or_default();

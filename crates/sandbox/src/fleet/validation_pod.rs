@@ -3,8 +3,13 @@
 //! pod labelled `gpuremediation.dev/validation=true` from its node's simulated GPU state: a node
 //! carrying [`SIM_GPU_FAULT_ANNOTATION`] (a GPU still broken, whatever its conditions say) fails
 //! it, a healed one passes it. Pure: the status patch for a node.
+//!
+//! A diagnostics Job's pod (`gpuremediation.dev/diagnostics=true`, the controller's
+//! `spec.diagnostics`, e.g. `nvidia-bug-report.sh`) is finished as a bundle collected, unless its
+//! template carries [`SIM_HANG_ANNOTATION`]: then it runs and never ends, as a bug report stuck on
+//! a wedged GPU does.
 
-use gpu_remediation_api::validation::POD_LABEL;
+use gpu_remediation_api::{diagnostics::POD_LABEL as DIAGNOSTICS_LABEL, validation::POD_LABEL};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
@@ -15,23 +20,45 @@ use serde_json::{Value, json};
 /// agent's latch but not the GPU.
 pub const SIM_GPU_FAULT_ANNOTATION: &str = "gpuremediation.dev/sim-gpu-fault";
 
-/// Whether `pod` is a validation Job's pod.
-#[must_use]
-pub fn is_validation(pod: &Pod) -> bool {
+/// A pod annotation (`true`) that keeps a diagnostics pod running forever.
+pub const SIM_HANG_ANNOTATION: &str = "gpuremediation.dev/sim-hang";
+
+fn labelled(pod: &Pod, label: &str) -> bool {
     pod.metadata
         .labels
         .as_ref()
-        .and_then(|labels| labels.get(POD_LABEL))
+        .and_then(|labels| labels.get(label))
         .is_some_and(|v| v == "true")
 }
 
+/// Whether `pod` is a validation Job's pod.
+#[must_use]
+pub fn is_validation(pod: &Pod) -> bool {
+    labelled(pod, POD_LABEL)
+}
+
+/// Whether the simulated kubelet finishes `pod` itself ([`finished_patch`]): a validation pod, or
+/// a diagnostics pod not told to hang.
+#[must_use]
+pub fn finishes(pod: &Pod) -> bool {
+    let hangs = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SIM_HANG_ANNOTATION))
+        .is_some_and(|v| v == "true");
+    is_validation(pod) || (labelled(pod, DIAGNOSTICS_LABEL) && !hangs)
+}
+
 /// The status patch that finishes a validation pod on `node` (read just now): `Failed` with exit
-/// code 1 when the node's simulated GPU is still broken, else `Succeeded`.
+/// code 1 when the node's simulated GPU is still broken, else `Succeeded`. A diagnostics pod
+/// succeeds on any node that stands (a bug report is collected from a broken GPU too).
 #[must_use]
 pub fn finished_patch(pod: &Pod, node: Option<&Node>, now: Timestamp) -> Value {
     let fault = node
         .and_then(|n| n.metadata.annotations.as_ref())
         .and_then(|a| a.get(SIM_GPU_FAULT_ANNOTATION));
+    let fault = fault.filter(|_| is_validation(pod));
     let (phase, code, reason, message) = match (node, fault) {
         (None, _) => (
             "Failed",
@@ -45,11 +72,17 @@ pub fn finished_patch(pod: &Pod, node: Option<&Node>, now: Timestamp) -> Value {
             "Error",
             format!("simulated diagnostic failed: GPU still broken ({fault})"),
         ),
-        (Some(_), None) => (
+        (Some(_), None) if is_validation(pod) => (
             "Succeeded",
             0,
             "Completed",
             "simulated diagnostic passed".to_owned(),
+        ),
+        (Some(_), None) => (
+            "Succeeded",
+            0,
+            "Completed",
+            "simulated bug report collected".to_owned(),
         ),
     };
     let now = now.to_string();
@@ -99,5 +132,22 @@ mod tests {
         let passed = finished_patch(&pod(), Some(&node(None)), now);
         assert_eq!(passed["status"]["phase"], "Succeeded");
         assert_eq!(finished_patch(&pod(), None, now)["status"]["phase"], "Failed");
+    }
+
+    #[test]
+    fn a_diagnostics_pod_collects_on_a_broken_gpu_and_hangs_when_told_to() {
+        let mut diagnostics: Pod = serde_json::from_value(json!({"metadata": {"name": "d",
+            "labels": {DIAGNOSTICS_LABEL: "true"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}))
+        .unwrap();
+        assert!(finishes(&diagnostics) && !is_validation(&diagnostics));
+        let collected = finished_patch(
+            &diagnostics,
+            Some(&node(Some("XID79 on GPU-3"))),
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(collected["status"]["phase"], "Succeeded");
+        diagnostics.metadata.annotations = Some([(SIM_HANG_ANNOTATION.to_owned(), "true".to_owned())].into());
+        assert!(!finishes(&diagnostics), "a hanging one runs as any pod");
+        assert!(!finishes(&Pod::default()));
     }
 }

@@ -96,6 +96,12 @@ pub(super) async fn carry_out(
             };
             answers.validation = Some(Box::new(ladder::validate(ctx, remediation, rules, rung).await?));
         }
+        Ask::Diagnose => {
+            let Some(rules) = rules else {
+                unreachable!("the lifecycle runs diagnostics only under rules")
+            };
+            answers.diagnostics = Some(Box::new(ladder::diagnose(ctx, remediation, rules).await?));
+        }
         Ask::HandOff(node) => {
             answers.hand_off = Some(ladder::hand_off(ctx, &node, &name).await?);
         }

@@ -1,6 +1,6 @@
 //! Carries out the ladder's asks (see `lifecycle::ladder`): creates a step's template object
 //! through the `Template` strategy, named after the remediation and the step unless the template
-//! names it, and labels a node handed off to a person. Thin: every decision is in `lifecycle`.
+//! names it, creates validation and diagnostics Jobs, and labels a node handed off to a person. Thin: every decision is in `lifecycle`.
 
 use gpu_remediation_api::{
     GpuRemediation,
@@ -99,6 +99,23 @@ pub(crate) async fn validate(
         return Ok(Err(Words::invalid(
             action,
             "the policy has no validation".to_owned(),
+        )));
+    };
+    create(ctx, remediation, rules, job, action).await
+}
+
+/// Creates the policy's diagnostics Job on the node (see `lifecycle::diagnostics`); a refusal is
+/// the lifecycle's to weigh.
+pub(crate) async fn diagnose(
+    ctx: &Context,
+    remediation: &GpuRemediation,
+    rules: &PolicySnapshot,
+) -> Result<Result<ObjectReference, Words>, AdvanceRemediationError> {
+    let action = "creating the diagnostics Job".to_owned();
+    let Some(job) = crate::lifecycle::diagnostics::job_object(rules, &remediation.name_any()) else {
+        return Ok(Err(Words::invalid(
+            action,
+            "the policy has no diagnostics".to_owned(),
         )));
     };
     create(ctx, remediation, rules, job, action).await

@@ -155,6 +155,7 @@ fn seen_with<'a>(budgets: &'a [PodDisruptionBudget], answers: &'a super::super::
         asked_at: &|_| None,
         replacement: None,
         validation: None,
+        diagnostics: None,
         answers,
         pace: super::super::Pace {
             pod_poll: jiff::SignedDuration::from_secs(1),

@@ -27,6 +27,7 @@ fn setup(ladder: &[Rung], known_gpu: bool) -> Setup {
         exhausted: false,
         ladder: ladder.to_vec(),
         known_gpu,
+        diagnostics: false,
     }
 }
 

@@ -32,7 +32,12 @@
 //! 11. no node leaves our cordon or taint without recorded evidence of health (the status says it
 //!     recovered, with its `GpuHealthy` indeed `True`, or that its replacement finished) unless a
 //!     person acted (deleted the record or the policy, or uncordoned the node); a `Failed` or
-//!     `ManualRequired` record keeps them (invariant 1's converse, checked at each release).
+//!     `ManualRequired` record keeps them (invariant 1's converse, checked at each release);
+//! 12. with `spec.diagnostics`, no step that destroys the node's state (a reset, a reboot, a
+//!     replacement) is asked for before the diagnostics ended (collected, failed, the node
+//!     unreachable, or timed out no earlier than their timeout), their Job is created at most once
+//!     and only on the admitted node; and they never block the repair: past every deadline the
+//!     remediation still ends or asks a person (invariant 4, with one more look for the wait).
 //!
 //! `PROPTEST_CASES` sets the number of paths (100,000 by default).
 
@@ -86,6 +91,8 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
     let observed = ((before.phase == Phase::Verifying && before.replacement.is_some() && legacy)
         || step_object)
         .then(|| world.observation(&record, mood));
+    let diagnosing = before.diagnostics.as_ref().is_some_and(|r| r.outcome.is_none());
+    let diagnostics = diagnosing.then(|| world.diagnostics_job(mood));
     // A reset's drain is GPU-scoped in the model whenever the ladder allows it (the model's plan
     // is not narrowed: the scope's effect on the later steps is what is checked).
     let scope = rules
@@ -129,6 +136,7 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
             asked_at: &asked_at,
             replacement: observed.as_ref(),
             validation: None,
+            diagnostics: diagnostics.as_ref(),
             answers: &answers,
             pace: Pace {
                 pod_poll: SignedDuration::from_secs(1),
@@ -292,6 +300,7 @@ fn answer(
         }
         Ask::TriggerReplacement => {
             let rules = rules.ok_or("a trigger without rules")?;
+            diagnosed_before_destruction(world, rules, before, "the replacement")?;
             let someone_else = world.node.as_ref().is_some_and(|n| n.metadata.uid != admitted);
             if someone_else && rules.replacement.strategy == Strategy::Template {
                 return Err("a template triggered while another node holds the name".into());
@@ -315,6 +324,9 @@ fn answer(
             });
         }
         Ask::TriggerStep(rung) => {
+            if let Some(rules) = rules {
+                diagnosed_before_destruction(world, rules, before, rung.as_str())?;
+            }
             // 8 and 3: a step's object acts on the node by name.
             if world.node.as_ref().is_none_or(|n| n.metadata.uid != admitted) {
                 return Err(format!(
@@ -341,6 +353,29 @@ fn answer(
             return Err(format!(
                 "a {rung} validation was asked under rules without validation"
             ));
+        }
+        Ask::Diagnose => {
+            if rules.is_none_or(|rules| rules.diagnostics.is_none()) {
+                return Err("diagnostics were asked under rules without diagnostics".into());
+            }
+            // 3: the Job is pinned to the node by name.
+            if world.node.as_ref().is_none_or(|n| n.metadata.uid != admitted) {
+                return Err("a diagnostics Job was created while the admitted node is not there".into());
+            }
+            if before.diagnostics.is_some() {
+                return Err("diagnostics were asked twice in one remediation".into());
+            }
+            answers.diagnostics = Some(Box::new(if stubborn || (!calm && world.roll(5) == 0) {
+                Err(words("creating the diagnostics Job", refused_code(world)))
+            } else {
+                Ok(ObjectReference {
+                    api_version: "batch/v1".into(),
+                    kind: "Job".into(),
+                    name: format!("{NAME}-diagnostics"),
+                    namespace: Some("ops".into()),
+                    uid: Some("job-diagnostics".into()),
+                })
+            }));
         }
         Ask::HandOff(target) => {
             if target.uid != admitted {
@@ -415,6 +450,44 @@ fn settle(
     check_node(world, after.phase)
 }
 
+/// 12: a step that destroys the node's state (a reset, a reboot, a replacement) is asked for only
+/// once the diagnostics the policy asks for ended: collected, failed, unreachable, or timed out no
+/// earlier than their timeout (unless a person hand-edited the record's phase past the drain).
+fn diagnosed_before_destruction(
+    world: &World,
+    rules: &PolicySnapshot,
+    before: &GpuRemediationStatus,
+    what: &str,
+) -> Result<(), Violation> {
+    let Some(diagnostics) = &rules.diagnostics else {
+        return Ok(());
+    };
+    if world.hand_edited {
+        return Ok(());
+    }
+    let Some(run) = before.diagnostics.as_ref().filter(|r| r.outcome.is_some()) else {
+        return Err(format!(
+            "{what} was triggered before the diagnostics ended: {:?}",
+            before.diagnostics
+        ));
+    };
+    if run.outcome == Some(gpu_remediation_api::diagnostics::DiagnosticsOutcome::TimedOut) {
+        let timeout = SignedDuration::try_from(diagnostics.timeout.as_std()).expect("a duration");
+        let end = run
+            .end
+            .as_ref()
+            .map(|t| t.0)
+            .ok_or("a timed-out run without its end")?;
+        if end < run.start.0 + timeout {
+            return Err(format!(
+                "the diagnostics timed out at {end}, before their timeout from {}",
+                run.start.0
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A refusal's code: permanent (403, 422: the step fails at once) or transient (409, 503: asked
 /// again after a backoff until its deadline), by the dice.
 fn refused_code(world: &mut World) -> u16 {
@@ -438,8 +511,9 @@ fn walk(setup: &Setup, events: &[Event], dice: u64) -> Result<(), Violation> {
     // 4 (deadlines): from here nobody helps and every request is refused; within the policy's
     // deadlines the remediation ends or asks a person. Each look is past every single deadline;
     // a ladder climbs one step per look (and may drain the whole node again after a GPU-scoped
-    // reset), so the longest path (cordon, drain, four steps, a second drain) needs ten.
-    for _ in 0..10 {
+    // reset), so the longest path (cordon, drain, the diagnostics' wait, four steps, a second
+    // drain) needs eleven.
+    for _ in 0..11 {
         world.now += SignedDuration::from_secs(horizon());
         pass(&mut world, Mood::Stubborn)
             .map_err(|v| format!("{v}\n  after {path:?} and the stubborn end"))?;
@@ -501,6 +575,7 @@ fn a_reboot_that_succeeds_releases_the_node_it_held() {
         exhausted: false,
         ladder: Vec::new(),
         known_gpu: false,
+        diagnostics: false,
     };
     let mut world = World::new(&setup, 7);
     // Cordon, drain (no pods) and hand over, trigger, and see the reboot done: 40 s apart.

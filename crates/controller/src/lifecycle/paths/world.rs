@@ -107,6 +107,8 @@ pub(super) struct Setup {
     pub(super) ladder: Vec<Rung>,
     /// The fault named a GPU (the ledger lists it) and the catalog recommends a reset.
     pub(super) known_gpu: bool,
+    /// The policy runs diagnostics before the first destroying step.
+    pub(super) diagnostics: bool,
 }
 
 pub(super) fn setup() -> impl proptest::strategy::Strategy<Value = Setup> {
@@ -135,6 +137,7 @@ pub(super) fn setup() -> impl proptest::strategy::Strategy<Value = Setup> {
             1 => Just(vec![Rung::Reboot, Rung::HandOff]),
         ],
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -149,6 +152,7 @@ pub(super) fn setup() -> impl proptest::strategy::Strategy<Value = Setup> {
                 exhausted,
                 ladder,
                 known_gpu,
+                diagnostics,
             )| Setup {
                 action,
                 mode,
@@ -165,6 +169,7 @@ pub(super) fn setup() -> impl proptest::strategy::Strategy<Value = Setup> {
                 exhausted,
                 ladder,
                 known_gpu,
+                diagnostics,
             },
         )
 }
@@ -194,6 +199,8 @@ pub(super) struct World {
     /// The room of the one disruption budget covering every pod (`None`: no budget), and its
     /// status's version (each grant writes it).
     pub(super) budget: Option<(i32, u64)>,
+    /// A person hand-edited the record's phase (it may skip the drain and what follows it).
+    pub(super) hand_edited: bool,
 }
 
 pub(super) fn at(second: i64) -> Timestamp {
@@ -278,6 +285,10 @@ pub(super) fn rules(setup: &Setup) -> PolicySnapshot {
         },
         ladder: setup.ladder.iter().copied().map(ladder_step).collect(),
         validation: None,
+        diagnostics: setup.diagnostics.then(|| gpu_remediation_api::diagnostics::Diagnostics {
+            job: serde_json::json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"namespace": "ops"}}),
+            timeout: gpu_remediation_api::Duration::from_mins(5),
+        }),
     }
 }
 
@@ -354,6 +365,7 @@ impl World {
             dice: dice | 1,
             asked_at: BTreeMap::new(),
             budget: None,
+            hand_edited: false,
         }
         .with_budget()
     }
@@ -483,6 +495,7 @@ impl World {
                     && !status.phase.is_terminal()
                 {
                     status.phase = phase;
+                    self.hand_edited = true;
                 }
             }
             Event::PolicyDeleted => self.policy_exists = false,
@@ -533,6 +546,29 @@ impl World {
                 .collect(),
             staying: Vec::new(),
         }
+    }
+
+    /// The diagnostics Job as the acting layer reads it: sometimes unread, else running (always,
+    /// when nobody helps: it hangs), completed or failed, by the dice.
+    pub(super) fn diagnostics_job(&mut self, mood: Mood) -> Result<Observation, Words> {
+        if mood == Mood::Random && self.roll(8) == 0 {
+            return Err(words("looking at the diagnostics Job", 503));
+        }
+        let reported = match mood {
+            Mood::Stubborn => Reported::InProgress,
+            Mood::Calm => Reported::Done("condition Complete=True".into()),
+            Mood::Random => match self.roll(4) {
+                0 => Reported::Done("condition Complete=True".into()),
+                1 => Reported::Failed("condition Failed=True".into()),
+                _ => Reported::InProgress,
+            },
+        };
+        Ok(Observation {
+            target: Presence::Present,
+            node: Presence::Present,
+            reported,
+            replacement: ReplacementNode::NotExpected,
+        })
     }
 
     pub(super) fn observation(&mut self, record: &GpuRemediation, mood: Mood) -> Result<Observation, Words> {
