@@ -1,20 +1,23 @@
 //! The model of `fleet_paths_tests`: a fleet of nodes under two policies, their records, the
-//! clock, and how the acting layer applies a pass's plan (with lost writes). What the planner is
-//! held to lives in the tests; this module only keeps the world.
+//! clock, their quarantines, and how the acting layer applies a pass's plan (with lost writes).
+//! What the planner is held to lives in the tests; this module only keeps the world.
 
 use std::sync::Arc;
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicy, GpuRemediationPolicySpec, GpuRemediationStatus, Phase,
-    constants::CORDONED_BY_ANNOTATION, policy::RecordRefusal, remediation::PhaseTransition, validate,
+    constants::{CORDONED_BY_ANNOTATION, QUARANTINE_TAINT_KEY, QUARANTINED_BY_ANNOTATION},
+    policy::RecordRefusal,
+    remediation::PhaseTransition,
+    validate,
 };
 use k8s_openapi::{
-    api::core::v1::{Node, NodeCondition, NodeStatus},
+    api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint},
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
 };
 use kube::ResourceExt;
 
-use crate::{first_seen::FirstSeen, fleet::FleetPlan, test_fixtures::at};
+use crate::{first_seen::FirstSeen, fleet::FleetPlan, quarantine::Lift, test_fixtures::at};
 
 /// The phases a record moves through, open and finished.
 pub(super) const PHASES: [Phase; 9] = [
@@ -69,6 +72,8 @@ pub(super) struct NodeState {
     pub(super) healthy: bool,
     pub(super) stamp: Option<i64>,
     pub(super) cordoned_by: Option<String>,
+    /// The policy whose quarantine (taint and `quarantined-by` annotation) the node carries.
+    pub(super) quarantined_by: Option<String>,
     /// When the current leader first saw the condition as it is (status and stamp, as of its
     /// last pass: a blip between two passes is not seen), and whether its stamp was untrusted
     /// then.
@@ -108,6 +113,10 @@ pub(super) fn policy(
     if let Some(count) = limits.max_unhealthy_count {
         safety["maxUnhealthyCount"] = count.into();
     }
+    let mut quarantine = serde_json::json!({"enabled": limits.quarantine});
+    if let Some(max) = limits.quarantine_max {
+        quarantine["max"] = max.into();
+    }
     if let Some(domain) = limits.zone {
         safety["failureDomains"] = serde_json::json!([{
             "topologyKey": "zone",
@@ -122,6 +131,7 @@ pub(super) fn policy(
         "action": "None",
         "safety": safety,
         "history": {"ttl": "2h"},
+        "quarantine": quarantine,
     }))
     .unwrap();
     assert!(
@@ -141,6 +151,10 @@ pub(super) struct Limits {
     pub(super) rate: u32,
     /// A failure domain per zone, if any.
     pub(super) zone: Option<Zone>,
+    /// `quarantine.enabled`.
+    pub(super) quarantine: bool,
+    /// `quarantine.max` (unset: `safety.maxUnhealthy`).
+    pub(super) quarantine_max: Option<u32>,
 }
 
 /// The limits of a policy's failure domain (label `zone`).
@@ -175,6 +189,7 @@ impl Model {
                 healthy: true,
                 stamp: None,
                 cordoned_by: None,
+                quarantined_by: None,
                 seen: None,
             });
             model.read(i, *reading);
@@ -237,18 +252,32 @@ impl Model {
                 if n.narrow {
                     labels.insert("group".into(), "a".into());
                 }
-                let annotations = n.cordoned_by.as_ref().map(|by| {
-                    std::collections::BTreeMap::from([(CORDONED_BY_ANNOTATION.to_owned(), by.clone())])
+                let annotations = [
+                    (CORDONED_BY_ANNOTATION, &n.cordoned_by),
+                    (QUARANTINED_BY_ANNOTATION, &n.quarantined_by),
+                ]
+                .into_iter()
+                .filter_map(|(key, by)| Some((key.to_owned(), by.clone()?)))
+                .collect();
+                let taints = n.quarantined_by.as_ref().map(|_| {
+                    vec![Taint {
+                        key: QUARANTINE_TAINT_KEY.to_owned(),
+                        effect: "NoSchedule".to_owned(),
+                        ..Taint::default()
+                    }]
                 });
                 Arc::new(Node {
                     metadata: ObjectMeta {
                         name: Some(n.name.clone()),
                         uid: Some(format!("uid-{}", n.name)),
                         labels: Some(labels),
-                        annotations,
+                        annotations: Some(annotations),
                         ..ObjectMeta::default()
                     },
-                    spec: None,
+                    spec: Some(NodeSpec {
+                        taints,
+                        ..NodeSpec::default()
+                    }),
                     status: Some(NodeStatus {
                         conditions: Some(vec![NodeCondition {
                             type_: "GpuHealthy".into(),
@@ -264,21 +293,37 @@ impl Model {
             .collect()
     }
 
-    /// Whether node `i`'s trigger under its governing policy holds now, by the model's clock.
-    pub(super) fn holds(&self, node: &NodeState) -> bool {
+    /// Since when the node's condition has said `False`, by the model's reading of its clock (a
+    /// stamp in the past as written, a missing or future one from when the leader first saw it).
+    pub(super) fn since(&self, node: &NodeState) -> Option<i64> {
         if node.healthy {
-            return false;
+            return None;
         }
-        let Some(seen) = &node.seen else {
-            return false;
-        };
-        let since = if seen.untrusted {
+        let seen = node.seen.as_ref()?;
+        Some(if seen.untrusted {
             seen.at
         } else {
             node.stamp.unwrap_or(seen.at).min(self.now)
+        })
+    }
+
+    /// Whether node `i`'s trigger under its governing policy holds now, by the model's clock.
+    pub(super) fn holds(&self, node: &NodeState) -> bool {
+        let Some(since) = self.since(node) else {
+            return false;
         };
         let trigger_for = self.spec(node.governor()).triggers[0].for_.as_std().as_secs();
         since + i64::try_from(trigger_for).unwrap() <= self.now
+    }
+
+    /// Whether a record of `policy` holds the node: one open, or a finished one whose cordon it
+    /// still names.
+    pub(super) fn held_by_record(&self, node: &NodeState, policy: &str) -> bool {
+        self.records.iter().any(|r| {
+            r.spec.node_name == node.name
+                && r.spec.policy_name == policy
+                && (Self::open(r) || node.cordoned_by.as_deref() == Some(r.name_any().as_str()))
+        })
     }
 
     pub(super) fn open(record: &GpuRemediation) -> bool {
@@ -317,9 +362,22 @@ impl Model {
 
     pub(super) fn apply(&mut self, plan: FleetPlan, fates: &[Fate], deletes_lost: bool) {
         let now = self.now;
+        // The node edits' fates, read from the other end: a refused one is a lost write.
+        let mut lost = fates
+            .iter()
+            .rev()
+            .map(|f| matches!(f, Fate::RefusedWithCode | Fate::RefusedUnanswered))
+            .cycle();
         let mut fates = fates.iter().cycle();
         for p in plan.policies {
             let name = p.policy.name_any();
+            for add in &p.quarantine.add {
+                if !lost.next().unwrap_or(false) {
+                    let node = self.nodes.iter_mut().find(|n| n.name == add.node.name).unwrap();
+                    node.quarantined_by = Some(name.clone());
+                }
+            }
+            self.lift(&p.quarantine.lift, &mut lost);
             let mut status = p.status;
             let mut status_lost = false;
             let manual = p.manual_required.into_iter().map(|r| (r, Phase::ManualRequired));
@@ -368,6 +426,17 @@ impl Model {
                 policy.status = Some(status);
             }
         }
+        self.lift(&plan.orphan_quarantines, &mut lost);
+    }
+
+    /// Lifts each quarantine whose write is not `lost`: only the owner's (`taint::lift`).
+    fn lift(&mut self, lifts: &[Lift], lost: &mut impl Iterator<Item = bool>) {
+        for lift in lifts {
+            let node = self.nodes.iter_mut().find(|n| n.name == lift.node.name).unwrap();
+            if !lost.next().unwrap_or(false) && node.quarantined_by.as_ref() == Some(&lift.policy) {
+                node.quarantined_by = None;
+            }
+        }
     }
 
     pub(super) fn progress(&mut self, record: usize, phase: usize, holds: bool) {
@@ -390,11 +459,19 @@ impl Model {
         });
         let name = record.name_any();
         let node_name = record.spec.node_name.clone();
+        let policy = record.spec.policy_name.clone();
         let node = self.nodes.iter_mut().find(|n| n.name == node_name).unwrap();
         if phase == Phase::Failed && holds {
             node.cordoned_by = Some(name);
-        } else if node.cordoned_by.as_deref() == Some(name.as_str()) && phase.is_terminal() {
-            node.cordoned_by = None;
+        } else if phase.is_terminal() {
+            // The release: the cordon the record made and the quarantine of its policy it took
+            // over (`Writer::release_node`).
+            if node.cordoned_by.as_deref() == Some(name.as_str()) {
+                node.cordoned_by = None;
+            }
+            if node.quarantined_by.as_ref() == Some(&policy) {
+                node.quarantined_by = None;
+            }
         }
     }
 }
