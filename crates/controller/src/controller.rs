@@ -256,6 +256,12 @@ async fn pass(
         ctx.metrics.reconcile_error("policy", write::metric_label(&error));
         next = next.min(error_retry);
     }
+    // Dead nodes their remediation shut down get the out-of-service taint; returning ones lose it.
+    if let Err(error) = act::out_of_service::apply(ctx, &remediations, &candidates).await {
+        tracing::warn!(%error, "writing an out-of-service taint failed; retrying");
+        ctx.metrics.reconcile_error("policy", write::metric_label(&error));
+        next = next.min(error_retry);
+    }
     let mut announcements = admit::Announcements::default();
     for policy_plan in plan.policies {
         let policy = policy_plan.policy.metadata.name.clone().unwrap_or_default();
