@@ -1,6 +1,6 @@
-//! Other actors write taints on the same nodes: the Node Readiness Controller (run by GKE and
-//! DigitalOcean: `readiness.k8s.io/...`) and the cloud provider (`node.cloudprovider.kubernetes.io/
-//! shutdown`). A node's taints are one list, so every write of ours is a read-modify-write over one
+//! Other actors write taints on the same nodes: the Node Readiness Controller (run by GKE and by
+//! `DigitalOcean`: `readiness.k8s.io/...`) and the cloud provider
+//! (`node.cloudprovider.kubernetes.io/shutdown`). A node's taints are one list, so every write of ours is a read-modify-write over one
 //! resourceVersion; through our quarantine, our remediation's cordon and our release, their taints
 //! stay exactly as they wrote them (key, value, effect), and a taint they add while we hold ours
 //! survives our release.
