@@ -1,11 +1,12 @@
 //! Dead nodes released with the out-of-service taint, on the real control plane (its node
-//! lifecycle controller, pod garbage collector and StatefulSet controller): a node whose simulated
-//! kubelet stops (heartbeats and Lease stop) runs a StatefulSet's only pod; its GPU fault's
+//! lifecycle controller, pod garbage collector and `StatefulSet` controller): a node whose simulated
+//! kubelet stops (heartbeats and Lease stop) runs a `StatefulSet`'s only pod; its GPU fault's
 //! remediation (`action: Reboot`, `drain.onTimeout: Proceed`) evicts the pod, which stays
-//! `Terminating` (no kubelet finalises it), and past the drain's timeout triggers the reboot. Once the node is confirmed down (the reboot triggered, Ready=Unknown
-//! and the Lease unrenewed for `DOWN_FOR`), the controller adds
+//! `Terminating` (no kubelet finalises it), and past the drain's timeout triggers the reboot. Once
+//! the node is confirmed down (the reboot triggered, Ready=Unknown and the Lease unrenewed for
+//! `DOWN_FOR`), the controller adds
 //! `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, the pod garbage collector
-//! force-deletes the stuck pod and the StatefulSet recreates it on the other node; when the node
+//! force-deletes the stuck pod and the `StatefulSet` recreates it on the other node; when the node
 //! reports again, the taint is lifted.
 
 mod common;
