@@ -72,6 +72,8 @@ pub enum Verdict {
     },
     /// Lift ours: the node reports again.
     Lift,
+    /// Not confirmed down yet: decide again at this time (when [`DOWN_FOR`] will have passed).
+    Wait(Timestamp),
     /// Nothing to do, and why (for the logs).
     Keep(String),
 }
@@ -129,14 +131,10 @@ pub fn decide(
         Some((status, _)) => return Verdict::Keep(format!("its kubelet reports (Ready={status})")),
         None => return Verdict::Keep("no Ready condition".to_owned()),
     };
-    let down_for = |since: Timestamp| now.duration_since(since) >= DOWN_FOR;
-    if !down_for(unreachable_since) {
-        return Verdict::Keep(format!("unreachable only since {unreachable_since}"));
-    }
-    if let Some(renewed) = lease_renewed
-        && !down_for(renewed)
-    {
-        return Verdict::Keep(format!("its Lease was renewed at {renewed}"));
+    let latest = lease_renewed.map_or(unreachable_since, |renewed| renewed.max(unreachable_since));
+    let due = crate::time::plus(latest, DOWN_FOR);
+    if now < due {
+        return Verdict::Wait(due);
     }
     let lease = lease_renewed.map_or_else(|| "no Lease".to_owned(), |at| format!("Lease last renewed {at}"));
     Verdict::Add {

@@ -84,9 +84,10 @@ fn a_node_whose_kubelet_reports_or_that_was_not_shut_down_never_gets_it() {
 #[test]
 fn it_waits_for_the_bound_on_both_the_ready_condition_and_the_lease() {
     let n = with_ready("Unknown", 0);
-    assert!(matches!(decide(&n, SHUT, None, at(59)), Verdict::Keep(_)));
-    assert!(
-        matches!(decide(&n, SHUT, Some(at(30)), at(60)), Verdict::Keep(_)),
+    assert_eq!(decide(&n, SHUT, None, at(59)), Verdict::Wait(at(60)));
+    assert_eq!(
+        decide(&n, SHUT, Some(at(30)), at(60)),
+        Verdict::Wait(at(90)),
         "a Lease renewed 30s ago: the node may be partitioned from the node lifecycle controller only"
     );
 }

@@ -38,29 +38,35 @@ pub enum OutOfServiceError {
 }
 
 /// Decides and writes the out-of-service taint of the nodes the remediations on record name and of
-/// the nodes the pass looked at (`looked_at`: a node that reports again is among them). Returns the
-/// last failure; the other nodes are still done.
+/// the nodes the pass looked at (`looked_at`: a node that reports again is among them). Returns when
+/// a node not yet confirmed down will be (the pass to wake by), or the last failure; the other
+/// nodes are still done.
 pub async fn apply(
     ctx: &Context,
     remediations: &[Arc<GpuRemediation>],
     looked_at: &[String],
-) -> Result<(), OutOfServiceError> {
+) -> Result<Option<Timestamp>, OutOfServiceError> {
     let names: BTreeSet<&str> = remediations
         .iter()
         .map(|r| r.spec.node_name.as_str())
         .chain(looked_at.iter().map(String::as_str))
         .collect();
     let mut failed = None;
+    let mut wake: Option<Timestamp> = None;
     for name in names {
         let Some(node) = ctx.caches.node(name) else {
             continue;
         };
-        if let Err(error) = one(ctx, &node, remediations).await {
-            tracing::warn!(node = name, %error, "the out-of-service taint could not be written; retrying");
-            failed = Some(error);
+        match one(ctx, &node, remediations).await {
+            Ok(Some(at)) => wake = Some(wake.map_or(at, |w| w.min(at))),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(node = name, %error, "the out-of-service taint could not be written; retrying");
+                failed = Some(error);
+            }
         }
     }
-    failed.map_or(Ok(()), Err)
+    failed.map_or(Ok(wake), Err)
 }
 
 /// The remediation of `node` (this UID) that shut it down, with its words.
@@ -76,11 +82,11 @@ async fn one(
     ctx: &Context,
     node: &Node,
     remediations: &[Arc<GpuRemediation>],
-) -> Result<(), OutOfServiceError> {
+) -> Result<Option<Timestamp>, OutOfServiceError> {
     let name = node.name_any();
     let shut = shut_down(node, remediations);
     if shut.is_none() && !out_of_service::ours(node) {
-        return Ok(());
+        return Ok(None);
     }
     let lease_renewed = if shut.is_some() && !out_of_service::has_taint(node) {
         ctx.reader
@@ -107,15 +113,16 @@ async fn one(
     let (edit, said, remediation) = match verdict {
         Verdict::Keep(why) => {
             tracing::debug!(node = %name, why, "out-of-service taint unchanged");
-            return Ok(());
+            return Ok(None);
         }
+        Verdict::Wait(at) => return Ok(Some(at)),
         Verdict::Add { remediation, why } => {
             let (edit, changed) = ctx
                 .writer
                 .edit_node_changing(&target, Some(node), |n| out_of_service::add(n, &remediation))
                 .await?;
             if !changed {
-                return Ok(());
+                return Ok(None);
             }
             let text = format!(
                 "node {name} confirmed down ({why}): out-of-service taint added, so the controller manager \
@@ -134,7 +141,7 @@ async fn one(
                 .edit_node_changing(&target, Some(node), out_of_service::lift)
                 .await?;
             if !changed {
-                return Ok(());
+                return Ok(None);
             }
             let text = format!("node {name} reports again (Ready=True): the out-of-service taint is lifted");
             tracing::info!(node = %name, "{text}");
@@ -155,7 +162,7 @@ async fn one(
                 .await;
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 #[cfg(test)]
