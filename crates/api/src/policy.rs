@@ -32,8 +32,8 @@ use crate::{
     printcolumn = r#"{"name":"UNHEALTHY","type":"integer","jsonPath":".status.unhealthyNodes"}"#,
     printcolumn = r#"{"name":"IN-FLIGHT","type":"integer","jsonPath":".status.inFlight"}"#,
     printcolumn = r#"{"name":"MODE","type":"string","jsonPath":".spec.mode"}"#,
-    printcolumn = r#"{"name":"DEVICE-TAINTS","type":"string","priority":1,"jsonPath":".status.deviceTaints"}"#,
-    printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"DEVICE-TAINTS","type":"string","priority":1,"jsonPath":".status.deviceTaints"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(
