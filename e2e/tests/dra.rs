@@ -189,4 +189,15 @@ async fn without_device_taint_rules_served_a_dra_gpu_fault_quarantines_the_node_
         ("False", reasons::DEVICE_TAINT_RULES_NOT_SERVED)
     );
     assert!(condition.message.contains("1.33"), "{}", condition.message);
+    let status = policies
+        .get(&s.scope)
+        .await
+        .expect("the policy")
+        .status
+        .expect("its status");
+    assert_eq!(
+        status.device_taints.as_deref(),
+        Some("None: node taint used"),
+        "the status says no DeviceTaintRule version is spoken"
+    );
 }

@@ -103,7 +103,10 @@ async fn only_the_failed_gpu_is_tainted_and_new_pods_keep_landing_on_the_nodes_h
 
 /// The controller's rules owned by the scenario's policy.
 async fn our_rules(s: &Scenario) -> Vec<DeviceTaintRule> {
-    let rules = Api::<DeviceTaintRule>::all_with(s.client.clone(), &wire::device_taint_rules());
+    let rules = Api::<DeviceTaintRule>::all_with(
+        s.client.clone(),
+        &wire::device_taint_rules(wire::TaintRuleVersion::V1alpha3),
+    );
     let ours = ListParams::default().labels(&format!("{DEVICE_QUARANTINE_LABEL}=true"));
     let listed = rules.list(&ours).await.map(|l| l.items).unwrap_or_default();
     listed
@@ -246,6 +249,7 @@ async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
         .token;
     let controller = common::cluster().await.client_with_token(&token);
     let rule = device::rule(
+        wire::TaintRuleVersion::V1alpha3,
         "fenced",
         "gpu-fence-0000",
         &QuarantinedDevice {
@@ -259,13 +263,16 @@ async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
     // A deposed leader's create is refused by the API server (once the policy is loaded).
     let (deposed, _deposed_keeper) = controller_ops(&controller, ("replica-a", 3));
     let refused = eventually("the stale claim refused", Duration::from_secs(30), || async {
-        if let Err(error) = create_rule(&deposed, &rule).await {
+        if let Err(error) = create_rule(&deposed, wire::TaintRuleVersion::V1alpha3, &rule).await {
             return Some(format!("{error:?}"));
         }
         // Created before the policy was loaded: take it away and try again.
-        let _ = Api::<DeviceTaintRule>::all_with(admin.clone(), &wire::device_taint_rules())
-            .delete(&rule.name_any(), &kube::api::DeleteParams::default())
-            .await;
+        let _ = Api::<DeviceTaintRule>::all_with(
+            admin.clone(),
+            &wire::device_taint_rules(wire::TaintRuleVersion::V1alpha3),
+        )
+        .delete(&rule.name_any(), &kube::api::DeleteParams::default())
+        .await;
         None
     })
     .await;
@@ -276,10 +283,13 @@ async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
 
     // The current leader creates it (the shipped RBAC allows it), carrying its claim.
     let (current, _current_keeper) = controller_ops(&controller, ("replica-b", 4));
-    create_rule(&current, &rule)
+    create_rule(&current, wire::TaintRuleVersion::V1alpha3, &rule)
         .await
         .expect("the current claim creates the rule");
-    let rules = Api::<DeviceTaintRule>::all_with(admin.clone(), &wire::device_taint_rules());
+    let rules = Api::<DeviceTaintRule>::all_with(
+        admin.clone(),
+        &wire::device_taint_rules(wire::TaintRuleVersion::V1alpha3),
+    );
     let stored = rules.get(&rule.name_any()).await.expect("the rule");
     assert_eq!(
         stored
@@ -290,7 +300,10 @@ async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
     );
 
     // A deposed leader cannot delete it; the current one can.
-    let message = format!("{:?}", delete_rule(&deposed, &stored).await);
+    let message = format!(
+        "{:?}",
+        delete_rule(&deposed, wire::TaintRuleVersion::V1alpha3, &stored).await
+    );
     assert!(
         message.contains("fenced: this write carries the claim replica-a/3"),
         "{message}"
@@ -299,7 +312,7 @@ async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
         rules.get_opt(&rule.name_any()).await.unwrap().is_some(),
         "still there"
     );
-    delete_rule(&current, &stored)
+    delete_rule(&current, wire::TaintRuleVersion::V1alpha3, &stored)
         .await
         .expect("the current claim deletes the rule");
     assert!(rules.get_opt(&rule.name_any()).await.unwrap().is_none(), "gone");

@@ -92,6 +92,15 @@ pub const QUARANTINE_TAINT_KEY: &str = "gpuremediation.dev/quarantined";
 /// Node annotation naming the policy whose quarantine taint the node carries: only that policy
 /// (or its remediation of the node) lifts it, and a controller that restarts finds it again here.
 pub const QUARANTINED_BY_ANNOTATION: &str = "gpuremediation.dev/quarantined-by";
+/// The non-graceful node shutdown taint (Kubernetes, GA since 1.28): on a node carrying it, the
+/// controller manager's pod garbage collector force-deletes the pods stuck terminating and the
+/// attach-detach controller detaches their volumes, so a `StatefulSet`'s pod moves.
+pub const OUT_OF_SERVICE_TAINT_KEY: &str = "node.kubernetes.io/out-of-service";
+/// The value the controller writes with [`OUT_OF_SERVICE_TAINT_KEY`] (effect `NoExecute`).
+pub const OUT_OF_SERVICE_TAINT_VALUE: &str = "nodeshutdown";
+/// Node annotation naming the remediation that added [`OUT_OF_SERVICE_TAINT_KEY`]: only a taint
+/// so annotated is the controller's to lift (a person's or another tool's is left alone).
+pub const OUT_OF_SERVICE_BY_ANNOTATION: &str = "gpuremediation.dev/out-of-service-by";
 /// Node annotation of a device-level quarantine: the failed GPUs' DRA devices, as a JSON list of
 /// `{uuid, driver, pool, device}`, each taken out of allocation by a `DeviceTaintRule` (taint key
 /// `QUARANTINE_TAINT_KEY`, `NoSchedule`) while the node itself stays schedulable. Lifted with the
@@ -270,6 +279,10 @@ pub mod reasons {
     pub const INVALID: &str = "Invalid";
     /// A node was quarantined at a trigger's first signal.
     pub const QUARANTINED: &str = "Quarantined";
+    /// A node confirmed down got the out-of-service taint (`node.kubernetes.io/out-of-service`).
+    pub const OUT_OF_SERVICE: &str = "OutOfService";
+    /// A node that reports again lost the controller's out-of-service taint.
+    pub const BACK_IN_SERVICE: &str = "BackInService";
     /// A node's quarantine was lifted.
     pub const QUARANTINE_LIFTED: &str = "QuarantineLifted";
     /// The quarantine limit holds nodes with a signal back.

@@ -75,12 +75,32 @@ mod tests {
     }
 
     #[test]
-    fn a_policy_prints_selected_yielded_unhealthy_in_flight_mode_and_age() {
+    fn a_policy_prints_selected_yielded_unhealthy_in_flight_mode_and_age_and_wide_its_device_taints() {
         let crd = GpuRemediationPolicy::crd();
         let names: Vec<_> = columns(&crd).into_iter().map(|(name, _)| name).collect();
         assert_eq!(
             names,
-            ["SELECTED", "YIELDED", "UNHEALTHY", "IN-FLIGHT", "MODE", "AGE"]
+            [
+                "SELECTED",
+                "YIELDED",
+                "UNHEALTHY",
+                "IN-FLIGHT",
+                "MODE",
+                "AGE",
+                "DEVICE-TAINTS"
+            ]
+        );
+        let wide: Vec<_> = crd.spec.versions[0]
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .filter(|c| c.priority == Some(1))
+            .map(|c| c.json_path.clone())
+            .collect();
+        assert_eq!(
+            wide,
+            [".status.deviceTaints"],
+            "shown by `kubectl get -o wide` only"
         );
         assert_eq!(
             crd.spec.names.short_names.as_deref(),

@@ -32,7 +32,8 @@ use crate::{
     printcolumn = r#"{"name":"UNHEALTHY","type":"integer","jsonPath":".status.unhealthyNodes"}"#,
     printcolumn = r#"{"name":"IN-FLIGHT","type":"integer","jsonPath":".status.inFlight"}"#,
     printcolumn = r#"{"name":"MODE","type":"string","jsonPath":".spec.mode"}"#,
-    printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"DEVICE-TAINTS","type":"string","priority":1,"jsonPath":".status.deviceTaints"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(
@@ -429,6 +430,12 @@ pub struct GpuRemediationPolicyStatus {
     /// With `safety.suspect`: the attribute value most recent failures share, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspect: Option<SuspectStatus>,
+    /// How this policy's quarantines take a failed GPU out of allocation: the `DeviceTaintRule`
+    /// version the server serves and the controller speaks (`resource.k8s.io/v1`, `.../v1beta2`,
+    /// `.../v1alpha3`, the most stable first), or `None: node taint used` where it serves none.
+    /// Absent when no trigger quarantines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_taints: Option<String>,
     /// The leader claim (`<holder>/<leaseTransitions>` of the controller's Lease) under which this
     /// status was last written; the fence admission policy refuses a status write by the controller
     /// whose claim is not the Lease's current one.

@@ -256,6 +256,16 @@ async fn pass(
         ctx.metrics.reconcile_error("policy", write::metric_label(&error));
         next = next.min(error_retry);
     }
+    // Dead nodes their remediation shut down get the out-of-service taint; returning ones lose it.
+    match act::out_of_service::apply(ctx, &remediations, &candidates).await {
+        Ok(Some(confirmed_at)) => next = next.min(confirmed_at),
+        Ok(None) => {}
+        Err(error) => {
+            tracing::warn!(%error, "writing an out-of-service taint failed; retrying");
+            ctx.metrics.reconcile_error("policy", write::metric_label(&error));
+            next = next.min(error_retry);
+        }
+    }
     let mut announcements = admit::Announcements::default();
     for policy_plan in plan.policies {
         let policy = policy_plan.policy.metadata.name.clone().unwrap_or_default();

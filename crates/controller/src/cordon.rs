@@ -226,6 +226,19 @@ pub(crate) mod tests {
         }
     }
 
+    /// Other actors' taints a node carries beside a person's: the Node Readiness Controller's
+    /// (`readiness.k8s.io/...`) and a cloud provider's shutdown taint. Ours never touch them.
+    pub(crate) const FOREIGN: [&str; 3] = [
+        "team/reserved",
+        "readiness.k8s.io/gpu-driver-ready",
+        "node.cloudprovider.kubernetes.io/shutdown",
+    ];
+
+    /// The foreign keys followed by `ours`.
+    pub(crate) fn foreign_then(ours: &[&str]) -> Vec<String> {
+        FOREIGN.iter().chain(ours).map(|k| (*k).to_owned()).collect()
+    }
+
     /// The keys of the node's taints, in order.
     pub(crate) fn taint_keys(node: &Node) -> Vec<String> {
         node.spec
@@ -241,10 +254,10 @@ pub(crate) mod tests {
 
     #[test]
     fn cordoning_a_schedulable_node_makes_the_cordon_ours_and_keeps_other_taints() {
-        let mut n = node(false, &["team/reserved"]);
+        let mut n = node(false, &FOREIGN);
         assert!(cordon(&mut n, "gpu-1-abc"));
         assert_eq!(cordon_of(&n, "gpu-1-abc"), Cordon::Ours);
-        assert_eq!(taint_keys(&n), vec!["team/reserved", REMEDIATION_TAINT_KEY]);
+        assert_eq!(taint_keys(&n), foreign_then(&[REMEDIATION_TAINT_KEY]));
         assert!(!cordon(&mut n, "gpu-1-abc"), "a second cordon changes nothing");
     }
 
@@ -261,21 +274,27 @@ pub(crate) mod tests {
 
     #[test]
     fn a_node_cordoned_by_a_person_stays_cordoned_after_release() {
-        let mut n = node(true, &["team/reserved"]);
+        let mut n = node(true, &FOREIGN);
         cordon(&mut n, "gpu-1-abc");
         assert!(release(&mut n, "gpu-1-abc"));
         assert!(is_unschedulable(&n));
-        assert_eq!(taint_keys(&n), vec!["team/reserved"]);
+        assert_eq!(taint_keys(&n), foreign_then(&[]));
         assert!(n.annotations().is_empty());
     }
 
     #[test]
     fn releasing_our_cordon_makes_the_node_schedulable_and_removes_only_our_taint() {
-        let mut n = node(false, &["team/reserved"]);
+        let mut n = node(false, &FOREIGN);
         cordon(&mut n, "gpu-1-abc");
+        // The readiness controller adds a taint while we hold ours: it survives our release.
+        n.spec.as_mut().unwrap().taints.as_mut().unwrap().push(Taint {
+            key: "readiness.k8s.io/network-ready".into(),
+            effect: "NoSchedule".into(),
+            ..Taint::default()
+        });
         assert!(release(&mut n, "gpu-1-abc"));
         assert!(!is_unschedulable(&n));
-        assert_eq!(taint_keys(&n), vec!["team/reserved"]);
+        assert_eq!(taint_keys(&n), foreign_then(&["readiness.k8s.io/network-ready"]));
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod lanes;
 pub mod lifecycle;
 pub mod node_patch;
 pub mod observe;
+pub mod out_of_service;
 pub mod policy_status;
 pub mod progress;
 pub mod quarantine;

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`admit`] | [`crate::fleet::plan`]: records created and readmitted, policy status |
 //! | [`quarantine`], [`quarantine_device`] | [`crate::quarantine::plan`]: node taints, `DeviceTaintRule`s |
+//! | [`out_of_service`] | [`crate::out_of_service`]: the out-of-service taint of dead nodes shut down |
 //! | [`hardware`] | the hardware ledger ([`crate::hardware`]): records, join steps |
 //! | [`replace`] | [`crate::replace`]'s builders: the Machine, NodeClaim or template written, then looked at |
 //! | [`undecodable`] | [`crate::observe::undecodable`]: Events and policy conditions on what does not decode |
@@ -13,6 +14,7 @@
 
 pub mod admit;
 pub mod hardware;
+pub mod out_of_service;
 pub mod quarantine;
 pub mod quarantine_device;
 pub mod remediation;

@@ -91,7 +91,8 @@ pub async fn apply(ctx: &Context, plan: &mut PolicyPlan, looked_at: &[String]) -
 }
 
 /// Adds the policy's `DeviceQuarantine` condition (whether its quarantines can be device-level)
-/// to the status the plan writes, when any of its triggers quarantines.
+/// and `deviceTaints` (the `DeviceTaintRule` version spoken, or the node taint) to the status the
+/// plan writes, when any of its triggers quarantines.
 async fn report_device_level(ctx: &Context, plan: &mut PolicyPlan) {
     let spec = &plan.policy.spec;
     let quarantines = spec
@@ -115,6 +116,7 @@ async fn report_device_level(ctx: &Context, plan: &mut PolicyPlan) {
         Timestamp::now(),
     );
     plan.status.conditions.push(condition);
+    plan.status.device_taints = Some(device::spoken(served));
 }
 
 /// Lifts quarantines no policy's plan covers (their node left the policy, or the policy is gone).
@@ -177,17 +179,17 @@ async fn quarantine(ctx: &Context, policy: &str, node: &NodeRef) -> Result<Optio
         None => Target::Node("the node is not in the cache".to_owned()),
     };
     let (edit, how) = match target {
-        Target::Devices(devices) => {
+        Target::Devices(version, devices) => {
             let named: Vec<String> = devices
                 .iter()
                 .map(|d| format!("GPU {} (device {}/{}/{})", d.uuid, d.driver, d.pool, d.device))
                 .collect();
             let how = format!(
-                "only {} taken out of allocation by DeviceTaintRule (NoSchedule); the node's other GPUs keep \
-                 taking work",
+                "only {} taken out of allocation by {version} DeviceTaintRule (NoSchedule); the node's other GPUs \
+                 keep taking work",
                 named.join(", ")
             );
-            match device_apply::quarantine_devices(ctx, node, policy, &devices).await? {
+            match device_apply::quarantine_devices(ctx, node, policy, version, &devices).await? {
                 // Already recorded (a pass before the watch showed the last write): announced then.
                 (NodeEdit::Written(_), false) => return Ok(None),
                 (edit, _) => (edit, how),

@@ -1,5 +1,5 @@
-//! Carries out device-level quarantine (see [`super::device`]): asks the server whether it serves
-//! `DeviceTaintRule`, reads a quarantined node's `ResourceSlice`s to find its failed GPUs'
+//! Carries out device-level quarantine (see [`super::device`]): asks the server which version of
+//! `DeviceTaintRule` it serves (discovery, asked again after a minute or after a 404), reads a quarantined node's `ResourceSlice`s to find its failed GPUs'
 //! devices, records them on the node and creates one rule per device, and each pass makes the
 //! rules follow the nodes' annotations. Every write goes through the one writer (`crate::write`).
 
@@ -16,16 +16,34 @@ use crate::quarantine::device::{self, QuarantinedDevice, Target};
 use crate::{
     context::Context,
     cordon::NodeRef,
-    dra::wire::{self, DeviceTaintRule, ResourceSlice},
+    dra::wire::{self, DeviceTaintRule, ResourceSlice, TaintRuleVersion},
     read::{Reader, Scope},
     write::{DeleteStampedError, EditNodeError, NodeEdit, WriteError, Writer},
 };
 
-/// Whether the server serves `resource.k8s.io/v1alpha3` `devicetaintrules` (see
-/// [`Reader::serves`]): where it does not, a node taint is the safe side.
-pub async fn served(reader: &Reader) -> bool {
-    let version = format!("{}/{}", wire::GROUP, wire::TAINT_RULE_VERSION);
-    reader.serves(&version, "devicetaintrules").await
+/// The most stable version of `resource.k8s.io` serving `devicetaintrules` (see
+/// [`Reader::serves`], whose answers are kept a minute; [`TaintRuleVersion::choose`]): `None`
+/// where the server serves none, and a node taint is the safe side.
+pub async fn served(reader: &Reader) -> Option<TaintRuleVersion> {
+    let mut served = Vec::new();
+    for version in TaintRuleVersion::PREFERRED {
+        if reader.serves(&version.group_version(), wire::TAINT_RULES).await {
+            served.push(version);
+        }
+    }
+    TaintRuleVersion::choose(&served)
+}
+
+/// Where `error` (of a list or create in `version`) says the server no longer serves `version`
+/// (404: the API was turned off, or the server downgraded), forgets the answer so that the next
+/// pass asks discovery again.
+fn forget_if_not_served(reader: &Reader, version: TaintRuleVersion, error: &WriteError) {
+    if let WriteError::Api(kube::Error::Api(status)) = error
+        && status.is_not_found()
+    {
+        tracing::info!(%version, "DeviceTaintRule not found in this version: asking discovery again");
+        reader.forget_served(&version.group_version());
+    }
 }
 
 /// How `node`'s quarantine is carried out: its failed GPUs' devices, or the node taint and why.
@@ -34,26 +52,27 @@ pub async fn choose(ctx: &Context, node: &Node) -> Target {
     if failed.is_empty() {
         return device::target(&node.name_any(), &failed, None);
     }
-    if !served(&ctx.reader).await {
+    let Some(version) = served(&ctx.reader).await else {
         return device::target(&node.name_any(), &failed, None);
-    }
+    };
     let params = ListParams::default().fields(&format!("spec.nodeName={}", node.name_any()));
     match ctx
         .reader
         .list::<ResourceSlice>(Scope::Cluster, &wire::resource_slices(), &params)
         .await
     {
-        Ok(listed) => device::target(&node.name_any(), &failed, Some(&listed.items)),
+        Ok(listed) => device::target(&node.name_any(), &failed, Some((version, &listed.items))),
         Err(error) => Target::Node(format!("reading the node's ResourceSlices failed: {error}")),
     }
 }
 
 /// Records a device-level quarantine of `devices` by `policy` on `node`, then creates their rules
-/// (those that exist are kept). With whether the node changed.
+/// in `version` (those that exist are kept). With whether the node changed.
 pub async fn quarantine_devices(
     ctx: &Context,
     node: &NodeRef,
     policy: &str,
+    version: TaintRuleVersion,
     devices: &[QuarantinedDevice],
 ) -> Result<(NodeEdit, bool), EditNodeError> {
     let (edit, changed) = ctx
@@ -65,7 +84,7 @@ pub async fn quarantine_devices(
     if let NodeEdit::Written(_) = &edit {
         ctx.device_rules_may_exist.store(true, Ordering::Relaxed);
         for device in devices {
-            create_rule(&ctx.writer, &device::rule(policy, &node.name, device))
+            create(ctx, version, &device::rule(version, policy, &node.name, device))
                 .await
                 .map_err(|source| EditNodeError::Write {
                     node: node.name.clone(),
@@ -86,21 +105,22 @@ pub async fn reconcile(ctx: &Context, looked_at: &[String]) -> Result<(), Reconc
     if !any_marked && !ctx.device_rules_may_exist.load(Ordering::Relaxed) {
         return Ok(());
     }
-    if !served(&ctx.reader).await {
+    let Some(version) = served(&ctx.reader).await else {
         return Ok(());
-    }
+    };
     let params = ListParams::default().labels(&format!("{DEVICE_QUARANTINE_LABEL}=true"));
     let existing = ctx
         .reader
-        .list::<DeviceTaintRule>(Scope::Cluster, &wire::device_taint_rules(), &params)
+        .list::<DeviceTaintRule>(Scope::Cluster, &wire::device_taint_rules(version), &params)
         .await
-        .map_err(WriteError::from)?
+        .map_err(WriteError::from)
+        .inspect_err(|error| forget_if_not_served(&ctx.reader, version, error))?
         .items;
     let policies = ctx.caches.policies.state();
     let known = |name: &str| policies.iter().any(|p| p.name_any() == name);
-    let plan = device::reconcile(&nodes, known, &existing);
+    let plan = device::reconcile(version, &nodes, known, &existing);
     for rule in &plan.create {
-        create_rule(&ctx.writer, rule).await?;
+        create(ctx, version, rule).await?;
     }
     let mut deleted = 0;
     for rule in plan.delete.iter().chain(&plan.delete_if_owner_gone) {
@@ -116,7 +136,7 @@ pub async fn reconcile(ctx: &Context, looked_at: &[String]) -> Result<(), Reconc
             continue;
         }
         let name = rule.name_any();
-        delete_rule(&ctx.writer, rule).await?;
+        delete_rule(&ctx.writer, version, rule).await?;
         tracing::info!(rule = %name, "device quarantine rule deleted: no node names its device any more");
         deleted += 1;
     }
@@ -142,11 +162,15 @@ pub enum ReconcileRulesError {
     },
 }
 
-/// Creates `rule` through the writer (an existing one is kept).
-pub async fn create_rule(writer: &Writer, rule: &DeviceTaintRule) -> Result<(), WriteError> {
-    match writer.create(&wire::device_taint_rules(), rule).await {
+/// Creates `rule` in `version` through the writer (an existing one is kept).
+pub async fn create_rule(
+    writer: &Writer,
+    version: TaintRuleVersion,
+    rule: &DeviceTaintRule,
+) -> Result<(), WriteError> {
+    match writer.create(&wire::device_taint_rules(version), rule).await {
         Ok(_) => {
-            tracing::info!(rule = %rule.name_any(), "device quarantine rule created");
+            tracing::info!(rule = %rule.name_any(), %version, "device quarantine rule created");
             Ok(())
         }
         Err(WriteError::Api(kube::Error::Api(status))) if status.is_already_exists() => Ok(()),
@@ -154,13 +178,24 @@ pub async fn create_rule(writer: &Writer, rule: &DeviceTaintRule) -> Result<(), 
     }
 }
 
+/// [`create_rule`], forgetting what discovery said of `version` where the server answers 404.
+async fn create(ctx: &Context, version: TaintRuleVersion, rule: &DeviceTaintRule) -> Result<(), WriteError> {
+    create_rule(&ctx.writer, version, rule)
+        .await
+        .inspect_err(|error| forget_if_not_served(&ctx.reader, version, error))
+}
+
 /// Deletes `rule` (that UID only) through the writer: the claim stamped onto it, then a delete
 /// preconditioned on that write (see `crate::write::claim`).
-pub async fn delete_rule(writer: &Writer, rule: &DeviceTaintRule) -> Result<(), ReconcileRulesError> {
+pub async fn delete_rule(
+    writer: &Writer,
+    version: TaintRuleVersion,
+    rule: &DeviceTaintRule,
+) -> Result<(), ReconcileRulesError> {
     let name = rule.name_any();
     writer
         .delete_stamped::<DeviceTaintRule>(
-            &wire::device_taint_rules(),
+            &wire::device_taint_rules(version),
             Scope::Cluster,
             &name,
             rule.uid().as_deref(),

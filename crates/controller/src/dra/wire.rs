@@ -4,9 +4,13 @@
 //! Why not k8s-openapi's types: the binaries build k8s-openapi with `v1_33`, which has no
 //! `resource.k8s.io/v1` (GA in Kubernetes 1.34), and from 1.35 the API server serves only `v1`
 //! of `ResourceClaim` and `ResourceSlice` (the betas are off by default). `DeviceTaintRule` exists
-//! only as `v1alpha3` (KEP-5055), whose selector lost fields between 1.33 and 1.35; the fields
-//! below (`driver`, `pool`, `device`) are the ones both releases accept. Shapes checked against
-//! `k8s.io/api` v0.35.4 `resource/v1` and `resource/v1alpha3`.
+//! (KEP-5055) as `v1alpha3` from 1.33 (behind `DRADeviceTaints`), `v1beta2` from 1.36 and `v1` from
+//! 1.37 ([`TaintRuleVersion`]); the selector lost fields between 1.33 and 1.35, and the fields below
+//! (`driver`, `pool`, `device`; `key`, `value`, `effect`) are the ones every release and version
+//! accepts, with the same meaning: the versions differ only in `apiVersion` for what the controller
+//! writes (`timeAdded` is set by the server; the effect `None` exists in all three from 1.35 and is
+//! not used). Shapes checked against `k8s.io/api` v0.35.4 `resource/v1` and `resource/v1alpha3`,
+//! v0.36.3 `resource/v1beta2` and v0.37.0-beta.0 `resource/v1`.
 
 use std::collections::BTreeMap;
 
@@ -20,14 +24,59 @@ use serde::{Deserialize, Serialize};
 pub const GROUP: &str = "resource.k8s.io";
 /// The version of `ResourceClaim` and `ResourceSlice` read (GA since 1.34).
 pub const VERSION: &str = "v1";
-/// The only version serving `DeviceTaintRule` (alpha since 1.33, behind `DRADeviceTaints`).
-pub const TAINT_RULE_VERSION: &str = "v1alpha3";
+/// The plural of `DeviceTaintRule`, as discovery names it.
+pub const TAINT_RULES: &str = "devicetaintrules";
+
+/// A version of `resource.k8s.io` that can serve `DeviceTaintRule`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TaintRuleVersion {
+    /// GA, from Kubernetes 1.37.
+    V1,
+    /// Beta, from Kubernetes 1.36.
+    V1beta2,
+    /// Alpha, from Kubernetes 1.33, behind the `DRADeviceTaints` gate and
+    /// `--runtime-config=resource.k8s.io/v1alpha3=true`.
+    V1alpha3,
+}
+
+impl TaintRuleVersion {
+    /// Every version, the most preferred (the most stable) first.
+    pub const PREFERRED: [Self; 3] = [Self::V1, Self::V1beta2, Self::V1alpha3];
+
+    /// The version's name (`v1beta2`).
+    #[must_use]
+    pub const fn version(self) -> &'static str {
+        match self {
+            Self::V1 => "v1",
+            Self::V1beta2 => "v1beta2",
+            Self::V1alpha3 => "v1alpha3",
+        }
+    }
+
+    /// `resource.k8s.io/<version>`.
+    #[must_use]
+    pub fn group_version(self) -> String {
+        format!("{GROUP}/{}", self.version())
+    }
+
+    /// The first of [`Self::PREFERRED`] that `served` holds (`None`: the server serves none).
+    #[must_use]
+    pub fn choose(served: &[Self]) -> Option<Self> {
+        Self::PREFERRED.into_iter().find(|v| served.contains(v))
+    }
+}
+
+impl std::fmt::Display for TaintRuleVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.group_version())
+    }
+}
 
 /// `resource.k8s.io/v1` `ResourceSlice` (cluster-scoped; no status).
 pub type ResourceSlice = Object<ResourceSliceSpec, NotUsed>;
 /// `resource.k8s.io/v1` `ResourceClaim` (namespaced).
 pub type ResourceClaim = Object<ResourceClaimSpec, ResourceClaimStatus>;
-/// `resource.k8s.io/v1alpha3` `DeviceTaintRule` (cluster-scoped).
+/// `resource.k8s.io` `DeviceTaintRule` (cluster-scoped), of any [`TaintRuleVersion`].
 pub type DeviceTaintRule = Object<DeviceTaintRuleSpec, NotUsed>;
 
 /// The `ApiResource` of `ResourceSlice`.
@@ -48,12 +97,12 @@ pub fn resource_claims() -> ApiResource {
     )
 }
 
-/// The `ApiResource` of `DeviceTaintRule`.
+/// The `ApiResource` of `DeviceTaintRule` in `version`.
 #[must_use]
-pub fn device_taint_rules() -> ApiResource {
+pub fn device_taint_rules(version: TaintRuleVersion) -> ApiResource {
     ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(GROUP, TAINT_RULE_VERSION, "DeviceTaintRule"),
-        "devicetaintrules",
+        &GroupVersionKind::gvk(GROUP, version.version(), "DeviceTaintRule"),
+        TAINT_RULES,
     )
 }
 

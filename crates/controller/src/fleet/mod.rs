@@ -369,6 +369,8 @@ fn plan_policy(
             message: a.why,
         }),
         suspect,
+        // Quarantine's report adds it (`act::quarantine`).
+        device_taints: None,
         // As last written: the write puts the current claim.
         claim: previous.claim.clone(),
     };

@@ -13,7 +13,8 @@
 //! Minimum server: `DeviceTaintRule` is served as `resource.k8s.io/v1alpha3` from Kubernetes 1.33
 //! behind the `DRADeviceTaints` feature gate (API server, scheduler, controller manager) and
 //! `--runtime-config=resource.k8s.io/v1alpha3=true`; from 1.35 the scheduler also needs
-//! `DRADeviceTaintRules`. Where the API is not served, or the failed GPU is not a DRA device of
+//! `DRADeviceTaintRules`; `v1beta2` from 1.36 and `v1` from 1.37. The controller speaks the most
+//! stable version the server serves ([`TaintRuleVersion::choose`]). Where none is served, or the failed GPU is not a DRA device of
 //! the node, the quarantine is the node taint, and the policy's `DeviceQuarantine` condition and
 //! the node's Event say which.
 
@@ -33,16 +34,29 @@ use serde::{Deserialize, Serialize};
 
 use crate::dra::{
     holders::devices_of_gpu,
-    wire::{self, DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector, ResourceSlice},
+    wire::{
+        self, DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector, ResourceSlice,
+        TaintRuleVersion,
+    },
 };
 
 /// The oldest Kubernetes release serving `DeviceTaintRule`.
 pub const MINIMUM_SERVER_VERSION: &str = "1.33";
 
 /// Why a server without `DeviceTaintRule` quarantines whole nodes.
-pub const NOT_SERVED: &str = "the API server does not serve resource.k8s.io/v1alpha3 DeviceTaintRule (alpha since \
-     Kubernetes 1.33 behind the DRADeviceTaints gate and --runtime-config=resource.k8s.io/v1alpha3=true; from 1.35 \
-     the scheduler also needs DRADeviceTaintRules)";
+pub const NOT_SERVED: &str = "the API server serves no DeviceTaintRule (resource.k8s.io/v1 from Kubernetes 1.37, \
+     v1beta2 from 1.36, v1alpha3 from 1.33 behind the DRADeviceTaints gate and \
+     --runtime-config=resource.k8s.io/v1alpha3=true; from 1.35 the scheduler also needs DRADeviceTaintRules)";
+
+/// What a policy's `status.deviceTaints` says when no `DeviceTaintRule` version is served.
+pub const NODE_TAINT_USED: &str = "None: node taint used";
+
+/// What a policy's `status.deviceTaints` says: the `DeviceTaintRule` version spoken, or that the
+/// node taint is used.
+#[must_use]
+pub fn spoken(version: Option<TaintRuleVersion>) -> String {
+    version.map_or_else(|| NODE_TAINT_USED.to_owned(), TaintRuleVersion::group_version)
+}
 
 /// One device taken out of allocation, as the node's annotation records it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -60,20 +74,21 @@ pub struct QuarantinedDevice {
 /// How a node's quarantine is carried out.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// A `DeviceTaintRule` per device; the node stays schedulable.
-    Devices(Vec<QuarantinedDevice>),
+    /// A `DeviceTaintRule` per device, in the version the server serves; the node stays
+    /// schedulable.
+    Devices(TaintRuleVersion, Vec<QuarantinedDevice>),
     /// The node taint, and why not the devices.
     Node(String),
 }
 
 /// The devices to quarantine for the GPUs `failed` (UUIDs) on `node`, given the node's slices
-/// (`None`: the server does not serve `DeviceTaintRule`).
+/// and the `DeviceTaintRule` version served (`None`: the server serves none).
 #[must_use]
-pub fn target(node: &str, failed: &[String], slices: Option<&[ResourceSlice]>) -> Target {
+pub fn target(node: &str, failed: &[String], served: Option<(TaintRuleVersion, &[ResourceSlice])>) -> Target {
     if failed.is_empty() {
         return Target::Node("the fault names no GPU".to_owned());
     }
-    let Some(slices) = slices else {
+    let Some((version, slices)) = served else {
         return Target::Node(NOT_SERVED.to_owned());
     };
     let mut devices = BTreeSet::new();
@@ -98,7 +113,7 @@ pub fn target(node: &str, failed: &[String], slices: Option<&[ResourceSlice]>) -
             device: d.device,
         }));
     }
-    Target::Devices(devices.into_iter().collect())
+    Target::Devices(version, devices.into_iter().collect())
 }
 
 /// The UUIDs of the GPUs the node's fault names (the agent's failed-GPUs annotation).
@@ -187,15 +202,20 @@ pub fn in_own_pool(node: &str, pool: &str) -> bool {
     pool == node
 }
 
-/// The `DeviceTaintRule` quarantining `device` of `node` for `policy`. Its selector is pinned to
+/// The `DeviceTaintRule` (in `version`) quarantining `device` of `node` for `policy`. Its selector is pinned to
 /// the device's driver and to the pool named after `node`, whatever `device.pool` says ([`target`]
 /// and [`reconcile`] pass only devices [`in_own_pool`]), so no rule of node A's can select
 /// another node's devices.
 #[must_use]
-pub fn rule(policy: &str, node: &str, device: &QuarantinedDevice) -> DeviceTaintRule {
+pub fn rule(
+    version: TaintRuleVersion,
+    policy: &str,
+    node: &str,
+    device: &QuarantinedDevice,
+) -> DeviceTaintRule {
     let mut rule = DeviceTaintRule::new(
         &rule_name(node, device),
-        &wire::device_taint_rules(),
+        &wire::device_taint_rules(version),
         DeviceTaintRuleSpec {
             device_selector: Some(DeviceTaintSelector {
                 driver: Some(device.driver.clone()),
@@ -250,9 +270,11 @@ pub struct RulePlan {
 /// The rules (`existing`, those carrying our label) made to follow the nodes' annotations:
 /// created for nodes whose quarantine's policy this controller sees (`known`), deleted where no
 /// node's annotation names their device. A device an annotation names outside its node's own pool
-/// (see [`in_own_pool`]) was never the controller's decision and gets no rule.
+/// (see [`in_own_pool`]) was never the controller's decision and gets no rule. Rules are created
+/// in `version`.
 #[must_use]
 pub fn reconcile(
+    version: TaintRuleVersion,
     nodes: &[Arc<Node>],
     known: impl Fn(&str) -> bool,
     existing: &[DeviceTaintRule],
@@ -265,7 +287,7 @@ pub fn reconcile(
         };
         let name = node.name_any();
         for device in recorded(node).into_iter().filter(|d| in_own_pool(&name, &d.pool)) {
-            let rule = rule(policy, &name, &device);
+            let rule = rule(version, policy, &name, &device);
             named.insert(rule.name_any());
             if known(policy) {
                 wanted.insert(rule.name_any(), rule);
@@ -294,15 +316,22 @@ pub fn reconcile(
     plan
 }
 
-/// The policy's `DeviceQuarantine` condition: whether its quarantines can be device-level.
+/// The policy's `DeviceQuarantine` condition: whether its quarantines can be device-level, given
+/// the `DeviceTaintRule` version served.
 #[must_use]
-pub fn condition(served: bool, previous: &[Condition], generation: Option<i64>, now: Timestamp) -> Condition {
-    let (reason, message) = if served {
+pub fn condition(
+    served: Option<TaintRuleVersion>,
+    previous: &[Condition],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Condition {
+    let (reason, message) = if let Some(version) = served {
         (
             reasons::DEVICE_TAINT_RULES_SERVED,
-            "a fault naming GPUs allocated through DRA quarantines only those devices (DeviceTaintRule, NoSchedule); \
-             other faults taint the node"
-                .to_owned(),
+            format!(
+                "a fault naming GPUs allocated through DRA quarantines only those devices ({version} DeviceTaintRule, \
+                 NoSchedule); other faults taint the node"
+            ),
         )
     } else {
         (
@@ -313,7 +342,7 @@ pub fn condition(served: bool, previous: &[Condition], generation: Option<i64>, 
     crate::status_condition::condition(
         previous,
         policy_conditions::DEVICE_QUARANTINE,
-        served,
+        served.is_some(),
         reason.to_owned(),
         message,
         generation,

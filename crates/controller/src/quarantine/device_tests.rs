@@ -4,6 +4,8 @@ use serde::Deserialize;
 
 use super::*;
 
+const V1A3: TaintRuleVersion = TaintRuleVersion::V1alpha3;
+
 #[derive(Deserialize)]
 struct Fixture {
     slices: Vec<ResourceSlice>,
@@ -57,8 +59,8 @@ fn marked(name: &str, policy: &str, devices: &[QuarantinedDevice]) -> Arc<Node> 
 
 #[test]
 fn a_failed_gpu_published_by_the_nodes_slice_is_quarantined_as_its_device_only() {
-    let target = target("gpu-a", &uuids(&["GPU-aaaa-3"]), Some(&slices()));
-    assert_eq!(target, Target::Devices(vec![device("GPU-aaaa-3", 3)]));
+    let target = target("gpu-a", &uuids(&["GPU-aaaa-3"]), Some((V1A3, &slices())));
+    assert_eq!(target, Target::Devices(V1A3, vec![device("GPU-aaaa-3", 3)]));
 }
 
 #[test]
@@ -75,14 +77,18 @@ fn without_device_taint_rules_served_the_node_is_tainted_and_the_minimum_version
 #[test]
 fn a_fault_naming_no_gpu_taints_the_node() {
     assert_eq!(
-        target("gpu-a", &[], Some(&slices())),
+        target("gpu-a", &[], Some((V1A3, &slices()))),
         Target::Node("the fault names no GPU".to_owned())
     );
 }
 
 #[test]
 fn a_failed_gpu_not_allocated_through_dra_taints_the_whole_node_even_if_another_is() {
-    let Target::Node(why) = target("gpu-a", &uuids(&["GPU-aaaa-1", "GPU-bbbb-0"]), Some(&slices())) else {
+    let Target::Node(why) = target(
+        "gpu-a",
+        &uuids(&["GPU-aaaa-1", "GPU-bbbb-0"]),
+        Some((V1A3, &slices())),
+    ) else {
         panic!("expected the node taint");
     };
     assert!(
@@ -146,7 +152,7 @@ fn a_second_gpu_failing_during_the_episode_is_noticed() {
 
 #[test]
 fn a_rule_selects_exactly_the_failed_device_with_a_no_schedule_taint() {
-    let r = rule("gpus", "gpu-a", &device("GPU-aaaa-3", 3));
+    let r = rule(V1A3, "gpus", "gpu-a", &device("GPU-aaaa-3", 3));
     let selector = r.spec.device_selector.as_ref().unwrap();
     assert_eq!(selector.driver.as_deref(), Some("gpu.sandbox.gpuremediation.dev"));
     assert_eq!(selector.pool.as_deref(), Some("gpu-a"));
@@ -168,7 +174,10 @@ fn a_rule_is_pinned_to_the_pool_named_after_its_node_whatever_the_device_says() 
         pool: "gpu-b".to_owned(),
         ..device("GPU-aaaa-3", 3)
     };
-    let selector = rule("gpus", "gpu-a", &foreign).spec.device_selector.unwrap();
+    let selector = rule(V1A3, "gpus", "gpu-a", &foreign)
+        .spec
+        .device_selector
+        .unwrap();
     assert_eq!(selector.pool.as_deref(), Some("gpu-a"));
     assert_eq!(selector.driver.as_deref(), Some("gpu.sandbox.gpuremediation.dev"));
     assert!(in_own_pool("gpu-a", &device("GPU-aaaa-3", 3).pool));
@@ -185,7 +194,7 @@ fn a_failed_gpu_its_nodes_driver_publishes_in_another_nodes_pool_taints_the_node
     {
         slice.spec.pool.name = "gpu-b".to_owned();
     }
-    let Target::Node(why) = target("gpu-a", &uuids(&["GPU-aaaa-0"]), Some(&slices)) else {
+    let Target::Node(why) = target("gpu-a", &uuids(&["GPU-aaaa-0"]), Some((V1A3, &slices))) else {
         panic!("expected the node taint");
     };
     assert!(
@@ -201,7 +210,7 @@ fn a_forged_annotation_naming_another_nodes_pool_gets_no_rule() {
         ..device("GPU-aaaa-0", 0)
     };
     let nodes = [marked("gpu-a", "gpus", &[forged, device("GPU-aaaa-3", 3)])];
-    let plan = reconcile(&nodes, |p| p == "gpus", &[]);
+    let plan = reconcile(V1A3, &nodes, |p| p == "gpus", &[]);
     let pools: Vec<Option<String>> = plan
         .create
         .iter()
@@ -223,7 +232,10 @@ fn a_forged_annotation_naming_another_nodes_pool_gets_no_rule() {
 #[test]
 fn a_uuid_that_is_no_label_value_leaves_the_taint_value_empty() {
     let long = format!("GPU-{}", "a".repeat(70));
-    assert_eq!(rule("gpus", "gpu-a", &device(&long, 3)).spec.taint.value, "");
+    assert_eq!(
+        rule(V1A3, "gpus", "gpu-a", &device(&long, 3)).spec.taint.value,
+        ""
+    );
 }
 
 #[test]
@@ -249,8 +261,8 @@ fn reconciling_creates_the_missing_rules_of_known_policies_only() {
         marked("gpu-b", "other", &[device_on("gpu-b", "GPU-bbbb-0", 0)]),
         Arc::new(node("gpu-c", &[])),
     ];
-    let existing = [rule("gpus", "gpu-a", &device("GPU-aaaa-3", 3))];
-    let plan = reconcile(&nodes, |p| p == "gpus", &existing);
+    let existing = [rule(V1A3, "gpus", "gpu-a", &device("GPU-aaaa-3", 3))];
+    let plan = reconcile(V1A3, &nodes, |p| p == "gpus", &existing);
     let created: Vec<String> = plan.create.iter().map(ResourceExt::name_any).collect();
     assert_eq!(created, [rule_name("gpu-a", &device("GPU-aaaa-1", 1))]);
     assert!(plan.delete.is_empty() && plan.delete_if_owner_gone.is_empty());
@@ -259,10 +271,11 @@ fn reconciling_creates_the_missing_rules_of_known_policies_only() {
 #[test]
 fn reconciling_deletes_rules_no_node_names_and_leaves_unknown_owners_to_the_server_check() {
     let nodes = [marked("gpu-b", "other", &[device_on("gpu-b", "GPU-bbbb-0", 0)])];
-    let stale_ours = rule("gpus", "gpu-a", &device("GPU-aaaa-3", 3));
-    let stale_theirs = rule("gone", "gpu-a", &device("GPU-aaaa-1", 1));
-    let held_theirs = rule("other", "gpu-b", &device_on("gpu-b", "GPU-bbbb-0", 0));
+    let stale_ours = rule(V1A3, "gpus", "gpu-a", &device("GPU-aaaa-3", 3));
+    let stale_theirs = rule(V1A3, "gone", "gpu-a", &device("GPU-aaaa-1", 1));
+    let held_theirs = rule(V1A3, "other", "gpu-b", &device_on("gpu-b", "GPU-bbbb-0", 0));
     let plan = reconcile(
+        V1A3,
         &nodes,
         |p| p == "gpus",
         &[stale_ours.clone(), stale_theirs.clone(), held_theirs],
@@ -287,7 +300,7 @@ fn reconciling_deletes_rules_no_node_names_and_leaves_unknown_owners_to_the_serv
 #[test]
 fn the_policy_condition_says_whether_quarantines_can_be_device_level() {
     let now = Timestamp::from_second(1_800_000_000).unwrap();
-    let served = condition(true, &[], Some(1), now);
+    let served = condition(Some(V1A3), &[], Some(1), now);
     assert_eq!(
         (
             served.type_.as_str(),
@@ -296,10 +309,63 @@ fn the_policy_condition_says_whether_quarantines_can_be_device_level() {
         ),
         ("DeviceQuarantine", "True", "DeviceTaintRulesServed")
     );
-    let not = condition(false, &[], Some(1), now);
+    let not = condition(None, &[], Some(1), now);
     assert_eq!(
         (not.status.as_str(), not.reason.as_str()),
         ("False", "DeviceTaintRulesNotServed")
     );
     assert!(not.message.contains("1.33"), "{}", not.message);
+}
+
+#[test]
+fn the_most_stable_served_version_is_spoken_and_none_served_means_the_node_taint() {
+    use TaintRuleVersion::{V1, V1alpha3, V1beta2};
+    assert_eq!(TaintRuleVersion::choose(&[V1alpha3, V1, V1beta2]), Some(V1));
+    assert_eq!(TaintRuleVersion::choose(&[V1alpha3, V1beta2]), Some(V1beta2));
+    assert_eq!(TaintRuleVersion::choose(&[V1alpha3]), Some(V1alpha3));
+    assert_eq!(TaintRuleVersion::choose(&[]), None);
+    assert_eq!(spoken(Some(V1alpha3)), "resource.k8s.io/v1alpha3");
+    assert_eq!(spoken(Some(V1)), "resource.k8s.io/v1");
+    assert_eq!(spoken(None), "None: node taint used");
+}
+
+#[test]
+fn a_rule_has_the_same_shape_in_every_version_but_its_api_version() {
+    let shapes: Vec<serde_json::Value> = TaintRuleVersion::PREFERRED
+        .into_iter()
+        .map(|v| {
+            let mut json = serde_json::to_value(rule(v, "gpus", "gpu-a", &device("GPU-aaaa-3", 3))).unwrap();
+            assert_eq!(json["apiVersion"], format!("resource.k8s.io/{}", v.version()));
+            json.as_object_mut().unwrap().remove("apiVersion");
+            json
+        })
+        .collect();
+    assert_eq!(shapes[0], shapes[1]);
+    assert_eq!(shapes[1], shapes[2]);
+    assert_eq!(
+        shapes[0]["spec"],
+        serde_json::json!({
+            "deviceSelector": {"driver": "gpu.sandbox.gpuremediation.dev", "pool": "gpu-a", "device": "gpu-3"},
+            "taint": {"key": QUARANTINE_TAINT_KEY, "value": "GPU-aaaa-3", "effect": "NoSchedule"},
+        }),
+        "no timeAdded (the server sets it), the effect every version takes"
+    );
+}
+
+#[test]
+fn the_condition_names_the_version_spoken() {
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let served = condition(Some(TaintRuleVersion::V1beta2), &[], Some(1), now);
+    assert!(
+        served.message.contains("resource.k8s.io/v1beta2"),
+        "{}",
+        served.message
+    );
+    let not = condition(None, &[], Some(1), now);
+    assert!(
+        not.message.contains("v1beta2 from 1.36")
+            && not.message.contains("resource.k8s.io/v1 from Kubernetes 1.37"),
+        "{}",
+        not.message
+    );
 }

@@ -74,14 +74,14 @@ pub fn lift(node: &mut Node, policy: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cordon::tests::{node, taint_keys};
+    use crate::cordon::tests::{FOREIGN, foreign_then, node, taint_keys};
 
     #[test]
     fn quarantining_adds_a_no_schedule_taint_and_the_owner_and_never_cordons() {
-        let mut n = node(false, &["team/reserved"]);
+        let mut n = node(false, &FOREIGN);
         assert!(quarantine(&mut n, "gpus"));
-        assert_eq!(taint_keys(&n), vec!["team/reserved", QUARANTINE_TAINT_KEY]);
-        let taint = &n.spec.as_ref().unwrap().taints.as_ref().unwrap()[1];
+        assert_eq!(taint_keys(&n), foreign_then(&[QUARANTINE_TAINT_KEY]));
+        let taint = &n.spec.as_ref().unwrap().taints.as_ref().unwrap()[FOREIGN.len()];
         assert_eq!(taint.effect, "NoSchedule");
         assert_eq!(owner(&n), Some("gpus"));
         assert_eq!(n.spec.as_ref().unwrap().unschedulable, None);
@@ -90,10 +90,10 @@ mod tests {
 
     #[test]
     fn lifting_removes_only_our_taint_and_leaves_a_persons_cordon() {
-        let mut n = node(true, &["team/reserved"]);
+        let mut n = node(true, &FOREIGN);
         quarantine(&mut n, "gpus");
         assert!(lift(&mut n, "gpus"));
-        assert_eq!(taint_keys(&n), vec!["team/reserved"]);
+        assert_eq!(taint_keys(&n), foreign_then(&[]));
         assert_eq!(n.spec.as_ref().unwrap().unschedulable, Some(true));
         assert!(owner(&n).is_none());
         assert!(!lift(&mut n, "gpus"), "a second lift changes nothing");

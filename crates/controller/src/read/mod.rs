@@ -168,6 +168,15 @@ impl Reader {
         served
     }
 
+    /// Forgets what the server said about `group_version` (a write to it answered 404: the server
+    /// stopped serving it), so that the next [`Reader::serves`] asks again.
+    pub fn forget_served(&self, group_version: &str) {
+        self.served
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(gv, _), _| gv != group_version);
+    }
+
     /// The reads of kind `K` in `scope`.
     #[must_use]
     pub fn api<K>(&self, scope: Scope<'_>, kind: &K::DynamicType) -> ReadApi<K>

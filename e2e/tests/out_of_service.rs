@@ -1,0 +1,143 @@
+//! Dead nodes released with the out-of-service taint, on the real control plane (its node
+//! lifecycle controller, pod garbage collector and `StatefulSet` controller): a node whose simulated
+//! kubelet stops (heartbeats and Lease stop) runs a `StatefulSet`'s only pod; its GPU fault's
+//! remediation (`action: Reboot`, `drain.onTimeout: Proceed`) evicts the pod, which stays
+//! `Terminating` (no kubelet finalises it), and past the drain's timeout triggers the reboot. Once
+//! the node is confirmed down (the reboot triggered, Ready=Unknown and the Lease unrenewed for
+//! `DOWN_FOR`), the controller adds
+//! `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, the pod garbage collector
+//! force-deletes the stuck pod and the `StatefulSet` recreates it on the other node; when the node
+//! reports again, the taint is lifted.
+
+mod common;
+mod scenario;
+
+use std::time::{Duration, Instant};
+
+use common::{cluster_with, eventually};
+use gpu_remediation_api::constants::{OUT_OF_SERVICE_BY_ANNOTATION, OUT_OF_SERVICE_TAINT_KEY};
+use gpu_remediator::out_of_service;
+use gpu_sandbox::{
+    ControlPlaneOptions,
+    workload::{self, Workload},
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{Api, ResourceExt};
+use scenario::{RunningController, Scenario};
+
+fn with_short_node_grace() -> ControlPlaneOptions {
+    ControlPlaneOptions {
+        node_monitor_grace_period: Some(Duration::from_secs(4)),
+        ..ControlPlaneOptions::default()
+    }
+}
+
+fn taint_of(node: &Node) -> Option<(Option<String>, String)> {
+    node.spec
+        .as_ref()?
+        .taints
+        .as_ref()?
+        .iter()
+        .find(|t| t.key == OUT_OF_SERVICE_TAINT_KEY)
+        .map(|t| (t.value.clone(), t.effect.clone()))
+}
+
+fn node_of(pod: &Pod) -> Option<String> {
+    pod.spec.as_ref()?.node_name.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_nodes_stuck_statefulset_pod_moves_once_it_is_confirmed_down_and_the_taint_goes_when_it_returns()
+ {
+    let down_for = Duration::try_from(out_of_service::DOWN_FOR).expect("a positive bound");
+    cluster_with(with_short_node_grace).await;
+    let s = Scenario::new(2).await;
+    common::install_crd(&s.client, common::REBOOT_CRD).await;
+    let (target, other) = (s.nodes()[0].clone(), s.nodes()[1].clone());
+
+    // The StatefulSet's pod runs on the target (the other node cordoned while it starts).
+    s.set_unschedulable(&other, true).await;
+    let app = Workload::new(&s.namespace, "db")
+        .replicas(1)
+        .on_nodes(&[&target, &other]);
+    workload::create(&s.client, &app.stateful_set())
+        .await
+        .expect("the StatefulSet");
+    let pods = Api::<Pod>::namespaced(s.client.clone(), &s.namespace);
+    let first = eventually("db-0 running on the target", Duration::from_secs(60), || async {
+        let pod = pods.get("db-0").await.ok()?;
+        (workload::is_ready(&pod) && node_of(&pod).as_deref() == Some(target.as_str())).then_some(pod)
+    })
+    .await;
+    s.set_unschedulable(&other, false).await;
+
+    // The host dies, its GPU's last report a fault.
+    assert!(s.fleet.stop_kubelet(&target));
+    let died = Instant::now();
+    s.break_gpu(&target).await;
+    // A drain cannot finish on a dead node (the evicted pod stays terminating): past its timeout,
+    // Proceed goes on to the reboot (no budget protects the pod).
+    let mut policy = scenario::reboot_policy(&s, "10m");
+    policy["drain"] = serde_json::json!({"timeout": "5s", "onTimeout": "Proceed"});
+    s.policy(policy).await;
+    let _controller = RunningController::start(&s.scope).await;
+
+    let tainted = eventually(
+        "the out-of-service taint",
+        down_for + Duration::from_secs(60),
+        || async {
+            let node = s.node(&target).await;
+            taint_of(&node).map(|taint| (node, taint))
+        },
+    )
+    .await;
+    let after = died.elapsed();
+    eprintln!("kubelet stopped to out-of-service taint: {after:?}");
+    assert!(
+        after >= down_for,
+        "added {after:?} after the kubelet stopped, before {down_for:?}"
+    );
+    assert_eq!(
+        tainted.1,
+        (Some("nodeshutdown".to_owned()), "NoExecute".to_owned())
+    );
+    let record = s.remediation_of(&target).await.expect("the remediation");
+    assert_eq!(
+        tainted.0.annotations().get(OUT_OF_SERVICE_BY_ANNOTATION),
+        Some(&record.name_any())
+    );
+    assert!(
+        record
+            .status
+            .as_ref()
+            .and_then(|st| st.replacement.as_ref())
+            .is_some(),
+        "the reboot was triggered first"
+    );
+
+    // The pod GC force-deletes the stuck pod; the StatefulSet recreates it on the other node.
+    let moved = eventually(
+        "db-0 recreated on the other node",
+        Duration::from_secs(90),
+        || async {
+            let pod = pods.get("db-0").await.ok()?;
+            (pod.uid() != first.uid() && node_of(&pod).as_deref() == Some(other.as_str())).then_some(pod)
+        },
+    )
+    .await;
+    eprintln!(
+        "kubelet stopped to db-0 recreated on {}: {:?}",
+        other,
+        died.elapsed()
+    );
+    assert!(moved.metadata.deletion_timestamp.is_none());
+
+    // The node comes back: the taint is lifted.
+    s.fleet.start_kubelet(&target).await.expect("the kubelet back");
+    let back = eventually("the taint lifted", Duration::from_secs(30), || async {
+        let node = s.node(&target).await;
+        taint_of(&node).is_none().then_some(node)
+    })
+    .await;
+    assert!(!back.annotations().contains_key(OUT_OF_SERVICE_BY_ANNOTATION));
+}
