@@ -51,13 +51,19 @@ pub async fn apply(ctx: &Context, plan: &mut PolicyPlan, looked_at: &[String]) -
     let plan = &*plan;
     let policy = plan.policy.name_any();
     let quarantine = &plan.quarantine;
-    let adds: Vec<_> = quarantine.add.iter().map(|a| add(ctx, &policy, a)).collect();
+    // Lifts first: the plan's adds fill the room its lifts make, so the limit holds between the
+    // writes, and an add whose room a failed lift did not free waits for the next pass.
+    let lifted = lift_all(ctx, &quarantine.lift).await;
+    let within = quarantine.adds_within_limit(lifted.iter().filter(|l| l.is_err()).count());
+    let adds: Vec<_> = quarantine.add[..within]
+        .iter()
+        .map(|a| add(ctx, &policy, a))
+        .collect();
     let mut added: Vec<_> = stream::iter(adds)
         .buffer_unordered(EDIT_CONCURRENCY)
         .collect()
         .await;
     added.extend(extend_all(ctx, &policy, looked_at).await);
-    let lifted = lift_all(ctx, &quarantine.lift).await;
     ctx.metrics
         .set_quarantined(&policy, plan.status.quarantined_nodes);
 

@@ -212,6 +212,19 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
 const NAMED: usize = 10;
 
 impl Plan {
+    /// How many of [`Plan::add`] (the longest signals first) may be written once the lifts are,
+    /// `failed_lifts` of them having failed: the plan made room for its adds by counting its lifts
+    /// done, so each lift left undone keeps one node over [`Plan::held`], and the adds that would
+    /// then pass [`Plan::limit`] wait for the next pass. The acting layer writes the lifts first,
+    /// so the limit holds between the writes too.
+    #[must_use]
+    pub fn adds_within_limit(&self, failed_lifts: usize) -> usize {
+        let held = usize::try_from(self.held).unwrap_or(usize::MAX);
+        let limit = usize::try_from(self.limit).unwrap_or(usize::MAX);
+        let over = held.saturating_add(failed_lifts).saturating_sub(limit);
+        self.add.len().saturating_sub(over)
+    }
+
     /// The policy's `QuarantineLimited` condition (its transition time kept when unchanged).
     #[must_use]
     pub fn condition(

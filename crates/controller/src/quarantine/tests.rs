@@ -462,3 +462,32 @@ fn a_held_quarantine_after_the_signal_cleared_wakes_the_fleet_when_its_hysteresi
     assert_eq!(fleet.policies[0].status.quarantined_nodes, 1);
     assert!(fleet.orphan_quarantines.is_empty());
 }
+
+#[test]
+fn an_add_whose_room_a_failed_lift_did_not_free_waits_for_the_next_pass() {
+    let add = |name: &str| Add {
+        node: NodeRef {
+            name: name.into(),
+            uid: None,
+        },
+        since: at(0),
+        signal: "GpuHealthy=False (XID79)".into(),
+    };
+    // Limit 3: two held, both lifted, make room for three adds; 3 held once written.
+    let plan = Plan {
+        add: vec![add("a"), add("b"), add("c")],
+        held: 3,
+        limit: 3,
+        ..Plan::default()
+    };
+    assert_eq!(plan.adds_within_limit(0), 3);
+    assert_eq!(
+        plan.adds_within_limit(1),
+        2,
+        "one lift undone: the shortest signal waits"
+    );
+    assert_eq!(plan.adds_within_limit(5), 0);
+    // Room to spare: a failed lift costs no add.
+    let spare = Plan { held: 2, ..plan };
+    assert_eq!(spare.adds_within_limit(1), 3);
+}
