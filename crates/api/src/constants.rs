@@ -263,6 +263,9 @@ pub mod reasons {
     pub const EVICTION_BLOCKED: &str = "EvictionBlocked";
     /// The drain passed its timeout.
     pub const DRAIN_TIMEOUT: &str = "DrainTimeout";
+    /// The drain counted pods gone that were terminating on an unreachable node past
+    /// `drain.unreachableAfter`.
+    pub const UNREACHABLE_PODS_SKIPPED: &str = "UnreachablePodsSkipped";
     /// The node recovered before replacement.
     pub const NODE_RECOVERED: &str = "NodeRecovered";
     /// A finished record past `history.ttl` is kept: it still holds its node for a person.

@@ -255,6 +255,14 @@ pub struct Drain {
     /// terminating past their grace period with a grace-0 delete. Off by default.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_zero_grace_period: bool,
+    /// While the node is unreachable (its `Ready` condition `Unknown`: the kubelet stopped
+    /// reporting), a pod already terminating (evicted, or deleted by anyone) whose
+    /// `deletionTimestamp` is more than this far in the past counts as gone for the drain: no
+    /// kubelet will ever report it gone. A pod not yet terminating is still evicted under its
+    /// budget; a reachable node's pods are always waited for. 0s to 1h; default 5m (Cluster API's
+    /// bound for an unreachable node, `kubectl drain --skip-wait-for-delete-timeout`).
+    #[serde(default = "default_unreachable_after")]
+    pub unreachable_after: Duration,
 }
 
 impl Default for Drain {
@@ -264,12 +272,17 @@ impl Default for Drain {
             on_timeout: OnDrainTimeout::default(),
             grace_period_seconds: None,
             allow_zero_grace_period: false,
+            unreachable_after: default_unreachable_after(),
         }
     }
 }
 
 fn default_drain_timeout() -> Duration {
     Duration::from_mins(30)
+}
+
+fn default_unreachable_after() -> Duration {
+    Duration::from_mins(5)
 }
 
 /// What happens when a drain passes its timeout.

@@ -401,6 +401,16 @@ pub(crate) fn drain(schema: &mut Schema) {
         )
         .field_path(".gracePeriodSeconds")],
     );
+    add_rules(
+        property(schema, "unreachableAfter"),
+        [rule(
+            format!(
+                "!{} || (duration(self) >= duration('0s') && duration(self) <= duration('1h'))",
+                duration_ok("self")
+            ),
+            messages::DRAIN_UNREACHABLE_AFTER,
+        )],
+    );
 }
 
 /// `release`: a positive healthy period.

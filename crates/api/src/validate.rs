@@ -109,6 +109,12 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
             messages::ATTEMPTS_COUNT,
         ));
     }
+    if spec.drain.unreachable_after.as_std() > std::time::Duration::from_secs(3600) {
+        out.push(Violation::new(
+            "spec.drain.unreachableAfter",
+            messages::DRAIN_UNREACHABLE_AFTER,
+        ));
+    }
     if let Some(offender) = &safety.repeat_offender {
         let field = "spec.safety.repeatOffender.failures";
         if offender.failures < 1 {

@@ -143,6 +143,15 @@ fn history_must_outlive_both_limit_windows() {
 }
 
 #[test]
+fn a_drain_unreachable_after_past_an_hour_is_refused() {
+    let mut spec = spec();
+    for (secs, ok) in [(0, true), (300, true), (3600, true), (3601, false)] {
+        spec.drain.unreachable_after = Duration::from_secs(secs);
+        assert_eq!(validate_spec(&spec).is_empty(), ok, "{secs}s");
+    }
+}
+
+#[test]
 fn a_quarantine_hysteresis_outside_a_second_to_an_hour_and_a_zero_limit_are_refused() {
     let mut spec = spec();
     for (secs, ok) in [(0, false), (1, true), (3600, true), (3601, false)] {

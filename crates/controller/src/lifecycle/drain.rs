@@ -1,6 +1,12 @@
 //! The drain's decisions: which pods to ask to leave now, what the server's answers mean for the
 //! status (progress and blockers, in the server's words), the verdict against `drain.timeout`,
 //! `onTimeout`, and the hand-over once the node is empty. Also the dry run's record.
+//!
+//! A drain ends when every pod that had to leave is gone, with one exception (`unreachable`):
+//! while the node's `Ready` condition is `Unknown`, a pod already terminating whose
+//! `deletionTimestamp` is more than `drain.unreachableAfter` in the past counts as gone (no
+//! kubelet will report it gone); a pod not yet terminating is still evicted under its budget, and
+//! on a node whose `Ready` is `True` or `False` every pod is waited for.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -16,6 +22,7 @@ use kube::runtime::events::EventType;
 
 mod blockers;
 mod force;
+mod unreachable;
 
 use super::{
     Ask, Decision, EvictionAnswer, Facts, Identity, Next, Note, Pass, Seen, Settlement,
@@ -109,8 +116,11 @@ pub(super) fn advance(
             .map(str::to_owned)
             .or_else(|| status.drain.as_ref().and_then(|d| d.scope.clone()));
     }
+    let skipped = unreachable::skipped(rules, plan, facts);
+    drained.pods_remaining = drained.pods_remaining.saturating_sub(skipped.count);
     let remaining = drained.pods_remaining;
     status.drain = Some(drained);
+    let skipped_said = unreachable::said(&skipped, rules);
 
     let started = status::deadline_base(&status, Phase::Draining, now);
     let deadline = plus(started, signed(rules.drain.timeout.as_std()));
@@ -126,13 +136,20 @@ pub(super) fn advance(
     } else {
         plus(now, seen.pace.pod_poll)
     };
-    let next = Next::At(look).or_at(release_at);
+    let next = Next::At(look).or_at(release_at).or_at(skipped.next);
 
     if remaining == 0 {
         let message = format!(
-            "all {} pods that had to leave are gone",
+            "all {} pods that had to leave are gone{skipped_said}",
             status.drain.as_ref().map_or(0, |d| d.pods_total)
         );
+        if skipped.count > 0 {
+            notes.push(Note::new(
+                reasons::UNREACHABLE_PODS_SKIPPED,
+                EventType::Warning,
+                &message,
+            ));
+        }
         set_condition(
             &mut status,
             remediation_conditions::DRAINED,
@@ -143,6 +160,9 @@ pub(super) fn advance(
         );
         status.message = Some(message);
         return diagnosed_hand_over(pass, status, before, notes);
+    }
+    if skipped.count > 0 {
+        status.message = Some(format!("{remaining} pods left to leave{skipped_said}"));
     }
     if now < deadline {
         return Decision::Settle(Settlement {

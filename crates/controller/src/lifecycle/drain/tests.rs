@@ -237,3 +237,139 @@ fn the_next_step_a_drain_names_is_the_step_left_open_else_the_rung_the_ladder_st
         "Reboot"
     );
 }
+
+/// A Reboot policy with the default drain (`onTimeout: Block`, `timeout: 30m`,
+/// `unreachableAfter: 5m`).
+fn block_rules() -> PolicySnapshot {
+    let spec: gpu_remediation_api::GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({
+        "nodeSelector": {"matchLabels": {"g": "a"}},
+        "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "60s"}],
+        "action": "Reboot",
+    }))
+    .unwrap();
+    crate::fleet::snapshot_of(&gpu_remediation_api::GpuRemediationPolicy::new("p", spec))
+}
+
+/// The broken node `gpu-1` with its `Ready` condition `ready`.
+fn node_ready(ready: &str) -> k8s_openapi::api::core::v1::Node {
+    let mut node = crate::test_fixtures::node("gpu-1", Some(at(0)));
+    let conditions = node.status.as_mut().unwrap().conditions.as_mut().unwrap();
+    conditions.push(k8s_openapi::api::core::v1::NodeCondition {
+        type_: "Ready".into(),
+        status: ready.into(),
+        ..k8s_openapi::api::core::v1::NodeCondition::default()
+    });
+    node
+}
+
+/// `web-0`, its eviction accepted at 0 (its `deletionTimestamp`: 0 plus a 30 s grace period).
+fn evicted() -> Leaving {
+    Leaving {
+        terminating: true,
+        gone_by: Some(at(30)),
+        ..pod()
+    }
+}
+
+/// One drain step at `now` on a node whose `Ready` is `ready`, the drain begun at 0.
+fn drain_step(ready: &str, leaving: Leaving, now: Timestamp) -> Decision {
+    let rules = block_rules();
+    let remediation = crate::test_fixtures::remediation("r", "gpu-1", "p", Some(at(0)), Action::Reboot);
+    let node = node_ready(ready);
+    let plan = Plan {
+        leaving: vec![leaving],
+        staying: Vec::new(),
+    };
+    let answers = super::super::Answers::default();
+    let mut seen = seen_with(&[], &answers);
+    seen.node = Some(&node);
+    seen.pods = Some(&plan);
+    let facts = Facts {
+        name: "r".into(),
+        node: crate::cordon::NodeRef {
+            name: "gpu-1".into(),
+            uid: None,
+        },
+        identity: Identity::Same(&node),
+        health: super::super::Health::Broken,
+        healthy_for: jiff::SignedDuration::from_mins(5),
+        now,
+    };
+    let mut status = GpuRemediationStatus::default();
+    enter(&mut status, Phase::Draining, "evicting", at(0));
+    advance(
+        &Pass {
+            remediation: &remediation,
+            rules: &rules,
+            seen: &seen,
+            facts: &facts,
+        },
+        status,
+        None,
+    )
+}
+
+fn settled(decision: Decision) -> Settlement {
+    match decision {
+        Decision::Settle(settled) => settled,
+        Decision::Ask(ask) => panic!("asked {ask:?}"),
+    }
+}
+
+#[test]
+fn on_an_unreachable_node_a_pod_terminating_past_unreachable_after_counts_gone() {
+    // Deleted at 30 (its deletionTimestamp): waited for until 30 + 5m.
+    let waiting = settled(drain_step("Unknown", evicted(), at(330)));
+    assert_eq!(waiting.status.phase, Phase::Draining);
+    assert_eq!(waiting.status.drain.as_ref().unwrap().pods_remaining, 1);
+    assert!(
+        matches!(waiting.next, Next::At(t) if t <= at(331)),
+        "looked at again once the bound passes: {:?}",
+        waiting.next
+    );
+    let done = settled(drain_step("Unknown", evicted(), at(331)));
+    assert_eq!(done.status.phase, Phase::Replacing, "{:?}", done.status.message);
+    assert_eq!(done.status.drain.as_ref().unwrap().pods_remaining, 0);
+    let skipped: Vec<&Note> = done
+        .notes
+        .iter()
+        .filter(|n| n.reason == reasons::UNREACHABLE_PODS_SKIPPED)
+        .collect();
+    assert_eq!(skipped.len(), 1, "{:?}", done.notes);
+    assert!(skipped[0].text.contains("1 counted gone"), "{}", skipped[0].text);
+    assert!(
+        done.status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == remediation_conditions::DRAINED && c.message.contains("1 counted gone")),
+        "{:?}",
+        done.status.conditions
+    );
+}
+
+#[test]
+fn a_pod_not_terminating_on_an_unreachable_node_is_still_evicted_under_its_budget() {
+    match drain_step("Unknown", pod(), at(10_000)) {
+        Decision::Ask(Ask::Evict { pods, .. }) => assert_eq!(pods.len(), 1),
+        other => panic!("expected an eviction, got {other:?}"),
+    }
+}
+
+#[test]
+fn on_a_reachable_node_a_pod_stuck_terminating_still_blocks_the_drain() {
+    for ready in ["True", "False"] {
+        let stuck = settled(drain_step(ready, evicted(), at(10_000)));
+        assert_eq!(stuck.status.phase, Phase::Blocked, "Ready={ready}");
+        assert_eq!(stuck.status.drain.as_ref().unwrap().pods_remaining, 1);
+        assert!(
+            stuck
+                .notes
+                .iter()
+                .all(|n| n.reason != reasons::UNREACHABLE_PODS_SKIPPED),
+            "Ready={ready}"
+        );
+    }
+    // Past the bound but unreachable: no longer waited for.
+    let gone = settled(drain_step("Unknown", evicted(), at(10_000)));
+    assert_eq!(gone.status.phase, Phase::Replacing);
+}
