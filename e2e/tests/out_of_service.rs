@@ -1,8 +1,10 @@
 //! Dead nodes released with the out-of-service taint, on the real control plane (its node
 //! lifecycle controller, pod garbage collector and `StatefulSet` controller): a node whose simulated
 //! kubelet stops (heartbeats and Lease stop) runs a `StatefulSet`'s only pod; its GPU fault's
-//! remediation (`action: Reboot`, `drain.onTimeout: Proceed`) evicts the pod, which stays
-//! `Terminating` (no kubelet finalises it), and past the drain's timeout triggers the reboot. Once
+//! remediation (`action: Reboot`, the default `drain.onTimeout: Block` and timeout) evicts the pod,
+//! which stays `Terminating` (no kubelet finalises it); the node being unreachable (Ready=Unknown),
+//! the pod counts as gone once its `deletionTimestamp` is `drain.unreachableAfter` past, so the
+//! drain ends (Event `UnreachablePodsSkipped`, never `Blocked`) and the reboot is triggered. Once
 //! the node is confirmed down (the reboot triggered, Ready=Unknown and the Lease unrenewed for
 //! `DOWN_FOR`), the controller adds
 //! `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, the pod garbage collector
@@ -15,7 +17,10 @@ mod scenario;
 use std::time::{Duration, Instant};
 
 use common::{cluster_with, eventually};
-use gpu_remediation_api::constants::{OUT_OF_SERVICE_BY_ANNOTATION, OUT_OF_SERVICE_TAINT_KEY};
+use gpu_remediation_api::{
+    Phase,
+    constants::{OUT_OF_SERVICE_BY_ANNOTATION, OUT_OF_SERVICE_TAINT_KEY, remediation_conditions},
+};
 use gpu_remediator::out_of_service;
 use gpu_sandbox::{
     ControlPlaneOptions,
@@ -75,10 +80,10 @@ async fn a_dead_nodes_stuck_statefulset_pod_moves_once_it_is_confirmed_down_and_
     assert!(s.fleet.stop_kubelet(&target));
     let died = Instant::now();
     s.break_gpu(&target).await;
-    // A drain cannot finish on a dead node (the evicted pod stays terminating): past its timeout,
-    // Proceed goes on to the reboot (no budget protects the pod).
+    // The evicted pod stays terminating on the dead node; with the default onTimeout (Block) and
+    // timeout (30m), only `unreachableAfter` lets the drain end.
     let mut policy = scenario::reboot_policy(&s, "10m");
-    policy["drain"] = serde_json::json!({"timeout": "5s", "onTimeout": "Proceed"});
+    policy["drain"] = serde_json::json!({"unreachableAfter": "5s"});
     s.policy(policy).await;
     let _controller = RunningController::start(&s.scope).await;
 
@@ -106,14 +111,42 @@ async fn a_dead_nodes_stuck_statefulset_pod_moves_once_it_is_confirmed_down_and_
         tainted.0.annotations().get(OUT_OF_SERVICE_BY_ANNOTATION),
         Some(&record.name_any())
     );
+    let status = record.status.as_ref().expect("a status");
+    assert!(status.replacement.is_some(), "the reboot was triggered first");
+    let drain = status.drain.as_ref().expect("the drain's record");
     assert!(
-        record
-            .status
-            .as_ref()
-            .and_then(|st| st.replacement.as_ref())
-            .is_some(),
-        "the reboot was triggered first"
+        drain.pods_evicted >= 1 && drain.pods_remaining == 0,
+        "the eviction accepted, then the pod counted gone: {drain:?}"
     );
+    let drained = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == remediation_conditions::DRAINED)
+        .expect("the Drained condition");
+    assert!(
+        drained.status == "True"
+            && drained
+                .message
+                .contains("1 counted gone: the node is unreachable"),
+        "{drained:?}"
+    );
+    assert!(
+        status.phase_history.iter().all(|t| t.phase != Phase::Blocked),
+        "the drain never blocked: {:?}",
+        status.phase_history
+    );
+    let skipped = eventually(
+        "the UnreachablePodsSkipped Event",
+        Duration::from_secs(10),
+        || async {
+            scenario::events_about(&s.client, &record.name_any())
+                .await
+                .get("UnreachablePodsSkipped")
+                .copied()
+        },
+    )
+    .await;
+    assert_eq!(skipped, 1, "said once");
 
     // The pod GC force-deletes the stuck pod; the StatefulSet recreates it on the other node.
     let moved = eventually(
