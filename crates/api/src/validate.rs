@@ -109,12 +109,6 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
             messages::ATTEMPTS_COUNT,
         ));
     }
-    if spec.drain.unreachable_after.as_std() > std::time::Duration::from_secs(3600) {
-        out.push(Violation::new(
-            "spec.drain.unreachableAfter",
-            messages::DRAIN_UNREACHABLE_AFTER,
-        ));
-    }
     if let Some(offender) = &safety.repeat_offender {
         let field = "spec.safety.repeatOffender.failures";
         if offender.failures < 1 {
@@ -168,13 +162,7 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
     if let Some(max) = &spec.quarantine.max {
         check_int_or_percent("spec.quarantine.max", max, &mut out);
     }
-    let hysteresis = spec.quarantine.hysteresis.as_std();
-    if hysteresis < std::time::Duration::from_secs(1) || hysteresis > std::time::Duration::from_secs(3600) {
-        out.push(Violation::new(
-            "spec.quarantine.hysteresis",
-            messages::QUARANTINE_HYSTERESIS,
-        ));
-    }
+    check_bounded_durations(spec, &mut out);
     if let Some(offender) = &safety.repeat_offender {
         check_positive("spec.safety.repeatOffender.window", offender.window, &mut out);
         if let Some(max) = &offender.cordon_on_join_max {
@@ -188,6 +176,25 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
         out.push(Violation::new("spec.history.ttl", messages::TTL_VS_ATTEMPTS));
     }
     out
+}
+
+/// The durations bounded on both sides: `quarantine.hysteresis` (1s to 1h) and
+/// `drain.unreachableAfter` (0s to 1h).
+fn check_bounded_durations(spec: &GpuRemediationPolicySpec, out: &mut Vec<Violation>) {
+    let hour = std::time::Duration::from_secs(3600);
+    let hysteresis = spec.quarantine.hysteresis.as_std();
+    if hysteresis < std::time::Duration::from_secs(1) || hysteresis > hour {
+        out.push(Violation::new(
+            "spec.quarantine.hysteresis",
+            messages::QUARANTINE_HYSTERESIS,
+        ));
+    }
+    if spec.drain.unreachable_after.as_std() > hour {
+        out.push(Violation::new(
+            "spec.drain.unreachableAfter",
+            messages::DRAIN_UNREACHABLE_AFTER,
+        ));
+    }
 }
 
 fn check_positive(field: &str, duration: Duration, out: &mut Vec<Violation>) {

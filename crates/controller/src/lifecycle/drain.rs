@@ -139,17 +139,9 @@ pub(super) fn advance(
     let next = Next::At(look).or_at(release_at).or_at(skipped.next);
 
     if remaining == 0 {
-        let message = format!(
-            "all {} pods that had to leave are gone{skipped_said}",
-            status.drain.as_ref().map_or(0, |d| d.pods_total)
-        );
-        if skipped.count > 0 {
-            notes.push(Note::new(
-                reasons::UNREACHABLE_PODS_SKIPPED,
-                EventType::Warning,
-                &message,
-            ));
-        }
+        let total = status.drain.as_ref().map_or(0, |d| d.pods_total);
+        let message = format!("all {total} pods that had to leave are gone{skipped_said}");
+        notes.extend(unreachable::note(&skipped, &message));
         set_condition(
             &mut status,
             remediation_conditions::DRAINED,

@@ -6,10 +6,11 @@
 //! `SkipWaitForDeleteTimeoutSeconds`). Never a pod not yet terminating (it is still evicted under
 //! its budget), never on a node whose `Ready` is `True` or `False`.
 
-use gpu_remediation_api::remediation::PolicySnapshot;
+use gpu_remediation_api::{constants::reasons, remediation::PolicySnapshot};
 use jiff::Timestamp;
+use kube::runtime::events::EventType;
 
-use super::super::{Facts, Identity, diagnostics};
+use super::super::{Facts, Identity, Note, diagnostics};
 use crate::{
     drain::{Leaving, Plan},
     time::{plus, signed},
@@ -65,4 +66,10 @@ pub(super) fn said(skipped: &Skipped, rules: &PolicySnapshot) -> String {
          drain.unreachableAfter ({}) past their deletionTimestamp, so no kubelet will report them gone",
         skipped.count, rules.drain.unreachable_after
     )
+}
+
+/// The Event of a drain that ended with pods counted gone (`UnreachablePodsSkipped`), said once:
+/// the drain ends with it.
+pub(super) fn note(skipped: &Skipped, message: &str) -> Option<Note> {
+    (skipped.count > 0).then(|| Note::new(reasons::UNREACHABLE_PODS_SKIPPED, EventType::Warning, message))
 }
