@@ -51,14 +51,17 @@ async fn add_foreign(s: &Scenario, node: &str, taint: &Taint) {
     .await;
 }
 
-/// The node's taints that are not ours, without the server's `timeAdded`.
+/// The node's taints that are not ours, without the server's `timeAdded`. The node-lifecycle
+/// controller's `node.kubernetes.io/unschedulable` is left out too: it mirrors our cordon
+/// (`spec.unschedulable`) a moment after it, and goes a moment after the uncordon, so it is ours
+/// in effect, and its timing is the controller-manager's.
 fn foreign(node: &Node) -> Vec<Taint> {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default()
         .into_iter()
-        .filter(|t| !t.key.starts_with("gpuremediation.dev/"))
+        .filter(|t| !t.key.starts_with("gpuremediation.dev/") && t.key != "node.kubernetes.io/unschedulable")
         .map(|t| Taint {
             time_added: None,
             ..t
