@@ -15,7 +15,7 @@ use std::{
 };
 
 use agent_support::{
-    AgentGround, AgentProcess, Probe, assert_condition_stays, count_events, gpu_condition, healthy_gpus,
+    AgentGround, AgentProcess, Probe, assert_condition_stays, count_events, current_condition, healthy_gpus,
     wait_for_condition, wait_for_event, wait_for_fault_set_once, wait_until_healthy, write_probe_file,
 };
 use gpu_remediation_api::constants::{CLEAR_ANNOTATION, FAILED_GPUS_ANNOTATION};
@@ -215,7 +215,7 @@ async fn an_xid_raised_while_the_agent_was_down_is_seen_and_a_cleared_one_is_not
     tokio::time::sleep(Duration::from_secs(2)).await;
     let agent = start(&ground, probe, &node, &scenario, &kernel_log).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let condition = gpu_condition(&Api::<Node>::all(client.clone()).get(&node).await.unwrap()).unwrap();
+    let condition = current_condition(&client, &node).await;
     assert_eq!(
         (condition.status.as_str(), condition.reason.as_deref()),
         ("True", Some("GpusHealthy")),

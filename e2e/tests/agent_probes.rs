@@ -15,8 +15,8 @@ use std::{
 };
 
 use agent_support::{
-    AgentGround, AgentProcess, Probe, gpu_condition, healthy_gpus, http_status, one_healthy_agent,
-    wait_for_condition, wait_for_event, wait_until_gpu_missing, wait_until_healthy,
+    AgentGround, AgentProcess, Probe, current_condition, gpu_condition, healthy_gpus, http_status,
+    one_healthy_agent, wait_for_condition, wait_for_event, wait_until_gpu_missing, wait_until_healthy,
     wait_until_nvml_unavailable, write_probe_file,
 };
 use gpu_remediation_api::constants::{CLEAR_ANNOTATION, gpu_reasons};
@@ -310,7 +310,7 @@ async fn a_repeating_warning_becomes_one_warning_event_on_the_node(probe: Probe)
         .filter(|event| event.reason.as_deref() == Some("GpuTemperatureHigh"))
         .count();
     assert_eq!(count, 1);
-    let condition = gpu_condition(&Api::<Node>::all(client.clone()).get(&node).await.unwrap()).unwrap();
+    let condition = current_condition(&client, &node).await;
     assert_eq!(condition.status, "True", "warnings never change the condition");
     drop(agent);
     ground.stop().await;
@@ -337,7 +337,7 @@ async fn a_latched_fault_survives_an_agent_restart(probe: Probe) {
     // A new agent finds no XID (events are not replayed) and healthy GPUs, yet keeps the latch.
     let agent = ground.start_agent(probe, &node, &healthy_gpus(&node), &[]).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let after = gpu_condition(&Api::<Node>::all(client.clone()).get(&node).await.unwrap()).unwrap();
+    let after = current_condition(&client, &node).await;
     assert_eq!(after.status, "False", "agent log:\n{}", agent.log_tail());
     assert_eq!(after.reason, latched.reason);
     assert_eq!(after.message, latched.message);

@@ -16,7 +16,6 @@ use gpu_remediation_api::{
     constants::{QUARANTINE_TAINT_KEY, REMEDIATION_TAINT_KEY},
 };
 use k8s_openapi::api::core::v1::{Node, Taint};
-use kube::{Api, api::PostParams};
 use scenario::{RunningController, Scenario, is_unschedulable};
 
 const READINESS: &str = "readiness.k8s.io/gpu-driver-ready";
@@ -30,25 +29,6 @@ fn taint(key: &str, value: Option<&str>) -> Taint {
         effect: "NoSchedule".into(),
         ..Taint::default()
     }
-}
-
-/// Adds `taint` to `node` as another actor would: read, append, replace over the read's version.
-async fn add_foreign(s: &Scenario, node: &str, taint: &Taint) {
-    let api = Api::<Node>::all(s.client.clone());
-    eventually("another actor's taint added", Duration::from_secs(10), || async {
-        let mut current = api.get(node).await.ok()?;
-        current
-            .spec
-            .get_or_insert_with(Default::default)
-            .taints
-            .get_or_insert_with(Vec::new)
-            .push(taint.clone());
-        api.replace(node, &PostParams::default(), &current)
-            .await
-            .ok()
-            .map(|_| ())
-    })
-    .await;
 }
 
 /// The node's taints that are not ours, without the server's `timeAdded`. The node-lifecycle
@@ -83,7 +63,7 @@ async fn other_actors_taints_survive_our_quarantine_cordon_and_release_unchanged
     let target = s.nodes()[0].clone();
     let theirs = vec![taint(READINESS, Some("false")), taint(CLOUD_SHUTDOWN, None)];
     for t in &theirs {
-        add_foreign(&s, &target, t).await;
+        s.add_taint(&target, t).await;
     }
     assert_eq!(foreign(&s.node(&target).await), theirs);
     s.policy(serde_json::json!({
@@ -113,7 +93,7 @@ async fn other_actors_taints_survive_our_quarantine_cordon_and_release_unchanged
 
     // While we hold ours, the readiness controller adds another.
     let late = taint(READINESS_LATE, Some("false"));
-    add_foreign(&s, &target, &late).await;
+    s.add_taint(&target, &late).await;
     let mut expected = theirs.clone();
     expected.push(late);
 

@@ -237,35 +237,20 @@ async fn a_fault_is_quarantined_within_a_second_no_pod_lands_on_it_and_the_remed
     );
 }
 
-async fn add_persons_taint(s: &Scenario, node: &str) {
-    let api = Api::<Node>::all(s.client.clone());
-    eventually("a person's taint added", Duration::from_secs(10), || async {
-        let mut current = api.get(node).await.ok()?;
-        current
-            .spec
-            .get_or_insert_with(Default::default)
-            .taints
-            .get_or_insert_with(Vec::new)
-            .push(Taint {
-                key: "team.example.com/reserved".into(),
-                effect: "NoSchedule".into(),
-                ..Taint::default()
-            });
-        // The read's resourceVersion: a heartbeat in between makes this conflict, and we retry.
-        api.replace(node, &PostParams::default(), &current)
-            .await
-            .ok()
-            .map(|_| ())
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn a_signal_that_clears_is_lifted_after_the_hysteresis_across_a_restart_leaving_a_persons_cordon() {
     let s = Scenario::new(2).await;
     let target = s.nodes()[0].clone();
     s.set_unschedulable(&target, true).await;
-    add_persons_taint(&s, &target).await;
+    s.add_taint(
+        &target,
+        &Taint {
+            key: "team.example.com/reserved".into(),
+            effect: "NoSchedule".into(),
+            ..Taint::default()
+        },
+    )
+    .await;
     s.policy(serde_json::json!({
         "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "20s"}],
         "quarantine": {"hysteresis": "4s"},

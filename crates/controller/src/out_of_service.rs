@@ -10,8 +10,8 @@
 //! Applied to a node still running containers, it would run two copies of a `StatefulSet`'s pod, so
 //! the taint is added only to a node **confirmed down**, all of:
 //!
-//! - its remediation shut it down: the action `Replace` or `Reboot` (or a ladder's `Replace` or
-//!   `Reboot` step) was triggered, the server having accepted the trigger (the remediation's
+//! - its remediation, still in flight, shut it down: the action `Replace` or `Reboot` (or a
+//!   ladder's `Replace` or `Reboot` step) was triggered, the server having accepted the trigger (the remediation's
 //!   `status.replacement`, or the step's `object`: the Machine or `NodeClaim` deletion, the node's
 //!   deletion, the reboot or power-off template);
 //! - the node lifecycle controller marked it unreachable (`Ready=Unknown`, not `False`: a kubelet
@@ -35,10 +35,15 @@ use kube::ResourceExt as _;
 /// How long a node must have been unreachable, and its Lease unrenewed, before it counts as down.
 pub const DOWN_FOR: SignedDuration = SignedDuration::from_secs(60);
 
-/// What the remediation did that shut its node down, in words (`None`: nothing yet).
+/// What the remediation, while in flight, did that shut its node down, in words (`None`: nothing
+/// yet, or it has finished).
 #[must_use]
 pub fn shut_down_by(remediation: &GpuRemediation) -> Option<String> {
     let status = remediation.status.as_ref()?;
+    // A finished remediation shut nothing down now: an outage after it is not its doing.
+    if status.phase.is_terminal() {
+        return None;
+    }
     if matches!(remediation.spec.action, Action::Replace | Action::Reboot)
         && let Some(object) = &status.replacement
     {
@@ -80,12 +85,18 @@ pub enum Verdict {
 
 /// The node's `Ready` condition: its status and since when.
 fn ready(node: &Node) -> Option<(&str, Option<Timestamp>)> {
-    let conditions = node.status.as_ref()?.conditions.as_ref()?;
-    let ready = conditions.iter().find(|c| c.type_ == "Ready")?;
+    let ready = crate::lifecycle::ladder_evidence::ready_condition(node)?;
     Some((
         ready.status.as_str(),
         ready.last_transition_time.as_ref().map(|t| t.0),
     ))
+}
+
+/// Whether the node lifecycle controller marks the node unreachable (`Ready=Unknown`): only then
+/// can it be confirmed down, so only then is its Lease worth reading.
+#[must_use]
+pub fn unreachable(node: &Node) -> bool {
+    matches!(ready(node), Some(("Unknown", _)))
 }
 
 /// Whether the node carries the out-of-service taint the controller added.

@@ -168,4 +168,13 @@ fn a_triggered_replacement_reboot_or_ladder_step_shuts_the_node_down_a_drain_doe
     assert_eq!(shut_down_by(&none), None, "a GPU reset leaves the node up");
     none.status.as_mut().unwrap().steps.push(step(Rung::Reboot));
     assert!(shut_down_by(&none).is_some_and(|w| w.contains("Reboot step")));
+
+    // Finished, it shut nothing down now: an outage of the node after it is not its doing.
+    for phase in [
+        gpu_remediation_api::Phase::Succeeded,
+        gpu_remediation_api::Phase::Failed,
+    ] {
+        none.status.as_mut().unwrap().phase = phase;
+        assert_eq!(shut_down_by(&none), None, "{phase:?}");
+    }
 }

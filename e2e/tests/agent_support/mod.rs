@@ -316,6 +316,12 @@ pub fn gpu_condition(node: &Node) -> Option<NodeCondition> {
         .cloned()
 }
 
+/// `node`'s `GpuHealthy` condition as the server has it now (it must have one).
+pub async fn current_condition(client: &Client, node: &str) -> NodeCondition {
+    let read = Api::<Node>::all(client.clone()).get(node).await.unwrap();
+    gpu_condition(&read).expect("a GpuHealthy condition")
+}
+
 /// Waits until the node's `GpuHealthy` condition has `status` and `reason`; returns it.
 pub async fn wait_for_condition(
     client: &Client,
@@ -538,7 +544,7 @@ pub async fn wait_for_fault_set_once(
         assert!(message.contains(name), "names {name}: {message}");
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let later = gpu_condition(&Api::<Node>::all(client.clone()).get(node).await.unwrap()).unwrap();
+    let later = current_condition(client, node).await;
     assert_eq!(
         (later.reason.as_deref(), later.last_transition_time.as_ref()),
         (Some(reason), condition.last_transition_time.as_ref()),
@@ -554,10 +560,9 @@ pub async fn wait_for_fault_set_once(
 
 /// Asserts `node`'s `GpuHealthy` stays `status` for 3 s.
 pub async fn assert_condition_stays(client: &Client, node: &str, status: &str) {
-    let nodes: Api<Node> = Api::all(client.clone());
     for _ in 0..6 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let condition = gpu_condition(&nodes.get(node).await.unwrap()).unwrap();
+        let condition = current_condition(client, node).await;
         assert_eq!(condition.status, status, "{condition:?}");
     }
 }

@@ -21,7 +21,7 @@ use gpu_sandbox::{
     workload::{self, Budget, Workload},
 };
 use k8s_openapi::{
-    api::core::v1::{Node, Pod},
+    api::core::v1::{Node, Pod, Taint},
     jiff::Timestamp,
 };
 use kube::{
@@ -198,6 +198,31 @@ impl Scenario {
 
     pub async fn node(&self, name: &str) -> Node {
         Api::<Node>::all(self.client.clone()).get(name).await.unwrap()
+    }
+
+    /// Adds `taint` to `node` as another writer would (a person, the Node Readiness Controller, a
+    /// cloud provider): read, append, replace over the read's version (the taints are one list; a
+    /// heartbeat in between makes it conflict, and it is retried).
+    pub async fn add_taint(&self, node: &str, taint: &Taint) {
+        let api = Api::<Node>::all(self.client.clone());
+        eventually(
+            "another writer's taint added",
+            Duration::from_secs(10),
+            || async {
+                let mut current = api.get(node).await.ok()?;
+                current
+                    .spec
+                    .get_or_insert_with(Default::default)
+                    .taints
+                    .get_or_insert_with(Vec::new)
+                    .push(taint.clone());
+                api.replace(node, &PostParams::default(), &current)
+                    .await
+                    .ok()
+                    .map(|_| ())
+            },
+        )
+        .await;
     }
 
     pub async fn set_unschedulable(&self, name: &str, unschedulable: bool) {

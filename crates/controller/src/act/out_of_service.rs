@@ -46,6 +46,13 @@ pub async fn apply(
     remediations: &[Arc<GpuRemediation>],
     looked_at: &[String],
 ) -> Result<Option<Timestamp>, OutOfServiceError> {
+    // The remediations in flight that shut their node down: few, found once per pass.
+    let shut: Vec<(&GpuRemediation, String)> = remediations
+        .iter()
+        .filter_map(|r| out_of_service::shut_down_by(r).map(|how| (r.as_ref(), how)))
+        .collect();
+    // Every recorded node, finished or not, and those looked at: a taint of ours is lifted once its
+    // node reports again, whatever became of its remediation.
     let names: BTreeSet<&str> = remediations
         .iter()
         .map(|r| r.spec.node_name.as_str())
@@ -57,7 +64,7 @@ pub async fn apply(
         let Some(node) = ctx.caches.node(name) else {
             continue;
         };
-        match one(ctx, &node, remediations).await {
+        match one(ctx, &node, &shut).await {
             Ok(Some(at)) => wake = Some(wake.map_or(at, |w| w.min(at))),
             Ok(None) => {}
             Err(error) => {
@@ -70,39 +77,42 @@ pub async fn apply(
 }
 
 /// The remediation of `node` (this UID) that shut it down, with its words.
-fn shut_down(node: &Node, remediations: &[Arc<GpuRemediation>]) -> Option<(String, String)> {
-    remediations
-        .iter()
-        .filter(|r| r.spec.node_name == node.name_any())
-        .filter(|r| r.spec.node_uid.is_none() || r.spec.node_uid == node.metadata.uid)
-        .find_map(|r| out_of_service::shut_down_by(r).map(|how| (r.name_any(), how)))
+fn shut_down<'a>(
+    node: &Node,
+    shut: &'a [(&'a GpuRemediation, String)],
+) -> Option<&'a (&'a GpuRemediation, String)> {
+    shut.iter().find(|(r, _)| {
+        r.spec.node_name == node.name_any()
+            && (r.spec.node_uid.is_none() || r.spec.node_uid == node.metadata.uid)
+    })
 }
 
 async fn one(
     ctx: &Context,
     node: &Node,
-    remediations: &[Arc<GpuRemediation>],
+    shut: &[(&GpuRemediation, String)],
 ) -> Result<Option<Timestamp>, OutOfServiceError> {
     let name = node.name_any();
-    let shut = shut_down(node, remediations);
+    let shut = shut_down(node, shut);
     if shut.is_none() && !out_of_service::ours(node) {
         return Ok(None);
     }
-    let lease_renewed = if shut.is_some() && !out_of_service::has_taint(node) {
-        ctx.reader
-            .get_opt::<Lease>(Scope::Namespace(NODE_LEASES), &(), &name)
-            .await
-            .map_err(|e| OutOfServiceError::Lease {
-                node: name.clone(),
-                source: e.into(),
-            })?
-            .and_then(|l| l.spec?.renew_time.map(|t| t.0))
-    } else {
-        None
-    };
+    let lease_renewed =
+        if shut.is_some() && !out_of_service::has_taint(node) && out_of_service::unreachable(node) {
+            ctx.reader
+                .get_opt::<Lease>(Scope::Namespace(NODE_LEASES), &(), &name)
+                .await
+                .map_err(|e| OutOfServiceError::Lease {
+                    node: name.clone(),
+                    source: e.into(),
+                })?
+                .and_then(|l| l.spec?.renew_time.map(|t| t.0))
+        } else {
+            None
+        };
     let verdict = out_of_service::decide(
         node,
-        shut.as_ref().map(|(r, how)| (r.as_str(), how.as_str())),
+        shut.map(|(r, how)| (r.metadata.name.as_deref().unwrap_or_default(), how.as_str())),
         lease_renewed,
         Timestamp::now(),
     );
@@ -156,10 +166,8 @@ async fn one(
         ctx.writer
             .publish(written.as_ref(), said.event("OutOfService"))
             .await;
-        if let Some(record) = remediation.and_then(|r| remediations.iter().find(|x| x.name_any() == r)) {
-            ctx.writer
-                .publish(record.as_ref(), said.event("OutOfService"))
-                .await;
+        if let Some((record, _)) = remediation.and_then(|r| shut.filter(|(x, _)| x.name_any() == r)) {
+            ctx.writer.publish(*record, said.event("OutOfService")).await;
         }
     }
     Ok(None)
@@ -242,11 +250,7 @@ mod tests {
             written["metadata"]["annotations"][OUT_OF_SERVICE_BY_ANNOTATION],
             "r-1"
         );
-        let patch = recording
-            .requests()
-            .into_iter()
-            .find(|r| r.method == http::Method::PATCH)
-            .expect("the patch");
+        let patch = recording.first_patch().expect("the patch");
         assert_eq!(
             patch.body["metadata"]["resourceVersion"], "1",
             "over the version read: the taints are one list"

@@ -51,11 +51,7 @@ async fn a_fresh_signal_is_one_taint_patch_on_its_node_and_one_event_and_a_healt
     assert_eq!(written["spec"]["taints"][0]["key"], QUARANTINE_TAINT_KEY);
     assert_eq!(written["spec"]["taints"][0]["effect"], "NoSchedule");
     assert_eq!(written["metadata"]["annotations"][QUARANTINED_BY_ANNOTATION], "p");
-    let patch = recording
-        .requests()
-        .into_iter()
-        .find(|r| r.method == http::Method::PATCH)
-        .expect("the patch");
+    let patch = recording.first_patch().expect("the patch");
     assert_eq!(
         patch.body["metadata"]["resourceVersion"], "1",
         "preconditioned on the version it was decided from"

@@ -9,7 +9,7 @@ use gpu_remediation_api::{
     ladder::{self, LadderStep, Rung},
     remediation::PolicySnapshot,
 };
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::ResourceExt;
 
 /// `status.nodeInfo.bootID`, when the kubelet reported one.
@@ -31,11 +31,16 @@ pub fn is_ready(node: &Node) -> bool {
 /// The status of the node's `Ready` condition (`True`, `False`, `Unknown`), if it has one.
 #[must_use]
 pub fn ready(node: &Node) -> Option<&str> {
+    ready_condition(node).map(|c| c.status.as_str())
+}
+
+/// The node's `Ready` condition, if it has one.
+#[must_use]
+pub fn ready_condition(node: &Node) -> Option<&NodeCondition> {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| c.status.as_str())
 }
 
 /// The UUIDs the agent's `gpuremediation.dev/gpu-inventory` annotation lists now.

@@ -67,6 +67,13 @@ impl Recording {
             .clone()
     }
 
+    /// The first PATCH sent, for what it carried (its body, its query).
+    pub(crate) fn first_patch(&self) -> Option<Recorded> {
+        self.requests()
+            .into_iter()
+            .find(|r| r.method == http::Method::PATCH)
+    }
+
     /// The writes so far, as `METHOD path`, Events left out (a report, not a change).
     pub(crate) fn writes(&self) -> Vec<String> {
         self.requests()

@@ -1,6 +1,6 @@
 //! The invariants the path test checks after each pass (numbered as in `super`'s header): the
 //! node as it stands (1, 2), a ladder's steps (8), a status the lifecycle could have written (10),
-//! and a release only with evidence of health (11).
+//! a release only with evidence of health (11), and diagnostics before destruction (12).
 
 #[allow(
     clippy::wildcard_imports,
@@ -160,4 +160,42 @@ pub(super) fn own_status(world: &World, path: &[Event]) -> Result<(), Violation>
         )),
         _ => Ok(()),
     }
+}
+
+/// 12: a step that destroys the node's state (a reset, a reboot, a replacement) is asked for only
+/// once the diagnostics the policy asks for ended: collected, failed, unreachable, or timed out no
+/// earlier than their timeout (unless a person hand-edited the record's phase past the drain).
+pub(super) fn diagnosed_before_destruction(
+    world: &World,
+    rules: &PolicySnapshot,
+    before: &GpuRemediationStatus,
+    what: &str,
+) -> Result<(), Violation> {
+    let Some(diagnostics) = &rules.diagnostics else {
+        return Ok(());
+    };
+    if world.hand_edited {
+        return Ok(());
+    }
+    let Some(run) = before.diagnostics.as_ref().filter(|r| r.outcome.is_some()) else {
+        return Err(format!(
+            "{what} was triggered before the diagnostics ended: {:?}",
+            before.diagnostics
+        ));
+    };
+    if run.outcome == Some(gpu_remediation_api::diagnostics::DiagnosticsOutcome::TimedOut) {
+        let timeout = SignedDuration::try_from(diagnostics.timeout.as_std()).expect("a duration");
+        let end = run
+            .end
+            .as_ref()
+            .map(|t| t.0)
+            .ok_or("a timed-out run without its end")?;
+        if end < run.start.0 + timeout {
+            return Err(format!(
+                "the diagnostics timed out at {end}, before their timeout from {}",
+                run.start.0
+            ));
+        }
+    }
+    Ok(())
 }

@@ -9,8 +9,10 @@ use gpu_remediation_api::{
 use jiff::SignedDuration;
 
 use super::{
-    Mood, pass,
-    world::{Event, Setup, World},
+    Mood,
+    draw::{Event, Setup},
+    pass,
+    world::World,
 };
 use crate::cordon;
 

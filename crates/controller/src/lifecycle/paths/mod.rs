@@ -41,10 +41,12 @@
 //!
 //! `PROPTEST_CASES` sets the number of paths (100,000 by default).
 
+mod draw;
 mod invariants;
 mod ladder_paths;
 mod world;
 
+use draw::{Event, Setup, event, setup};
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationStatus, Phase,
     constants::{CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION},
@@ -52,10 +54,12 @@ use gpu_remediation_api::{
     policy::{Action, Mode, OnDrainTimeout, Strategy},
     remediation::PolicySnapshot,
 };
-use invariants::{check_node, check_release_proven, check_steps, on_legacy, own_status};
+use invariants::{
+    check_node, check_release_proven, check_steps, diagnosed_before_destruction, on_legacy, own_status,
+};
 use jiff::SignedDuration;
 use proptest::prelude::{ProptestConfig, any, prop, prop_assert, proptest};
-use world::{Event, Mood, NAME, Setup, World, event, refusal, setup, words};
+use world::{Mood, NAME, World, refusal, words};
 
 use gpu_remediation_api::ladder::{HANDED_OFF_BY_ANNOTATION, Rung, StepOutcome};
 
@@ -448,44 +452,6 @@ fn settle(
     let gone = updated.metadata.deletion_timestamp.is_some() && updated.metadata.finalizers.is_none();
     world.record = (!gone).then_some(updated);
     check_node(world, after.phase)
-}
-
-/// 12: a step that destroys the node's state (a reset, a reboot, a replacement) is asked for only
-/// once the diagnostics the policy asks for ended: collected, failed, unreachable, or timed out no
-/// earlier than their timeout (unless a person hand-edited the record's phase past the drain).
-fn diagnosed_before_destruction(
-    world: &World,
-    rules: &PolicySnapshot,
-    before: &GpuRemediationStatus,
-    what: &str,
-) -> Result<(), Violation> {
-    let Some(diagnostics) = &rules.diagnostics else {
-        return Ok(());
-    };
-    if world.hand_edited {
-        return Ok(());
-    }
-    let Some(run) = before.diagnostics.as_ref().filter(|r| r.outcome.is_some()) else {
-        return Err(format!(
-            "{what} was triggered before the diagnostics ended: {:?}",
-            before.diagnostics
-        ));
-    };
-    if run.outcome == Some(gpu_remediation_api::diagnostics::DiagnosticsOutcome::TimedOut) {
-        let timeout = SignedDuration::try_from(diagnostics.timeout.as_std()).expect("a duration");
-        let end = run
-            .end
-            .as_ref()
-            .map(|t| t.0)
-            .ok_or("a timed-out run without its end")?;
-        if end < run.start.0 + timeout {
-            return Err(format!(
-                "the diagnostics timed out at {end}, before their timeout from {}",
-                run.start.0
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// A refusal's code: permanent (403, 422: the step fails at once) or transient (409, 503: asked
