@@ -22,6 +22,7 @@ use gpu_health_agent::{
     pod_resources::reader::PodResourcesReader,
     probe::{Probe, deadline::DeadlineReader, file::FileProbe, nvml::NvmlProbe},
     publish::NodePublisher,
+    xid_paths::XidPaths,
 };
 use gpu_remediation_api::Duration as ApiDuration;
 use kube::{Client, Config, config::KubeConfigOptions};
@@ -158,12 +159,11 @@ async fn main() -> anyhow::Result<()> {
     let stale_after = (settings.interval * 3).max(Duration::from_secs(60)) + flags.read_timeout.as_std();
     let booted_at = settings.booted_at;
     let mut agent = Agent::start(settings, catalog, reader, publisher).await;
-    if let Some(url) = &flags.dcgm_metrics_url {
-        let timeout = flags.read_timeout.as_std().min(Duration::from_secs(5));
-        agent = agent.with_dcgm(DcgmSource::new(url, timeout).map_err(anyhow::Error::msg)?);
+    if let Some(source) = dcgm_source(&flags)? {
+        agent = agent.with_dcgm(source);
     }
-    if !flags.kernel_log.is_empty() {
-        agent = agent.with_kernel_log(KernelLog::new(Path::new(&flags.kernel_log), booted_at));
+    if let Some(log) = kernel_log(&flags, booted_at) {
+        agent = agent.with_kernel_log(log);
     }
     if !flags.pod_resources_socket.as_os_str().is_empty() {
         // A hung kubelet must not hold up the GPU health loop for long.
@@ -189,6 +189,21 @@ async fn main() -> anyhow::Result<()> {
     }
     agent.run(shutdown()).await;
     Ok(())
+}
+
+/// The DCGM exporter to scrape, where `--dcgm-metrics-url` names one.
+fn dcgm_source(flags: &Flags) -> anyhow::Result<Option<DcgmSource>> {
+    let timeout = flags.read_timeout.as_std().min(Duration::from_secs(5));
+    flags
+        .dcgm_metrics_url
+        .as_deref()
+        .map(|url| DcgmSource::new(url, timeout).map_err(anyhow::Error::msg))
+        .transpose()
+}
+
+/// The kernel log to read, unless `--kernel-log` is empty.
+fn kernel_log(flags: &Flags, booted_at: Option<jiff::Timestamp>) -> Option<KernelLog> {
+    (!flags.kernel_log.is_empty()).then(|| KernelLog::new(Path::new(&flags.kernel_log), booted_at))
 }
 
 fn load_catalog(flags: &Flags) -> anyhow::Result<XidCatalog> {
@@ -218,16 +233,30 @@ async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
-/// One read without touching the API server: what the agent sees and would write. With
-/// `--node-name` and a reachable API server it could also publish; `--print` never does.
+/// One read without touching the API server: what the agent sees and would write, through every
+/// path the loop reads (the probe, the kernel log and the DCGM exporter where configured; the
+/// kernel log from the host's boot on, since there is no node record to say what was handled).
+/// With `--node-name` and a reachable API server it could also publish; `--print` never does.
 async fn print_once(
     flags: &Flags,
     catalog: &XidCatalog,
     reader: &DeadlineReader,
     warning_policy: WarningPolicy,
 ) -> anyhow::Result<()> {
-    let read = reader.read().await;
-    let (signals, healthy_message) = signals_of(&read, &Memory::default(), flags.expected_gpus, catalog);
+    let mut paths = XidPaths::default();
+    if let Some(source) = dcgm_source(flags)? {
+        paths.set_dcgm(source);
+    }
+    if let Some(log) = kernel_log(flags, host_boot_time()) {
+        paths.set_kernel_log(log);
+    }
+    let mut read = reader.read().await;
+    let memory = Memory::default();
+    let dcgm = paths.scrape_dcgm().await;
+    let other_paths = paths.collect(&mut read, dcgm, &memory, catalog, jiff::Timestamp::now());
+    let (mut signals, healthy_message) = signals_of(&read, &memory, flags.expected_gpus, catalog);
+    signals.extend(other_paths);
+    signals.sort_by_key(|signal| signal.kind);
     let verdict =
         HealthState::new(warning_policy).observe(&signals, jiff::Timestamp::now(), &healthy_message);
     let kind = |kind: SignalKind| match kind {
@@ -237,6 +266,8 @@ async fn print_once(
     };
     let report = serde_json::json!({
         "probe": reader.name(),
+        "kernelLog": (!flags.kernel_log.is_empty()).then_some(&flags.kernel_log),
+        "dcgmMetricsUrl": flags.dcgm_metrics_url,
         "expectedGpus": flags.expected_gpus,
         "inventory": match &read {
             Ok(snapshot) => serde_json::to_value(inventory_of(snapshot))?,

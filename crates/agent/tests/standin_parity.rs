@@ -35,7 +35,8 @@ fn standin_library() -> PathBuf {
 
 fn print_once(args: &[&str], scenario: Option<&Path>) -> Value {
     let mut command = Command::new(AGENT);
-    command.args(["--once", "--print"]).args(args);
+    // The kernel log only where a test names one: the host's would speak for the host.
+    command.args(["--once", "--print", "--kernel-log="]).args(args);
     if let Some(scenario) = scenario {
         command.env("GPU_STANDIN_SCENARIO", scenario);
     }

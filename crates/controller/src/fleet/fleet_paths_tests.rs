@@ -49,9 +49,10 @@
 //! (0.10 s); 9 on a finished record's cordon not holding the quarantine (0.52 s) and on orphans
 //! lifted while a record holds them (0.36 s).
 //!
-//! Left out: the nodes' quarantine count between the writes of one pass (the acting layer adds
-//! before it lifts, and a lost lift leaves one more), so 7 holds the plan, not the fleet, to the
-//! limit; a person lifting a taint, device-level quarantine, `DryRun` and `paused`; slow start, settle and suspects stay off so that invariants 1 and
+//! Left out: the nodes' quarantine count between the writes of one pass (the acting layer lifts
+//! before it adds, and adds only as many as the lifts that landed leave room for:
+//! `quarantine::Plan::adds_within_limit`, unit-tested beside it), so 7 holds the plan, not the
+//! fleet, to the limit; a person lifting a taint, device-level quarantine, `DryRun` and `paused`; slow start, settle and suspects stay off so that invariants 1 and
 //! 2 are `maxConcurrent` and the limits themselves; liveness (that a node due is remediated in
 //! the end) is not checked: the invariants say what is never done.
 //!

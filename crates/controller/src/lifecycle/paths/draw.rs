@@ -33,6 +33,8 @@ pub(super) enum Event {
     Reboots,
     /// The failed GPU leaves the agent's inventory, or answers in it again.
     GpuAnswers(bool),
+    /// The node's kubelet stops reporting (`Ready=Unknown`), or reports again (`Ready=True`).
+    Unreachable(bool),
 }
 
 pub(super) fn event() -> impl proptest::strategy::Strategy<Value = Event> {
@@ -61,6 +63,7 @@ pub(super) fn event() -> impl proptest::strategy::Strategy<Value = Event> {
         2 => Just(Event::BudgetFrees),
         2 => Just(Event::Reboots),
         2 => any::<bool>().prop_map(Event::GpuAnswers),
+        2 => any::<bool>().prop_map(Event::Unreachable),
     ]
 }
 

@@ -1,6 +1,7 @@
 //! The invariants the path test checks after each pass (numbered as in `super`'s header): the
 //! node as it stands (1, 2), a ladder's steps (8), a status the lifecycle could have written (10),
-//! a release only with evidence of health (11), and diagnostics before destruction (12).
+//! a release only with evidence of health (11), diagnostics before destruction (12), and a
+//! drain that stops waiting for a pod only on a dead node (13).
 
 #[allow(
     clippy::wildcard_imports,
@@ -198,4 +199,38 @@ pub(super) fn diagnosed_before_destruction(
         }
     }
     Ok(())
+}
+
+/// Invariant 13: under `onTimeout: Block`, a drain ends with pods still on the node only because
+/// the node is unreachable (`Ready=Unknown`) and each of them has been terminating for more than
+/// `drain.unreachableAfter` past its `deletionTimestamp` (no kubelet will report it gone).
+pub(super) fn drained_or_unreachable(
+    world: &World,
+    before: &GpuRemediationStatus,
+    after: &GpuRemediationStatus,
+) -> Result<(), Violation> {
+    let left_draining = before.phase == Phase::Draining
+        && !after.phase.is_terminal()
+        && !matches!(after.phase, Phase::Draining | Phase::Blocked);
+    if !left_draining || world.rules.drain.on_timeout != OnDrainTimeout::Block || world.pods.is_empty() {
+        return Ok(());
+    }
+    let unreachable = world
+        .node
+        .as_ref()
+        .is_some_and(crate::lifecycle::diagnostics::unreachable);
+    let after_bound =
+        SignedDuration::try_from(world.rules.drain.unreachable_after.as_std()).expect("a duration");
+    let waited_out =
+        |pod: &Pod| pod.terminating && pod.gone_by.is_some_and(|by| by + after_bound < world.now);
+    if unreachable && world.pods.iter().all(waited_out) {
+        return Ok(());
+    }
+    Err(format!(
+        "the drain moved to {} under onTimeout Block with {} pod(s) on the node (unreachable: {unreachable}, \
+         pods {:?})",
+        after.phase,
+        world.pods.len(),
+        world.pods
+    ))
 }

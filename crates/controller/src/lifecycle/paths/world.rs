@@ -379,6 +379,17 @@ impl World {
                         .insert(GPU_INVENTORY_ANNOTATION.to_owned(), text.to_owned());
                 }
             }
+            Event::Unreachable(unreachable) => {
+                if let Some(ready) = self
+                    .node
+                    .as_mut()
+                    .and_then(|n| n.status.as_mut())
+                    .and_then(|s| s.conditions.as_mut())
+                    .and_then(|c| c.iter_mut().find(|c| c.type_ == "Ready"))
+                {
+                    ready.status = if unreachable { "Unknown" } else { "True" }.into();
+                }
+            }
             Event::BudgetFrees => {
                 if let Some((allowed, version)) = self.budget.as_mut() {
                     *allowed += 1;
