@@ -37,6 +37,11 @@ pub async fn install_agent_manifests() {
 /// A token of the agent's service account, bound to `pod` when given (as the kubelet's projected
 /// token is), or to nothing.
 pub async fn token(admin: &Client, pod: Option<&Pod>) -> String {
+    token_of(admin, SERVICE_ACCOUNT, pod).await
+}
+
+/// A token of `service_account` (in [`NAMESPACE`]), bound to `pod` when given, or to nothing.
+pub async fn token_of(admin: &Client, service_account: &str, pod: Option<&Pod>) -> String {
     let request = TokenRequest {
         spec: TokenRequestSpec {
             expiration_seconds: Some(3600),
@@ -51,9 +56,9 @@ pub async fn token(admin: &Client, pod: Option<&Pod>) -> String {
         ..TokenRequest::default()
     };
     Api::<ServiceAccount>::namespaced(admin.clone(), NAMESPACE)
-        .create_token_request(SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .create_token_request(service_account, &PostParams::default(), &request)
         .await
-        .expect("a token for the agent")
+        .unwrap_or_else(|e| panic!("a token for {service_account}: {e}"))
         .status
         .expect("a token request status")
         .token
@@ -61,18 +66,26 @@ pub async fn token(admin: &Client, pod: Option<&Pod>) -> String {
 
 /// A client of the agent on `node`: a token bound to a pod there, as the kubelet projects it.
 pub async fn agent_on(admin: &Client, node: &str) -> Client {
+    client_on(admin, SERVICE_ACCOUNT, node).await
+}
+
+/// A client of `service_account` (in [`NAMESPACE`]) on `node`: a token bound to a pod of that
+/// account there, as the kubelet projects it.
+pub async fn client_on(admin: &Client, service_account: &str, node: &str) -> Client {
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": super::unique_name("agent"), "namespace": NAMESPACE},
-        "spec": {"nodeName": node, "serviceAccountName": SERVICE_ACCOUNT, "automountServiceAccountToken": false,
-                 "containers": [{"name": "agent", "image": "gpu-health-agent:e2e"}]},
+        "metadata": {"name": super::unique_name(service_account), "namespace": NAMESPACE},
+        "spec": {"nodeName": node, "serviceAccountName": service_account, "automountServiceAccountToken": false,
+                 "containers": [{"name": "main", "image": format!("{service_account}:e2e")}]},
     }))
     .unwrap();
     let pod = Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
         .create(&PostParams::default(), &pod)
         .await
-        .expect("the agent's pod on node A");
-    cluster().await.client_with_token(&token(admin, Some(&pod)).await)
+        .unwrap_or_else(|e| panic!("{service_account}'s pod on {node}: {e}"));
+    cluster()
+        .await
+        .client_with_token(&token_of(admin, service_account, Some(&pod)).await)
 }
 
 /// The agent's write: a server-side apply of `status` (and `annotations`) on `node`'s status.

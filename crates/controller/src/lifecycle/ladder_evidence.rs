@@ -67,9 +67,22 @@ pub fn failed_gpus(remediation: &GpuRemediation) -> &[LedgerGpu] {
         .map_or(&[], |hardware| hardware.failed.as_slice())
 }
 
+/// The UUIDs of the failed GPUs a reset may name: those of NVML's form
+/// ([`gpu_remediation_api::names::is_gpu_uuid`]). The node reported them, and a step's template
+/// may put them on a command line, so anything else is left out; a reset with none left starts a
+/// rung higher, as one without a known GPU does.
+#[must_use]
+pub fn resettable_gpus(remediation: &GpuRemediation) -> Vec<&str> {
+    failed_gpus(remediation)
+        .iter()
+        .map(|gpu| gpu.uuid.as_str())
+        .filter(|uuid| gpu_remediation_api::names::is_gpu_uuid(uuid))
+        .collect()
+}
+
 /// The rung a recycle starts at: the matching trigger's `startAt`, else the last rung for a repeat
-/// offender, else what the trigger's reason recommends; a reset needs to know which GPU failed,
-/// so without one it starts a rung higher.
+/// offender, else what the trigger's reason recommends; a reset needs to know which GPU failed
+/// (by a UUID of NVML's form), so without one it starts a rung higher.
 #[must_use]
 pub fn start_index(remediation: &GpuRemediation, rules: &PolicySnapshot) -> usize {
     let trigger = &remediation.spec.trigger;
@@ -89,7 +102,7 @@ pub fn start_index(remediation: &GpuRemediation, rules: &PolicySnapshot) -> usiz
         .or_else(|| ladder::recommended_rung(&trigger.reason, &trigger.message));
     let index = ladder::start_index(&rules.ladder, wanted);
     let reset_without_gpu = rules.ladder.get(index).is_some_and(|s| s.step == Rung::ResetGpu)
-        && failed_gpus(remediation).is_empty();
+        && resettable_gpus(remediation).is_empty();
     if reset_without_gpu && index + 1 < rules.ladder.len() {
         index + 1
     } else {
@@ -238,6 +251,16 @@ mod tests {
     fn a_reset_without_a_known_gpu_starts_at_the_reboot() {
         let r = remediation("XID48", "recommended action RESET_GPU", &[]);
         assert_eq!(start_index(&r, &rules(None)), 1);
+    }
+
+    #[test]
+    fn a_reset_whose_only_gpu_uuid_is_not_nvmls_starts_at_the_reboot_and_names_no_gpu() {
+        let hostile = remediation("XID48", "recommended action RESET_GPU", &["GPU-3\"; reboot; \""]);
+        assert_eq!(start_index(&hostile, &rules(None)), 1);
+        assert!(resettable_gpus(&hostile).is_empty());
+        let mixed = remediation("XID48", "recommended action RESET_GPU", &["GPU-$(id)", "GPU-3"]);
+        assert_eq!(start_index(&mixed, &rules(None)), 0);
+        assert_eq!(resettable_gpus(&mixed), ["GPU-3"]);
     }
 
     #[test]

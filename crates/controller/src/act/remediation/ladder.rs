@@ -20,17 +20,20 @@ use crate::{
     write::{EditNodeError, NodeEdit},
 };
 
-/// Placeholder in a step's template replaced by the UUID of the GPU the fault named.
+/// Placeholder in a step's template replaced by the UUID of the (first) GPU the fault named.
 pub const GPU_UUID_PLACEHOLDER: &str = "{{gpuUUID}}";
+/// Placeholder replaced by the UUIDs of every GPU the fault named, separated by spaces.
+pub const GPU_UUIDS_PLACEHOLDER: &str = "{{gpuUUIDs}}";
 
 /// The step's template with `metadata.name` set to `<remediation>-<step>` unless it names itself,
-/// so each step of one remediation creates its own object, and [`GPU_UUID_PLACEHOLDER`] replaced
-/// by `gpu` (the failed GPU's UUID) where one is known.
+/// so each step of one remediation creates its own object, and [`GPU_UUID_PLACEHOLDER`] and
+/// [`GPU_UUIDS_PLACEHOLDER`] replaced by `gpus` (the failed GPUs' UUIDs, of NVML's form:
+/// `ladder_evidence::resettable_gpus`) where any is known.
 #[must_use]
-pub fn step_template(template: &Value, remediation: &str, rung: Rung, gpu: Option<&str>) -> Value {
+pub fn step_template(template: &Value, remediation: &str, rung: Rung, gpus: &[&str]) -> Value {
     let mut object = template.clone();
-    if let Some(gpu) = gpu {
-        substitute_gpu(&mut object, gpu);
+    if let Some(first) = gpus.first() {
+        substitute_gpus(&mut object, first, &gpus.join(" "));
     }
     if let Value::Object(fields) = &mut object {
         let metadata = fields
@@ -50,13 +53,19 @@ pub fn step_template(template: &Value, remediation: &str, rung: Rung, gpu: Optio
     object
 }
 
-fn substitute_gpu(value: &mut Value, gpu: &str) {
+fn substitute_gpus(value: &mut Value, first: &str, all: &str) {
     match value {
-        Value::String(text) if text.contains(GPU_UUID_PLACEHOLDER) => {
-            *text = text.replace(GPU_UUID_PLACEHOLDER, gpu);
+        Value::String(text) if text.contains("{{gpuUUID") => {
+            *text = text
+                .replace(GPU_UUIDS_PLACEHOLDER, all)
+                .replace(GPU_UUID_PLACEHOLDER, first);
         }
-        Value::Array(items) => items.iter_mut().for_each(|item| substitute_gpu(item, gpu)),
-        Value::Object(fields) => fields.values_mut().for_each(|field| substitute_gpu(field, gpu)),
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|item| substitute_gpus(item, first, all)),
+        Value::Object(fields) => fields
+            .values_mut()
+            .for_each(|field| substitute_gpus(field, first, all)),
         _ => {}
     }
 }
@@ -79,9 +88,7 @@ pub(crate) async fn trigger_step(
         template,
         &remediation.name_any(),
         rung,
-        crate::lifecycle::ladder_evidence::failed_gpus(remediation)
-            .first()
-            .map(|gpu| gpu.uuid.as_str()),
+        &crate::lifecycle::ladder_evidence::resettable_gpus(remediation),
     );
     create(ctx, remediation, rules, object, action).await
 }
@@ -250,7 +257,7 @@ mod tests {
     #[test]
     fn an_unnamed_step_object_is_named_after_the_remediation_and_the_step() {
         let template = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"namespace": "ops"}});
-        let named = step_template(&template, "gpu-1-abc123", Rung::ResetGpu, None);
+        let named = step_template(&template, "gpu-1-abc123", Rung::ResetGpu, &[]);
         assert_eq!(named["metadata"]["name"], "gpu-1-abc123-resetgpu");
         assert_eq!(named["metadata"]["namespace"], "ops");
     }
@@ -259,11 +266,22 @@ mod tests {
     fn the_failed_gpus_uuid_is_substituted_wherever_the_template_names_it() {
         let template = json!({"apiVersion": "janitor.dgxc.nvidia.com/v1alpha1", "kind": "GPUReset",
             "spec": {"nodeName": "{{nodeName}}", "selector": {"uuids": ["{{gpuUUID}}"]}}});
-        let rendered = step_template(&template, "r", Rung::ResetGpu, Some("GPU-3"));
+        let rendered = step_template(&template, "r", Rung::ResetGpu, &["GPU-3"]);
         assert_eq!(rendered["spec"]["selector"]["uuids"], json!(["GPU-3"]));
         assert_eq!(
             rendered["spec"]["nodeName"], "{{nodeName}}",
             "the node is the renderer's"
+        );
+    }
+
+    #[test]
+    fn every_failed_gpu_is_substituted_where_the_template_names_them_all() {
+        let template = json!({"apiVersion": "batch/v1", "kind": "Job",
+            "spec": {"args": ["for uuid in {{gpuUUIDs}}; do reset $uuid; done", "first {{gpuUUID}}"]}});
+        let rendered = step_template(&template, "r", Rung::ResetGpu, &["GPU-3", "GPU-5"]);
+        assert_eq!(
+            rendered["spec"]["args"],
+            json!(["for uuid in GPU-3 GPU-5; do reset $uuid; done", "first GPU-3"])
         );
     }
 
@@ -322,7 +340,7 @@ mod tests {
     fn a_step_object_that_names_itself_keeps_its_name() {
         let template = json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "{{nodeName}}"}});
         assert_eq!(
-            step_template(&template, "r", Rung::Reboot, None)["metadata"]["name"],
+            step_template(&template, "r", Rung::Reboot, &[])["metadata"]["name"],
             "{{nodeName}}"
         );
     }
