@@ -66,17 +66,14 @@ async fn start(with: impl FnOnce(&Scenario) -> Option<serde_json::Value>) -> Lad
     LadderRun::start(s, spec, Behaviour::default()).await
 }
 
-/// A file of the repository.
-fn repo_file(path: &str) -> String {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
 /// The controller's namespace and the optional component the samples run under, as shipped.
 async fn install_optional_component(run: &LadderRun) {
-    let mut objects = install::parse_documents(&repo_file("manifests/namespace.yaml")).unwrap();
+    let mut objects = install::parse_documents(&common::repo_file("manifests/namespace.yaml")).unwrap();
     objects.extend(
-        install::parse_documents(&repo_file("manifests/optional/diagnostics/diagnostics.yaml")).unwrap(),
+        install::parse_documents(&common::repo_file(
+            "manifests/optional/diagnostics/diagnostics.yaml",
+        ))
+        .unwrap(),
     );
     install::apply(&run.s.client, &objects).await.unwrap();
 }
@@ -222,11 +219,14 @@ async fn the_shipped_bug_report_sample_runs_as_shipped_under_its_service_account
     // The sample as shipped, in the controller's namespace, with the optional component's
     // ServiceAccount and claim (the simulated kubelet stands in for the host's driver).
     let sample: serde_json::Value =
-        serde_yaml::from_str(&repo_file("config/diagnostics/nvidia-bug-report.yaml")).unwrap();
+        serde_yaml::from_str(&common::repo_file("config/diagnostics/nvidia-bug-report.yaml")).unwrap();
     let run = start(|_| Some(sample.clone())).await;
-    let mut objects = install::parse_documents(&repo_file("manifests/namespace.yaml")).unwrap();
+    let mut objects = install::parse_documents(&common::repo_file("manifests/namespace.yaml")).unwrap();
     objects.extend(
-        install::parse_documents(&repo_file("manifests/optional/diagnostics/diagnostics.yaml")).unwrap(),
+        install::parse_documents(&common::repo_file(
+            "manifests/optional/diagnostics/diagnostics.yaml",
+        ))
+        .unwrap(),
     );
     install::apply(&run.s.client, &objects).await.unwrap();
 
@@ -255,7 +255,7 @@ async fn the_shipped_bug_report_sample_runs_as_shipped_under_its_service_account
 #[tokio::test]
 async fn the_shipped_nccl_validation_sample_runs_as_shipped_and_passes_a_healed_reboot() {
     let sample: serde_json::Value =
-        serde_yaml::from_str(&repo_file("config/validation/nccl-all-reduce.yaml")).unwrap();
+        serde_yaml::from_str(&common::repo_file("config/validation/nccl-all-reduce.yaml")).unwrap();
     let s = Scenario::new(1).await;
     let spec = json!({
         "release": {"healthyFor": "2s"},

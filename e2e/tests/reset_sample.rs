@@ -25,17 +25,15 @@ use serde_json::{Value, json};
 const POLICY: &str = "gpu-reset-own-node-clear";
 const ACCOUNT: &str = "gpu-reset";
 
-fn repo_file(path: &str) -> String {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
 /// The namespace and the optional component, applied as shipped.
 async fn install_component(admin: &Client) {
-    let mut objects = install::parse_documents(&repo_file("manifests/namespace.yaml")).unwrap();
+    let mut objects = install::parse_documents(&common::repo_file("manifests/namespace.yaml")).unwrap();
     for file in ["rbac.yaml", "admission-policy.yaml"] {
         objects.extend(
-            install::parse_documents(&repo_file(&format!("manifests/optional/gpu-reset/{file}"))).unwrap(),
+            install::parse_documents(&common::repo_file(&format!(
+                "manifests/optional/gpu-reset/{file}"
+            )))
+            .unwrap(),
         );
     }
     install::apply(admin, &objects).await.unwrap();
@@ -44,7 +42,7 @@ async fn install_component(admin: &Client) {
 /// The sample's Job template, as the ladder step carries it.
 fn sample_job() -> Value {
     let step: gpu_remediation_api::ladder::LadderStep =
-        serde_yaml::from_str(&repo_file("config/ladder-steps/reset-job.yaml")).unwrap();
+        serde_yaml::from_str(&common::repo_file("config/ladder-steps/reset-job.yaml")).unwrap();
     step.template.expect("the reset step's template")
 }
 
@@ -69,7 +67,7 @@ fn the_samples_job_runs_under_the_shipped_account_and_its_containers_share_the_p
     assert_eq!(job["metadata"]["namespace"], NAMESPACE);
     let pod = &job["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], ACCOUNT);
-    let rbac = repo_file("manifests/optional/gpu-reset/rbac.yaml");
+    let rbac = common::repo_file("manifests/optional/gpu-reset/rbac.yaml");
     assert!(
         rbac.contains(&format!("name: {ACCOUNT}\n  namespace: {NAMESPACE}")),
         "{rbac}"

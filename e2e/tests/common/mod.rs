@@ -298,6 +298,15 @@ pub async fn install_generated_crds(client: &kube::Client) {
         .await;
 }
 
+/// A file of the repository, as text.
+///
+/// # Panics
+/// When it cannot be read.
+pub fn repo_file(path: &str) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
 /// `kubectl apply -f <repo>/<file>` on the shared cluster (a shipped manifest, as a user applies
 /// it).
 ///
