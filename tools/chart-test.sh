@@ -26,10 +26,14 @@ for copy in manifests/optional/dashboard/gpu-remediator.json:gpu-remediator.json
   manifests/approval/admission-policy.yaml:approval-admission-policy.yaml \
   manifests/controller/fence-policy.yaml:fence-policy.yaml \
   manifests/controller/records-policy.yaml:records-policy.yaml \
-  manifests/controller/flow-schemas.yaml:flow-schemas.yaml; do
+  manifests/controller/flow-schemas.yaml:flow-schemas.yaml \
+  manifests/optional/diagnostics/diagnostics.yaml:diagnostics.yaml; do
   cmp -s "${copy%%:*}" "${chart}/files/${copy#*:}" \
     || { echo "${chart}/files/${copy#*:} differs from ${copy%%:*}" >&2; stale=true; }
 done
+cat manifests/optional/gpu-reset/rbac.yaml <(echo ---) manifests/optional/gpu-reset/admission-policy.yaml \
+  | cmp -s - "${chart}/files/gpu-reset.yaml" \
+  || { echo "${chart}/files/gpu-reset.yaml differs from manifests/optional/gpu-reset/" >&2; stale=true; }
 if $stale; then
   echo "run \`make chart-sync\` to refresh the chart's copies" >&2
   exit 1
