@@ -4,7 +4,7 @@
 //!
 //! - With the records policy (`manifests/controller/records-policy.yaml`) in force, the server
 //!   refuses the write with the policy's message; an editor stripping the controller's finalizer
-//!   from the record is refused too. The record stays as it was, the node stands, uncordoned, its pods running.
+//!   from the record is refused too, and so is a person creating a record (for a healthy node). The record stays as it was, the node stands, uncordoned, its pods running.
 //! - Without it, the write lands, and the controller holds the record as tampered: a `Tampered`
 //!   condition and a `StatusTampered` Event naming the missing approval; the node stands,
 //!   uncordoned, undrained.
@@ -98,11 +98,12 @@ async fn install_records_policy(s: &Scenario, attacker: &Client) {
     let mut objects =
         gpu_sandbox::demo::install::parse_documents(&shipped.replace(SHIPPED_CONTROLLER, &admin_name))
             .expect("records policy YAML");
-    let name = format!("gpu-remediator-records-{}", s.scope);
+    // Both policies (updates, creates) and their bindings, named for this scenario.
+    let scoped = |name: &Value| json!(format!("{}-{}", name.as_str().expect("a name"), s.scope));
     for object in &mut objects {
-        object["metadata"]["name"] = json!(name);
+        object["metadata"]["name"] = scoped(&object["metadata"]["name"]);
         if object["kind"] == "ValidatingAdmissionPolicyBinding" {
-            object["spec"]["policyName"] = json!(name);
+            object["spec"]["policyName"] = scoped(&object["spec"]["policyName"]);
             object["spec"]["matchResources"] =
                 json!({"objectSelector": {"matchLabels": {POLICY_LABEL: s.scope}}});
         }
@@ -225,6 +226,55 @@ async fn with_the_records_policy_a_status_patcher_cannot_move_a_record_awaiting_
     let stored = world.stored().await;
     assert_eq!(stored.status, world.record.status, "the record unchanged");
     world.controller.stop().await;
+}
+
+#[tokio::test]
+async fn with_the_records_policy_a_person_cannot_create_a_record_for_a_healthy_node() {
+    let s = Scenario::new(2).await;
+    let user = format!("mallory-{}", s.scope);
+    grant(
+        &s.client,
+        &user,
+        json!([{"apiGroups": ["gpuremediation.dev"], "resources": ["gpuremediations"], "verbs": ["create", "get", "list"]},
+               {"apiGroups": ["gpuremediation.dev"], "resources": ["gpuremediations/status"], "verbs": ["patch"]}]),
+    )
+    .await;
+    let mallory = client_as(&user).await;
+    install_records_policy(&s, &mallory).await;
+    let node = s.fleet.node_names()[0].clone();
+    // A record as the controller would write it, for a node whose GPUs are healthy: believed, its
+    // node would be cordoned, drained and deleted.
+    let record: GpuRemediation = serde_json::from_value(json!({
+        "apiVersion": "gpuremediation.dev/v1alpha1", "kind": "GpuRemediation",
+        "metadata": {"name": common::unique_name("forged"), "labels": {POLICY_LABEL: s.scope}},
+        "spec": {"nodeName": node, "policyName": s.scope, "action": "Replace", "mode": "Enforce",
+                 "trigger": {"conditionType": "GpuHealthy", "status": "False", "reason": "XID79"}},
+    }))
+    .unwrap();
+    let records = Api::<GpuRemediation>::all(mallory.clone());
+    let message = refusal(
+        "mallory's record",
+        records.create(&PostParams::default(), &record).await,
+    );
+    assert!(message.contains("gpu-remediator-records-create-"), "{message}");
+    assert!(
+        message.contains("is the controller's record of what it does to a node"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("not {user}")),
+        "names the writer: {message}"
+    );
+    let stored = records
+        .list(&kube::api::ListParams::default().labels(&format!("{POLICY_LABEL}={}", s.scope)))
+        .await
+        .unwrap();
+    assert!(stored.items.is_empty(), "no record stored: {:?}", stored.items);
+    let standing: Node = Api::all(s.client.clone()).get(&node).await.unwrap();
+    assert!(
+        !is_unschedulable(&standing) && !has_our_taint(&standing),
+        "the node untouched"
+    );
 }
 
 #[tokio::test]
