@@ -6,7 +6,9 @@
 //! the node stays cordoned and the ladder climbs to `Replace`; a reboot that heals passes it and
 //! the node is released, the record naming the Job, its outcome and its duration. Without a
 //! ladder, a template reporting done while the GPU is still broken releases nothing: the node must
-//! be healthy for the dwell first, then pass validation.
+//! be healthy for the dwell first, then pass validation. With `action: None`, a fault that clears
+//! by itself is evidence too, not proof: the node is released only once the Job passes, and stays
+//! cordoned (`Failed`, `ValidationFailed`) when its GPU is still broken.
 
 mod common;
 mod scenario;
@@ -312,5 +314,66 @@ async fn a_template_done_on_a_node_reporting_healthy_with_its_gpu_broken_fails_v
     let message = status.message.clone().unwrap_or_default();
     assert!(message.contains("failed after"), "{message}");
     run.assert_held().await;
+    run.stop().await;
+}
+
+/// `action: None`: GPU 3's fault clears by itself (its condition `True` again) while the GPU is
+/// `still_broken` or not, the sandbox's simulated kubelet deciding the Job from that.
+async fn recovers_unaided(still_broken: bool) -> Run {
+    let run = Run::start_with(Behaviour::default(), |_| json!({"action": "None"})).await;
+    run.fault().await;
+    run.wait_phase(Phase::Verifying).await;
+    if !still_broken {
+        let healed = json!({"metadata": {"annotations": {
+            gpu_sandbox::fleet::validation_pod::SIM_GPU_FAULT_ANNOTATION: null,
+        }}});
+        Api::<Node>::all(run.s.client.clone())
+            .patch(
+                &run.node,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&healed),
+            )
+            .await
+            .unwrap();
+    }
+    run.s.heal_gpu(&run.node).await;
+    run
+}
+
+#[tokio::test]
+async fn action_none_a_fault_that_clears_with_the_gpu_still_broken_fails_validation_and_keeps_the_cordon() {
+    let run = recovers_unaided(true).await;
+    let failed = run.wait_phase(Phase::Failed).await;
+    let status = failed.status.as_ref().unwrap();
+    let validation = status
+        .validation
+        .as_ref()
+        .expect("the validation Job is recorded");
+    assert_eq!(validation.outcome, Some(ValidationOutcome::Failed));
+    assert!(validation.job.ends_with("-validate"), "{}", validation.job);
+    let complete = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Complete")
+        .expect("a Complete condition");
+    assert_eq!(complete.reason, "ValidationFailed");
+    run.assert_held().await;
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn action_none_a_fault_that_clears_with_the_gpu_healed_passes_validation_and_releases_the_node() {
+    let run = recovers_unaided(false).await;
+    let done = run.wait_phase(Phase::Succeeded).await;
+    let status = done.status.as_ref().unwrap();
+    let validation = status
+        .validation
+        .as_ref()
+        .expect("the validation Job is recorded");
+    assert_eq!(validation.outcome, Some(ValidationOutcome::Passed));
+    let message = status.message.clone().unwrap_or_default();
+    assert!(message.contains("action None: the node recovered"), "{message}");
+    let node = run.s.node(&run.node).await;
+    assert!(!is_unschedulable(&node) && !has_our_taint(&node), "released");
     run.stop().await;
 }

@@ -268,6 +268,9 @@ pub mod reasons {
     pub const UNREACHABLE_PODS_SKIPPED: &str = "UnreachablePodsSkipped";
     /// The node recovered before replacement.
     pub const NODE_RECOVERED: &str = "NodeRecovered";
+    /// `action: None`: the node recovered by itself, but the policy's validation Job failed, timed
+    /// out or could not be created; the node stays cordoned for a person.
+    pub const VALIDATION_FAILED: &str = "ValidationFailed";
     /// A finished record past `history.ttl` is kept: it still holds its node for a person.
     pub const HELD_PAST_TTL: &str = "HeldPastHistoryTtl";
     /// A person uncordoned the node.

@@ -35,9 +35,9 @@ pub enum Ask {
     TriggerStep(gpu_remediation_api::ladder::Rung),
     /// Label the node for a person (the ladder's `HandOff`), keeping the cordon.
     HandOff(NodeRef),
-    /// Create the policy's validation Job on the node for the step `Rung` (idempotent, as the
-    /// `Template` strategy).
-    Validate(gpu_remediation_api::ladder::Rung),
+    /// Create the policy's validation Job on the node for the step `Rung`, or for a recovery no
+    /// step made (`action: None`), idempotent as the `Template` strategy.
+    Validate(Option<gpu_remediation_api::ladder::Rung>),
     /// Create the policy's diagnostics Job on the node, before the step that destroys its state
     /// (idempotent, as the `Template` strategy).
     Diagnose,

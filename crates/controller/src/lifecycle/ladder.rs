@@ -320,7 +320,7 @@ fn judge_repair(
         open.evidence.validation = validation;
         let validated = match gate {
             Gate::Release(words) => words,
-            Gate::Ask => return Decision::Ask(Ask::Validate(rung)),
+            Gate::Ask => return Decision::Ask(Ask::Validate(Some(rung))),
             Gate::Refused(words) => {
                 return refused(pass, status, &words, deadline);
             }

@@ -194,7 +194,7 @@ fn decide_step(
             let_go_if_taken_over(ladder::advance(pass, status), &facts)
         }
         Phase::Verifying if remediation.spec.action == gpu_remediation_api::policy::Action::None => {
-            held(&facts, status)
+            held(pass, status)
         }
         Phase::Replacing | Phase::Verifying => {
             // A person uncordoned the node mid-replacement: let go of it at once.
@@ -516,7 +516,8 @@ fn failed(facts: &Facts<'_>, status: GpuRemediationStatus, deleted: bool) -> Set
 
 /// A drained `action: None` remediation holding its node: it ends `Succeeded` when the node
 /// recovers for `release.healthyFor` or a person uncordons it, and waits for them otherwise.
-fn held(facts: &Facts<'_>, status: GpuRemediationStatus) -> Decision {
+fn held(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Decision {
+    let facts = pass.facts;
     let cordon = match facts.identity {
         Identity::Gone => return cancel(facts, status, CancelReason::NodeGone),
         Identity::Replaced => return cancel(facts, status, CancelReason::NodeReplaced),
@@ -532,13 +533,7 @@ fn held(facts: &Facts<'_>, status: GpuRemediationStatus) -> Decision {
         ));
     }
     match facts.release_at() {
-        Some(at) if at <= facts.now => Decision::Settle(status::succeed(
-            status,
-            facts.release(false),
-            "action None: the node recovered and stayed healthy for release.healthyFor; released what we held",
-            reasons::NODE_RECOVERED,
-            facts.now,
-        )),
+        Some(at) if at <= facts.now => replacement::recovered_unaided(pass, status),
         at => Decision::Settle(status::unchanged(status, false, Next::Idle.or_at(at))),
     }
 }

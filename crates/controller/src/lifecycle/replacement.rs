@@ -181,7 +181,7 @@ fn standing(
     match gate {
         Gate::Release(None) => replaced(status, evidence.to_owned(), facts),
         Gate::Release(Some(words)) => replaced(status, format!("{evidence}; {words}"), facts),
-        Gate::Ask => Decision::Ask(Ask::Validate(Rung::Reboot)),
+        Gate::Ask => Decision::Ask(Ask::Validate(Some(Rung::Reboot))),
         Gate::Refused(words) => refused(pass, status, &words, deadline),
         Gate::Against { message, .. } => Decision::Settle(fail(
             status,
@@ -190,6 +190,55 @@ fn standing(
             facts.now,
         )),
         Gate::Wait { message, deadline } => waiting(status, message, seen, facts, deadline),
+    }
+}
+
+/// `action: None`, the node healthy for `release.healthyFor` by itself: released at once, or, with
+/// `spec.validation`, once the validation Job passed (a trigger that cleared is evidence, not
+/// proof). A Job that fails, outlasts its timeout, or whose create is refused for good ends the
+/// remediation `Failed` (`ValidationFailed`), the node cordoned for a person.
+pub(super) fn recovered_unaided(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus) -> Decision {
+    const RECOVERED: &str = "action None: the node recovered and stayed healthy for release.healthyFor";
+    let (_, rules, seen, facts) = pass.parts();
+    let (gate, record) = validation::gate(
+        rules,
+        status.validation.as_ref(),
+        seen.answers.validation.as_deref(),
+        seen.validation,
+        facts.now,
+    );
+    status.validation = record;
+    let failed = |status: GpuRemediationStatus, message: &str| {
+        Decision::Settle(fail(status, reasons::VALIDATION_FAILED, message, facts.now))
+    };
+    match gate {
+        Gate::Release(words) => Decision::Settle(status::succeed(
+            status,
+            facts.release(false),
+            &match words {
+                None => format!("{RECOVERED}; released what we held"),
+                Some(words) => format!("{RECOVERED}; {words}; released what we held"),
+            },
+            reasons::NODE_RECOVERED,
+            facts.now,
+        )),
+        Gate::Ask => Decision::Ask(Ask::Validate(None)),
+        Gate::Wait { message, deadline } => waiting(status, message, seen, facts, deadline),
+        Gate::Against { message, .. } => failed(status, &format!("{RECOVERED}; {message}")),
+        Gate::Refused(words) => {
+            // Asked again, backed off, until the validation's own timeout past the recovery.
+            let timeout = rules.validation.as_ref().map(|v| signed(v.timeout.as_std()));
+            let deadline = facts
+                .release_at()
+                .zip(timeout)
+                .map_or(facts.now, |(at, timeout)| plus(at, timeout));
+            super::weigh_refusal(facts, seen, status, &words, deadline, |status, _| {
+                failed(
+                    status,
+                    &format!("{RECOVERED}; {} was refused: {}", words.action, words.message),
+                )
+            })
+        }
     }
 }
 

@@ -141,16 +141,20 @@ fn verdict(shown: &str, outcome: ValidationOutcome, record: &ValidationRecord, w
     }
 }
 
-/// The validation Job for `remediation`'s step `rung`: the policy's Job named
-/// `<remediation>-validate-<step>` unless it names itself, its pod pinned to the node
+/// The validation Job for `remediation`'s step `rung` (or, with none, for a recovery no step made):
+/// the policy's Job named `<remediation>-validate-<step>` (`<remediation>-validate`) unless it
+/// names itself, its pod pinned to the node
 /// (`nodeName: {{nodeName}}`, rendered with the template), tolerating every taint (the node is
 /// cordoned and tainted by us), never restarted, one try unless the Job says otherwise, bounded by
 /// the timeout, removed by the Job controller [`FINISHED_JOB_KEPT`] after it finished unless it
 /// says otherwise, and labelled [`POD_LABEL`].
 #[must_use]
-pub fn job_object(rules: &PolicySnapshot, remediation: &str, rung: Rung) -> Option<Value> {
+pub fn job_object(rules: &PolicySnapshot, remediation: &str, rung: Option<Rung>) -> Option<Value> {
     let validation = rules.validation.as_ref()?;
-    let suffix = format!("-validate-{}", rung.as_str().to_ascii_lowercase());
+    let suffix = match rung {
+        Some(rung) => format!("-validate-{}", rung.as_str().to_ascii_lowercase()),
+        None => "-validate".to_owned(),
+    };
     Some(node_job::job_object(
         &validation.job,
         validation.timeout.as_std(),

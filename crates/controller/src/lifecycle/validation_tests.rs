@@ -160,7 +160,7 @@ fn a_job_silent_past_its_timeout_times_out_and_a_refused_look_waits_until_then()
 
 #[test]
 fn the_job_is_pinned_to_the_node_tolerates_every_taint_and_runs_once_within_the_timeout() {
-    let job = job_object(&rules(true), "gpu-node-1-abc", Rung::Reboot).unwrap();
+    let job = job_object(&rules(true), "gpu-node-1-abc", Some(Rung::Reboot)).unwrap();
     assert_eq!(job["metadata"]["name"], "gpu-node-1-abc-validate-reboot");
     let pod = &job["spec"]["template"]["spec"];
     assert_eq!(pod["nodeName"], "{{nodeName}}");
@@ -176,7 +176,9 @@ fn the_job_is_pinned_to_the_node_tolerates_every_taint_and_runs_once_within_the_
         (Some(0), Some(60))
     );
     assert_eq!(job["spec"]["ttlSecondsAfterFinished"], json!(86_400));
-    let long = job_object(&rules(true), &"x".repeat(80), Rung::ResetGpu).unwrap();
+    let long = job_object(&rules(true), &"x".repeat(80), Some(Rung::ResetGpu)).unwrap();
     assert!(long["metadata"]["name"].as_str().unwrap().len() <= super::node_job::JOB_NAME_MAX);
-    assert!(job_object(&rules(false), "r", Rung::Reboot).is_none());
+    assert!(job_object(&rules(false), "r", Some(Rung::Reboot)).is_none());
+    let stepless = job_object(&rules(true), "gpu-node-1-abc", None).unwrap();
+    assert_eq!(stepless["metadata"]["name"], "gpu-node-1-abc-validate");
 }

@@ -99,9 +99,12 @@ pub(crate) async fn validate(
     ctx: &Context,
     remediation: &GpuRemediation,
     rules: &PolicySnapshot,
-    rung: Rung,
+    rung: Option<Rung>,
 ) -> Result<Result<ObjectReference, Words>, AdvanceRemediationError> {
-    let action = format!("creating the {rung} step's validation Job");
+    let action = match rung {
+        Some(rung) => format!("creating the {rung} step's validation Job"),
+        None => "creating the validation Job".to_owned(),
+    };
     let Some(job) = crate::lifecycle::validation::job_object(rules, &remediation.name_any(), rung) else {
         return Ok(Err(Words::invalid(
             action,

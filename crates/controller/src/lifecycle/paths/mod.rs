@@ -361,7 +361,7 @@ fn answer(
         }
         Ask::Validate(rung) => {
             return Err(format!(
-                "a {rung} validation was asked under rules without validation"
+                "a {rung:?} validation was asked under rules without validation"
             ));
         }
         Ask::Diagnose => {
