@@ -310,14 +310,7 @@ fn judge_repair(
         && lacking.is_none()
         && at <= facts.now
     {
-        let (gate, validation) = validation::gate(
-            rules,
-            open.evidence.validation.as_ref(),
-            seen.answers.validation.as_deref(),
-            seen.validation,
-            facts.now,
-        );
-        open.evidence.validation = validation;
+        let gate = validation::gate_seen(rules, &mut open.evidence.validation, seen, facts.now);
         let validated = match gate {
             Gate::Release(words) => words,
             Gate::Ask => return Decision::Ask(Ask::Validate(Some(rung))),

@@ -170,14 +170,7 @@ fn standing(
         let message = format!("{evidence}; the node stays cordoned: {lacking}");
         return waiting(status, message, seen, facts, by);
     }
-    let (gate, record) = validation::gate(
-        rules,
-        status.validation.as_ref(),
-        seen.answers.validation.as_deref(),
-        seen.validation,
-        facts.now,
-    );
-    status.validation = record;
+    let gate = validation::gate_seen(rules, &mut status.validation, seen, facts.now);
     match gate {
         Gate::Release(None) => replaced(status, evidence.to_owned(), facts),
         Gate::Release(Some(words)) => replaced(status, format!("{evidence}; {words}"), facts),
@@ -200,14 +193,7 @@ fn standing(
 pub(super) fn recovered_unaided(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus) -> Decision {
     const RECOVERED: &str = "action None: the node recovered and stayed healthy for release.healthyFor";
     let (_, rules, seen, facts) = pass.parts();
-    let (gate, record) = validation::gate(
-        rules,
-        status.validation.as_ref(),
-        seen.answers.validation.as_deref(),
-        seen.validation,
-        facts.now,
-    );
-    status.validation = record;
+    let gate = validation::gate_seen(rules, &mut status.validation, seen, facts.now);
     let failed = |status: GpuRemediationStatus, message: &str| {
         Decision::Settle(fail(status, reasons::VALIDATION_FAILED, message, facts.now))
     };

@@ -54,6 +54,25 @@ pub enum Gate {
     },
 }
 
+/// [`gate`] on what this pass saw (the answer to its create, the Job as read), the record it
+/// returns kept in `record`.
+pub(super) fn gate_seen(
+    rules: &PolicySnapshot,
+    record: &mut Option<ValidationRecord>,
+    seen: &super::Seen<'_>,
+    now: Timestamp,
+) -> Gate {
+    let (gate, kept) = gate(
+        rules,
+        record.as_ref(),
+        seen.answers.validation.as_deref(),
+        seen.validation,
+        now,
+    );
+    *record = kept;
+    gate
+}
+
 /// The gate for a step whose evidence is in: `record` is the validation it runs (if any),
 /// `answer` the server's answer to this pass's create, `observed` the Job as read this pass. The
 /// record to keep comes back with the verdict.
