@@ -19,6 +19,9 @@
 use gpu_remediation_api::validation::ValidationOutcome;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
+use serde_json::Value;
+
+use crate::replace::{Reported, template::report};
 
 /// A node's validation Job as last read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +39,22 @@ pub enum JobSeen {
     Failed,
     /// A Job was started for the node (recorded) but is gone before it reported.
     Lost,
+}
+
+/// What a node's validation Job says: `status` is the Job's status as read (`None` when no Job
+/// was found), `created` its creation time, `started` whether a start was recorded for the node
+/// (a Job recorded but gone before it reported is lost, never started twice).
+#[must_use]
+pub fn seen(found: Option<(Option<&Value>, Timestamp)>, started: bool) -> JobSeen {
+    match found {
+        None if started => JobSeen::Lost,
+        None => JobSeen::None,
+        Some((status, created)) => match report(status) {
+            Reported::Done(_) => JobSeen::Complete,
+            Reported::Failed(_) => JobSeen::Failed,
+            Reported::Nothing | Reported::InProgress => JobSeen::Running { since: created },
+        },
+    }
 }
 
 /// One node carrying the startup taint, as read.
@@ -283,6 +302,26 @@ mod tests {
             matches!(&steps[1], Step::Hold { node, outcome: ValidationOutcome::Failed, message } if node == "gone" && message.contains("deleted"))
         );
         assert_eq!(steps[2], Step::Start { node: "next".into() });
+    }
+
+    #[test]
+    fn a_jobs_status_reads_as_running_complete_failed_or_lost() {
+        let created = at(3);
+        let complete = serde_json::json!({"conditions": [{"type": "Complete", "status": "True"}]});
+        let failed = serde_json::json!({"conditions": [{"type": "Failed", "status": "True", "message": "BackoffLimitExceeded"}]});
+        let active = serde_json::json!({"active": 1});
+        assert_eq!(seen(Some((Some(&complete), created)), true), JobSeen::Complete);
+        assert_eq!(seen(Some((Some(&failed), created)), true), JobSeen::Failed);
+        assert_eq!(
+            seen(Some((Some(&active), created)), true),
+            JobSeen::Running { since: created }
+        );
+        assert_eq!(
+            seen(Some((None, created)), false),
+            JobSeen::Running { since: created }
+        );
+        assert_eq!(seen(None, true), JobSeen::Lost);
+        assert_eq!(seen(None, false), JobSeen::None);
     }
 
     fn taint(key: &str) -> Taint {
