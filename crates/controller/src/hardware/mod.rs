@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod history;
 pub mod join;
+pub mod join_validation;
 pub mod ledger;
 pub mod trust;
 
