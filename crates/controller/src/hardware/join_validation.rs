@@ -13,8 +13,10 @@
 //!                                                └► past the timeout ─────► Hold (TimedOut)
 //! ```
 //!
-//! Not wired yet: the policy field, the Job's rendering and the writer's call are still to come
-//! (see the branch's report).
+//! Not wired yet, so no policy reaches it: still to come are the policy field
+//! (`validation.newNodes`: the taint's key and the limit), the Job rendered for a node without a
+//! remediation, the start recorded on the node (so a lost Job reads as lost), the writer's calls
+//! from `act::hardware` beside `join`'s, the outcome's Event and status, and its e2e test.
 
 use gpu_remediation_api::validation::ValidationOutcome;
 use jiff::{SignedDuration, Timestamp};
