@@ -70,6 +70,28 @@ pub fn signals_of(
     }
 }
 
+/// One read through every path the agent reads: the probe's (less the XID events another path
+/// already reported), then the kernel log's and the DCGM exporter's where `paths` has them. Returns
+/// the read, the signals of all paths (sorted by kind) and the message a healthy condition would
+/// carry. The loop's tick and `--print` both read this way, so what `--print` shows cannot drift
+/// from what the agent would publish.
+pub async fn read_all(
+    reader: &DeadlineReader,
+    paths: &mut XidPaths,
+    memory: &Memory,
+    expected: Option<u32>,
+    catalog: &XidCatalog,
+    now: Timestamp,
+) -> (Result<Snapshot, ReadGpusError>, Vec<Signal>, String) {
+    let mut read = reader.read().await;
+    let dcgm = paths.scrape_dcgm().await;
+    let other_paths = paths.collect(&mut read, dcgm, memory, catalog, now);
+    let (mut signals, healthy_message) = signals_of(&read, memory, expected, catalog);
+    signals.extend(other_paths);
+    signals.sort_by_key(|signal| signal.kind);
+    (read, signals, healthy_message)
+}
+
 /// Whole seconds: the API server stores condition times at that precision, so comparisons with
 /// what it returns hold.
 fn now() -> Timestamp {
@@ -246,14 +268,16 @@ impl Agent {
         if self.node_read_at.elapsed() >= refresh {
             self.refresh_node().await;
         }
-        let mut read = self.reader.read().await;
-        let dcgm = self.xid_paths.scrape_dcgm().await;
-        let other_paths = self
-            .xid_paths
-            .collect(&mut read, dcgm, &self.memory, &self.catalog, now());
-        let (mut signals, healthy_message) = signals_of(&read, &self.memory, self.expected(), &self.catalog);
-        signals.extend(other_paths);
-        signals.sort_by_key(|signal| signal.kind);
+        let expected = self.expected();
+        let (read, signals, healthy_message) = read_all(
+            &self.reader,
+            &mut self.xid_paths,
+            &self.memory,
+            expected,
+            &self.catalog,
+            now(),
+        )
+        .await;
         if let Ok(snapshot) = &read {
             self.memory.remember(snapshot);
             self.inventory = Some(annotation_text(&inventory_of(snapshot)));

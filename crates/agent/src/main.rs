@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
 use gpu_health_agent::{
-    agent::{Agent, AgentSettings, signals_of},
+    agent::{Agent, AgentSettings, read_all},
     assess::{Memory, SignalKind},
     boot_time::host_boot_time,
     catalog::XidCatalog,
@@ -250,13 +250,15 @@ async fn print_once(
     if let Some(log) = kernel_log(flags, host_boot_time()) {
         paths.set_kernel_log(log);
     }
-    let mut read = reader.read().await;
-    let memory = Memory::default();
-    let dcgm = paths.scrape_dcgm().await;
-    let other_paths = paths.collect(&mut read, dcgm, &memory, catalog, jiff::Timestamp::now());
-    let (mut signals, healthy_message) = signals_of(&read, &memory, flags.expected_gpus, catalog);
-    signals.extend(other_paths);
-    signals.sort_by_key(|signal| signal.kind);
+    let (read, signals, healthy_message) = read_all(
+        reader,
+        &mut paths,
+        &Memory::default(),
+        flags.expected_gpus,
+        catalog,
+        jiff::Timestamp::now(),
+    )
+    .await;
     let verdict =
         HealthState::new(warning_policy).observe(&signals, jiff::Timestamp::now(), &healthy_message);
     let kind = |kind: SignalKind| match kind {

@@ -515,7 +515,8 @@ fn failed(facts: &Facts<'_>, status: GpuRemediationStatus, deleted: bool) -> Set
 }
 
 /// A drained `action: None` remediation holding its node: it ends `Succeeded` when the node
-/// recovers for `release.healthyFor` or a person uncordons it, and waits for them otherwise.
+/// recovers for `release.healthyFor` (and, with `spec.validation`, passes the Job:
+/// [`replacement::recovered_unaided`]) or a person uncordons it, and waits for them otherwise.
 fn held(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Decision {
     let facts = pass.facts;
     let cordon = match facts.identity {
