@@ -6,6 +6,8 @@
 //! or has finished (phase `Succeeded` or `Failed`: it holds nothing). Every other pod leaves
 //! through the Eviction API, so its disruption budgets are honoured.
 
+pub mod gangs;
+
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
