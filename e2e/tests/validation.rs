@@ -149,6 +149,16 @@ impl Run {
     }
 }
 
+/// The validation run the record keeps.
+fn recorded(
+    status: &gpu_remediation_api::GpuRemediationStatus,
+) -> &gpu_remediation_api::validation::ValidationRecord {
+    status
+        .validation
+        .as_ref()
+        .expect("the validation Job is recorded")
+}
+
 /// Sets `released` once the node, after being cordoned by us, is schedulable again without our
 /// taint (it never is while the node is held for its proof).
 async fn watch_release(client: kube::Client, node: String, released: Arc<AtomicBool>) {
@@ -306,10 +316,7 @@ async fn a_template_done_on_a_node_reporting_healthy_with_its_gpu_broken_fails_v
     let failed = run.wait_phase(Phase::Failed).await;
 
     let status = failed.status.as_ref().unwrap();
-    let validation = status
-        .validation
-        .as_ref()
-        .expect("the validation Job is recorded");
+    let validation = recorded(status);
     assert_eq!(validation.outcome, Some(ValidationOutcome::Failed));
     let message = status.message.clone().unwrap_or_default();
     assert!(message.contains("failed after"), "{message}");
@@ -345,10 +352,7 @@ async fn action_none_a_fault_that_clears_with_the_gpu_still_broken_fails_validat
     let run = recovers_unaided(true).await;
     let failed = run.wait_phase(Phase::Failed).await;
     let status = failed.status.as_ref().unwrap();
-    let validation = status
-        .validation
-        .as_ref()
-        .expect("the validation Job is recorded");
+    let validation = recorded(status);
     assert_eq!(validation.outcome, Some(ValidationOutcome::Failed));
     assert!(validation.job.ends_with("-validate"), "{}", validation.job);
     let complete = status
@@ -366,10 +370,7 @@ async fn action_none_a_fault_that_clears_with_the_gpu_healed_passes_validation_a
     let run = recovers_unaided(false).await;
     let done = run.wait_phase(Phase::Succeeded).await;
     let status = done.status.as_ref().unwrap();
-    let validation = status
-        .validation
-        .as_ref()
-        .expect("the validation Job is recorded");
+    let validation = recorded(status);
     assert_eq!(validation.outcome, Some(ValidationOutcome::Passed));
     let message = status.message.clone().unwrap_or_default();
     assert!(message.contains("action None: the node recovered"), "{message}");
