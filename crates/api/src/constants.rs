@@ -82,6 +82,12 @@ pub const REPEAT_OFFENDER_LABEL: &str = "gpuremediation.dev/repeat-offender";
 /// `cordonOnJoin` (then the node is also cordoned).
 pub const HARDWARE_UNCHECKED_TAINT_KEY: &str = "gpuremediation.dev/hardware-unchecked";
 
+/// Taint a new GPU node registers with (`--register-with-taints=gpuremediation.dev/unvalidated=:NoSchedule`,
+/// Karpenter `startupTaints`) so it takes no work before its policy's validation Job passed on it
+/// (`spec.validation.newNodes`): the controller lifts it only then. The key is fixed, so that no
+/// policy can make the controller lift another actor's taint.
+pub const UNVALIDATED_TAINT_KEY: &str = "gpuremediation.dev/unvalidated";
+
 /// Taint the controller adds while it remediates a node, on top of `unschedulable`.
 pub const REMEDIATION_TAINT_KEY: &str = "gpuremediation.dev/remediating";
 
@@ -141,6 +147,9 @@ pub mod template_placeholders {
 pub mod field_managers {
     /// The remediation controller.
     pub const CONTROLLER: &str = "gpu-remediator";
+    /// The controller's new-node validation, which applies the `GpuValidated` node condition
+    /// under a manager of its own so that it never drops the controller's other conditions.
+    pub const CONTROLLER_VALIDATION: &str = "gpu-remediator-validation";
     /// The node agent, which owns only its own node conditions.
     pub const AGENT: &str = "gpu-health-agent";
     /// The sandbox's simulated kubelets and fault injector.
@@ -155,6 +164,24 @@ pub mod node_conditions {
     /// `True` when the node carries a GPU (by serial) or is a host past its policy's
     /// `safety.repeatOffender` limit; written by the controller.
     pub const GPU_REPEAT_OFFENDER: &str = "GpuRepeatOffender";
+    /// A new node's validation (`spec.validation.newNodes`): `True` passed (its startup taint
+    /// lifted), `False` failed, lost or timed out (the taint stays for a person), `Unknown` while
+    /// its Job runs or waits for room; written by the controller.
+    pub const GPU_VALIDATED: &str = "GpuValidated";
+}
+
+/// Reasons on the `GpuValidated` node condition.
+pub mod validated_reasons {
+    /// The validation Job runs.
+    pub const RUNNING: &str = "ValidationRunning";
+    /// The validation waits: `newNodes.max` Jobs already run.
+    pub const QUEUED: &str = "ValidationQueued";
+    /// The validation Job completed: the startup taint is lifted.
+    pub const PASSED: &str = "ValidationPassed";
+    /// The validation Job failed, or was deleted before it reported.
+    pub const FAILED: &str = "ValidationFailed";
+    /// The validation Job reported nothing within `validation.timeout`.
+    pub const TIMED_OUT: &str = "ValidationTimedOut";
 }
 
 /// Reasons on the `GpuHealthy` node condition.
@@ -313,4 +340,8 @@ pub mod reasons {
     /// A node carries a repeat offender and `cordonOnJoin` says cordon it, but the policy's
     /// `cordonOnJoinMax` is reached: flagged and reported, not cordoned.
     pub const JOIN_CORDON_LIMITED: &str = "JoinCordonLimited";
+    /// A new node's validation Job passed: its startup taint is lifted.
+    pub const NEW_NODE_VALIDATED: &str = "NewNodeValidated";
+    /// A new node's validation Job failed, was lost or timed out: the node keeps its startup taint.
+    pub const NEW_NODE_VALIDATION_FAILED: &str = "NewNodeValidationFailed";
 }

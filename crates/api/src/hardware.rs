@@ -256,8 +256,10 @@ pub fn record_name(kind: HardwareKind, id: &str) -> String {
     }
 }
 
-/// FNV-1a, 64 bits: small and stable across builds and platforms (std's hasher is not).
-fn fnv1a(text: &str) -> u64 {
+/// FNV-1a, 64 bits: small and stable across builds and platforms (std's hasher is not), for
+/// names derived from identities.
+#[must_use]
+pub fn fnv1a(text: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in text.bytes() {
         hash ^= u64::from(byte);

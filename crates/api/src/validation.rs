@@ -32,6 +32,27 @@ pub struct Validation {
     /// How long the Job may run before it counts as failed (1s to 6h).
     #[serde(default = "default_timeout")]
     pub timeout: Duration,
+    /// Validate new nodes too, before they take work: a node this policy governs that registers
+    /// with the [`UNVALIDATED_TAINT_KEY`](crate::constants::UNVALIDATED_TAINT_KEY) taint (kubelet
+    /// `--register-with-taints`, Karpenter `startupTaints`) runs the same Job, and the controller
+    /// lifts that taint only when it passes. Unset: new nodes are not validated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_nodes: Option<NewNodes>,
+}
+
+/// How new nodes are validated (see [`Validation::new_nodes`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NewNodes {
+    /// At most this many new nodes' validation Jobs run at once (1 to 1000; default 1), oldest
+    /// node first; the others wait, and their `GpuValidated` condition says why.
+    #[serde(default = "default_new_nodes_max")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max: u32,
+}
+
+fn default_new_nodes_max() -> u32 {
+    1
 }
 
 fn default_timeout() -> Duration {
@@ -105,6 +126,7 @@ mod tests {
         let v = Validation {
             job: job(),
             timeout: Duration::from_mins(10),
+            new_nodes: None,
         };
         assert_eq!(check("spec.validation", &v), Vec::new());
     }
@@ -127,6 +149,7 @@ mod tests {
                 &Validation {
                     job,
                     timeout: Duration::from_mins(1),
+                    new_nodes: None,
                 },
             );
             assert_eq!(found.len(), 1, "{found:?}");
@@ -135,6 +158,7 @@ mod tests {
         let long = Validation {
             job: job(),
             timeout: Duration::from_hours(7),
+            new_nodes: None,
         };
         assert_eq!(
             check("spec.validation", &long)[0].field,

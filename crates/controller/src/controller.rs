@@ -237,6 +237,13 @@ async fn pass(
     if let Some(at) = plan.wake_at {
         next = next.min(at);
     }
+    // New nodes' validation Jobs are not watched: look again soon while one runs or waits.
+    if act::join_validation::polls(&policies, || ctx.caches.all_nodes()) {
+        next = next.min(crate::time::plus(
+            now,
+            crate::time::signed(act::join_validation::POLL),
+        ));
+    }
     // Quarantines first: stopping new placements is what a fresh signal waits for.
     for policy_plan in &mut plan.policies {
         if let Err(error) = act::quarantine::apply(ctx, policy_plan, &candidates).await {

@@ -3,7 +3,8 @@
 //! gain a failure (created, or replaced with the read's resourceVersion), the records past their
 //! retention (deleted), one `RepeatOffender` Event per remediation sent to the last rung, and the
 //! node steps of `join` (label, cordon and lifting the unchecked taint over one version of the node (`Writer::edit_node`), the
-//! `GpuRepeatOffender` condition by server-side apply of the node's status, an Event).
+//! `GpuRepeatOffender` condition by server-side apply of the node's status, an Event), then new
+//! nodes' validation (`act::join_validation`).
 //!
 //! A write that fails (a conflict, the record's watch behind) is made again on the next pass: the
 //! decisions are recomputed from the caches each time, so nothing is lost and nothing doubles.
@@ -159,6 +160,8 @@ pub async fn sync(
             tracing::warn!(?step, %error, "a hardware check of a node failed; next pass retries");
         }
     }
+    // New nodes' validation, after the hardware check: a node flagged at join is held either way.
+    super::join_validation::sync(ctx, policies, now).await;
 }
 
 /// Stamps when each serial newly listed in a node's inventory was first seen (whole seconds, like

@@ -8,12 +8,14 @@
 //! | [`quarantine`], [`quarantine_device`] | [`crate::quarantine::plan`]: node taints, `DeviceTaintRule`s |
 //! | [`out_of_service`] | [`crate::out_of_service`]: the out-of-service taint of dead nodes shut down |
 //! | [`hardware`] | the hardware ledger ([`crate::hardware`]): records, join steps |
+//! | [`join_validation`] | [`crate::hardware::join_validation`]: new nodes' validation Jobs, their startup taint |
 //! | [`replace`] | [`crate::replace`]'s builders: the Machine, NodeClaim or template written, then looked at |
 //! | [`undecodable`] | [`crate::observe::undecodable`]: Events and policy conditions on what does not decode |
 //! | [`remediation`] | [`crate::lifecycle::decide`]: one remediation's cordon, drain, ladder, replacement |
 
 pub mod admit;
 pub mod hardware;
+pub mod join_validation;
 pub mod out_of_service;
 pub mod quarantine;
 pub mod quarantine_device;

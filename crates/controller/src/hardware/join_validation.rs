@@ -1,11 +1,12 @@
 //! New nodes validated before they take work (issue 40), pure: a node that registers with the
-//! startup taint (kubelet `--register-with-taints`, Karpenter `startupTaints`, a Cluster API node
-//! template) takes no pod until that taint is gone, so a controller that has not seen it yet
-//! cannot race a workload onto it. For each such node this module decides the next step: start
-//! the policy's validation Job (bounded: at most `limit` at once, like quarantine's), wait for it
-//! (until its deadline), lift the taint when it passed, or hold the node (taint kept, reason said)
-//! when it failed, was lost or timed out. [`lift`] is the node edit the writer makes: only the
-//! startup taint goes, every other actor's taint stays.
+//! [`UNVALIDATED_TAINT_KEY`] taint (kubelet `--register-with-taints`, Karpenter `startupTaints`, a
+//! Cluster API node template) takes no pod until that taint is gone, so a controller that has not
+//! seen it yet cannot race a workload onto it. The policy that governs the node
+//! (`spec.validation.newNodes`) runs its validation Job there, and this module decides each next
+//! step: start the Job (bounded: at most `newNodes.max` at once per policy, oldest node first),
+//! wait for it (until its deadline), lift the taint when it passed, or hold the node (taint kept,
+//! reason said) when it failed, was lost or timed out. The node's `GpuValidated` condition, written
+//! by the controller, is what a person reads and what the next pass remembers ([`recorded`]).
 //!
 //! ```text
 //! tainted ─► no Job ─► room? ─► Start ─► Running ─► Complete ─────────────► Lift (taint removed)
@@ -13,17 +14,28 @@
 //!                                                └► past the timeout ─────► Hold (TimedOut)
 //! ```
 //!
-//! Not wired yet, so no policy reaches it: still to come are the policy field
-//! (`validation.newNodes`: the taint's key and the limit), the Job rendered for a node without a
-//! remediation, the start recorded on the node (so a lost Job reads as lost), the writer's calls
-//! from `act::hardware` beside `join`'s, the outcome's Event and status, and its e2e test.
+//! Nothing here lets a node's word release it: only the Job named after the node's UID
+//! ([`job_name`]), created by the controller and owned by the policy, can say `Complete`. A node
+//! that forges or removes its condition can only have itself validated again, or held. The writes
+//! are `act::join_validation`'s.
 
-use gpu_remediation_api::validation::ValidationOutcome;
+use std::sync::Arc;
+
+use gpu_remediation_api::{
+    GpuRemediationPolicy,
+    constants::{UNVALIDATED_TAINT_KEY, node_conditions::GPU_VALIDATED, validated_reasons},
+    hardware::fnv1a,
+    policy::Mode,
+    validation::{POD_LABEL, Validation, ValidationOutcome},
+};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
-use serde_json::Value;
+use kube::{Resource as _, ResourceExt as _};
+use serde_json::{Value, json};
 
-use crate::replace::{Reported, template::report};
+use crate::governance;
+use crate::lifecycle::node_job;
+use crate::replace::{Reported, template::report, template::substitute};
 
 /// A node's validation Job as last read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +53,8 @@ pub enum JobSeen {
     Failed,
     /// A Job was started for the node (recorded) but is gone before it reported.
     Lost,
+    /// An earlier pass held the node (its condition says so): nothing more to do or read.
+    Held,
 }
 
 /// What a node's validation Job says: `status` is the Job's status as read (`None` when no Job
@@ -161,6 +175,7 @@ pub fn steps(
                     "the new node's validation Job was deleted before it reported: the startup taint stays"
                         .to_owned(),
             },
+            JobSeen::Held => continue,
             JobSeen::None if running < limit => {
                 running += 1;
                 Step::Start { node }
@@ -172,6 +187,144 @@ pub fn steps(
         });
     }
     out
+}
+
+/// What the node's `GpuValidated` condition (the controller's) says earlier passes did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// No Job started (or the memory is gone: creating the Job again finds it).
+    Nothing,
+    /// A Job was started: read it.
+    Started,
+    /// The node was held: its validation failed, was lost or timed out.
+    Held,
+}
+
+/// What `node`'s `GpuValidated` condition records.
+#[must_use]
+pub fn recorded(node: &Node) -> Recorded {
+    let reason = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == GPU_VALIDATED))
+        .and_then(|c| c.reason.as_deref());
+    match reason {
+        Some(validated_reasons::RUNNING) => Recorded::Started,
+        Some(validated_reasons::FAILED | validated_reasons::TIMED_OUT) => Recorded::Held,
+        _ => Recorded::Nothing,
+    }
+}
+
+/// One policy's new nodes: those carrying [`UNVALIDATED_TAINT_KEY`] that it governs.
+#[derive(Debug)]
+pub struct Governed<'a> {
+    /// The policy.
+    pub policy: &'a Arc<GpuRemediationPolicy>,
+    /// Its validation, with `newNodes`.
+    pub validation: &'a Validation,
+    /// `newNodes.max`.
+    pub max: u32,
+    /// Its new nodes, not being deleted.
+    pub nodes: Vec<&'a Arc<Node>>,
+}
+
+/// Whether any policy validates new nodes (else no node need be looked at).
+#[must_use]
+pub fn any_policy(policies: &[Arc<GpuRemediationPolicy>]) -> bool {
+    policies.iter().any(|p| validating(p).is_some())
+}
+
+/// The policy's validation, when it validates new nodes: live, not `DryRun` (which changes no
+/// node), with `validation.newNodes`.
+fn validating(policy: &GpuRemediationPolicy) -> Option<(&Validation, u32)> {
+    if policy.metadata.deletion_timestamp.is_some() || policy.spec.mode == Mode::DryRun {
+        return None;
+    }
+    let validation = policy.spec.validation.as_ref()?;
+    Some((validation, validation.new_nodes.as_ref()?.max))
+}
+
+/// The new nodes of each policy that validates them. A node another policy governs (by priority,
+/// see `governance`) is that policy's, or nobody's when that one does not validate new nodes.
+#[must_use]
+pub fn governed<'a>(policies: &'a [Arc<GpuRemediationPolicy>], nodes: &'a [Arc<Node>]) -> Vec<Governed<'a>> {
+    let mut out: Vec<Governed<'a>> = policies
+        .iter()
+        .filter_map(|policy| {
+            validating(policy).map(|(validation, max)| Governed {
+                policy,
+                validation,
+                max,
+                nodes: Vec::new(),
+            })
+        })
+        .collect();
+    if out.is_empty() {
+        return out;
+    }
+    let claimants = governance::claimants(policies.iter());
+    for node in nodes {
+        if node.metadata.deletion_timestamp.is_some() || !has_taint(node, UNVALIDATED_TAINT_KEY) {
+            continue;
+        }
+        let Some(name) = governance::governing(node.labels(), &claimants) else {
+            continue;
+        };
+        if let Some(entry) = out
+            .iter_mut()
+            .find(|g| g.policy.metadata.name.as_deref() == Some(name))
+        {
+            entry.nodes.push(node);
+        }
+    }
+    out.retain(|g| !g.nodes.is_empty());
+    out
+}
+
+/// The suffix of a new node's validation Job name: one per node UID, so a node registered again
+/// under its name is validated again.
+const JOB_SUFFIX: &str = "-validate-new-";
+
+/// The name of the validation Job of the node `node` with UID `uid`: `<node>-validate-new-<hash>`,
+/// the node's name cut so the whole fits a Job name (63 characters).
+#[must_use]
+pub fn job_name(node: &str, uid: &str) -> String {
+    let hash = format!("{:08x}", fnv1a(uid) & 0xffff_ffff);
+    let room = node_job::JOB_NAME_MAX - JOB_SUFFIX.len() - hash.len();
+    let stem: String = node.chars().take(room).collect();
+    format!("{}{JOB_SUFFIX}{hash}", stem.trim_end_matches(['-', '.']))
+}
+
+/// The validation Job for the new node `node` (with UID `uid`) under `policy`: the policy's Job as
+/// a repaired node gets it (pinned, tolerating every taint, bounded, labelled for the sandbox),
+/// named [`job_name`] whatever the template says (a fixed name would serve one node only),
+/// `{{nodeName}}` rendered and `{{remediationName}}` the Job's own name (no remediation exists),
+/// and owned by the policy (removed with it). `None` for a policy whose identity is unknown.
+#[must_use]
+pub fn job_object(
+    validation: &Validation,
+    policy: &GpuRemediationPolicy,
+    node: &str,
+    uid: &str,
+) -> Option<Value> {
+    let policy_uid = policy.metadata.uid.as_deref()?;
+    let name = job_name(node, uid);
+    let mut template = validation.job.clone();
+    if let Some(metadata) = template.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.remove("name");
+        metadata.remove("generateName");
+    }
+    let job = node_job::job_object(&template, validation.timeout.as_std(), &name, "", POD_LABEL);
+    let mut job = substitute(&job, node, &name);
+    job["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": GpuRemediationPolicy::api_version(&()),
+        "kind": GpuRemediationPolicy::kind(&()),
+        "name": policy.name_any(),
+        "uid": policy_uid,
+        "controller": true,
+    }]);
+    Some(job)
 }
 
 /// Whether the node carries the startup taint `key`.
@@ -195,172 +348,5 @@ pub fn lift(node: &mut Node, key: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use k8s_openapi::api::core::v1::{NodeSpec, Taint};
-
-    use super::*;
-
-    const KEY: &str = "gpuremediation.dev/unvalidated";
-    const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
-
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
-
-    fn candidate(node: &str, joined: i64, job: JobSeen) -> Candidate {
-        Candidate {
-            node: node.to_owned(),
-            joined: at(joined),
-            job,
-        }
-    }
-
-    fn names(steps: &[Step], start: bool) -> Vec<String> {
-        steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::Start { node } if start => Some(node.clone()),
-                Step::Queued { node, .. } if !start => Some(node.clone()),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn at_most_limit_validations_run_at_once_oldest_nodes_first() {
-        let candidates = [
-            candidate("late", 30, JobSeen::None),
-            candidate("early", 10, JobSeen::None),
-            candidate("busy", 0, JobSeen::Running { since: at(5) }),
-            candidate("middle", 20, JobSeen::None),
-        ];
-        let steps = steps(&candidates, 3, TIMEOUT, at(60));
-        assert_eq!(names(&steps, true), ["early", "middle"]);
-        assert_eq!(names(&steps, false), ["late"]);
-        let Some(Step::Queued { message, .. }) = steps.iter().find(|s| matches!(s, Step::Queued { .. }))
-        else {
-            panic!("{steps:?}");
-        };
-        assert!(
-            message.contains("3 validation(s)") && message.contains("limit 3"),
-            "{message}"
-        );
-    }
-
-    #[test]
-    fn a_limit_of_zero_starts_nothing_and_says_so() {
-        let steps = steps(&[candidate("n", 0, JobSeen::None)], 0, TIMEOUT, at(1));
-        assert!(
-            matches!(&steps[..], [Step::Queued { node, .. }] if node == "n"),
-            "{steps:?}"
-        );
-    }
-
-    #[test]
-    fn a_passed_job_lifts_the_taint_and_frees_its_room() {
-        let candidates = [
-            candidate("done", 0, JobSeen::Complete),
-            candidate("next", 1, JobSeen::None),
-        ];
-        let steps = steps(&candidates, 1, TIMEOUT, at(60));
-        assert_eq!(
-            steps,
-            [
-                Step::Lift { node: "done".into() },
-                Step::Start { node: "next".into() }
-            ]
-        );
-    }
-
-    #[test]
-    fn a_running_job_waits_until_its_deadline_then_times_out() {
-        let running = [candidate("n", 0, JobSeen::Running { since: at(100) })];
-        assert_eq!(
-            steps(&running, 1, TIMEOUT, at(699)),
-            [Step::Wait {
-                node: "n".into(),
-                deadline: at(700)
-            }]
-        );
-        let late = steps(&running, 1, TIMEOUT, at(700));
-        assert!(
-            matches!(&late[..], [Step::Hold { outcome: ValidationOutcome::TimedOut, message, .. }] if message.contains("600s")),
-            "{late:?}"
-        );
-    }
-
-    #[test]
-    fn a_failed_or_lost_job_holds_the_node_and_takes_no_room() {
-        let candidates = [
-            candidate("broken", 0, JobSeen::Failed),
-            candidate("gone", 1, JobSeen::Lost),
-            candidate("next", 2, JobSeen::None),
-        ];
-        let steps = steps(&candidates, 1, TIMEOUT, at(60));
-        assert!(
-            matches!(&steps[0], Step::Hold { node, outcome: ValidationOutcome::Failed, .. } if node == "broken")
-        );
-        assert!(
-            matches!(&steps[1], Step::Hold { node, outcome: ValidationOutcome::Failed, message } if node == "gone" && message.contains("deleted"))
-        );
-        assert_eq!(steps[2], Step::Start { node: "next".into() });
-    }
-
-    #[test]
-    fn a_jobs_status_reads_as_running_complete_failed_or_lost() {
-        let created = at(3);
-        let complete = serde_json::json!({"conditions": [{"type": "Complete", "status": "True"}]});
-        let failed = serde_json::json!({"conditions": [{"type": "Failed", "status": "True", "message": "BackoffLimitExceeded"}]});
-        let active = serde_json::json!({"active": 1});
-        assert_eq!(seen(Some((Some(&complete), created)), true), JobSeen::Complete);
-        assert_eq!(seen(Some((Some(&failed), created)), true), JobSeen::Failed);
-        assert_eq!(
-            seen(Some((Some(&active), created)), true),
-            JobSeen::Running { since: created }
-        );
-        assert_eq!(
-            seen(Some((None, created)), false),
-            JobSeen::Running { since: created }
-        );
-        assert_eq!(seen(None, true), JobSeen::Lost);
-        assert_eq!(seen(None, false), JobSeen::None);
-    }
-
-    fn taint(key: &str) -> Taint {
-        Taint {
-            key: key.to_owned(),
-            effect: "NoSchedule".to_owned(),
-            ..Taint::default()
-        }
-    }
-
-    #[test]
-    fn lifting_removes_only_the_startup_taint() {
-        let mut node = Node {
-            spec: Some(NodeSpec {
-                taints: Some(vec![
-                    taint("other.example/keep"),
-                    taint(KEY),
-                    taint("karpenter.sh/disrupted"),
-                ]),
-                ..NodeSpec::default()
-            }),
-            ..Node::default()
-        };
-        assert!(has_taint(&node, KEY));
-        assert!(lift(&mut node, KEY));
-        assert!(!has_taint(&node, KEY));
-        let kept: Vec<_> = node
-            .spec
-            .unwrap()
-            .taints
-            .unwrap()
-            .into_iter()
-            .map(|t| t.key)
-            .collect();
-        assert_eq!(kept, ["other.example/keep", "karpenter.sh/disrupted"]);
-        let mut bare = Node::default();
-        assert!(!lift(&mut bare, KEY));
-        assert!(!has_taint(&bare, KEY));
-    }
-}
+#[path = "join_validation_tests.rs"]
+mod tests;

@@ -17,6 +17,7 @@ fn rules(validation: bool) -> PolicySnapshot {
                 "spec": {"template": {"spec": {"containers": [{"name": "diag", "image": "dcgm"}],
                     "tolerations": [{"key": "a", "operator": "Exists"}]}}}}),
             timeout: gpu_remediation_api::Duration::from_secs(60),
+            new_nodes: None,
         }),
         diagnostics: None,
     }

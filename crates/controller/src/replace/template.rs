@@ -142,7 +142,9 @@ fn string_field(fields: &Map<String, Value>, field: &'static str) -> Result<Stri
     }
 }
 
-fn substitute(value: &Value, node_name: &str, remediation_name: &str) -> Value {
+/// `value` with `{{nodeName}}` and `{{remediationName}}` replaced in every string.
+#[must_use]
+pub fn substitute(value: &Value, node_name: &str, remediation_name: &str) -> Value {
     match value {
         Value::String(text) => Value::String(
             text.replace(NODE_NAME_PLACEHOLDER, node_name)

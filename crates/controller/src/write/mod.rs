@@ -223,6 +223,13 @@ fn apply_params() -> PatchParams {
     PatchParams::apply(gpu_remediation_api::constants::field_managers::CONTROLLER).force()
 }
 
+/// The server-side apply parameters of one of the controller's own field managers (see
+/// [`Writer::apply_status_as`]).
+#[must_use]
+pub fn apply_params_of(manager: &str) -> PatchParams {
+    PatchParams::apply(manager).force()
+}
+
 impl Writer {
     /// Builds the two clients from one configuration; `overlays` are the caches' (see
     /// [`crate::observe::Caches::start`]), `metrics` where the outcomes are counted.
@@ -415,6 +422,21 @@ impl Writer {
         resource_version: Option<&str>,
         status: Value,
     ) -> Result<K, WriteError> {
+        self.apply_status_as(kind, name, resource_version, status, &apply_params())
+            .await
+    }
+
+    /// [`Self::apply_status`] under `manager`'s field manager instead of the controller's: for a
+    /// part of a status the controller applies on its own (one node condition), so that applying
+    /// it never drops the fields the controller's other applies own.
+    pub async fn apply_status_as<K: Writable>(
+        &self,
+        kind: &K::DynamicType,
+        name: &str,
+        resource_version: Option<&str>,
+        status: Value,
+        params: &PatchParams,
+    ) -> Result<K, WriteError> {
         let api: Api<K> = api(&self.client, Scope::Cluster, kind);
         let resource = K::plural(kind).into_owned();
         let mut status = status;
@@ -442,10 +464,7 @@ impl Writer {
                 if let Some(version) = resource_version {
                     patch["metadata"] = json!({"resourceVersion": version});
                 }
-                async move {
-                    api.patch_status(name, &apply_params(), &Patch::Apply(&patch))
-                        .await
-                }
+                async move { api.patch_status(name, params, &Patch::Apply(&patch)).await }
             })
             .await?;
         Self::keep(&mut applied);
