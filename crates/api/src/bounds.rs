@@ -20,6 +20,8 @@ pub const FAILURE_DOMAINS_MAX: u64 = 8;
 pub const RATE_LIMIT_MAX: u32 = 10_000;
 /// The most remediations of one node `maxAttemptsPerNode.count` may allow per window.
 pub const ATTEMPTS_MAX: u32 = 100;
+/// The most new nodes a policy may validate at once (`validation.newNodes.max`).
+pub const NEW_NODES_MAX: u32 = 1000;
 /// The longest grace period an eviction may ask for: a day.
 pub const GRACE_PERIOD_MAX_SECONDS: i64 = 86_400;
 /// The most any count in a status may be (nodes, pods, remediations): a million.

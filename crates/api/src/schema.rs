@@ -272,7 +272,7 @@ const fn wide(value: u32) -> i64 {
 
 /// Every integer field with a range in CEL, by its path in the policy (a `[]` for each list): the
 /// one table [`add_ranges`] writes the rules from, and the bounds test reads.
-const RANGES: [(&str, Range); 8] = [
+const RANGES: [(&str, Range); 9] = [
     ("spec.safety.maxUnhealthyCount", COUNT),
     ("spec.safety.suspect.minFailures", COUNT),
     ("spec.safety.failureDomains[].maxUnhealthyCount", COUNT),
@@ -302,6 +302,15 @@ const RANGES: [(&str, Range); 8] = [
             min_message: messages::OFFENDER_FAILURES,
             max: wide(bounds::ATTEMPTS_MAX),
             max_message: messages::OFFENDER_FAILURES_MAX,
+        },
+    ),
+    (
+        "spec.validation.newNodes.max",
+        Range {
+            min: 1,
+            min_message: messages::NEW_NODES_MAX,
+            max: wide(bounds::NEW_NODES_MAX),
+            max_message: messages::NEW_NODES_MAX_ABOVE,
         },
     ),
     (
@@ -386,6 +395,11 @@ pub(crate) fn attempts(schema: &mut Schema) {
 pub(crate) fn repeat_offender(schema: &mut Schema) {
     make_positive(schema, "window");
     add_ranges(schema, "spec.safety.repeatOffender");
+}
+
+/// `validation.newNodes`: `max` from 1 to `bounds::NEW_NODES_MAX`.
+pub(crate) fn new_nodes(schema: &mut Schema) {
+    add_ranges(schema, "spec.validation.newNodes");
 }
 
 /// `drain`: a positive timeout, a non-negative grace period, zero only when explicitly allowed.

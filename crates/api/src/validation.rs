@@ -43,11 +43,11 @@ pub struct Validation {
 /// How new nodes are validated (see [`Validation::new_nodes`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::new_nodes)]
 pub struct NewNodes {
     /// At most this many new nodes' validation Jobs run at once (1 to 1000; default 1), oldest
     /// node first; the others wait, and their `GpuValidated` condition says why.
     #[serde(default = "default_new_nodes_max")]
-    #[schemars(range(min = 1, max = 1000))]
     pub max: u32,
 }
 
@@ -85,13 +85,22 @@ pub type ValidationRecord = crate::node_job::JobRecord<ValidationOutcome>;
 /// The rules `validation` breaks (`field` is where it sits, e.g. `spec.validation`).
 #[must_use]
 pub fn check(field: &str, validation: &Validation) -> Vec<Violation> {
-    crate::node_job::check(
+    let mut out = crate::node_job::check(
         field,
         &validation.job,
         validation.timeout.as_std(),
         TIMEOUT_MAX,
         (TIMEOUT_MESSAGE, JOB_MESSAGE),
-    )
+    );
+    if let Some(new_nodes) = &validation.new_nodes {
+        let at = format!("{field}.newNodes.max");
+        if new_nodes.max < 1 {
+            out.push(Violation::new(at, crate::schema::messages::NEW_NODES_MAX));
+        } else if new_nodes.max > crate::bounds::NEW_NODES_MAX {
+            out.push(Violation::new(at, crate::schema::messages::NEW_NODES_MAX_ABOVE));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -110,6 +119,7 @@ mod tests {
         let sample: Validation =
             serde_yaml::from_str(include_str!("../../../config/validation/dcgm-diag.yaml")).unwrap();
         assert_eq!(check("validation", &sample), Vec::new());
+        assert_eq!(sample.new_nodes.as_ref().map(|n| n.max), Some(2));
         let policy: crate::GpuRemediationPolicy =
             serde_yaml::from_str(include_str!("../../../config/policy-ladder.yaml")).unwrap();
         assert_eq!(crate::validate::validate_spec(&policy.spec), Vec::new());
@@ -119,6 +129,20 @@ mod tests {
             serde_yaml::from_str(include_str!("../../../config/validation/nccl-all-reduce.yaml")).unwrap();
         assert_eq!(check("validation", &nccl), Vec::new());
         assert!(nccl.job["spec"].to_string().contains("all_reduce_perf"));
+    }
+
+    #[test]
+    fn new_nodes_default_to_one_at_a_time_and_must_be_from_1_to_1000() {
+        let parsed: Validation = serde_json::from_value(json!({"job": job(), "newNodes": {}})).unwrap();
+        assert_eq!(parsed.new_nodes.as_ref().map(|n| n.max), Some(1));
+        assert_eq!(check("spec.validation", &parsed), Vec::new());
+        for max in [0, 1001] {
+            let mut bad = parsed.clone();
+            bad.new_nodes = Some(NewNodes { max });
+            let found = check("spec.validation", &bad);
+            assert_eq!(found.len(), 1, "{found:?}");
+            assert_eq!(found[0].field, "spec.validation.newNodes.max");
+        }
     }
 
     #[test]

@@ -25,6 +25,10 @@ pub const ATTEMPTS_COUNT: &str = "maxAttemptsPerNode.count must be at least 1: i
 pub const OFFENDER_FAILURES: &str = "repeatOffender.failures must be at least 1: how many earlier failures of one GPU or host within the window make it a repeat offender";
 /// `repeatOffender.failures` above `bounds::ATTEMPTS_MAX`.
 pub const OFFENDER_FAILURES_MAX: &str = "repeatOffender.failures must be at most 100";
+/// `validation.newNodes.max` of 0.
+pub const NEW_NODES_MAX: &str = "validation.newNodes.max must be at least 1: how many new nodes are validated at once (leave newNodes unset to validate none)";
+/// `validation.newNodes.max` above `bounds::NEW_NODES_MAX`.
+pub const NEW_NODES_MAX_ABOVE: &str = "validation.newNodes.max must be at most 1000";
 /// A negative grace period.
 pub const GRACE_PERIOD: &str =
     "gracePeriodSeconds must be zero or more (leave it unset to use each pod's own grace period)";

@@ -178,7 +178,13 @@ mod wiring {
 
     use super::super::*;
 
-    fn policy(name: &str, priority: i32, selector: &str, new_nodes: bool, mode: &str) -> Arc<GpuRemediationPolicy> {
+    fn policy(
+        name: &str,
+        priority: i32,
+        selector: &str,
+        new_nodes: bool,
+        mode: &str,
+    ) -> Arc<GpuRemediationPolicy> {
         let mut validation = json!({
             "job": {"apiVersion": "batch/v1", "kind": "Job",
                     "metadata": {"name": "fixed", "namespace": "ops", "labels": {"team": "gpu"}},
@@ -318,8 +324,16 @@ mod wiring {
     fn the_job_is_named_after_the_node_s_uid_and_fits_a_job_name() {
         let short = job_name("gpu-1", "uid-1");
         assert!(short.starts_with("gpu-1-validate-new-"), "{short}");
-        assert_ne!(short, job_name("gpu-1", "uid-2"), "a node registered again is validated again");
-        assert_eq!(short, job_name("gpu-1", "uid-1"), "stable across passes and restarts");
+        assert_ne!(
+            short,
+            job_name("gpu-1", "uid-2"),
+            "a node registered again is validated again"
+        );
+        assert_eq!(
+            short,
+            job_name("gpu-1", "uid-1"),
+            "stable across passes and restarts"
+        );
         let long = job_name(&"n".repeat(253), "uid");
         assert_eq!(long.len(), crate::lifecycle::node_job::JOB_NAME_MAX, "{long}");
         assert!(!job_name(&format!("{}-.x", "a".repeat(34)), "u").contains("-.-"));
@@ -331,7 +345,11 @@ mod wiring {
         let validation = policy.spec.validation.as_ref().unwrap();
         let job = job_object(validation, &policy, "gpu-1", "uid-1").unwrap();
         let name = job_name("gpu-1", "uid-1");
-        assert_eq!(job["metadata"]["name"], json!(name), "the template's fixed name is not kept");
+        assert_eq!(
+            job["metadata"]["name"],
+            json!(name),
+            "the template's fixed name is not kept"
+        );
         assert_eq!(job["metadata"]["namespace"], json!("ops"));
         assert_eq!(job["metadata"]["labels"]["team"], json!("gpu"));
         let pod = &job["spec"]["template"];
