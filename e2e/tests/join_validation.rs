@@ -5,7 +5,9 @@
 //! (kube-controller-manager's job controller; the sandbox's simulated kubelet finishes the pod from
 //! the node's simulated GPU), at most `max` at once. The taint is lifted only when the Job passed:
 //! a pod waiting for the node is scheduled after the Job completed, never before; a node whose GPU
-//! is broken keeps its taint, says why (`GpuValidated=False`, an Event) and takes no pod.
+//! is broken keeps its taint, says why (`GpuValidated=False`, an Event) and takes no pod. The
+//! shipped `config/validation/dcgm-diag.yaml`, as shipped, validates a joining node in the
+//! controller's namespace.
 
 mod common;
 mod scenario;
@@ -272,5 +274,59 @@ async fn a_joining_node_whose_gpu_is_broken_fails_validation_keeps_its_taint_say
         1,
         "the Warning is given once"
     );
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn the_shipped_dcgm_sample_as_shipped_validates_a_joining_node_in_the_controllers_namespace() {
+    let sample: serde_json::Value =
+        serde_yaml::from_str(&common::repo_file("config/validation/dcgm-diag.yaml")).unwrap();
+    assert!(sample.get("newNodes").is_some(), "the sample validates new nodes");
+    let s = Scenario::new(1).await;
+    let namespace =
+        gpu_sandbox::demo::install::parse_documents(&common::repo_file("manifests/namespace.yaml")).unwrap();
+    gpu_sandbox::demo::install::apply(&s.client, &namespace)
+        .await
+        .unwrap();
+    s.policy(json!({"validation": sample})).await;
+    let controller = RunningController::start(&s.scope).await;
+    let joining = gpu_sandbox::fleet::node::node_name(s.fleet.name(), 1);
+    s.fleet
+        .add_nodes_prepared(1, &|node| unvalidated(node, false))
+        .await
+        .unwrap();
+    let node = eventually("the joining node validated", Duration::from_secs(90), || async {
+        let node = s.node(&joining).await;
+        (!has_startup_taint(&node)).then_some(node)
+    })
+    .await;
+    let (status, reason, message) = validated(&node).expect("a GpuValidated condition");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", validated_reasons::PASSED)
+    );
+    assert!(message.contains("gpu-remediation/"), "{message}");
+    let job = Api::<Job>::namespaced(s.client.clone(), "gpu-remediation")
+        .get(&gpu_remediator::hardware::join_validation::job_name(
+            &joining,
+            node.metadata.uid.as_deref().unwrap(),
+        ))
+        .await
+        .unwrap();
+    let pod = job
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+        .unwrap();
+    assert!(
+        pod.containers[0]
+            .args
+            .clone()
+            .unwrap_or_default()
+            .join(" ")
+            .contains("dcgmi diag -r 2"),
+        "{pod:?}"
+    );
+    assert_eq!(job.status.and_then(|status| status.succeeded), Some(1));
     controller.stop().await;
 }
