@@ -24,6 +24,8 @@ pub const ATTEMPTS_MAX: u32 = 100;
 pub const NEW_NODES_MAX: u32 = 1000;
 /// The longest grace period an eviction may ask for: a day.
 pub const GRACE_PERIOD_MAX_SECONDS: i64 = 86_400;
+/// The most label keys `drain.gangLabels` may list.
+pub const GANG_LABELS_MAX: usize = 16;
 /// The most any count in a status may be (nodes, pods, remediations): a million.
 pub const STATUS_COUNT_MAX: u32 = 1_000_000;
 /// The longest list any field may hold.

@@ -263,6 +263,27 @@ pub struct Drain {
     /// bound for an unreachable node, `kubectl drain --skip-wait-for-delete-timeout`).
     #[serde(default = "default_unreachable_after")]
     pub unreachable_after: Duration,
+    /// How the members of a gang (the pods of one distributed job: a `JobSet`, a Kubeflow
+    /// training job, a `LeaderWorkerSet` group, a `PodGroup`, a Kueue pod group, an indexed `Job`)
+    /// on other nodes are treated when a node holding one of them is drained.
+    #[serde(default)]
+    pub gangs: GangDrain,
+    /// Label keys that also name a gang, besides the well-known ones: pods of one namespace with
+    /// the same value under one of these keys are one gang. At most 16 label keys.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gang_labels: Vec<String>,
+}
+
+/// What a drain does with the members of a gang on other nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum GangDrain {
+    /// Only the drained node's pods leave; the gang's other members stay where they are.
+    #[default]
+    Members,
+    /// The gang's members on other nodes are evicted too (through the Eviction API, under their
+    /// budgets), so its job controller restarts the job at once instead of after its collective
+    /// timeout. Those nodes are never cordoned and count against no budget of ours.
+    Together,
 }
 
 impl Default for Drain {
@@ -273,6 +294,8 @@ impl Default for Drain {
             grace_period_seconds: None,
             allow_zero_grace_period: false,
             unreachable_after: default_unreachable_after(),
+            gangs: GangDrain::default(),
+            gang_labels: Vec::new(),
         }
     }
 }

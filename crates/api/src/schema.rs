@@ -425,6 +425,17 @@ pub(crate) fn drain(schema: &mut Schema) {
             messages::DRAIN_UNREACHABLE_AFTER,
         )],
     );
+    let gang_labels = property(schema, "gangLabels");
+    gang_labels.insert("maxItems".into(), bounds::GANG_LABELS_MAX.into());
+    gang_labels.insert("x-kubernetes-list-type".into(), "set".into());
+    items(gang_labels).insert("maxLength".into(), LABEL_KEY_MAX_LENGTH.into());
+    add_rules(
+        gang_labels,
+        [rule(
+            format!("self.all(k, k.matches('{LABEL_KEY_REGEX}'))"),
+            &format!("every gang label {}", messages::LABEL_KEY),
+        )],
+    );
 }
 
 /// `release`: a positive healthy period.

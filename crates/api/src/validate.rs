@@ -163,6 +163,7 @@ pub fn validate_spec(spec: &GpuRemediationPolicySpec) -> Vec<Violation> {
         check_int_or_percent("spec.quarantine.max", max, &mut out);
     }
     check_bounded_durations(spec, &mut out);
+    check_gang_labels(&spec.drain.gang_labels, &mut out);
     if let Some(offender) = &safety.repeat_offender {
         check_positive("spec.safety.repeatOffender.window", offender.window, &mut out);
         if let Some(max) = &offender.cordon_on_join_max {
@@ -193,6 +194,20 @@ fn check_bounded_durations(spec: &GpuRemediationPolicySpec, out: &mut Vec<Violat
         out.push(Violation::new(
             "spec.drain.unreachableAfter",
             messages::DRAIN_UNREACHABLE_AFTER,
+        ));
+    }
+}
+
+/// `drain.gangLabels`: at most [`bounds::GANG_LABELS_MAX`] label keys.
+fn check_gang_labels(keys: &[String], out: &mut Vec<Violation>) {
+    let field = "spec.drain.gangLabels";
+    if keys.len() > bounds::GANG_LABELS_MAX {
+        out.push(Violation::new(field, messages::GANG_LABELS_MAX));
+    }
+    for key in keys.iter().filter(|k| !is_qualified_name(k)) {
+        out.push(Violation::new(
+            field,
+            format!("every gang label {} ({key:?} is not)", messages::LABEL_KEY),
         ));
     }
 }

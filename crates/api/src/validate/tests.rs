@@ -219,3 +219,27 @@ fn selector_operators_take_values_exactly_when_they_compare_them() {
         ]
     );
 }
+
+#[test]
+fn drain_gangs_default_to_members_and_parse_together_with_bounded_label_keys() {
+    assert_eq!(spec().drain.gangs, crate::policy::GangDrain::Members);
+    let together: GpuRemediationPolicySpec = serde_json::from_value(json!({
+        "triggers": [{"conditionType": "GpuHealthy", "status": "False"}],
+        "drain": {"gangs": "Together", "gangLabels": ["example.com/gang"]},
+    }))
+    .unwrap();
+    assert_eq!(together.drain.gangs, crate::policy::GangDrain::Together);
+    assert_eq!(validate_spec(&together), vec![]);
+    let mut spec = together;
+    spec.drain.gang_labels = vec!["example.com/gang".into(), "not a key".into()];
+    let violations = validate_spec(&spec);
+    assert_eq!(fields(&violations), ["spec.drain.gangLabels"]);
+    assert!(violations[0].message.contains("\"not a key\""), "{violations:?}");
+    spec.drain.gang_labels = (0..=bounds::GANG_LABELS_MAX)
+        .map(|i| format!("example.com/gang-{i}"))
+        .collect();
+    assert_eq!(
+        validate_spec(&spec),
+        vec![Violation::new("spec.drain.gangLabels", messages::GANG_LABELS_MAX)]
+    );
+}

@@ -133,6 +133,7 @@ pub(super) fn rules(setup: &Setup) -> PolicySnapshot {
             grace_period_seconds: setup.grace,
             allow_zero_grace_period: setup.allow_zero,
             unreachable_after: gpu_remediation_api::Duration::from_mins(5),
+            ..Drain::default()
         },
         replacement: Replacement {
             strategy: setup.strategy,
