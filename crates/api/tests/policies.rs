@@ -49,6 +49,8 @@ const REFUSED_BY_STRUCTURE_NOT_CEL: &[(&str, &str)] = &[
         "pruning, refused under strict field validation",
     ),
     ("33-priority-out-of-range.yaml", "maximum"),
+    ("98-drain-gangs-not-enum.yaml", "enum"),
+    ("99-drain-gang-labels-too-many.yaml", "maxItems"),
 ];
 
 struct Fixture {

@@ -63,17 +63,7 @@ pub const JOB_NAME: &str = "batch.kubernetes.io/job-name";
 /// The `Job` controller's annotation on the pods of an indexed `Job`.
 pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 
-/// What a drain does with the members of a gang on other nodes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GangDrain {
-    /// Only the drained node's pods leave; the gang's other members stay where they are.
-    #[default]
-    Members,
-    /// The gang's members on other nodes are evicted too (through the Eviction API, under their
-    /// budgets), so its job controller restarts the job at once instead of after its collective
-    /// timeout. Those nodes are never cordoned and count against no budget of ours.
-    Together,
-}
+pub use gpu_remediation_api::policy::GangDrain;
 
 /// Which controller (or policy key) makes a gang.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
