@@ -11,6 +11,7 @@ pub mod correlated;
 pub mod crds;
 pub mod diagnostics;
 pub mod duration;
+pub mod gangs;
 pub mod gpu_pods;
 pub mod hardware;
 pub mod ladder;

@@ -309,6 +309,12 @@ pub struct DrainStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub scope: Option<String>,
+    /// The gangs (pods of one distributed job across nodes) this drain touched, recorded when it
+    /// first acted: their members' nodes, and under `drain.gangs: Together` the members on other
+    /// nodes evicted with the node's own pods (the first 8 gangs, 64 members in all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub gangs: Vec<crate::gangs::GangRecord>,
 }
 
 /// A pod whose eviction is refused.

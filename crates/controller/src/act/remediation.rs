@@ -36,6 +36,7 @@ use crate::{
 
 mod asks;
 mod evictions;
+mod gang_drain;
 mod ladder;
 mod settle;
 #[cfg(test)]
@@ -67,6 +68,17 @@ pub enum AdvanceRemediationError {
     ListPods {
         /// The node.
         node: String,
+        /// What went wrong.
+        #[source]
+        source: kube::Error,
+    },
+    /// Listing the members of a gang the drain touches failed.
+    #[error("listing the gang members {selector:?} in namespace {namespace} failed: {source}")]
+    ListGang {
+        /// Their namespace.
+        namespace: String,
+        /// The label selector (empty: the namespace's pods).
+        selector: String,
         /// What went wrong.
         #[source]
         source: kube::Error,
@@ -246,7 +258,7 @@ async fn step(
     let status = remediation.status.clone().unwrap_or_default();
     let node = ctx.caches.node(&remediation.spec.node_name);
     let since = remediation.spec.trigger.since.as_ref().map(|t| t.0);
-    let (pods, leaked, drain_scope) = if needs_pods(remediation, &status) {
+    let (pods, leaked, drain_scope, gangs) = if needs_pods(remediation, &status) {
         let (plan, leaked, listed) = list_plan(ctx, &remediation.spec.node_name, since).await?;
         let reset =
             rules.and_then(|rules| lifecycle::ladder_evidence::reset_scope(remediation, rules, &status));
@@ -257,9 +269,18 @@ async fn step(
             }
             None => (plan, None),
         };
-        (Some(plan), leaked, scope)
+        // The gangs it touches, recorded when it first acts; under `Together`, their members
+        // elsewhere join the plan.
+        let (plan, gangs) = match rules {
+            Some(rules) => {
+                let recorded = status.drain.as_ref().map_or(&[][..], |d| d.gangs.as_slice());
+                gang_drain::widen(ctx, &remediation.spec.node_name, rules, recorded, plan, &listed).await?
+            }
+            None => (plan, Vec::new()),
+        };
+        (Some(plan), leaked, scope, gangs)
     } else {
-        (None, None, None)
+        (None, None, None, Vec::new())
     };
     let step = rules.and_then(|rules| lifecycle::ladder::looked_at(&status, rules));
     let replacement = match (&status.replacement, rules) {
@@ -341,6 +362,7 @@ async fn step(
                 node: node.as_deref(),
                 pods: pods.as_ref(),
                 drain_scope: drain_scope.as_deref(),
+                gangs: &gangs,
                 budgets: &budgets,
                 in_flight: &in_flight,
                 asked_at: &asked_at,

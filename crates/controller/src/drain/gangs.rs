@@ -1,12 +1,11 @@
 //! Gangs: the pods of one distributed job across nodes, and what a drain does with a gang's
 //! members on other nodes ([`GangDrain`]). Pure.
 //!
-//! Not wired yet (issue 42): no policy field selects [`GangDrain`] and nothing calls [`plan`]. A
-//! field a user could set before the acting layer evicts the other members would promise what the
-//! controller does not do, so `spec.drain.gangs` and `spec.drain.gangLabels` land with that layer:
-//! reading the members across nodes (a labelled list per key), evicting the recorded ones through
-//! the writer's typed Eviction under their budgets, recording them in the remediation's status, and
-//! its e2e test.
+//! The acting layer (`act::remediation::gang_drain`) lists a touched gang's members by
+//! [`selector`], records the gangs when the drain first acts ([`records`], the remediation's
+//! `status.drain.gangs`), and under `Together` puts the recorded members on other nodes
+//! ([`recorded_members`]) into the drain's plan: they are evicted like the node's own pods,
+//! through the Eviction API under their budgets, and the drain ends when they are gone too.
 //!
 //! A pod belongs to a gang when it carries one of the well-known keys of a gang controller, or a
 //! label key the policy adds (to be `spec.drain.gangLabels`); pods of one namespace with the same kind
@@ -36,6 +35,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use gpu_remediation_api::gangs::{GANGS_MAX, GangMember, GangRecord, MEMBERS_MAX, NODES_MAX};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
@@ -264,6 +264,89 @@ pub fn plan(node: &str, evicted: &[Leaving], pods: &[Pod], extra: &[String], cho
         (&a.node, &a.pod.namespace, &a.pod.name).cmp(&(&b.node, &b.pod.namespace, &b.pod.name))
     });
     out
+}
+
+/// The label selector that lists `gang`'s members in its namespace; `None` for a Volcano group
+/// (named by an annotation: the namespace's pods are read and each one's gang looked at).
+#[must_use]
+pub fn selector(gang: &Gang) -> Option<String> {
+    let name = &gang.name;
+    match &gang.kind {
+        Kind::JobSet => Some(format!("{JOBSET}={name}")),
+        Kind::TrainingJob => Some(format!("{TRAINING}={name}")),
+        Kind::LeaderWorkerSet => {
+            let (set, group) = name.rsplit_once('/')?;
+            Some(format!("{LWS_NAME}={set},{LWS_GROUP}={group}"))
+        }
+        Kind::PodGroup => Some(format!("{POD_GROUP}={name}")),
+        Kind::VolcanoPodGroup => None,
+        Kind::KueuePodGroup => Some(format!("{KUEUE_GROUP}={name}")),
+        Kind::Label(key) => Some(format!("{key}={name}")),
+        Kind::IndexedJob => Some(format!("{JOB_NAME}={name}")),
+    }
+}
+
+/// What a drain records of `plan` (`status.drain.gangs`): the first [`GANGS_MAX`] gangs it
+/// touches, each with its members' nodes and, under `Together`, its members on other nodes, at
+/// most [`MEMBERS_MAX`] over all gangs (the others counted in `leftOut`, never evicted).
+#[must_use]
+pub fn records(plan: &GangPlan) -> Vec<GangRecord> {
+    let mut room = MEMBERS_MAX;
+    plan.touched
+        .iter()
+        .take(GANGS_MAX)
+        .map(|touched| {
+            let elsewhere: Vec<&Member> = plan
+                .elsewhere
+                .iter()
+                .filter(|(_, gang)| *gang == touched.gang)
+                .map(|(member, _)| member)
+                .collect();
+            let kept = elsewhere.len().min(room);
+            room -= kept;
+            GangRecord {
+                gang: touched.gang.to_string(),
+                namespace: touched.gang.namespace.clone(),
+                selector: selector(&touched.gang),
+                nodes: touched
+                    .nodes()
+                    .into_iter()
+                    .filter(|n| !n.is_empty())
+                    .take(NODES_MAX)
+                    .map(str::to_owned)
+                    .collect(),
+                evicted: elsewhere
+                    .iter()
+                    .take(kept)
+                    .map(|m| GangMember {
+                        pod: m.pod.key(),
+                        uid: m.pod.uid.clone(),
+                        node: m.node.clone(),
+                    })
+                    .collect(),
+                left_out: u32::try_from(elsewhere.len() - kept).unwrap_or(u32::MAX),
+            }
+        })
+        .collect()
+}
+
+/// The pods among `pods` that `records` names as members to evict (by UID, whatever their name
+/// now), as the drain evicts them.
+#[must_use]
+pub fn recorded_members(records: &[GangRecord], pods: &[Pod]) -> Vec<Leaving> {
+    let uids: BTreeSet<&str> = records
+        .iter()
+        .flat_map(|r| &r.evicted)
+        .map(|m| m.uid.as_str())
+        .collect();
+    let mut seen = BTreeSet::new();
+    pods.iter()
+        .filter(|pod| {
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            uids.contains(uid) && seen.insert(uid.to_owned())
+        })
+        .map(leaving)
+        .collect()
 }
 
 #[cfg(test)]

@@ -260,3 +260,104 @@ fn unscheduled_members_are_named_but_not_evicted_elsewhere() {
     assert_eq!(plan.touched[0].members.len(), 5);
     assert_eq!(plan.elsewhere.len(), 3);
 }
+
+#[test]
+fn each_gang_kind_is_listed_by_its_own_label_selector_and_volcano_by_reading_the_namespace() {
+    let cases = [
+        (
+            gang(Kind::JobSet, "llm"),
+            Some("jobset.sigs.k8s.io/jobset-name=llm"),
+        ),
+        (
+            gang(Kind::TrainingJob, "pt"),
+            Some("training.kubeflow.org/job-name=pt"),
+        ),
+        (
+            gang(Kind::LeaderWorkerSet, "serve/2"),
+            Some("leaderworkerset.sigs.k8s.io/name=serve,leaderworkerset.sigs.k8s.io/group-index=2"),
+        ),
+        (
+            gang(Kind::PodGroup, "pg"),
+            Some("scheduling.x-k8s.io/pod-group=pg"),
+        ),
+        (gang(Kind::VolcanoPodGroup, "vg"), None),
+        (
+            gang(Kind::KueuePodGroup, "kg"),
+            Some("kueue.x-k8s.io/pod-group-name=kg"),
+        ),
+        (
+            gang(Kind::Label("example.com/gang".into()), "g"),
+            Some("example.com/gang=g"),
+        ),
+        (
+            gang(Kind::IndexedJob, "train"),
+            Some("batch.kubernetes.io/job-name=train"),
+        ),
+    ];
+    for (gang, expected) in cases {
+        assert_eq!(selector(&gang).as_deref(), expected, "{gang}");
+    }
+}
+
+#[test]
+fn the_record_names_each_gang_its_nodes_and_under_together_the_members_elsewhere_by_uid() {
+    let pods = fleet();
+    let leaving = node_plan(&pods, "gpu-0").leaving;
+    let members = records(&plan("gpu-0", &leaving, &pods, &[], GangDrain::Members));
+    assert_eq!(members.len(), 1);
+    assert_eq!(members[0].gang, "JobSet work/llm");
+    assert_eq!(members[0].namespace, "work");
+    assert_eq!(
+        members[0].selector.as_deref(),
+        Some("jobset.sigs.k8s.io/jobset-name=llm")
+    );
+    assert_eq!(members[0].nodes, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
+    assert!(members[0].evicted.is_empty(), "Members evicts nobody elsewhere");
+
+    let together = records(&plan("gpu-0", &leaving, &pods, &[], GangDrain::Together));
+    let evicted: Vec<(&str, &str, &str)> = together[0]
+        .evicted
+        .iter()
+        .map(|m| (m.pod.as_str(), m.uid.as_str(), m.node.as_str()))
+        .collect();
+    assert_eq!(
+        evicted,
+        [
+            ("work/llm-1", "uid-work-llm-1", "gpu-1"),
+            ("work/llm-2", "uid-work-llm-2", "gpu-2"),
+            ("work/llm-3", "uid-work-llm-3", "gpu-3"),
+        ]
+    );
+    assert_eq!(together[0].left_out, 0);
+}
+
+#[test]
+fn the_record_keeps_at_most_64_members_in_all_and_counts_the_rest() {
+    let mut pods = vec![pod("work", "big-0", "gpu-0", &[(JOBSET, "big")], &[])];
+    for i in 1..=70 {
+        pods.push(pod(
+            "work",
+            &format!("big-{i}"),
+            &format!("gpu-{i}"),
+            &[(JOBSET, "big")],
+            &[],
+        ));
+    }
+    let leaving = node_plan(&pods, "gpu-0").leaving;
+    let record = records(&plan("gpu-0", &leaving, &pods, &[], GangDrain::Together));
+    assert_eq!(record[0].evicted.len(), gpu_remediation_api::gangs::MEMBERS_MAX);
+    assert_eq!(record[0].left_out, 6);
+    assert_eq!(record[0].nodes.len(), gpu_remediation_api::gangs::NODES_MAX);
+}
+
+#[test]
+fn only_the_recorded_members_are_evicted_never_a_successor_of_the_same_name() {
+    let pods = fleet();
+    let leaving = node_plan(&pods, "gpu-0").leaving;
+    let record = records(&plan("gpu-0", &leaving, &pods, &[], GangDrain::Together));
+    // The job controller restarted llm-2 under the same name: a new UID, not ours to evict.
+    let mut now = fleet();
+    now[2].metadata.uid = Some("uid-successor".into());
+    let evict: Vec<String> = recorded_members(&record, &now).iter().map(Leaving::key).collect();
+    assert_eq!(evict, ["work/llm-1", "work/llm-3"]);
+}

@@ -376,6 +376,12 @@ fn record_answers(
         would_evict: Vec::new(),
         evicted: previous.evicted.clone(),
         scope: None,
+        // Recorded once, when the drain first acts: a restarted gang's new members are not ours.
+        gangs: if previous.gangs.is_empty() {
+            seen.gangs.to_vec()
+        } else {
+            previous.gangs.clone()
+        },
     }
 }
 
@@ -549,6 +555,7 @@ pub(super) fn dry_run(seen: &Seen<'_>, facts: &Facts<'_>, mut status: GpuRemedia
         would_evict,
         evicted: Vec::new(),
         scope: None,
+        gangs: seen.gangs.to_vec(),
     });
     Decision::Settle(status::move_to(
         status,

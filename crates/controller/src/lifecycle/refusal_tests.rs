@@ -53,6 +53,7 @@ fn decide_with(record: &GpuRemediation, answers: &Answers, now: Timestamp) -> De
         node: Some(&n),
         pods: None,
         drain_scope: None,
+        gangs: &[],
         budgets: &[],
         in_flight: &BTreeMap::new(),
         asked_at: &never,

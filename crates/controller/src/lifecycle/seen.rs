@@ -153,6 +153,9 @@ pub struct Seen<'a> {
     pub pods: Option<&'a Plan>,
     /// With a ladder: which pods the plan takes and why (see `DrainStatus::scope`).
     pub drain_scope: Option<&'a str>,
+    /// The gangs the drain touches, to record when it first acts (see `DrainStatus::gangs`;
+    /// under `drain.gangs: Together` their members on other nodes are in `pods` too).
+    pub gangs: &'a [gpu_remediation_api::gangs::GangRecord],
     /// The disruption budgets.
     pub budgets: &'a [PodDisruptionBudget],
     /// Evictions asked by this controller (any remediation, this pass included) that each budget's

@@ -150,6 +150,7 @@ fn seen_with<'a>(budgets: &'a [PodDisruptionBudget], answers: &'a super::super::
         node: None,
         pods: None,
         drain_scope: None,
+        gangs: &[],
         budgets,
         in_flight: &NONE,
         asked_at: &|_| None,

@@ -141,6 +141,7 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
             node: node.as_ref(),
             pods: Some(&plan),
             drain_scope: scope.as_deref(),
+            gangs: &[],
             budgets: &budgets,
             in_flight: &in_flight,
             asked_at: &asked_at,

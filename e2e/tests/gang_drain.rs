@@ -1,0 +1,201 @@
+//! Drain for gangs on the real control plane: a 3-pod indexed `Job` (kube-controller-manager's
+//! job controller), one member per node. One node's GPU fails. Under `drain.gangs: Together` the
+//! members on the two healthy nodes are evicted through the Eviction API within seconds of the
+//! record's admission (so the job restarts at once instead of after its collective timeout), the
+//! two nodes are never cordoned, and the record names the gang, its nodes and the members it
+//! evicted. Under `Members` (the default) only the failing node's member leaves. The real
+//! `JobSet` controller is not run here (see the note of issue 42): the indexed `Job` is a gang by
+//! the same recognition.
+
+mod common;
+mod scenario;
+
+use std::time::Duration;
+
+use common::eventually;
+use gpu_remediation_api::{GpuRemediation, gangs::GangRecord};
+use k8s_openapi::api::{batch::v1::Job, core::v1::Pod};
+use kube::{
+    Api, ResourceExt,
+    api::{ListParams, PostParams},
+};
+use scenario::{RunningController, Scenario, evicted_through_the_api, is_unschedulable};
+use serde_json::json;
+
+/// An indexed `Job` of 3 pods, one per node of the fleet (required anti-affinity), never ending.
+async fn gang(s: &Scenario) -> Vec<Pod> {
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": "train", "namespace": s.namespace},
+        "spec": {
+            "completions": 3, "parallelism": 3, "completionMode": "Indexed", "backoffLimit": 10,
+            "template": {
+                "metadata": {"labels": {"app": "train"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {gpu_sandbox::fleet::FLEET_LABEL: s.fleet.name()},
+                    "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                        "labelSelector": {"matchLabels": {"app": "train"}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    }]}},
+                    "containers": [{"name": "worker", "image": "registry.k8s.io/pause:3.10"}],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    Api::<Job>::namespaced(s.client.clone(), &s.namespace)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap();
+    let pods = Api::<Pod>::namespaced(s.client.clone(), &s.namespace);
+    eventually(
+        "the gang's 3 members running",
+        Duration::from_secs(60),
+        || async {
+            let listed = pods
+                .list(&ListParams::default().labels("app=train"))
+                .await
+                .unwrap()
+                .items;
+            let running: Vec<Pod> = listed
+                .into_iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .collect();
+            (running.len() == 3).then_some(running)
+        },
+    )
+    .await
+}
+
+fn node_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
+/// The gang's pods as they are now, by UID.
+async fn members_now(s: &Scenario, members: &[Pod]) -> Vec<Option<Pod>> {
+    let listed = Api::<Pod>::namespaced(s.client.clone(), &s.namespace)
+        .list(&ListParams::default().labels("app=train"))
+        .await
+        .unwrap()
+        .items;
+    members
+        .iter()
+        .map(|m| listed.iter().find(|p| p.uid() == m.uid()).cloned())
+        .collect()
+}
+
+fn gangs_of(record: &GpuRemediation) -> Vec<GangRecord> {
+    record
+        .status
+        .as_ref()
+        .and_then(|s| s.drain.as_ref())
+        .map(|d| d.gangs.clone())
+        .unwrap_or_default()
+}
+
+/// Runs the gang, breaks the GPU of the node holding its member of index 0 under a policy with
+/// `drain` merged in, and waits for the record to name the gang. The broken node, the other
+/// members, the record.
+async fn break_under(
+    s: &Scenario,
+    drain: serde_json::Value,
+) -> (RunningController, String, Vec<Pod>, GpuRemediation) {
+    let members = gang(s).await;
+    let first = members
+        .iter()
+        .find(|p| {
+            p.annotations()
+                .get("batch.kubernetes.io/job-completion-index")
+                .map(String::as_str)
+                == Some("0")
+        })
+        .expect("index 0");
+    let broken = node_of(first);
+    let others: Vec<Pod> = members.iter().filter(|p| node_of(p) != broken).cloned().collect();
+    assert_eq!(others.len(), 2);
+    s.policy(json!({"drain": drain, "safety": {"maxUnhealthy": "100%"}}))
+        .await;
+    let controller = RunningController::start(&s.scope).await;
+    s.break_gpu(&broken).await;
+    let record = eventually("the record names the gang", Duration::from_secs(60), || async {
+        let record = s.remediation_of(&broken).await?;
+        (!gangs_of(&record).is_empty()).then_some(record)
+    })
+    .await;
+    (controller, broken, others, record)
+}
+
+#[tokio::test]
+async fn together_evicts_the_gangs_members_on_healthy_nodes_within_seconds_and_never_cordons_them() {
+    let s = Scenario::new(3).await;
+    let (controller, broken, others, record) = break_under(&s, json!({"gangs": "Together"})).await;
+    let gangs = gangs_of(&record);
+    assert_eq!(gangs.len(), 1, "{gangs:?}");
+    assert_eq!(gangs[0].gang, format!("IndexedJob {}/train", s.namespace));
+    assert_eq!(gangs[0].nodes.len(), 3, "{gangs:?}");
+    let mut recorded: Vec<String> = gangs[0].evicted.iter().map(|m| m.uid.clone()).collect();
+    let mut expected: Vec<String> = others.iter().filter_map(ResourceExt::uid).collect();
+    recorded.sort();
+    expected.sort();
+    assert_eq!(recorded, expected, "the members on the other nodes, by UID");
+
+    let admitted = record.creation_timestamp().unwrap().0;
+    let evicted = eventually(
+        "both members elsewhere evicted",
+        Duration::from_secs(30),
+        || async {
+            let now = members_now(&s, &others).await;
+            now.iter()
+                .all(|p| p.as_ref().is_none_or(evicted_through_the_api))
+                .then_some(k8s_openapi::jiff::Timestamp::now())
+        },
+    )
+    .await;
+    assert!(
+        evicted.duration_since(admitted).as_secs() < 20,
+        "evicted {evicted}, admitted {admitted}: within seconds of admission"
+    );
+    for pod in &others {
+        let node = s.node(&node_of(pod)).await;
+        assert!(!is_unschedulable(&node), "{} was cordoned", node.name_any());
+    }
+    assert!(
+        is_unschedulable(&s.node(&broken).await),
+        "the broken node is cordoned"
+    );
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn members_by_default_evicts_only_the_failing_nodes_member() {
+    let s = Scenario::new(3).await;
+    let (controller, broken, others, record) = break_under(&s, json!({})).await;
+    let gangs = gangs_of(&record);
+    assert_eq!(gangs[0].gang, format!("IndexedJob {}/train", s.namespace));
+    assert!(
+        gangs[0].evicted.is_empty(),
+        "Members evicts nobody elsewhere: {gangs:?}"
+    );
+    // The failing node's member leaves; the drain ends with the others untouched.
+    eventually("the broken node drained", Duration::from_secs(60), || async {
+        s.pods_on(&broken)
+            .await
+            .iter()
+            .all(|p| p.labels().get("app").map(String::as_str) != Some("train"))
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for pod in members_now(&s, &others).await {
+        let pod = pod.expect("the member elsewhere is still there");
+        assert!(
+            pod.metadata.deletion_timestamp.is_none() && !evicted_through_the_api(&pod),
+            "{} was evicted",
+            pod.name_any()
+        );
+    }
+    controller.stop().await;
+}
