@@ -78,6 +78,7 @@ chart-sync:
 	cp manifests/approval/admission-policy.yaml charts/gpu-remediator/files/approval-admission-policy.yaml
 	cp manifests/controller/fence-policy.yaml charts/gpu-remediator/files/fence-policy.yaml
 	cp manifests/controller/records-policy.yaml charts/gpu-remediator/files/records-policy.yaml
+	cp manifests/controller/pod-notice-policy.yaml charts/gpu-remediator/files/pod-notice-policy.yaml
 	cp manifests/controller/flow-schemas.yaml charts/gpu-remediator/files/flow-schemas.yaml
 	cp manifests/optional/diagnostics/diagnostics.yaml charts/gpu-remediator/files/diagnostics.yaml
 	cat manifests/optional/gpu-reset/rbac.yaml <(echo ---) manifests/optional/gpu-reset/admission-policy.yaml \

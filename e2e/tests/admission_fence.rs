@@ -104,6 +104,7 @@ async fn pod(admin: &Client, node: &str) -> Leaving {
         gone_by: None,
         labels: std::collections::BTreeMap::new(),
         readiness: gpu_remediator::drain::Readiness::Ready,
+        notice: gpu_remediator::drain::Notice::default(),
     }
 }
 

@@ -199,3 +199,136 @@ async fn members_by_default_evicts_only_the_failing_nodes_member() {
     }
     controller.stop().await;
 }
+
+/// When `pod` was evicted (its `DisruptionTarget` condition), if it was.
+fn evicted_at(pod: &Pod) -> Option<k8s_openapi::jiff::Timestamp> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "DisruptionTarget" && c.reason.as_deref() == Some("EvictionByEvictionAPI"))?
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0)
+}
+
+/// The workload's side of the notice, as a training loop would do it: once `gpuremediation.dev/evict-at`
+/// is on a member, it "checkpoints" for `checkpoint` and then writes `gpuremediation.dev/checkpointed`.
+async fn acknowledge_after(s: &Scenario, members: Vec<Pod>, checkpoint: Duration) {
+    let api = Api::<Pod>::namespaced(s.client.clone(), &s.namespace);
+    for member in members {
+        let name = member.name_any();
+        eventually("the notice on a member", Duration::from_secs(60), || async {
+            api.get(&name)
+                .await
+                .ok()?
+                .annotations()
+                .contains_key(gpu_remediation_api::constants::EVICT_AT_ANNOTATION)
+                .then_some(())
+        })
+        .await;
+        let api = api.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(checkpoint).await;
+            let patch = json!({"metadata": {"annotations": {gpu_remediation_api::constants::CHECKPOINTED_ANNOTATION: "step-1200"}}});
+            let _ = api
+                .patch(
+                    &name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await;
+        });
+    }
+}
+
+/// Breaks the gang's node under `Together` with a `notice`, the workload acknowledging after
+/// `checkpoint` (never: `None`); the seconds from the notice to each eviction elsewhere.
+async fn notice_run(notice: &str, checkpoint: Option<Duration>) -> Vec<i64> {
+    let s = Scenario::new(3).await;
+    let (controller, _broken, others, _) = break_under(
+        &s,
+        json!({"gangs": "Together", "notice": notice, "timeout": "5m"}),
+    )
+    .await;
+    if let Some(checkpoint) = checkpoint {
+        acknowledge_after(&s, others.clone(), checkpoint).await;
+    }
+    // Each member's eviction time as first seen: an evicted pod may be gone by a later look.
+    let seen = std::sync::Mutex::new(vec![None; others.len()]);
+    let evicted = eventually(
+        "both members elsewhere evicted",
+        Duration::from_secs(90),
+        || async {
+            let now = members_now(&s, &others).await;
+            let mut seen = seen.lock().unwrap();
+            for (first, pod) in seen.iter_mut().zip(&now) {
+                if first.is_none() {
+                    *first = pod.as_ref().and_then(evicted_at);
+                }
+                assert!(
+                    first.is_some() || pod.is_some(),
+                    "a member left without an eviction seen"
+                );
+            }
+            seen.iter().copied().collect::<Option<Vec<_>>>()
+        },
+    )
+    .await;
+    let record = s.remediation_of(&node_of(&others[0])).await;
+    assert!(record.is_none(), "the healthy nodes have no remediation");
+    let broken_record = s.remediations().await.into_iter().next().unwrap();
+    let since = broken_record
+        .status
+        .as_ref()
+        .and_then(|st| st.drain.as_ref())
+        .and_then(|d| d.notice_since.as_ref())
+        .expect("the record says when the notice went out")
+        .0;
+    for pod in &others {
+        let notes: Vec<String> =
+            Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.client.clone(), &s.namespace)
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod.name_any().as_str())
+                        && e.reason.as_deref()
+                            == Some(gpu_remediation_api::constants::reasons::CHECKPOINT_NOTICE)
+                })
+                .filter_map(|e| e.note)
+                .collect();
+        assert_eq!(
+            notes.len(),
+            1,
+            "one CheckpointNotice Event on {}: {notes:?}",
+            pod.name_any()
+        );
+    }
+    controller.stop().await;
+    evicted
+        .iter()
+        .map(|at| at.duration_since(since).as_secs())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_notice_acknowledged_after_3s_brings_the_evictions_at_about_3s_not_at_its_end() {
+    let waited = notice_run("40s", Some(Duration::from_secs(3))).await;
+    assert!(
+        waited.iter().all(|s| (2..20).contains(s)),
+        "evicted {waited:?} s after the notice: after the checkpoint, well before 40 s"
+    );
+}
+
+#[tokio::test]
+async fn a_notice_never_acknowledged_brings_the_evictions_at_its_end() {
+    let waited = notice_run("12s", None).await;
+    assert!(
+        waited.iter().all(|s| (11..30).contains(s)),
+        "evicted {waited:?} s after the notice: at its end (12 s)"
+    );
+}

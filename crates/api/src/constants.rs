@@ -88,6 +88,19 @@ pub const HARDWARE_UNCHECKED_TAINT_KEY: &str = "gpuremediation.dev/hardware-unch
 /// policy can make the controller lift another actor's taint.
 pub const UNVALIDATED_TAINT_KEY: &str = "gpuremediation.dev/unvalidated";
 
+/// Pod annotation the controller writes with a drain's checkpoint notice (`spec.drain.notice`):
+/// the RFC 3339 time the pod's eviction comes. Readable in the container through a downward API
+/// volume (`fieldRef: metadata.annotations['gpuremediation.dev/evict-at']`).
+pub const EVICT_AT_ANNOTATION: &str = "gpuremediation.dev/evict-at";
+
+/// Pod annotation (`"true"`) asking for the checkpoint notice before eviction, for a pod of no
+/// gang.
+pub const CHECKPOINT_NOTICE_ANNOTATION: &str = "gpuremediation.dev/checkpoint-notice";
+
+/// Pod annotation a workload writes (any value) once it checkpointed after the notice: its
+/// eviction comes at once instead of at `evict-at`.
+pub const CHECKPOINTED_ANNOTATION: &str = "gpuremediation.dev/checkpointed";
+
 /// Taint the controller adds while it remediates a node, on top of `unschedulable`.
 pub const REMEDIATION_TAINT_KEY: &str = "gpuremediation.dev/remediating";
 
@@ -340,6 +353,8 @@ pub mod reasons {
     /// A node carries a repeat offender and `cordonOnJoin` says cordon it, but the policy's
     /// `cordonOnJoinMax` is reached: flagged and reported, not cordoned.
     pub const JOIN_CORDON_LIMITED: &str = "JoinCordonLimited";
+    /// A pod was given the checkpoint notice (`drain.notice`): when its eviction comes.
+    pub const CHECKPOINT_NOTICE: &str = "CheckpointNotice";
     /// A new node's validation Job passed: its startup taint is lifted.
     pub const NEW_NODE_VALIDATED: &str = "NewNodeValidated";
     /// A new node's validation Job failed, was lost or timed out: the node keeps its startup taint.

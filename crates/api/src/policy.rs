@@ -263,6 +263,15 @@ pub struct Drain {
     /// bound for an unreachable node, `kubectl drain --skip-wait-for-delete-timeout`).
     #[serde(default = "default_unreachable_after")]
     pub unreachable_after: Duration,
+    /// A checkpoint notice before eviction: a gang's members (see `gangs`) and every pod annotated
+    /// `gpuremediation.dev/checkpoint-notice: "true"` are first annotated
+    /// `gpuremediation.dev/evict-at` with the time their eviction comes (readable in the container
+    /// through a downward API volume; an Event says it too), and are evicted at that time, or as
+    /// soon as the pod writes `gpuremediation.dev/checkpointed` (any value) or exits. It never
+    /// delays the quarantine or the cordon, and counts within `timeout`. 0s to 1h; default 0s (no
+    /// notice).
+    #[serde(default = "default_notice")]
+    pub notice: Duration,
     /// How the members of a gang (the pods of one distributed job: a `JobSet`, a Kubeflow
     /// training job, a `LeaderWorkerSet` group, a `PodGroup`, a Kueue pod group, an indexed `Job`)
     /// on other nodes are treated when a node holding one of them is drained.
@@ -294,6 +303,7 @@ impl Default for Drain {
             grace_period_seconds: None,
             allow_zero_grace_period: false,
             unreachable_after: default_unreachable_after(),
+            notice: default_notice(),
             gangs: GangDrain::default(),
             gang_labels: Vec::new(),
         }
@@ -306,6 +316,10 @@ fn default_drain_timeout() -> Duration {
 
 fn default_unreachable_after() -> Duration {
     Duration::from_mins(5)
+}
+
+fn default_notice() -> Duration {
+    Duration::from_secs(0)
 }
 
 /// What happens when a drain passes its timeout.

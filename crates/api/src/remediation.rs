@@ -315,6 +315,10 @@ pub struct DrainStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8))]
     pub gangs: Vec<crate::gangs::GangRecord>,
+    /// When the checkpoint notice (`drain.notice`) went out: the pods given it are evicted at
+    /// this time plus the notice, or once they write `gpuremediation.dev/checkpointed` or exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice_since: Option<Time>,
 }
 
 /// A pod whose eviction is refused.

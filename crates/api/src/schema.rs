@@ -425,6 +425,16 @@ pub(crate) fn drain(schema: &mut Schema) {
             messages::DRAIN_UNREACHABLE_AFTER,
         )],
     );
+    add_rules(
+        property(schema, "notice"),
+        [rule(
+            format!(
+                "!{} || (duration(self) >= duration('0s') && duration(self) <= duration('1h'))",
+                duration_ok("self")
+            ),
+            messages::DRAIN_NOTICE,
+        )],
+    );
     let gang_labels = property(schema, "gangLabels");
     gang_labels.insert("maxItems".into(), bounds::GANG_LABELS_MAX.into());
     gang_labels.insert("x-kubernetes-list-type".into(), "set".into());

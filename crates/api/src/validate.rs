@@ -196,13 +196,24 @@ fn check_bounded_durations(spec: &GpuRemediationPolicySpec, out: &mut Vec<Violat
             messages::DRAIN_UNREACHABLE_AFTER,
         ));
     }
+    if spec.drain.notice.as_std() > hour {
+        out.push(Violation::new("spec.drain.notice", messages::DRAIN_NOTICE));
+    }
 }
 
 /// `drain.gangLabels`: at most [`bounds::GANG_LABELS_MAX`] label keys.
 fn check_gang_labels(keys: &[String], out: &mut Vec<Violation>) {
     let field = "spec.drain.gangLabels";
     if keys.len() > bounds::GANG_LABELS_MAX {
-        out.push(Violation::new(field, messages::GANG_LABELS_MAX));
+        // The server's own words for `maxItems`.
+        out.push(Violation::new(
+            field,
+            format!(
+                "Too many: {}: must have at most {} items",
+                keys.len(),
+                bounds::GANG_LABELS_MAX
+            ),
+        ));
     }
     for key in keys.iter().filter(|k| !is_qualified_name(k)) {
         out.push(Violation::new(

@@ -60,6 +60,38 @@ pub struct Leaving {
     pub labels: BTreeMap<String, String>,
     /// Whether it runs and is ready, as a disruption budget counts it.
     pub readiness: Readiness,
+    /// Where it stands with the checkpoint notice (`drain.notice`).
+    pub notice: Notice,
+}
+
+/// Where a leaving pod stands with the checkpoint notice (`drain.notice`), from its annotations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Notice {
+    /// It wants one: a gang's member, or annotated `gpuremediation.dev/checkpoint-notice: "true"`.
+    pub wanted: bool,
+    /// It was given one (`gpuremediation.dev/evict-at` is on it).
+    pub given: bool,
+    /// It answered: it checkpointed (`gpuremediation.dev/checkpointed` is on it).
+    pub acknowledged: bool,
+}
+
+impl Notice {
+    /// What `pod`'s annotations say; `member` whether it belongs to a gang.
+    #[must_use]
+    pub fn of(pod: &Pod, member: bool) -> Self {
+        use gpu_remediation_api::constants::{
+            CHECKPOINT_NOTICE_ANNOTATION, CHECKPOINTED_ANNOTATION, EVICT_AT_ANNOTATION,
+        };
+        let annotations = pod.annotations();
+        Self {
+            wanted: member
+                || annotations
+                    .get(CHECKPOINT_NOTICE_ANNOTATION)
+                    .is_some_and(|v| v == "true"),
+            given: annotations.contains_key(EVICT_AT_ANNOTATION),
+            acknowledged: annotations.contains_key(CHECKPOINTED_ANNOTATION),
+        }
+    }
 }
 
 /// How a disruption budget counts a pod leaving (the Eviction API's own rules).
@@ -151,6 +183,7 @@ pub fn plan(pods: &[Pod]) -> Plan {
                 gone_by: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0),
                 labels: pod.labels().clone(),
                 readiness: readiness(pod),
+                notice: Notice::of(pod, gangs::gang_of(pod, &[]).is_some()),
                 namespace,
                 name,
             }),

@@ -80,8 +80,8 @@ pub const POLICY_NAME: &str = "a policy name must be at most 63 characters: it i
 pub const QUARANTINE_HYSTERESIS: &str = "quarantine.hysteresis must be from 1s to 1h: how long a cleared signal stays clear before the quarantine taint is lifted";
 /// A `drain.unreachableAfter` outside 0s..1h.
 pub const DRAIN_UNREACHABLE_AFTER: &str = "drain.unreachableAfter must be from 0s to 1h: how long past its deletionTimestamp a pod on an unreachable node is waited for";
-/// More than `bounds::GANG_LABELS_MAX` gang label keys.
-pub const GANG_LABELS_MAX: &str = "drain.gangLabels may list at most 16 label keys";
+/// A `drain.notice` outside 0s..1h.
+pub const DRAIN_NOTICE: &str = "drain.notice must be from 0s to 1h: how long a pod given the checkpoint notice may take before it is evicted";
 /// A change to a remediation's spec.
 pub const REMEDIATION_SPEC_IMMUTABLE: &str =
     "a remediation's spec is its audit record and cannot change; delete the remediation instead";

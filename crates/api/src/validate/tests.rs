@@ -240,6 +240,9 @@ fn drain_gangs_default_to_members_and_parse_together_with_bounded_label_keys() {
         .collect();
     assert_eq!(
         validate_spec(&spec),
-        vec![Violation::new("spec.drain.gangLabels", messages::GANG_LABELS_MAX)]
+        vec![Violation::new(
+            "spec.drain.gangLabels",
+            "Too many: 17: must have at most 16 items"
+        )]
     );
 }

@@ -214,6 +214,7 @@ fn leaving(pod: &Pod) -> Leaving {
         gone_by: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0),
         labels: pod.labels().clone(),
         readiness: readiness(pod),
+        notice: super::Notice::of(pod, true),
     }
 }
 

@@ -20,6 +20,14 @@ pub enum Ask {
         /// The policy's grace period.
         grace: Option<i64>,
     },
+    /// Give these pods the checkpoint notice (`drain.notice`): annotate each with the time its
+    /// eviction comes, and say it in an Event.
+    Notice {
+        /// The pods.
+        pods: Vec<Leaving>,
+        /// When their eviction comes at the latest.
+        evict_at: jiff::Timestamp,
+    },
     /// Ask the server which of these pods' evictions would be refused, changing nothing.
     DryRunEvict(Vec<Leaving>),
     /// Delete these pods directly (`onTimeout: ForceDelete`).

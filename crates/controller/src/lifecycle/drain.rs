@@ -22,6 +22,7 @@ use kube::runtime::events::EventType;
 
 mod blockers;
 mod force;
+pub(super) mod notice;
 mod unreachable;
 
 use super::{
@@ -62,8 +63,15 @@ pub(super) fn advance(
         .map(|(p, _)| p.uid.as_str())
         .chain(seen.answers.evictions_unanswered.iter().map(String::as_str))
         .collect();
+    // The checkpoint notice first: pods wanting it get it before any of them is evicted; those
+    // given it wait for their window (see `notice`).
+    let (window, waiting) = match notice::of_pass(plan, rules, &status, seen.answers, now) {
+        notice::Step::Give { pods, evict_at } => return Decision::Ask(Ask::Notice { pods, evict_at }),
+        notice::Step::Evict { window, waiting } => (window, waiting),
+    };
     let round = eviction_round::plan(
-        plan.to_evict().filter(|pod| !asked.contains(pod.uid.as_str())),
+        plan.to_evict()
+            .filter(|pod| !asked.contains(pod.uid.as_str()) && !waiting.contains(&pod.uid)),
         &eviction_round::Room {
             budgets: seen.budgets,
             in_flight: seen.in_flight,
@@ -101,21 +109,9 @@ pub(super) fn advance(
         now,
     );
     if !rules.ladder.is_empty() {
-        drained.evicted.extend(
-            seen.answers
-                .evictions
-                .iter()
-                .filter(|(_, answer)| matches!(answer, EvictionAnswer::Accepted))
-                .map(|(pod, _)| pod.key()),
-        );
-        drained
-            .evicted
-            .truncate(gpu_remediation_api::ladder::STEP_PODS_MAX);
-        drained.scope = seen
-            .drain_scope
-            .map(str::to_owned)
-            .or_else(|| status.drain.as_ref().and_then(|d| d.scope.clone()));
+        for_the_step(&mut drained, seen, status.drain.as_ref());
     }
+    drained.notice_since = window.since.map(Time);
     let skipped = unreachable::skipped(rules, plan, facts);
     drained.pods_remaining = drained.pods_remaining.saturating_sub(skipped.count);
     let remaining = drained.pods_remaining;
@@ -136,7 +132,11 @@ pub(super) fn advance(
     } else {
         plus(now, seen.pace.pod_poll)
     };
-    let next = Next::At(look).or_at(release_at).or_at(skipped.next);
+    let notice_due = (!waiting.is_empty()).then_some(window.until);
+    let next = Next::At(look)
+        .or_at(release_at)
+        .or_at(skipped.next)
+        .or_at(notice_due);
 
     if remaining == 0 {
         let total = status.drain.as_ref().map_or(0, |d| d.pods_total);
@@ -155,6 +155,9 @@ pub(super) fn advance(
     }
     if skipped.count > 0 {
         status.message = Some(format!("{remaining} pods left to leave{skipped_said}"));
+    }
+    if let Some(said) = notice::said(&window, &waiting) {
+        status.message = Some(said);
     }
     if now < deadline {
         return Decision::Settle(Settlement {
@@ -318,6 +321,25 @@ fn block(
     }
 }
 
+/// With a ladder: the pods this pass's evictions took (the step records them) and the drain's
+/// scope, this pass's or the one `previous` kept.
+fn for_the_step(drained: &mut DrainStatus, seen: &Seen<'_>, previous: Option<&DrainStatus>) {
+    drained.evicted.extend(
+        seen.answers
+            .evictions
+            .iter()
+            .filter(|(_, answer)| matches!(answer, EvictionAnswer::Accepted))
+            .map(|(pod, _)| pod.key()),
+    );
+    drained
+        .evicted
+        .truncate(gpu_remediation_api::ladder::STEP_PODS_MAX);
+    drained.scope = seen
+        .drain_scope
+        .map(str::to_owned)
+        .or_else(|| previous.and_then(|d| d.scope.clone()));
+}
+
 /// What this round's answers (and the earlier blockers of pods not asked again, and the pods held
 /// for their budget's room) make of the drain's progress.
 fn record_answers(
@@ -382,6 +404,7 @@ fn record_answers(
         } else {
             previous.gangs.clone()
         },
+        notice_since: previous.notice_since.clone(),
     }
 }
 
@@ -556,6 +579,7 @@ pub(super) fn dry_run(seen: &Seen<'_>, facts: &Facts<'_>, mut status: GpuRemedia
         evicted: Vec::new(),
         scope: None,
         gangs: seen.gangs.to_vec(),
+        notice_since: None,
     });
     Decision::Settle(status::move_to(
         status,

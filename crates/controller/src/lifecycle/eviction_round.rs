@@ -265,6 +265,7 @@ mod tests {
             gone_by: None,
             labels: [("app".to_owned(), app.to_owned())].into(),
             readiness: Readiness::Ready,
+            notice: crate::drain::Notice::default(),
         }
     }
 

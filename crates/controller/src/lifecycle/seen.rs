@@ -127,6 +127,11 @@ pub struct Answers {
     /// layer decides again as answers and budget changes come, and settles only once every
     /// eviction it asked is answered).
     pub evictions_unanswered: BTreeSet<String>,
+    /// The pods given the checkpoint notice this pass (or found gone), by UID.
+    pub noticed: BTreeSet<String>,
+    /// The pods whose notice was refused this pass, by UID: not noticed again this pass, and
+    /// evicted without one.
+    pub notice_refused: BTreeSet<String>,
     /// Each dry-run eviction asked (mode `DryRun`).
     pub dry_run: Option<Vec<(Leaving, EvictionAnswer)>>,
     /// Each forced deletion asked.

@@ -1,6 +1,6 @@
-//! The writes to pods a drain makes: an eviction (a typed `policy/v1` Eviction, so its delete
-//! options are honoured, on the client that does not retry 429) and, only under
-//! `onTimeout: ForceDelete`, a direct delete.
+//! The writes to pods a drain makes: the checkpoint notice (one annotation, on the pod of that
+//! UID), an eviction (a typed `policy/v1` Eviction, so its delete options are honoured, on the
+//! client that does not retry 429) and, only under `onTimeout: ForceDelete`, a direct delete.
 
 use k8s_openapi::{
     api::{core::v1::Pod, policy::v1::Eviction},
@@ -39,6 +39,26 @@ pub struct DeletePodError {
 }
 
 impl Writer {
+    /// Gives `pod` the checkpoint notice: the `gpuremediation.dev/evict-at` annotation, the time
+    /// its eviction comes (whole seconds, RFC 3339), by a merge patch that carries the pod's UID
+    /// (a precondition: a new pod that took the name is never touched). `Ok(false)`: the pod is
+    /// gone.
+    pub async fn notice(&self, pod: &Leaving, evict_at: jiff::Timestamp) -> Result<bool, WriteError> {
+        let at = jiff::Timestamp::from_second(evict_at.as_second()).unwrap_or(evict_at);
+        let patch = serde_json::json!({"metadata": {
+            "uid": pod.uid,
+            "annotations": {gpu_remediation_api::constants::EVICT_AT_ANNOTATION: at.to_string()},
+        }});
+        match self
+            .patch::<Pod>(&(), Scope::Namespace(&pod.namespace), &pod.name, patch)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(error) if error.code() == Some(404) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
     /// Asks the server to evict a pod through a typed `policy/v1` Eviction (so the delete options
     /// are honoured), on the client that does not retry 429. `dry_run` asks the server to check
     /// the disruption budgets without evicting. Every answer is an outcome the lifecycle records

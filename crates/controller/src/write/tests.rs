@@ -32,6 +32,7 @@ fn pod() -> Leaving {
         gone_by: None,
         labels: std::collections::BTreeMap::new(),
         readiness: crate::drain::Readiness::Ready,
+        notice: crate::drain::Notice::default(),
     }
 }
 

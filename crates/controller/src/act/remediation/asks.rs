@@ -62,6 +62,7 @@ pub(super) async fn carry_out(
                 answers.deletions.push((pod, answer));
             }
         }
+        Ask::Notice { pods, evict_at } => notice(ctx, remediation, pods, evict_at, answers).await?,
         Ask::TriggerReplacement => {
             let Some(rules) = rules else {
                 unreachable!("the lifecycle triggers a replacement only under rules")
@@ -147,4 +148,51 @@ pub(super) async fn evict_one(
         Ok(EvictionAnswer::Refused(_) | EvictionAnswer::Unanswered(_)) | Err(_) => EvictionResult::Failed,
     });
     (pod, answer)
+}
+
+/// Gives each of `pods` the checkpoint notice (the annotation, then an Event on the pod); a pod
+/// gone counts as noticed (nothing to wait for); one the server refuses is evicted without it.
+async fn notice(
+    ctx: &Context,
+    remediation: &GpuRemediation,
+    pods: Vec<crate::drain::Leaving>,
+    evict_at: jiff::Timestamp,
+    answers: &mut Answers,
+) -> Result<(), AdvanceRemediationError> {
+    for pod in pods {
+        match ctx.writer.notice(&pod, evict_at).await {
+            Ok(true) => {
+                let message = format!(
+                    "evicted at {evict_at} to repair node {} (drain.notice); checkpoint, then annotate the pod {} to go sooner",
+                    remediation.spec.node_name,
+                    gpu_remediation_api::constants::CHECKPOINTED_ANNOTATION
+                );
+                let reference = k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some("v1".to_owned()),
+                    kind: Some("Pod".to_owned()),
+                    namespace: Some(pod.namespace.clone()),
+                    name: Some(pod.name.clone()),
+                    uid: Some(pod.uid.clone()),
+                    ..Default::default()
+                };
+                let event = lifecycle::Note::new(
+                    gpu_remediation_api::constants::reasons::CHECKPOINT_NOTICE,
+                    kube::runtime::events::EventType::Normal,
+                    &message,
+                )
+                .event("Notice");
+                ctx.writer.publish_to(&reference, event).await;
+                answers.noticed.insert(pod.uid);
+            }
+            Ok(false) => {
+                answers.noticed.insert(pod.uid);
+            }
+            Err(crate::write::WriteError::Fenced(fenced)) => return Err(fenced.into()),
+            Err(error) => {
+                tracing::info!(pod = %pod.key(), %error, "giving a pod the checkpoint notice failed: it is evicted without one");
+                answers.notice_refused.insert(pod.uid);
+            }
+        }
+    }
+    Ok(())
 }

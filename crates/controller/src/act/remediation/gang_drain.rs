@@ -30,6 +30,18 @@ pub(super) async fn widen(
     listed: &[Pod],
 ) -> Result<(Plan, Vec<GangRecord>), AdvanceRemediationError> {
     let extra = &rules.drain.gang_labels;
+    // Members by the policy's own keys want the checkpoint notice too (the well-known keys are
+    // marked by `drain::plan`).
+    if !extra.is_empty() {
+        let members: std::collections::BTreeSet<&str> = listed
+            .iter()
+            .filter(|pod| gangs::gang_of(pod, extra).is_some())
+            .filter_map(|pod| pod.metadata.uid.as_deref())
+            .collect();
+        for pod in &mut plan.leaving {
+            pod.notice.wanted |= members.contains(pod.uid.as_str());
+        }
+    }
     let (records, mut members) = if recorded.is_empty() {
         let local = gangs::plan(node, &plan.leaving, listed, extra, GangDrain::Members);
         if local.touched.is_empty() {

@@ -21,6 +21,7 @@ fn pod() -> Leaving {
         gone_by: None,
         labels: [("app".to_owned(), "web".to_owned())].into(),
         readiness: crate::drain::Readiness::Ready,
+        notice: crate::drain::Notice::default(),
     }
 }
 

@@ -270,6 +270,8 @@ fn answer(
                 answers.evictions.push((pod, answer));
             }
         }
+        // The model's pods want no checkpoint notice (see `world`): none is ever given.
+        Ask::Notice { .. } => return Err("a checkpoint notice asked of pods that want none".to_owned()),
         Ask::DryRunEvict(pods) => {
             let asked = pods.into_iter().map(|p| (p, refusal(429))).collect();
             answers.dry_run = Some(asked);

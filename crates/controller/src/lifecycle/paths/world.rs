@@ -413,6 +413,7 @@ impl World {
                     gone_by: p.gone_by,
                     labels: [("app".to_owned(), "web".to_owned())].into(),
                     readiness: crate::drain::Readiness::Ready,
+                    notice: crate::drain::Notice::default(),
                 })
                 .collect(),
             staying: Vec::new(),
