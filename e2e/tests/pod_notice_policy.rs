@@ -84,17 +84,15 @@ async fn the_controller_may_give_a_pod_the_checkpoint_notice_and_change_nothing_
         "the pod-notice policy enforced",
         Duration::from_secs(30),
         || async {
-            match patch(&controller, &namespace, &name, &another).await {
-                Err(error) => Some(error),
-                Ok(_) => {
-                    // Put it back for the next try.
-                    let undo = json!({"metadata": {"annotations": {"team": "ml"}}});
-                    pods.patch(&name, &PatchParams::default(), &Patch::Merge(&undo))
-                        .await
-                        .unwrap();
-                    None
-                }
+            if let Err(error) = patch(&controller, &namespace, &name, &another).await {
+                return Some(error);
             }
+            // Not enforced yet: put it back for the next try.
+            let undo = json!({"metadata": {"annotations": {"team": "ml"}}});
+            pods.patch(&name, &PatchParams::default(), &Patch::Merge(&undo))
+                .await
+                .unwrap();
+            None
         },
     )
     .await;
