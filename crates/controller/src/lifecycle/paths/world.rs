@@ -2,7 +2,7 @@
 //! replacement, a person, and the clock; how the drawn events ([`super::draw`]) change it;
 //! answers by the dice.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationSpec,
@@ -38,6 +38,8 @@ pub(super) struct Pod {
     pub(super) uid: String,
     pub(super) terminating: bool,
     pub(super) gone_by: Option<Timestamp>,
+    /// Where it stands with the checkpoint notice (a gang member or opted in: drawn).
+    pub(super) notice: crate::drain::Notice,
 }
 
 /// The model of the cluster around one remediation.
@@ -59,6 +61,10 @@ pub(super) struct World {
     pub(super) budget: Option<(i32, u64)>,
     /// A person hand-edited the record's phase (it may skip the drain and what follows it).
     pub(super) hand_edited: bool,
+    /// When the first checkpoint notice went out.
+    pub(super) notice_since: Option<Timestamp>,
+    /// The pods whose notice the server refused (evicted without one).
+    pub(super) notice_refused: BTreeSet<String>,
 }
 
 pub(super) fn at(second: i64) -> Timestamp {
@@ -204,7 +210,10 @@ pub(super) fn record(setup: &Setup, rules: &PolicySnapshot, created: Timestamp) 
 impl World {
     pub(super) fn new(setup: &Setup, dice: u64) -> Self {
         let now = at(0);
-        let rules = rules(setup);
+        let mut rules = rules(setup);
+        // A checkpoint notice drawn by the dice: none, 30 s or 5 min.
+        rules.drain.notice =
+            gpu_remediation_api::Duration::from_secs([0, 30, 300][usize::try_from(dice % 3).unwrap_or(0)]);
         Self {
             now,
             record: Some(record(setup, &rules, now)),
@@ -218,6 +227,10 @@ impl World {
                     uid: format!("pod-{i}"),
                     terminating: false,
                     gone_by: None,
+                    notice: crate::drain::Notice {
+                        wanted: (dice >> (i + 3)) & 1 == 1,
+                        ..crate::drain::Notice::default()
+                    },
                 })
                 .collect(),
             person_holds: false,
@@ -226,6 +239,8 @@ impl World {
             asked_at: BTreeMap::new(),
             budget: None,
             hand_edited: false,
+            notice_since: None,
+            notice_refused: BTreeSet::new(),
         }
         .with_budget()
     }
@@ -413,7 +428,7 @@ impl World {
                     gone_by: p.gone_by,
                     labels: [("app".to_owned(), "web".to_owned())].into(),
                     readiness: crate::drain::Readiness::Ready,
-                    notice: crate::drain::Notice::default(),
+                    notice: p.notice,
                 })
                 .collect(),
             staying: Vec::new(),
