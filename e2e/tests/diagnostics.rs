@@ -4,16 +4,21 @@
 //! its pod; the sandbox's simulated kubelet finishes it as a bug report collected, or keeps it
 //! running when its template says `gpuremediation.dev/sim-hang`), and the node is deleted only
 //! once the Job ended or its timeout passed. The record names the Job and how it ended, and the
-//! Job outlives the node it ran on. Without diagnostics nothing changes: no Job, no wait. The
+//! Job outlives the node it ran on, and the hardware ledger keeps the outcome with the board's
+//! failure (its `GpuHardwareRecord`). Without diagnostics nothing changes: no Job, no wait. The
 //! shipped Job samples (the bug report, and the NCCL validation that shares its service account)
 //! run as shipped, in the controller's namespace with the optional component applied.
 
 mod common;
 mod scenario;
 
+use std::time::Duration;
+
+use common::eventually;
 use gpu_remediation_api::{
-    GpuRemediation, Phase,
+    GpuHardwareRecord, GpuRemediation, Phase,
     diagnostics::{DiagnosticsOutcome, DiagnosticsRecord},
+    hardware::{HardwareKind, record_name},
     ladder::{Rung, StepOutcome},
     validation::ValidationOutcome,
 };
@@ -96,6 +101,22 @@ fn record(r: &GpuRemediation) -> DiagnosticsRecord {
         .expect("the diagnostics are recorded")
 }
 
+/// The diagnostics the hardware ledger keeps for the faulty GPU's failure (its
+/// `GpuHardwareRecord`, by serial), once they are there: the evidence outlives node and record.
+async fn in_the_ledger(run: &LadderRun) -> DiagnosticsRecord {
+    let name = record_name(HardwareKind::Gpu, &run.gpu.serial);
+    let records = Api::<GpuHardwareRecord>::all(run.s.client.clone());
+    eventually(
+        "the ledger keeps the diagnostics",
+        Duration::from_secs(30),
+        || async {
+            let record = records.get_opt(&name).await.ok()??;
+            record.spec.failures.first()?.diagnostics.clone()
+        },
+    )
+    .await
+}
+
 /// When the node was handed over to its destruction (the entry into `Replacing`).
 fn handed_over(r: &GpuRemediation) -> k8s_openapi::jiff::Timestamp {
     phase_at(r, Phase::Replacing).expect("the remediation entered Replacing")
@@ -104,6 +125,8 @@ fn handed_over(r: &GpuRemediation) -> k8s_openapi::jiff::Timestamp {
 #[tokio::test]
 async fn a_delete_node_recycle_runs_the_diagnostics_job_on_the_node_before_deleting_it() {
     let run = start(|s| Some(diagnostics(s, "30s", false))).await;
+    // The board is known to the node before its fault, so its failure is the ledger's.
+    run.s.stamped_serial(&run.node, &run.gpu.serial).await;
 
     let done = after_the_delete(&run).await;
 
@@ -147,12 +170,20 @@ async fn a_delete_node_recycle_runs_the_diagnostics_job_on_the_node_before_delet
         notes.iter().any(|n| n.contains(&diagnostics.job)),
         "an Event says so: {notes:?}"
     );
+    // The hardware ledger keeps them with the board's failure.
+    let kept = in_the_ledger(&run).await;
+    assert_eq!(kept.outcome, Some(DiagnosticsOutcome::Collected));
+    assert_eq!(
+        (kept.namespace.as_str(), kept.job.as_str()),
+        (diagnostics.namespace.as_str(), diagnostics.job.as_str())
+    );
     run.controller.stop().await;
 }
 
 #[tokio::test]
 async fn a_diagnostics_job_that_hangs_delays_the_deletion_only_until_its_timeout() {
     let run = start(|s| Some(diagnostics(s, "6s", true))).await;
+    run.s.stamped_serial(&run.node, &run.gpu.serial).await;
 
     let done = after_the_delete(&run).await;
 
@@ -186,6 +217,11 @@ async fn a_diagnostics_job_that_hangs_delays_the_deletion_only_until_its_timeout
     let name = done.metadata.name.clone().unwrap();
     let notes = event_notes(&run.s.client, &name, "DiagnosticsNotCollected").await;
     assert!(notes.iter().any(|n| n.contains("TimedOut")), "{notes:?}");
+    assert_eq!(
+        in_the_ledger(&run).await.outcome,
+        Some(DiagnosticsOutcome::TimedOut),
+        "the ledger says the bug report timed out"
+    );
     run.controller.stop().await;
 }
 

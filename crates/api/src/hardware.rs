@@ -182,6 +182,11 @@ pub struct HardwareFailure {
     pub host: Option<String>,
     /// What the remediation was to do.
     pub action: Action,
+    /// The diagnostics the remediation ran before destroying the node's state (`spec.diagnostics`
+    /// of its policy): the Job, how it ended and what it said, so the evidence of this failure is
+    /// found from the hardware after the node and the remediation are gone. Set once they ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostics: Option<crate::diagnostics::DiagnosticsRecord>,
 }
 
 /// The failure history of one GPU (by serial) or one host, written by the controller when it

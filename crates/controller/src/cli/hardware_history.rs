@@ -32,6 +32,16 @@ pub struct Recycle {
     pub at: Option<Timestamp>,
     /// Whether it went straight to the last rung as a repeat offender.
     pub repeat_offender: bool,
+    /// The diagnostics it collected before destroying the node's state: outcome and Job.
+    pub diagnostics: Option<String>,
+}
+
+/// A diagnostics run as the table shows it: `Collected gpu-remediation/<job>`.
+fn shown(record: &gpu_remediation_api::diagnostics::DiagnosticsRecord) -> String {
+    let outcome = record
+        .outcome
+        .map_or_else(|| "Running".to_owned(), |o| format!("{o:?}"));
+    format!("{outcome} {}/{}", record.namespace, record.job)
 }
 
 /// Every recycle involving GPU `serial`, oldest first.
@@ -62,6 +72,7 @@ pub fn recycles_of_serial(
                     .map_or_else(|| "Pending".to_owned(), |s| s.phase.to_string()),
                 at: r.spec.trigger.since.as_ref().map(|t| t.0),
                 repeat_offender: ledger.repeat_offender.is_some(),
+                diagnostics: r.status.as_ref().and_then(|s| s.diagnostics.as_ref()).map(shown),
             })
         })
         .collect();
@@ -79,6 +90,7 @@ pub fn recycles_of_serial(
             phase: "expired".to_owned(),
             at: Some(failure.at.0),
             repeat_offender: false,
+            diagnostics: failure.diagnostics.as_ref().map(shown),
         });
     }
     out.sort_by(|a, b| (a.at, &a.remediation).cmp(&(b.at, &b.remediation)));
@@ -112,6 +124,7 @@ pub fn render_serial(serial: &str, record: Option<&GpuHardwareRecord>, recycles:
             "ACTION",
             "PHASE",
             "AT",
+            "DIAGNOSTICS",
             "NOTE",
         ]
         .map(str::to_owned),
@@ -125,6 +138,7 @@ pub fn render_serial(serial: &str, record: Option<&GpuHardwareRecord>, recycles:
             r.action.clone(),
             r.phase.clone(),
             r.at.map_or_else(|| "-".to_owned(), |t| t.to_string()),
+            r.diagnostics.clone().unwrap_or_else(|| "-".to_owned()),
             if r.repeat_offender {
                 "repeat offender: straight to the last rung"
             } else {
@@ -257,6 +271,27 @@ mod tests {
         assert!(lines[1].starts_with("REMEDIATION   NODE     GPU"), "{table}");
         assert!(
             lines[4].ends_with("repeat offender: straight to the last rung"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn an_expired_recycle_shows_the_diagnostics_the_ledger_kept() {
+        let mut record = record("S1", &[("a-1", "node-a", "2026-06-01T00:00:00Z")]);
+        record.spec.failures[0].diagnostics = serde_json::from_value(json!({
+            "namespace": "gpu-remediation", "job": "a-1-diagnostics", "start": "2026-06-01T00:05:00Z",
+            "outcome": "Collected",
+        }))
+        .unwrap();
+        let recycles = recycles_of_serial("S1", Some(&record), &[]);
+        assert_eq!(
+            recycles[0].diagnostics.as_deref(),
+            Some("Collected gpu-remediation/a-1-diagnostics")
+        );
+        let table = render_serial("S1", Some(&record), &recycles);
+        assert!(table.lines().nth(1).unwrap().contains("DIAGNOSTICS"), "{table}");
+        assert!(
+            table.contains("Collected gpu-remediation/a-1-diagnostics"),
             "{table}"
         );
     }

@@ -1,5 +1,6 @@
 //! The failure history of each GPU serial and host, from the `GpuHardwareRecord`s and the
-//! remediations still on record; which hardware is past a policy's `safety.repeatOffender` limit;
+//! remediations still on record (each failure with the diagnostics its remediation collected,
+//! once they ended); which hardware is past a policy's `safety.repeatOffender` limit;
 //! which records to write so every remediation's failures are in them; and which records to
 //! forget. Pure.
 //!
@@ -57,7 +58,12 @@ impl Failures {
 
     fn add(&mut self, hardware: Hardware, failure: HardwareFailure) {
         let list = self.by_hardware.entry(hardware).or_default();
-        if !list.iter().any(|f| f.remediation == failure.remediation) {
+        if let Some(known) = list.iter_mut().find(|f| f.remediation == failure.remediation) {
+            // The record's entry, written before the diagnostics ended, completed by them.
+            if known.diagnostics.is_none() && failure.diagnostics.is_some() {
+                known.diagnostics = failure.diagnostics;
+            }
+        } else {
             list.push(failure);
             list.sort_by(|a, b| {
                 b.at.0
@@ -83,6 +89,13 @@ pub fn failures_of(remediation: &GpuRemediation) -> Vec<(Hardware, HardwareFailu
     else {
         return Vec::new();
     };
+    // The diagnostics once they ended: an entry written before is completed then (see
+    // `records_to_write`).
+    let diagnostics = remediation
+        .status
+        .as_ref()
+        .and_then(|s| s.diagnostics.clone())
+        .filter(|d| d.outcome.is_some());
     let failure = |gpu: Option<String>| HardwareFailure {
         at: at.clone(),
         node: spec.node_name.clone(),
@@ -92,6 +105,7 @@ pub fn failures_of(remediation: &GpuRemediation) -> Vec<(Hardware, HardwareFailu
         gpu,
         host: ledger.host.clone(),
         action: spec.action,
+        diagnostics: diagnostics.clone(),
     };
     let mut out: Vec<(Hardware, HardwareFailure)> = failed_serials(ledger)
         .into_iter()
@@ -267,12 +281,17 @@ pub fn records_to_write(
             if record.spec.id != id || record.spec.kind != kind {
                 continue;
             }
-            if record
+            if let Some(known) = record
                 .spec
                 .failures
-                .iter()
-                .any(|f| f.remediation == failure.remediation)
+                .iter_mut()
+                .find(|f| f.remediation == failure.remediation)
             {
+                // Written when the remediation passed Pending; its diagnostics end later and
+                // complete the entry once (never rewritten after).
+                if known.diagnostics.is_none() && failure.diagnostics.is_some() {
+                    known.diagnostics = failure.diagnostics;
+                }
                 continue;
             }
             record.spec.failure_count = record.spec.failure_count.saturating_add(1);
@@ -479,6 +498,60 @@ pub(crate) mod tests {
         assert_eq!(written[0].spec.failure_count, 2);
         assert_eq!(written[0].spec.failures[0].node, "node-b");
         assert_eq!(written[0].metadata.resource_version.as_deref(), Some("1"));
+    }
+
+    /// `remediation` whose diagnostics ran: ended with `outcome`, or still running (`None`).
+    fn with_diagnostics(
+        remediation: &GpuRemediation,
+        outcome: Option<gpu_remediation_api::diagnostics::DiagnosticsOutcome>,
+    ) -> Arc<GpuRemediation> {
+        let mut r = remediation.clone();
+        r.status
+            .get_or_insert_with(GpuRemediationStatus::default)
+            .diagnostics = Some(gpu_remediation_api::diagnostics::DiagnosticsRecord {
+            namespace: "gpu-remediation".into(),
+            job: "a-1-diagnostics".into(),
+            uid: None,
+            start: Time(at(0)),
+            end: outcome.map(|_| Time(at(1))),
+            outcome,
+            duration_seconds: outcome.map(|_| 3600),
+            message: outcome.map(|_| "reported condition Complete=True".into()),
+        });
+        Arc::new(r)
+    }
+
+    #[test]
+    fn the_diagnostics_complete_the_entry_once_they_ended_and_never_rewrite_it() {
+        use gpu_remediation_api::diagnostics::DiagnosticsOutcome;
+        let first = remediation("a-1", "node-a", 0, "1650000000001", Some("host-a"));
+        let records = stored(records_to_write(&[], std::slice::from_ref(&first)));
+        assert!(records.iter().all(|r| r.spec.failures[0].diagnostics.is_none()));
+        // Still running: nothing to add.
+        let running = with_diagnostics(&first, None);
+        assert!(records_to_write(&records, &[running]).is_empty());
+        // Ended: the GPU's and the host's entries are completed, their count unchanged.
+        let collected = with_diagnostics(&first, Some(DiagnosticsOutcome::Collected));
+        let written = records_to_write(&records, std::slice::from_ref(&collected));
+        assert_eq!(written.len(), 2, "the GPU's record and the host's");
+        for record in &written {
+            assert_eq!(record.spec.failure_count, 1);
+            let diagnostics = record.spec.failures[0].diagnostics.as_ref().expect("completed");
+            assert_eq!(diagnostics.outcome, Some(DiagnosticsOutcome::Collected));
+            assert_eq!(diagnostics.job, "a-1-diagnostics");
+        }
+        // Written: nothing more to write, and the history shows them.
+        let records = stored(written);
+        assert!(records_to_write(&records, std::slice::from_ref(&collected)).is_empty());
+        let all = failures(&records, &[first]);
+        assert!(all.of(HardwareKind::Host, "host-a")[0].diagnostics.is_some());
+        // The remediation's view completes an entry not yet written, too.
+        let fresh = failures(&[], &[collected]);
+        assert!(
+            fresh.of(HardwareKind::Gpu, "1650000000001")[0]
+                .diagnostics
+                .is_some()
+        );
     }
 
     #[test]
