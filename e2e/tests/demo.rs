@@ -2,8 +2,9 @@
 //! `gpu-remediator` binaries, built here, end to end (its own control plane, fleet, manifests,
 //! sample policy, the controller process under its service account). It must reach `Succeeded`,
 //! print its summary with every figure, say the PDBs held, show a new pod held off the quarantined
-//! node while `for` runs, show the escalation ladder repairing a node by a GPU reset (no
-//! replacement), and tear everything down.
+//! node while `for` runs, show the escalation ladder on a node whose GPU reset leaves it broken:
+//! validation fails, the node stays cordoned, the ladder climbs to a reboot that heals it, and
+//! validation passes (no replacement); and tear everything down.
 
 use std::time::{Duration, Instant};
 
@@ -56,7 +57,11 @@ fn the_demo_recycles_a_node_and_prints_its_summary_with_budgets_honoured() {
         "PDBs honoured:     yes",
         "the node group brought up gpu-",
         "LADDER: policy demo-repair-before-replace governs gpu-",
-        "ResetGpu Succeeded in ",
+        "proven by a validation Job (dcgmi diag)",
+        "VALIDATION FAILED, climbing: ResetGpu",
+        "validation Job gpu-remediation/",
+        "ResetGpu Permanent, Reboot Succeeded in ",
+        "validation failed after the reset (the GPU still broken) and passed after the reboot",
         "nothing replaced",
         "torn down",
     ] {

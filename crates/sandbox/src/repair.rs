@@ -57,6 +57,9 @@ pub struct Behaviour {
     /// broken: [`crate::fleet::validation_pod::SIM_GPU_FAULT_ANNOTATION`] stays, and a
     /// validation Job on the node fails).
     pub heals_hardware: bool,
+    /// With `heals_hardware`: a reset heals the simulated GPU too (false: a reset leaves it broken
+    /// while the node reports healthy, and only a reboot heals it: the demo's failed validation).
+    pub reset_heals_hardware: bool,
 }
 
 /// How a repair that helps makes the node report healthy.
@@ -82,6 +85,7 @@ impl Default for Behaviour {
             takes: Duration::from_millis(500),
             heal_by: Heal::Condition,
             heals_hardware: true,
+            reset_heals_hardware: true,
         }
     }
 }
@@ -238,14 +242,15 @@ async fn carry_out(
         }
         _ => false,
     };
+    let hardware = hardware(behaviour, action);
     if heals && behaviour.heal_by == Heal::ClearAnnotation {
         let cleared = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH);
-        let patch = json!({"metadata": {"annotations": {CLEAR_ANNOTATION: cleared.to_string(), SIM_GPU_FAULT_ANNOTATION: hardware(behaviour)}}});
+        let patch = json!({"metadata": {"annotations": {CLEAR_ANNOTATION: cleared.to_string(), SIM_GPU_FAULT_ANNOTATION: hardware}}});
         nodes
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
     } else if heals {
-        let patch = json!({"metadata": {"annotations": {FAILED_GPUS_ANNOTATION: null, SIM_GPU_FAULT_ANNOTATION: hardware(behaviour)}}});
+        let patch = json!({"metadata": {"annotations": {FAILED_GPUS_ANNOTATION: null, SIM_GPU_FAULT_ANNOTATION: hardware}}});
         nodes
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
@@ -259,10 +264,11 @@ async fn carry_out(
     Ok(())
 }
 
-/// The simulated GPU fault after a repair that makes the node report healthy: gone (`null`) when
-/// it heals the hardware, else still there.
-fn hardware(behaviour: Behaviour) -> serde_json::Value {
-    if behaviour.heals_hardware {
+/// The simulated GPU fault after a repair (`action`) that makes the node report healthy: gone
+/// (`null`) when it heals the hardware, else still there.
+fn hardware(behaviour: Behaviour, action: &str) -> serde_json::Value {
+    let heals = behaviour.heals_hardware && (action != "ResetGpu" || behaviour.reset_heals_hardware);
+    if heals {
         serde_json::Value::Null
     } else {
         json!("the repair left the GPU broken")

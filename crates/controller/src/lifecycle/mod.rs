@@ -37,6 +37,8 @@ pub mod note;
 mod paths;
 pub mod provenance;
 #[cfg(test)]
+mod recovery_tests;
+#[cfg(test)]
 mod refusal_tests;
 mod replacement;
 mod seen;
@@ -340,8 +342,20 @@ fn before_hand_over(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Decisi
         return cancel(facts, status, CancelReason::UncordonedByPerson);
     }
     let release_at = facts.release_at();
+    let mut status = status;
     if release_at.is_some_and(|at| at <= facts.now) {
-        return cancel(facts, status, CancelReason::Recovered);
+        // A recovery is evidence, not proof: with a validation, only its pass releases the node;
+        // while it runs, or once it failed, the drain (and the ladder after it) goes on.
+        let mut record = status.validation.clone();
+        let gate = validation::gate_seen(rules, &mut record, seen, facts.now);
+        status.validation = record;
+        match gate {
+            validation::Gate::Release(_) => return cancel(facts, status, CancelReason::Recovered),
+            validation::Gate::Ask => return Decision::Ask(Ask::Validate(None)),
+            validation::Gate::Wait { .. }
+            | validation::Gate::Refused(_)
+            | validation::Gate::Against { .. } => {}
+        }
     }
     let approved = status::approved(remediation);
     match phase {

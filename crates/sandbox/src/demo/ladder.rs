@@ -1,8 +1,12 @@
-//! The demo's second story: the escalation ladder on one node. A policy with a ladder governs one
-//! healthy node; a `RESET_GPU`-class XID hits its GPU 3; the controller (the real process, under
-//! its own RBAC plus a role for the reset kind) cordons and drains it, creates a `DemoGpuReset`
-//! object, which the sandbox's repair operator carries out; the GPU answers again under its UUID,
-//! the node stays healthy for the dwell, and the remediation succeeds without a replacement.
+//! The demo's second story: the escalation ladder on one node, each step proven by validation. A
+//! policy with a ladder (`ResetGpu`, `Reboot`, `Replace`) and a validation Job (`dcgmi diag`)
+//! governs one healthy node; a `RESET_GPU`-class XID hits its GPU 3; the controller (the real
+//! process, under its own RBAC plus a role for the repair kind) cordons and drains it and creates
+//! a `DemoGpuReset` object, which the sandbox's repair operator carries out. The GPU answers again
+//! and the node reports healthy, but its hardware is still broken: the validation Job fails (the
+//! simulated kubelet fails a validation pod on a broken GPU), the node stays cordoned and the
+//! ladder climbs to `Reboot`, which heals it; validation passes and the node is released, without
+//! a replacement.
 
 use std::time::{Duration, Instant};
 
@@ -75,8 +79,21 @@ fn policy(node: &str) -> Result<GpuRemediationPolicy, serde_json::Error> {
                     "apiVersion": format!("{GROUP}/v1"), "kind": KIND,
                     "metadata": {"namespace": NAMESPACE},
                     "spec": {"node": "{{nodeName}}", "action": "ResetGpu", "gpu": "{{gpuUUID}}"}}},
+                {"step": "Reboot", "timeout": "2m", "template": {
+                    "apiVersion": format!("{GROUP}/v1"), "kind": KIND,
+                    "metadata": {"namespace": NAMESPACE},
+                    "spec": {"node": "{{nodeName}}", "action": "Reboot"}}},
                 {"step": "Replace", "timeout": "10m"},
             ],
+            // The shipped sample's `dcgmi diag -r 2` (config/validation/dcgm-diag.yaml): nothing
+            // runs it here, the simulated kubelet decides from the node's simulated GPU.
+            "validation": {
+                "job": {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"namespace": NAMESPACE},
+                        "spec": {"template": {"spec": {"containers": [{"name": "dcgm-diag",
+                            "image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
+                            "command": ["dcgmi", "diag", "-r", "2"]}]}}}},
+                "timeout": "1m",
+            },
             "release": {"healthyFor": "5s"},
             "safety": {"maxUnhealthy": "100%"},
         },
@@ -91,7 +108,7 @@ pub(super) async fn story(admin: &Client, fleet: &crate::Fleet, clock: &Clock) -
         .map_err(step("adding a node for the ladder"))?;
     let climbed = run(admin, &fresh[0], clock).await?;
     clock.say(&format!(
-        "ladder on {}: {} in {:.1}s; the node was released, nothing replaced",
+        "ladder on {}: {} in {:.1}s; validation failed after the reset (the GPU still broken) and passed after the reboot; the node was released, nothing replaced",
         climbed.node,
         climbed.steps.join(", "),
         climbed.took.unwrap_or_default().as_secs_f64()
@@ -114,7 +131,12 @@ async fn run(admin: &Client, node: &str, clock: &Clock) -> Result<LadderFigures,
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let _repairer = Repairer::start(admin.clone(), &resource, NAMESPACE, Behaviour::default());
+    // A reset that makes the GPU answer again but leaves its hardware broken; a reboot heals it.
+    let behaviour = Behaviour {
+        reset_heals_hardware: false,
+        ..Behaviour::default()
+    };
+    let _repairer = Repairer::start(admin.clone(), &resource, NAMESPACE, behaviour);
     let policy = policy(node).map_err(step("building the ladder policy"))?;
     Api::<GpuRemediationPolicy>::all(admin.clone())
         .create(&PostParams::default(), &policy)
@@ -125,7 +147,7 @@ async fn run(admin: &Client, node: &str, clock: &Clock) -> Result<LadderFigures,
         .await
         .map_err(step("publishing the GPU inventory"))?;
     clock.say(&format!(
-        "LADDER: policy {POLICY} governs {node}: ResetGpu (a {KIND} object) -> Replace, each judged by evidence"
+        "LADDER: policy {POLICY} governs {node}: ResetGpu -> Reboot (each a {KIND} object) -> Replace, each judged by evidence and proven by a validation Job (dcgmi diag) before the node is released"
     ));
     let fault_at = Instant::now();
     repair::xid(admin, node, &gpus[3], 48, "RESET_GPU")
@@ -146,6 +168,7 @@ async fn follow(
 ) -> Result<LadderFigures, RunDemoError> {
     let remediations = Api::<GpuRemediation>::all(admin.clone());
     let mut said = String::new();
+    let mut told = 0;
     let deadline = fault_at + Duration::from_secs(120);
     while Instant::now() < deadline {
         let found = remediations
@@ -167,6 +190,33 @@ async fn follow(
                     status.message.clone().unwrap_or_default()
                 ));
                 said = now;
+            }
+            for step in status.steps.iter().skip(told) {
+                let Some(outcome) = step.outcome else { break };
+                let proof = step.evidence.validation.as_ref().map_or_else(String::new, |v| {
+                    format!(
+                        "; validation Job {}/{} {}",
+                        v.namespace,
+                        v.job,
+                        v.outcome
+                            .map_or_else(|| "running".to_owned(), |o| format!("{o:?}"))
+                    )
+                });
+                let failed_validation = step.evidence.validation.as_ref().is_some_and(|v| {
+                    v.outcome
+                        .is_some_and(|o| o != gpu_remediation_api::validation::ValidationOutcome::Passed)
+                });
+                let verdict = if failed_validation {
+                    "VALIDATION FAILED, climbing"
+                } else {
+                    "step ended"
+                };
+                clock.say(&format!(
+                    "ladder {node}: {verdict}: {} {outcome:?}{proof}: {}",
+                    step.step,
+                    step.message.clone().unwrap_or_default()
+                ));
+                told += 1;
             }
             if status.phase.is_terminal() {
                 let steps: Vec<String> = status
