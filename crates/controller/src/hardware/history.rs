@@ -5,7 +5,8 @@
 //! forget. Pure.
 //!
 //! Bounds: a record keeps its latest [`RECORD_FAILURES_MAX`] failures (newest first) and counts all
-//! of them in `failureCount`; a record whose latest failure is older than [`RECORD_RETENTION`] is
+//! of them in `failureCount` (a failure older than every one a full record keeps was dropped, and
+//! counted, when written: it is not added again); a record whose latest failure is older than [`RECORD_RETENTION`] is
 //! deleted, and past [`RECORDS_MAX`] records the ones whose latest failure is oldest go first.
 
 use std::{
@@ -65,13 +66,16 @@ impl Failures {
             }
         } else {
             list.push(failure);
-            list.sort_by(|a, b| {
-                b.at.0
-                    .cmp(&a.at.0)
-                    .then_with(|| a.remediation.cmp(&b.remediation))
-            });
+            list.sort_by(newest_first);
         }
     }
+}
+
+/// The order of a record's failures: newest first, then by remediation.
+fn newest_first(a: &HardwareFailure, b: &HardwareFailure) -> std::cmp::Ordering {
+    b.at.0
+        .cmp(&a.at.0)
+        .then_with(|| a.remediation.cmp(&b.remediation))
 }
 
 /// The failures a remediation's ledger names: one per failed GPU serial, and one for the host.
@@ -294,13 +298,20 @@ pub fn records_to_write(
                 }
                 continue;
             }
+            // A full record whose oldest kept entry is newer dropped this one (or would at
+            // once): counted when it was written, never again (no rewrite every pass).
+            if record.spec.failures.len() >= RECORD_FAILURES_MAX
+                && record
+                    .spec
+                    .failures
+                    .last()
+                    .is_some_and(|oldest| newest_first(oldest, &failure).is_lt())
+            {
+                continue;
+            }
             record.spec.failure_count = record.spec.failure_count.saturating_add(1);
             record.spec.failures.push(failure);
-            record.spec.failures.sort_by(|a, b| {
-                b.at.0
-                    .cmp(&a.at.0)
-                    .then_with(|| a.remediation.cmp(&b.remediation))
-            });
+            record.spec.failures.sort_by(newest_first);
             record.spec.failures.truncate(RECORD_FAILURES_MAX);
         }
     }
@@ -563,6 +574,42 @@ pub(crate) mod tests {
         assert_eq!(written[0].spec.failure_count, 20);
         assert_eq!(written[0].spec.failures.len(), RECORD_FAILURES_MAX);
         assert_eq!(written[0].spec.failures[0].remediation, "r-19");
+    }
+
+    #[test]
+    fn a_full_record_is_not_rewritten_for_the_failures_it_dropped() {
+        let many: Vec<_> = (0..20)
+            .map(|i| remediation(&format!("r-{i}"), "node-a", i, "1650000000001", None))
+            .collect();
+        let records = stored(records_to_write(&[], &many));
+        assert!(records_to_write(&records, &many).is_empty());
+    }
+
+    #[test]
+    fn the_history_prefers_the_entry_carrying_the_diagnostics() {
+        use gpu_remediation_api::diagnostics::DiagnosticsOutcome;
+        let first = remediation("a-1", "node-a", 0, "1650000000001", None);
+        let collected = with_diagnostics(&first, Some(DiagnosticsOutcome::Collected));
+        let outcome = |all: &Failures| {
+            let list = all.of(HardwareKind::Gpu, "1650000000001");
+            assert_eq!(list.len(), 1, "one entry per remediation");
+            list[0].diagnostics.as_ref().and_then(|d| d.outcome)
+        };
+        // The record written before they ended, the remediation since completed: its run shows.
+        let bare = stored(records_to_write(&[], std::slice::from_ref(&first)));
+        assert_eq!(
+            outcome(&failures(&bare, std::slice::from_ref(&collected))),
+            Some(DiagnosticsOutcome::Collected)
+        );
+        // The record completed, the remediation's run still without outcome: the record's shows.
+        let complete = stored(records_to_write(&bare, std::slice::from_ref(&collected)));
+        let running = with_diagnostics(&first, None);
+        assert_eq!(
+            outcome(&failures(&complete, &[running])),
+            Some(DiagnosticsOutcome::Collected)
+        );
+        // Neither has one: none is made up.
+        assert_eq!(outcome(&failures(&bare, &[with_diagnostics(&first, None)])), None);
     }
 
     #[test]
