@@ -287,20 +287,13 @@ async fn notice_run(notice: &str, checkpoint: Option<Duration>) -> Vec<i64> {
         .expect("the record says when the notice went out")
         .0;
     for pod in &others {
-        let notes: Vec<String> =
-            Api::<k8s_openapi::api::events::v1::Event>::namespaced(s.client.clone(), &s.namespace)
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .filter(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod.name_any().as_str())
-                        && e.reason.as_deref()
-                            == Some(gpu_remediation_api::constants::reasons::CHECKPOINT_NOTICE)
-                })
-                .filter_map(|e| e.note)
-                .collect();
+        let notes = scenario::event_notes_in(
+            &s.client,
+            &s.namespace,
+            &pod.name_any(),
+            gpu_remediation_api::constants::reasons::CHECKPOINT_NOTICE,
+        )
+        .await;
         assert_eq!(
             notes.len(),
             1,

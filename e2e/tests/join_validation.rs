@@ -18,12 +18,12 @@ use common::eventually;
 use gpu_remediation_api::constants::{
     UNVALIDATED_TAINT_KEY, node_conditions::GPU_VALIDATED, reasons, validated_reasons,
 };
+use gpu_remediator::quarantine::leak::scheduled_at;
 use gpu_sandbox::fleet::validation_pod::SIM_GPU_FAULT_ANNOTATION;
 use k8s_openapi::api::{
     batch::v1::Job,
     core::v1::{Node, NodeSpec, Pod, Taint},
 };
-use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, ResourceExt,
     api::{ListParams, PostParams},
@@ -34,16 +34,7 @@ use serde_json::json;
 /// The policy: the sample's `dcgmi diag` as validation Job, new nodes validated one at a time.
 fn policy(s: &Scenario) -> serde_json::Value {
     json!({"validation": {
-        "job": {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"namespace": s.namespace},
-            "spec": {"template": {"spec": {"containers": [{
-                "name": "dcgm-diag",
-                "image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
-                "command": ["dcgmi", "diag", "-r", "2"],
-            }]}}},
-        },
+        "job": scenario::dcgm_validation_job(&s.namespace),
         "timeout": "2m",
         "newNodes": {"max": 1},
     }})
@@ -122,19 +113,6 @@ async fn job_of(s: &Scenario, node: &str) -> Option<Job> {
                 .and_then(|pod| pod.node_name.as_deref())
                 == Some(node)
         })
-}
-
-/// When the scheduler bound `pod` (its `PodScheduled=True` transition).
-fn scheduled_at(pod: &Pod) -> Option<Timestamp> {
-    pod.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "PodScheduled" && c.status == "True")?
-        .last_transition_time
-        .as_ref()
-        .map(|t| t.0)
 }
 
 #[tokio::test]

@@ -40,16 +40,7 @@ use serde_json::json;
 /// simulated kubelet decides its pod's outcome).
 fn validation(s: &Scenario) -> serde_json::Value {
     json!({
-        "job": {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"namespace": s.namespace},
-            "spec": {"template": {"spec": {"containers": [{
-                "name": "dcgm-diag",
-                "image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
-                "command": ["dcgmi", "diag", "-r", "2"],
-            }]}}},
-        },
+        "job": scenario::dcgm_validation_job(&s.namespace),
         "timeout": "30s",
     })
 }

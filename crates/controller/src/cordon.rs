@@ -32,6 +32,20 @@ pub struct NodeRef {
     pub uid: Option<String>,
 }
 
+impl NodeRef {
+    /// The node as an Event's `regarding`.
+    #[must_use]
+    pub fn object_reference(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Node".to_owned()),
+            name: Some(self.name.clone()),
+            uid: self.uid.clone(),
+            ..Default::default()
+        }
+    }
+}
+
 /// Who holds the node's cordon, from the point of view of the remediation `remediation`.
 #[must_use]
 pub fn cordon_of(node: &Node, remediation: &str) -> Cordon {

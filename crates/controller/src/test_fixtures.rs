@@ -71,3 +71,48 @@ pub(crate) fn node(name: &str, broken_since: Option<Timestamp>) -> Node {
         }),
     }
 }
+
+/// What a lifecycle pass sees of `node` (if any) with `answers`: no pods, no budget, nothing in
+/// flight, no object looked at, a 1 s pod poll, a 5 s eviction backoff.
+pub(crate) fn seen<'a>(
+    node: Option<&'a Node>,
+    answers: &'a crate::lifecycle::Answers,
+) -> crate::lifecycle::Seen<'a> {
+    static NONE_IN_FLIGHT: std::sync::LazyLock<std::collections::BTreeMap<String, u32>> =
+        std::sync::LazyLock::new(std::collections::BTreeMap::new);
+    fn never(_: &str) -> Option<Timestamp> {
+        None
+    }
+    crate::lifecycle::Seen {
+        node,
+        pods: None,
+        drain_scope: None,
+        gangs: &[],
+        budgets: &[],
+        in_flight: &NONE_IN_FLIGHT,
+        asked_at: &never,
+        replacement: None,
+        validation: None,
+        diagnostics: None,
+        answers,
+        pace: crate::lifecycle::Pace {
+            pod_poll: jiff::SignedDuration::from_secs(1),
+            eviction_backoff: jiff::SignedDuration::from_secs(5),
+            replacement_poll: jiff::SignedDuration::from_secs(2),
+        },
+    }
+}
+
+/// A running, ready pod `work/<name>` (UID `uid-<name>`) labelled `app=<app>`, to be evicted.
+pub(crate) fn leaving(name: &str, app: &str) -> crate::drain::Leaving {
+    crate::drain::Leaving {
+        namespace: "work".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        terminating: false,
+        gone_by: None,
+        labels: [("app".to_owned(), app.to_owned())].into(),
+        readiness: crate::drain::Readiness::Ready,
+        notice: crate::drain::Notice::default(),
+    }
+}

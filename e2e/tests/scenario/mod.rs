@@ -525,9 +525,15 @@ pub async fn events_about(client: &Client, name: &str) -> BTreeMap<String, i32> 
     by_reason
 }
 
-/// The notes of the Events about object `name` with `reason`.
+/// The notes of the Events about object `name` with `reason` (a cluster-scoped object's Events
+/// are in `default`).
 pub async fn event_notes(client: &Client, name: &str, reason: &str) -> Vec<String> {
-    Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), "default")
+    event_notes_in(client, "default", name, reason).await
+}
+
+/// The notes of the Events in `namespace` about object `name` with `reason`.
+pub async fn event_notes_in(client: &Client, namespace: &str, name: &str, reason: &str) -> Vec<String> {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
         .await
         .unwrap()
@@ -539,6 +545,21 @@ pub async fn event_notes(client: &Client, name: &str, reason: &str) -> Vec<Strin
         })
         .filter_map(|e| e.note)
         .collect()
+}
+
+/// A validation Job as the sample's `dcgmi diag -r 2`, in `namespace` (nothing runs it here: the
+/// simulated kubelet decides its pod's outcome from the node's simulated GPU).
+pub fn dcgm_validation_job(namespace: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"namespace": namespace},
+        "spec": {"template": {"spec": {"containers": [{
+            "name": "dcgm-diag",
+            "image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
+            "command": ["dcgmi", "diag", "-r", "2"],
+        }]}}},
+    })
 }
 
 /// The stand-in reboot kind (`common::REBOOT_CRD`).

@@ -23,10 +23,7 @@ use gpu_remediation_api::{
     hardware::RepeatOffence,
 };
 use jiff::Timestamp;
-use k8s_openapi::{
-    api::core::v1::{Node, ObjectReference},
-    apimachinery::pkg::apis::meta::v1::Time,
-};
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{ResourceExt, api::DeleteParams, runtime::events::EventType};
 use serde_json::json;
 
@@ -369,13 +366,7 @@ async fn announce_node(
     reason: &str,
     message: &str,
 ) {
-    let reference = ObjectReference {
-        api_version: Some("v1".to_owned()),
-        kind: Some("Node".to_owned()),
-        name: Some(node.to_owned()),
-        uid: uid.cloned(),
-        ..ObjectReference::default()
-    };
+    let reference = node_ref(node, uid).object_reference();
     tracing::warn!(%node, kind = ?offence.kind, id = %offence.id, "{message}");
     let event = Note::new(reason, EventType::Warning, message).event("CheckHardware");
     ctx.writer.publish_to(&reference, event).await;

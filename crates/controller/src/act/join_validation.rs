@@ -273,13 +273,11 @@ async fn condition(
 }
 
 async fn announce(ctx: &Context, node: &Node, reason: &str, kind: EventType, message: &str) {
-    let reference = k8s_openapi::api::core::v1::ObjectReference {
-        api_version: Some("v1".to_owned()),
-        kind: Some("Node".to_owned()),
-        name: Some(node.name_any()),
+    let reference = NodeRef {
+        name: node.name_any(),
         uid: node.metadata.uid.clone(),
-        ..Default::default()
-    };
+    }
+    .object_reference();
     tracing::info!(node = %node.name_any(), %reason, "{message}");
     let event = Note::new(reason, kind, message).event("ValidateNewNode");
     ctx.writer.publish_to(&reference, event).await;

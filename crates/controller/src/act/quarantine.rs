@@ -15,8 +15,7 @@ use futures::{StreamExt as _, stream};
 use gpu_remediation_api::GpuRemediationPolicy;
 use gpu_remediation_api::constants::{policy_conditions, reasons};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use kube::{Resource as _, ResourceExt as _, runtime::events::EventType};
+use kube::{ResourceExt as _, runtime::events::EventType};
 
 use super::quarantine_device as device_apply;
 use crate::{
@@ -138,7 +137,7 @@ async fn announce(ctx: &Context, results: impl IntoIterator<Item = Written>) -> 
     for result in results {
         match result {
             Ok(Some((target, note))) => {
-                events.push((node_reference(&target), note.event("Quarantine")));
+                events.push((NodeRef::object_reference(&target), note.event("Quarantine")));
             }
             Ok(None) => {}
             Err(error) => failed = Some(error),
@@ -288,16 +287,6 @@ async fn owner_exists(ctx: &Context, name: &str) -> bool {
             tracing::debug!(policy = %name, %error, "reading a quarantine's policy failed; keeping it");
             true
         }
-    }
-}
-
-fn node_reference(node: &NodeRef) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(Node::api_version(&()).into_owned()),
-        kind: Some(Node::kind(&()).into_owned()),
-        name: Some(node.name.clone()),
-        uid: node.uid.clone(),
-        ..ObjectReference::default()
     }
 }
 

@@ -257,16 +257,7 @@ mod tests {
     use crate::test_fixtures::at;
 
     fn pod(name: &str, app: &str) -> Leaving {
-        Leaving {
-            namespace: "work".into(),
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            terminating: false,
-            gone_by: None,
-            labels: [("app".to_owned(), app.to_owned())].into(),
-            readiness: Readiness::Ready,
-            notice: crate::drain::Notice::default(),
-        }
+        crate::test_fixtures::leaving(name, app)
     }
 
     fn budget(name: &str, app: &str, allowed: i32) -> PodDisruptionBudget {

@@ -329,7 +329,7 @@ fn let_go_if_taken_over(decision: Decision, facts: &Facts<'_>) -> Decision {
 }
 
 /// Everything before the hand-over: cordon, drain, and the ways it stops early.
-fn before_hand_over(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Decision {
+fn before_hand_over(pass: &Pass<'_, '_>, mut status: GpuRemediationStatus) -> Decision {
     let (remediation, rules, seen, facts) = pass.parts();
     let phase = status.phase;
     match facts.identity {
@@ -342,7 +342,6 @@ fn before_hand_over(pass: &Pass<'_, '_>, status: GpuRemediationStatus) -> Decisi
         return cancel(facts, status, CancelReason::UncordonedByPerson);
     }
     let release_at = facts.release_at();
-    let mut status = status;
     if release_at.is_some_and(|at| at <= facts.now) {
         // A recovery is evidence, not proof: with a validation, only its pass releases the node;
         // while it runs, or once it failed, the drain (and the ladder after it) goes on.

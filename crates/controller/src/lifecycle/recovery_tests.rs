@@ -5,8 +5,6 @@
 //! go on. Found by the demo: a reset that left the GPU broken but the node reporting healthy was
 //! released as "recovered" once the next step's drain began.
 
-use std::collections::BTreeMap;
-
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicySpec, GpuRemediationStatus, Phase,
     constants::CORDONED_BY_ANNOTATION,
@@ -15,10 +13,9 @@ use gpu_remediation_api::{
     remediation::{PhaseTransition, PolicySnapshot},
     validation::{ValidationOutcome, ValidationRecord},
 };
-use jiff::SignedDuration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{Answers, Ask, CancelReason, Decision, Pace, Seen, decide};
+use super::{Answers, Ask, CancelReason, Decision, decide};
 use crate::test_fixtures::{at, node, remediation};
 
 const NAME: &str = "gpu-1-r";
@@ -62,25 +59,7 @@ fn decide_on(record: &GpuRemediation, rules: &PolicySnapshot, answers: &Answers)
     let mut n = node("gpu-1", None);
     n.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
     n.metadata.annotations = Some([(CORDONED_BY_ANNOTATION.to_owned(), NAME.to_owned())].into());
-    let never = |_: &str| None;
-    let seen = Seen {
-        node: Some(&n),
-        pods: None,
-        drain_scope: None,
-        gangs: &[],
-        budgets: &[],
-        in_flight: &BTreeMap::new(),
-        asked_at: &never,
-        replacement: None,
-        validation: None,
-        diagnostics: None,
-        answers,
-        pace: Pace {
-            pod_poll: SignedDuration::from_secs(1),
-            eviction_backoff: SignedDuration::from_secs(5),
-            replacement_poll: SignedDuration::from_secs(2),
-        },
-    };
+    let seen = crate::test_fixtures::seen(Some(&n), answers);
     decide(record, Some(rules), &seen, at(200))
 }
 

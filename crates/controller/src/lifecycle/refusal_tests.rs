@@ -2,8 +2,6 @@
 //! once with the server's words; a transient one is asked again after a growing backoff, until
 //! the step's deadline.
 
-use std::collections::BTreeMap;
-
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationPolicySpec, GpuRemediationStatus, Phase,
     policy::Action,
@@ -12,7 +10,7 @@ use gpu_remediation_api::{
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{Answers, CordonAnswer, Decision, Next, Pace, Seen, Words, decide};
+use super::{Answers, CordonAnswer, Decision, Next, Words, decide};
 use crate::{
     retry::Cause,
     test_fixtures::{at, node, remediation},
@@ -48,25 +46,7 @@ fn record(phase: Phase) -> GpuRemediation {
 
 fn decide_with(record: &GpuRemediation, answers: &Answers, now: Timestamp) -> Decision {
     let n = node("gpu-1", Some(at(0)));
-    let never = |_: &str| None;
-    let seen = Seen {
-        node: Some(&n),
-        pods: None,
-        drain_scope: None,
-        gangs: &[],
-        budgets: &[],
-        in_flight: &BTreeMap::new(),
-        asked_at: &never,
-        replacement: None,
-        validation: None,
-        diagnostics: None,
-        answers,
-        pace: Pace {
-            pod_poll: SignedDuration::from_secs(1),
-            eviction_backoff: SignedDuration::from_secs(5),
-            replacement_poll: SignedDuration::from_secs(2),
-        },
-    };
+    let seen = crate::test_fixtures::seen(Some(&n), answers);
     decide(record, Some(&rules()), &seen, now)
 }
 

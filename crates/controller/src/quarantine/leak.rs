@@ -34,7 +34,8 @@ pub fn scheduled_after(pods: &[Pod], since: Timestamp) -> u32 {
 }
 
 /// When the pod's `PodScheduled` condition turned `True`, if it has.
-fn scheduled_at(pod: &Pod) -> Option<Timestamp> {
+#[must_use]
+pub fn scheduled_at(pod: &Pod) -> Option<Timestamp> {
     pod.status
         .as_ref()?
         .conditions

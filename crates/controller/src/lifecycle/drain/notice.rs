@@ -152,14 +152,8 @@ mod tests {
 
     fn pod(name: &str, notice: Notice) -> Leaving {
         Leaving {
-            namespace: "work".into(),
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            terminating: false,
-            gone_by: None,
-            labels: std::collections::BTreeMap::new(),
-            readiness: crate::drain::Readiness::Ready,
             notice,
+            ..crate::test_fixtures::leaving(name, "train")
         }
     }
 
