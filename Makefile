@@ -143,13 +143,15 @@ bench-peer:
 		$(TARGET_DIR)/debug/gpu-bench --only karpenter-peer --out $(TARGET_DIR)/bench/peer.json $(BENCH_ARGS)
 
 # DeleteNodeClaim and DeleteMachine against the real controllers: upstream Karpenter with its KWOK
-# provider and Cluster API's core manager (tools/karpenter-kwok, tools/capi-manager), built from their
-# pinned Go modules on first use and cached like the control plane. Not in `test`: their cold builds
-# are heavy (about 6.5 and 7.2 CPU-minutes cold, see README); .ci/run runs this target.
-REAL_TESTS = --test real_karpenter --test real_capi
+# provider and Cluster API's core manager (tools/karpenter-kwok, tools/capi-manager), and gang drains
+# against upstream JobSet (tools/jobset), built from their pinned Go modules on first use and cached
+# like the control plane. Not in `test`: their cold builds are heavy (about 6.5, 7.2 and 2.5
+# CPU-minutes cold, see README); .ci/run runs this target.
+REAL_TESTS = --test real_karpenter --test real_capi --test real_jobset
 e2e-real:
 	karpenter="$$(tools/build.sh karpenter-kwok)" && capi="$$(tools/build.sh capi-manager)" && \
-	GPU_REMEDIATOR_KARPENTER="$$karpenter" GPU_REMEDIATOR_CAPI="$$capi" \
+	jobset="$$(tools/build.sh jobset)" && \
+	GPU_REMEDIATOR_KARPENTER="$$karpenter" GPU_REMEDIATOR_CAPI="$$capi" GPU_REMEDIATOR_JOBSET="$$jobset" \
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" \
 		$(CARGO) test -p e2e --no-fail-fast $(REAL_TESTS) -- --ignored --test-threads=2
 

@@ -10,6 +10,7 @@
 #
 #   tools/build.sh karpenter-kwok  # Karpenter with its KWOK cloud provider, and its CRDs (e2e on real controllers)
 #   tools/build.sh capi-manager    # Cluster API's core manager, and its CRDs (e2e on real controllers)
+#   tools/build.sh jobset          # JobSet's controller manager, and its CRD (e2e on real controllers)
 #
 # Each tools/NAME/build.env sets PACKAGE (what to build), and optionally TAGS, LDFLAGS and
 # MODULE_FILES: `MODULE:GLOB` words naming files of a required module (its pinned version) copied

@@ -3,9 +3,8 @@
 //! members on the two healthy nodes are evicted through the Eviction API within seconds of the
 //! record's admission (so the job restarts at once instead of after its collective timeout), the
 //! two nodes are never cordoned, and the record names the gang, its nodes and the members it
-//! evicted. Under `Members` (the default) only the failing node's member leaves. The real
-//! `JobSet` controller is not run here (see the note of issue 42): the indexed `Job` is a gang by
-//! the same recognition.
+//! evicted. Under `Members` (the default) only the failing node's member leaves. The same with
+//! upstream `JobSet` is `real_jobset.rs` (`make e2e-real`).
 
 mod common;
 mod scenario;

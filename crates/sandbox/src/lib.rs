@@ -13,6 +13,7 @@
 //!   installs and starts the upstream controllers built from their pinned Go modules.
 //! - [`capi`]: upstream Cluster API's core manager with the sandbox as its workload cluster, and
 //!   the sandbox's own infrastructure provider.
+//! - [`jobset`]: upstream `JobSet`'s controller manager and webhooks, and a `JobSet` gang builder.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -44,6 +45,7 @@ pub mod dra;
 pub mod fault;
 pub mod fleet;
 pub mod hardware;
+pub mod jobset;
 pub mod karpenter;
 pub mod population;
 pub mod provider;
