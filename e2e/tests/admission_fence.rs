@@ -105,6 +105,7 @@ async fn pod(admin: &Client, node: &str) -> Leaving {
         labels: std::collections::BTreeMap::new(),
         readiness: gpu_remediator::drain::Readiness::Ready,
         notice: gpu_remediator::drain::Notice::default(),
+        gpus: 0,
     }
 }
 

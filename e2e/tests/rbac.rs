@@ -358,6 +358,7 @@ async fn a_direct_pod_delete_is_refused_unless_the_optional_force_delete_role_is
         labels: std::collections::BTreeMap::new(),
         readiness: gpu_remediator::drain::Readiness::Ready,
         notice: gpu_remediator::drain::Notice::default(),
+        gpus: 0,
     };
     let optional = std::fs::read_to_string(repo().join("manifests/optional/force-delete/rbac.yaml")).unwrap();
     let objects = install::parse_documents(&optional).unwrap();

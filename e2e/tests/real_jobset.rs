@@ -98,6 +98,8 @@ struct Run {
     budget: BudgetWatch,
     /// The `JobSet`'s pods: which left, and whether through the Eviction API.
     gang: BudgetWatch,
+    /// The controller's metrics.
+    metrics: gpu_remediator::telemetry::Metrics,
 }
 
 impl Run {
@@ -140,7 +142,8 @@ impl Run {
 
         s.policy(json!({"drain": drain, "safety": {"maxUnhealthy": "100%"}}))
             .await;
-        let controller = RunningController::start(&s.scope).await;
+        let metrics = gpu_remediator::telemetry::Metrics::new();
+        let controller = RunningController::start_reporting(&s.scope, metrics.clone()).await;
         s.break_gpu(&broken).await;
         let record = eventually("the record names the gang", Duration::from_secs(60), || async {
             let record = s.remediation_of(&broken).await?;
@@ -155,6 +158,7 @@ impl Run {
             record,
             budget,
             gang,
+            metrics,
         }
     }
 
@@ -242,7 +246,53 @@ async fn together_evicts_the_three_workers_elsewhere_within_seconds_and_the_jobs
         run.budget.fewest_healthy() >= 2,
         "the protected Deployment's budget (minAvailable 2) held"
     );
+    drain_cost_is_recorded_and_exported(&run, 4).await;
     run.controller.stop().await;
+}
+
+/// The drain's GPU-seconds: `evicted` workers of 8 GPUs each, every one evicted since the fault
+/// began (the trigger's `since`), so the cost is positive and no larger than `evicted` x 8 GPUs x
+/// the time since then; the policy's status sums it and the metric exports it.
+async fn drain_cost_is_recorded_and_exported(run: &Run, evicted: u64) {
+    let s = &run.s;
+    let began = run
+        .record
+        .spec
+        .trigger
+        .since
+        .as_ref()
+        .expect("the fault's time")
+        .0;
+    let record = eventually("the drain's cost recorded", Duration::from_secs(60), || async {
+        let record = s.remediation_of(&run.broken).await?;
+        let drain = record.status.as_ref()?.drain.as_ref()?;
+        (drain.pods_remaining == 0 && drain.gpu_seconds > 0).then_some(record)
+    })
+    .await;
+    let cost = record.status.unwrap().drain.unwrap().gpu_seconds;
+    let since = k8s_openapi::jiff::Timestamp::now().duration_since(began);
+    let bound = u64::try_from(since.as_secs()).unwrap() + 1;
+    assert!(
+        cost <= evicted * 8 * bound,
+        "{cost} GPU-seconds: at most {evicted} workers x 8 GPUs x {bound} s since the fault"
+    );
+    eventually("the policy sums the cost", Duration::from_secs(30), || async {
+        let policy = Api::<gpu_remediation_api::GpuRemediationPolicy>::all(s.client.clone())
+            .get(&s.scope)
+            .await
+            .ok()?;
+        (policy.status?.drain_gpu_seconds == cost).then_some(())
+    })
+    .await;
+    let series = format!(
+        "gpu_remediator_drain_gpu_seconds_total{{policy=\"{}\"}} {cost}",
+        s.scope
+    );
+    assert!(
+        run.metrics.encode().lines().any(|l| l == series),
+        "{series} in the metrics:\n{}",
+        run.metrics.encode()
+    );
 }
 
 #[tokio::test]
@@ -274,5 +324,6 @@ async fn members_evicts_only_the_failing_nodes_worker() {
         gangs_of(&recorded)[0].evicted.is_empty(),
         "still nobody elsewhere evicted"
     );
+    drain_cost_is_recorded_and_exported(&run, 1).await;
     run.controller.stop().await;
 }

@@ -474,6 +474,10 @@ pub struct GpuRemediationPolicyStatus {
     /// remediations on record (each one's `status.leakedPods`).
     #[serde(default)]
     pub leaked_pods: u32,
+    /// The GPU-seconds this policy's drains cost, summed over its remediations on record (each
+    /// one's `status.drain.gpuSeconds`).
+    #[serde(default)]
+    pub drain_gpu_seconds: u64,
     /// With `safety.slowStart`: the remediations allowed in flight now, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slow_start: Option<SlowStartStatus>,

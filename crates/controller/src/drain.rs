@@ -6,6 +6,7 @@
 //! or has finished (phase `Succeeded` or `Failed`: it holds nothing). Every other pod leaves
 //! through the Eviction API, so its disruption budgets are honoured.
 
+pub mod cost;
 pub mod gangs;
 
 use std::collections::BTreeMap;
@@ -62,6 +63,8 @@ pub struct Leaving {
     pub readiness: Readiness,
     /// Where it stands with the checkpoint notice (`drain.notice`).
     pub notice: Notice,
+    /// The GPUs it asks for ([`cost::gpus_requested`]), for the GPU-seconds its drain costs.
+    pub gpus: u32,
 }
 
 /// Where a leaving pod stands with the checkpoint notice (`drain.notice`), from its annotations.
@@ -126,6 +129,23 @@ pub fn readiness(pod: &Pod) -> Readiness {
 }
 
 impl Leaving {
+    /// `pod` as a drain takes it; `gang_member` says whether it belongs to a gang (which wants
+    /// the checkpoint notice).
+    #[must_use]
+    pub fn of(pod: &Pod, gang_member: bool) -> Self {
+        Self {
+            namespace: pod.namespace().unwrap_or_default(),
+            name: pod.name_any(),
+            uid: pod.uid().unwrap_or_default(),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+            gone_by: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0),
+            labels: pod.labels().clone(),
+            readiness: readiness(pod),
+            notice: Notice::of(pod, gang_member),
+            gpus: cost::gpus_requested(pod),
+        }
+    }
+
     /// `namespace/name`, as status and Events name pods.
     #[must_use]
     pub fn key(&self) -> String {
@@ -174,20 +194,14 @@ pub fn fate(pod: &Pod) -> Fate {
 pub fn plan(pods: &[Pod]) -> Plan {
     let mut plan = Plan::default();
     for pod in pods {
-        let namespace = pod.namespace().unwrap_or_default();
-        let name = pod.name_any();
         match fate(pod) {
-            Fate::Evict => plan.leaving.push(Leaving {
-                uid: pod.uid().unwrap_or_default(),
-                terminating: pod.metadata.deletion_timestamp.is_some(),
-                gone_by: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0),
-                labels: pod.labels().clone(),
-                readiness: readiness(pod),
-                notice: Notice::of(pod, gangs::gang_of(pod, &[]).is_some()),
-                namespace,
-                name,
-            }),
-            Fate::Keep(reason) => plan.staying.push((format!("{namespace}/{name}"), reason)),
+            Fate::Evict => plan
+                .leaving
+                .push(Leaving::of(pod, gangs::gang_of(pod, &[]).is_some())),
+            Fate::Keep(reason) => plan.staying.push((
+                format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()),
+                reason,
+            )),
         }
     }
     plan.leaving

@@ -59,6 +59,7 @@ fn bare(status: &GpuRemediationPolicyStatus) -> GpuRemediationPolicyStatus {
     bare.unhealthy_nodes = 0;
     bare.quarantined_nodes = 0;
     bare.leaked_pods = 0;
+    bare.drain_gpu_seconds = 0;
     bare.waiting_total = 0;
     for condition in &mut bare.conditions {
         condition.message.clear();

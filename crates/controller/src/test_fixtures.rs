@@ -114,5 +114,6 @@ pub(crate) fn leaving(name: &str, app: &str) -> crate::drain::Leaving {
         labels: [("app".to_owned(), app.to_owned())].into(),
         readiness: crate::drain::Readiness::Ready,
         notice: crate::drain::Notice::default(),
+        gpus: 0,
     }
 }

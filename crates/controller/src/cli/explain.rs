@@ -362,10 +362,32 @@ fn describe_in_flight(current: &GpuRemediation, explanation: &mut Explanation) {
                 blocker.message
             ));
         }
+        explanation.facts.extend(drain.gangs.iter().map(gang_line));
+        if drain.gpu_seconds > 0 {
+            explanation
+                .facts
+                .push(format!("drain cost: {} GPU-seconds", drain.gpu_seconds));
+        }
     }
     explanation
         .facts
         .extend(super::ladder_steps::record_lines(&status));
+}
+
+/// One gang a drain touched: its members' nodes, and the members evicted elsewhere (`Together`).
+fn gang_line(gang: &gpu_remediation_api::gangs::GangRecord) -> String {
+    let elsewhere = match (gang.evicted.len(), gang.left_out) {
+        (0, 0) => String::new(),
+        (evicted, 0) => format!("; {evicted} members on other nodes evicted with it"),
+        (evicted, left) => {
+            format!("; {evicted} members on other nodes evicted with it, {left} more left in place")
+        }
+    };
+    format!(
+        "gang: {} on nodes {}{elsewhere}",
+        gang.gang,
+        gang.nodes.join(", ")
+    )
 }
 
 /// What the triggers say (`detect`). `None` (with the outcome set) unless the node is unhealthy.

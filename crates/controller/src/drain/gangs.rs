@@ -39,7 +39,7 @@ use gpu_remediation_api::gangs::{GANGS_MAX, GangMember, GangRecord, MEMBERS_MAX,
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use super::{Fate, Leaving, fate, readiness};
+use super::{Fate, Leaving, fate};
 
 /// The longest value that names a gang: a Kubernetes object name (a DNS subdomain).
 pub const NAME_MAX: usize = 253;
@@ -205,19 +205,6 @@ impl GangPlan {
     }
 }
 
-fn leaving(pod: &Pod) -> Leaving {
-    Leaving {
-        namespace: pod.namespace().unwrap_or_default(),
-        name: pod.name_any(),
-        uid: pod.uid().unwrap_or_default(),
-        terminating: pod.metadata.deletion_timestamp.is_some(),
-        gone_by: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0),
-        labels: pod.labels().clone(),
-        readiness: readiness(pod),
-        notice: super::Notice::of(pod, true),
-    }
-}
-
 /// The gang plan of a drain of `node` that evicts `evicted` (its plan's leaving pods, perhaps
 /// scoped to a failed GPU's holders), given `pods`: every pod the gangs' members may be among
 /// (the node's own and other nodes'). `extra` is `spec.drain.gangLabels`, `choice` is
@@ -236,7 +223,7 @@ pub fn plan(node: &str, evicted: &[Leaving], pods: &[Pod], extra: &[String], cho
             .and_then(|s| s.node_name.clone())
             .unwrap_or_default();
         let member = Member {
-            pod: leaving(pod),
+            pod: Leaving::of(pod, true),
             node: on,
         };
         let entry = gangs.entry(gang).or_default();
@@ -346,7 +333,7 @@ pub fn recorded_members(records: &[GangRecord], pods: &[Pod]) -> Vec<Leaving> {
             let uid = pod.metadata.uid.as_deref().unwrap_or_default();
             uids.contains(uid) && seen.insert(uid.to_owned())
         })
-        .map(leaving)
+        .map(|pod| Leaving::of(pod, true))
         .collect()
 }
 

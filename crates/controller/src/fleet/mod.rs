@@ -364,6 +364,7 @@ fn plan_policy(
         held_domains: decision.held_domains.clone(),
         quarantined_nodes: quarantine.held,
         leaked_pods: crate::quarantine::leak::on_record(&name, remediations),
+        drain_gpu_seconds: crate::drain::cost::on_record(&name, remediations),
         slow_start: allowance.map(|a| SlowStartStatus {
             allowed: a.allowed,
             message: a.why,

@@ -108,7 +108,7 @@ pub(super) fn advance(
         seen,
         &round.held,
         &status.drain.clone().unwrap_or_default(),
-        now,
+        (crate::drain::cost::fault_began(remediation, now), now),
     );
     if !rules.ladder.is_empty() {
         for_the_step(&mut drained, seen, status.drain.as_ref());
@@ -343,23 +343,26 @@ fn for_the_step(drained: &mut DrainStatus, seen: &Seen<'_>, previous: Option<&Dr
 }
 
 /// What this round's answers (and the earlier blockers of pods not asked again, and the pods held
-/// for their budget's room) make of the drain's progress.
+/// for their budget's room) make of the drain's progress; `(fault_began, now)`: when the fault
+/// began (`drain::cost::fault_began`), and this pass's time.
 fn record_answers(
     plan: &Plan,
     seen: &Seen<'_>,
     held: &[(Leaving, String)],
     previous: &DrainStatus,
-    now: Timestamp,
+    (fault_began, now): (Timestamp, Timestamp),
 ) -> DrainStatus {
     let earlier = |pod: &Leaving| previous.blockers.iter().find(|b| b.pod == pod.key()).cloned();
     let mut evicted = 0_u32;
     let mut gone = 0_u32;
+    let mut cost = previous.gpu_seconds;
     let mut asked: HashMap<String, Option<Blocker>> = HashMap::new();
     for (pod, answer) in &seen.answers.evictions {
         let since = earlier(pod).and_then(|b| b.since).unwrap_or(Time(now));
         let refusal = match answer {
             EvictionAnswer::Accepted => {
                 evicted += 1;
+                cost = cost.saturating_add(crate::drain::cost::of_eviction(pod.gpus, fault_began, now));
                 None
             }
             EvictionAnswer::Gone => {
@@ -407,6 +410,7 @@ fn record_answers(
             previous.gangs.clone()
         },
         notice_since: previous.notice_since.clone(),
+        gpu_seconds: cost,
     }
 }
 

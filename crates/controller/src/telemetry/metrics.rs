@@ -16,6 +16,7 @@
 //! | `quarantined_nodes` | gauge | `policy` (nodes carrying its quarantine taint, as `status.quarantinedNodes`) |
 //! | `signal_to_quarantine_seconds` | histogram | `policy` (trigger condition's first match to the quarantine taint written) |
 //! | `leaked_pods_total` | counter | `policy` (pods found on a node, at its cordon, that were scheduled after its fault began) |
+//! | `drain_gpu_seconds_total` | counter | `policy` (GPU-seconds its drains cost: each evicted pod's GPUs times the seconds from its record's admission to its eviction, as `status.drain.gpuSeconds`) |
 //! | `records_held_total` | counter | `policy` (records held because their status has no evidence behind it: written by someone other than the controller; `lifecycle::provenance`) |
 //! | `leader` | gauge | (1 while this replica's fence is current) |
 //! | `fence_unproven` | gauge | (1 while this replica's last probe could not prove that the API server enforces the fence) |
@@ -160,6 +161,7 @@ struct Series {
     quarantined: Family<PolicyLabels, Gauge>,
     signal_to_quarantine: Family<PolicyLabels, Histogram>,
     leaked_pods: Family<PolicyLabels, Counter>,
+    drain_gpu_seconds: Family<PolicyLabels, Counter>,
     records_held: Family<PolicyLabels, Counter>,
     leader: Gauge,
     fence_unproven: Gauge,
@@ -246,6 +248,7 @@ impl Metrics {
             quarantined: Family::default(),
             signal_to_quarantine: Family::new_with_constructor(quarantine_histogram),
             leaked_pods: Family::default(),
+            drain_gpu_seconds: Family::default(),
             records_held: Family::default(),
             leader: Gauge::default(),
             fence_unproven: Gauge::default(),
@@ -318,6 +321,11 @@ impl Metrics {
             "leaked_pods",
             "Pods found on a node at its cordon that were scheduled after its fault began",
             series.leaked_pods.clone(),
+        );
+        registry.register(
+            "drain_gpu_seconds",
+            "GPU-seconds drains cost: each evicted pod's GPUs times the seconds from its record's admission to its eviction",
+            series.drain_gpu_seconds.clone(),
         );
         register_leadership(&mut registry, &series);
         registry.register(
@@ -483,6 +491,16 @@ impl Metrics {
                 policy: policy.to_owned(),
             })
             .inc_by(u64::from(count));
+    }
+
+    /// A drain of `policy` cost `seconds` more GPU-seconds (`status.drain.gpuSeconds` grew).
+    pub fn drain_gpu_seconds(&self, policy: &str, seconds: u64) {
+        self.series
+            .drain_gpu_seconds
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .inc_by(seconds);
     }
 
     /// A record was held: its status has no evidence behind it (`lifecycle::provenance`).

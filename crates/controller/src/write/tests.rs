@@ -25,14 +25,9 @@ pub(crate) fn ops(fence: Fence) -> (Writer, Handle) {
 
 fn pod() -> Leaving {
     Leaving {
-        namespace: "work".into(),
-        name: "train-0".into(),
         uid: "uid-1".into(),
-        terminating: false,
-        gone_by: None,
         labels: std::collections::BTreeMap::new(),
-        readiness: crate::drain::Readiness::Ready,
-        notice: crate::drain::Notice::default(),
+        ..crate::test_fixtures::leaving("train-0", "train")
     }
 }
 

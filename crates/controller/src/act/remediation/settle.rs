@@ -50,6 +50,7 @@ pub(super) async fn settle(
     let before = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
     let after = settlement.status.phase;
     let measured = remediation.status.as_ref().and_then(|s| s.leaked_pods).is_none();
+    let cost_before = drain_cost(remediation.status.as_ref());
     let (updated, hold_until, notes) = write_if_changed(
         ctx,
         remediation,
@@ -63,6 +64,10 @@ pub(super) async fn settle(
         && measured
     {
         ctx.metrics.leaked_pods(&remediation.spec.policy_name, leaked);
+    }
+    let cost = drain_cost(updated.status.as_ref()).saturating_sub(cost_before);
+    if cost > 0 {
+        ctx.metrics.drain_gpu_seconds(&remediation.spec.policy_name, cost);
     }
     if after.is_terminal() {
         ctx.progress.forget(&name);
@@ -229,3 +234,8 @@ async fn write_if_changed(
 #[cfg(test)]
 #[path = "settle_tests.rs"]
 mod tests;
+
+/// The GPU-seconds `status`'s drain has cost so far.
+fn drain_cost(status: Option<&GpuRemediationStatus>) -> u64 {
+    status.and_then(|s| s.drain.as_ref()).map_or(0, |d| d.gpu_seconds)
+}

@@ -271,6 +271,40 @@ fn a_remediation_on_the_ladder_shows_each_step_with_its_evidence_and_pods() {
 }
 
 #[test]
+fn a_draining_remediation_names_the_gangs_it_touched_their_nodes_and_what_the_drain_cost() {
+    let nodes = [node(
+        "gpu-1",
+        &json!({"gpu": "true"}),
+        Some(("False", "XID79", LONG_AGO)),
+    )];
+    let mut draining = (*remediation("gpu-1", LONG_AGO, Phase::Draining)).clone();
+    draining.status.as_mut().unwrap().drain = Some(
+        serde_yaml::from_str(
+            "{podsTotal: 1, podsEvicted: 1, podsRemaining: 0, gpuSeconds: 960, gangs: [\
+             {gang: JobSet ml/llm, namespace: ml, nodes: [gpu-1, gpu-2, gpu-3], evicted: [\
+             {pod: ml/llm-1, uid: u1, node: gpu-2}, {pod: ml/llm-2, uid: u2, node: gpu-3}]}, \
+             {gang: IndexedJob ml/eval, namespace: ml, nodes: [gpu-1, gpu-4]}]}",
+        )
+        .unwrap(),
+    );
+    let e = explain(
+        "gpu-1",
+        &nodes,
+        &[policy("gpus", &json!({}))],
+        &[Arc::new(draining)],
+        now(),
+    );
+    let text = e.to_string();
+    for line in [
+        "gang: JobSet ml/llm on nodes gpu-1, gpu-2, gpu-3; 2 members on other nodes evicted with it",
+        "gang: IndexedJob ml/eval on nodes gpu-1, gpu-4\n",
+        "drain cost: 960 GPU-seconds",
+    ] {
+        assert!(text.contains(line), "{line:?} in:\n{text}");
+    }
+}
+
+#[test]
 fn a_finished_remediation_of_the_same_episode_is_not_repeated() {
     let nodes = [node(
         "gpu-1",

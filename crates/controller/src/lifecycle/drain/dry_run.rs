@@ -61,6 +61,7 @@ pub(in crate::lifecycle) fn dry_run(
         scope: None,
         gangs: seen.gangs.to_vec(),
         notice_since: None,
+        gpu_seconds: 0,
     });
     Decision::Settle(status::move_to(
         status,

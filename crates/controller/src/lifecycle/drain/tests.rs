@@ -14,14 +14,8 @@ use super::{force::stuck_terminating, *};
 
 fn pod() -> Leaving {
     Leaving {
-        namespace: "work".into(),
-        name: "web-0".into(),
         uid: "u".into(),
-        terminating: false,
-        gone_by: None,
-        labels: [("app".to_owned(), "web".to_owned())].into(),
-        readiness: crate::drain::Readiness::Ready,
-        notice: crate::drain::Notice::default(),
+        ..crate::test_fixtures::leaving("web-0", "web")
     }
 }
 
@@ -374,4 +368,39 @@ fn on_a_reachable_node_a_pod_stuck_terminating_still_blocks_the_drain() {
     // Past the bound but unreachable: no longer waited for.
     let gone = settled(drain_step("Unknown", evicted(), at(10_000)));
     assert_eq!(gone.status.phase, Phase::Replacing);
+}
+
+#[test]
+fn each_accepted_eviction_adds_its_gpus_times_the_seconds_since_admission_to_the_drains_cost() {
+    let eight = Leaving { gpus: 8, ..pod() };
+    let gone = Leaving {
+        name: "web-1".into(),
+        uid: "u1".into(),
+        gpus: 4,
+        ..pod()
+    };
+    let answers = super::super::Answers {
+        evictions: vec![
+            (eight.clone(), EvictionAnswer::Accepted),
+            (gone.clone(), EvictionAnswer::Gone),
+        ],
+        ..super::super::Answers::default()
+    };
+    let seen = seen_with(&[], &answers);
+    let plan = Plan {
+        leaving: vec![eight, gone],
+        staying: Vec::new(),
+    };
+    let previous = DrainStatus {
+        gpu_seconds: 100,
+        ..DrainStatus::default()
+    };
+    // Admitted at 0, evicted at 30: 8 GPUs x 30 s on top of what earlier passes counted; the pod
+    // found gone was not evicted by this drain and costs nothing.
+    let drained = record_answers(&plan, &seen, &[], &previous, (at(0), at(30)));
+    assert_eq!(drained.gpu_seconds, 100 + 240);
+    // A pass with no accepted eviction keeps the cost.
+    let none = super::super::Answers::default();
+    let kept = record_answers(&plan, &seen_with(&[], &none), &[], &drained, (at(0), at(60)));
+    assert_eq!(kept.gpu_seconds, 340);
 }

@@ -429,6 +429,7 @@ impl World {
                     labels: [("app".to_owned(), "web".to_owned())].into(),
                     readiness: crate::drain::Readiness::Ready,
                     notice: p.notice,
+                    gpus: 0,
                 })
                 .collect(),
             staying: Vec::new(),
