@@ -145,7 +145,7 @@ bench-peer:
 # DeleteNodeClaim and DeleteMachine against the real controllers: upstream Karpenter with its KWOK
 # provider and Cluster API's core manager (tools/karpenter-kwok, tools/capi-manager), and gang drains
 # against upstream JobSet (tools/jobset), built from their pinned Go modules on first use and cached
-# like the control plane. Not in `test`: their cold builds are heavy (about 6.5, 7.2 and 2.5
+# like the control plane. Not in `test`: their cold builds are heavy (about 6.5, 7.2 and 3.5
 # CPU-minutes cold, see README); .ci/run runs this target.
 REAL_TESTS = --test real_karpenter --test real_capi --test real_jobset
 e2e-real:
