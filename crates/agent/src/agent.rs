@@ -134,6 +134,10 @@ pub struct Agent {
     gpu_indices: std::collections::BTreeMap<u32, String>,
     /// The XID paths besides NVML's events (the kernel log), deduplicated with them.
     xid_paths: XidPaths,
+    /// The whole GPUs the node's DRA `ResourceSlice`s list, where no flag or label names a count.
+    slice_gpus: Option<u32>,
+    /// The last reason the slices gave no count, logged once until it changes.
+    slice_problem: Option<String>,
 }
 
 impl Agent {
@@ -163,7 +167,7 @@ impl Agent {
             tracing::info!(reason = %latch.reason, since = %latch.since, "restoring latched fault from the node");
             health.restore(latch);
         }
-        Self {
+        let mut agent = Self {
             published: view.condition.clone(),
             // What the node already carries, so a restart that cannot read the GPUs keeps it.
             inventory: view
@@ -186,7 +190,11 @@ impl Agent {
             pod_resources_error: None,
             gpu_indices: std::collections::BTreeMap::new(),
             xid_paths: XidPaths::default(),
-        }
+            slice_gpus: None,
+            slice_problem: None,
+        };
+        agent.refresh_slice_count().await;
+        agent
     }
 
     /// Scrapes a DCGM exporter too.
@@ -235,9 +243,42 @@ impl Agent {
         self
     }
 
-    /// The GPU count the node should have: the flag, else the node's label.
+    /// The GPU count the node should have: the flag, else the node's label, else the whole GPUs
+    /// its DRA driver's `ResourceSlice`s list (a DRA-only node).
     fn expected(&self) -> Option<u32> {
-        self.settings.expected_gpus.or(self.view.expected_gpus)
+        self.settings
+            .expected_gpus
+            .or(self.view.expected_gpus)
+            .or(self.slice_gpus)
+    }
+
+    /// Where neither the flag nor the label names a count: the GPUs the node's DRA slices list,
+    /// re-read with the node. A failed list or an untrustworthy count is said once (per cause) and
+    /// leaves no count, as on a node without a label.
+    async fn refresh_slice_count(&mut self) {
+        if self.settings.expected_gpus.is_some() || self.view.expected_gpus.is_some() {
+            self.slice_gpus = None;
+            return;
+        }
+        let Some(counted) = self.publisher.count_gpu_slices().await else {
+            return;
+        };
+        match counted {
+            Ok(count) => {
+                if count != self.slice_gpus {
+                    tracing::info!(expected = ?count, "expected GPU count from the node's DRA ResourceSlices");
+                }
+                self.slice_gpus = count;
+                self.slice_problem = None;
+            }
+            Err(problem) => {
+                if self.slice_problem.as_deref() != Some(problem.as_str()) {
+                    tracing::warn!(%problem, "no expected GPU count from the node's DRA ResourceSlices");
+                }
+                self.slice_gpus = None;
+                self.slice_problem = Some(problem);
+            }
+        }
     }
 
     /// Runs until `shutdown` completes.
@@ -358,6 +399,7 @@ impl Agent {
                     self.applied_at = None;
                 }
                 self.view = view;
+                self.refresh_slice_count().await;
             }
             Err(err) => tracing::warn!(error = %err, "cannot re-read my node"),
         }

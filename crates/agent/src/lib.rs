@@ -6,6 +6,7 @@
 //! shapes what goes on the Node with the hardware [`inventory`] and the device plugin's GPU assignment
 //! read from the kubelet ([`pod_resources`]), and [`publish`] writes it. [`agent`] runs that loop.
 //! XIDs also come from the [`kernel_log`] and a [`dcgm`] exporter, merged with NVML's by [`xid_paths`] and [`xid_dedup`].
+//! On a DRA-only node the expected GPU count comes from its `ResourceSlice`s ([`dra_slices`]).
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -14,6 +15,7 @@ pub mod boot_time;
 pub mod catalog;
 pub mod condition;
 pub mod dcgm;
+pub mod dra_slices;
 pub mod health;
 pub mod inventory;
 pub mod kernel_log;

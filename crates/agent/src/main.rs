@@ -59,6 +59,11 @@ struct Flags {
     /// How many GPUs this node must have; overrides the node label nvidia.com/gpu.count.
     #[arg(long)]
     expected_gpus: Option<u32>,
+    /// The DRA driver whose devices in this node's `ResourceSlice`s are its GPUs: where neither
+    /// --expected-gpus nor the label names a count (a DRA-only node), its whole GPUs are expected.
+    /// Empty: never read slices.
+    #[arg(long, default_value = gpu_health_agent::dra_slices::DEFAULT_DRIVER)]
+    dra_driver: String,
     /// Time between reads.
     #[arg(long, default_value = "2s")]
     interval: ApiDuration,
@@ -145,7 +150,10 @@ async fn main() -> anyhow::Result<()> {
         bail!("--node-name (or NODE_NAME) is required unless --print");
     };
     let client = client(flags.kubeconfig.as_ref()).await?;
-    let publisher = NodePublisher::new(client, &node_name, std::env::var("POD_NAME").ok());
+    let mut publisher = NodePublisher::new(client, &node_name, std::env::var("POD_NAME").ok());
+    if !flags.dra_driver.is_empty() {
+        publisher = publisher.with_dra_driver(&flags.dra_driver);
+    }
     let settings = AgentSettings {
         interval: flags.interval.as_std().max(Duration::from_millis(100)),
         node_refresh: flags.node_refresh.as_std(),

@@ -1,13 +1,15 @@
-//! The agent's only API server traffic: read its Node, apply the `GpuHealthy` condition on
-//! `nodes/status` by server-side apply under the agent's own field manager, and publish warnings as
-//! Events regarding the Node. Thin IO; every decision is made before this is called.
+//! The agent's only API server traffic: read its Node (and, on a DRA-only node, its GPU driver's
+//! `ResourceSlice`s), apply the `GpuHealthy` condition on `nodes/status` by server-side apply under
+//! the agent's own field manager, and publish warnings as Events regarding the Node. Thin IO; every
+//! decision is made before this is called.
 
 use gpu_remediation_api::{constants::field_managers, text::truncate};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams},
+    api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams},
+    core::GroupVersionKind,
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
 
@@ -18,6 +20,15 @@ use crate::{condition::PublishedCondition, health::WarningEvent};
 #[error("reading node {node}: {source}")]
 pub struct FetchNodeError {
     node: String,
+    source: kube::Error,
+}
+
+/// Listing the node's `ResourceSlice`s failed.
+#[derive(Debug, thiserror::Error)]
+#[error("listing the ResourceSlices of driver {driver} on node {node}: {source}")]
+pub struct FetchSlicesError {
+    node: String,
+    driver: String,
     source: kube::Error,
 }
 
@@ -41,6 +52,8 @@ pub struct PublishEventError {
 /// Writes one node's condition and Events.
 pub struct NodePublisher {
     nodes: Api<Node>,
+    /// `resource.k8s.io/v1` `ResourceSlice`s and the DRA driver whose devices are the node's GPUs.
+    slices: Option<(Api<DynamicObject>, String)>,
     node_name: String,
     recorder: Recorder,
     reference: ObjectReference,
@@ -65,10 +78,48 @@ impl NodePublisher {
         };
         Self {
             nodes: Api::all(client.clone()),
+            slices: None,
             node_name: node_name.to_owned(),
             recorder: Recorder::new(client, reporter),
             reference,
         }
+    }
+
+    /// Reads the node's `ResourceSlice`s of DRA driver `driver` ([`Self::fetch_gpu_slices`]).
+    #[must_use]
+    pub fn with_dra_driver(mut self, driver: &str) -> Self {
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice"),
+            "resourceslices",
+        );
+        let api = Api::all_with(self.nodes.clone().into_client(), &resource);
+        self.slices = Some((api, driver.to_owned()));
+        self
+    }
+
+    /// The whole GPUs the node's `ResourceSlice`s of its DRA driver list (`dra_slices::count`):
+    /// `None` where no driver is configured; an error where the list failed or the slices give no
+    /// trustworthy count. The server selects them by node and driver; the count checks both again.
+    pub async fn count_gpu_slices(&self) -> Option<Result<Option<u32>, String>> {
+        let (api, driver) = self.slices.as_ref()?;
+        let params =
+            ListParams::default().fields(&format!("spec.nodeName={},spec.driver={driver}", self.node_name));
+        let listed = api.list(&params).await.map_err(|source| FetchSlicesError {
+            node: self.node_name.clone(),
+            driver: driver.clone(),
+            source,
+        });
+        Some(match listed {
+            Ok(list) => {
+                let slices: Vec<serde_json::Value> = list
+                    .items
+                    .into_iter()
+                    .filter_map(|slice| serde_json::to_value(slice).ok())
+                    .collect();
+                crate::dra_slices::count(&slices, &self.node_name, driver)
+            }
+            Err(err) => Err(err.to_string()),
+        })
     }
 
     /// The node, as it is now.
