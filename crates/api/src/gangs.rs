@@ -38,16 +38,8 @@ pub struct GangRecord {
     #[schemars(length(max = 64))]
     pub evicted: Vec<GangMember>,
     /// Members on other nodes left out of `evicted` because the drain's record was full.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub left_out: u32,
-}
-
-#[allow(
-    clippy::trivially_copy_pass_by_ref,
-    reason = "serde's skip_serializing_if passes a reference"
-)]
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 /// A gang's member on another node.

@@ -48,16 +48,8 @@ pub struct GpuPods {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pods: Vec<PodDevices>,
     /// Pods left out to keep the annotation within [`GPU_PODS_MAX_BYTES`].
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub omitted: u32,
-}
-
-#[allow(
-    clippy::trivially_copy_pass_by_ref,
-    reason = "serde's skip_serializing_if passes a reference"
-)]
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 /// One pod's devices.

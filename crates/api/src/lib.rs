@@ -19,6 +19,7 @@ pub mod ladder_schema;
 pub mod names;
 pub mod node_job;
 pub mod object_reference;
+pub mod pod_gpus;
 pub mod policy;
 pub mod remediation;
 pub mod safety;
@@ -39,3 +40,8 @@ pub use remediation::{GpuRemediation, GpuRemediationSpec, GpuRemediationStatus, 
 pub const GROUP: &str = "gpuremediation.dev";
 /// The served and stored version of both kinds.
 pub const VERSION: &str = "v1alpha1";
+
+/// Whether `value` is its type's default (zero, empty): for `skip_serializing_if` on counts.
+pub(crate) fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}

@@ -324,16 +324,8 @@ pub struct DrainStatus {
     /// the time from the fault's start (the trigger's `since`, taken no later than the record's
     /// admission and no earlier than 15 minutes before it) until the server accepted its
     /// eviction, summed. GPUs from DRA claims and members a drain leaves in place are not counted.
-    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    #[serde(default, skip_serializing_if = "crate::is_default")]
     pub gpu_seconds: u64,
-}
-
-#[allow(
-    clippy::trivially_copy_pass_by_ref,
-    reason = "serde's skip_serializing_if passes a reference"
-)]
-fn is_zero_u64(n: &u64) -> bool {
-    *n == 0
 }
 
 /// A pod whose eviction is refused.

@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use gpu_remediation_api::{GpuRemediation, constants::GPU_RESOURCE};
+use gpu_remediation_api::GpuRemediation;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
 
 /// The GPUs `pod` asks for: `nvidia.com/gpu` in each container's limits (or its requests: for an
 /// extended resource they are equal), summed over its containers, or the largest init
@@ -20,19 +20,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 #[must_use]
 pub fn gpus_requested(pod: &Pod) -> u32 {
     let Some(spec) = pod.spec.as_ref() else { return 0 };
-    let gpus = |container: &Container| {
-        let resources = container.resources.as_ref();
-        resources
-            .and_then(|r| r.limits.as_ref())
-            .and_then(|l| l.get(GPU_RESOURCE))
-            .or_else(|| {
-                resources
-                    .and_then(|r| r.requests.as_ref())
-                    .and_then(|r| r.get(GPU_RESOURCE))
-            })
-            .and_then(|q| q.0.parse::<u32>().ok())
-            .unwrap_or(0)
-    };
+    let gpus = gpu_remediation_api::pod_gpus::of_container;
     let running = spec.containers.iter().map(gpus).fold(0, u32::saturating_add);
     let init = spec.init_containers.iter().flatten().map(gpus).max().unwrap_or(0);
     running.max(init)
@@ -82,8 +70,8 @@ pub fn on_record(policy: &str, remediations: &[Arc<GpuRemediation>]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use gpu_remediation_api::{GpuRemediationStatus, remediation::DrainStatus};
-    use k8s_openapi::api::core::v1::{PodSpec, ResourceRequirements};
+    use gpu_remediation_api::{GpuRemediationStatus, constants::GPU_RESOURCE, remediation::DrainStatus};
+    use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     use super::*;

@@ -165,16 +165,7 @@ fn gpus_asked(pod: &Pod) -> Option<(String, u32)> {
     let mut first = None;
     let mut total = 0_u32;
     for container in &spec.containers {
-        let resources = container.resources.as_ref();
-        let quantity = resources
-            .and_then(|r| r.limits.as_ref())
-            .and_then(|l| l.get(GPU_RESOURCE))
-            .or_else(|| {
-                resources
-                    .and_then(|r| r.requests.as_ref())
-                    .and_then(|l| l.get(GPU_RESOURCE))
-            });
-        let count = quantity.and_then(|q| q.0.parse::<u32>().ok()).unwrap_or(0);
+        let count = gpu_remediation_api::pod_gpus::of_container(container);
         if count > 0 {
             first.get_or_insert_with(|| container.name.clone());
             total += count;
