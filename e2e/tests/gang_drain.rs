@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use common::eventually;
 use gpu_remediation_api::{GpuRemediation, gangs::GangRecord};
+use gpu_sandbox::fleet::gang;
 use k8s_openapi::api::{batch::v1::Job, core::v1::Pod};
 use kube::{
     Api, ResourceExt,
@@ -21,14 +22,16 @@ use kube::{
 use scenario::{RunningController, Scenario, evicted_through_the_api, is_unschedulable};
 use serde_json::json;
 
-/// An indexed `Job` of 3 pods, one per node of the fleet (required anti-affinity), never ending.
-async fn gang(s: &Scenario) -> Vec<Pod> {
+/// An indexed `Job` of 3 pods, one per node of the fleet (required anti-affinity), never ending,
+/// its pods annotated with `annotations` (the simulated kubelet's gang behaviour,
+/// `gpu_sandbox::fleet::gang`).
+async fn gang(s: &Scenario, annotations: &serde_json::Value) -> Vec<Pod> {
     let job: Job = serde_json::from_value(json!({
         "metadata": {"name": "train", "namespace": s.namespace},
         "spec": {
             "completions": 3, "parallelism": 3, "completionMode": "Indexed", "backoffLimit": 10,
             "template": {
-                "metadata": {"labels": {"app": "train"}},
+                "metadata": {"labels": {"app": "train"}, "annotations": annotations},
                 "spec": {
                     "restartPolicy": "Never",
                     "nodeSelector": {gpu_sandbox::fleet::FLEET_LABEL: s.fleet.name()},
@@ -101,8 +104,9 @@ fn gangs_of(record: &GpuRemediation) -> Vec<GangRecord> {
 async fn break_under(
     s: &Scenario,
     drain: serde_json::Value,
+    annotations: &serde_json::Value,
 ) -> (RunningController, String, Vec<Pod>, GpuRemediation) {
-    let members = gang(s).await;
+    let members = gang(s, annotations).await;
     let first = members
         .iter()
         .find(|p| {
@@ -130,7 +134,8 @@ async fn break_under(
 #[tokio::test]
 async fn together_evicts_the_gangs_members_on_healthy_nodes_within_seconds_and_never_cordons_them() {
     let s = Scenario::new(3).await;
-    let (controller, broken, others, record) = break_under(&s, json!({"gangs": "Together"})).await;
+    let (controller, broken, others, record) =
+        break_under(&s, json!({"gangs": "Together"}), &json!({})).await;
     let gangs = gangs_of(&record);
     assert_eq!(gangs.len(), 1, "{gangs:?}");
     assert_eq!(gangs[0].gang, format!("IndexedJob {}/train", s.namespace));
@@ -171,7 +176,7 @@ async fn together_evicts_the_gangs_members_on_healthy_nodes_within_seconds_and_n
 #[tokio::test]
 async fn members_by_default_evicts_only_the_failing_nodes_member() {
     let s = Scenario::new(3).await;
-    let (controller, broken, others, record) = break_under(&s, json!({})).await;
+    let (controller, broken, others, record) = break_under(&s, json!({}), &json!({})).await;
     let gangs = gangs_of(&record);
     assert_eq!(gangs[0].gang, format!("IndexedJob {}/train", s.namespace));
     assert!(
@@ -212,48 +217,22 @@ fn evicted_at(pod: &Pod) -> Option<k8s_openapi::jiff::Timestamp> {
         .map(|t| t.0)
 }
 
-/// The workload's side of the notice, as a training loop would do it: once `gpuremediation.dev/evict-at`
-/// is on a member, it "checkpoints" for `checkpoint` and then writes `gpuremediation.dev/checkpointed`.
-async fn acknowledge_after(s: &Scenario, members: Vec<Pod>, checkpoint: Duration) {
-    let api = Api::<Pod>::namespaced(s.client.clone(), &s.namespace);
-    for member in members {
-        let name = member.name_any();
-        eventually("the notice on a member", Duration::from_secs(60), || async {
-            api.get(&name)
-                .await
-                .ok()?
-                .annotations()
-                .contains_key(gpu_remediation_api::constants::EVICT_AT_ANNOTATION)
-                .then_some(())
-        })
-        .await;
-        let api = api.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(checkpoint).await;
-            let patch = json!({"metadata": {"annotations": {gpu_remediation_api::constants::CHECKPOINTED_ANNOTATION: "step-1200"}}});
-            let _ = api
-                .patch(
-                    &name,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&patch),
-                )
-                .await;
-        });
-    }
-}
-
-/// Breaks the gang's node under `Together` with a `notice`, the workload acknowledging after
-/// `checkpoint` (never: `None`); the seconds from the notice to each eviction elsewhere.
-async fn notice_run(notice: &str, checkpoint: Option<Duration>) -> Vec<i64> {
+/// Breaks the gang's node under `Together` with a `notice`, the workers (the simulated kubelet,
+/// as a training loop would) acknowledging after checkpointing for `checkpoint` (never: `None`);
+/// the seconds from the notice to each eviction elsewhere.
+async fn notice_run(notice: &str, checkpoint: Option<&str>) -> Vec<i64> {
     let s = Scenario::new(3).await;
+    // Evicted members take 5 s to terminate, so each eviction is seen before the pod is gone.
+    let mut annotations = json!({gpu_remediation_api::constants::SIM_TERMINATION_ANNOTATION: "5s"});
+    if let Some(checkpoint) = checkpoint {
+        annotations[gang::CHECKPOINT_ANNOTATION] = json!(checkpoint);
+    }
     let (controller, _broken, others, _) = break_under(
         &s,
         json!({"gangs": "Together", "notice": notice, "timeout": "5m"}),
+        &annotations,
     )
     .await;
-    if let Some(checkpoint) = checkpoint {
-        acknowledge_after(&s, others.clone(), checkpoint).await;
-    }
     // Each member's eviction time as first seen: an evicted pod may be gone by a later look.
     let seen = std::sync::Mutex::new(vec![None; others.len()]);
     let evicted = eventually(
@@ -309,7 +288,7 @@ async fn notice_run(notice: &str, checkpoint: Option<Duration>) -> Vec<i64> {
 
 #[tokio::test]
 async fn a_notice_acknowledged_after_3s_brings_the_evictions_at_about_3s_not_at_its_end() {
-    let waited = notice_run("40s", Some(Duration::from_secs(3))).await;
+    let waited = notice_run("40s", Some("3s")).await;
     assert!(
         waited.iter().all(|s| (2..20).contains(s)),
         "evicted {waited:?} s after the notice: after the checkpoint, well before 40 s"
@@ -323,4 +302,64 @@ async fn a_notice_never_acknowledged_brings_the_evictions_at_its_end() {
         waited.iter().all(|s| (11..30).contains(s)),
         "evicted {waited:?} s after the notice: at its end (12 s)"
     );
+}
+
+/// When `pod` failed in its collective (the simulated kubelet's `Ready=False` at its failure).
+fn timed_out_at(pod: &Pod) -> Option<k8s_openapi::jiff::Timestamp> {
+    let status = pod.status.as_ref()?;
+    if status.reason.as_deref() != Some(gang::COLLECTIVE_TIMEOUT_REASON) {
+        return None;
+    }
+    status
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "False")?
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0)
+}
+
+#[tokio::test]
+async fn under_members_the_healthy_members_stall_until_their_collective_timeout_then_fail() {
+    let s = Scenario::new(3).await;
+    let (controller, broken, others, record) = break_under(
+        &s,
+        json!({}),
+        &json!({gang::COLLECTIVE_TIMEOUT_ANNOTATION: "15s"}),
+    )
+    .await;
+    assert!(
+        gangs_of(&record)[0].evicted.is_empty(),
+        "Members evicts nobody elsewhere"
+    );
+    let admitted = record.creation_timestamp().unwrap().0;
+    let failed = eventually(
+        "both members elsewhere failed in their collective",
+        Duration::from_secs(90),
+        || async {
+            let now = members_now(&s, &others).await;
+            now.iter()
+                .map(|p| p.as_ref().and_then(timed_out_at))
+                .collect::<Option<Vec<_>>>()
+        },
+    )
+    .await;
+    for (pod, at) in members_now(&s, &others).await.iter().flatten().zip(&failed) {
+        assert!(
+            !evicted_through_the_api(pod),
+            "{} was evicted, not timed out",
+            pod.name_any()
+        );
+        // The broken node's member left within seconds of the admission; the others stalled for
+        // the 15 s collective timeout after that, then failed.
+        let after = at.duration_since(admitted).as_secs();
+        assert!(
+            (14..40).contains(&after),
+            "{} failed {after} s after the admission",
+            pod.name_any()
+        );
+    }
+    assert!(is_unschedulable(&s.node(&broken).await));
+    controller.stop().await;
 }

@@ -6,6 +6,8 @@
 //! Pods asking for `nvidia.com/gpu` are handed GPUs by the simulated device plugin
 //! ([`super::device_plugin`]) before they run (failed with `UnexpectedAdmissionError`, as the real
 //! kubelet does, when their node has too few free), and give them back once finished or gone.
+//! Pods annotated as training-gang members time out in their collective when another member dies,
+//! and answer the checkpoint notice ([`super::gang`]).
 
 use std::collections::HashSet;
 use std::str::FromStr;
@@ -23,6 +25,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+use super::gang::{GangAction, GangBook};
 use super::{device_plugin::DevicePlugin, registry::NodeRegistry};
 
 /// The annotation value that makes a terminating pod never finish.
@@ -157,6 +160,7 @@ pub struct Kubelet {
     permits: Semaphore,
     pod_ips: AtomicU64,
     devices: Arc<Mutex<DevicePlugin>>,
+    gangs: Mutex<GangBook>,
 }
 
 impl Kubelet {
@@ -170,6 +174,7 @@ impl Kubelet {
             permits: Semaphore::new(concurrency.max(1)),
             pod_ips: AtomicU64::new(0),
             devices: Arc::new(Mutex::new(DevicePlugin::new(gpus_per_node))),
+            gangs: Mutex::new(GangBook::default()),
         }
     }
 
@@ -200,6 +205,9 @@ impl Kubelet {
                     if let Some(uid) = pod.metadata.uid.as_deref() {
                         self.release_devices(uid);
                     }
+                    // A gang member on one of our nodes (the book knows no other) died.
+                    let actions = self.gang_book().gone(&pod, Timestamp::now());
+                    Arc::clone(&self).carry_out(actions);
                 }
                 Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
                 Err(e) => {
@@ -229,6 +237,8 @@ impl Kubelet {
         let Some(host_ip) = self.nodes.kubelet_ip(&node) else {
             return;
         };
+        let actions = self.gang_book().observe(&pod, Timestamp::now());
+        Arc::clone(&self).carry_out(actions);
         let (step, problem) = next_step(&pod);
         if let Some(problem) = problem {
             tracing::warn!(pod = %pod.name_any(), %problem, "simulated kubelet: finalising at once");
@@ -284,6 +294,64 @@ impl Kubelet {
                 .expect("in-flight set lock")
                 .remove(&(uid, work));
         });
+    }
+
+    fn gang_book(&self) -> std::sync::MutexGuard<'_, GangBook> {
+        self.gangs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Carries out the gangs' actions, each in a task of its own.
+    fn carry_out(self: Arc<Self>, actions: Vec<GangAction>) {
+        for action in actions {
+            let kubelet = Arc::clone(&self);
+            tokio::spawn(async move {
+                match action {
+                    GangAction::FailAt(pod, at) => {
+                        let wait = at.duration_since(Timestamp::now());
+                        tokio::time::sleep(Duration::try_from(wait).unwrap_or(Duration::ZERO)).await;
+                        kubelet
+                            .gang_patch(&pod, &super::gang::timed_out_patch(Timestamp::now()), true)
+                            .await;
+                    }
+                    GangAction::Acknowledge(pod, after) => {
+                        tokio::time::sleep(after).await;
+                        kubelet
+                            .gang_patch(&pod, &super::gang::acknowledged_patch(Timestamp::now()), false)
+                            .await;
+                    }
+                }
+            });
+        }
+    }
+
+    /// Applies a gang action's merge patch to `pod` (its status where `status`), if the pod is
+    /// still the same one and not leaving.
+    async fn gang_patch(&self, pod: &super::gang::PodId, patch: &Value, status: bool) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let _permit = self.permits.acquire().await.expect("semaphore open");
+        let current = match pods.get_opt(&pod.name).await {
+            Ok(Some(current)) => current,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(pod = %pod.name, error = %e, "simulated kubelet: reading a gang member failed");
+                return;
+            }
+        };
+        if current.uid().as_deref() != Some(pod.uid.as_str()) || current.metadata.deletion_timestamp.is_some()
+        {
+            return;
+        }
+        let params = PatchParams::default();
+        let result = if status {
+            pods.patch_status(&pod.name, &params, &Patch::Merge(patch)).await
+        } else {
+            pods.patch(&pod.name, &params, &Patch::Merge(patch)).await
+        };
+        if let Err(e) = result {
+            tracing::warn!(pod = %pod.name, error = %e, "simulated kubelet: a gang member's update failed");
+        }
     }
 
     async fn make_running(&self, pod: &Pod, host_ip: &str) {

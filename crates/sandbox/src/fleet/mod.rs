@@ -6,6 +6,7 @@
 
 mod adopt;
 pub mod device_plugin;
+pub mod gang;
 mod heartbeat;
 pub mod kubelet;
 pub mod node;

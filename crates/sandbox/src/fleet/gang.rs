@@ -1,0 +1,309 @@
+//! The simulated kubelet's training gangs: what a distributed job's workers do when one of them
+//! dies, and how a worker answers the controller's checkpoint notice. Opt-in, by pod annotation:
+//!
+//! - [`COLLECTIVE_TIMEOUT_ANNOTATION`] (a duration, e.g. `60s`): the pod is a gang member. When
+//!   another member that ran beside it dies (deleted, evicted or failed), it keeps running without
+//!   progress, as a worker blocked in an NCCL all-reduce does, until that death plus the timeout;
+//!   then it fails (phase `Failed`, its container terminated with exit code 1, reason
+//!   [`COLLECTIVE_TIMEOUT_REASON`]). A member that is gone before then is simply gone. Members that
+//!   start after a death (a restarted job) never ran beside it and are not affected.
+//! - [`CHECKPOINT_ANNOTATION`] (a duration, e.g. `12s`): once the controller's
+//!   `gpuremediation.dev/evict-at` notice is on the pod, the worker checkpoints for that long and
+//!   then writes `gpuremediation.dev/checkpointed`, as a training loop following
+//!   `docs/checkpoint-notice.md` does.
+//!
+//! A gang is the pods of one namespace sharing the value of the first of [`GANG_LABELS`] present
+//! (the keys the controller recognises for `JobSet`s and `Job`s). [`GangBook`] is pure: the kubelet
+//! tells it what it saw and carries out the [`GangAction`]s it returns.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::str::FromStr;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+/// Pod annotation: the pod is a gang member with this collective timeout.
+pub const COLLECTIVE_TIMEOUT_ANNOTATION: &str = "gpuremediation.dev/sim-collective-timeout";
+/// Pod annotation: the worker checkpoints for this long after the notice, then acknowledges.
+pub const CHECKPOINT_ANNOTATION: &str = "gpuremediation.dev/sim-checkpoint";
+/// The reason a member that timed out in its collective fails with.
+pub const COLLECTIVE_TIMEOUT_REASON: &str = "CollectiveTimeout";
+/// The labels naming a pod's gang, the first present wins: a `JobSet`'s, then a `Job`'s.
+pub const GANG_LABELS: [&str; 2] = ["jobset.sigs.k8s.io/jobset-name", "batch.kubernetes.io/job-name"];
+
+/// A pod the book tracks.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodId {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its UID.
+    pub uid: String,
+}
+
+impl PodId {
+    fn of(pod: &Pod) -> Option<Self> {
+        Some(Self {
+            namespace: pod.namespace()?,
+            name: pod.name_any(),
+            uid: pod.uid()?,
+        })
+    }
+}
+
+/// What the kubelet is to do for a gang.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GangAction {
+    /// Fail this member at this time (if it is still there and not leaving).
+    FailAt(PodId, Timestamp),
+    /// Write the checkpoint acknowledgement on this member after this long.
+    Acknowledge(PodId, Duration),
+}
+
+#[derive(Clone, Debug)]
+struct Member {
+    id: PodId,
+    running_since: Timestamp,
+    timeout: Duration,
+    failure_scheduled: bool,
+}
+
+/// Every gang's running members and the deaths among them; the checkpoints under way.
+#[derive(Debug, Default)]
+pub struct GangBook {
+    /// By (namespace, gang): its members by UID.
+    gangs: BTreeMap<(String, String), BTreeMap<String, Member>>,
+    acknowledging: BTreeSet<String>,
+}
+
+impl GangBook {
+    /// What `pod`, as the kubelet sees it now, means for its gang. A running member joins (from
+    /// `now`, if it was not there); a member leaving (terminating, or finished) dies: each other
+    /// member that ran beside it fails at `now` plus its timeout. A noticed member with a
+    /// checkpoint time acknowledges after it, once.
+    pub fn observe(&mut self, pod: &Pod, now: Timestamp) -> Vec<GangAction> {
+        let mut actions = Vec::new();
+        let Some(id) = PodId::of(pod) else { return actions };
+        let annotations = pod.annotations();
+        if let Some(checkpoint) = annotations.get(CHECKPOINT_ANNOTATION).and_then(|d| duration(d))
+            && annotations.contains_key(gpu_remediation_api::constants::EVICT_AT_ANNOTATION)
+            && !annotations.contains_key(gpu_remediation_api::constants::CHECKPOINTED_ANNOTATION)
+            && pod.metadata.deletion_timestamp.is_none()
+            && self.acknowledging.insert(id.uid.clone())
+        {
+            actions.push(GangAction::Acknowledge(id.clone(), checkpoint));
+        }
+        let (Some(timeout), Some(gang)) = (
+            annotations
+                .get(COLLECTIVE_TIMEOUT_ANNOTATION)
+                .and_then(|d| duration(d)),
+            gang_of(pod),
+        ) else {
+            return actions;
+        };
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let leaving =
+            pod.metadata.deletion_timestamp.is_some() || matches!(phase, Some("Failed" | "Succeeded"));
+        let members = self.gangs.entry((id.namespace.clone(), gang)).or_default();
+        if leaving {
+            actions.extend(died(members, &id.uid, now));
+        } else if phase == Some("Running") {
+            members.entry(id.uid.clone()).or_insert(Member {
+                id,
+                running_since: now,
+                timeout,
+                failure_scheduled: false,
+            });
+        }
+        actions
+    }
+
+    /// `pod` is gone from the server: a death, if it was a running member.
+    pub fn gone(&mut self, pod: &Pod, now: Timestamp) -> Vec<GangAction> {
+        let Some(id) = PodId::of(pod) else {
+            return Vec::new();
+        };
+        self.acknowledging.remove(&id.uid);
+        let Some(gang) = gang_of(pod) else {
+            return Vec::new();
+        };
+        let key = (id.namespace, gang);
+        let Some(members) = self.gangs.get_mut(&key) else {
+            return Vec::new();
+        };
+        let actions = died(members, &id.uid, now);
+        if members.is_empty() {
+            self.gangs.remove(&key);
+        }
+        actions
+    }
+}
+
+/// Member `uid` of `members` died at `now`: it leaves, and each member that ran beside it (running
+/// since before `now`) fails at `now` plus its timeout, once.
+fn died(members: &mut BTreeMap<String, Member>, uid: &str, now: Timestamp) -> Vec<GangAction> {
+    if members.remove(uid).is_none() {
+        return Vec::new();
+    }
+    members
+        .values_mut()
+        .filter(|m| m.running_since <= now && !m.failure_scheduled)
+        .map(|m| {
+            m.failure_scheduled = true;
+            let at = now
+                .checked_add(jiff::SignedDuration::try_from(m.timeout).unwrap_or(jiff::SignedDuration::MAX))
+                .unwrap_or(Timestamp::MAX);
+            GangAction::FailAt(m.id.clone(), at)
+        })
+        .collect()
+}
+
+/// The status patch of a member whose collective timed out: `Failed`, its containers terminated
+/// with exit code 1.
+#[must_use]
+pub fn timed_out_patch(now: Timestamp) -> serde_json::Value {
+    serde_json::json!({"status": {
+        "phase": "Failed",
+        "reason": COLLECTIVE_TIMEOUT_REASON,
+        "message": "a gang member died; the collective timed out waiting for it",
+        "conditions": [{"type": "Ready", "status": "False", "reason": "PodFailed", "lastTransitionTime": now.to_string()}],
+    }})
+}
+
+/// The patch of a worker acknowledging the notice: `gpuremediation.dev/checkpointed`, naming
+/// the checkpoint by its time.
+#[must_use]
+pub fn acknowledged_patch(now: Timestamp) -> serde_json::Value {
+    serde_json::json!({"metadata": {"annotations": {
+        gpu_remediation_api::constants::CHECKPOINTED_ANNOTATION: format!("sim-checkpoint-{}", now.as_second()),
+    }}})
+}
+
+/// The pod's gang: the value of the first of [`GANG_LABELS`] it carries.
+fn gang_of(pod: &Pod) -> Option<String> {
+    let labels = pod.labels();
+    GANG_LABELS
+        .iter()
+        .find_map(|key| labels.get(*key).map(|v| format!("{key}={v}")))
+}
+
+fn duration(text: &str) -> Option<Duration> {
+    gpu_remediation_api::Duration::from_str(text)
+        .ok()
+        .map(gpu_remediation_api::Duration::as_std)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + seconds).unwrap()
+    }
+
+    fn member(name: &str, phase: &str, annotations: &serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                         "labels": {"jobset.sigs.k8s.io/jobset-name": "llm", "batch.kubernetes.io/job-name": "llm-w-0"},
+                         "annotations": annotations},
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    }
+
+    fn timed(name: &str, phase: &str) -> Pod {
+        member(name, phase, &json!({COLLECTIVE_TIMEOUT_ANNOTATION: "60s"}))
+    }
+
+    fn leaving(mut pod: Pod) -> Pod {
+        pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(0)));
+        pod
+    }
+
+    fn fails(actions: &[GangAction]) -> Vec<(String, Timestamp)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                GangAction::FailAt(id, at) => Some((id.name.clone(), *at)),
+                GangAction::Acknowledge(..) => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_member_leaving_fails_the_others_that_ran_beside_it_at_its_death_plus_their_timeout_once() {
+        let mut book = GangBook::default();
+        for name in ["w0", "w1", "w2"] {
+            assert!(book.observe(&timed(name, "Running"), at(0)).is_empty());
+        }
+        let actions = book.observe(&leaving(timed("w0", "Running")), at(10));
+        assert_eq!(
+            fails(&actions),
+            [("w1".to_owned(), at(70)), ("w2".to_owned(), at(70))]
+        );
+        // Its deletion and another's later death schedule nothing more for them.
+        assert!(book.gone(&timed("w0", "Running"), at(11)).is_empty());
+        assert!(fails(&book.observe(&timed("w1", "Failed"), at(70))).is_empty());
+    }
+
+    #[test]
+    fn a_member_started_after_a_death_never_ran_beside_it() {
+        let mut book = GangBook::default();
+        book.observe(&timed("w0", "Running"), at(0));
+        book.observe(&timed("w1", "Running"), at(0));
+        let first = book.gone(&timed("w0", "Running"), at(10));
+        assert_eq!(fails(&first), [("w1".to_owned(), at(70))]);
+        // The job restarts: a new member at 20; the old one's timeout does not touch it, and a
+        // death among the new generation fails only those running then.
+        book.observe(&timed("w2", "Running"), at(20));
+        book.observe(&timed("w3", "Running"), at(25));
+        let second = book.observe(&timed("w3", "Failed"), at(30));
+        assert_eq!(fails(&second), [("w2".to_owned(), at(90))]);
+    }
+
+    #[test]
+    fn pods_without_the_timeout_or_a_gang_label_are_not_members() {
+        let mut book = GangBook::default();
+        let plain = member("p", "Running", &json!({}));
+        book.observe(&plain, at(0));
+        book.observe(&timed("w1", "Running"), at(0));
+        assert!(book.gone(&plain, at(5)).is_empty());
+        let mut unlabelled = timed("u", "Running");
+        unlabelled.metadata.labels = None;
+        book.observe(&unlabelled, at(0));
+        assert!(book.gone(&unlabelled, at(5)).is_empty());
+    }
+
+    #[test]
+    fn a_noticed_worker_with_a_checkpoint_time_acknowledges_once_and_not_after_it_did() {
+        use gpu_remediation_api::constants::{CHECKPOINTED_ANNOTATION, EVICT_AT_ANNOTATION};
+        let mut book = GangBook::default();
+        let waiting = member("w", "Running", &json!({CHECKPOINT_ANNOTATION: "5s"}));
+        assert!(book.observe(&waiting, at(0)).is_empty(), "no notice yet");
+        let noticed = member(
+            "w",
+            "Running",
+            &json!({CHECKPOINT_ANNOTATION: "5s", EVICT_AT_ANNOTATION: "2026-12-05T12:00:00Z"}),
+        );
+        let actions = book.observe(&noticed, at(1));
+        assert!(
+            matches!(&actions[..], [GangAction::Acknowledge(id, d)] if id.name == "w" && *d == Duration::from_secs(5))
+        );
+        assert!(book.observe(&noticed, at(2)).is_empty(), "once");
+        let mut done = GangBook::default();
+        let acknowledged = member(
+            "w",
+            "Running",
+            &json!({CHECKPOINT_ANNOTATION: "5s", EVICT_AT_ANNOTATION: "x", CHECKPOINTED_ANNOTATION: "step-1"}),
+        );
+        assert!(
+            done.observe(&acknowledged, at(3)).is_empty(),
+            "already acknowledged"
+        );
+    }
+}
