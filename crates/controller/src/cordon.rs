@@ -449,4 +449,18 @@ pub(crate) mod tests {
         assert!(!held.cordoned && held.pre_cordoned && held.cordon());
         assert_eq!(holds(&ours, "gpu-1-def"), Holds::default());
     }
+
+    #[test]
+    fn a_node_is_named_in_events_as_a_v1_node_with_its_admitted_uid() {
+        let node = NodeRef {
+            name: "gpu-1".into(),
+            uid: Some("uid-1".into()),
+        };
+        let reference = node.object_reference();
+        assert_eq!(reference.api_version.as_deref(), Some("v1"));
+        assert_eq!(reference.kind.as_deref(), Some("Node"));
+        assert_eq!(reference.name.as_deref(), Some("gpu-1"));
+        assert_eq!(reference.uid.as_deref(), Some("uid-1"));
+        assert_eq!(reference.namespace, None, "nodes are cluster-scoped");
+    }
 }
