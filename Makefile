@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Builds (once, then cached outside the repo) and locates the pinned control plane binaries.
 CONTROLPLANE_BIN = $(shell e2e/controlplane/build.sh)
 
-.PHONY: help build test unit e2e e2e-real bench-peer crds crds-check lint modgraph fmt controlplane demo bench chaos images argocd-health-test chart-test chart-sync alerts-test
+.PHONY: help build test unit e2e e2e-real bench-peer crds crds-check lint modgraph fmt controlplane demo bench chaos images argocd-health-test chart-test chart-sync alerts-test mutants
 
 help:
 	@echo "make build         build every crate"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench         benchmarks against kubectl drain on the sandbox (BENCH_ARGS=--full for the issue's sizes)"
 	@echo "                   BENCH_ARGS=\"--scale 10000,50000\": bare-node scale fleets (see docs/benchmarks.md)"
 	@echo "make bench-peer    Karpenter's node repair against the policy on two fleets (over 10 minutes)"
+	@echo "make mutants       mutation testing of the decision modules (cargo-mutants; hours: MUTANTS_MODULES=cordon narrows it)"
 	@echo "make chaos         the fault suite: API server restart, etcd pause, leader kill -9, flaky network, flaps, 30% down, nonsense edits"
 
 build:
@@ -154,6 +155,21 @@ e2e-real:
 	GPU_REMEDIATOR_KARPENTER="$$karpenter" GPU_REMEDIATOR_CAPI="$$capi" GPU_REMEDIATOR_JOBSET="$$jobset" \
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" \
 		$(CARGO) test -p e2e --no-fail-fast $(REAL_TESTS) -- --ignored --test-threads=2
+
+# Mutation testing of the controller's decision modules: cargo-mutants (built once from crates.io at
+# the pinned version into the cache, like the Go tools) changes their code one mutant at a time and
+# runs the library's unit tests against each; a mutant no test fails is a behaviour nothing checks.
+# Not part of `test`: each mutant rebuilds the controller (about half a minute here), and the seven
+# modules hold about 1,300 mutants. MUTANTS_MODULES narrows it (a file `crates/controller/src/M.rs`
+# and its folder); the report lands in target/mutants/ (mutants.out/outcomes.json, missed.txt).
+MUTANTS_VERSION = 27.1.0
+MUTANTS_MODULES ?= budget cordon quarantine fleet lifecycle detect drain
+mutants:
+	root="$${GPU_REMEDIATOR_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/gpu-remediator}/tools/cargo-mutants-$(MUTANTS_VERSION)" && \
+	{ [ -x "$$root/bin/cargo-mutants" ] || $(CARGO) install --locked --version $(MUTANTS_VERSION) --root "$$root" cargo-mutants; } && \
+	"$$root/bin/cargo-mutants" mutants --package gpu-remediator --output $(TARGET_DIR)/mutants \
+		$(foreach m,$(MUTANTS_MODULES),--file 'crates/controller/src/$(m).rs' --file 'crates/controller/src/$(m)/**/*.rs') \
+		--exclude '**/*tests*.rs' --exclude '**/test_fixtures.rs' --cargo-test-arg=--lib
 
 # Each fault test starts a control plane of its own and breaks it; minutes each, so not in `test`.
 CHAOS_TESTS = --test chaos_control_plane --test chaos_leader --test chaos_network --test chaos_load

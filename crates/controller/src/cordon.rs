@@ -327,4 +327,140 @@ pub(crate) mod tests {
         n.spec.as_mut().unwrap().unschedulable = Some(false);
         assert_eq!(cordon_of(&n, "gpu-1-abc"), Cordon::None);
     }
+
+    #[test]
+    fn our_taint_is_no_schedule_never_no_execute() {
+        let mut n = node(false, &[]);
+        cordon(&mut n, "gpu-1-abc");
+        let taints = n.spec.as_ref().unwrap().taints.as_ref().unwrap();
+        assert_eq!(taints.len(), 1);
+        assert_eq!(taints[0].key, REMEDIATION_TAINT_KEY);
+        assert_eq!(
+            taints[0].effect, "NoSchedule",
+            "an execute taint would kill pods past their budgets"
+        );
+        assert_eq!(taints[0].value, None);
+    }
+
+    #[test]
+    fn a_second_cordon_of_a_node_cordoned_before_us_changes_nothing() {
+        let mut n = node(true, &[]);
+        assert!(cordon(&mut n, "gpu-1-abc"));
+        let once = n.clone();
+        assert!(!cordon(&mut n, "gpu-1-abc"));
+        assert_eq!(n, once);
+        assert!(!n.annotations().contains_key(CORDONED_BY_ANNOTATION));
+    }
+
+    #[test]
+    fn a_cordon_puts_back_each_part_a_person_undid_and_only_that() {
+        let mut n = node(false, &FOREIGN);
+        cordon(&mut n, "gpu-1-abc");
+        n.spec.as_mut().unwrap().unschedulable = Some(false);
+        assert!(cordon(&mut n, "gpu-1-abc"), "the cordon undone is put back");
+        assert!(is_unschedulable(&n));
+        n.spec
+            .as_mut()
+            .unwrap()
+            .taints
+            .as_mut()
+            .unwrap()
+            .retain(|t| t.key != REMEDIATION_TAINT_KEY);
+        assert!(cordon(&mut n, "gpu-1-abc"), "the taint removed is put back");
+        assert_eq!(
+            taint_keys(&n),
+            foreign_then(&[REMEDIATION_TAINT_KEY]),
+            "once, beside the others"
+        );
+        assert_eq!(
+            n.annotations().get(CORDONED_BY_ANNOTATION).map(String::as_str),
+            Some("gpu-1-abc"),
+            "still recorded as ours"
+        );
+    }
+
+    #[test]
+    fn a_cancel_is_remembered_once_under_the_remediation_that_was_cancelled() {
+        let mut n = node(false, &[]);
+        assert!(remember_cancelled(&mut n, "gpu-1-abc"));
+        assert_eq!(
+            n.annotations().get(CANCELLED_ANNOTATION).map(String::as_str),
+            Some("gpu-1-abc")
+        );
+        assert!(!remember_cancelled(&mut n, "gpu-1-abc"), "remembered already");
+        assert!(
+            remember_cancelled(&mut n, "gpu-1-def"),
+            "a later cancel replaces it"
+        );
+        assert_eq!(
+            n.annotations().get(CANCELLED_ANNOTATION).map(String::as_str),
+            Some("gpu-1-def")
+        );
+    }
+
+    #[test]
+    fn a_hand_off_is_labelled_and_noted_once_and_its_release_takes_back_only_its_own() {
+        let mut n = node(false, &[]);
+        assert!(hand_off(&mut n, "gpu-1-abc"));
+        assert_eq!(n.labels().get(HAND_OFF_LABEL).map(String::as_str), Some("true"));
+        assert_eq!(
+            n.annotations().get(HANDED_OFF_BY_ANNOTATION).map(String::as_str),
+            Some("gpu-1-abc")
+        );
+        assert!(!hand_off(&mut n, "gpu-1-abc"), "handed off already");
+        assert!(holds(&n, "gpu-1-abc").handed_off);
+        assert!(!holds(&n, "gpu-1-abc").cordon());
+
+        // The label there but noted by another remediation, or set to something else: ours now.
+        let mut other = n.clone();
+        assert!(hand_off(&mut other, "gpu-1-def"));
+        assert!(holds(&other, "gpu-1-def").handed_off && !holds(&other, "gpu-1-abc").handed_off);
+        let mut relabelled = n.clone();
+        relabelled
+            .labels_mut()
+            .insert(HAND_OFF_LABEL.to_owned(), "false".to_owned());
+        assert!(hand_off(&mut relabelled, "gpu-1-abc"));
+        assert_eq!(
+            relabelled.labels().get(HAND_OFF_LABEL).map(String::as_str),
+            Some("true")
+        );
+
+        // Another remediation's release leaves the hand-off; its own takes label and note.
+        let before = n.clone();
+        assert!(!release(&mut n, "gpu-1-def"));
+        assert_eq!(n, before);
+        assert!(
+            release(&mut n, "gpu-1-abc"),
+            "a hand-off alone is something to release"
+        );
+        assert!(!n.labels().contains_key(HAND_OFF_LABEL));
+        assert!(n.annotations().is_empty());
+    }
+
+    #[test]
+    fn what_a_remediation_holds_is_read_from_the_annotations_naming_it() {
+        let mut ours = node(false, &[]);
+        cordon(&mut ours, "gpu-1-abc");
+        let held = holds(&ours, "gpu-1-abc");
+        assert!(held.cordoned && !held.pre_cordoned && held.cordon());
+        let mut before_us = node(true, &[]);
+        cordon(&mut before_us, "gpu-1-abc");
+        let held = holds(&before_us, "gpu-1-abc");
+        assert!(!held.cordoned && held.pre_cordoned && held.cordon());
+        assert_eq!(holds(&ours, "gpu-1-def"), Holds::default());
+    }
+
+    #[test]
+    fn a_node_is_named_in_events_as_a_v1_node_with_its_admitted_uid() {
+        let node = NodeRef {
+            name: "gpu-1".into(),
+            uid: Some("uid-1".into()),
+        };
+        let reference = node.object_reference();
+        assert_eq!(reference.api_version.as_deref(), Some("v1"));
+        assert_eq!(reference.kind.as_deref(), Some("Node"));
+        assert_eq!(reference.name.as_deref(), Some("gpu-1"));
+        assert_eq!(reference.uid.as_deref(), Some("uid-1"));
+        assert_eq!(reference.namespace, None, "nodes are cluster-scoped");
+    }
 }
