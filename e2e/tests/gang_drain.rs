@@ -12,14 +12,14 @@ mod scenario;
 use std::time::Duration;
 
 use common::eventually;
-use gpu_remediation_api::{GpuRemediation, gangs::GangRecord};
+use gpu_remediation_api::GpuRemediation;
 use gpu_sandbox::fleet::gang;
 use k8s_openapi::api::{batch::v1::Job, core::v1::Pod};
 use kube::{
     Api, ResourceExt,
     api::{ListParams, PostParams},
 };
-use scenario::{RunningController, Scenario, evicted_through_the_api, is_unschedulable};
+use scenario::{RunningController, Scenario, evicted_through_the_api, gangs_of, is_unschedulable};
 use serde_json::json;
 
 /// An indexed `Job` of 3 pods, one per node of the fleet (required anti-affinity), never ending,
@@ -87,15 +87,6 @@ async fn members_now(s: &Scenario, members: &[Pod]) -> Vec<Option<Pod>> {
         .iter()
         .map(|m| listed.iter().find(|p| p.uid() == m.uid()).cloned())
         .collect()
-}
-
-fn gangs_of(record: &GpuRemediation) -> Vec<GangRecord> {
-    record
-        .status
-        .as_ref()
-        .and_then(|s| s.drain.as_ref())
-        .map(|d| d.gangs.clone())
-        .unwrap_or_default()
 }
 
 /// Runs the gang, breaks the GPU of the node holding its member of index 0 under a policy with

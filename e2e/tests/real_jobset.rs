@@ -20,13 +20,13 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::eventually;
-use gpu_remediation_api::{GpuRemediation, gangs::GangRecord};
+use gpu_remediation_api::GpuRemediation;
 use gpu_sandbox::jobset::{self, JobSetController};
 use gpu_sandbox::workload::Budget;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DynamicObject, ListParams, PostParams};
 use kube::{Api, ResourceExt};
-use scenario::{BudgetWatch, RunningController, Scenario, is_unschedulable};
+use scenario::{BudgetWatch, RunningController, Scenario, gangs_of, is_unschedulable};
 use serde_json::json;
 
 /// The test binary's `JobSet` manager, started once on its shared control plane.
@@ -74,15 +74,6 @@ async fn restarts(s: &Scenario) -> i64 {
         .data["status"]["restarts"]
         .as_i64()
         .unwrap_or(0)
-}
-
-fn gangs_of(record: &GpuRemediation) -> Vec<GangRecord> {
-    record
-        .status
-        .as_ref()
-        .and_then(|s| s.drain.as_ref())
-        .map(|d| d.gangs.clone())
-        .unwrap_or_default()
 }
 
 /// One run: the `JobSet`'s four workers running, then the node of one of them breaking under a

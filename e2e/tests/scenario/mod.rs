@@ -495,6 +495,16 @@ pub fn assert_untouched(after: &[Pod], others: &[(String, Option<String>)]) {
     }
 }
 
+/// The gangs a record's drain names (`status.drain.gangs`).
+pub fn gangs_of(record: &GpuRemediation) -> Vec<gpu_remediation_api::gangs::GangRecord> {
+    record
+        .status
+        .as_ref()
+        .and_then(|s| s.drain.as_ref())
+        .map(|d| d.gangs.clone())
+        .unwrap_or_default()
+}
+
 pub fn is_unschedulable(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
 }

@@ -14,7 +14,8 @@
 //! - [`proxy`]: a loopback TCP proxy that adds latency and cuts connections.
 //! - [`latency`], [`drain`], [`footprint`], [`scale`] (bare-node fleets of 10,000 and more),
 //!   [`quarantine`] (the leak with quarantine on and off), [`karpenter_peer`] (Karpenter's own
-//!   node repair against the policy, `--only karpenter-peer`): the scenarios; [`report`]: percentiles
+//!   node repair against the policy, `--only karpenter-peer`), [`gang`] (the GPU-seconds a recycle
+//!   costs a training gang, per `drain.gangs` and notice): the scenarios; [`report`]: percentiles
 //!   and the table.
 
 pub mod actor;
@@ -27,6 +28,7 @@ pub mod drain;
 pub mod drain_links;
 pub mod fence;
 pub mod footprint;
+pub mod gang;
 pub mod karpenter_peer;
 pub mod latency;
 pub mod node_churn;

@@ -37,6 +37,8 @@ pub struct BenchResults {
     pub scale: Vec<ScaleResult>,
     /// The leak under a stream of GPU pods, quarantine off and on.
     pub quarantine: Vec<QuarantineResult>,
+    /// The GPU-seconds a recycle costs a training gang, per arm (`--only gang`).
+    pub gang: Vec<super::gang::GangResult>,
     /// Karpenter's node repair against the policy (`--only karpenter-peer`).
     pub karpenter_peer: Option<super::karpenter_peer::PeerComparison>,
     /// Scenarios that failed, with why (the others still ran).
@@ -159,9 +161,8 @@ pub fn markdown(results: &BenchResults) -> String {
     if !results.scale.is_empty() {
         out.push_str(&scale_tables(&results.scale));
     }
-    if !results.quarantine.is_empty() {
-        out.push_str(&quarantine_table(&results.quarantine));
-    }
+    out.push_str(&quarantine_table(&results.quarantine));
+    out.push_str(&super::gang::table(&results.gang));
     if let Some(peer) = &results.karpenter_peer {
         out.push_str(&super::karpenter_peer::markdown(peer));
     }
@@ -245,6 +246,9 @@ pub fn drain_links_table(d: &DrainComparison) -> String {
 #[must_use]
 pub fn quarantine_table(arms: &[QuarantineResult]) -> String {
     let mut out = String::new();
+    if arms.is_empty() {
+        return out;
+    }
     out.push_str("### The leak: pods bound to a faulty node before its cordon, quarantine off and on\n\n");
     out.push_str(
         "| quarantine | nodes | faults | `for` | new GPU pods | leaked pods (per fault) | fault to quarantine p50 | p99 |\n",

@@ -17,7 +17,7 @@ use gpu_sandbox::bench::karpenter_peer::{self, PeerOptions};
 use gpu_sandbox::bench::latency::LatencyOptions;
 use gpu_sandbox::bench::quarantine::QuarantineOptions;
 use gpu_sandbox::bench::report::{self, BenchResults};
-use gpu_sandbox::bench::{drain, footprint, latency, quarantine, scale};
+use gpu_sandbox::bench::{drain, footprint, gang, latency, quarantine, scale};
 
 #[derive(Parser)]
 #[allow(
@@ -35,7 +35,7 @@ struct Cli {
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench/results.json")]
     out: PathBuf,
-    /// Scenarios to run (default: latency, drain, footprint, quarantine): those, churn and
+    /// Scenarios to run (default: latency, drain, footprint, quarantine, gang): those, churn and
     /// karpenter-peer (Karpenter's node repair against the policy: over 10 minutes, needs the
     /// Karpenter binary, `make bench-peer`).
     #[arg(long, value_delimiter = ',')]
@@ -234,6 +234,12 @@ async fn run(env: &BenchEnv, cli: &Cli, wants: impl Fn(&str) -> bool, results: &
         match quarantine::run(env, &QuarantineOptions::default()).await {
             Ok(arms) => results.quarantine = arms,
             Err(e) => results.failures.push(format!("the quarantine scenario: {e}")),
+        }
+    }
+    if wants("gang") {
+        match gang::run(env, &gang::GangOptions::default()).await {
+            Ok(arms) => results.gang = arms,
+            Err(e) => results.failures.push(format!("the gang scenario: {e}")),
         }
     }
     if wants("footprint") {

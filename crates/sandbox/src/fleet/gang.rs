@@ -1,12 +1,15 @@
 //! The simulated kubelet's training gangs: what a distributed job's workers do when one of them
 //! dies, and how a worker answers the controller's checkpoint notice. Opt-in, by pod annotation:
 //!
-//! - [`COLLECTIVE_TIMEOUT_ANNOTATION`] (a duration, e.g. `60s`): the pod is a gang member. When
-//!   another member that ran beside it dies (deleted, evicted or failed), it keeps running without
-//!   progress, as a worker blocked in an NCCL all-reduce does, until that death plus the timeout;
-//!   then it fails (phase `Failed`, its container terminated with exit code 1, reason
-//!   [`COLLECTIVE_TIMEOUT_REASON`]). A member that is gone before then is simply gone. Members that
-//!   start after a death (a restarted job) never ran beside it and are not affected.
+//! - [`COLLECTIVE_TIMEOUT_ANNOTATION`] (a duration, e.g. `60s`): the pod is a gang member. Members
+//!   that start running together form a collective. When one dies (deleted, evicted or failed),
+//!   the others of its collective keep running without progress, as workers blocked in an NCCL
+//!   all-reduce do, until that death plus the timeout; then each fails (phase `Failed`, reason
+//!   [`COLLECTIVE_TIMEOUT_REASON`]). A member that is gone before then is simply gone. A member
+//!   that starts after the death (a replacement, or a restarted job) joins a new collective, which
+//!   that death and its aftermath do not touch. A member the kubelet kills (an eviction, a deletion)
+//!   is reported `Failed` before it goes, as the real kubelet does, which a `Job` with a
+//!   `podFailurePolicy` waits for before it replaces it.
 //! - [`CHECKPOINT_ANNOTATION`] (a duration, e.g. `12s`): once the controller's
 //!   `gpuremediation.dev/evict-at` notice is on the pod, the worker checkpoints for that long and
 //!   then writes `gpuremediation.dev/checkpointed`, as a training loop following
@@ -66,24 +69,34 @@ pub enum GangAction {
 #[derive(Clone, Debug)]
 struct Member {
     id: PodId,
-    running_since: Timestamp,
+    /// The collective it joined: members that started together, before any of them died.
+    generation: u64,
     timeout: Duration,
     failure_scheduled: bool,
+}
+
+/// One gang: its running members, and its newest collective and whether a death broke it.
+#[derive(Debug, Default)]
+struct Gang {
+    members: BTreeMap<String, Member>,
+    generation: u64,
+    broken: bool,
 }
 
 /// Every gang's running members and the deaths among them; the checkpoints under way.
 #[derive(Debug, Default)]
 pub struct GangBook {
-    /// By (namespace, gang): its members by UID.
-    gangs: BTreeMap<(String, String), BTreeMap<String, Member>>,
+    /// By (namespace, gang).
+    gangs: BTreeMap<(String, String), Gang>,
     acknowledging: BTreeSet<String>,
 }
 
 impl GangBook {
-    /// What `pod`, as the kubelet sees it now, means for its gang. A running member joins (from
-    /// `now`, if it was not there); a member leaving (terminating, or finished) dies: each other
-    /// member that ran beside it fails at `now` plus its timeout. A noticed member with a
-    /// checkpoint time acknowledges after it, once.
+    /// What `pod`, as the kubelet sees it now, means for its gang. A running member joins the
+    /// gang's newest collective, or a new one where a death broke that (a replacement cannot join
+    /// a communicator that hangs); a member leaving (terminating, or finished) dies: each other
+    /// member of its collective fails at `now` plus its timeout. A noticed member with a checkpoint
+    /// time acknowledges after it, once.
     pub fn observe(&mut self, pod: &Pod, now: Timestamp) -> Vec<GangAction> {
         let mut actions = Vec::new();
         let Some(id) = PodId::of(pod) else { return actions };
@@ -107,16 +120,24 @@ impl GangBook {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let leaving =
             pod.metadata.deletion_timestamp.is_some() || matches!(phase, Some("Failed" | "Succeeded"));
-        let members = self.gangs.entry((id.namespace.clone(), gang)).or_default();
+        let gang = self.gangs.entry((id.namespace.clone(), gang)).or_default();
         if leaving {
-            actions.extend(died(members, &id.uid, now));
-        } else if phase == Some("Running") {
-            members.entry(id.uid.clone()).or_insert(Member {
-                id,
-                running_since: now,
-                timeout,
-                failure_scheduled: false,
-            });
+            actions.extend(died(gang, &id.uid, now));
+        } else if phase == Some("Running") && !gang.members.contains_key(&id.uid) {
+            if gang.broken {
+                gang.generation += 1;
+                gang.broken = false;
+            }
+            let generation = gang.generation;
+            gang.members.insert(
+                id.uid.clone(),
+                Member {
+                    id,
+                    generation,
+                    timeout,
+                    failure_scheduled: false,
+                },
+            );
         }
         actions
     }
@@ -131,26 +152,29 @@ impl GangBook {
             return Vec::new();
         };
         let key = (id.namespace, gang);
-        let Some(members) = self.gangs.get_mut(&key) else {
+        let Some(gang) = self.gangs.get_mut(&key) else {
             return Vec::new();
         };
-        let actions = died(members, &id.uid, now);
-        if members.is_empty() {
+        let actions = died(gang, &id.uid, now);
+        if gang.members.is_empty() {
             self.gangs.remove(&key);
         }
         actions
     }
 }
 
-/// Member `uid` of `members` died at `now`: it leaves, and each member that ran beside it (running
-/// since before `now`) fails at `now` plus its timeout, once.
-fn died(members: &mut BTreeMap<String, Member>, uid: &str, now: Timestamp) -> Vec<GangAction> {
-    if members.remove(uid).is_none() {
+/// Member `uid` of `gang` died at `now`: it leaves, its collective is broken, and each other member
+/// of that collective fails at `now` plus its timeout, once.
+fn died(gang: &mut Gang, uid: &str, now: Timestamp) -> Vec<GangAction> {
+    let Some(dead) = gang.members.remove(uid) else {
         return Vec::new();
+    };
+    if dead.generation == gang.generation {
+        gang.broken = true;
     }
-    members
+    gang.members
         .values_mut()
-        .filter(|m| m.running_since <= now && !m.failure_scheduled)
+        .filter(|m| m.generation == dead.generation && !m.failure_scheduled)
         .map(|m| {
             m.failure_scheduled = true;
             let at = now
@@ -161,8 +185,7 @@ fn died(members: &mut BTreeMap<String, Member>, uid: &str, now: Timestamp) -> Ve
         .collect()
 }
 
-/// The status patch of a member whose collective timed out: `Failed`, its containers terminated
-/// with exit code 1.
+/// The status patch of a member whose collective timed out: `Failed`, not ready.
 #[must_use]
 pub fn timed_out_patch(now: Timestamp) -> serde_json::Value {
     serde_json::json!({"status": {
@@ -180,6 +203,13 @@ pub fn acknowledged_patch(now: Timestamp) -> serde_json::Value {
     serde_json::json!({"metadata": {"annotations": {
         gpu_remediation_api::constants::CHECKPOINTED_ANNOTATION: format!("sim-checkpoint-{}", now.as_second()),
     }}})
+}
+
+/// Whether `pod` is a gang member (it carries [`COLLECTIVE_TIMEOUT_ANNOTATION`]): the kubelet
+/// reports it `Failed` when it kills it, before it goes.
+#[must_use]
+pub fn is_member(pod: &Pod) -> bool {
+    pod.annotations().contains_key(COLLECTIVE_TIMEOUT_ANNOTATION)
 }
 
 /// The pod's gang: the value of the first of [`GANG_LABELS`] it carries.
@@ -252,18 +282,19 @@ mod tests {
     }
 
     #[test]
-    fn a_member_started_after_a_death_never_ran_beside_it() {
+    fn a_member_started_after_a_death_joins_a_new_collective_the_old_deaths_never_touch() {
         let mut book = GangBook::default();
         book.observe(&timed("w0", "Running"), at(0));
         book.observe(&timed("w1", "Running"), at(0));
         let first = book.gone(&timed("w0", "Running"), at(10));
         assert_eq!(fails(&first), [("w1".to_owned(), at(70))]);
-        // The job restarts: a new member at 20; the old one's timeout does not touch it, and a
-        // death among the new generation fails only those running then.
+        // w0's replacement starts at 20, while w1 still hangs: a new collective. w1's own failure
+        // at 70 does not touch it; a death in the new collective fails only its members.
         book.observe(&timed("w2", "Running"), at(20));
-        book.observe(&timed("w3", "Running"), at(25));
-        let second = book.observe(&timed("w3", "Failed"), at(30));
-        assert_eq!(fails(&second), [("w2".to_owned(), at(90))]);
+        assert!(fails(&book.observe(&timed("w1", "Failed"), at(70))).is_empty());
+        book.observe(&timed("w3", "Running"), at(75));
+        let second = book.observe(&timed("w3", "Failed"), at(80));
+        assert_eq!(fails(&second), [("w2".to_owned(), at(140))]);
     }
 
     #[test]

@@ -423,6 +423,18 @@ impl Kubelet {
         let namespace = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        if super::gang::is_member(pod) {
+            // As the real kubelet does for a killed pod: terminal before it goes, which a `Job`
+            // with a `podFailurePolicy` waits for before replacing it.
+            let failed = json!({"status": {"phase": "Failed", "reason": "Terminated"}});
+            let _permit = self.permits.acquire().await.expect("semaphore open");
+            if let Err(e) = pods
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&failed))
+                .await
+            {
+                tracing::warn!(%namespace, pod = %name, error = %e, "simulated kubelet: reporting a killed gang member failed");
+            }
+        }
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             preconditions: Some(Preconditions {
