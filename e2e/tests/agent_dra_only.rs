@@ -15,13 +15,13 @@ mod common;
 
 use std::time::Duration;
 
-use agent_support::{AgentProcess, GPUS, Probe, agent_kubeconfig, gpu, scratch, wait_for_condition};
+use agent_support::{AgentGround, GPUS, Probe, agent_kubeconfig, gpu, scratch, wait_for_condition};
 use common::cluster_with;
 use gpu_remediation_api::constants::{GPU_COUNT_LABEL, gpu_reasons};
 use gpu_sandbox::{ControlPlaneOptions, Dra, Fleet, FleetOptions};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, Client,
+    Api,
     api::{Patch, PatchParams},
 };
 use serde_json::json;
@@ -33,9 +33,8 @@ fn with_dra() -> ControlPlaneOptions {
     }
 }
 
-/// A one-node DRA fleet whose node has no count label, its agent's scratch directory and
-/// kubeconfig, and the node's name.
-async fn dra_only_node(name: &str) -> (Client, Fleet, std::path::PathBuf, std::path::PathBuf, String) {
+/// A one-node DRA fleet whose node has no count label, as an agent test's ground, and the node.
+async fn dra_only_node(name: &str) -> (AgentGround, String) {
     let client = cluster_with(with_dra).await.client();
     let fleet = Fleet::start(
         client.clone(),
@@ -58,7 +57,13 @@ async fn dra_only_node(name: &str) -> (Client, Fleet, std::path::PathBuf, std::p
         .unwrap();
     let dir = scratch(name);
     let kubeconfig = agent_kubeconfig(&client, &dir).await;
-    (client, fleet, dir, kubeconfig, node)
+    let ground = AgentGround {
+        client,
+        dir,
+        kubeconfig,
+        fleet,
+    };
+    (ground, node)
 }
 
 /// The node's GPUs less the last: it came up with one already gone.
@@ -66,29 +71,15 @@ fn one_gone(node: &str) -> serde_json::Value {
     json!({"gpus": (0..GPUS - 1).map(|index| gpu(node, index)).collect::<Vec<_>>()})
 }
 
-fn start(
-    node: &str,
-    dir: &std::path::Path,
-    kubeconfig: &std::path::Path,
-    extra: &[&str],
-) -> impl Future<Output = AgentProcess> {
-    let probe_file = dir.join(format!("{node}.json"));
-    agent_support::write_probe_file(&probe_file, &one_gone(node));
-    let (node, kubeconfig, dir) = (node.to_owned(), kubeconfig.to_owned(), dir.to_owned());
-    let extra: Vec<String> = extra.iter().map(|e| (*e).to_owned()).collect();
-    async move {
-        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        AgentProcess::start(Probe::File, &node, &kubeconfig, &probe_file, &dir, &extra).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dra_only_node_expects_the_gpus_its_slices_list_and_one_gone_at_start_up_is_missing() {
-    let (client, fleet, dir, kubeconfig, node) = dra_only_node("dra-only-missing").await;
+    let (ground, node) = dra_only_node("dra-only-missing").await;
     let driver = format!("--dra-driver={}", gpu_sandbox::dra::DRIVER);
-    let agent = start(&node, &dir, &kubeconfig, &[&driver]).await;
+    let agent = ground
+        .start_agent(Probe::File, &node, &one_gone(&node), &[&driver])
+        .await;
     let condition = wait_for_condition(
-        &client,
+        &ground.client,
         &node,
         "False",
         gpu_reasons::GPU_MISSING,
@@ -109,15 +100,17 @@ async fn a_dra_only_node_expects_the_gpus_its_slices_list_and_one_gone_at_start_
         agent.log_tail()
     );
     drop(agent);
-    fleet.stop().await.unwrap();
+    ground.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_reading_the_slices_the_same_node_has_no_expected_count_and_reads_healthy() {
-    let (client, fleet, dir, kubeconfig, node) = dra_only_node("dra-only-unread").await;
-    let agent = start(&node, &dir, &kubeconfig, &["--dra-driver="]).await;
+    let (ground, node) = dra_only_node("dra-only-unread").await;
+    let agent = ground
+        .start_agent(Probe::File, &node, &one_gone(&node), &["--dra-driver="])
+        .await;
     let condition = wait_for_condition(
-        &client,
+        &ground.client,
         &node,
         "True",
         "GpusHealthy",
@@ -134,5 +127,5 @@ async fn without_reading_the_slices_the_same_node_has_no_expected_count_and_read
         "{message}"
     );
     drop(agent);
-    fleet.stop().await.unwrap();
+    ground.stop().await;
 }

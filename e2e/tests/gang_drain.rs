@@ -26,24 +26,14 @@ use serde_json::json;
 /// its pods annotated with `annotations` (the simulated kubelet's gang behaviour,
 /// `gpu_sandbox::fleet::gang`).
 async fn gang(s: &Scenario, annotations: &serde_json::Value) -> Vec<Pod> {
-    let job: Job = serde_json::from_value(json!({
-        "metadata": {"name": "train", "namespace": s.namespace},
-        "spec": {
-            "completions": 3, "parallelism": 3, "completionMode": "Indexed", "backoffLimit": 10,
-            "template": {
-                "metadata": {"labels": {"app": "train"}, "annotations": annotations},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "nodeSelector": {gpu_sandbox::fleet::FLEET_LABEL: s.fleet.name()},
-                    "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-                        "labelSelector": {"matchLabels": {"app": "train"}},
-                        "topologyKey": "kubernetes.io/hostname",
-                    }]}},
-                    "containers": [{"name": "worker", "image": "registry.k8s.io/pause:3.10"}],
-                },
-            },
-        },
-    }))
+    let job: Job = serde_json::from_value(gang::indexed_job(
+        &s.namespace,
+        "train",
+        (3, 0),
+        s.fleet.name(),
+        10,
+        annotations,
+    ))
     .unwrap();
     Api::<Job>::namespaced(s.client.clone(), &s.namespace)
         .create(&PostParams::default(), &job)
@@ -102,7 +92,7 @@ async fn break_under(
         .iter()
         .find(|p| {
             p.annotations()
-                .get("batch.kubernetes.io/job-completion-index")
+                .get(gpu_remediation_api::constants::gang_labels::COMPLETION_INDEX)
                 .map(String::as_str)
                 == Some("0")
         })

@@ -59,7 +59,10 @@ fn running(pod: &Pod) -> bool {
 /// The `JobSet`'s pods now.
 async fn workers(s: &Scenario) -> Vec<Pod> {
     Api::<Pod>::namespaced(s.client.clone(), &s.namespace)
-        .list(&ListParams::default().labels(&format!("{}={NAME}", jobset::NAME_LABEL)))
+        .list(&ListParams::default().labels(&format!(
+            "{}={NAME}",
+            gpu_remediation_api::constants::gang_labels::JOBSET_NAME
+        )))
         .await
         .unwrap()
         .items
@@ -129,7 +132,14 @@ impl Run {
             .protected_workload("serve", &broken, &spare, 3, &Budget::min_available(2))
             .await;
         let budget = BudgetWatch::start(&s.client, &s.namespace, &serve.selector());
-        let gang = BudgetWatch::start(&s.client, &s.namespace, &format!("{}={NAME}", jobset::NAME_LABEL));
+        let gang = BudgetWatch::start(
+            &s.client,
+            &s.namespace,
+            &format!(
+                "{}={NAME}",
+                gpu_remediation_api::constants::gang_labels::JOBSET_NAME
+            ),
+        );
 
         s.policy(json!({"drain": drain, "safety": {"maxUnhealthy": "100%"}}))
             .await;

@@ -50,6 +50,17 @@ pub const GPU_FIRST_SEEN_ANNOTATION: &str = "gpuremediation.dev/gpu-first-seen";
 /// from the kubelet's pod-resources API, and when (see `gpu_pods`); absent where the agent cannot
 /// read that API.
 pub const GPU_PODS_ANNOTATION: &str = "gpuremediation.dev/gpu-pods";
+/// Labels and annotations job controllers put on their pods, which name a gang (the controller's
+/// `drain::gangs` recognises them; the sandbox builds and simulates gangs with them).
+pub mod gang_labels {
+    /// `JobSet`'s label on every pod of a `JobSet`: its name.
+    pub const JOBSET_NAME: &str = "jobset.sigs.k8s.io/jobset-name";
+    /// The `Job` controller's label on its pods: the `Job`'s name.
+    pub const JOB_NAME: &str = "batch.kubernetes.io/job-name";
+    /// The `Job` controller's annotation on the pods of an indexed `Job`: the completion index.
+    pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+}
+
 /// Pod annotation read by the sandbox's simulated kubelet: how long a terminating pod takes to go
 /// (a duration such as `30s`), or `stall` to never finish.
 pub const SIM_TERMINATION_ANNOTATION: &str = "gpuremediation.dev/sim-termination";

@@ -15,6 +15,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use gpu_remediation_api::constants::gang_labels::JOBSET_NAME;
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, Client};
@@ -26,9 +27,6 @@ use crate::upstream::{self, StartUpstreamError};
 
 /// The environment variable naming the `JobSet` manager binary; unset: `tools/build.sh jobset`.
 pub const BINARY_ENV: &str = "GPU_REMEDIATOR_JOBSET";
-
-/// The label `JobSet` puts on every pod of a `JobSet`: its name.
-pub const NAME_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
 
 /// How long the manager may take until its webhooks answer.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -47,7 +45,6 @@ pub fn resource() -> ApiResource {
 /// `JobSet` is down).
 pub struct JobSetController {
     process: OwnedProcess,
-    log: PathBuf,
 }
 
 impl JobSetController {
@@ -90,7 +87,7 @@ impl JobSetController {
         )];
         let log = dir.join("jobset.log");
         let process = upstream::spawn("jobset", &binary, &env, &args, &log).await?;
-        let controller = Self { process, log };
+        let controller = Self { process };
 
         // `ByteString` serialises as base64, the form `caBundle` takes.
         let ca_bundle = serde_json::to_value(k8s_openapi::ByteString(ca)).expect("bytes serialise");
@@ -104,12 +101,6 @@ impl JobSetController {
         }
         controller.wait_webhooks_answer(&client).await?;
         Ok(controller)
-    }
-
-    /// Where the manager logs.
-    #[must_use]
-    pub fn log(&self) -> &std::path::Path {
-        &self.log
     }
 
     /// The last `lines` lines of the manager's log (for a failing test's message).
@@ -189,7 +180,7 @@ fn webhook_configurations(port: u16, ca_bundle: &str) -> [(&'static str, &'stati
             });
             if resource == "pods" {
                 hook["objectSelector"] =
-                    json!({"matchExpressions": [{"key": NAME_LABEL, "operator": "Exists"}]});
+                    json!({"matchExpressions": [{"key": JOBSET_NAME, "operator": "Exists"}]});
             }
             hook
         };
@@ -277,7 +268,7 @@ pub fn gang(
                             "terminationGracePeriodSeconds": 0,
                             "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
                                 "topologyKey": "kubernetes.io/hostname",
-                                "labelSelector": {"matchLabels": {NAME_LABEL: name}},
+                                "labelSelector": {"matchLabels": {JOBSET_NAME: name}},
                             }]}},
                             "containers": [{
                                 "name": "worker",

@@ -45,7 +45,7 @@ use super::{Fate, Leaving, fate};
 pub const NAME_MAX: usize = 253;
 
 /// `JobSet`'s label on every pod of a `JobSet`.
-pub const JOBSET: &str = "jobset.sigs.k8s.io/jobset-name";
+pub const JOBSET: &str = gpu_remediation_api::constants::gang_labels::JOBSET_NAME;
 /// The Kubeflow training operator's label on every pod of a training job.
 pub const TRAINING: &str = "training.kubeflow.org/job-name";
 /// `LeaderWorkerSet`'s label naming the set.
@@ -59,9 +59,9 @@ pub const VOLCANO_GROUP: &str = "scheduling.k8s.io/group-name";
 /// Kueue's label naming a plain-pod group.
 pub const KUEUE_GROUP: &str = "kueue.x-k8s.io/pod-group-name";
 /// The `Job` controller's label on its pods.
-pub const JOB_NAME: &str = "batch.kubernetes.io/job-name";
+pub const JOB_NAME: &str = gpu_remediation_api::constants::gang_labels::JOB_NAME;
 /// The `Job` controller's annotation on the pods of an indexed `Job`.
-pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+pub const COMPLETION_INDEX: &str = gpu_remediation_api::constants::gang_labels::COMPLETION_INDEX;
 
 pub use gpu_remediation_api::policy::GangDrain;
 

@@ -33,7 +33,8 @@ use super::bench_env::{self, BenchEnv};
 use super::latency::fleet_options;
 use super::setup::{BenchSetupError, api_error, ensure_namespace, eventually};
 use crate::Fleet;
-use crate::fleet::{FLEET_LABEL, gang};
+use crate::fleet::gang;
+use gpu_remediation_api::constants::{CHECKPOINTED_ANNOTATION, gang_labels};
 
 /// Workers in the job, one per node.
 const WORKERS: u32 = 4;
@@ -173,69 +174,49 @@ async fn start_job(
     scope: &str,
     options: &GangOptions,
 ) -> Result<BTreeMap<String, Pod>, BenchSetupError> {
-    let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
-        "metadata": {"name": "train", "namespace": scope},
-        "spec": {
-            "completions": WORKERS, "parallelism": WORKERS, "completionMode": "Indexed", "backoffLimit": 100,
-            // As recommended for Jobs: an evicted pod is replaced at once, not counted as a failure.
-            "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
-            "template": {
-                "metadata": {"labels": {"app": "train"}, "annotations": {
-                    gang::COLLECTIVE_TIMEOUT_ANNOTATION: format!("{}s", options.collective_timeout.as_secs()),
-                    gang::CHECKPOINT_ANNOTATION: format!("{}s", options.checkpoint.as_secs()),
-                }},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 0,
-                    "nodeSelector": {FLEET_LABEL: scope},
-                    "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-                        "labelSelector": {"matchLabels": {"app": "train"}},
-                        "topologyKey": "kubernetes.io/hostname",
-                    }]}},
-                    "containers": [{"name": "worker", "image": crate::workload::IMAGE,
-                                    "resources": {"limits": {gpu_remediation_api::constants::GPU_RESOURCE: GPUS.to_string()}}}],
-                },
-            },
-        },
-    }))
-    .map_err(|e| BenchSetupError::Step(format!("building the job: {e}")))?;
+    let annotations = json!({
+        gang::COLLECTIVE_TIMEOUT_ANNOTATION: format!("{}s", options.collective_timeout.as_secs()),
+        gang::CHECKPOINT_ANNOTATION: format!("{}s", options.checkpoint.as_secs()),
+    });
+    let mut job = gang::indexed_job(scope, "train", (WORKERS, GPUS), scope, 100, &annotations);
+    // As recommended for Jobs: an evicted pod is replaced at once, not counted as a failure.
+    job["spec"]["podFailurePolicy"] =
+        json!({"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]});
+    let job: k8s_openapi::api::batch::v1::Job =
+        serde_json::from_value(job).map_err(|e| BenchSetupError::Step(format!("building the job: {e}")))?;
     Api::<k8s_openapi::api::batch::v1::Job>::namespaced(env.client.clone(), scope)
         .create(&PostParams::default(), &job)
         .await
         .map_err(api_error(format!("creating the job in {scope}")))?;
     eventually("the job's workers running", Duration::from_secs(90), || async {
-        let by_index = running_by_index(env, scope, None).await.ok()?;
+        let by_index = running_by_index(&workers(env, scope).await.ok()?, None);
         (by_index.len() == WORKERS as usize).then_some(by_index)
     })
     .await
 }
 
-/// The job's Running pods by completion index, created after `since` where given.
-async fn running_by_index(
-    env: &BenchEnv,
-    scope: &str,
-    since: Option<Timestamp>,
-) -> Result<BTreeMap<String, Pod>, BenchSetupError> {
-    let pods = Api::<Pod>::namespaced(env.client.clone(), scope)
+/// The job's pods now.
+async fn workers(env: &BenchEnv, scope: &str) -> Result<Vec<Pod>, BenchSetupError> {
+    Ok(Api::<Pod>::namespaced(env.client.clone(), scope)
         .list(&ListParams::default().labels("app=train"))
         .await
-        .map_err(api_error(format!("listing the workers of {scope}")))?;
-    Ok(pods
-        .items
-        .into_iter()
+        .map_err(api_error(format!("listing the workers of {scope}")))?
+        .items)
+}
+
+/// Of `pods`, the Running ones by completion index, created after `since` where given.
+fn running_by_index(pods: &[Pod], since: Option<Timestamp>) -> BTreeMap<String, Pod> {
+    pods.iter()
         .filter(|p| {
             p.metadata.deletion_timestamp.is_none()
                 && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
                 && since.is_none_or(|since| p.creation_timestamp().is_some_and(|t| t.0 > since))
         })
         .filter_map(|p| {
-            let index = p
-                .annotations()
-                .get("batch.kubernetes.io/job-completion-index")?
-                .clone();
-            Some((index, p))
+            let index = p.annotations().get(gang_labels::COMPLETION_INDEX)?.clone();
+            Some((index, p.clone()))
         })
-        .collect())
+        .collect()
 }
 
 /// Breaks the node of index 0's worker and measures: seconds from the fault until the job runs
@@ -281,19 +262,16 @@ async fn fault_and_measure(
         .filter(|p| p.uid() != broken_pod.uid())
         .map(ResourceExt::name_any)
         .collect();
-    let pods = Api::<Pod>::namespaced(env.client.clone(), scope);
     let patience = options.collective_timeout + options.notice + Duration::from_secs(180);
     let deadline = tokio::time::Instant::now() + patience;
     let running_again = loop {
-        for name in &healthy {
-            if let Ok(Some(pod)) = pods.get_opt(name).await {
-                let acked = pod
-                    .annotations()
-                    .contains_key(gpu_remediation_api::constants::CHECKPOINTED_ANNOTATION);
-                acknowledged.insert(name.clone(), acked);
-            }
+        // One list a look: the acknowledgements of the workers still there, and the new ones.
+        let now = workers(env, scope).await?;
+        for pod in now.iter().filter(|p| healthy.contains(&p.name_any())) {
+            let acked = pod.annotations().contains_key(CHECKPOINTED_ANNOTATION);
+            acknowledged.insert(pod.name_any(), acked);
         }
-        let again = running_by_index(env, scope, Some(fault)).await?;
+        let again = running_by_index(&now, Some(fault));
         if again.len() == WORKERS as usize {
             let on_broken = again
                 .values()
@@ -310,7 +288,7 @@ async fn fault_and_measure(
                 "{scope}: the job did not run again within {:?} of the fault ({} of {WORKERS} workers); its pods: {}",
                 patience,
                 again.len(),
-                describe_pods(env, scope).await
+                describe_pods(&now)
             )));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -331,16 +309,9 @@ async fn fault_and_measure(
     ))
 }
 
-/// Every pod of the job: name, phase, reason, node, created, deleting (for a failure's message).
-async fn describe_pods(env: &BenchEnv, scope: &str) -> String {
-    let Ok(pods) = Api::<Pod>::namespaced(env.client.clone(), scope)
-        .list(&ListParams::default())
-        .await
-    else {
-        return "(unlisted)".to_owned();
-    };
-    pods.items
-        .iter()
+/// Each of `pods`: name, phase, reason, node, created, deleting (for a failure's message).
+fn describe_pods(pods: &[Pod]) -> String {
+    pods.iter()
         .map(|p| {
             let status = p.status.as_ref();
             format!(

@@ -7,9 +7,7 @@
 //!   all-reduce do, until that death plus the timeout; then each fails (phase `Failed`, reason
 //!   [`COLLECTIVE_TIMEOUT_REASON`]). A member that is gone before then is simply gone. A member
 //!   that starts after the death (a replacement, or a restarted job) joins a new collective, which
-//!   that death and its aftermath do not touch. A member the kubelet kills (an eviction, a deletion)
-//!   is reported `Failed` before it goes, as the real kubelet does, which a `Job` with a
-//!   `podFailurePolicy` waits for before it replaces it.
+//!   that death and its aftermath do not touch.
 //! - [`CHECKPOINT_ANNOTATION`] (a duration, e.g. `12s`): once the controller's
 //!   `gpuremediation.dev/evict-at` notice is on the pod, the worker checkpoints for that long and
 //!   then writes `gpuremediation.dev/checkpointed`, as a training loop following
@@ -23,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 use std::time::Duration;
 
+use gpu_remediation_api::constants::gang_labels;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -34,7 +33,7 @@ pub const CHECKPOINT_ANNOTATION: &str = "gpuremediation.dev/sim-checkpoint";
 /// The reason a member that timed out in its collective fails with.
 pub const COLLECTIVE_TIMEOUT_REASON: &str = "CollectiveTimeout";
 /// The labels naming a pod's gang, the first present wins: a `JobSet`'s, then a `Job`'s.
-pub const GANG_LABELS: [&str; 2] = ["jobset.sigs.k8s.io/jobset-name", "batch.kubernetes.io/job-name"];
+pub const GANG_LABELS: [&str; 2] = [gang_labels::JOBSET_NAME, gang_labels::JOB_NAME];
 
 /// A pod the book tracks.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -205,11 +204,45 @@ pub fn acknowledged_patch(now: Timestamp) -> serde_json::Value {
     }}})
 }
 
-/// Whether `pod` is a gang member (it carries [`COLLECTIVE_TIMEOUT_ANNOTATION`]): the kubelet
-/// reports it `Failed` when it kills it, before it goes.
+/// A training job as an indexed `Job` named `name` in `namespace`: `workers` pods at once, never
+/// ending, one per node of fleet `fleet` (required anti-affinity), each asking for `gpus`
+/// `nvidia.com/gpu` (none where 0), labelled `app=<name>`, annotated with `annotations` (this
+/// module's, to make them gang members), retried up to `backoff_limit` times.
 #[must_use]
-pub fn is_member(pod: &Pod) -> bool {
-    pod.annotations().contains_key(COLLECTIVE_TIMEOUT_ANNOTATION)
+pub fn indexed_job(
+    namespace: &str,
+    name: &str,
+    (workers, gpus): (u32, u32),
+    fleet: &str,
+    backoff_limit: u32,
+    annotations: &serde_json::Value,
+) -> serde_json::Value {
+    let mut worker = serde_json::json!({"name": "worker", "image": crate::workload::IMAGE});
+    if gpus > 0 {
+        worker["resources"] =
+            serde_json::json!({"limits": {gpu_remediation_api::constants::GPU_RESOURCE: gpus.to_string()}});
+    }
+    serde_json::json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "completions": workers, "parallelism": workers, "completionMode": "Indexed",
+            "backoffLimit": backoff_limit,
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": annotations},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {crate::fleet::FLEET_LABEL: fleet},
+                    "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                        "labelSelector": {"matchLabels": {"app": name}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    }]}},
+                    "containers": [worker],
+                },
+            },
+        },
+    })
 }
 
 /// The pod's gang: the value of the first of [`GANG_LABELS`] it carries.
@@ -295,6 +328,45 @@ mod tests {
         book.observe(&timed("w3", "Running"), at(75));
         let second = book.observe(&timed("w3", "Failed"), at(80));
         assert_eq!(fails(&second), [("w2".to_owned(), at(140))]);
+    }
+
+    #[test]
+    fn an_indexed_job_spreads_its_workers_one_per_node_of_the_fleet() {
+        let job = indexed_job(
+            "ml",
+            "train",
+            (4, 8),
+            "f",
+            100,
+            &json!({COLLECTIVE_TIMEOUT_ANNOTATION: "60s"}),
+        );
+        let spec = &job["spec"];
+        assert_eq!(
+            (spec["completions"].clone(), spec["parallelism"].clone()),
+            (json!(4), json!(4))
+        );
+        assert_eq!(spec["completionMode"], "Indexed");
+        assert_eq!(spec["backoffLimit"], 100);
+        let pod = &spec["template"];
+        assert_eq!(pod["metadata"]["labels"]["app"], "train");
+        assert_eq!(
+            pod["metadata"]["annotations"][COLLECTIVE_TIMEOUT_ANNOTATION],
+            "60s"
+        );
+        assert_eq!(pod["spec"]["nodeSelector"][crate::fleet::FLEET_LABEL], "f");
+        let anti =
+            &pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+        assert_eq!(anti["labelSelector"]["matchLabels"]["app"], "train");
+        assert_eq!(
+            pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+            "8"
+        );
+        let no_gpus = indexed_job("ml", "train", (3, 0), "f", 10, &json!({}));
+        assert!(
+            no_gpus["spec"]["template"]["spec"]["containers"][0]
+                .get("resources")
+                .is_none()
+        );
     }
 
     #[test]

@@ -100,6 +100,19 @@ pub fn next_step(pod: &Pod) -> (KubeletStep, Option<String>) {
     }
 }
 
+/// Whether a pod the kubelet kills is first reported `Failed`: one that still runs and carries
+/// finalizers. Its delete only marks it, and its owner waits for a terminal phase (a `Job`'s
+/// tracking finalizer: with a `podFailurePolicy` the `Job` replaces a pod only once it is
+/// terminal), as the real kubelet reports it. Others go at once, as before.
+#[must_use]
+pub fn reported_terminal_first(pod: &Pod) -> bool {
+    let finished = matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    !finished && pod.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty())
+}
+
 /// A merge patch for the pod's status: Running, every condition true, every container running and
 /// ready (init containers completed).
 #[must_use]
@@ -423,16 +436,14 @@ impl Kubelet {
         let namespace = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-        if super::gang::is_member(pod) {
-            // As the real kubelet does for a killed pod: terminal before it goes, which a `Job`
-            // with a `podFailurePolicy` waits for before replacing it.
+        if reported_terminal_first(pod) {
             let failed = json!({"status": {"phase": "Failed", "reason": "Terminated"}});
             let _permit = self.permits.acquire().await.expect("semaphore open");
             if let Err(e) = pods
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&failed))
                 .await
             {
-                tracing::warn!(%namespace, pod = %name, error = %e, "simulated kubelet: reporting a killed gang member failed");
+                tracing::warn!(%namespace, pod = %name, error = %e, "simulated kubelet: reporting a killed pod failed");
             }
         }
         let params = DeleteParams {
@@ -462,137 +473,5 @@ impl Kubelet {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
-
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
-    use super::*;
-
-    fn pod(json: Value) -> Pod {
-        serde_json::from_value(json).unwrap()
-    }
-
-    fn terminating(annotation: Option<&str>) -> Pod {
-        let mut pod = pod(json!({
-            "metadata": { "name": "p", "uid": "u" },
-            "spec": { "nodeName": "n", "containers": [{ "name": "c" }] },
-            "status": { "phase": "Running" },
-        }));
-        pod.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
-        if let Some(value) = annotation {
-            pod.metadata.annotations = Some(BTreeMap::from([(
-                SIM_TERMINATION_ANNOTATION.to_owned(),
-                value.to_owned(),
-            )]));
-        }
-        pod
-    }
-
-    #[test]
-    fn a_pending_pod_is_made_running() {
-        let pending = pod(json!({
-            "metadata": { "name": "p" },
-            "spec": { "nodeName": "n", "containers": [{ "name": "c" }] },
-            "status": { "phase": "Pending" },
-        }));
-        assert_eq!(next_step(&pending).0, KubeletStep::MakeRunning);
-    }
-
-    #[test]
-    fn a_running_pod_that_is_not_ready_is_made_ready() {
-        let unready = pod(json!({
-            "metadata": { "name": "p" },
-            "spec": { "containers": [{ "name": "c" }] },
-            "status": { "phase": "Running", "conditions": [{ "type": "Ready", "status": "False" }] },
-        }));
-        assert_eq!(next_step(&unready).0, KubeletStep::MakeRunning);
-    }
-
-    #[test]
-    fn a_running_ready_pod_is_left_alone() {
-        let running = pod(json!({
-            "metadata": { "name": "p" },
-            "spec": { "containers": [{ "name": "c" }] },
-            "status": { "phase": "Running", "conditions": [{ "type": "Ready", "status": "True" }] },
-        }));
-        assert_eq!(next_step(&running).0, KubeletStep::Nothing);
-    }
-
-    #[test]
-    fn a_finished_pod_is_left_alone() {
-        let done = pod(json!({
-            "metadata": { "name": "p" },
-            "spec": { "containers": [{ "name": "c" }] },
-            "status": { "phase": "Succeeded" },
-        }));
-        assert_eq!(next_step(&done).0, KubeletStep::Nothing);
-    }
-
-    #[test]
-    fn a_terminating_pod_is_finalised_at_once_by_default() {
-        assert_eq!(
-            next_step(&terminating(None)),
-            (
-                KubeletStep::Finalise {
-                    after: Duration::ZERO
-                },
-                None
-            )
-        );
-    }
-
-    #[test]
-    fn the_termination_annotation_delays_finalisation() {
-        assert_eq!(
-            next_step(&terminating(Some("1m30s"))).0,
-            KubeletStep::Finalise {
-                after: Duration::from_secs(90)
-            }
-        );
-    }
-
-    #[test]
-    fn the_termination_annotation_can_stall_a_pod_forever() {
-        assert_eq!(next_step(&terminating(Some("stall"))).0, KubeletStep::Stall);
-    }
-
-    #[test]
-    fn an_unreadable_termination_annotation_finalises_at_once_and_says_why() {
-        let (step, problem) = next_step(&terminating(Some("soon")));
-        assert_eq!(
-            step,
-            KubeletStep::Finalise {
-                after: Duration::ZERO
-            }
-        );
-        assert!(problem.unwrap().contains("soon"));
-    }
-
-    #[test]
-    fn the_running_status_covers_every_container_and_completes_init_containers() {
-        let two = pod(json!({
-            "metadata": { "name": "p" },
-            "spec": {
-                "initContainers": [{ "name": "init" }],
-                "containers": [{ "name": "a" }, { "name": "b" }],
-            },
-        }));
-        let patch = running_status_patch(&two, "10.128.0.1", "10.64.0.1", Timestamp::UNIX_EPOCH);
-        let status = &patch["status"];
-        assert_eq!(status["phase"], "Running");
-        assert_eq!(status["containerStatuses"].as_array().unwrap().len(), 2);
-        assert_eq!(status["containerStatuses"][1]["ready"], true);
-        assert_eq!(
-            status["initContainerStatuses"][0]["state"]["terminated"]["exitCode"],
-            0
-        );
-        assert!(
-            status["conditions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        );
-    }
-}
+#[path = "kubelet_tests.rs"]
+mod tests;
