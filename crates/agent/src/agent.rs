@@ -17,7 +17,7 @@ use crate::{
     kernel_log::KernelLog,
     liveness::Liveness,
     pod_resources::{
-        assignment::{annotation_to_publish, assignment_of, restamp_due},
+        assignment::{DeviceNames, annotation_to_publish, assignment_of, restamp_due},
         reader::PodResourcesReader,
     },
     probe::{ReadGpusError, deadline::DeadlineReader},
@@ -130,8 +130,8 @@ pub struct Agent {
     gpu_pods: Option<ReadAssignment>,
     /// The last failure to read it, logged once until it changes.
     pod_resources_error: Option<String>,
-    /// NVML index → UUID from the last successful read, for index-named devices.
-    gpu_indices: std::collections::BTreeMap<u32, String>,
+    /// The kubelet's device IDs' GPUs, from the last successful read.
+    device_names: DeviceNames,
     /// The XID paths besides NVML's events (the kernel log), deduplicated with them.
     xid_paths: XidPaths,
     /// The whole GPUs the node's DRA `ResourceSlice`s list, where no flag or label names a count.
@@ -188,7 +188,7 @@ impl Agent {
             pod_resources: None,
             gpu_pods: None,
             pod_resources_error: None,
-            gpu_indices: std::collections::BTreeMap::new(),
+            device_names: DeviceNames::default(),
             xid_paths: XidPaths::default(),
             slice_gpus: None,
             slice_problem: None,
@@ -322,7 +322,7 @@ impl Agent {
         if let Ok(snapshot) = &read {
             self.memory.remember(snapshot);
             self.inventory = Some(annotation_text(&inventory_of(snapshot)));
-            self.gpu_indices = snapshot.gpus.iter().map(|g| (g.index, g.uuid.clone())).collect();
+            self.device_names = DeviceNames::of(&snapshot.gpus);
         }
         self.read_pod_resources().await;
         let now = now();
@@ -350,7 +350,7 @@ impl Agent {
                 if self.pod_resources_error.take().is_some() {
                     tracing::info!(socket = %reader.socket().display(), "reading the kubelet's pod resources again");
                 }
-                let (pods, read_at) = (assignment_of(&response, &self.gpu_indices), now());
+                let (pods, read_at) = (assignment_of(&response, &self.device_names), now());
                 let changed_at = match &self.gpu_pods {
                     Some(last) if last.pods == pods => last.changed_at,
                     _ => read_at,

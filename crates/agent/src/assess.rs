@@ -11,7 +11,7 @@ pub mod link_signals;
 
 use crate::{
     catalog::{Severity, XidCatalog},
-    readings::{GpuReading, Snapshot},
+    readings::{GpuReading, Snapshot, mig},
 };
 
 /// Warning reason: the GPU reached its hardware slowdown temperature.
@@ -74,6 +74,12 @@ impl Memory {
     #[must_use]
     pub fn known(&self, uuid: &str) -> Option<&GpuReading> {
         self.known.get(uuid)
+    }
+
+    /// The MIG device with `uuid` of a GPU last read, with that GPU.
+    #[must_use]
+    pub fn known_mig(&self, uuid: &str) -> Option<(&GpuReading, &mig::MigReading)> {
+        mig::parent_of(self.known.values(), uuid)
     }
 
     /// Records a snapshot that was read successfully.
@@ -191,18 +197,23 @@ pub fn xid_signals<'a>(
             Severity::Ignore => return None,
         };
         let gpu = event.gpu_uuid.as_deref();
-        let name = gpu
-            .and_then(|uuid| {
-                snapshot
-                    .gpus
-                    .iter()
-                    .find(|g| g.uuid == uuid)
-                    .or_else(|| memory.known.get(uuid))
-            })
-            .map_or_else(
-                || gpu.map_or_else(|| "an unidentified GPU".to_owned(), |uuid| format!("GPU {uuid}")),
-                GpuReading::describe,
-            );
+        let reading = gpu.and_then(|uuid| {
+            snapshot
+                .gpus
+                .iter()
+                .find(|g| g.uuid == uuid)
+                .or_else(|| memory.known.get(uuid))
+        });
+        // On a partitioned GPU, an XID naming a GPU instance is that MIG device's fault.
+        let instance = reading
+            .zip(event.gpu_instance)
+            .and_then(|(reading, gi)| mig::instance_of(reading, gi, event.compute_instance));
+        let name = match (reading, instance) {
+            (Some(reading), Some(instance)) => format!("{}, {}", reading.describe(), instance.describe()),
+            (Some(reading), None) => reading.describe(),
+            (None, _) => gpu.map_or_else(|| "an unidentified GPU".to_owned(), |uuid| format!("GPU {uuid}")),
+        };
+        let gpu = instance.map_or(gpu, |instance| Some(instance.uuid.as_str()));
         let reason = format!("{}{}", gpu_reasons::XID_PREFIX, event.xid);
         let description = if entry.description.is_empty() {
             "not in the XID catalog"
@@ -487,6 +498,7 @@ mod tests {
         snapshot.xid_events.push(crate::readings::XidEvent {
             xid: 4242,
             gpu_uuid: None,
+            ..crate::readings::XidEvent::default()
         });
         let signals = assess(&snapshot, &Memory::default(), Some(2), &catalog());
         assert_eq!(reasons(&signals), vec![(SignalKind::Warning, "XID4242")]);
@@ -510,9 +522,45 @@ mod tests {
         snapshot.xid_events.push(crate::readings::XidEvent {
             xid: 13,
             gpu_uuid: Some("GPU-5a1c3f0e-8d2b-4c4e-9f11-2a7d3b6e0c01".to_owned()),
+            ..crate::readings::XidEvent::default()
         });
         let signals = assess(&snapshot, &Memory::default(), Some(2), &catalog);
         assert_eq!(reasons(&signals), vec![(SignalKind::Fatal, "XID13")]);
         assert!(signals[0].message.contains("00000000:18:00.0"));
+    }
+
+    #[test]
+    fn an_xid_naming_a_gpu_instance_is_its_mig_devices_fault_and_otherwise_the_whole_gpus() {
+        let mut snapshot = healthy_h100();
+        let parent = snapshot.gpus[0].uuid.clone();
+        snapshot.gpus[0].mig = (1..=7)
+            .map(|gi| crate::readings::mig::MigReading {
+                uuid: format!("MIG-{gi}"),
+                gpu_instance: gi,
+                compute_instance: 0,
+                name: "NVIDIA H100 80GB HBM3 MIG 1g.10gb".to_owned(),
+            })
+            .collect();
+        let xid = |gpu_instance| crate::readings::XidEvent {
+            xid: 95,
+            gpu_uuid: Some(parent.clone()),
+            gpu_instance,
+            compute_instance: None,
+        };
+        snapshot.xid_events = vec![xid(Some(4)), xid(None), xid(Some(9))];
+        let signals = assess(&snapshot, &Memory::default(), Some(2), &catalog());
+        let gpus: Vec<Option<&str>> = signals.iter().map(|s| s.gpu_uuid.as_deref()).collect();
+        assert_eq!(
+            gpus,
+            [Some("MIG-4"), Some(parent.as_str()), Some(parent.as_str())],
+            "instance 4; no instance; an instance the GPU does not have"
+        );
+        assert!(
+            signals[0]
+                .message
+                .contains("MIG GPU instance 4 (UUID MIG-4, profile 1g.10gb)"),
+            "{}",
+            signals[0].message
+        );
     }
 }

@@ -6,7 +6,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{assess::Memory, health::Latch, readings::Snapshot};
+use crate::{
+    assess::Memory,
+    health::Latch,
+    readings::{Snapshot, mig::MigReading},
+};
 
 /// One GPU of the inventory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,13 +34,18 @@ pub struct InventoryGpu {
     /// Product name.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
+    /// Its MIG devices, where MIG is enabled: the `MIG-...` UUIDs the device plugin and DRA hand
+    /// out, each with its GPU instance.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigReading>,
 }
 
-/// One GPU a latched fault names.
+/// One GPU (or MIG device) a latched fault names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FailedGpu {
-    /// `GPU-...`.
+    /// `GPU-...`, or `MIG-...` for a fault on one MIG device (its board's serial, index and PCI
+    /// address then those of its parent GPU).
     pub uuid: String,
     /// Board serial, when the agent read one for this GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -49,6 +58,12 @@ pub struct FailedGpu {
     pub pci_bus_id: Option<String>,
     /// The condition's reason (`GpuMissing`, `XID79`, ...).
     pub reason: String,
+    /// For a MIG device: its parent GPU's UUID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_uuid: Option<String>,
+    /// For a MIG device: its GPU instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<u32>,
 }
 
 /// The inventory of a successful read, in index order.
@@ -65,6 +80,7 @@ pub fn inventory_of(snapshot: &Snapshot) -> Vec<InventoryGpu> {
             board_part_number: gpu.board_part_number.clone(),
             vbios_version: gpu.vbios_version.clone(),
             name: gpu.name.clone(),
+            mig: gpu.mig.clone(),
         })
         .collect();
     gpus.sort_by_key(|gpu| gpu.index);
@@ -72,8 +88,8 @@ pub fn inventory_of(snapshot: &Snapshot) -> Vec<InventoryGpu> {
 }
 
 /// The GPUs `latch` names, described from what the agent read of them (`memory`, which keeps GPUs
-/// that vanished), else from what an earlier agent recorded on the node (`recorded`), else by UUID
-/// alone.
+/// that vanished; a MIG device by its parent), else from what an earlier agent recorded on the node
+/// (`recorded`), else by UUID alone.
 #[must_use]
 pub fn failed_gpus(latch: &Latch, memory: &Memory, recorded: &[FailedGpu]) -> Vec<FailedGpu> {
     latch
@@ -87,6 +103,19 @@ pub fn failed_gpus(latch: &Latch, memory: &Memory, recorded: &[FailedGpu]) -> Ve
                     index: Some(gpu.index),
                     pci_bus_id: Some(gpu.pci_bus_id.clone()),
                     reason: latch.reason.clone(),
+                    parent_uuid: None,
+                    gpu_instance: None,
+                };
+            }
+            if let Some((parent, mig)) = memory.known_mig(uuid) {
+                return FailedGpu {
+                    uuid: uuid.clone(),
+                    serial: parent.serial.clone(),
+                    index: Some(parent.index),
+                    pci_bus_id: Some(parent.pci_bus_id.clone()),
+                    reason: latch.reason.clone(),
+                    parent_uuid: Some(parent.uuid.clone()),
+                    gpu_instance: Some(mig.gpu_instance),
                 };
             }
             recorded
@@ -99,6 +128,8 @@ pub fn failed_gpus(latch: &Latch, memory: &Memory, recorded: &[FailedGpu]) -> Ve
                     index: None,
                     pci_bus_id: None,
                     reason: latch.reason.clone(),
+                    parent_uuid: None,
+                    gpu_instance: None,
                 })
         })
         .collect()
@@ -162,6 +193,8 @@ mod tests {
             index: Some(7),
             pci_bus_id: None,
             reason: "XID79".to_owned(),
+            parent_uuid: None,
+            gpu_instance: None,
         }];
         let latch = Latch {
             reason: "XID79".to_owned(),
@@ -180,10 +213,53 @@ mod tests {
                 serial: None,
                 index: None,
                 pci_bus_id: None,
-                reason: "XID79".to_owned()
+                reason: "XID79".to_owned(),
+                parent_uuid: None,
+                gpu_instance: None,
             }
         );
         let parsed: Vec<FailedGpu> = serde_json::from_str(&annotation_text(&failed)).unwrap();
         assert_eq!(parsed, failed, "the annotation reads back");
+    }
+
+    #[test]
+    fn a_mig_device_is_listed_under_its_gpu_and_a_fault_on_it_names_its_parent_board() {
+        let mut partitioned = reading(2, Some("S2"));
+        partitioned.mig = vec![MigReading {
+            uuid: "MIG-2-4".to_owned(),
+            gpu_instance: 4,
+            compute_instance: 0,
+            name: "NVIDIA H100 80GB HBM3 MIG 1g.10gb".to_owned(),
+        }];
+        let snapshot = Snapshot {
+            device_count: 1,
+            gpus: vec![partitioned],
+            ..Snapshot::default()
+        };
+        let text = annotation_text(&inventory_of(&snapshot));
+        assert!(
+            text.contains(r#""mig":[{"uuid":"MIG-2-4","gpuInstance":4,"computeInstance":0,"#),
+            "{text}"
+        );
+        let mut memory = Memory::default();
+        memory.remember(&snapshot);
+        let latch = Latch {
+            reason: "XID94".to_owned(),
+            message: String::new(),
+            since: Timestamp::UNIX_EPOCH,
+            failed_gpus: vec!["MIG-2-4".to_owned()],
+        };
+        assert_eq!(
+            failed_gpus(&latch, &memory, &[]),
+            [FailedGpu {
+                uuid: "MIG-2-4".to_owned(),
+                serial: Some("S2".to_owned()),
+                index: Some(2),
+                pci_bus_id: Some("00000000:02:00.0".to_owned()),
+                reason: "XID94".to_owned(),
+                parent_uuid: Some("GPU-2".to_owned()),
+                gpu_instance: Some(4),
+            }]
+        );
     }
 }

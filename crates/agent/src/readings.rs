@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod mig;
 pub mod nvlink;
 
 /// One read of every GPU on the host, plus the XID events that arrived since the previous read.
@@ -84,6 +85,9 @@ pub struct GpuReading {
     /// fabric.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fabric: Option<nvlink::FabricReading>,
+    /// Its MIG devices, where MIG is enabled (empty otherwise; at most [`mig::MIG_DEVICES_MAX`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<mig::MigReading>,
 }
 
 /// Row remapper field values (`NVML_FI_DEV_REMAPPED_PENDING`, `NVML_FI_DEV_REMAPPED_FAILURE`).
@@ -113,7 +117,7 @@ pub struct PcieLink {
 }
 
 /// One XID event as NVML delivers it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct XidEvent {
     /// The XID code.
@@ -121,6 +125,12 @@ pub struct XidEvent {
     /// The GPU it was reported on, when NVML could name it.
     #[serde(default)]
     pub gpu_uuid: Option<String>,
+    /// The MIG GPU instance the driver attributed it to, on a partitioned GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<u32>,
+    /// The MIG compute instance, where the driver names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_instance: Option<u32>,
 }
 
 impl GpuReading {

@@ -1,8 +1,8 @@
 //! One XID, however many paths report it. NVML's event API, the kernel log and DCGM may each
 //! report the same XID; it must count once (a warning's occurrences, the fault's signals).
 //!
-//! - **Key**: the GPU (its UUID; the PCI address where the path could not name the UUID) and the
-//!   XID code.
+//! - **Key**: the GPU (its UUID; the PCI address where the path could not name the UUID), the MIG
+//!   GPU instance where the path names one (two instances' XIDs are two faults), and the XID code.
 //! - **Window**: [`WINDOW`] either side. A report is a duplicate when another path reported the same
 //!   key within the window and that report has not yet absorbed one from this path. So the driver
 //!   raising XID 13 three times gives three occurrences on every path, and each path's copies
@@ -32,13 +32,18 @@ pub enum XidPath {
     Dcgm,
 }
 
-/// The GPU part of the key: the UUID where known, else the PCI address, else nothing.
+/// The GPU part of the key: the UUID where known, else the PCI address, else nothing; then the
+/// MIG GPU instance, where named.
 #[must_use]
-pub fn gpu_key(uuid: Option<&str>, pci: Option<&str>) -> String {
-    match (uuid, pci) {
+pub fn gpu_key(uuid: Option<&str>, pci: Option<&str>, gpu_instance: Option<u32>) -> String {
+    let gpu = match (uuid, pci) {
         (Some(uuid), _) => uuid.to_owned(),
         (None, Some(pci)) => format!("pci:{pci}"),
         (None, None) => "unidentified".to_owned(),
+    };
+    match gpu_instance {
+        Some(instance) => format!("{gpu}/gi:{instance}"),
+        None => gpu,
     }
 }
 
@@ -136,8 +141,13 @@ mod tests {
 
     #[test]
     fn the_key_falls_back_to_the_address() {
-        assert_eq!(gpu_key(Some("GPU-a"), Some("0000:3b:00")), "GPU-a");
-        assert_eq!(gpu_key(None, Some("0000:3b:00")), "pci:0000:3b:00");
-        assert_eq!(gpu_key(None, None), "unidentified");
+        assert_eq!(gpu_key(Some("GPU-a"), Some("0000:3b:00"), None), "GPU-a");
+        assert_eq!(gpu_key(None, Some("0000:3b:00"), None), "pci:0000:3b:00");
+        assert_eq!(gpu_key(None, None, None), "unidentified");
+        assert_eq!(
+            gpu_key(Some("GPU-a"), None, Some(4)),
+            "GPU-a/gi:4",
+            "two MIG instances' XIDs are two faults"
+        );
     }
 }

@@ -64,7 +64,7 @@ impl XidPaths {
             snapshot.xid_events.retain(|event| {
                 dedup.admit(
                     XidPath::Nvml,
-                    &gpu_key(event.gpu_uuid.as_deref(), None),
+                    &gpu_key(event.gpu_uuid.as_deref(), None, event.gpu_instance),
                     event.xid,
                     now,
                 )
@@ -97,14 +97,24 @@ impl XidPaths {
                     let pci = reported.xid.pci.to_string();
                     self.dedup.admit(
                         XidPath::KernelLog,
-                        &gpu_key(reported.gpu_uuid.as_deref(), Some(&pci)),
+                        &gpu_key(
+                            reported.gpu_uuid.as_deref(),
+                            Some(&pci),
+                            reported.xid.gpu_instance,
+                        ),
                         reported.xid.xid,
                         reported.at,
                     )
                 })
                 .flat_map(|reported| {
                     let note = reported.describe();
-                    path_xid_signals(reported.xid.xid, reported.gpu_uuid, &note, gpus, memory, catalog)
+                    let event = XidEvent {
+                        xid: reported.xid.xid,
+                        gpu_uuid: reported.gpu_uuid,
+                        gpu_instance: reported.xid.gpu_instance,
+                        compute_instance: reported.xid.compute_instance,
+                    };
+                    path_xid_signals(event, &note, gpus, memory, catalog)
                 })
                 .collect(),
             Err(err) => vec![detector_fault(REASON_KERNEL_LOG_UNREADABLE, err.to_string())],
@@ -131,10 +141,15 @@ impl XidPaths {
         for (uuid, pci, xid) in report.xids {
             if self
                 .dedup
-                .admit(XidPath::Dcgm, &gpu_key(Some(&uuid), None), xid, now)
+                .admit(XidPath::Dcgm, &gpu_key(Some(&uuid), None, None), xid, now)
             {
                 let note = format!("DCGM exporter, PCI {}", pci.as_deref().unwrap_or("unlabelled"));
-                signals.extend(path_xid_signals(xid, Some(uuid), &note, gpus, memory, catalog));
+                let event = XidEvent {
+                    xid,
+                    gpu_uuid: Some(uuid),
+                    ..XidEvent::default()
+                };
+                signals.extend(path_xid_signals(event, &note, gpus, memory, catalog));
             }
         }
         for (uuid, reason, what) in report.faults {
@@ -169,8 +184,7 @@ fn detector_fault(reason: &str, message: String) -> Signal {
 /// The signal of one XID another path reported: the catalog's, as for an NVML event, and `note`
 /// (what that path adds) in its message.
 fn path_xid_signals(
-    xid: u64,
-    gpu_uuid: Option<String>,
+    event: XidEvent,
     note: &str,
     gpus: &[GpuReading],
     memory: &Memory,
@@ -178,7 +192,7 @@ fn path_xid_signals(
 ) -> Vec<Signal> {
     let snapshot = Snapshot {
         gpus: gpus.to_vec(),
-        xid_events: vec![XidEvent { xid, gpu_uuid }],
+        xid_events: vec![event],
         ..Snapshot::default()
     };
     xid_signals(&snapshot, memory, catalog)
@@ -269,6 +283,7 @@ mod tests {
         let nvml = XidEvent {
             xid: 13,
             gpu_uuid: Some("GPU-c".to_owned()),
+            ..XidEvent::default()
         };
         let mut first = Ok(read(vec![nvml.clone()]));
         let other = paths.collect(&mut first, None, &Memory::default(), &catalog, now);
@@ -341,6 +356,7 @@ mod tests {
         let nvml = XidEvent {
             xid: 48,
             gpu_uuid: Some("GPU-c".to_owned()),
+            ..XidEvent::default()
         };
         let mut both = Ok(read(vec![nvml.clone()]));
         let dcgm = paths.collect(&mut both, body(48), &Memory::default(), &catalog, boot());

@@ -7,14 +7,15 @@
 //! ```json
 //! {"readAt":"2026-11-30T22:00:00Z","pods":[
 //!   {"namespace":"train","name":"worker-3","gpus":["GPU-5c1e..."]},
-//!   {"namespace":"infer","name":"small-0","unmapped":["nvidia.com/mig-1g.10gb=MIG-9a7f..."]}]}
+//!   {"namespace":"infer","name":"small-0","gpus":["GPU-2b7e...","MIG-9a7f..."]}]}
 //! ```
 //!
 //! The kubelet's pod-resources API names pods by namespace and name only (no UID), and the agent
 //! reads no pods from the API server: a pod created after `readAt` is not covered by the
-//! assignment (its name may be a new pod's). Devices the agent cannot tie to a GPU UUID (MIG
-//! partitions, whose parent GPU the kubelet does not say) are listed as `unmapped`, so a reader
-//! knows the mapping is incomplete rather than guessing.
+//! assignment (its name may be a new pod's). A MIG device is listed by its own UUID and its parent
+//! GPU's (the agent's own read of the GPUs ties them; the kubelet does not say). Devices the agent
+//! cannot tie to a GPU UUID are listed as `unmapped`, so a reader knows the mapping is incomplete
+//! rather than guessing.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
@@ -60,7 +61,9 @@ pub struct PodDevices {
     pub namespace: String,
     /// Its name.
     pub name: String,
-    /// The UUIDs of the whole GPUs it holds, sorted.
+    /// The UUIDs of the GPUs it holds, sorted: a whole GPU's, or a MIG device's (`MIG-...`) and its
+    /// parent GPU's, so a fault on the whole GPU reaches it and a fault on another MIG device of that
+    /// GPU does not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<String>,
     /// Devices not tied to a GPU UUID, as `<resource>=<device ID>`, sorted.

@@ -5,13 +5,14 @@
 //! re-read whenever it changes.
 //!
 //! - [`scenario`]: the file's format and how it becomes NVML answers; [`nvlink`]: its NVLink and
-//!   fabric fields.
+//!   fabric fields; [`mig`]: its MIG devices.
 //! - `state`: the answers, without raw pointers (init count, handles, event sets, XID delivery).
 //! - `ffi`: the exported C functions; the only `unsafe` in the workspace outside its dependencies.
 //!
 //! This library is for tests only: nothing in it talks to a GPU.
 
 mod ffi;
+pub mod mig;
 pub mod nvlink;
 pub mod scenario;
 mod state;

@@ -17,7 +17,8 @@
 //! - `deviceCount`: what `nvmlDeviceGetCount_v2` answers (default: the number of slots); slots past
 //!   it are not reachable, a count past the slots reaches indices that fail with `INVALID_ARGUMENT`.
 //! - `xidEvents`: delivered once each (keyed by `id`, else position) through `nvmlEventSetWait_v2`.
-//! - `nvlinks`, `fabric`: see [`crate::nvlink`].
+//! - `nvlinks`, `fabric`: see [`crate::nvlink`]; `mig` (a GPU's MIG devices, with `gpuInstance` on
+//!   an XID event): see [`crate::mig`].
 //! - `failedCalls`: `device <index>: <nvml function>: <error>` makes that call on that device
 //!   (`index` as in the file) fail with that error; any other form is refused.
 //! - `kernelLog`: no NVML answer; the harness writes these lines to the agent's kernel log.
@@ -113,6 +114,9 @@ pub struct Gpu {
     /// Fabric registration (see [`crate::nvlink`]).
     #[serde(default)]
     pub fabric: Option<crate::nvlink::Fabric>,
+    /// MIG devices (see [`crate::mig`]).
+    #[serde(default)]
+    pub mig: Vec<crate::mig::Mig>,
 }
 
 /// Row remapper field values.
@@ -149,6 +153,10 @@ struct ScenarioXid {
     xid: u64,
     #[serde(default)]
     gpu_uuid: Option<String>,
+    #[serde(default)]
+    gpu_instance: Option<u32>,
+    #[serde(default)]
+    compute_instance: Option<u32>,
 }
 
 /// One XID event of the scenario, with the key that delivers it once.
@@ -160,6 +168,10 @@ pub struct Xid {
     pub xid: u64,
     /// The GPU it names.
     pub gpu_uuid: Option<String>,
+    /// The MIG GPU instance it names.
+    pub gpu_instance: Option<u32>,
+    /// The MIG compute instance it names.
+    pub compute_instance: Option<u32>,
 }
 
 /// A `failedCalls` entry: `device <index>: <function>: <error>`.
@@ -277,6 +289,8 @@ impl Scenario {
                 key: event.id.unwrap_or(position as u64),
                 xid: event.xid,
                 gpu_uuid: event.gpu_uuid.clone(),
+                gpu_instance: event.gpu_instance,
+                compute_instance: event.compute_instance,
             })
             .collect()
     }

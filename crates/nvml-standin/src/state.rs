@@ -38,27 +38,41 @@ pub enum Handle {
     Device(u32),
     /// A UUID only an XID event named (position in the stand-in's list of them).
     EventOnly(u32),
+    /// The MIG device in `slot` (its position in the GPU's `mig` list) of the device the scenario
+    /// gives index `gpu`.
+    Mig {
+        /// The parent GPU's index in the file.
+        gpu: u32,
+        /// The MIG index (`nvmlDeviceGetMigDeviceHandleByIndex`).
+        slot: u8,
+    },
 }
 
 impl Handle {
-    /// The handle as the pointer-sized value NVML hands out: never 0.
+    /// The handle as the pointer-sized value NVML hands out: never 0. The two low bits say what it
+    /// names.
     #[must_use]
     pub fn encode(self) -> usize {
         match self {
-            Handle::Device(index) => (index as usize + 1) << 1,
-            Handle::EventOnly(index) => ((index as usize + 1) << 1) | 1,
+            Handle::Device(index) => (index as usize + 1) << 2,
+            Handle::EventOnly(index) => ((index as usize + 1) << 2) | 1,
+            Handle::Mig { gpu, slot } => ((((gpu as usize + 1) << 8) | usize::from(slot)) << 2) | 2,
         }
     }
 
     /// The handle `value` encodes, if any.
     #[must_use]
     pub fn decode(value: usize) -> Option<Self> {
-        let index = u32::try_from((value >> 1).checked_sub(1)?).ok()?;
-        Some(if value & 1 == 0 {
-            Handle::Device(index)
-        } else {
-            Handle::EventOnly(index)
-        })
+        let rest = value >> 2;
+        match value & 3 {
+            0 => Some(Handle::Device(u32::try_from(rest.checked_sub(1)?).ok()?)),
+            1 => Some(Handle::EventOnly(u32::try_from(rest.checked_sub(1)?).ok()?)),
+            2 => Some(Handle::Mig {
+                gpu: u32::try_from((rest >> 8).checked_sub(1)?).ok()?,
+                slot: u8::try_from(rest & 0xff).ok()?,
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -69,6 +83,10 @@ pub struct DeliveredXid {
     pub device: Option<Handle>,
     /// The XID code.
     pub xid: u64,
+    /// The MIG GPU instance it names, if any.
+    pub gpu_instance: Option<u32>,
+    /// The MIG compute instance it names, if any.
+    pub compute_instance: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -169,7 +187,7 @@ impl StandIn {
     }
 
     /// The scenario, if NVML is initialised.
-    fn initialised(&self) -> Result<Arc<Scenario>, nvmlReturn_t> {
+    pub(crate) fn initialised(&self) -> Result<Arc<Scenario>, nvmlReturn_t> {
         if *lock(&self.init_count) == 0 {
             return Err(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
         }
@@ -218,7 +236,9 @@ impl StandIn {
     ) -> Result<T, nvmlReturn_t> {
         let scenario = self.initialised()?;
         let declared = match Handle::decode(handle) {
-            None => return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+            // No handle, or a MIG device's: the stand-in answers those calls in `mig`, and the agent
+            // makes no others on one.
+            None | Some(Handle::Mig { .. }) => return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
             Some(Handle::EventOnly(_)) => return Err(nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST),
             Some(Handle::Device(declared)) => declared,
         };
@@ -239,12 +259,18 @@ impl StandIn {
 
     /// `nvmlDeviceGetUUID`, which also answers for a UUID only an XID event named.
     pub fn uuid(&self, handle: usize) -> Result<String, nvmlReturn_t> {
-        if let Some(Handle::EventOnly(index)) = Handle::decode(handle) {
-            self.initialised()?;
-            return lock(&self.event_only_uuids)
-                .get(index as usize)
-                .cloned()
-                .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        match Handle::decode(handle) {
+            Some(Handle::EventOnly(index)) => {
+                self.initialised()?;
+                return lock(&self.event_only_uuids)
+                    .get(index as usize)
+                    .cloned()
+                    .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            }
+            Some(Handle::Mig { .. }) => {
+                return self.with_mig(handle, "nvmlDeviceGetUUID", |mig| Ok(mig.uuid.clone()));
+            }
+            _ => {}
         }
         self.with_gpu(handle, "nvmlDeviceGetUUID", |gpu| Ok(gpu.uuid.clone()))
     }
@@ -319,7 +345,12 @@ impl StandIn {
             });
             Handle::EventOnly(u32::try_from(position).unwrap_or(u32::MAX))
         });
-        Some(DeliveredXid { device, xid: xid.xid })
+        Some(DeliveredXid {
+            device,
+            xid: xid.xid,
+            gpu_instance: xid.gpu_instance,
+            compute_instance: xid.compute_instance,
+        })
     }
 
     /// `nvmlEventSetFree`.
@@ -377,6 +408,8 @@ mod tests {
             Handle::Device(7),
             Handle::EventOnly(0),
             Handle::EventOnly(3),
+            Handle::Mig { gpu: 0, slot: 0 },
+            Handle::Mig { gpu: 7, slot: 6 },
         ] {
             assert_ne!(handle.encode(), 0);
             assert_eq!(Handle::decode(handle.encode()), Some(handle));
@@ -501,7 +534,9 @@ mod tests {
             first,
             DeliveredXid {
                 device: Some(Handle::Device(1)),
-                xid: 79
+                xid: 79,
+                gpu_instance: None,
+                compute_instance: None,
             }
         );
         let second = standin.wait(set, Duration::from_secs(1)).unwrap();

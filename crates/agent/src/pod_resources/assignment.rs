@@ -4,9 +4,11 @@
 //! Device IDs to GPUs: NVIDIA's device plugin names a whole GPU by its UUID (`GPU-...`, its default
 //! `deviceIDStrategy`) or by its NVML index (`deviceIDStrategy: index`, mapped through the GPU
 //! inventory the agent reads); a time-sliced replica carries a `::<n>` suffix, dropped. A MIG
-//! partition is named by its own `MIG-...` UUID, whose parent GPU the kubelet does not say: it is
-//! published as `unmapped`, so the controller knows the mapping is incomplete (and drains the whole
-//! node) rather than guessing.
+//! device is named by its own `MIG-...` UUID, whose parent GPU the kubelet does not say: the agent's
+//! own read of the GPUs does, so a MIG device it read is published with its parent (a fault on the
+//! whole GPU reaches the pod, a fault on another instance does not). A device it cannot tie to a GPU
+//! is published as `unmapped`, so the controller knows the mapping is incomplete (and drains the
+//! whole node) rather than guessing.
 
 use std::collections::BTreeMap;
 
@@ -15,14 +17,38 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::proto::ListPodResourcesResponse;
+use crate::readings::GpuReading;
 
 /// Resources under this prefix are NVIDIA's device plugin's.
 pub const NVIDIA_RESOURCE_PREFIX: &str = "nvidia.com/";
 
+/// How the kubelet's device IDs become GPUs, from the agent's last read of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceNames {
+    /// NVML index → GPU UUID, for index-named devices.
+    by_index: BTreeMap<u32, String>,
+    /// MIG device UUID → its parent GPU's UUID.
+    mig_parents: BTreeMap<String, String>,
+}
+
+impl DeviceNames {
+    /// The names of the GPUs (and their MIG devices) `gpus` read.
+    #[must_use]
+    pub fn of(gpus: &[GpuReading]) -> Self {
+        Self {
+            by_index: gpus.iter().map(|g| (g.index, g.uuid.clone())).collect(),
+            mig_parents: gpus
+                .iter()
+                .flat_map(|g| g.mig.iter().map(|mig| (mig.uuid.clone(), g.uuid.clone())))
+                .collect(),
+        }
+    }
+}
+
 /// The assignment of `response`: each pod holding an `nvidia.com/...` device, sorted, its GPUs as
-/// UUIDs (`gpus` is the inventory, NVML index → UUID, for index-named devices).
+/// UUIDs (a MIG device's and its parent's), through `names`.
 #[must_use]
-pub fn assignment_of(response: &ListPodResourcesResponse, gpus: &BTreeMap<u32, String>) -> Vec<PodDevices> {
+pub fn assignment_of(response: &ListPodResourcesResponse, names: &DeviceNames) -> Vec<PodDevices> {
     let mut pods: Vec<PodDevices> = response
         .pod_resources
         .iter()
@@ -39,10 +65,11 @@ pub fn assignment_of(response: &ListPodResourcesResponse, gpus: &BTreeMap<u32, S
                 .filter(|d| d.resource_name.starts_with(NVIDIA_RESOURCE_PREFIX));
             for device in devices {
                 for id in &device.device_ids {
-                    match gpu_of(id, gpus) {
-                        Some(uuid) => entry.gpus.push(uuid),
-                        None => entry.unmapped.push(format!("{}={id}", device.resource_name)),
+                    let uuids = gpus_of(id, names);
+                    if uuids.is_empty() {
+                        entry.unmapped.push(format!("{}={id}", device.resource_name));
                     }
+                    entry.gpus.extend(uuids);
                 }
             }
             entry.gpus.sort();
@@ -56,13 +83,21 @@ pub fn assignment_of(response: &ListPodResourcesResponse, gpus: &BTreeMap<u32, S
     pods
 }
 
-/// The GPU UUID a device ID names, if it names a whole GPU.
-fn gpu_of(id: &str, gpus: &BTreeMap<u32, String>) -> Option<String> {
+/// The UUIDs a device ID names: a whole GPU's, or a MIG device's and its parent's; none when it
+/// names neither.
+fn gpus_of(id: &str, names: &DeviceNames) -> Vec<String> {
     let id = id.split_once("::").map_or(id, |(device, _replica)| device);
     if id.len() > 4 && id[..4].eq_ignore_ascii_case("GPU-") {
-        return Some(id.to_owned());
+        return vec![id.to_owned()];
     }
-    id.parse::<u32>().ok().and_then(|index| gpus.get(&index).cloned())
+    if let Some(parent) = names.mig_parents.get(id) {
+        return vec![id.to_owned(), parent.clone()];
+    }
+    id.parse::<u32>()
+        .ok()
+        .and_then(|index| names.by_index.get(&index).cloned())
+        .into_iter()
+        .collect()
 }
 
 /// Whether the published assignment (stamped `published_at`) is to be stamped again now: at every
@@ -130,8 +165,22 @@ mod tests {
         }
     }
 
-    fn inventory() -> BTreeMap<u32, String> {
-        (0..8).map(|i| (i, format!("GPU-{i}"))).collect()
+    fn inventory() -> DeviceNames {
+        let mut gpus: Vec<GpuReading> = (0..8)
+            .map(|i| GpuReading {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                ..GpuReading::default()
+            })
+            .collect();
+        gpus[2].mig = (1..=7)
+            .map(|gi| crate::readings::mig::MigReading {
+                uuid: format!("MIG-2-{gi}"),
+                gpu_instance: gi,
+                ..Default::default()
+            })
+            .collect();
+        DeviceNames::of(&gpus)
     }
 
     fn at(seconds: i64) -> Timestamp {
@@ -179,6 +228,16 @@ mod tests {
         let pods = assignment_of(&response, &inventory());
         assert_eq!(pods[0].gpus, ["GPU-5"]);
         assert_eq!(pods[1].gpus, ["GPU-2"]);
+    }
+
+    #[test]
+    fn a_mig_device_the_agent_read_is_published_with_its_parent_gpu() {
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![pod("a", "small", &[("nvidia.com/mig-1g.10gb", &["MIG-2-4"])])],
+        };
+        let pods = assignment_of(&response, &inventory());
+        assert_eq!(pods[0].gpus, ["GPU-2", "MIG-2-4"]);
+        assert!(pods[0].unmapped.is_empty());
     }
 
     #[test]

@@ -65,6 +65,10 @@ struct FileXidEvent {
     xid: u64,
     #[serde(default)]
     gpu_uuid: Option<String>,
+    #[serde(default)]
+    gpu_instance: Option<u32>,
+    #[serde(default)]
+    compute_instance: Option<u32>,
 }
 
 /// Reads GPUs from a JSON file.
@@ -116,6 +120,8 @@ impl Probe for FileProbe {
                 xid_events.push(XidEvent {
                     xid: event.xid,
                     gpu_uuid: event.gpu_uuid,
+                    gpu_instance: event.gpu_instance,
+                    compute_instance: event.compute_instance,
                 });
             }
         }
@@ -179,7 +185,8 @@ mod tests {
             probe.read().unwrap().xid_events,
             vec![XidEvent {
                 xid: 79,
-                gpu_uuid: Some("GPU-a".to_owned())
+                gpu_uuid: Some("GPU-a".to_owned()),
+                ..XidEvent::default()
             }]
         );
         assert_eq!(probe.read().unwrap().xid_events, vec![]);
@@ -191,7 +198,8 @@ mod tests {
             probe.read().unwrap().xid_events,
             vec![XidEvent {
                 xid: 48,
-                gpu_uuid: None
+                gpu_uuid: None,
+                ..XidEvent::default()
             }]
         );
     }

@@ -17,13 +17,14 @@ use nvml_wrapper::{
     Device, Nvml,
     bitmasks::event::EventTypes,
     enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold},
-    enums::{device::SampleValue, event::XidError},
+    enums::device::SampleValue,
     error::NvmlError,
     structs::device::FieldId,
     sys_exports::field_id::{NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING},
 };
 
 mod links;
+mod mig;
 
 use super::{Probe, ReadGpusError};
 use crate::readings::{GpuReading, PcieLink, RowRemap, Snapshot, XidEvent};
@@ -265,6 +266,7 @@ fn read_fields(device: &Device<'_>, index: u32, failed: &mut Vec<String>) -> Res
     keep_unless_lost(read_pcie(device, index, failed).map(|pcie| gpu.pcie = pcie))?;
     gpu.nvlinks = links::read_nvlinks(device, index, failed)?;
     gpu.fabric = links::read_fabric(device, index, failed)?;
+    gpu.mig = mig::read_mig(device, index, failed)?;
     Ok(gpu)
 }
 
@@ -375,17 +377,26 @@ fn watch_xids(nvml: &'static Nvml, inbox: &Mutex<XidInbox>) {
         report(None);
         loop {
             let wait_ms = u32::try_from(XID_WAIT.as_millis()).unwrap_or(u32::MAX);
-            match set.wait(wait_ms) {
-                Ok(data) => {
-                    let xid = match data.event_data {
-                        Some(XidError::Value(xid)) => xid,
-                        Some(XidError::Unknown) => 999,
-                        None => continue,
-                    };
-                    let gpu_uuid = data.device.uuid().ok();
-                    tracing::warn!(xid, gpu = gpu_uuid.as_deref().unwrap_or("unknown"), "XID event");
+            match nvml_unwrapped::event::wait(&set, nvml, wait_ms) {
+                Ok(event) => {
+                    if !event.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+                        continue;
+                    }
+                    let xid = event.data;
+                    let gpu_uuid = event.device.uuid().ok();
+                    tracing::warn!(
+                        xid,
+                        gpu = gpu_uuid.as_deref().unwrap_or("unknown"),
+                        gpu_instance = event.gpu_instance,
+                        "XID event"
+                    );
                     let mut inbox = inbox.lock().unwrap_or_else(PoisonError::into_inner);
-                    inbox.events.push(XidEvent { xid, gpu_uuid });
+                    inbox.events.push(XidEvent {
+                        xid,
+                        gpu_uuid,
+                        gpu_instance: event.gpu_instance,
+                        compute_instance: event.compute_instance,
+                    });
                     inbox.heartbeat = Instant::now();
                 }
                 Err(NvmlError::Timeout) => report(None),

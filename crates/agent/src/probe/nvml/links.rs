@@ -1,6 +1,6 @@
 //! The NVML probe's NVLink and fabric reads: each link's state (`nvmlDeviceGetNvLinkState`) and
 //! error counters (`nvmlDeviceGetNvLinkErrorCounter`) through nvml-wrapper's `NvLink`, and the
-//! fabric registration (`nvmlDeviceGetGpuFabricInfo`) through `nvml-fabric`, since nvml-wrapper
+//! fabric registration (`nvmlDeviceGetGpuFabricInfo`) through `nvml-unwrapped`, since nvml-wrapper
 //! has no method for it.
 //!
 //! A link NVML answers `NotSupported` (no NVLink) or `InvalidArg` (past the links this GPU has) for
@@ -8,7 +8,7 @@
 //! without the function) is no fabric, not a fault. Any other failure is a detector fault recorded in `failed_calls`, never a GPU
 //! fault; `GPU_IS_LOST` ends the device's read as everywhere in the probe.
 
-use nvml_fabric::{FabricState as NvmlFabricState, gpu_fabric_info};
+use nvml_unwrapped::{FabricState as NvmlFabricState, gpu_fabric_info};
 use nvml_wrapper::{Device, enum_wrappers::nv_link::ErrorCounter, error::NvmlError};
 
 use super::{CallError, optional};

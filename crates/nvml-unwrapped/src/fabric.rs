@@ -1,7 +1,5 @@
-//! `nvmlDeviceGetGpuFabricInfo` for an nvml-wrapper [`Device`]: nvml-wrapper 0.13 binds the symbol
-//! (`NvmlLib::nvmlDeviceGetGpuFabricInfo`) but offers no safe method for it, and the agent forbids
-//! `unsafe`. This crate makes that one call, through the library nvml-wrapper already loaded, and
-//! returns plain values. A library without the symbol (a driver older than R525) answers
+//! `nvmlDeviceGetGpuFabricInfo`: the GPU's NVLink fabric registration (NVSwitch / Fabric Manager).
+//! A library without the symbol (a driver older than R525) answers
 //! [`NvmlError::FailedToLoadSymbol`], as nvml-wrapper's own methods do.
 
 use nvml_wrapper::{
