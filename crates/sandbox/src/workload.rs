@@ -81,6 +81,9 @@ pub struct Workload {
     /// The `ResourceClaimTemplate` each pod's GPUs are claimed from through DRA (see
     /// [`crate::dra::claim_template`]); `None`: no claim.
     pub gpu_claim_template: Option<String>,
+    /// Devices of another extended resource each pod asks for (a MIG profile's
+    /// `nvidia.com/mig-1g.10gb`), and how many.
+    pub devices: Option<(String, u32)>,
 }
 
 impl Workload {
@@ -97,7 +100,16 @@ impl Workload {
             grace_period_seconds: None,
             node_selector: BTreeMap::new(),
             gpu_claim_template: None,
+            devices: None,
         }
+    }
+
+    /// Makes each pod ask for `count` devices of the extended resource `resource` (a MIG profile's,
+    /// such as `nvidia.com/mig-1g.10gb`), instead of whole GPUs.
+    #[must_use]
+    pub fn devices(mut self, resource: &str, count: u32) -> Self {
+        self.devices = Some((resource.to_owned(), count));
+        self
     }
 
     /// Makes each pod claim its GPUs through DRA, from the `ResourceClaimTemplate` `template`
@@ -168,6 +180,12 @@ impl Workload {
             container["resources"] = json!({
                 "limits": { GPU_RESOURCE: self.gpus.to_string() },
                 "requests": { GPU_RESOURCE: self.gpus.to_string() },
+            });
+        }
+        if let Some((resource, count)) = &self.devices {
+            container["resources"] = json!({
+                "limits": { resource.as_str(): count.to_string() },
+                "requests": { resource.as_str(): count.to_string() },
             });
         }
         if self.gpu_claim_template.is_some() {

@@ -43,17 +43,28 @@ pub fn ready_condition(node: &Node) -> Option<&NodeCondition> {
         .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
 }
 
-/// The UUIDs the agent's `gpuremediation.dev/gpu-inventory` annotation lists now.
+/// The UUIDs the agent's `gpuremediation.dev/gpu-inventory` annotation lists now: each GPU's, then
+/// its MIG devices' (a fault on one MIG device names that device's UUID).
 #[must_use]
 pub fn inventory_uuids(node: &Node) -> Vec<String> {
     #[derive(serde::Deserialize)]
+    struct Mig {
+        uuid: String,
+    }
+    #[derive(serde::Deserialize)]
     struct Listed {
         uuid: String,
+        #[serde(default)]
+        mig: Vec<Mig>,
     }
     node.annotations()
         .get(GPU_INVENTORY_ANNOTATION)
         .and_then(|text| serde_json::from_str::<Vec<Listed>>(text).ok())
-        .map(|gpus| gpus.into_iter().map(|gpu| gpu.uuid).collect())
+        .map(|gpus| {
+            gpus.into_iter()
+                .flat_map(|gpu| std::iter::once(gpu.uuid).chain(gpu.mig.into_iter().map(|mig| mig.uuid)))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -285,12 +296,20 @@ mod tests {
         node.metadata.annotations = Some(
             [(
                 GPU_INVENTORY_ANNOTATION.to_owned(),
-                r#"[{"index":3,"uuid":"GPU-3","pciBusId":"0000:3b:00.0"}]"#.to_owned(),
+                concat!(
+                    r#"[{"index":3,"uuid":"GPU-3","pciBusId":"0000:3b:00.0"},"#,
+                    r#"{"index":4,"uuid":"GPU-4","mig":[{"uuid":"MIG-4a","gpuInstance":1}]}]"#
+                )
+                .to_owned(),
             )]
             .into(),
         );
         assert_eq!(boot_id(&node), Some("b-1"));
-        assert_eq!(inventory_uuids(&node), ["GPU-3"]);
+        assert_eq!(
+            inventory_uuids(&node),
+            ["GPU-3", "GPU-4", "MIG-4a"],
+            "MIG devices too"
+        );
     }
 
     #[test]

@@ -492,6 +492,16 @@ impl Fleet {
             .holders(node)
     }
 
+    /// Partitions GPUs of node `node` into MIG `devices` in the simulated device plugin (see
+    /// [`device_plugin::mig_devices`]); the node's advertised resources are the caller's to set.
+    pub fn partition(&self, node: &str, devices: Vec<device_plugin::SimMig>) {
+        self.kubelet
+            .devices()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .partition(node, devices);
+    }
+
     /// Stops every heartbeat and kubelet task and deletes the fleet's nodes.
     pub async fn stop(self) -> Result<(), DeleteFleetError> {
         self.abort_tasks();
