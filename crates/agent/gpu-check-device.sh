@@ -2,9 +2,9 @@
 # One prepared run on a lent GPU machine (at most ~5 minutes): builds the agent in release (unless
 # AGENT_BIN names one), runs gpu-check.sh against the real GPUs, then prints the agent's inventory
 # next to what nvidia-smi says of the same boards, then the NVLink links and fabric registration the
-# agent reads next to nvidia-smi's. Exits with gpu-check.sh's verdict, or 1 when the inventory and
-# nvidia-smi disagree on a UUID's serial or on a GPU's count of NVLink links up, or when an NVLink
-# or fabric read fails.
+# agent reads next to nvidia-smi's, then the MIG devices. Exits with gpu-check.sh's verdict, or 1
+# when the inventory and nvidia-smi disagree on a UUID's serial, on a GPU's count of NVLink links up
+# or on the MIG devices, or when an NVLink, fabric or MIG read fails.
 #
 # Usage (repository root): crates/agent/gpu-check-device.sh
 #        AGENT_BIN=path/to/gpu-health-agent crates/agent/gpu-check-device.sh
@@ -96,6 +96,34 @@ if command -v nvidia-smi >/dev/null; then
   done < <(nvidia-smi --query-gpu=index --format=csv,noheader)
 fi
 if [[ $nvlink_verdict -ne 0 && $verdict -eq 0 ]]; then verdict=1; fi
+
+step "MIG devices as the agent reads them (nvmlDeviceGetMigMode, nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetGpuInstanceId)"
+# Read-only: a GPU not in MIG mode lists none. A failed MIG call is a detector fault and fails the
+# check; the agent's MIG UUIDs must be the ones nvidia-smi -L lists.
+mig_verdict=0
+agent_migs=$(printf '%s\n' "$report" | python3 -c "
+import json, sys
+report = json.load(sys.stdin)
+readings = report.get('readings', {})
+for call in readings.get('failedCalls', []):
+    if 'Mig' in call or 'InstanceId' in call:
+        print('FAIL: ' + call, file=sys.stderr)
+        sys.exit(1)
+for gpu in readings.get('gpus', []):
+    for mig in gpu.get('mig', []):
+        print(mig['uuid'], 'GPU', gpu['index'], 'GPU instance', mig['gpuInstance'], 'compute instance', mig['computeInstance'], mig.get('name', ''))
+") || mig_verdict=1
+printf '%s\n' "${agent_migs:-none}"
+if command -v nvidia-smi >/dev/null; then
+  smi_migs=$(nvidia-smi -L 2>/dev/null | grep -o 'MIG-[0-9a-fA-F-]*' | sort || true)
+  ours=$(printf '%s\n' "$agent_migs" | awk '/^MIG-/ {print $1}' | sort)
+  if [[ "$smi_migs" == "$ours" ]]; then
+    echo "ok: the agent reads the $(printf '%s' "$ours" | grep -c . || true) MIG devices nvidia-smi -L lists"
+  else
+    echo "FAIL: nvidia-smi -L lists MIG devices [$smi_migs], the agent [$ours]"; mig_verdict=1
+  fi
+fi
+if [[ $mig_verdict -ne 0 && $verdict -eq 0 ]]; then verdict=1; fi
 
 step "the kernel log's NVRM lines (what --kernel-log=/dev/kmsg parses; read-only, last 40)"
 # dmesg only reads the ring buffer (no --clear); where kernel.dmesg_restrict=1 it needs root or

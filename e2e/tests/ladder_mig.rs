@@ -12,7 +12,7 @@ mod agent_support;
 mod common;
 mod scenario;
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use agent_support::{
     AgentProcess, Probe, agent_kubeconfig, gpu, scratch, wait_until_healthy, write_probe_file,
@@ -26,7 +26,10 @@ use gpu_remediation_api::{
 };
 use gpu_sandbox::{
     dra,
-    fleet::device_plugin::{SimMig, mig_devices},
+    fleet::{
+        device_plugin::{SimMig, mig_devices},
+        pod_resources::PodResourcesServer,
+    },
     hardware::SimGpu,
     repair::{Behaviour, Heal},
     workload::Workload,
@@ -89,6 +92,69 @@ async fn advertise_mig(s: &Scenario, node: &str) {
         .unwrap();
 }
 
+/// The real agent on `node` (file probe: its 8 GPUs, GPU 2 in `migs`), reading the simulated
+/// kubelet's pod-resources API over a unix socket; returns once it reports the node healthy, with
+/// the server, the agent and its probe file.
+async fn real_agent(
+    s: &Scenario,
+    node: &str,
+    gpus: &[SimGpu],
+    migs: &[SimMig],
+) -> (PodResourcesServer, AgentProcess, std::path::PathBuf) {
+    let dir = scratch("ladder-mig");
+    let socket = dir.join("kubelet.sock");
+    let server = s.fleet.serve_pod_resources(node, &socket).unwrap();
+    let probe = dir.join("gpus.json");
+    write_probe_file(&probe, &probe_file(node, gpus, migs, None));
+    let kubeconfig = agent_kubeconfig(&s.client, &dir).await;
+    let agent = AgentProcess::start(
+        Probe::File,
+        node,
+        &kubeconfig,
+        &probe,
+        &dir,
+        &["--pod-resources-socket", socket.to_str().unwrap()],
+    )
+    .await;
+    wait_until_healthy(&s.client, node, &agent).await;
+    (server, agent, probe)
+}
+
+/// Waits for the agent's assignment covering `pods` and checks each pod is published with its MIG
+/// device and that device's parent GPU `parent`; returns what the device plugin handed out.
+async fn assignment_with_parents(
+    s: &Scenario,
+    node: &str,
+    pods: &[Pod],
+    parent: &SimGpu,
+) -> BTreeMap<String, Vec<String>> {
+    let newest = pods
+        .iter()
+        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .max()
+        .unwrap();
+    let covering = newest + SignedDuration::from_secs(GPU_PODS_CLOCK_SLACK_SECONDS);
+    let published = eventually(
+        "the agent's assignment covering the pods",
+        Duration::from_secs(30),
+        || async {
+            let node = s.node(node).await;
+            let assignment = GpuPods::parse(node.annotations().get(GPU_PODS_ANNOTATION)?).ok()?;
+            (assignment.pods.len() == pods.len() && assignment.read_at.0 > covering).then_some(assignment)
+        },
+    )
+    .await;
+    let held = s.fleet.device_plugin_holders(node);
+    for entry in &published.pods {
+        let mig = &held[&format!("{}/{}", entry.namespace, entry.name)];
+        let mut expected = vec![parent.uuid.clone(), mig[0].clone()];
+        expected.sort();
+        assert_eq!(entry.gpus, expected, "a MIG device with its parent");
+        assert!(entry.unmapped.is_empty(), "{entry:?}");
+    }
+    held
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_xid_on_mig_instance_4_evicts_only_that_instances_pod_and_the_other_six_keep_running() {
     let s = Scenario::new(1).await;
@@ -119,49 +185,8 @@ async fn an_xid_on_mig_instance_4_evicts_only_that_instances_pod_and_the_other_s
         )
         .await;
 
-    // The real agent, reading the kubelet's pod resources.
-    let dir = scratch("ladder-mig");
-    let socket = dir.join("kubelet.sock");
-    let _kubelet_api = s.fleet.serve_pod_resources(&node, &socket).unwrap();
-    let probe = dir.join("gpus.json");
-    write_probe_file(&probe, &probe_file(&node, &gpus, &migs, None));
-    let kubeconfig = agent_kubeconfig(&s.client, &dir).await;
-    let agent = AgentProcess::start(
-        Probe::File,
-        &node,
-        &kubeconfig,
-        &probe,
-        &dir,
-        &["--pod-resources-socket", socket.to_str().unwrap()],
-    )
-    .await;
-    wait_until_healthy(&s.client, &node, &agent).await;
-
-    // Each pod published with its MIG device and the device's parent GPU.
-    let newest = before
-        .iter()
-        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
-        .max()
-        .unwrap();
-    let covering = newest + SignedDuration::from_secs(GPU_PODS_CLOCK_SLACK_SECONDS);
-    let published = eventually(
-        "the agent's assignment covering the 7 pods",
-        Duration::from_secs(30),
-        || async {
-            let node = s.node(&node).await;
-            let assignment = GpuPods::parse(node.annotations().get(GPU_PODS_ANNOTATION)?).ok()?;
-            (assignment.pods.len() == 7 && assignment.read_at.0 > covering).then_some(assignment)
-        },
-    )
-    .await;
-    let held = s.fleet.device_plugin_holders(&node);
-    for entry in &published.pods {
-        let mig = &held[&format!("{}/{}", entry.namespace, entry.name)];
-        let mut expected = vec![gpus[2].uuid.clone(), mig[0].clone()];
-        expected.sort();
-        assert_eq!(entry.gpus, expected, "a MIG device with its parent");
-        assert!(entry.unmapped.is_empty(), "{entry:?}");
-    }
+    let (_kubelet_api, agent, probe) = real_agent(&s, &node, &gpus, &migs).await;
+    let held = assignment_with_parents(&s, &node, &before, &gpus[2]).await;
     let instance_4 = &migs[3];
     assert_eq!(instance_4.gpu_instance, 4);
     let holder = held

@@ -1,4 +1,4 @@
-//! The scenario's MIG devices and how they become NVML answers. A GPU with a `mig` list is in MIG
+//! How the scenario's MIG devices (`mig` of a GPU, [`Mig`]) become NVML answers. A GPU with a `mig` list is in MIG
 //! mode (`nvmlDeviceGetMigMode` answers enabled, current and pending); one without answers
 //! `NOT_SUPPORTED`, as a GPU without MIG does. `nvmlDeviceGetMaxMigDeviceCount` answers
 //! [`MAX_MIG_DEVICES`]; `nvmlDeviceGetMigDeviceHandleByIndex(i)` the `i`-th entry, `NOT_FOUND` past
@@ -7,15 +7,13 @@
 //! lost or gone, `GPU_IS_LOST`. An XID event's `gpuInstance` and `computeInstance` are delivered in
 //! the event's `gpuInstanceId` and `computeInstanceId`.
 
+use crate::{
+    scenario::{Mig, Slot},
+    state::{Handle, StandIn},
+};
 use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST, nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
     nvmlReturn_enum_NVML_ERROR_NOT_FOUND, nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED, nvmlReturn_t,
-};
-use serde::Deserialize;
-
-use crate::{
-    scenario::Slot,
-    state::{Handle, StandIn},
 };
 
 /// What `nvmlDeviceGetMaxMigDeviceCount` answers for a GPU in MIG mode (an H100's 7).
@@ -23,22 +21,6 @@ pub const MAX_MIG_DEVICES: u32 = 7;
 
 /// `NVML_DEVICE_MIG_ENABLE`.
 const MIG_ENABLED: u32 = 1;
-
-/// One MIG device (the agent's `MigReading`).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Mig {
-    /// `MIG-...`.
-    pub uuid: String,
-    /// Its GPU instance.
-    pub gpu_instance: u32,
-    /// Its compute instance.
-    #[serde(default)]
-    pub compute_instance: u32,
-    /// Its name (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`).
-    #[serde(default)]
-    pub name: String,
-}
 
 impl StandIn {
     /// `nvmlDeviceGetMigMode`: `(current, pending)`.

@@ -116,7 +116,23 @@ pub struct Gpu {
     pub fabric: Option<crate::nvlink::Fabric>,
     /// MIG devices (see [`crate::mig`]).
     #[serde(default)]
-    pub mig: Vec<crate::mig::Mig>,
+    pub mig: Vec<Mig>,
+}
+
+/// One MIG device (the agent's `MigReading`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Mig {
+    /// `MIG-...`.
+    pub uuid: String,
+    /// Its GPU instance.
+    pub gpu_instance: u32,
+    /// Its compute instance.
+    #[serde(default)]
+    pub compute_instance: u32,
+    /// Its name (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`).
+    #[serde(default)]
+    pub name: String,
 }
 
 /// Row remapper field values.

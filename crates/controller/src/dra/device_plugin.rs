@@ -9,7 +9,8 @@
 //! - a live pod on the node asking for an `nvidia.com/...` resource that the assignment does not
 //!   name, or that was created after the assignment was read (the kubelet names pods without a
 //!   UID, so a newer pod of the same name is not the one it saw);
-//! - a pod named with a device the agent could not tie to a GPU (a MIG partition);
+//! - a pod named with a device the agent could not tie to a GPU (a MIG device it did not read: one
+//!   it read is named with its parent GPU, so a MIG device's fault reaches only its own pods);
 //! - the assignment giving a failed GPU to a pod that runs on another node: a node's agent (perhaps
 //!   compromised) never makes the controller act on pods elsewhere (holders are only ever taken
 //!   from the node's own pods), and a mapping that does not match the node's pods is not believed
@@ -114,7 +115,7 @@ pub fn plugin_holders(
         if let Some(device) = entries.iter().flat_map(|e| e.unmapped.iter()).next() {
             return Err(format!(
                 "pod {} holds device {device}, which node {node}'s agent could not tie to a GPU UUID (a MIG \
-                 partition's parent GPU is not in the kubelet's pod resources)",
+                 device the agent did not read, or an index it does not know)",
                 key(p.pod)
             ));
         }

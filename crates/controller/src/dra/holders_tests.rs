@@ -258,6 +258,46 @@ fn a_mig_partition_maps_through_its_domain_qualified_parent_uuid() {
 }
 
 #[test]
+fn a_fault_on_one_mig_device_reaches_only_that_device_and_its_pod_and_one_on_the_gpu_reaches_all() {
+    let mut fixture = four_gpus();
+    // Devices gpu-1 and gpu-2 become two MIG devices of one GPU, GPU-aaaa-1.
+    for (device, mig) in [(1, "MIG-aaaa-1-a"), (2, "MIG-aaaa-1-b")] {
+        let attributes = &mut fixture.slices[0].spec.devices[device].attributes;
+        attributes.clear();
+        for (name, value) in [("uuid", mig), ("parentUUID", "GPU-aaaa-1")] {
+            attributes.insert(
+                name.into(),
+                DeviceAttribute {
+                    string: Some(value.into()),
+                    ..DeviceAttribute::default()
+                },
+            );
+        }
+    }
+    let devices = |uuid: &str| -> Vec<String> {
+        devices_of_gpu("gpu-a", uuid, &fixture.slices)
+            .into_iter()
+            .map(|d| d.device)
+            .collect()
+    };
+    assert_eq!(
+        devices("MIG-aaaa-1-a"),
+        ["gpu-1"],
+        "a device quarantine takes only this MIG device"
+    );
+    assert_eq!(
+        devices("GPU-aaaa-1"),
+        ["gpu-1", "gpu-2"],
+        "the GPU's: every MIG device of it"
+    );
+    assert_eq!(names(&holders(&fixture, &["MIG-aaaa-1-a"])), ["ml/train-1"]);
+    assert_eq!(
+        names(&holders(&fixture, &["GPU-aaaa-1"])),
+        ["ml/train-1", "ml/train-2"]
+    );
+}
+
+#[test]
 fn an_attribute_that_merely_holds_the_uuid_text_is_not_the_gpus_identity() {
     let mut fixture = four_gpus();
     let device = &mut fixture.slices[0].spec.devices[1];

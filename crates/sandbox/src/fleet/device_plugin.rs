@@ -208,8 +208,8 @@ impl DevicePlugin {
     /// their UUIDs under their resource (`nvidia.com/gpu`, a MIG profile's).
     #[must_use]
     pub fn list(&self, node: &str) -> ListPodResourcesResponse {
-        let gpus = node_gpus(node, self.gpus_per_node);
         type Key = (String, String, String);
+        let gpus = node_gpus(node, self.gpus_per_node);
         let mut pods: BTreeMap<Key, BTreeMap<String, Vec<String>>> = BTreeMap::new();
         let key = |h: &Holder| (h.namespace.clone(), h.name.clone(), h.container.clone());
         for (index, h) in self.held.get(node).into_iter().flatten() {
