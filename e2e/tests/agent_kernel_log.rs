@@ -16,6 +16,7 @@ use std::{
 
 use agent_support::{
     AgentGround, AgentProcess, Probe, assert_condition_stays, count_events, current_condition, healthy_gpus,
+    kernel_log::{write_kernel_log, xid_record},
     wait_for_condition, wait_for_event, wait_for_fault_set_once, wait_until_healthy, write_probe_file,
 };
 use gpu_remediation_api::constants::{CLEAR_ANNOTATION, FAILED_GPUS_ANNOTATION};
@@ -31,43 +32,6 @@ for_both_probes!(
     an_xid_raised_while_the_agent_was_down_is_seen_and_a_cleared_one_is_not_raised_again,
     an_unreadable_kernel_log_reads_unknown_never_a_gpu_fault,
 );
-
-/// The host's boot time (`btime` of `/proc/stat`): the agent places kernel-log records after it.
-fn booted_at() -> Timestamp {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap();
-    let seconds = stat
-        .lines()
-        .find_map(|line| line.strip_prefix("btime "))
-        .and_then(|seconds| seconds.trim().parse().ok())
-        .expect("btime in /proc/stat");
-    Timestamp::from_second(seconds).unwrap()
-}
-
-/// A `/dev/kmsg` record of an XID logged now, on the simulated GPU `index` (PCI bus 0x18 + 0x10
-/// per index, as `agent_support::gpu` gives it).
-fn xid_record(sequence: u64, index: u32, xid: u64, text: &str) -> String {
-    let micros = Timestamp::now().duration_since(booted_at()).as_micros();
-    format!(
-        "3,{sequence},{micros},-;NVRM: Xid (PCI:0000:{:02x}:00): {xid}, pid=4242, name=python3, {text}",
-        0x18 + index * 0x10
-    )
-}
-
-/// Writes the scenario's `kernelLog` lines to the agent's kernel log, atomically (what the
-/// harness does for the node's `/dev/kmsg`).
-fn write_kernel_log(path: &Path, scenario: &Value) {
-    let lines: Vec<&str> = scenario["kernelLog"]
-        .as_array()
-        .map(|lines| lines.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    let temporary = path.with_extension("tmp");
-    std::fs::write(
-        &temporary,
-        lines.iter().flat_map(|line| [*line, "\n"]).collect::<String>(),
-    )
-    .unwrap();
-    std::fs::rename(&temporary, path).unwrap();
-}
 
 /// Appends `line` to the scenario's kernel log and writes both files (the log first).
 fn log(scenario: &mut Value, line: &str, kernel_log: &Path, probe_file: &Path) {

@@ -12,10 +12,12 @@ mod agent_support;
 mod common;
 mod scenario;
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use agent_support::{
-    AgentProcess, Probe, agent_kubeconfig, gpu, scratch, wait_until_healthy, write_probe_file,
+    AgentProcess, Probe, agent_kubeconfig, gpu,
+    kernel_log::{mig_xid_record, write_kernel_log},
+    scratch, wait_until_healthy, write_probe_file,
 };
 use common::eventually;
 use gpu_remediation_api::{
@@ -51,9 +53,18 @@ use serde_json::{Value, json};
 /// The MIG profile's resource.
 const MIG_RESOURCE: &str = "nvidia.com/mig-1g.10gb";
 
+/// How the XID reaches the agent.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum XidVia {
+    /// The probe's XID events (the file's, or NVML's event API on the stand-in library).
+    Event,
+    /// Only the kernel log (`--kernel-log`), as the driver writes it.
+    KernelLog,
+}
+
 /// The probe file of `node`'s 8 GPUs, GPU 2 partitioned into `migs`, with an XID 95 on GPU 2's
-/// `gpu_instance` when given.
-fn probe_file(node: &str, gpus: &[SimGpu], migs: &[SimMig], xid_on: Option<u32>) -> Value {
+/// GPU instance `xid_on` when given, by `via`.
+fn probe_file(node: &str, gpus: &[SimGpu], migs: &[SimMig], xid_on: Option<(u32, XidVia)>) -> Value {
     let readings: Vec<Value> = gpus
         .iter()
         .map(|g| {
@@ -72,9 +83,22 @@ fn probe_file(node: &str, gpus: &[SimGpu], migs: &[SimMig], xid_on: Option<u32>)
             reading
         })
         .collect();
-    let mut file = json!({"gpus": readings});
-    if let Some(instance) = xid_on {
-        file["xidEvents"] = json!([{"id": 1, "xid": 95, "gpuUuid": gpus[2].uuid, "gpuInstance": instance}]);
+    let mut file = json!({"gpus": readings, "kernelLog": []});
+    match xid_on {
+        Some((instance, XidVia::Event)) => {
+            file["xidEvents"] =
+                json!([{"id": 1, "xid": 95, "gpuUuid": gpus[2].uuid, "gpuInstance": instance}]);
+        }
+        Some((instance, XidVia::KernelLog)) => {
+            file["kernelLog"] = json!([mig_xid_record(
+                1,
+                2,
+                Some(instance),
+                95,
+                "Uncontained: FBHUB. RST: Yes, D-RST: No"
+            )]);
+        }
+        None => {}
     }
     file
 }
@@ -92,32 +116,42 @@ async fn advertise_mig(s: &Scenario, node: &str) {
         .unwrap();
 }
 
-/// The real agent on `node` (file probe: its 8 GPUs, GPU 2 in `migs`), reading the simulated
-/// kubelet's pod-resources API over a unix socket; returns once it reports the node healthy, with
-/// the server, the agent and its probe file.
+/// The real agent on `node` under `probe` (its 8 GPUs, GPU 2 in `migs`), reading a kernel-log file
+/// and the simulated kubelet's pod-resources API over a unix socket; returns once it reports the
+/// node healthy, with the server, the agent, its scenario file and its kernel log.
 async fn real_agent(
     s: &Scenario,
+    probe: Probe,
     node: &str,
     gpus: &[SimGpu],
     migs: &[SimMig],
-) -> (PodResourcesServer, AgentProcess, std::path::PathBuf) {
-    let dir = scratch("ladder-mig");
+) -> (PodResourcesServer, AgentProcess, PathBuf, PathBuf) {
+    // One directory a node: the tests of this file run side by side in one process.
+    let dir = scratch(&format!("ladder-mig-{node}"));
     let socket = dir.join("kubelet.sock");
     let server = s.fleet.serve_pod_resources(node, &socket).unwrap();
-    let probe = dir.join("gpus.json");
-    write_probe_file(&probe, &probe_file(node, gpus, migs, None));
+    let scenario = dir.join("gpus.json");
+    let kernel_log = dir.join("kmsg");
+    let healthy = probe_file(node, gpus, migs, None);
+    write_kernel_log(&kernel_log, &healthy);
+    write_probe_file(&scenario, &healthy);
     let kubeconfig = agent_kubeconfig(&s.client, &dir).await;
+    let kernel_log_flag = format!("--kernel-log={}", kernel_log.display());
     let agent = AgentProcess::start(
-        Probe::File,
+        probe,
         node,
         &kubeconfig,
-        &probe,
+        &scenario,
         &dir,
-        &["--pod-resources-socket", socket.to_str().unwrap()],
+        &[
+            "--pod-resources-socket",
+            socket.to_str().unwrap(),
+            &kernel_log_flag,
+        ],
     )
     .await;
     wait_until_healthy(&s.client, node, &agent).await;
-    (server, agent, probe)
+    (server, agent, scenario, kernel_log)
 }
 
 /// Waits for the agent's assignment covering `pods` and checks each pod is published with its MIG
@@ -156,7 +190,23 @@ async fn assignment_with_parents(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_xid_on_mig_instance_4_evicts_only_that_instances_pod_and_the_other_six_keep_running() {
+async fn an_xid_event_on_mig_instance_4_evicts_only_that_instances_pod_under_the_file_probe() {
+    only_instance_4s_pod_is_evicted(Probe::File, XidVia::Event).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nvml_event_on_mig_instance_4_evicts_only_that_instances_pod_under_the_nvml_probe() {
+    only_instance_4s_pod_is_evicted(Probe::Nvml, XidVia::Event).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_xid_on_mig_instance_4_only_in_the_kernel_log_evicts_only_that_instances_pod() {
+    only_instance_4s_pod_is_evicted(Probe::Nvml, XidVia::KernelLog).await;
+}
+
+/// The file's scenario: 7 pods on GPU 2's 7 MIG devices, an XID on GPU instance 4 reaching the agent
+/// under `probe` by `via`; only instance 4's pod is evicted, the other six keep running.
+async fn only_instance_4s_pod_is_evicted(probe: Probe, via: XidVia) {
     let s = Scenario::new(1).await;
     let node = s.nodes()[0].clone();
     let gpus = dra::node_gpus(&node, 8);
@@ -185,7 +235,7 @@ async fn an_xid_on_mig_instance_4_evicts_only_that_instances_pod_and_the_other_s
         )
         .await;
 
-    let (_kubelet_api, agent, probe) = real_agent(&s, &node, &gpus, &migs).await;
+    let (_kubelet_api, agent, scenario, kernel_log) = real_agent(&s, probe, &node, &gpus, &migs).await;
     let held = assignment_with_parents(&s, &node, &before, &gpus[2]).await;
     let instance_4 = &migs[3];
     assert_eq!(instance_4.gpu_instance, 4);
@@ -203,7 +253,9 @@ async fn an_xid_on_mig_instance_4_evicts_only_that_instances_pod_and_the_other_s
     let controller = scenario::RunningController::start(&s.scope).await;
 
     // XID 95 (the catalog recommends RESET_GPU), attributed by the driver to GPU instance 4.
-    write_probe_file(&probe, &probe_file(&node, &gpus, &migs, Some(4)));
+    let faulty = probe_file(&node, &gpus, &migs, Some((4, via)));
+    write_kernel_log(&kernel_log, &faulty);
+    write_probe_file(&scenario, &faulty);
     let failed = eventually(
         "the fault naming the MIG device",
         Duration::from_secs(30),

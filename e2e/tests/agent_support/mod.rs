@@ -33,6 +33,8 @@ use tokio::{process::Child, sync::OnceCell};
 
 use crate::common;
 
+pub mod kernel_log;
+
 /// Where the agent's role lives, relative to this package.
 pub const RBAC_YAML: &str = include_str!("../../../manifests/agent/rbac.yaml");
 pub const AGENT_NAMESPACE: &str = "gpu-remediation";
