@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Builds (once, then cached outside the repo) and locates the pinned control plane binaries.
 CONTROLPLANE_BIN = $(shell e2e/controlplane/build.sh)
 
-.PHONY: help build test unit e2e e2e-real bench-peer crds crds-check lint modgraph fmt controlplane demo bench chaos images argocd-health-test chart-test chart-sync alerts-test mutants
+.PHONY: help build test unit e2e e2e-real bench-peer crds crds-check lint modgraph fmt controlplane demo bench chaos images argocd-health-test chart-test chart-sync alerts-test mutants test-compat
 
 help:
 	@echo "make build         build every crate"
@@ -61,6 +61,25 @@ e2e:
 
 test: lint argocd-health-test chart-test alerts-test
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test --workspace --no-fail-fast
+	$(MAKE) --no-print-directory test-compat
+
+# The compatibility runs: on each other supported minor's control plane (e2e/controlplane/compat/,
+# pinned, built from the Go module proxy and cached like the suite's), the e2e tests of what changes
+# between minors: eviction under budgets, the fence, agent and approval admission policies, node and
+# device quarantine (the DeviceTaintRule version the minor serves), the ladder's GPU-scoped drain with
+# DRA, the CRDs' CEL validation and the Helm install.
+COMPAT_MINORS ?= v1.36 v1.37
+COMPAT_TESTS ?= --test controller_drain --test admission_fence --test admission_agent \
+	--test admission_approval --test quarantine --test quarantine_dra --test device_taint_version \
+	--test dra --test crd_validation --test install_chart
+test-compat:
+	@set -e; for minor in $(COMPAT_MINORS); do \
+	  bin="$$(e2e/controlplane/build.sh compat/$$minor)"; \
+	  echo "== the compatibility runs on $$("$$bin/kube-apiserver" --version)"; \
+	  GPU_REMEDIATOR_CONTROLPLANE="$$bin" $(CARGO) test -p e2e --no-fail-fast $(COMPAT_TESTS) -- --test-threads=2; \
+	  GPU_REMEDIATOR_CONTROLPLANE="$$bin" $(CARGO) test -p e2e --test ladder -- --test-threads=2 \
+	    a_reset_gpu_xid_on_gpu_3_evicts_only_its_dra_pod; \
+	done
 
 # The Argo CD health check (docs/argocd/health.lua) against sample policy statuses, in gopher-lua
 # (the interpreter Argo CD embeds; tools/argocd-health, built from its pinned Go module and cached).

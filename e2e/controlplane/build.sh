@@ -3,15 +3,25 @@
 # proxy at the versions pinned in go.mod, into a cache outside the repository keyed by the Kubernetes
 # and Go versions. A warm cache builds nothing. Prints the binary directory on its last line.
 #
+# Usage: build.sh            the suite's control plane (this directory's go.mod)
+#        build.sh compat/v1.37   another supported minor's (its own versions.env, go.mod, go.sum;
+#                            `cmd` and `tools.go` are this directory's, linked)
+#
 # Environment: GPU_REMEDIATOR_CACHE (default ~/.cache/gpu-remediator) moves the cache.
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/${1:-.}"
 source ./versions.env
 
 go_version=$(go env GOVERSION)
 cache_root="${GPU_REMEDIATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-remediator}"
 bin_dir="${cache_root}/controlplane/k8s-${KUBERNETES_VERSION}-${go_version}"
 binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+
+# One build of a version at a time: a second caller (`make test` reaching a control plane that
+# .ci/run is still building in the background) waits for it, then finds it cached.
+mkdir -p "$(dirname "${bin_dir}")"
+exec 9>"${bin_dir}.lock"
+flock 9
 
 complete=true
 for b in "${binaries[@]}"; do [ -x "${bin_dir}/${b}" ] || complete=false; done

@@ -1,9 +1,11 @@
-//! The `DeviceTaintRule` version is discovered, not assumed: on v1.35 with the `DRADeviceTaints`
-//! gates on, the server serves `resource.k8s.io/v1alpha3` only (neither `v1beta2`, from 1.36, nor
-//! `v1`, from 1.37), the controller finds it by discovery and speaks it: a fault naming GPU 3
-//! takes only GPU 3's device out of allocation with a `v1alpha3` rule, and the policy's
-//! `status.deviceTaints` says `resource.k8s.io/v1alpha3`. (With the gates off the node taint is
-//! used and the status says so: `dra.rs`, whose control plane has DRA without device taints.)
+//! The `DeviceTaintRule` version is discovered, not assumed. Each supported minor, with what it needs
+//! for device taints (`Dra::DeviceTaints`), serves one version: `resource.k8s.io/v1alpha3` on 1.35
+//! (behind the gates), `v1beta2` on 1.36 (a beta API turned on), `v1` on 1.37 (GA, nothing turned
+//! on). The controller finds it by discovery and speaks it: a fault naming GPU 3 takes only GPU 3's
+//! device out of allocation with a rule of that version, and the policy's `status.deviceTaints`
+//! names it. `make test` runs this on 1.35 and, in its compatibility runs, on 1.36 and 1.37. (With
+//! the gates off the node taint is used and the status says so: `dra.rs`, whose control plane has
+//! DRA without device taints.)
 
 mod common;
 mod scenario;
@@ -28,11 +30,12 @@ fn with_device_taints() -> ControlPlaneOptions {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_1_35_with_the_gates_v1alpha3_is_discovered_spoken_and_named_in_the_policy_status() {
-    cluster_with(with_device_taints).await;
+async fn the_version_the_minor_serves_is_discovered_spoken_and_named_in_the_policy_status() {
+    let minor = cluster_with(with_device_taints).await.minor();
     let s = Scenario::with_fleet(1, |o| o.dra = true).await;
+    let expected = scenario::device_taint_rule_version(minor);
 
-    // What the server serves: only v1alpha3 of the three.
+    // What the server serves: one of the three.
     let discovery = s.client.clone();
     let mut served = Vec::new();
     for version in TaintRuleVersion::PREFERRED {
@@ -44,11 +47,7 @@ async fn on_1_35_with_the_gates_v1alpha3_is_discovered_spoken_and_named_in_the_p
             served.push(version);
         }
     }
-    assert_eq!(
-        served,
-        [TaintRuleVersion::V1alpha3],
-        "v1.35 serves the alpha only"
-    );
+    assert_eq!(served, [expected], "Kubernetes 1.{minor} serves {expected} only");
 
     let node = s.nodes()[0].clone();
     s.policy(serde_json::json!({
@@ -62,13 +61,10 @@ async fn on_1_35_with_the_gates_v1alpha3_is_discovered_spoken_and_named_in_the_p
         .await
         .expect("failing GPU 3");
 
-    let rules = Api::<DeviceTaintRule>::all_with(
-        s.client.clone(),
-        &wire::device_taint_rules(TaintRuleVersion::V1alpha3),
-    );
+    let rules = Api::<DeviceTaintRule>::all_with(s.client.clone(), &wire::device_taint_rules(expected));
     let ours = ListParams::default().labels(&format!("{DEVICE_QUARANTINE_LABEL}=true"));
     let mine = eventually(
-        "a v1alpha3 DeviceTaintRule for GPU 3",
+        "a DeviceTaintRule of the served version for GPU 3",
         Duration::from_secs(15),
         || async {
             let listed = rules.list(&ours).await.ok()?.items;
@@ -101,7 +97,7 @@ async fn on_1_35_with_the_gates_v1alpha3_is_discovered_spoken_and_named_in_the_p
         Duration::from_secs(15),
         || async {
             let status = policies.get(&s.scope).await.ok()?.status?;
-            (status.device_taints.as_deref() == Some("resource.k8s.io/v1alpha3")).then_some(status)
+            (status.device_taints == Some(expected.group_version())).then_some(status)
         },
     )
     .await;
@@ -112,7 +108,7 @@ async fn on_1_35_with_the_gates_v1alpha3_is_discovered_spoken_and_named_in_the_p
         .expect("the DeviceQuarantine condition");
     assert_eq!(condition.status, "True");
     assert!(
-        condition.message.contains("resource.k8s.io/v1alpha3"),
+        condition.message.contains(&expected.group_version()),
         "{}",
         condition.message
     );

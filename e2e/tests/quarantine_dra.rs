@@ -22,6 +22,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt, api::ListParams};
 use scenario::{RunningController, Scenario, is_unschedulable};
 
+/// The `DeviceTaintRule` version this binary's control plane serves.
+async fn served_version() -> wire::TaintRuleVersion {
+    scenario::device_taint_rule_version(cluster_with(with_device_taints).await.minor())
+}
+
 fn with_device_taints() -> ControlPlaneOptions {
     ControlPlaneOptions {
         dra: Dra::DeviceTaints,
@@ -105,7 +110,7 @@ async fn only_the_failed_gpu_is_tainted_and_new_pods_keep_landing_on_the_nodes_h
 async fn our_rules(s: &Scenario) -> Vec<DeviceTaintRule> {
     let rules = Api::<DeviceTaintRule>::all_with(
         s.client.clone(),
-        &wire::device_taint_rules(wire::TaintRuleVersion::V1alpha3),
+        &wire::device_taint_rules(served_version().await),
     );
     let ours = ListParams::default().labels(&format!("{DEVICE_QUARANTINE_LABEL}=true"));
     let listed = rules.list(&ours).await.map(|l| l.items).unwrap_or_default();
@@ -248,8 +253,9 @@ async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
         .expect("a token status")
         .token;
     let controller = common::cluster().await.client_with_token(&token);
+    let version = served_version().await;
     let rule = device::rule(
-        wire::TaintRuleVersion::V1alpha3,
+        version,
         "fenced",
         "gpu-fence-0000",
         &QuarantinedDevice {
@@ -263,16 +269,13 @@ async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
     // A deposed leader's create is refused by the API server (once the policy is loaded).
     let (deposed, _deposed_keeper) = controller_ops(&controller, ("replica-a", 3));
     let refused = eventually("the stale claim refused", Duration::from_secs(30), || async {
-        if let Err(error) = create_rule(&deposed, wire::TaintRuleVersion::V1alpha3, &rule).await {
+        if let Err(error) = create_rule(&deposed, version, &rule).await {
             return Some(format!("{error:?}"));
         }
         // Created before the policy was loaded: take it away and try again.
-        let _ = Api::<DeviceTaintRule>::all_with(
-            admin.clone(),
-            &wire::device_taint_rules(wire::TaintRuleVersion::V1alpha3),
-        )
-        .delete(&rule.name_any(), &kube::api::DeleteParams::default())
-        .await;
+        let _ = Api::<DeviceTaintRule>::all_with(admin.clone(), &wire::device_taint_rules(version))
+            .delete(&rule.name_any(), &kube::api::DeleteParams::default())
+            .await;
         None
     })
     .await;
@@ -283,13 +286,10 @@ async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
 
     // The current leader creates it (the shipped RBAC allows it), carrying its claim.
     let (current, _current_keeper) = controller_ops(&controller, ("replica-b", 4));
-    create_rule(&current, wire::TaintRuleVersion::V1alpha3, &rule)
+    create_rule(&current, version, &rule)
         .await
         .expect("the current claim creates the rule");
-    let rules = Api::<DeviceTaintRule>::all_with(
-        admin.clone(),
-        &wire::device_taint_rules(wire::TaintRuleVersion::V1alpha3),
-    );
+    let rules = Api::<DeviceTaintRule>::all_with(admin.clone(), &wire::device_taint_rules(version));
     let stored = rules.get(&rule.name_any()).await.expect("the rule");
     assert_eq!(
         stored
@@ -300,10 +300,7 @@ async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
     );
 
     // A deposed leader cannot delete it; the current one can.
-    let message = format!(
-        "{:?}",
-        delete_rule(&deposed, wire::TaintRuleVersion::V1alpha3, &stored).await
-    );
+    let message = format!("{:?}", delete_rule(&deposed, version, &stored).await);
     assert!(
         message.contains("fenced: this write carries the claim replica-a/3"),
         "{message}"
@@ -312,7 +309,7 @@ async fn device_taint_rule_writes_are_fenced_and_allowed_by_the_shipped_rbac() {
         rules.get_opt(&rule.name_any()).await.unwrap().is_some(),
         "still there"
     );
-    delete_rule(&current, wire::TaintRuleVersion::V1alpha3, &stored)
+    delete_rule(&current, version, &stored)
         .await
         .expect("the current claim deletes the rule");
     assert!(rules.get_opt(&rule.name_any()).await.unwrap().is_none(), "gone");

@@ -612,3 +612,13 @@ pub async fn report_reboot_failed(s: &Scenario, name: &str) {
         .await
         .unwrap_or_else(|e| panic!("reporting {name} failed: {e}"));
 }
+
+/// The `DeviceTaintRule` version the control plane (Kubernetes 1.`minor`, started with
+/// `Dra::DeviceTaints`) serves: the sandbox says which (`Dra::device_taint_rules`).
+pub fn device_taint_rule_version(minor: u32) -> gpu_remediator::dra::wire::TaintRuleVersion {
+    let served = gpu_sandbox::Dra::DeviceTaints.device_taint_rules(minor);
+    gpu_remediator::dra::wire::TaintRuleVersion::PREFERRED
+        .into_iter()
+        .find(|version| Some(version.version()) == served)
+        .expect("every supported minor serves one")
+}

@@ -27,6 +27,14 @@ pub enum LocateBinariesError {
         /// The missing binary.
         binary: &'static str,
     },
+    /// `kube-apiserver --version` could not be run or did not name a release.
+    #[error("{binary} --version: {message}")]
+    Version {
+        /// The binary.
+        binary: PathBuf,
+        /// What went wrong, or what it printed.
+        message: String,
+    },
     /// The build script could not be run or failed.
     #[error("running {script}: {message}")]
     Build {
@@ -50,6 +58,30 @@ pub fn check(dir: &Path) -> Result<PathBuf, LocateBinariesError> {
     Ok(dir.to_owned())
 }
 
+/// The Kubernetes minor of the binaries in `dir`: `kube-apiserver --version` prints
+/// `Kubernetes v1.37.2` (the build sets the release, see `e2e/controlplane/build.sh`).
+pub fn minor(dir: &Path) -> Result<u32, LocateBinariesError> {
+    let binary = dir.join("kube-apiserver");
+    let failed = |message: String| LocateBinariesError::Version {
+        binary: binary.clone(),
+        message,
+    };
+    let output = Command::new(&binary)
+        .arg("--version")
+        .output()
+        .map_err(|e| failed(e.to_string()))?;
+    let printed = String::from_utf8_lossy(&output.stdout);
+    minor_of(&printed).ok_or_else(|| failed(format!("no release in {:?}", printed.trim())))
+}
+
+/// The minor of a `--version` line (`Kubernetes v1.37.2` → 37).
+fn minor_of(printed: &str) -> Option<u32> {
+    let release = printed
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("v1."))?;
+    release.split('.').next()?.parse().ok()
+}
+
 /// The directory from the environment, or from the build script.
 pub fn locate() -> Result<PathBuf, LocateBinariesError> {
     if let Some(dir) = std::env::var_os(BIN_DIR_ENV).filter(|d| !d.is_empty()) {
@@ -71,4 +103,16 @@ pub fn locate() -> Result<PathBuf, LocateBinariesError> {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let dir = stdout.lines().last().unwrap_or_default().trim();
     check(Path::new(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::minor_of;
+
+    #[test]
+    fn the_minor_is_read_from_the_release_line() {
+        assert_eq!(minor_of("Kubernetes v1.37.2\n"), Some(37));
+        assert_eq!(minor_of("Kubernetes v1.35.4"), Some(35));
+        assert_eq!(minor_of("Kubernetes v0.0.0-master+$Format:%H$"), None);
+    }
 }

@@ -6,6 +6,7 @@
 
 mod binaries;
 pub mod chaos;
+mod dra;
 mod layout;
 pub mod node_credentials;
 mod pki;
@@ -22,6 +23,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Api;
 
 pub use binaries::LocateBinariesError;
+pub use dra::Dra;
 pub use pki::CreatePkiError;
 
 use layout::{Layout, dir_error, display};
@@ -48,45 +50,6 @@ pub const DEFAULT_CONTROLLERS: &[&str] = &[
     "clusterrole-aggregation-controller",
     "ttl-controller",
 ];
-
-/// How much of Dynamic Resource Allocation the control plane runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Dra {
-    /// The API is served (GA in 1.35) but no controller makes claims from templates.
-    #[default]
-    Off,
-    /// kube-controller-manager's resourceclaim controller too, so pods can claim devices through
-    /// `ResourceClaimTemplate`s and the scheduler allocates them.
-    On,
-    /// [`Dra::On`] plus device taints (KEP-5055, alpha): the `DRADeviceTaints` and
-    /// `DRADeviceTaintRules` gates on the API server, scheduler and controller manager, and
-    /// `resource.k8s.io/v1alpha3` (`DeviceTaintRule`) served.
-    DeviceTaints,
-}
-
-impl Dra {
-    /// The kube-controller-manager controllers this mode adds.
-    #[must_use]
-    pub fn controllers(self) -> &'static [&'static str] {
-        match self {
-            Self::Off => &[],
-            Self::On | Self::DeviceTaints => &["resourceclaim-controller"],
-        }
-    }
-
-    /// The `--feature-gates` flag every component gets, if any.
-    #[must_use]
-    pub fn feature_gates(self) -> Option<&'static str> {
-        (self == Self::DeviceTaints)
-            .then_some("--feature-gates=DRADeviceTaints=true,DRADeviceTaintRules=true")
-    }
-
-    /// The API server's `--runtime-config`, if any.
-    #[must_use]
-    pub fn runtime_config(self) -> Option<&'static str> {
-        (self == Self::DeviceTaints).then_some("--runtime-config=resource.k8s.io/v1alpha3=true")
-    }
-}
 
 /// How to start a [`ControlPlane`].
 #[derive(Debug, Clone)]
@@ -148,6 +111,9 @@ pub struct ControlPlane {
     kubeconfig_path: PathBuf,
     ca_cert_der: Vec<u8>,
     admin_token: String,
+    /// The Kubernetes minor its binaries are (`kube-apiserver --version`): which flags a feature
+    /// needs depends on it.
+    minor: u32,
     /// In start order; stopped in reverse.
     processes: Vec<OwnedProcess>,
     keep_data_dir: bool,
@@ -180,6 +146,7 @@ impl ControlPlane {
             Some(dir) => binaries::check(dir)?,
             None => binaries::locate()?,
         };
+        let minor = binaries::minor(&bin_dir)?;
         let layout = Layout::prepare()?;
         let ca_cert_der =
             std::fs::read(&layout.pki.ca_cert_der).map_err(dir_error(&layout.pki.ca_cert_der))?;
@@ -190,6 +157,7 @@ impl ControlPlane {
             kubeconfig_path: layout.kubeconfig.clone(),
             ca_cert_der,
             admin_token: layout.admin_token.clone(),
+            minor,
             processes: Vec::new(),
             keep_data_dir: options.keep_data_dir,
         };
@@ -298,9 +266,9 @@ impl ControlPlane {
         ];
         let dra = options.dra;
         args.extend(
-            dra.feature_gates()
+            dra.feature_gates(self.minor)
                 .into_iter()
-                .chain(dra.runtime_config())
+                .chain(dra.runtime_config(self.minor))
                 .map(str::to_owned),
         );
         args.extend(options.extra_apiserver_args.iter().cloned());
@@ -338,11 +306,11 @@ impl ControlPlane {
         if let Some(grace) = options.node_monitor_grace_period {
             kcm_args.push(format!("--node-monitor-grace-period={}ms", grace.as_millis()));
         }
-        kcm_args.extend(options.dra.feature_gates().map(str::to_owned));
+        kcm_args.extend(options.dra.feature_gates(self.minor).map(str::to_owned));
         kcm_args.extend(options.extra_controller_manager_args.iter().cloned());
         self.spawn("kube-controller-manager", &kcm_args)?;
         let mut scheduler_args = component_args(layout, layout.ports.scheduler, "scheduler", qps);
-        scheduler_args.extend(options.dra.feature_gates().map(str::to_owned));
+        scheduler_args.extend(options.dra.feature_gates(self.minor).map(str::to_owned));
         self.spawn("kube-scheduler", &scheduler_args)?;
         Ok(())
     }
@@ -473,6 +441,12 @@ impl ControlPlane {
     #[must_use]
     pub fn bin_dir(&self) -> &Path {
         &self.bin_dir
+    }
+
+    /// The Kubernetes minor it runs (`37` for v1.37.2).
+    #[must_use]
+    pub fn minor(&self) -> u32 {
+        self.minor
     }
 
     /// The kubectl binary of the same release as the server.
