@@ -67,11 +67,11 @@ test: lint argocd-health-test chart-test alerts-test
 # pinned, built from the Go module proxy and cached like the suite's), the e2e tests of what changes
 # between minors: eviction under budgets, the fence, agent and approval admission policies, node and
 # device quarantine (the DeviceTaintRule version the minor serves), the ladder's GPU-scoped drain with
-# DRA, the CRDs' CEL validation and the Helm install.
+# DRA, other actors' node taints left alone, the CRDs' CEL validation and the Helm install.
 COMPAT_MINORS ?= v1.36 v1.37
 COMPAT_TESTS ?= --test controller_drain --test admission_fence --test admission_agent \
 	--test admission_approval --test quarantine --test quarantine_dra --test device_taint_version \
-	--test dra --test crd_validation --test install_chart
+	--test dra --test foreign_taints --test crd_validation --test install_chart
 test-compat:
 	@set -e; for minor in $(COMPAT_MINORS); do \
 	  bin="$$(e2e/controlplane/build.sh compat/$$minor)"; \

@@ -273,9 +273,11 @@ async fn the_shipped_dcgm_sample_as_shipped_validates_a_joining_node_in_the_cont
         .add_nodes_prepared(1, &|node| unvalidated(node, false))
         .await
         .unwrap();
+    // The taint is lifted first, then the condition says why: wait for both writes.
     let node = eventually("the joining node validated", Duration::from_secs(90), || async {
         let node = s.node(&joining).await;
-        (!has_startup_taint(&node)).then_some(node)
+        let decided = validated(&node).is_some_and(|(status, _, _)| status != "Unknown");
+        (!has_startup_taint(&node) && decided).then_some(node)
     })
     .await;
     let (status, reason, message) = validated(&node).expect("a GpuValidated condition");

@@ -14,24 +14,20 @@ mod scenario;
 
 use std::time::Duration;
 
-use agent_support::{
-    AgentProcess, Probe, agent_kubeconfig, gpu, scratch, wait_until_healthy, write_probe_file,
-};
+use agent_support::{Probe, gpu, pod_resources};
 use common::eventually;
 use gpu_remediation_api::{
     Phase,
     constants::GPU_PODS_ANNOTATION,
-    gpu_pods::{GPU_PODS_CLOCK_SLACK_SECONDS, GpuPods},
     ladder::{Rung, StepOutcome},
 };
 use gpu_sandbox::{
     dra,
-    fleet::pod_resources::PodResourcesServer,
     hardware::{SimGpu, set_inventory},
     repair::{self, Behaviour, Heal, Repairer},
     workload::Workload,
 };
-use k8s_openapi::{api::core::v1::Pod, jiff::SignedDuration};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt, api::ListParams};
 use scenario::{
     RunningController, Scenario, has_our_taint, is_unschedulable,
@@ -78,36 +74,6 @@ fn probe_file(node: &str, gpus: &[SimGpu], xid: Option<u64>) -> Value {
     file
 }
 
-/// The real agent on `node` (file probe: its 8 GPUs `gpus`), reading the simulated kubelet's
-/// pod-resources API over a unix socket; returns once it reports the node healthy, with the
-/// server, the agent and its probe file.
-async fn real_agent(
-    s: &Scenario,
-    node: &str,
-    gpus: &[SimGpu],
-) -> (PodResourcesServer, AgentProcess, std::path::PathBuf) {
-    let dir = scratch("ladder-device-plugin");
-    let socket = dir.join("kubelet.sock");
-    let server = s
-        .fleet
-        .serve_pod_resources(node, &socket)
-        .expect("serving the pod-resources API");
-    let probe = dir.join("gpus.json");
-    write_probe_file(&probe, &probe_file(node, gpus, None));
-    let kubeconfig = agent_kubeconfig(&s.client, &dir).await;
-    let agent = AgentProcess::start(
-        Probe::File,
-        node,
-        &kubeconfig,
-        &probe,
-        &dir,
-        &["--pod-resources-socket", socket.to_str().unwrap()],
-    )
-    .await;
-    wait_until_healthy(&s.client, node, &agent).await;
-    (server, agent, probe)
-}
-
 /// Each pod's name and UID.
 fn identities(pods: &[Pod]) -> Vec<(String, Option<String>)> {
     pods.iter().map(|p| (p.name_any(), p.uid())).collect()
@@ -125,29 +91,20 @@ async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_device_plugin_pod_and_the_othe
     let repairer = ladder(&s, behaviour).await;
     // The pods first: the agent then reads them well past the clock slack of their creation.
     let before = eight_training_pods(&s, &node).await;
-    let (_kubelet_api, agent, probe) = real_agent(&s, &node, &gpus).await;
-
-    // The agent publishes the kubelet's assignment: 8 pods, one GPU each, as the plugin handed them;
-    // a pod read within the clock slack of its creation is covered once the agent stamps the
-    // assignment again (GPU_PODS_SETTLE_SECONDS later).
-    let held = s.fleet.device_plugin_holders(&node);
-    assert_eq!(held.len(), 8, "{held:?}");
-    let newest = before
-        .iter()
-        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
-        .max()
-        .unwrap();
-    let covering = newest + SignedDuration::from_secs(GPU_PODS_CLOCK_SLACK_SECONDS);
-    let published = eventually(
-        "the agent's assignment covering the 8 pods",
-        Duration::from_secs(30),
-        || async {
-            let node = s.node(&node).await;
-            let assignment = GpuPods::parse(node.annotations().get(GPU_PODS_ANNOTATION)?).ok()?;
-            (assignment.pods.len() == 8 && assignment.read_at.0 > covering).then_some(assignment)
-        },
+    let agent = pod_resources::start(
+        &s.fleet,
+        &s.client,
+        Probe::File,
+        &node,
+        &probe_file(&node, &gpus, None),
+        &[],
     )
     .await;
+
+    // The agent publishes the kubelet's assignment: 8 pods, one GPU each, as the plugin handed them.
+    let held = s.fleet.device_plugin_holders(&node);
+    assert_eq!(held.len(), 8, "{held:?}");
+    let published = pod_resources::assignment_covering(&s.client, &node, &before).await;
     for entry in &published.pods {
         assert_eq!(
             held.get(&format!("{}/{}", entry.namespace, entry.name)),
@@ -168,7 +125,7 @@ async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_device_plugin_pod_and_the_othe
     let controller = RunningController::start(&s.scope).await;
 
     // XID 95 (uncontained ECC: the catalog recommends RESET_GPU) on GPU 3.
-    write_probe_file(&probe, &probe_file(&node, &gpus, Some(95)));
+    agent.write(&probe_file(&node, &gpus, Some(95)));
     let done = s
         .wait_phase(&node, Phase::Succeeded, Duration::from_secs(60))
         .await;

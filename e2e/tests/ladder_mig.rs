@@ -12,34 +12,23 @@ mod agent_support;
 mod common;
 mod scenario;
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
-use agent_support::{
-    AgentProcess, Probe, agent_kubeconfig, gpu,
-    kernel_log::{mig_xid_record, write_kernel_log},
-    scratch, wait_until_healthy, write_probe_file,
-};
+use agent_support::{Probe, gpu, kernel_log::mig_xid_record, pod_resources};
 use common::eventually;
 use gpu_remediation_api::{
     Phase,
-    constants::{FAILED_GPUS_ANNOTATION, GPU_PODS_ANNOTATION, GPU_RESOURCE},
-    gpu_pods::{GPU_PODS_CLOCK_SLACK_SECONDS, GpuPods},
+    constants::{FAILED_GPUS_ANNOTATION, GPU_RESOURCE},
     ladder::{Rung, StepOutcome},
 };
 use gpu_sandbox::{
     dra,
-    fleet::{
-        device_plugin::{SimMig, mig_devices},
-        pod_resources::PodResourcesServer,
-    },
+    fleet::device_plugin::{SimMig, mig_devices},
     hardware::SimGpu,
     repair::{Behaviour, Heal},
     workload::Workload,
 };
-use k8s_openapi::{
-    api::core::v1::{Node, Pod},
-    jiff::SignedDuration,
-};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, ResourceExt,
     api::{ListParams, Patch, PatchParams},
@@ -116,44 +105,6 @@ async fn advertise_mig(s: &Scenario, node: &str) {
         .unwrap();
 }
 
-/// The real agent on `node` under `probe` (its 8 GPUs, GPU 2 in `migs`), reading a kernel-log file
-/// and the simulated kubelet's pod-resources API over a unix socket; returns once it reports the
-/// node healthy, with the server, the agent, its scenario file and its kernel log.
-async fn real_agent(
-    s: &Scenario,
-    probe: Probe,
-    node: &str,
-    gpus: &[SimGpu],
-    migs: &[SimMig],
-) -> (PodResourcesServer, AgentProcess, PathBuf, PathBuf) {
-    // One directory a node: the tests of this file run side by side in one process.
-    let dir = scratch(&format!("ladder-mig-{node}"));
-    let socket = dir.join("kubelet.sock");
-    let server = s.fleet.serve_pod_resources(node, &socket).unwrap();
-    let scenario = dir.join("gpus.json");
-    let kernel_log = dir.join("kmsg");
-    let healthy = probe_file(node, gpus, migs, None);
-    write_kernel_log(&kernel_log, &healthy);
-    write_probe_file(&scenario, &healthy);
-    let kubeconfig = agent_kubeconfig(&s.client, &dir).await;
-    let kernel_log_flag = format!("--kernel-log={}", kernel_log.display());
-    let agent = AgentProcess::start(
-        probe,
-        node,
-        &kubeconfig,
-        &scenario,
-        &dir,
-        &[
-            "--pod-resources-socket",
-            socket.to_str().unwrap(),
-            &kernel_log_flag,
-        ],
-    )
-    .await;
-    wait_until_healthy(&s.client, node, &agent).await;
-    (server, agent, scenario, kernel_log)
-}
-
 /// Waits for the agent's assignment covering `pods` and checks each pod is published with its MIG
 /// device and that device's parent GPU `parent`; returns what the device plugin handed out.
 async fn assignment_with_parents(
@@ -162,22 +113,7 @@ async fn assignment_with_parents(
     pods: &[Pod],
     parent: &SimGpu,
 ) -> BTreeMap<String, Vec<String>> {
-    let newest = pods
-        .iter()
-        .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
-        .max()
-        .unwrap();
-    let covering = newest + SignedDuration::from_secs(GPU_PODS_CLOCK_SLACK_SECONDS);
-    let published = eventually(
-        "the agent's assignment covering the pods",
-        Duration::from_secs(30),
-        || async {
-            let node = s.node(node).await;
-            let assignment = GpuPods::parse(node.annotations().get(GPU_PODS_ANNOTATION)?).ok()?;
-            (assignment.pods.len() == pods.len() && assignment.read_at.0 > covering).then_some(assignment)
-        },
-    )
-    .await;
+    let published = pod_resources::assignment_covering(&s.client, node, pods).await;
     let held = s.fleet.device_plugin_holders(node);
     for entry in &published.pods {
         let mig = &held[&format!("{}/{}", entry.namespace, entry.name)];
@@ -235,7 +171,15 @@ async fn only_instance_4s_pod_is_evicted(probe: Probe, via: XidVia) {
         )
         .await;
 
-    let (_kubelet_api, agent, scenario, kernel_log) = real_agent(&s, probe, &node, &gpus, &migs).await;
+    let agent = pod_resources::start(
+        &s.fleet,
+        &s.client,
+        probe,
+        &node,
+        &probe_file(&node, &gpus, &migs, None),
+        &[],
+    )
+    .await;
     let held = assignment_with_parents(&s, &node, &before, &gpus[2]).await;
     let instance_4 = &migs[3];
     assert_eq!(instance_4.gpu_instance, 4);
@@ -253,9 +197,7 @@ async fn only_instance_4s_pod_is_evicted(probe: Probe, via: XidVia) {
     let controller = scenario::RunningController::start(&s.scope).await;
 
     // XID 95 (the catalog recommends RESET_GPU), attributed by the driver to GPU instance 4.
-    let faulty = probe_file(&node, &gpus, &migs, Some((4, via)));
-    write_kernel_log(&kernel_log, &faulty);
-    write_probe_file(&scenario, &faulty);
+    agent.write(&probe_file(&node, &gpus, &migs, Some((4, via))));
     let failed = eventually(
         "the fault naming the MIG device",
         Duration::from_secs(30),

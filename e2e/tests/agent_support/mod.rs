@@ -34,6 +34,7 @@ use tokio::{process::Child, sync::OnceCell};
 use crate::common;
 
 pub mod kernel_log;
+pub mod pod_resources;
 
 /// Where the agent's role lives, relative to this package.
 pub const RBAC_YAML: &str = include_str!("../../../manifests/agent/rbac.yaml");
