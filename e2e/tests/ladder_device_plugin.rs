@@ -15,7 +15,6 @@ mod scenario;
 use std::time::Duration;
 
 use agent_support::{Probe, gpu, pod_resources};
-use common::eventually;
 use gpu_remediation_api::{
     Phase,
     constants::GPU_PODS_ANNOTATION,
@@ -30,7 +29,7 @@ use gpu_sandbox::{
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt, api::ListParams};
 use scenario::{
-    RunningController, Scenario, has_our_taint, is_unschedulable,
+    RunningController, Scenario,
     ladder::{setup, step, steps},
 };
 use serde_json::{Value, json};
@@ -161,11 +160,7 @@ async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_device_plugin_pod_and_the_othe
     let repairs = repairer.repaired();
     assert_eq!(repairs.len(), 1, "{repairs:?}");
     assert_eq!(repairs[0].action, "ResetGpu");
-    eventually("the node released", Duration::from_secs(20), || async {
-        let node = s.node(&node).await;
-        (!is_unschedulable(&node) && !has_our_taint(&node)).then_some(())
-    })
-    .await;
+    scenario::reboots::released(&s, &node).await;
     controller.stop().await;
     drop(agent);
 }

@@ -34,7 +34,7 @@ use kube::{
     api::{ListParams, Patch, PatchParams},
 };
 use scenario::{
-    Scenario, has_our_taint, is_unschedulable,
+    Scenario,
     ladder::{setup, step, steps},
 };
 use serde_json::{Value, json};
@@ -247,11 +247,7 @@ async fn only_instance_4s_pod_is_evicted(probe: Probe, via: XidVia) {
         .items;
     scenario::assert_untouched(&after, &others);
     assert_eq!(repairer.repaired().len(), 1);
-    eventually("the node released", Duration::from_secs(20), || async {
-        let node = s.node(&node).await;
-        (!is_unschedulable(&node) && !has_our_taint(&node)).then_some(())
-    })
-    .await;
+    scenario::reboots::released(&s, &node).await;
     controller.stop().await;
     drop(agent);
 }
