@@ -440,8 +440,8 @@ async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_dra_pod_and_the_other_seven_ne
         .and_then(|d| d.scope.clone())
         .unwrap_or_default();
     assert!(scope.starts_with("GPU-scoped drain"), "{scope}");
+    scenario::assert_untouched(&s, &others).await;
     let after = pods_api.list(&ListParams::default()).await.unwrap().items;
-    scenario::assert_untouched(&after, &others);
     assert!(
         after
             .iter()

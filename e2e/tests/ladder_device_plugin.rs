@@ -27,7 +27,7 @@ use gpu_sandbox::{
     workload::Workload,
 };
 use k8s_openapi::api::core::v1::Pod;
-use kube::{Api, ResourceExt, api::ListParams};
+use kube::ResourceExt;
 use scenario::{
     RunningController, Scenario,
     ladder::{setup, step, steps},
@@ -151,12 +151,7 @@ async fn a_reset_gpu_xid_on_gpu_3_evicts_only_its_device_plugin_pod_and_the_othe
         scope.starts_with("GPU-scoped drain") && scope.contains(&holder),
         "{scope}"
     );
-    let after = Api::<Pod>::namespaced(s.client.clone(), &s.namespace)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
-    scenario::assert_untouched(&after, &others);
+    scenario::assert_untouched(&s, &others).await;
     let repairs = repairer.repaired();
     assert_eq!(repairs.len(), 1, "{repairs:?}");
     assert_eq!(repairs[0].action, "ResetGpu");

@@ -31,7 +31,7 @@ use gpu_sandbox::{
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::{Patch, PatchParams},
 };
 use scenario::{
     Scenario,
@@ -240,12 +240,7 @@ async fn only_instance_4s_pod_is_evicted(probe: Probe, via: XidVia) {
         std::slice::from_ref(&instance_4.uuid),
         "the MIG device answers again under its UUID"
     );
-    let after = Api::<Pod>::namespaced(s.client.clone(), &s.namespace)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
-    scenario::assert_untouched(&after, &others);
+    scenario::assert_untouched(&s, &others).await;
     assert_eq!(repairer.repaired().len(), 1);
     scenario::reboots::released(&s, &node).await;
     controller.stop().await;

@@ -10,6 +10,7 @@
 //! pair is valid for `length` bytes.
 #![allow(non_snake_case, reason = "NVML's exported names")]
 
+mod mig;
 mod nvlink;
 
 use std::{
@@ -33,7 +34,7 @@ use nvml_wrapper_sys::bindings::{
 
 use crate::{
     scenario::{Gpu, message_of},
-    state::{Handle, SCENARIO_ENV, StandIn, XID_EVENT_TYPE},
+    state::{SCENARIO_ENV, StandIn, XID_EVENT_TYPE},
 };
 
 /// What NVML writes in an event's instance field that does not apply.
@@ -211,24 +212,6 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     unsafe { answer_text(uuid, length, standin().uuid(device.addr())) }
 }
 
-/// `nvmlDeviceGetName`, of a GPU or of a MIG device.
-///
-/// # Safety
-/// See the module's contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetName(
-    device: nvmlDevice_t,
-    name: *mut c_char,
-    length: c_uint,
-) -> nvmlReturn_t {
-    let text = if let Some(Handle::Mig { .. }) = Handle::decode(device.addr()) {
-        standin().with_mig(device.addr(), "nvmlDeviceGetName", |mig| Ok(mig.name.clone()))
-    } else {
-        field(device, "nvmlDeviceGetName", |gpu| Some(gpu.name.clone()))
-    };
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { answer_text(name, length, text) }
-}
 text_getter!(
     /// `nvmlDeviceGetSerial`: `NOT_SUPPORTED` without a `serial`.
     nvmlDeviceGetSerial,
@@ -511,88 +494,6 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
         });
     // SAFETY: forwarded from the caller's contract.
     unsafe { answer(data, event) }
-}
-
-/// `nvmlDeviceGetMigMode`: enabled where the scenario lists MIG devices.
-///
-/// # Safety
-/// See the module's contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMigMode(
-    device: nvmlDevice_t,
-    current: *mut c_uint,
-    pending: *mut c_uint,
-) -> nvmlReturn_t {
-    if pending.is_null() {
-        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
-    }
-    let mode = standin().mig_mode(device.addr());
-    // SAFETY: forwarded from the caller's contract.
-    let code = unsafe { answer(current, mode.map(|(current, _)| current)) };
-    if let (true, Ok((_, next))) = (code == nvmlReturn_enum_NVML_SUCCESS, mode) {
-        // SAFETY: `pending` is not null, and the caller guarantees it is valid for a write.
-        unsafe { pending.write(next) };
-    }
-    code
-}
-
-/// `nvmlDeviceGetMaxMigDeviceCount`.
-///
-/// # Safety
-/// See the module's contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
-    device: nvmlDevice_t,
-    count: *mut c_uint,
-) -> nvmlReturn_t {
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { answer(count, standin().max_mig_devices(device.addr())) }
-}
-
-/// `nvmlDeviceGetMigDeviceHandleByIndex`.
-///
-/// # Safety
-/// See the module's contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
-    device: nvmlDevice_t,
-    index: c_uint,
-    mig: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    let handle = standin()
-        .mig_handle(device.addr(), index)
-        .map(|handle| std::ptr::without_provenance_mut(handle.encode()));
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { answer(mig, handle) }
-}
-
-/// `nvmlDeviceGetGpuInstanceId` of a MIG device.
-///
-/// # Safety
-/// See the module's contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(device: nvmlDevice_t, id: *mut c_uint) -> nvmlReturn_t {
-    let answered = standin().with_mig(device.addr(), "nvmlDeviceGetGpuInstanceId", |mig| {
-        Ok(mig.gpu_instance)
-    });
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { answer(id, answered) }
-}
-
-/// `nvmlDeviceGetComputeInstanceId` of a MIG device.
-///
-/// # Safety
-/// See the module's contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
-    device: nvmlDevice_t,
-    id: *mut c_uint,
-) -> nvmlReturn_t {
-    let answered = standin().with_mig(device.addr(), "nvmlDeviceGetComputeInstanceId", |mig| {
-        Ok(mig.compute_instance)
-    });
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { answer(id, answered) }
 }
 
 /// `nvmlEventSetFree`.

@@ -479,9 +479,14 @@ pub fn has_our_taint(node: &Node) -> bool {
         .is_some_and(|ts| ts.iter().any(|t| t.key == REMEDIATION_TAINT_KEY))
 }
 
-/// Every pod of `others` (name, UID) is still in `after` with the same UID and not terminating:
-/// never evicted, never replaced.
-pub fn assert_untouched(after: &[Pod], others: &[(String, Option<String>)]) {
+/// Every pod of `others` (name, UID) is still in the scenario's namespace now with the same UID
+/// and not terminating: never evicted, never replaced.
+pub async fn assert_untouched(s: &Scenario, others: &[(String, Option<String>)]) {
+    let after = Api::<Pod>::namespaced(s.client.clone(), &s.namespace)
+        .list(&ListParams::default())
+        .await
+        .expect("listing the scenario's pods")
+        .items;
     for (name, uid) in others {
         let pod = after
             .iter()
