@@ -60,6 +60,7 @@ e2e:
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test --no-fail-fast -p e2e -- --test-threads=2
 
 test: lint argocd-health-test chart-test alerts-test
+	@echo "== the suite on $$("$(CONTROLPLANE_BIN)/kube-apiserver" --version)"
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test --workspace --no-fail-fast
 	$(MAKE) --no-print-directory test-compat
 
@@ -68,7 +69,7 @@ test: lint argocd-health-test chart-test alerts-test
 # between minors: eviction under budgets, the fence, agent and approval admission policies, node and
 # device quarantine (the DeviceTaintRule version the minor serves), the ladder's GPU-scoped drain with
 # DRA, other actors' node taints left alone, the CRDs' CEL validation and the Helm install.
-COMPAT_MINORS ?= v1.36 v1.37
+COMPAT_MINORS ?= v1.35 v1.36
 COMPAT_TESTS ?= --test controller_drain --test admission_fence --test admission_agent \
 	--test admission_approval --test quarantine --test quarantine_dra --test device_taint_version \
 	--test dra --test foreign_taints --test crd_validation --test install_chart

@@ -4,7 +4,7 @@
 # and Go versions. A warm cache builds nothing. Prints the binary directory on its last line.
 #
 # Usage: build.sh            the suite's control plane (this directory's go.mod)
-#        build.sh compat/v1.37   another supported minor's (its own versions.env, go.mod, go.sum;
+#        build.sh compat/v1.35   another supported minor's (its own versions.env, go.mod, go.sum;
 #                            `cmd` and `tools.go` are this directory's, linked)
 #
 # Environment: GPU_REMEDIATOR_CACHE (default ~/.cache/gpu-remediator) moves the cache.

@@ -7,7 +7,7 @@
 # (v1.X.Y -> v0.X.Y) instead of a hand-typed list. Run it only to change the pinned version; the
 # result (go.mod and go.sum) is committed.
 #
-# Usage: gen-go-mod.sh [compat/v1.37]   (a supported minor's directory; default this one)
+# Usage: gen-go-mod.sh [compat/v1.35]   (a supported minor's directory; default this one)
 set -euo pipefail
 module_path="gpuremediation.dev/e2e/controlplane${1:+/${1%/}}"
 cd "$(dirname "$0")/${1:-.}"

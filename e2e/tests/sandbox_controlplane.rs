@@ -78,8 +78,12 @@ async fn the_built_kubectl_and_server_report_the_pinned_release() {
         String::from_utf8_lossy(&output.stderr)
     );
     let version: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
-    assert_eq!(version["serverVersion"]["gitVersion"], "v1.35.4");
-    assert_eq!(version["clientVersion"]["gitVersion"], "v1.35.4");
+    let pinned = include_str!("../controlplane/versions.env")
+        .lines()
+        .find_map(|line| line.strip_prefix("KUBERNETES_VERSION="))
+        .expect("versions.env pins KUBERNETES_VERSION");
+    assert_eq!(version["serverVersion"]["gitVersion"], pinned);
+    assert_eq!(version["clientVersion"]["gitVersion"], pinned);
 }
 
 #[tokio::test]
