@@ -34,13 +34,17 @@ const SCOPE_LABEL: &str = "e2e.gpuremediation.dev/scope";
 /// Both tests change the shared cluster's CRDs (unbounded, then bounded): they take turns.
 static SCHEMA: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The schema as it was before the bounds: every `maximum`/`minimum` and every `self <= N` rule
-/// removed.
+/// The schema as it was before the bounds, stored by a server before 1.37: every
+/// `maximum`/`minimum` and every `self <= N` rule removed, and the integers' `format` too (from
+/// 1.37 the server refuses an `int32` past its range itself).
 fn without_bounds(value: &mut Value) {
     match value {
         Value::Object(object) => {
             object.remove("maximum");
             object.remove("minimum");
+            if object.get("type").and_then(Value::as_str) == Some("integer") {
+                object.remove("format");
+            }
             if let Some(Value::Array(rules)) = object.get_mut("x-kubernetes-validations") {
                 rules.retain(|r| !r["rule"].as_str().unwrap_or_default().contains("self <="));
             }

@@ -3,9 +3,10 @@
 //! duration`, an integer out of range), and a few structural rules have messages of their own.
 //! The server checks those against the CRD's `OpenAPI` schema, so the schema (the same one
 //! `crds/` holds) says how it words them: `Unsupported value: "x": supported values: …` for an
-//! enum, the duration rule's message, `… in body should be less than or equal to N` for a bound,
-//! `Required value` for a required field left out, `unknown field "spec.x"` under strict field
-//! validation. Pure.
+//! enum, the duration rule's message, `… in body should be less than or equal to N` for a bound
+//! (and, from Kubernetes 1.37, a second cause for a value past its integer format: `Checked value
+//! must be of type integer with format int32 in …`), `Required value` for a required field left
+//! out, `unknown field "spec.x"` under strict field validation. Pure.
 
 use std::sync::LazyLock;
 
@@ -64,32 +65,55 @@ fn value_at<'a>(document: &'a Value, steps: &[Step<'_>]) -> Option<&'a Value> {
     })
 }
 
-/// `violation` as the API server would word it for `document`; unchanged when the server's
-/// words are already validate's (the CRD's CEL rules use the messages `validate` uses).
+/// `violation` as the API server would word it for `document`: one cause, or two for an integer
+/// past both its bound and its format (a 1.37 server gives both; older ones only the bound, and
+/// `validate` says what every supported minor says). Unchanged when the server's words are
+/// already validate's (the CRD's CEL rules use the messages `validate` uses).
 #[must_use]
-pub fn in_servers_words(violation: Violation, document: &Value) -> Violation {
+pub fn in_servers_words(violation: Violation, document: &Value) -> Vec<Violation> {
     let Some(path) = steps(&violation.field) else {
-        return violation;
+        return vec![violation];
     };
     let (schema, value) = (schema_at(&SCHEMA, &path), value_at(document, &path));
     let message = &violation.message;
     let servers = if message == "unknown field" {
-        Some(format!("unknown field \"{}\"", violation.field))
+        vec![format!("unknown field \"{}\"", violation.field)]
     } else if message.starts_with("unknown variant `") {
-        unsupported(schema, value)
+        unsupported(schema, value).into_iter().collect()
     } else if message.starts_with("invalid duration") {
-        Some(messages::DURATION_FORMAT.to_owned())
+        vec![messages::DURATION_FORMAT.to_owned()]
     } else if message.starts_with("invalid value: integer `") {
         out_of_bounds(&violation.field, schema, value)
+            .into_iter()
+            .chain(past_format(&violation.field, schema, value))
+            .collect()
     } else if value.is_none_or(|v| v == "") && required_by_parent(&path) {
-        Some("Required value".to_owned())
+        vec!["Required value".to_owned()]
     } else {
-        None
+        Vec::new()
     };
-    match servers {
-        Some(message) => Violation { message, ..violation },
-        None => violation,
+    if servers.is_empty() {
+        return vec![violation];
     }
+    servers
+        .into_iter()
+        .map(|message| Violation {
+            message,
+            field: violation.field.clone(),
+        })
+        .collect()
+}
+
+/// `Checked value must be of type integer with format int32 in spec.priority`: the integer
+/// format check Kubernetes 1.37 added to CRD validation, for a value outside `int32`.
+fn past_format(field: &str, schema: Option<&Value>, value: Option<&Value>) -> Option<String> {
+    let (format, value) = (schema?.get("format")?.as_str()?, value?);
+    let fits = match format {
+        "int32" => value.as_i64().is_some_and(|n| i32::try_from(n).is_ok()),
+        "int64" => value.as_i64().is_some(),
+        _ => return None,
+    };
+    (!fits).then(|| format!("Checked value must be of type integer with format {format} in {field}"))
 }
 
 /// `Unsupported value: "Delete": supported values: "Replace", "Reboot", "None"`.
@@ -166,7 +190,10 @@ mod tests {
             },
             document,
         )
-        .message
+        .into_iter()
+        .map(|v| v.message)
+        .collect::<Vec<_>>()
+        .join("; ")
     }
 
     #[test]
@@ -196,7 +223,7 @@ mod tests {
     }
 
     #[test]
-    fn an_integer_past_its_bound_names_the_bound_as_the_server_does() {
+    fn an_integer_past_its_bound_names_the_bound_and_the_format_as_the_server_does() {
         let document = json!({"spec": {"priority": 3_000_000_000_u64}});
         assert_eq!(
             words(
@@ -204,7 +231,8 @@ mod tests {
                 "invalid value: integer `3000000000`, expected i32",
                 &document
             ),
-            "spec.priority in body should be less than or equal to 2147483647"
+            "spec.priority in body should be less than or equal to 2147483647; \
+             Checked value must be of type integer with format int32 in spec.priority"
         );
     }
 

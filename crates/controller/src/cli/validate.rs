@@ -224,7 +224,7 @@ fn check_document(document: &Document<'_>, report: &mut Report, parsed: &mut Vec
     }
     let violations: Vec<Violation> = validate_document(&value)
         .into_iter()
-        .map(|v| in_servers_words(v, &value))
+        .flat_map(|v| in_servers_words(v, &value))
         .collect();
     let valid = named && violations.is_empty() && api_version == Some(API_VERSION);
     report.findings.extend(

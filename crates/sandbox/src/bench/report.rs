@@ -20,6 +20,8 @@ pub struct BenchResults {
     pub started: String,
     /// What ran the controller (binary path and whether it is a release build).
     pub controller_binary: String,
+    /// The control plane's Kubernetes release (`v1.37.2`).
+    pub kubernetes: String,
     /// Whether the shipped FlowSchemas were installed (`--without-flow-schemas` leaves them out).
     pub flow_schemas: bool,
     /// Whether the shipped fence policy was in force and the controller elected (`--with-fence`).
@@ -45,13 +47,17 @@ pub struct BenchResults {
     pub failures: Vec<String>,
 }
 
-/// The tables, in Markdown.
-#[must_use]
-pub fn markdown(results: &BenchResults) -> String {
+/// What the run was, before its tables: its failures, the release, and the policies in force.
+fn preamble(results: &BenchResults) -> String {
     let mut out = String::new();
     for failure in &results.failures {
         let _ = writeln!(out, "**Failed:** {failure}\n");
     }
+    let _ = writeln!(
+        out,
+        "_On Kubernetes {} (`e2e/controlplane/`)._\n",
+        results.kubernetes
+    );
     if !results.flow_schemas {
         out.push_str(
             "_Without the shipped FlowSchemas (`--without-flow-schemas`): every request of the \
@@ -71,6 +77,13 @@ pub fn markdown(results: &BenchResults) -> String {
              a remediation checked by the API server._\n\n",
         );
     }
+    out
+}
+
+/// The tables, in Markdown.
+#[must_use]
+pub fn markdown(results: &BenchResults) -> String {
+    let mut out = preamble(results);
     if !results.latency.is_empty() {
         out.push_str("### Detection to cordon (from the moment `for` elapses)\n\n");
         out.push_str(

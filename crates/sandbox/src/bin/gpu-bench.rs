@@ -156,6 +156,7 @@ async fn main() -> anyhow::Result<()> {
     let mut results = BenchResults {
         started: jiff::Timestamp::now().to_string(),
         controller_binary: controller_bin.display().to_string(),
+        kubernetes: env.control_plane.release().to_owned(),
         flow_schemas: !cli.without_flow_schemas,
         fence: cli.with_fence,
         approval: cli.with_approval,

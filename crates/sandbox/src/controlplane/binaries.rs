@@ -58,9 +58,18 @@ pub fn check(dir: &Path) -> Result<PathBuf, LocateBinariesError> {
     Ok(dir.to_owned())
 }
 
-/// The Kubernetes minor of the binaries in `dir`: `kube-apiserver --version` prints
-/// `Kubernetes v1.37.2` (the build sets the release, see `e2e/controlplane/build.sh`).
-pub fn minor(dir: &Path) -> Result<u32, LocateBinariesError> {
+/// A Kubernetes release, as its binaries print it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    /// `v1.37.2`.
+    pub name: String,
+    /// `37`.
+    pub minor: u32,
+}
+
+/// The release of the binaries in `dir`: `kube-apiserver --version` prints `Kubernetes v1.37.2`
+/// (the build sets the release, see `e2e/controlplane/build.sh`).
+pub fn release(dir: &Path) -> Result<Release, LocateBinariesError> {
     let binary = dir.join("kube-apiserver");
     let failed = |message: String| LocateBinariesError::Version {
         binary: binary.clone(),
@@ -71,15 +80,17 @@ pub fn minor(dir: &Path) -> Result<u32, LocateBinariesError> {
         .output()
         .map_err(|e| failed(e.to_string()))?;
     let printed = String::from_utf8_lossy(&output.stdout);
-    minor_of(&printed).ok_or_else(|| failed(format!("no release in {:?}", printed.trim())))
+    release_of(&printed).ok_or_else(|| failed(format!("no release in {:?}", printed.trim())))
 }
 
-/// The minor of a `--version` line (`Kubernetes v1.37.2` → 37).
-fn minor_of(printed: &str) -> Option<u32> {
-    let release = printed
-        .split_whitespace()
-        .find_map(|word| word.strip_prefix("v1."))?;
-    release.split('.').next()?.parse().ok()
+/// The release in a `--version` line (`Kubernetes v1.37.2` → v1.37.2, minor 37).
+fn release_of(printed: &str) -> Option<Release> {
+    let name = printed.split_whitespace().find(|word| word.starts_with("v1."))?;
+    let minor = name.strip_prefix("v1.")?.split('.').next()?.parse().ok()?;
+    Some(Release {
+        name: name.to_owned(),
+        minor,
+    })
 }
 
 /// The directory from the environment, or from the build script.
@@ -107,12 +118,18 @@ pub fn locate() -> Result<PathBuf, LocateBinariesError> {
 
 #[cfg(test)]
 mod tests {
-    use super::minor_of;
+    use super::{Release, release_of};
 
     #[test]
-    fn the_minor_is_read_from_the_release_line() {
-        assert_eq!(minor_of("Kubernetes v1.37.2\n"), Some(37));
-        assert_eq!(minor_of("Kubernetes v1.35.4"), Some(35));
-        assert_eq!(minor_of("Kubernetes v0.0.0-master+$Format:%H$"), None);
+    fn the_release_and_its_minor_are_read_from_the_version_line() {
+        let release = |name: &str, minor| {
+            Some(Release {
+                name: name.to_owned(),
+                minor,
+            })
+        };
+        assert_eq!(release_of("Kubernetes v1.37.2\n"), release("v1.37.2", 37));
+        assert_eq!(release_of("Kubernetes v1.35.4"), release("v1.35.4", 35));
+        assert_eq!(release_of("Kubernetes v0.0.0-master+$Format:%H$"), None);
     }
 }

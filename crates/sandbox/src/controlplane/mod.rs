@@ -111,9 +111,9 @@ pub struct ControlPlane {
     kubeconfig_path: PathBuf,
     ca_cert_der: Vec<u8>,
     admin_token: String,
-    /// The Kubernetes minor its binaries are (`kube-apiserver --version`): which flags a feature
-    /// needs depends on it.
-    minor: u32,
+    /// The Kubernetes release its binaries are (`kube-apiserver --version`): which flags a feature
+    /// needs depends on its minor.
+    release: binaries::Release,
     /// In start order; stopped in reverse.
     processes: Vec<OwnedProcess>,
     keep_data_dir: bool,
@@ -146,7 +146,7 @@ impl ControlPlane {
             Some(dir) => binaries::check(dir)?,
             None => binaries::locate()?,
         };
-        let minor = binaries::minor(&bin_dir)?;
+        let release = binaries::release(&bin_dir)?;
         let layout = Layout::prepare()?;
         let ca_cert_der =
             std::fs::read(&layout.pki.ca_cert_der).map_err(dir_error(&layout.pki.ca_cert_der))?;
@@ -157,7 +157,7 @@ impl ControlPlane {
             kubeconfig_path: layout.kubeconfig.clone(),
             ca_cert_der,
             admin_token: layout.admin_token.clone(),
-            minor,
+            release,
             processes: Vec::new(),
             keep_data_dir: options.keep_data_dir,
         };
@@ -266,9 +266,9 @@ impl ControlPlane {
         ];
         let dra = options.dra;
         args.extend(
-            dra.feature_gates(self.minor)
+            dra.feature_gates(self.release.minor)
                 .into_iter()
-                .chain(dra.runtime_config(self.minor))
+                .chain(dra.runtime_config(self.release.minor))
                 .map(str::to_owned),
         );
         args.extend(options.extra_apiserver_args.iter().cloned());
@@ -306,11 +306,11 @@ impl ControlPlane {
         if let Some(grace) = options.node_monitor_grace_period {
             kcm_args.push(format!("--node-monitor-grace-period={}ms", grace.as_millis()));
         }
-        kcm_args.extend(options.dra.feature_gates(self.minor).map(str::to_owned));
+        kcm_args.extend(options.dra.feature_gates(self.release.minor).map(str::to_owned));
         kcm_args.extend(options.extra_controller_manager_args.iter().cloned());
         self.spawn("kube-controller-manager", &kcm_args)?;
         let mut scheduler_args = component_args(layout, layout.ports.scheduler, "scheduler", qps);
-        scheduler_args.extend(options.dra.feature_gates(self.minor).map(str::to_owned));
+        scheduler_args.extend(options.dra.feature_gates(self.release.minor).map(str::to_owned));
         self.spawn("kube-scheduler", &scheduler_args)?;
         Ok(())
     }
@@ -446,7 +446,13 @@ impl ControlPlane {
     /// The Kubernetes minor it runs (`37` for v1.37.2).
     #[must_use]
     pub fn minor(&self) -> u32 {
-        self.minor
+        self.release.minor
+    }
+
+    /// The Kubernetes release it runs (`v1.37.2`).
+    #[must_use]
+    pub fn release(&self) -> &str {
+        &self.release.name
     }
 
     /// The kubectl binary of the same release as the server.

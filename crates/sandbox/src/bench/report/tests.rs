@@ -170,3 +170,16 @@ fn the_drain_links_table_has_a_row_per_peer_and_the_fifth_of_kubectls_time() {
         "{table}"
     );
 }
+
+#[test]
+fn the_report_names_the_release_it_ran_on() {
+    let results = BenchResults {
+        kubernetes: "v1.37.2".to_owned(),
+        ..BenchResults::default()
+    };
+    assert!(
+        markdown(&results).starts_with("_On Kubernetes v1.37.2 (`e2e/controlplane/`)._\n"),
+        "{}",
+        markdown(&results)
+    );
+}
