@@ -77,8 +77,8 @@ test-compat:
 	@set -e; for minor in $(COMPAT_MINORS); do \
 	  bin="$$(e2e/controlplane/build.sh compat/$$minor)"; \
 	  echo "== the compatibility runs on $$("$$bin/kube-apiserver" --version)"; \
-	  GPU_REMEDIATOR_CONTROLPLANE="$$bin" $(CARGO) test -p e2e --no-fail-fast $(COMPAT_TESTS) -- --test-threads=2; \
-	  GPU_REMEDIATOR_CONTROLPLANE="$$bin" $(CARGO) test -p e2e --test ladder -- --test-threads=2 \
+	  GPU_REMEDIATOR_CONTROLPLANE="$$bin" $(CARGO) test --workspace --no-fail-fast $(COMPAT_TESTS) -- --test-threads=2; \
+	  GPU_REMEDIATOR_CONTROLPLANE="$$bin" $(CARGO) test --workspace --test ladder -- --test-threads=2 \
 	    a_reset_gpu_xid_on_gpu_3_evicts_only_its_dra_pod; \
 	done
 
@@ -174,7 +174,7 @@ e2e-real:
 	jobset="$$(tools/build.sh jobset)" && \
 	GPU_REMEDIATOR_KARPENTER="$$karpenter" GPU_REMEDIATOR_CAPI="$$capi" GPU_REMEDIATOR_JOBSET="$$jobset" \
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" \
-		$(CARGO) test -p e2e --no-fail-fast $(REAL_TESTS) -- --ignored --test-threads=2
+		$(CARGO) test --workspace --no-fail-fast $(REAL_TESTS) -- --ignored --test-threads=2
 
 # Mutation testing of the controller's decision modules: cargo-mutants (built once from crates.io at
 # the pinned version into the cache, like the Go tools) changes their code one mutant at a time and
@@ -192,9 +192,12 @@ mutants:
 		--exclude '**/*tests*.rs' --exclude '**/test_fixtures.rs' --cargo-test-arg=--lib
 
 # Each fault test starts a control plane of its own and breaks it; minutes each, so not in `test`.
+# This target, test-compat and e2e-real select their tests with `--workspace --test NAME`, not
+# `-p e2e`: the same package selection as `make test`'s run resolves the same features, so they
+# reuse its build instead of rebuilding kube, the controller and the sandbox (80 s in a cold CI run).
 CHAOS_TESTS = --test chaos_control_plane --test chaos_leader --test chaos_network --test chaos_load
 chaos:
-	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test -p e2e --no-fail-fast $(CHAOS_TESTS) -- --ignored --test-threads=2
+	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(CARGO) test --workspace --no-fail-fast $(CHAOS_TESTS) -- --ignored --test-threads=2
 
 # arm64 (Grace nodes: GH200, GB200): both binaries cross-built for aarch64-unknown-linux-gnu into
 # $(TARGET_DIR)/images/arm64/, beside images/amd64/ from `make images` (the multi-arch Dockerfiles
