@@ -35,6 +35,11 @@ key=$( (find . -type f -not -name '*_test.go' -print0 | LC_ALL=C sort -z | xargs
   | sha256sum | cut -c1-16)
 cache_root="${GPU_REMEDIATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-remediator}"
 bin_dir="${cache_root}/tools/${name}-${key}"
+# One build of a tool at a time: a second caller (`make test` reaching a tool that .ci/run is still
+# building in the background) waits for it, then finds it cached.
+mkdir -p "$(dirname "${bin_dir}")"
+exec 9>"${bin_dir}.lock"
+flock 9
 if [ -x "${bin_dir}/${name}" ]; then
   echo "${bin_dir}/${name}"
   exit 0
