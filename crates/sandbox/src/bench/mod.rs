@@ -10,9 +10,12 @@
 //! - [`approval`]: the shipped approval policy on every remediation's create and update
 //!   (`--with-approval`), and its probe.
 //! - [`cordon_watch`]: when each node was first held by the controller, and how many at once.
-//! - [`node_churn`]: every node's status rewritten on a period, as kubelets report it.
+//! - [`cordon_floor`]: the fault path's writes sent by the bench itself, the floor beside the
+//!   scale fleets' detection to cordon.
+//! - [`node_churn`]: node status written at a steady pace, as a fleet's kubelets and agents do.
 //! - [`proxy`]: a loopback TCP proxy that adds latency and cuts connections.
-//! - [`latency`], [`drain`], [`footprint`], [`scale`] (bare-node fleets of 10,000 and more),
+//! - [`latency`], [`drain`], [`footprint`], [`scale`] (bare-node fleets of 10,000 and more;
+//!   [`scale_churn`], the same under the fleet's own traffic),
 //!   [`quarantine`] (the leak with quarantine on and off), [`karpenter_peer`] (Karpenter's own
 //!   node repair against the policy, `--only karpenter-peer`), [`gang`] (the GPU-seconds a recycle
 //!   costs a training gang, per `drain.gangs` and notice): the scenarios; [`report`]: percentiles
@@ -23,6 +26,7 @@ pub mod approval;
 pub mod audit;
 pub mod bench_env;
 pub mod budget_sampler;
+pub mod cordon_floor;
 pub mod cordon_watch;
 pub mod drain;
 pub mod drain_links;
@@ -37,4 +41,5 @@ pub mod proxy;
 pub mod quarantine;
 pub mod report;
 pub mod scale;
+pub mod scale_churn;
 pub mod setup;

@@ -252,6 +252,27 @@ pub fn drain_links_table(d: &DrainComparison) -> String {
             d.kubectl.seconds / 5.0
         );
     }
+    out.push_str(&drain_floor_line(d));
+    out
+}
+
+/// Each peer's drain beside its drain floor: the longest chain of budget parts in its own drain,
+/// the least time those budgets allowed a drain that evicts the instant a budget has room.
+#[must_use]
+pub fn drain_floor_line(d: &DrainComparison) -> String {
+    let mut out = String::new();
+    for p in [&d.controller, &d.kubectl] {
+        if let Some((name, chain)) = &p.links.longest_chain {
+            let _ = writeln!(
+                out,
+                "Drain floor, {}: {:.1} s for the drain beside its budgets' {chain:.1} s ({name}'s chain): \
+                 {:.2}x the floor.\n",
+                p.peer,
+                p.seconds,
+                p.seconds / chain
+            );
+        }
+    }
     out
 }
 
@@ -380,98 +401,8 @@ pub fn writes_tables(footprint: &[FootprintResult]) -> String {
     out
 }
 
-/// The scale fleets' tables, `NVSentinel`'s published figures beside ours and marked as theirs.
-#[must_use]
-pub fn scale_tables(scale: &[ScaleResult]) -> String {
-    let mut out = String::new();
-    out.push_str(
-        "### Scale fleets: detection to cordon and first signal to quarantine (bare Node objects, no \
-         kubelets or heartbeats)\n\n_Cordoned: from the instant `for` elapsed to the node seen \
-         unschedulable and tainted. Quarantined: from the fault seen to the quarantine taint seen, both \
-         by the bench's node watch; from then on no new pod lands on the node. NVSentinel's cordon is \
-         taken when the health event arrives: their figure sits beside our quarantine._\n\n",
-    );
-    out.push_str(
-        "| who | nodes | simultaneous faults | cordoned | p50 | p99 | max | quarantined | p50 | p99 | max \
-         | load average (1 5 15 min) |\n",
-    );
-    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
-    for s in scale {
-        for r in &s.rounds {
-            let quarantined = r.quarantine_samples_ms.len();
-            let quarantine = if quarantined == 0 {
-                "- | - | -".to_owned()
-            } else {
-                format!(
-                    "{:.0} ms | {:.0} ms | {:.0} ms",
-                    r.quarantine.p50_ms, r.quarantine.p99_ms, r.quarantine.max_ms
-                )
-            };
-            let _ = writeln!(
-                out,
-                "| gpu-remediator (measured here) | {} | {} | {}/{} | {:.0} ms | {:.0} ms | {:.0} ms | {}/{} | {} | {} → {} |",
-                s.nodes,
-                r.faults,
-                r.cordoned,
-                r.faults,
-                r.p50_ms,
-                r.p99_ms,
-                r.max_ms,
-                quarantined,
-                r.faults,
-                quarantine,
-                s.load_average[0],
-                s.load_average[1]
-            );
-        }
-    }
-    let _ = writeln!(
-        out,
-        "| {NVSENTINEL}: health event to cordon | 50,000 | (not stated per fault count) | - | - | - | - | - \
-         | 26 ms | 165 ms | 373 ms | - |\n"
-    );
-    out.push_str("### Scale fleets: the controller's cost\n\n");
-    out.push_str("| who | nodes | registration (harness) | start to /readyz | idle RSS | idle CPU | idle requests/s | peak RSS after the rounds | CPU during the rounds |\n");
-    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for s in scale {
-        let _ = writeln!(
-            out,
-            "| gpu-remediator (measured here) | {} | {:.1} s | {:.2} s | {:.1} MiB | {:.2} s | {:.2} | {:.1} MiB | {:.2} s |",
-            s.nodes,
-            s.registration_seconds,
-            s.ready_seconds,
-            s.idle_peak_rss_mib,
-            s.idle_cpu_seconds,
-            s.idle_requests_per_second,
-            s.peak_rss_mib,
-            s.rounds_cpu_seconds
-        );
-    }
-    let _ = writeln!(
-        out,
-        "| {NVSENTINEL} | 100,000 | - | - | 235 GB in all (65 GB of components, 170 GB of MongoDB) | - | - | - | - |\n"
-    );
-    for s in scale {
-        if let Some(fence) = &s.fence {
-            let _ = writeln!(
-                out,
-                "The fence on {} nodes: the probe (a dry-run write without a claim) was refused: \"{}\"; \
-                 the controller's writes refused during the idle window and the rounds: {}.\n",
-                s.nodes, fence.probe_refusal, fence.writes_refused
-            );
-        }
-        if let Some(approval) = &s.approval {
-            let _ = writeln!(
-                out,
-                "The approval policy on {} nodes: the probe (a dry-run create approved in another user's \
-                 name) was refused: \"{}\"; the controller's creates and updates of remediations refused \
-                 during the idle window and the rounds: {}.\n",
-                s.nodes, approval.probe_refusal, approval.records_refused
-            );
-        }
-    }
-    out
-}
+mod scale_tables;
+pub use scale_tables::{churn_tables, floor_table, scale_tables};
 
 #[cfg(test)]
 mod tests;

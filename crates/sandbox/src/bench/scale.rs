@@ -3,10 +3,12 @@
 //!
 //! What is simulated, exactly: every node is a real `Node` object in the API server (registered
 //! with the GPU labels and `nvidia.com/gpu` capacity a kubelet with the device plugin reports,
-//! `Ready=True` and `GpuHealthy=True`), so the controller lists, watches, caches and plans over
-//! all of them. Nothing runs behind them: no kubelet, no Lease heartbeats, no pods (the two cores
-//! cannot carry 50,000 heartbeats), and kube-controller-manager runs without its node-lifecycle
-//! controller, so that silent nodes are not marked `Unknown` and tainted. A fault is the
+//! `Ready=True`, and the agent's `GpuHealthy=True`), so the controller lists, watches, caches and
+//! plans over all of them. Nothing runs behind them: no kubelet, no Lease heartbeats, no pods, and
+//! kube-controller-manager runs without its node-lifecycle controller, so that silent nodes are not
+//! marked `Unknown` and tainted. With `--scale-churn RATE` the bench then writes the nodes' status
+//! as their kubelets and agents would, and measures the controller under that traffic
+//! ([`scale_churn`](super::scale_churn)). A fault is the
 //! `GpuHealthy=False` condition written on the node, as the node agent writes it. With
 //! `--with-fence` the controller elects and the shipped fence policy checks each of its writes, as
 //! in an installation; a probe shows the fence in force before the idle window.
@@ -14,7 +16,8 @@
 //! Reported per size: registration time (harness, not the controller), the controller's time from
 //! start to `/readyz` (every watch listed), its peak RSS and CPU once idle, its requests per second
 //! while nothing happens (audit log, its own service account), and detection to cordon for 1, 10
-//! and 100 simultaneous faults (the latency scenario's rounds), with RSS and CPU after them.
+//! and 100 simultaneous faults (the latency scenario's rounds), with RSS and CPU after them; with
+//! churn, the same under the fleet's own traffic.
 
 use std::time::{Duration, Instant};
 
@@ -27,8 +30,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::audit;
 use super::bench_env::BenchEnv;
+use super::cordon_floor::{self, FloorRound};
 use super::cordon_watch::CordonWatch;
 use super::latency::{self, LatencyOptions, LatencyResult, wait_policy_observed};
+use super::node_churn::{HEALTHY_MESSAGE, healthy_condition};
+use super::scale_churn::{self, ChurnOptions, ChurnResult};
 use super::setup::{BenchSetupError, api_error, eventually};
 use crate::fleet::FLEET_LABEL;
 use crate::fleet::node::{NodeShape, simulated_node};
@@ -73,6 +79,11 @@ pub struct ScaleResult {
     /// With the approval policy in force (`--with-approval`): the probe's refusal and the
     /// controller's creates and updates of remediations refused during the rounds (none expected).
     pub approval: Option<ApprovalCheck>,
+    /// The same fleet under its own traffic (`--scale-churn`), after the quiet rounds.
+    pub churn: Option<ChurnResult>,
+    /// The cordon floor's rounds (`cordon_floor`), once the controller stopped: empty when the
+    /// fleet had too few untouched nodes left.
+    pub cordon_floor: Vec<FloorRound>,
 }
 
 /// What shows the fence was in force during a fleet's rounds.
@@ -95,7 +106,7 @@ pub struct ApprovalCheck {
 }
 
 #[allow(clippy::cast_precision_loss, reason = "bytes shown in MiB")]
-fn mib(bytes: u64) -> f64 {
+pub(crate) fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
@@ -109,7 +120,9 @@ pub fn load_average() -> String {
 }
 
 /// Registers `nodes` bare nodes of fleet `fleet`, `REGISTRATION_CONCURRENCY` at a time, each
-/// creation retried while the server does not answer (an existing node is left as it is).
+/// creation retried while the server does not answer (an existing node is left as it is). Each
+/// carries the agent's `GpuHealthy=True` beside the kubelet's conditions, as a node of a GPU fleet
+/// does once its agent runs.
 ///
 /// # Errors
 /// A creation the server refused, or one that never got an answer.
@@ -124,7 +137,13 @@ pub async fn register(env: &BenchEnv, fleet: &str, nodes: usize) -> Result<(), B
     let now = Timestamp::now();
     stream::iter(0..nodes)
         .map(|i| {
-            let node = simulated_node(&shape, i, now);
+            let mut node = simulated_node(&shape, i, now);
+            if let Some(conditions) = node.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+                conditions.push(
+                    serde_json::from_value(healthy_condition(HEALTHY_MESSAGE, now, now))
+                        .expect("the agent's healthy condition is a NodeCondition"),
+                );
+            }
             let api = api.clone();
             async move {
                 let name = node.metadata.name.clone().unwrap_or_default();
@@ -164,6 +183,7 @@ pub async fn run(
     nodes: usize,
     faults: &[usize],
     trigger_for: Duration,
+    churn: Option<ChurnOptions>,
 ) -> Result<ScaleResult, BenchSetupError> {
     let scope = format!("scale-{nodes}");
     let load_before = load_average();
@@ -172,7 +192,7 @@ pub async fn run(
     let registered = register(env, &scope, nodes).await;
     let registration_seconds = registering.elapsed().as_secs_f64();
     let measured = match registered {
-        Ok(()) => measure(env, &scope, nodes, faults, trigger_for).await,
+        Ok(()) => measure(env, &scope, nodes, faults, trigger_for, churn).await,
         Err(e) => Err(e),
     };
     // Teardown: never fails the run.
@@ -222,6 +242,7 @@ async fn measure(
     nodes: usize,
     faults: &[usize],
     trigger_for: Duration,
+    churn: Option<ChurnOptions>,
 ) -> Result<ScaleResult, BenchSetupError> {
     // The bench's own node watch lists the fleet before the controller starts, so that its list
     // does not compete with the controller's start (50,000 nodes take minutes on a loaded server).
@@ -275,11 +296,33 @@ async fn measure(
     };
     let rounds = latency::run_rounds(env, &options, scope, &names, &watch, &controller).await;
     let after = controller.usage();
+    let churned = match (&rounds, churn) {
+        (Ok(_), Some(churn)) => {
+            Some(scale_churn::run(env, scope, &names, &options, churn, &watch, &controller).await)
+        }
+        _ => None,
+    };
     if controller.exited().is_some() {
         eprintln!("scale: the controller exited early:\n{}", controller.log_tail(30));
     }
     controller.terminate().await;
     let rounds = rounds?;
+    let churn = churned.transpose()?;
+    // The floor's nodes: the fleet's last, past every round's (quiet, and under churn).
+    let per_rounds: usize = options.faults.iter().sum();
+    let cordon_floor = if names.len() >= 3 * per_rounds {
+        cordon_floor::run_rounds(
+            env,
+            scope,
+            &names[names.len() - per_rounds..],
+            &options.faults,
+            &watch,
+        )
+        .await?
+    } else {
+        eprintln!("scale: {nodes} nodes are too few for the cordon floor's rounds beside the others");
+        Vec::new()
+    };
     // The audit log is read only when a policy was in force to refuse anything.
     let refused: Vec<_> = if probe_refusal.is_some() || approval_refusal.is_some() {
         audit::requests(&log.since_mark(), &env.controller.username)
@@ -312,6 +355,8 @@ async fn measure(
         load_average: [String::new(), load_average()],
         fence,
         approval,
+        churn,
+        cordon_floor,
     };
     eprintln!(
         "scale: {nodes} nodes: ready in {:.2} s, idle {:.1} MiB, {:.2} requests/s idle, peak {:.1} MiB",

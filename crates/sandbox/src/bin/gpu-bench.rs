@@ -17,7 +17,7 @@ use gpu_sandbox::bench::karpenter_peer::{self, PeerOptions};
 use gpu_sandbox::bench::latency::LatencyOptions;
 use gpu_sandbox::bench::quarantine::QuarantineOptions;
 use gpu_sandbox::bench::report::{self, BenchResults};
-use gpu_sandbox::bench::{drain, footprint, gang, latency, quarantine, scale};
+use gpu_sandbox::bench::{drain, footprint, gang, latency, quarantine, scale, scale_churn};
 
 #[derive(Parser)]
 #[allow(
@@ -78,6 +78,15 @@ struct Cli {
     /// alone unless `--only` names others too.
     #[arg(long, value_delimiter = ',')]
     scale: Vec<usize>,
+    /// After each scale fleet's quiet rounds, write its nodes' status at this rate (writes a
+    /// second, or `real`: what a real fleet of the size sends, its kubelets' and agents' reports
+    /// every 5 minutes each) and measure the controller's CPU per 1,000 updates and the same
+    /// rounds under that traffic (`bench::scale_churn`).
+    #[arg(long)]
+    scale_churn: Option<scale_churn::ChurnRate>,
+    /// The window over which the controller's CPU under churn is taken.
+    #[arg(long, default_value_t = 60)]
+    scale_churn_window_seconds: u64,
     /// Leave out the shipped FlowSchemas (`manifests/controller/flow-schemas.yaml`): every request
     /// of the controller in the cluster's default `service-accounts` flow, as before they shipped.
     #[arg(long)]
@@ -221,6 +230,10 @@ async fn run(env: &BenchEnv, cli: &Cli, wants: impl Fn(&str) -> bool, results: &
                 nodes,
                 &cli.faults,
                 Duration::from_secs(cli.trigger_for_seconds),
+                cli.scale_churn.map(|rate| scale_churn::ChurnOptions {
+                    per_second: rate.on(nodes),
+                    window: Duration::from_secs(cli.scale_churn_window_seconds),
+                }),
             )
             .await
             {

@@ -44,8 +44,14 @@ fn the_scale_tables_give_each_round_its_cordon_and_its_quarantine_and_the_probes
             probe_refusal: "an approval names its approver".to_owned(),
             records_refused: 0,
         }),
+        churn: None,
+        cordon_floor: Vec::new(),
     };
     let tables = scale_tables(&[fleet]);
+    assert!(
+        !tables.contains("under their own traffic"),
+        "no churn, no churn table: {tables}"
+    );
     let rows: Vec<&str> = tables
         .lines()
         .filter(|l| l.starts_with("| gpu-remediator"))
@@ -169,6 +175,13 @@ fn the_drain_links_table_has_a_row_per_peer_and_the_fifth_of_kubectls_time() {
         table.contains("a fifth of `kubectl drain`'s time is 3.7 s"),
         "{table}"
     );
+    // The drain floor: the controller's 5.7 s over its budgets' 3.7 s; kubectl's drain, whose
+    // chain was not split, has no floor line.
+    assert!(
+        table.contains("Drain floor, gpu-remediator: 5.7 s for the drain beside its budgets' 3.7 s (app-06's chain): 1.54x the floor."),
+        "{table}"
+    );
+    assert!(!table.contains("Drain floor, kubectl drain"), "{table}");
 }
 
 #[test]
@@ -181,5 +194,79 @@ fn the_report_names_the_release_it_ran_on() {
         markdown(&results).starts_with("_On Kubernetes v1.37.2 (`e2e/controlplane/`)._\n"),
         "{}",
         markdown(&results)
+    );
+}
+
+#[test]
+fn the_churn_tables_give_the_cost_per_thousand_updates_and_each_round_under_churn_beside_quiet() {
+    let round = |faults: usize, cordon: Vec<f64>| LatencyResult {
+        nodes: 10_000,
+        pods: 0,
+        faults,
+        cordoned: cordon.len(),
+        p50_ms: percentile(&cordon, 50.0).unwrap_or(f64::NAN),
+        p99_ms: percentile(&cordon, 99.0).unwrap_or(f64::NAN),
+        max_ms: cordon.last().copied().unwrap_or(f64::NAN),
+        samples_ms: cordon,
+        quarantine: Spread::of(&[]),
+        quarantine_samples_ms: Vec::new(),
+        controller_peak_rss_mib: 100.0,
+        due: String::new(),
+        requests: Vec::new(),
+    };
+    let churn = super::super::scale_churn::ChurnResult {
+        target_per_second: 500.0,
+        reached_per_second: 480.4,
+        real_fleet_per_second: 66.7,
+        window_updates: 28_824,
+        window_seconds: 60.0,
+        window_cpu_seconds: 5.9,
+        cpu_seconds_per_1000_updates: 0.2047,
+        quiet_cpu_per_second: 0.0123,
+        peak_rss_mib: 120.5,
+        rounds: vec![round(1, vec![40.0]), round(10, vec![50.0, 80.0])],
+        total_updates: 40_000,
+        load_average: ["1.5".to_owned(), "1.9".to_owned()],
+    };
+    let fleet = ScaleResult {
+        nodes: 10_000,
+        registration_seconds: 30.0,
+        ready_seconds: 2.0,
+        idle_peak_rss_mib: 100.0,
+        idle_cpu_seconds: 2.0,
+        idle_requests_per_second: 1.0,
+        rounds: vec![round(1, vec![30.0]), round(100, vec![60.0])],
+        peak_rss_mib: 110.0,
+        rounds_cpu_seconds: 1.0,
+        load_average: ["1".to_owned(), "2".to_owned()],
+        fence: None,
+        approval: None,
+        churn: Some(churn),
+        cordon_floor: vec![super::super::cordon_floor::FloorRound {
+            faults: 1,
+            cordoned: 1,
+            p50_ms: 12.0,
+            p99_ms: 12.0,
+            max_ms: 12.0,
+        }],
+    };
+    let tables = scale_tables(&[fleet]);
+    assert!(
+        tables.contains("| 10000 | 500 | 480 | 67 | 0.205 s | 0.0123 | 120.5 MiB | 1.5 → 1.9 |"),
+        "{tables}"
+    );
+    assert!(
+        tables.contains("| 10000 | 1 | 1/1 | 30 ms | 30 ms | 1/1 | 40 ms | 40 ms | 40 ms |"),
+        "{tables}"
+    );
+    // No quiet round of ten faults ran: the quiet side says so, the churn's figures stand.
+    assert!(
+        tables.contains("| 10000 | 10 | - | - | - | 2/10 | 50 ms | 80 ms | 80 ms |"),
+        "{tables}"
+    );
+    // The floor beside the quiet round of the same size: 30 ms over 12 ms.
+    assert!(
+        tables.contains("| 10000 | 1 | 30 ms | 30 ms | 12 ms | 12 ms | 2.50x |"),
+        "{tables}"
     );
 }
