@@ -74,11 +74,6 @@ pub struct FootprintResult {
     pub writes: Vec<AuditedRequest>,
 }
 
-#[allow(clippy::cast_precision_loss, reason = "bytes shown in MiB")]
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
-}
-
 /// Measures one fleet shape.
 pub async fn run(env: &BenchEnv, options: &FootprintOptions) -> Result<FootprintResult, BenchSetupError> {
     let FootprintOptions {
@@ -216,9 +211,9 @@ async fn measure(
         node_status_writes,
         churn_period_seconds: churn.map(|p| p.as_secs_f64()),
         pods,
-        idle_peak_rss_mib: mib(idle.peak_rss_bytes),
+        idle_peak_rss_mib: idle.peak_rss_mib(),
         idle_cpu_seconds: idle.cpu_seconds,
-        remediation_peak_rss_mib: mib(after.peak_rss_bytes),
+        remediation_peak_rss_mib: after.peak_rss_mib(),
         remediation_cpu_seconds: after.cpu_seconds - idle.cpu_seconds,
         remediations: faults,
         remediation_seconds,

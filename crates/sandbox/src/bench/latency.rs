@@ -15,6 +15,7 @@ use super::bench_env::{self, BenchEnv};
 use super::cordon_watch::CordonWatch;
 use super::percentile::percentile;
 use super::setup::{BenchSetupError, api_error, eventually};
+use crate::controlplane::usage::ComponentUsage;
 use crate::fleet::FLEET_LABEL;
 use crate::population::{self, PopulationOptions};
 use crate::{Fleet, FleetOptions};
@@ -175,11 +176,6 @@ pub async fn reset(
     Ok(())
 }
 
-#[allow(clippy::cast_precision_loss, reason = "bytes shown in MiB")]
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
-}
-
 /// Runs every round of `options` on a fresh fleet and controller.
 pub async fn run(env: &BenchEnv, options: &LatencyOptions) -> Result<Vec<LatencyResult>, BenchSetupError> {
     let scope = format!("lat-{}-{}", options.nodes, options.pods_per_node);
@@ -280,7 +276,7 @@ pub(crate) async fn run_rounds(
             samples_ms: samples,
             quarantine: super::drain_links::Spread::of(&quarantine),
             quarantine_samples_ms: quarantine,
-            controller_peak_rss_mib: usage.map_or(f64::NAN, |u| mib(u.peak_rss_bytes)),
+            controller_peak_rss_mib: usage.as_ref().map_or(f64::NAN, ComponentUsage::peak_rss_mib),
             due: due.to_string(),
             requests,
         };

@@ -67,7 +67,7 @@ pub fn write_for(mix: Mix, seq: u64) -> Write {
     match mix {
         Mix::Kubelet => Write::KubeletReport,
         Mix::Fleet if seq % REAL_CHANGE_EVERY == REAL_CHANGE_EVERY - 1 => Write::AgentDetail,
-        Mix::Fleet if seq % 2 == 0 => Write::KubeletReport,
+        Mix::Fleet if seq.is_multiple_of(2) => Write::KubeletReport,
         Mix::Fleet => Write::AgentResync,
     }
 }

@@ -36,6 +36,7 @@ use super::latency::{self, LatencyOptions, LatencyResult, wait_policy_observed};
 use super::node_churn::{HEALTHY_MESSAGE, healthy_condition};
 use super::scale_churn::{self, ChurnOptions, ChurnResult};
 use super::setup::{BenchSetupError, api_error, eventually};
+use crate::controlplane::usage::{ComponentUsage, load_average};
 use crate::fleet::FLEET_LABEL;
 use crate::fleet::node::{NodeShape, simulated_node};
 use crate::retry::retrying;
@@ -103,20 +104,6 @@ pub struct ApprovalCheck {
     /// The controller's creates and updates of remediations answered 403 during the idle window
     /// and the rounds.
     pub records_refused: usize,
-}
-
-#[allow(clippy::cast_precision_loss, reason = "bytes shown in MiB")]
-pub(crate) fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
-}
-
-/// The machine's load averages, as `/proc/loadavg` has them.
-#[must_use]
-pub fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg").map_or_else(
-        |_| "unknown".to_owned(),
-        |l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
-    )
 }
 
 /// Registers `nodes` bare nodes of fleet `fleet`, `REGISTRATION_CONCURRENCY` at a time, each
@@ -346,11 +333,11 @@ async fn measure(
         nodes,
         registration_seconds: 0.0,
         ready_seconds,
-        idle_peak_rss_mib: mib(idle.peak_rss_bytes),
+        idle_peak_rss_mib: idle.peak_rss_mib(),
         idle_cpu_seconds: idle.cpu_seconds,
         idle_requests_per_second,
         rounds,
-        peak_rss_mib: after.as_ref().map_or(f64::NAN, |u| mib(u.peak_rss_bytes)),
+        peak_rss_mib: after.as_ref().map_or(f64::NAN, ComponentUsage::peak_rss_mib),
         rounds_cpu_seconds: after.map_or(f64::NAN, |u| u.cpu_seconds - idle.cpu_seconds),
         load_average: [String::new(), load_average()],
         fence,

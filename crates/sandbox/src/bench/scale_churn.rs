@@ -25,8 +25,8 @@ use super::bench_env::BenchEnv;
 use super::cordon_watch::CordonWatch;
 use super::latency::{self, LatencyOptions, LatencyResult};
 use super::node_churn::{Mix, NodeChurn, REAL_FLEET_PERIOD};
-use super::scale::load_average;
 use super::setup::BenchSetupError;
+use crate::controlplane::usage::{ComponentUsage, load_average};
 
 /// The quiet window the baseline CPU is taken over.
 pub const BASELINE: Duration = Duration::from_secs(20);
@@ -206,7 +206,7 @@ pub async fn run(
             window_cpu_seconds / per_second(window_updates, 1000.0)
         },
         quiet_cpu_per_second,
-        peak_rss_mib: after.map_or(f64::NAN, |u| super::scale::mib(u.peak_rss_bytes)),
+        peak_rss_mib: after.as_ref().map_or(f64::NAN, ComponentUsage::peak_rss_mib),
         rounds,
         total_updates,
         load_average: [load_window, load_average()],

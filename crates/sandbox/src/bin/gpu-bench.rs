@@ -191,6 +191,23 @@ async fn main() -> anyhow::Result<()> {
 
 /// Runs every wanted scenario; one that fails is recorded in `results.failures` (and fails the
 /// run at the end) without keeping the others from running.
+/// The scale fleets, one after another, each under churn too when `--scale-churn` asks.
+async fn run_scale(env: &BenchEnv, cli: &Cli, results: &mut BenchResults) {
+    for &nodes in &cli.scale {
+        let churn = cli.scale_churn.map(|rate| scale_churn::ChurnOptions {
+            per_second: rate.on(nodes),
+            window: Duration::from_secs(cli.scale_churn_window_seconds),
+        });
+        let trigger_for = Duration::from_secs(cli.trigger_for_seconds);
+        match scale::run(env, nodes, &cli.faults, trigger_for, churn).await {
+            Ok(result) => results.scale.push(result),
+            Err(e) => results
+                .failures
+                .push(format!("the scale scenario on {nodes} nodes: {e}")),
+        }
+    }
+}
+
 async fn run(env: &BenchEnv, cli: &Cli, wants: impl Fn(&str) -> bool, results: &mut BenchResults) {
     if wants("drain") {
         match drain::run(env).await {
@@ -224,25 +241,7 @@ async fn run(env: &BenchEnv, cli: &Cli, wants: impl Fn(&str) -> bool, results: &
         }
     }
     if wants("scale") {
-        for &nodes in &cli.scale {
-            match scale::run(
-                env,
-                nodes,
-                &cli.faults,
-                Duration::from_secs(cli.trigger_for_seconds),
-                cli.scale_churn.map(|rate| scale_churn::ChurnOptions {
-                    per_second: rate.on(nodes),
-                    window: Duration::from_secs(cli.scale_churn_window_seconds),
-                }),
-            )
-            .await
-            {
-                Ok(result) => results.scale.push(result),
-                Err(e) => results
-                    .failures
-                    .push(format!("the scale scenario on {nodes} nodes: {e}")),
-            }
-        }
+        run_scale(env, cli, results).await;
     }
     if wants("quarantine") {
         match quarantine::run(env, &QuarantineOptions::default()).await {

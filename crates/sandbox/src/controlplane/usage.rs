@@ -15,6 +15,25 @@ pub struct ComponentUsage {
     pub cpu_seconds: f64,
 }
 
+impl ComponentUsage {
+    /// Peak resident set size in MiB.
+    #[must_use]
+    #[allow(clippy::cast_precision_loss, reason = "bytes shown in MiB")]
+    pub fn peak_rss_mib(&self) -> f64 {
+        self.peak_rss_bytes as f64 / (1024.0 * 1024.0)
+    }
+}
+
+/// The machine's load averages over 1, 5 and 15 minutes, as `/proc/loadavg` has them (figures taken
+/// under load are upper bounds), or `unknown`.
+#[must_use]
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").map_or_else(
+        |_| "unknown".to_owned(),
+        |l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    )
+}
+
 /// Reads the usage of process `pid`, or `None` if it is gone.
 #[must_use]
 #[allow(

@@ -39,6 +39,7 @@ use super::budget_sampler::BudgetSampler;
 use super::latency::{fleet_options, wait_policy_observed};
 use super::setup::{BenchSetupError, api_error, eventually};
 use crate::Fleet;
+use crate::controlplane::usage::load_average;
 use crate::fleet::FLEET_LABEL;
 use crate::karpenter::{Disruption, Karpenter, KarpenterOptions, node_claim_resource};
 use crate::workload::{self, Budget, Workload};
@@ -219,11 +220,6 @@ async fn observe(client: &Client, arm: &Arm, clock: &mut Clock, since: f64) -> R
         clock.restored.get_or_insert(since);
     }
     Ok(())
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map_or_else(|e| format!("unreadable: {e}"), |s| s.trim().to_owned())
 }
 
 /// The training workload of one fleet: two 8-GPU pods (one node each) behind `minAvailable: 1`,
