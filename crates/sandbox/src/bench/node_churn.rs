@@ -12,8 +12,8 @@
 //! controller must decode and judge, not only a heartbeat.
 //!
 //! The pace is a rate over the whole list (each node written in turn), sent in slices every
-//! [`TICK`]; a server that cannot keep up slows the churn down, and [`NodeChurn::written`] says
-//! what it reached.
+//! [`TICK`] ([`Pace`] carries the fractions over); a server that cannot keep up slows the churn
+//! down, and [`NodeChurn::written`] says what it reached.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -116,27 +116,46 @@ pub struct NodeChurn {
     task: tokio::task::JoinHandle<()>,
 }
 
-/// How many of `nodes` to patch per tick so that each is patched once per `period`.
-#[must_use]
-pub fn per_tick(nodes: usize, period: Duration) -> usize {
-    let ticks = (period.as_millis() / TICK.as_millis()).max(1);
-    let nodes = u128::try_from(nodes).unwrap_or(u128::MAX);
-    usize::try_from(nodes.div_ceil(ticks))
-        .unwrap_or(usize::MAX)
-        .max(1)
+/// Whole writes per tick for a rate that need not be a whole number of them per tick: the fraction
+/// left over is carried to the next tick, so that the rate is kept on average.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    per_tick: f64,
+    owed: f64,
 }
 
-/// How many writes to send per tick for `per_second` writes a second (at least one).
-#[must_use]
-pub fn per_tick_at(per_second: f64) -> usize {
-    let ticks_per_second = 1.0 / TICK.as_secs_f64();
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "a rate of writes, rounded up to whole writes, at least one"
-    )]
-    let slice = (per_second / ticks_per_second).ceil().max(1.0) as usize;
-    slice
+impl Pace {
+    /// `per_second` writes a second.
+    #[must_use]
+    pub fn new(per_second: f64) -> Self {
+        Self {
+            per_tick: per_second * TICK.as_secs_f64(),
+            owed: 0.0,
+        }
+    }
+
+    /// Each of `nodes` once per `period` (a period under one tick counts as one tick).
+    #[must_use]
+    pub fn of_period(nodes: usize, period: Duration) -> Self {
+        #[allow(clippy::cast_precision_loss, reason = "fleet sizes are far below 2^52")]
+        let nodes = nodes as f64;
+        Self::new(nodes / period.max(TICK).as_secs_f64())
+    }
+
+    /// The writes to send this tick.
+    pub fn next_slice(&mut self) -> usize {
+        self.owed += self.per_tick;
+        // A sum of tenths is not exact in binary: 1,001 over 100 ticks must be 1,001, not 1,000.
+        let whole = (self.owed + 1e-9).floor();
+        self.owed -= whole;
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a whole, non-negative number of writes per tick"
+        )]
+        let slice = whole as usize;
+        slice
+    }
 }
 
 async fn patch_one(api: Api<Node>, name: String, patch: serde_json::Value) -> bool {
@@ -149,18 +168,18 @@ impl NodeChurn {
     /// Starts rewriting the `Ready` heartbeat of every node in `nodes` once per `period`.
     #[must_use]
     pub fn start(client: Client, nodes: Vec<String>, period: Duration) -> Self {
-        let slice = per_tick(nodes.len(), period);
-        Self::spawn(client, nodes, slice, Mix::Kubelet)
+        let pace = Pace::of_period(nodes.len(), period);
+        Self::spawn(client, nodes, pace, Mix::Kubelet)
     }
 
     /// Starts writing the status of the nodes in `nodes` in turn, `per_second` writes a second
     /// over all of them, of `mix`.
     #[must_use]
     pub fn at_rate(client: Client, nodes: Vec<String>, per_second: f64, mix: Mix) -> Self {
-        Self::spawn(client, nodes, per_tick_at(per_second), mix)
+        Self::spawn(client, nodes, Pace::new(per_second), mix)
     }
 
-    fn spawn(client: Client, nodes: Vec<String>, slice: usize, mix: Mix) -> Self {
+    fn spawn(client: Client, nodes: Vec<String>, mut pace: Pace, mix: Mix) -> Self {
         let running = Arc::new(AtomicBool::new(true));
         let written = Arc::new(AtomicU64::new(0));
         let api: Api<Node> = Api::all(client);
@@ -176,6 +195,7 @@ impl NodeChurn {
                     let now = Timestamp::now();
                     // Built before they enter the stream: a closure making them inside it loses
                     // `Send` (a rustc limitation).
+                    let slice = pace.next_slice();
                     let mut patches = Vec::with_capacity(slice);
                     for _ in 0..slice {
                         let patch = patch_of(write_for(mix, seq), seq, now);
@@ -217,19 +237,30 @@ impl NodeChurn {
 mod tests {
     use super::*;
 
-    #[test]
-    fn each_node_is_patched_once_per_period_spread_over_its_ticks() {
-        assert_eq!(per_tick(1000, Duration::from_secs(10)), 10);
-        assert_eq!(per_tick(1001, Duration::from_secs(10)), 11);
-        assert_eq!(per_tick(5, Duration::from_secs(10)), 1);
-        assert_eq!(per_tick(5, Duration::from_millis(10)), 5);
+    /// The writes `pace` sends over `ticks` ticks.
+    fn over(mut pace: Pace, ticks: usize) -> usize {
+        (0..ticks).map(|_| pace.next_slice()).sum()
     }
 
     #[test]
-    fn a_rate_is_sent_in_whole_slices_of_at_least_one_write() {
-        assert_eq!(per_tick_at(333.0), 34);
-        assert_eq!(per_tick_at(1000.0), 100);
-        assert_eq!(per_tick_at(0.5), 1);
+    fn each_node_is_patched_once_per_period_spread_over_its_ticks() {
+        let mut pace = Pace::of_period(1000, Duration::from_secs(10));
+        assert!((0..100).all(|_| pace.next_slice() == 10));
+        assert_eq!(over(Pace::of_period(1001, Duration::from_secs(10)), 100), 1001);
+        assert_eq!(over(Pace::of_period(5, Duration::from_secs(10)), 100), 5);
+        assert_eq!(
+            over(Pace::of_period(5, Duration::from_millis(10)), 1),
+            5,
+            "a period under a tick is a tick"
+        );
+    }
+
+    #[test]
+    fn a_rate_that_is_no_whole_number_per_tick_is_kept_on_average() {
+        assert_eq!(over(Pace::new(333.0), 10), 333);
+        assert_eq!(over(Pace::new(1000.0), 10), 1000);
+        assert_eq!(over(Pace::new(7.0), 10), 7, "7 a second: 7 of 10 ticks send one");
+        assert_eq!(over(Pace::new(0.5), 25), 1);
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! the controller pays for it and how fast it still cordons.
 //!
 //! Method, in this order, on the same fleet and controller as the quiet rounds:
-//! 1. *Quiet baseline*: the controller's CPU over [`BASELINE`] with nothing written (its resyncs
-//!    and lease renewals), as CPU seconds a second.
+//! 1. *Quiet baseline*: [`SETTLE`] after the quiet rounds, the controller's CPU over [`BASELINE`]
+//!    with nothing written (its resyncs and lease renewals), as CPU seconds a second.
 //! 2. *Churn*: the churn starts; after [`SETTLE`] (the rate reached, the watch's backlog, if any,
 //!    drained), the controller's CPU and the writes the server accepted are taken over the window.
 //!    CPU per 1,000 updates is the window's CPU, all of it (the quiet baseline not taken off, so an
@@ -31,7 +31,8 @@ use crate::controlplane::usage::{ComponentUsage, load_average};
 /// The quiet window the baseline CPU is taken over.
 pub const BASELINE: Duration = Duration::from_secs(20);
 
-/// How long the churn runs before its window starts.
+/// How long the quiet rounds' remediations are given to finish before the quiet baseline, and the
+/// churn to reach its pace before its window.
 pub const SETTLE: Duration = Duration::from_secs(15);
 
 /// What the churn phase is asked to do.
@@ -156,6 +157,9 @@ pub async fn run(
             latency_options.faults
         ))
     })?;
+    // The quiet rounds' remediations finish first (they end soon after their cordons: `action:
+    // None`), so the quiet figure is the controller at rest.
+    tokio::time::sleep(SETTLE).await;
     let quiet_from = controller.usage().ok_or_else(|| gone(controller))?;
     tokio::time::sleep(BASELINE).await;
     let quiet_to = controller.usage().ok_or_else(|| gone(controller))?;

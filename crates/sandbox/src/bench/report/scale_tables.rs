@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use super::NVSENTINEL;
 use crate::bench::scale::ScaleResult;
+use crate::bench::scale_churn::ChurnResult;
 
 /// The scale fleets' tables, `NVSentinel`'s published figures beside ours and marked as theirs.
 #[must_use]
@@ -110,13 +111,12 @@ pub fn floor_table(scale: &[ScaleResult]) -> String {
         return String::new();
     }
     let mut out = String::from(
-        "### Scale fleets: detection to cordon beside the cordon floor
-
-_The floor: for each fault,          the writes the controller makes before its cordon (a fresh read of the node, the record's          create, the cordon), sent by the bench itself from one instant, on the same fleet and seen by          the same watch, after the controller stopped._
-
-         | nodes | simultaneous faults | controller p50 | p99 | floor p50 | p99 | p99 over the floor's |
-         |---:|---:|---:|---:|---:|---:|---:|
-",
+        "### Scale fleets: detection to cordon beside the cordon floor\n\n_The floor: for each fault, \
+         the writes the controller makes before its cordon (a fresh read of the node, the record's \
+         create, the cordon), sent by the bench itself from one instant, on the same fleet and seen by \
+         the same watch, after the controller stopped._\n\n\
+         | nodes | simultaneous faults | controller p50 | p99 | floor p50 | p99 | p99 over the floor's |\n\
+         |---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for s in scale {
         for floor in &s.cordon_floor {
@@ -145,28 +145,21 @@ _The floor: for each fault,          the writes the controller makes before its 
 /// fleet ran with churn.
 #[must_use]
 pub fn churn_tables(scale: &[ScaleResult]) -> String {
-    let churned: Vec<(&ScaleResult, &crate::bench::scale_churn::ChurnResult)> = scale
+    let churned: Vec<(&ScaleResult, &ChurnResult)> = scale
         .iter()
         .filter_map(|s| Some((s, s.churn.as_ref()?)))
         .collect();
     if churned.is_empty() {
         return String::new();
     }
-    let mut out = String::new();
-    out.push_str(
-        "### Scale fleets under their own traffic: node status writes (kubelet reports and agent          resyncs, one in a hundred a real change)
-
-_CPU per 1,000 updates: all of the controller's          CPU over the window (its quiet cost not taken off) over the writes the server accepted in it.          A real fleet: each node's kubelet and agent report once per 5 minutes each._
-
-",
-    );
-    out.push_str(
-        "| nodes | writes/s asked | writes/s reached | a real fleet sends | CPU per 1,000 updates | quiet CPU (s/s)          | peak RSS under churn | load average (1 5 15 min) |
-",
-    );
-    out.push_str(
-        "|---:|---:|---:|---:|---:|---:|---:|---|
-",
+    let mut out = String::from(
+        "### Scale fleets under their own traffic: node status writes (kubelet reports and agent \
+         resyncs, one in a hundred a real change)\n\n_CPU per 1,000 updates: all of the controller's \
+         CPU over the window (its quiet cost not taken off) over the writes the server accepted in it. \
+         A real fleet: each node's kubelet and agent report once per 5 minutes each._\n\n\
+         | nodes | writes/s asked | writes/s reached | a real fleet sends | CPU per 1,000 updates \
+         | quiet CPU (s/s) | peak RSS under churn | load average (1 5 15 min) |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for (s, c) in &churned {
         let _ = writeln!(
@@ -184,13 +177,8 @@ _CPU per 1,000 updates: all of the controller's          CPU over the window (it
         );
     }
     out.push_str(
-        "
-| nodes | simultaneous faults | quiet: cordoned | p50 | p99 | under churn: cordoned | p50 | p99 | max |
-",
-    );
-    out.push_str(
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|
-",
+        "\n| nodes | simultaneous faults | quiet: cordoned | p50 | p99 | under churn: cordoned | p50 | p99 \
+         | max |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for (s, c) in &churned {
         for r in &c.rounds {

@@ -264,6 +264,18 @@ fn the_churn_tables_give_the_cost_per_thousand_updates_and_each_round_under_chur
         tables.contains("| 10000 | 10 | - | - | - | 2/10 | 50 ms | 80 ms | 80 ms |"),
         "{tables}"
     );
+    // Every table's header starts its line, after a blank one (Markdown tables).
+    for header in [
+        "\n\n| nodes | simultaneous faults | controller p50 | p99 | floor p50 | p99 | p99 over the floor's |\n|---:|",
+        "\n\n| nodes | writes/s asked | writes/s reached | a real fleet sends | CPU per 1,000 updates | quiet CPU (s/s) |",
+        "\n\n| nodes | simultaneous faults | quiet: cordoned | p50 | p99 | under churn: cordoned | p50 | p99 | max |\n",
+    ] {
+        assert!(tables.contains(header), "{header}\n{tables}");
+    }
+    assert!(
+        !tables.contains("  "),
+        "no run of spaces from a broken line continuation: {tables}"
+    );
     // The floor beside the quiet round of the same size: 30 ms over 12 ms.
     assert!(
         tables.contains("| 10000 | 1 | 30 ms | 30 ms | 12 ms | 12 ms | 2.50x |"),
