@@ -30,7 +30,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt as _};
 
 use super::bench_env::{self, BenchEnv};
-use super::cordon_watch::CordonWatch;
+use super::cordon_watch::{CordonWatch, held_after_ms};
 use super::percentile::percentile;
 use super::setup::{BenchSetupError, api_error, eventually};
 
@@ -166,12 +166,7 @@ pub async fn run_rounds(
         )
         .await
         .unwrap_or_else(|_| watch.first_held());
-        let mut samples: Vec<f64> = broken
-            .iter()
-            .filter_map(|n| seen.get(n))
-            .map(|t| t.duration_since(at).as_secs_f64() * 1000.0)
-            .collect();
-        samples.sort_by(f64::total_cmp);
+        let samples = held_after_ms(&seen, broken, at);
         let round = FloorRound {
             faults: count,
             cordoned: samples.len(),

@@ -31,6 +31,19 @@ pub fn is_held(node: &Node) -> bool {
         && carries_taint(node, REMEDIATION_TAINT_KEY)
 }
 
+/// Milliseconds from `from` to each of `nodes` first held, by `first` (a [`CordonWatch::first_held`]),
+/// sorted; a node never seen held has no sample.
+#[must_use]
+pub fn held_after_ms(first: &BTreeMap<String, Timestamp>, nodes: &[String], from: Timestamp) -> Vec<f64> {
+    let mut samples: Vec<f64> = nodes
+        .iter()
+        .filter_map(|n| first.get(n))
+        .map(|t| t.duration_since(from).as_secs_f64() * 1000.0)
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    samples
+}
+
 /// Whether `node` carries the controller's quarantine taint.
 #[must_use]
 pub fn is_quarantined(node: &Node) -> bool {

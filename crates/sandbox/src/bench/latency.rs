@@ -251,12 +251,7 @@ pub(crate) async fn run_rounds(
         let requests = super::audit::requests(&log.since_mark(), &env.controller.username);
         // Every node of `broken` was released (or never held) before this round, and `reset`
         // forgot its earlier cordons: each sample is this round's.
-        let mut samples: Vec<f64> = broken
-            .iter()
-            .filter_map(|n| first.get(n))
-            .map(|t| t.duration_since(due).as_secs_f64() * 1000.0)
-            .collect();
-        samples.sort_by(f64::total_cmp);
+        let samples = super::cordon_watch::held_after_ms(&first, &broken, due);
         let to_quarantine = watch.fault_to_quarantine_ms();
         let mut quarantine: Vec<f64> = broken
             .iter()

@@ -6,10 +6,10 @@ use super::super::drain_links::{DrainLinks, Spread};
 use super::*;
 use crate::bench::percentile::percentile;
 
-#[test]
-fn the_scale_tables_give_each_round_its_cordon_and_its_quarantine_and_the_probes_refusals() {
-    let round = |faults: usize, cordon: Vec<f64>, quarantine: Vec<f64>| LatencyResult {
-        nodes: 50_000,
+/// A latency round of `faults` on `nodes` nodes with these cordon and quarantine samples (sorted).
+fn round_of(nodes: usize, faults: usize, cordon: Vec<f64>, quarantine: Vec<f64>) -> LatencyResult {
+    LatencyResult {
+        nodes,
         pods: 0,
         faults,
         cordoned: cordon.len(),
@@ -22,7 +22,13 @@ fn the_scale_tables_give_each_round_its_cordon_and_its_quarantine_and_the_probes
         controller_peak_rss_mib: 250.0,
         due: String::new(),
         requests: Vec::new(),
-    };
+    }
+}
+
+#[test]
+fn the_scale_tables_give_each_round_its_cordon_and_its_quarantine_and_the_probes_refusals() {
+    let round =
+        |faults: usize, cordon: Vec<f64>, quarantine: Vec<f64>| round_of(50_000, faults, cordon, quarantine);
     let fleet = ScaleResult {
         nodes: 50_000,
         registration_seconds: 150.0,
@@ -199,21 +205,7 @@ fn the_report_names_the_release_it_ran_on() {
 
 #[test]
 fn the_churn_tables_give_the_cost_per_thousand_updates_and_each_round_under_churn_beside_quiet() {
-    let round = |faults: usize, cordon: Vec<f64>| LatencyResult {
-        nodes: 10_000,
-        pods: 0,
-        faults,
-        cordoned: cordon.len(),
-        p50_ms: percentile(&cordon, 50.0).unwrap_or(f64::NAN),
-        p99_ms: percentile(&cordon, 99.0).unwrap_or(f64::NAN),
-        max_ms: cordon.last().copied().unwrap_or(f64::NAN),
-        samples_ms: cordon,
-        quarantine: Spread::of(&[]),
-        quarantine_samples_ms: Vec::new(),
-        controller_peak_rss_mib: 100.0,
-        due: String::new(),
-        requests: Vec::new(),
-    };
+    let round = |faults: usize, cordon: Vec<f64>| round_of(10_000, faults, cordon, Vec::new());
     let churn = super::super::scale_churn::ChurnResult {
         target_per_second: 500.0,
         reached_per_second: 480.4,
