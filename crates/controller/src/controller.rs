@@ -396,7 +396,7 @@ impl Advances {
             touched: HashSet::new(),
             due: HashMap::new(),
             failures: HashMap::new(),
-            lanes: Lanes::new(settings.remediation_concurrency),
+            lanes: Lanes::new(settings.starting_concurrency, settings.remediation_concurrency),
         }
     }
 

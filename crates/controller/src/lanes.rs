@@ -38,12 +38,13 @@ pub struct Lanes {
 }
 
 impl Lanes {
-    /// Lanes of `permits` concurrent advances each (at least one).
+    /// A starting lane of `starting` concurrent advances and a carrying lane of `carrying` (each at
+    /// least one).
     #[must_use]
-    pub fn new(permits: usize) -> Self {
+    pub fn new(starting: usize, carrying: usize) -> Self {
         Self {
-            starting: Arc::new(Semaphore::new(permits.max(1))),
-            carrying: Arc::new(Semaphore::new(permits.max(1))),
+            starting: Arc::new(Semaphore::new(starting.max(1))),
+            carrying: Arc::new(Semaphore::new(carrying.max(1))),
             starting_now: watch::Sender::new(0),
         }
     }
@@ -128,13 +129,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_carrying_advance_goes_at_once_when_no_fault_waits_for_its_cordon() {
-        let lanes = Lanes::new(2);
+        let lanes = Lanes::new(2, 2);
         assert_eq!(waited(&lanes, Lane::Carrying).await.0, Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_carrying_advance_waits_until_the_starting_lane_is_empty() {
-        let lanes = Lanes::new(2);
+        let lanes = Lanes::new(2, 2);
         let cordon = lanes.enter(Lane::Starting);
         // Counted from its entry, before its task runs: a drain spawned just after it waits.
         assert_eq!(lanes.starting_now(), 1);
@@ -160,21 +161,21 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stream_of_faults_delays_a_carrying_advance_by_at_most_the_yield() {
-        let lanes = Lanes::new(2);
+        let lanes = Lanes::new(2, 2);
         let _cordon = lanes.enter(Lane::Starting);
         assert_eq!(waited(&lanes, Lane::Carrying).await.0, YIELD_AT_MOST);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_starting_advance_never_waits_for_the_carrying_lane() {
-        let lanes = Lanes::new(1);
+        let lanes = Lanes::new(1, 1);
         let _drain = lanes.enter(Lane::Carrying).turn().await;
         assert_eq!(waited(&lanes, Lane::Starting).await.0, Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
     async fn each_lane_runs_at_most_its_permits_at_once() {
-        let lanes = Lanes::new(1);
+        let lanes = Lanes::new(1, 1);
         let first = lanes.enter(Lane::Starting).turn().await;
         let second = tokio::spawn(lanes.enter(Lane::Starting).turn());
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -183,5 +184,21 @@ mod tests {
         drop(first);
         let _second = second.await.expect("the second's turn");
         assert_eq!(lanes.starting_now(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_lane_has_its_own_limit() {
+        // Two starting permits and one carrying: a second cordon goes at once, a second drain waits.
+        let lanes = Lanes::new(2, 1);
+        let _first_cordon = lanes.enter(Lane::Starting).turn().await;
+        assert_eq!(waited(&lanes, Lane::Starting).await.0, Duration::ZERO);
+        let lanes = Lanes::new(2, 1);
+        let _first_drain = lanes.enter(Lane::Carrying).turn().await;
+        let second = tokio::spawn(lanes.enter(Lane::Carrying).turn());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            !second.is_finished(),
+            "one carrying permit: the second drain waits"
+        );
     }
 }

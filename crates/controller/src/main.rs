@@ -79,6 +79,10 @@ struct RunArgs {
     /// How often to look at the cluster even when no watch event arrives.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     resync: Duration,
+    /// Remediations started at once when many nodes fail together: their records' creates, and
+    /// their fresh reads and cordons.
+    #[arg(long, env = "GPU_REMEDIATOR_STARTING_CONCURRENCY", default_value_t = Settings::default().starting_concurrency)]
+    starting_concurrency: usize,
     /// Connections to the API server kept open while leading, so that a burst of faults does not
     /// wait for new ones: as many requests for the server's version, at once, every minute (0: none).
     #[arg(long, env = "GPU_REMEDIATOR_WARM_CONNECTIONS", default_value_t = Settings::default().warm_connections)]
@@ -173,6 +177,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         resync: args.resync,
         instance: Some(identity.clone()),
         warm_connections: args.warm_connections,
+        starting_concurrency: args.starting_concurrency,
         ..Settings::default()
     };
     tracing::info!(%identity, leader_elect = args.leader_elect, listen = %args.listen, "starting");

@@ -4,7 +4,7 @@
 //! it, and register a node that joins carrying it.
 
 use gpu_remediation_api::constants::{
-    FAILED_GPUS_ANNOTATION, GPU_INVENTORY_ANNOTATION, HARDWARE_UNCHECKED_TAINT_KEY,
+    FAILED_GPUS_ANNOTATION, GPU_FIRST_SEEN_ANNOTATION, GPU_INVENTORY_ANNOTATION, HARDWARE_UNCHECKED_TAINT_KEY,
 };
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use kube::{
@@ -49,6 +49,23 @@ pub fn inventory_text(gpus: &[SimGpu]) -> String {
         })
         .collect();
     serde_json::Value::Array(list).to_string()
+}
+
+/// Makes `node` carry `gpus` as a node of an installed fleet does: the agent's inventory, and the
+/// controller's first-seen stamp of each serial, as written when it first saw them at `seen` (whole
+/// seconds, as the controller stamps), so that a controller started over it has nothing to stamp.
+pub fn installed_with(node: &mut Node, gpus: &[SimGpu], seen: jiff::Timestamp) {
+    let seen = jiff::Timestamp::from_second(seen.as_second())
+        .unwrap_or(seen)
+        .to_string();
+    let stamps: serde_json::Map<String, serde_json::Value> =
+        gpus.iter().map(|g| (g.serial.clone(), json!(seen))).collect();
+    let annotations = node.annotations_mut();
+    annotations.insert(GPU_INVENTORY_ANNOTATION.to_owned(), inventory_text(gpus));
+    annotations.insert(
+        GPU_FIRST_SEEN_ANNOTATION.to_owned(),
+        serde_json::Value::Object(stamps).to_string(),
+    );
 }
 
 /// Makes `node` register carrying `gpus`, with the `gpuremediation.dev/hardware-unchecked` taint a
@@ -113,4 +130,29 @@ pub async fn fail_gpu(client: &Client, node: &str, gpu: &SimGpu, reason: &str) -
     let message = format!("GPU {} (serial {}) has fallen off the bus", gpu.index, gpu.serial);
     fault::set_gpu_condition(client, node, "False", reason, &message).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_installed_node_carries_its_inventory_and_a_whole_second_stamp_per_serial() {
+        let gpus = crate::dra::node_gpus("gpu-7", 2);
+        let mut node = Node::default();
+        let seen: jiff::Timestamp = "2026-12-06T07:30:05.250Z".parse().unwrap();
+
+        installed_with(&mut node, &gpus, seen);
+
+        let annotations = node.annotations();
+        assert_eq!(annotations[GPU_INVENTORY_ANNOTATION], inventory_text(&gpus));
+        // What the controller reads back (`trust::first_seen_of`): every serial, at whole seconds.
+        let stamps: std::collections::BTreeMap<String, jiff::Timestamp> =
+            serde_json::from_str(&annotations[GPU_FIRST_SEEN_ANNOTATION]).unwrap();
+        let whole: jiff::Timestamp = "2026-12-06T07:30:05Z".parse().unwrap();
+        assert_eq!(
+            stamps,
+            [("gpu-7-0".to_owned(), whole), ("gpu-7-1".to_owned(), whole)].into()
+        );
+    }
 }

@@ -124,7 +124,7 @@ pub async fn apply(
     let policy = plan.policy.as_ref();
     let name = policy.name_any();
     set_metrics(ctx, &name, &plan.status);
-    // Created as many at once as advance at once to their cordon (`remediation_concurrency`): when
+    // Created as many at once as advance at once to their cordon (`starting_concurrency`): when
     // many nodes fail together, each waits for its record before its cordon, and one at a time
     // costs tens of milliseconds per node.
     // Futures built before they enter the stream (see `remediation::evict_all`).
@@ -133,7 +133,7 @@ pub async fn apply(
         .iter()
         .map(|r| start(ctx, policy, r, first_seen))
         .collect();
-    let mut creating = stream::iter(starts).buffer_unordered(ctx.settings.remediation_concurrency.max(1));
+    let mut creating = stream::iter(starts).buffer_unordered(ctx.settings.starting_concurrency.max(1));
     let mut policy_status = plan.status.clone();
     let mut failed = None;
     let mut refusals = Vec::new();

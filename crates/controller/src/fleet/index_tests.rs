@@ -6,7 +6,10 @@ use std::collections::BTreeSet;
 
 use gpu_remediation_api::{
     GpuRemediationPolicySpec, Phase,
-    constants::{QUARANTINE_TAINT_KEY, QUARANTINED_BY_ANNOTATION, REPEAT_OFFENDER_LABEL},
+    constants::{
+        FAILED_GPUS_ANNOTATION, GPU_FIRST_SEEN_ANNOTATION, GPU_INVENTORY_ANNOTATION, GPU_PODS_ANNOTATION,
+        QUARANTINE_TAINT_KEY, QUARANTINED_BY_ANNOTATION, REPEAT_OFFENDER_LABEL,
+    },
     policy::ConditionStatus,
 };
 use k8s_openapi::{
@@ -113,7 +116,13 @@ fn node(index: usize, drawn: Drawn) -> Arc<Node> {
             name: Some(format!("n{index:02}")),
             uid: Some(format!("uid-{index}")),
             labels: Some(labels.into_iter().collect()),
-            annotations: owner.map(|o| [(QUARANTINED_BY_ANNOTATION.to_owned(), o.to_owned())].into()),
+            annotations: Some(
+                owner
+                    .map(|o| (QUARANTINED_BY_ANNOTATION.to_owned(), o.to_owned()))
+                    .into_iter()
+                    .chain(reports(index).filter(|_| driver))
+                    .collect(),
+            ),
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec {
@@ -132,6 +141,23 @@ fn node(index: usize, drawn: Drawn) -> Arc<Node> {
             ..NodeStatus::default()
         }),
     })
+}
+
+/// The agent's inventory and the controller's first-seen stamp, as an installed node carries them
+/// (drawn on the nodes of one driver: a fleet mid-install).
+fn reports(index: usize) -> impl Iterator<Item = (String, String)> {
+    let serial = format!("1650{index:04}");
+    [
+        (
+            GPU_INVENTORY_ANNOTATION.to_owned(),
+            format!(r#"[{{"index":0,"uuid":"GPU-{index}","serial":"{serial}"}}]"#),
+        ),
+        (
+            GPU_FIRST_SEEN_ANNOTATION.to_owned(),
+            format!(r#"{{"{serial}":"{}"}}"#, at(0)),
+        ),
+    ]
+    .into_iter()
 }
 
 /// A record of node `index` under `policy` in `phase`, its episode begun at `since`.
@@ -245,6 +271,28 @@ fn a_healthy_untouched_node_is_not_a_candidate_and_a_signalling_or_touched_one_i
         BTreeSet::from(["n00", "n01", "n02", "n03", "n04"])
     );
     assert_eq!(index.census().of("group").selected, 5);
+}
+
+#[test]
+fn the_reports_every_installed_node_carries_make_no_node_notable_a_failed_gpu_does() {
+    // Driver 570: the agent's inventory and the first-seen stamp.
+    let reporting = node(0, (0, 0, false, true, 0, 0, false, false, 5));
+    assert!(reporting.annotations().contains_key(GPU_INVENTORY_ANNOTATION));
+    let mut gpu_pods = (*reporting).clone();
+    gpu_pods.metadata.name = Some("n01".to_owned());
+    gpu_pods
+        .annotations_mut()
+        .insert(GPU_PODS_ANNOTATION.to_owned(), "{}".to_owned());
+    let mut failed = (*reporting).clone();
+    failed.metadata.name = Some("n02".to_owned());
+    failed.annotations_mut().insert(
+        FAILED_GPUS_ANNOTATION.to_owned(),
+        r#"[{"uuid":"GPU-0"}]"#.to_owned(),
+    );
+
+    let index = built(&[reporting, Arc::new(gpu_pods), Arc::new(failed)], LATER);
+
+    assert_eq!(index.candidates(&[], &[]), BTreeSet::from(["n02"]));
 }
 
 #[test]

@@ -6,6 +6,9 @@
 //! `cargo test -p gpu-remediator --lib fleet::pass_cost_tests -- --ignored --nocapture`
 //! (`PASS_COST_NODES=10000,50000`, `PASS_COST_FAULTS=1,100`). Beside the faults in flight, the
 //! fleet has 100 finished remediations on record (as after the scale bench's earlier rounds).
+//! `PASS_COST_INVENTORY=1`: every node also lists its eight GPUs' serials, as the agent reports
+//! them, and each faulty node names its failed GPU, so that admission looks for other claimants
+//! of the failed serial (`hardware::amend`).
 
 use crate::test_fixtures::at;
 use std::{sync::Arc, time::Instant};
@@ -39,8 +42,9 @@ fn policy() -> Arc<GpuRemediationPolicy> {
     Arc::new(p)
 }
 
-/// A node as the scale bench registers it (labels, capacity, `Ready` and `GpuHealthy` conditions).
-fn node(index: usize, broken: bool) -> Arc<Node> {
+/// A node as the scale bench registers it (labels, capacity, `Ready` and `GpuHealthy` conditions),
+/// with the agent's inventory of eight GPUs when `inventory` (and its failed GPU when `broken`).
+fn node(index: usize, broken: bool, inventory: bool) -> Arc<Node> {
     let name = format!("gpu-{index:05}");
     let condition = |type_: &str, status: &str, reason: &str| NodeCondition {
         type_: type_.into(),
@@ -81,6 +85,7 @@ fn node(index: usize, broken: bool) -> Arc<Node> {
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect(),
             ),
+            annotations: inventory.then(|| inventory_of(index, broken)),
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec {
@@ -93,6 +98,32 @@ fn node(index: usize, broken: bool) -> Arc<Node> {
             ..NodeStatus::default()
         }),
     })
+}
+
+/// The agent's annotations of node `index`: eight GPUs with serials, GPU 1 failed when `broken`.
+fn inventory_of(index: usize, broken: bool) -> std::collections::BTreeMap<String, String> {
+    use gpu_remediation_api::constants::{FAILED_GPUS_ANNOTATION, GPU_INVENTORY_ANNOTATION};
+    let gpus: Vec<serde_json::Value> = (0..8)
+        .map(|gpu| {
+            serde_json::json!({
+                "index": gpu,
+                "uuid": format!("GPU-{index:08x}-{gpu:04x}-4e1f-9c3a-1b2d3e4f5a6b"),
+                "serial": format!("165{index:07}{gpu}"),
+                "pciBusId": format!("00000000:{:02X}:00.0", 0x18 + gpu * 0x10),
+            })
+        })
+        .collect();
+    let mut annotations = std::collections::BTreeMap::from([(
+        GPU_INVENTORY_ANNOTATION.to_owned(),
+        serde_json::to_string(&gpus).unwrap(),
+    )]);
+    if broken {
+        annotations.insert(
+            FAILED_GPUS_ANNOTATION.to_owned(),
+            serde_json::json!([{"uuid": gpus[1]["uuid"], "reason": "XID79"}]).to_string(),
+        );
+    }
+    annotations
 }
 
 fn record(index: usize, phase: Phase) -> Arc<GpuRemediation> {
@@ -132,17 +163,18 @@ fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
 fn one_pass_over_a_large_fleet_by_stage() {
     let policies = vec![policy()];
     let now = at(60);
+    let inventory = std::env::var("PASS_COST_INVENTORY").is_ok_and(|v| v == "1");
     println!(
-        "| nodes | faults | admitted in the pass | fleet::plan ms | hardware::amend ms | join::steps ms | total ms | indexed plan ms |"
+        "| nodes | faults | admitted in the pass | fleet::plan ms | hardware::amend ms | of it, the claims walk ms | join::steps ms | total ms | indexed plan ms |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for size in numbers("PASS_COST_NODES", &[10_000, 50_000]) {
         for faults in numbers("PASS_COST_FAULTS", &[1, 100]) {
             // The faulty nodes spread over the fleet, as faults are (not all at its start).
             let step = size / (2 * faults);
             let fault = |k: usize| k * step;
             let nodes: Vec<Arc<Node>> = (0..size)
-                .map(|i| node(i, i % step == 0 && i / step < faults))
+                .map(|i| node(i, i % step == 0 && i / step < faults, inventory))
                 .collect();
             // One arriving while the others are in flight, or all arriving together.
             let mut admitted_counts = vec![1];
@@ -170,6 +202,11 @@ fn one_pass_over_a_large_fleet_by_stage() {
                     hardware::amend(&mut plan, &nodes, || nodes.clone(), &failures, now);
                     std::hint::black_box(plan);
                 });
+                // Who else lists one failed serial: a walk of every node's inventory text.
+                let serial = std::collections::BTreeSet::from([format!("165{:07}1", fault(0))]);
+                let claims_ms = median_ms(9, || {
+                    std::hint::black_box(hardware::trust::Claims::of(&nodes, &serial));
+                });
                 let join_ms = median_ms(5, || {
                     std::hint::black_box(hardware::join::steps(
                         &policies,
@@ -181,7 +218,7 @@ fn one_pass_over_a_large_fleet_by_stage() {
                 });
                 let indexed_ms = indexed_plan_ms(&policies, &nodes, &remediations, faults, fault, now);
                 println!(
-                    "| {size} | {faults} | {admitted} | {plan_ms:.1} | {amend_ms:.1} | {join_ms:.1} | {:.1} | {indexed_ms:.2} |",
+                    "| {size} | {faults} | {admitted} | {plan_ms:.1} | {amend_ms:.1} | {claims_ms:.1} | {join_ms:.1} | {:.1} | {indexed_ms:.2} |",
                     plan_ms + amend_ms + join_ms
                 );
             }

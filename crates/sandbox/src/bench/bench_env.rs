@@ -5,7 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, constants::node_conditions, crds};
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationPolicy,
+    constants::{FAILED_GPUS_ANNOTATION, node_conditions},
+    crds,
+};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::flowcontrol::v1::FlowSchema;
@@ -47,7 +51,13 @@ pub struct BenchEnv {
     pub fenced: bool,
     /// Whether the shipped approval policy is installed ([`BenchEnv::install_approval`]).
     pub approval: bool,
+    /// The controllers' `--starting-concurrency`, given explicitly so that the cordon floor's
+    /// paced arm runs at the very limit the controller ran with.
+    pub starting_concurrency: usize,
 }
+
+/// The controller's default `--starting-concurrency` (`Settings::starting_concurrency`).
+pub const STARTING_CONCURRENCY: usize = 100;
 
 fn username(name: &str) -> String {
     format!("system:serviceaccount:{BENCH_NAMESPACE}:{name}")
@@ -109,6 +119,7 @@ impl BenchEnv {
             controller_binary: controller_binary.to_owned(),
             fenced: false,
             approval: false,
+            starting_concurrency: STARTING_CONCURRENCY,
         })
     }
 
@@ -176,7 +187,7 @@ impl BenchEnv {
             identity: format!("controller-{scope}"),
             lease_namespace: self.fenced.then(|| BENCH_NAMESPACE.to_owned()),
             log_dir: self.scratch.clone(),
-            extra_args: Vec::new(),
+            extra_args: vec![format!("--starting-concurrency={}", self.starting_concurrency)],
         })
     }
 
@@ -297,13 +308,54 @@ pub async fn set_condition_at(
     reason: &str,
     at: Timestamp,
 ) -> Result<(), BenchSetupError> {
+    write_gpu_health(client, nodes, status, reason, at, FailedGpus::Untouched).await
+}
+
+/// Fails GPU `gpu` of every node of `nodes` as the agent reports an XID 79, in one write per node:
+/// `GpuHealthy=False` with the same `lastTransitionTime` `at`, and the failed-GPUs annotation naming
+/// that GPU of the node's inventory (`dra::node_gpus`), so that admission reads a failed serial
+/// and looks for other nodes claiming it, as on an installed fleet.
+pub async fn fail_gpu_at(
+    client: &Client,
+    nodes: &[String],
+    gpu: u32,
+    at: Timestamp,
+) -> Result<(), BenchSetupError> {
+    write_gpu_health(client, nodes, "False", "XID79", at, FailedGpus::Named(gpu)).await
+}
+
+/// Heals every node of `nodes` as the agent does: `GpuHealthy=True` and no failed GPU named.
+pub async fn heal_at(client: &Client, nodes: &[String], at: Timestamp) -> Result<(), BenchSetupError> {
+    write_gpu_health(client, nodes, "True", "GpusHealthy", at, FailedGpus::None).await
+}
+
+/// What a `GpuHealthy` write says of the failed-GPUs annotation.
+#[derive(Clone, Copy)]
+enum FailedGpus {
+    /// Nothing: the annotation is left as it is.
+    Untouched,
+    /// This GPU of the node's inventory, by NVML index.
+    Named(u32),
+    /// None: the annotation is taken off.
+    None,
+}
+
+/// The write behind [`set_condition_at`], [`fail_gpu_at`] and [`heal_at`].
+async fn write_gpu_health(
+    client: &Client,
+    nodes: &[String],
+    status: &str,
+    reason: &str,
+    at: Timestamp,
+    failed: FailedGpus,
+) -> Result<(), BenchSetupError> {
     use futures::{StreamExt, TryStreamExt};
     let api: Api<Node> = Api::all(client.clone());
     futures::stream::iter(nodes)
         .map(|node| {
             let api = api.clone();
             async move {
-                let patch = fault::condition_patch(
+                let mut patch = fault::condition_patch(
                     None,
                     node_conditions::GPU_HEALTHY,
                     status,
@@ -311,6 +363,9 @@ pub async fn set_condition_at(
                     "set by gpu-bench",
                     at,
                 );
+                if let Some(metadata) = failed_gpus_patch(node, failed) {
+                    patch["metadata"] = metadata;
+                }
                 api.patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
                     .await
                     .map(|_| ())
@@ -321,6 +376,19 @@ pub async fn set_condition_at(
         .try_collect::<Vec<()>>()
         .await
         .map(|_| ())
+}
+
+/// The metadata patch that makes `node`'s failed-GPUs annotation say `failed`, as the agent writes
+/// it (`None` when it is left alone).
+fn failed_gpus_patch(node: &str, failed: FailedGpus) -> Option<serde_json::Value> {
+    let text = match failed {
+        FailedGpus::Untouched => return None,
+        FailedGpus::None => None,
+        FailedGpus::Named(gpu) => crate::dra::node_gpus(node, gpu + 1)
+            .pop()
+            .map(|g| serde_json::json!([{"uuid": g.uuid, "reason": "XID79"}]).to_string()),
+    };
+    Some(serde_json::json!({"annotations": {FAILED_GPUS_ANNOTATION: text}}))
 }
 
 /// The next whole second after now (plus `margin`): condition times are stored to the second.
@@ -417,6 +485,24 @@ fn merge(base: &mut serde_json::Value, over: serde_json::Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_gpu_is_named_by_its_uuid_in_the_nodes_inventory_and_healing_takes_it_off() {
+        let gpu_1 = crate::dra::node_gpus("gpu-7", 8)[1].uuid.clone();
+        let named = failed_gpus_patch("gpu-7", FailedGpus::Named(1)).expect("a patch");
+        let text = named["annotations"][FAILED_GPUS_ANNOTATION]
+            .as_str()
+            .expect("a text");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(text).unwrap(),
+            serde_json::json!([{"uuid": gpu_1, "reason": "XID79"}])
+        );
+        assert_eq!(
+            failed_gpus_patch("gpu-7", FailedGpus::None),
+            Some(serde_json::json!({"annotations": {FAILED_GPUS_ANNOTATION: null}}))
+        );
+        assert_eq!(failed_gpus_patch("gpu-7", FailedGpus::Untouched), None);
+    }
 
     #[test]
     fn the_shipped_flow_schemas_name_the_benchs_service_accounts_and_lease_namespace() {

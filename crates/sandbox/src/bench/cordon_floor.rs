@@ -11,6 +11,11 @@
 //! to the node seen held by the watch. Nothing else is there: no detection, no planning, no
 //! queueing behind other work, no fence (the bench's identity is outside it).
 //!
+//! Two arms: every fault's writes in flight at once (the floor the ratios are taken to), and, for
+//! rounds larger than the controller's starting concurrency, as many faults at a time as the
+//! controller starts at once ([`run_rounds`]'s `in_flight`), which tells that limit's part of a
+//! burst's time from the rest.
+//!
 //! Run after the controller stopped, on nodes no earlier round touched.
 
 use std::collections::BTreeMap;
@@ -39,6 +44,8 @@ use super::setup::{BenchSetupError, api_error, eventually};
 pub struct FloorRound {
     /// Faults at once.
     pub faults: usize,
+    /// Faults whose writes were in flight at once (`faults` for the floor itself).
+    pub in_flight: usize,
     /// Nodes seen held within the deadline.
     pub cordoned: usize,
     /// Median, ms from the round's instant.
@@ -124,7 +131,40 @@ async fn cordon_one(
     Ok(())
 }
 
-/// One floor round per entry of `faults`, each on the next unused nodes of `names`.
+/// Both arms of the floor on fleet `names` (sorted), after the controller's rounds, quiet and under
+/// churn, took two times `faults` of its first nodes: the floor itself on the fleet's last nodes,
+/// then the paced floor, at the bench's controllers' starting concurrency, on the nodes before
+/// them. Empty (and said) when the fleet has too few nodes left.
+///
+/// # Errors
+/// As [`run_rounds`].
+pub async fn run(
+    env: &BenchEnv,
+    scope: &str,
+    names: &[String],
+    faults: &[usize],
+    watch: &CordonWatch,
+) -> Result<Vec<FloorRound>, BenchSetupError> {
+    let per_rounds: usize = faults.iter().sum();
+    let in_flight = env.starting_concurrency;
+    let paced: usize = faults.iter().filter(|&&f| f > in_flight).sum();
+    if names.len() < 3 * per_rounds + paced {
+        eprintln!(
+            "scale: {} nodes are too few for the cordon floor's rounds beside the others",
+            names.len()
+        );
+        return Ok(Vec::new());
+    }
+    let (rest, floor_nodes) = names.split_at(names.len() - per_rounds);
+    let mut rounds = run_rounds(env, scope, floor_nodes, faults, None, watch).await?;
+    let paced_nodes = &rest[rest.len() - paced..];
+    rounds.extend(run_rounds(env, scope, paced_nodes, faults, Some(in_flight), watch).await?);
+    Ok(rounds)
+}
+
+/// One floor round per entry of `faults`, each on the next unused nodes of `names`, with at most
+/// `in_flight` faults' writes under way at once (`None`: all of the round's). With `Some(n)`, only
+/// the rounds of more than `n` faults run (the others would repeat the floor).
 ///
 /// # Errors
 /// The policy could not be read, a node had too few unused nodes, or a write was refused.
@@ -133,6 +173,7 @@ pub async fn run_rounds(
     scope: &str,
     names: &[String],
     faults: &[usize],
+    in_flight: Option<usize>,
     watch: &CordonWatch,
 ) -> Result<Vec<FloorRound>, BenchSetupError> {
     let policy = Api::<GpuRemediationPolicy>::all(env.client.clone())
@@ -141,7 +182,8 @@ pub async fn run_rounds(
         .map_err(api_error(format!("reading policy {scope}")))?;
     let mut next = 0;
     let mut rounds = Vec::new();
-    for &count in faults {
+    for &count in faults.iter().filter(|&&f| in_flight.is_none_or(|n| f > n)) {
+        let at_once = in_flight.unwrap_or(count).clamp(1, count.max(1));
         let Some(broken) = names.get(next..next + count) else {
             return Err(BenchSetupError::Step(format!(
                 "the cordon floor needs {count} more unused nodes, {} are left",
@@ -153,7 +195,7 @@ pub async fn run_rounds(
         tokio::time::sleep(Duration::try_from(at.duration_since(Timestamp::now())).unwrap_or_default()).await;
         stream::iter(broken)
             .map(|node| cordon_one(env, &policy, node, at))
-            .buffer_unordered(count.max(1))
+            .buffer_unordered(at_once)
             .try_collect::<Vec<()>>()
             .await?;
         let seen = eventually(
@@ -169,13 +211,14 @@ pub async fn run_rounds(
         let samples = held_after_ms(&seen, broken, at);
         let round = FloorRound {
             faults: count,
+            in_flight: at_once,
             cordoned: samples.len(),
             p50_ms: percentile(&samples, 50.0).unwrap_or(f64::NAN),
             p99_ms: percentile(&samples, 99.0).unwrap_or(f64::NAN),
             max_ms: samples.last().copied().unwrap_or(f64::NAN),
         };
         eprintln!(
-            "cordon floor: {count} at once: {}/{count} held, p50 {:.0} ms, p99 {:.0} ms",
+            "cordon floor: {count} faults, {at_once} in flight: {}/{count} held, p50 {:.0} ms, p99 {:.0} ms",
             round.cordoned, round.p50_ms, round.p99_ms
         );
         rounds.push(round);

@@ -100,6 +100,12 @@ pub struct DrainLinks {
     pub drainer_behind_own_requests: Spread,
     /// The Deployment whose budget parts add up to the most, and that sum in seconds.
     pub longest_chain: Option<(String, f64)>,
+    /// The Deployment whose server-side parts add up to the most (its budget parts and its granted
+    /// evictions' time in the server, received → answered: the eviction checks the budget, counts
+    /// the disruption and deletes the pod before any replacement can start), and that sum in
+    /// seconds. What is left of the drain is the drainer's: its start, its part of each link, and
+    /// the end.
+    pub longest_server_chain: Option<(String, f64)>,
     /// Of the budget's part, the workload's: grant answered → a pod of the Deployment reported
     /// Ready (its replacement: created, scheduled, started).
     pub workload: Spread,
@@ -250,6 +256,7 @@ fn split(
     let mut behind_parts = Vec::new();
     let mut unattributed = 0;
     let mut longest_chain: Option<(String, f64)> = None;
+    let mut longest_server_chain: Option<(String, f64)> = None;
     let none = Vec::new();
     for (deployment, granted) in grants {
         let mut granted: Vec<&Grant> = granted.iter().collect();
@@ -293,11 +300,14 @@ fn split(
                 .max();
             behind_parts.push(last_unanswered.map_or(0.0, |answered| millis(room, answered).min(drainer_ms)));
         }
-        if longest_chain
-            .as_ref()
-            .is_none_or(|(_, longest)| chain_ms / 1000.0 > *longest)
-        {
-            longest_chain = Some((deployment.clone(), chain_ms / 1000.0));
+        let evicting_ms: f64 = granted.iter().map(|g| millis(g.received, g.answered)).sum();
+        for (longest, ms) in [
+            (&mut longest_chain, chain_ms),
+            (&mut longest_server_chain, chain_ms + evicting_ms),
+        ] {
+            if longest.as_ref().is_none_or(|(_, seconds)| ms / 1000.0 > *seconds) {
+                *longest = Some((deployment.clone(), ms / 1000.0));
+            }
         }
     }
     DrainLinks {
@@ -307,6 +317,7 @@ fn split(
         drainer: Spread::of(&drainer_parts),
         drainer_behind_own_requests: Spread::of(&behind_parts),
         longest_chain,
+        longest_server_chain,
         workload: Spread::of(&workload_parts),
         disruption_controller: Spread::of(&controller_parts),
         ready_not_seen,
@@ -514,6 +525,10 @@ mod tests {
         let (longest, seconds) = links.longest_chain.expect("a chain");
         assert_eq!(longest, "app-00");
         assert!((seconds - 3.0).abs() < 1e-6, "{seconds}");
+        // With the evictions' time in the server: app-00's three grants took 10 ms each.
+        let (longest, seconds) = links.longest_server_chain.expect("a chain");
+        assert_eq!(longest, "app-00");
+        assert!((seconds - 3.03).abs() < 1e-6, "{seconds}");
     }
 
     #[test]

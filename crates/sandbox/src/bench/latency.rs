@@ -136,7 +136,7 @@ pub async fn reset(
     watch: &CordonWatch,
     nodes: &[String],
 ) -> Result<(), BenchSetupError> {
-    bench_env::set_condition_at(&env.client, nodes, "True", "GpusHealthy", Timestamp::now()).await?;
+    bench_env::heal_at(&env.client, nodes, Timestamp::now()).await?;
     let api: Api<gpu_remediation_api::GpuRemediation> = Api::all(env.client.clone());
     for remediation in env.remediations(scope).await? {
         let name = remediation.metadata.name.clone().unwrap_or_default();
@@ -237,7 +237,8 @@ pub(crate) async fn run_rounds(
         tokio::time::sleep(Duration::try_from(wait).unwrap_or_default()).await;
         let mut log = env.audit();
         log.mark();
-        bench_env::set_condition_at(&env.client, &broken, "False", "XID79", at).await?;
+        // As the agent reports an XID 79 on GPU 1: the condition and the failed GPU in one write.
+        bench_env::fail_gpu_at(&env.client, &broken, 1, at).await?;
         let due = at
             .checked_add(SignedDuration::try_from(options.trigger_for).unwrap_or_default())
             .unwrap_or(at);

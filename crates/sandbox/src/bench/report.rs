@@ -256,22 +256,33 @@ pub fn drain_links_table(d: &DrainComparison) -> String {
     out
 }
 
-/// Each peer's drain beside its drain floor: the longest chain of budget parts in its own drain,
-/// the least time those budgets allowed a drain that evicts the instant a budget has room.
+/// Each peer's drain beside its drain floors, from its own drain's longest chains: the budget parts
+/// alone (the least time those budgets allowed a drain that evicts the instant a budget has room),
+/// and the server's parts (the budgets, and each granted eviction's time in the server before the
+/// next replacement could start).
 #[must_use]
 pub fn drain_floor_line(d: &DrainComparison) -> String {
     let mut out = String::new();
     for p in [&d.controller, &d.kubectl] {
-        if let Some((name, chain)) = &p.links.longest_chain {
-            let _ = writeln!(
+        let Some((name, chain)) = &p.links.longest_chain else {
+            continue;
+        };
+        let _ = write!(
+            out,
+            "Drain floor, {}: {:.1} s for the drain beside its budgets' {chain:.1} s ({name}'s chain): \
+             {:.2}x the floor",
+            p.peer,
+            p.seconds,
+            p.seconds / chain
+        );
+        if let Some((name, chain)) = &p.links.longest_server_chain {
+            let _ = write!(
                 out,
-                "Drain floor, {}: {:.1} s for the drain beside its budgets' {chain:.1} s ({name}'s chain): \
-                 {:.2}x the floor.\n",
-                p.peer,
-                p.seconds,
+                "; beside the server's {chain:.1} s with the evictions' time in it ({name}'s chain): {:.2}x",
                 p.seconds / chain
             );
         }
+        out.push_str(".\n\n");
     }
     out
 }

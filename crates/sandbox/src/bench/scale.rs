@@ -82,8 +82,9 @@ pub struct ScaleResult {
     pub approval: Option<ApprovalCheck>,
     /// The same fleet under its own traffic (`--scale-churn`), after the quiet rounds.
     pub churn: Option<ChurnResult>,
-    /// The cordon floor's rounds (`cordon_floor`), once the controller stopped: empty when the
-    /// fleet had too few untouched nodes left.
+    /// The cordon floor's rounds (`cordon_floor`), once the controller stopped: every round with
+    /// all its faults in flight, then the rounds larger than the controller's starting concurrency
+    /// with that many in flight. Empty when the fleet had too few untouched nodes left.
     pub cordon_floor: Vec<FloorRound>,
 }
 
@@ -108,8 +109,9 @@ pub struct ApprovalCheck {
 
 /// Registers `nodes` bare nodes of fleet `fleet`, `REGISTRATION_CONCURRENCY` at a time, each
 /// creation retried while the server does not answer (an existing node is left as it is). Each
-/// carries the agent's `GpuHealthy=True` beside the kubelet's conditions, as a node of a GPU fleet
-/// does once its agent runs.
+/// carries what a node of an installed GPU fleet carries: the agent's `GpuHealthy=True` beside the
+/// kubelet's conditions, the agent's inventory of its eight GPUs, and the controller's first-seen
+/// stamps of their serials.
 ///
 /// # Errors
 /// A creation the server refused, or one that never got an answer.
@@ -125,6 +127,8 @@ pub async fn register(env: &BenchEnv, fleet: &str, nodes: usize) -> Result<(), B
     stream::iter(0..nodes)
         .map(|i| {
             let mut node = simulated_node(&shape, i, now);
+            let name = node.metadata.name.clone().unwrap_or_default();
+            crate::hardware::installed_with(&mut node, &crate::dra::node_gpus(&name, shape.gpus), now);
             if let Some(conditions) = node.status.as_mut().and_then(|s| s.conditions.as_mut()) {
                 conditions.push(
                     serde_json::from_value(healthy_condition(HEALTHY_MESSAGE, now, now))
@@ -295,21 +299,7 @@ async fn measure(
     controller.terminate().await;
     let rounds = rounds?;
     let churn = churned.transpose()?;
-    // The floor's nodes: the fleet's last, past every round's (quiet, and under churn).
-    let per_rounds: usize = options.faults.iter().sum();
-    let cordon_floor = if names.len() >= 3 * per_rounds {
-        cordon_floor::run_rounds(
-            env,
-            scope,
-            &names[names.len() - per_rounds..],
-            &options.faults,
-            &watch,
-        )
-        .await?
-    } else {
-        eprintln!("scale: {nodes} nodes are too few for the cordon floor's rounds beside the others");
-        Vec::new()
-    };
+    let cordon_floor = cordon_floor::run(env, scope, &names, &options.faults, &watch).await?;
     // The audit log is read only when a policy was in force to refuse anything.
     let refused: Vec<_> = if probe_refusal.is_some() || approval_refusal.is_some() {
         audit::requests(&log.since_mark(), &env.controller.username)

@@ -103,6 +103,10 @@ struct Cli {
     /// create approved in another user's name must be refused (measured with `--scale`)
     #[arg(long)]
     with_approval: bool,
+    /// The controllers' `--starting-concurrency` (remediations started at once); the cordon
+    /// floor's second arm sends as many faults' writes at a time.
+    #[arg(long, default_value_t = gpu_sandbox::bench::bench_env::STARTING_CONCURRENCY)]
+    starting_concurrency: usize,
 }
 
 #[tokio::main]
@@ -148,6 +152,7 @@ async fn main() -> anyhow::Result<()> {
     let mut env = BenchEnv::start(&controller_bin, options)
         .await
         .context("starting the bench sandbox")?;
+    env.starting_concurrency = cli.starting_concurrency;
     if !cli.without_flow_schemas {
         env.install_flow_schemas()
             .await

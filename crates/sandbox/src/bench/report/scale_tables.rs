@@ -104,7 +104,9 @@ pub fn scale_tables(scale: &[ScaleResult]) -> String {
 }
 
 /// Each scale fleet's detection to cordon beside its cordon floor (the same writes sent by the
-/// bench itself, `cordon_floor`), round by round of the same size. Empty when no fleet has a floor.
+/// bench itself, `cordon_floor`), round by round of the same size, and, for rounds larger than the
+/// controller's starting concurrency, beside the floor sent at that concurrency. Empty when no fleet
+/// has a floor.
 #[must_use]
 pub fn floor_table(scale: &[ScaleResult]) -> String {
     if scale.iter().all(|s| s.cordon_floor.is_empty()) {
@@ -114,25 +116,36 @@ pub fn floor_table(scale: &[ScaleResult]) -> String {
         "### Scale fleets: detection to cordon beside the cordon floor\n\n_The floor: for each fault, \
          the writes the controller makes before its cordon (a fresh read of the node, the record's \
          create, the cordon), sent by the bench itself from one instant, on the same fleet and seen by \
-         the same watch, after the controller stopped._\n\n\
-         | nodes | simultaneous faults | controller p50 | p99 | floor p50 | p99 | p99 over the floor's |\n\
-         |---:|---:|---:|---:|---:|---:|---:|\n",
+         the same watch, after the controller stopped; every fault's writes in flight at once. The \
+         paced floor: the same with as many faults at a time as the controller starts at once._\n\n\
+         | nodes | simultaneous faults | controller p50 | p99 | floor p50 | p99 | p99 over the floor's \
+         | paced floor (in flight) p99 | p99 over the paced floor's |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---|---:|\n",
     );
     for s in scale {
-        for floor in &s.cordon_floor {
+        for floor in s.cordon_floor.iter().filter(|f| f.in_flight == f.faults) {
             let Some(ours) = s.rounds.iter().find(|r| r.faults == floor.faults) else {
                 continue;
             };
+            let paced = s
+                .cordon_floor
+                .iter()
+                .find(|f| f.faults == floor.faults && f.in_flight < f.faults);
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.2}x |",
+                "| {} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.2}x | {} | {} |",
                 s.nodes,
                 floor.faults,
                 ours.p50_ms,
                 ours.p99_ms,
                 floor.p50_ms,
                 floor.p99_ms,
-                ours.p99_ms / floor.p99_ms
+                ours.p99_ms / floor.p99_ms,
+                paced.map_or_else(
+                    || "-".to_owned(),
+                    |p| format!("{:.0} ms ({})", p.p99_ms, p.in_flight)
+                ),
+                paced.map_or_else(|| "-".to_owned(), |p| format!("{:.2}x", ours.p99_ms / p.p99_ms)),
             );
         }
     }

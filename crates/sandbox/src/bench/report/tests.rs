@@ -132,6 +132,7 @@ fn the_drain_links_table_has_a_row_per_peer_and_the_fifth_of_kubectls_time() {
                 p99_ms: 280.0,
                 max_ms: 280.0,
             },
+            longest_server_chain: chain.clone().map(|(name, seconds)| (name, seconds + 1.0)),
             longest_chain: chain,
             workload: Spread {
                 p50_ms: 120.0,
@@ -184,7 +185,10 @@ fn the_drain_links_table_has_a_row_per_peer_and_the_fifth_of_kubectls_time() {
     // The drain floor: the controller's 5.7 s over its budgets' 3.7 s; kubectl's drain, whose
     // chain was not split, has no floor line.
     assert!(
-        table.contains("Drain floor, gpu-remediator: 5.7 s for the drain beside its budgets' 3.7 s (app-06's chain): 1.54x the floor."),
+        table.contains(
+            "Drain floor, gpu-remediator: 5.7 s for the drain beside its budgets' 3.7 s (app-06's chain): \
+             1.54x the floor; beside the server's 4.7 s with the evictions' time in it (app-06's chain): 1.21x."
+        ),
         "{table}"
     );
     assert!(!table.contains("Drain floor, kubectl drain"), "{table}");
@@ -234,13 +238,12 @@ fn the_churn_tables_give_the_cost_per_thousand_updates_and_each_round_under_chur
         fence: None,
         approval: None,
         churn: Some(churn),
-        cordon_floor: vec![super::super::cordon_floor::FloorRound {
-            faults: 1,
-            cordoned: 1,
-            p50_ms: 12.0,
-            p99_ms: 12.0,
-            max_ms: 12.0,
-        }],
+        cordon_floor: vec![
+            floor_round(1, 1, 12.0),
+            floor_round(100, 100, 40.0),
+            // The paced arm: the hundred, 16 at a time.
+            floor_round(100, 16, 50.0),
+        ],
     };
     let tables = scale_tables(&[fleet]);
     assert!(
@@ -258,7 +261,8 @@ fn the_churn_tables_give_the_cost_per_thousand_updates_and_each_round_under_chur
     );
     // Every table's header starts its line, after a blank one (Markdown tables).
     for header in [
-        "\n\n| nodes | simultaneous faults | controller p50 | p99 | floor p50 | p99 | p99 over the floor's |\n|---:|",
+        "\n\n| nodes | simultaneous faults | controller p50 | p99 | floor p50 | p99 | p99 over the floor's \
+         | paced floor (in flight) p99 | p99 over the paced floor's |\n|---:|",
         "\n\n| nodes | writes/s asked | writes/s reached | a real fleet sends | CPU per 1,000 updates | quiet CPU (s/s) |",
         "\n\n| nodes | simultaneous faults | quiet: cordoned | p50 | p99 | under churn: cordoned | p50 | p99 | max |\n",
     ] {
@@ -268,9 +272,25 @@ fn the_churn_tables_give_the_cost_per_thousand_updates_and_each_round_under_chur
         !tables.contains("  "),
         "no run of spaces from a broken line continuation: {tables}"
     );
-    // The floor beside the quiet round of the same size: 30 ms over 12 ms.
+    // The floor beside the quiet round of the same size: 30 ms over 12 ms; no paced arm for one.
     assert!(
-        tables.contains("| 10000 | 1 | 30 ms | 30 ms | 12 ms | 12 ms | 2.50x |"),
+        tables.contains("| 10000 | 1 | 30 ms | 30 ms | 12 ms | 12 ms | 2.50x | - | - |"),
         "{tables}"
     );
+    // A hundred: beside the floor (60 over 40 ms) and beside the paced floor (60 over 50 ms).
+    assert!(
+        tables.contains("| 10000 | 100 | 60 ms | 60 ms | 40 ms | 40 ms | 1.50x | 50 ms (16) | 1.20x |"),
+        "{tables}"
+    );
+}
+
+fn floor_round(faults: usize, in_flight: usize, p99_ms: f64) -> super::super::cordon_floor::FloorRound {
+    super::super::cordon_floor::FloorRound {
+        faults,
+        in_flight,
+        cordoned: faults,
+        p50_ms: p99_ms,
+        p99_ms,
+        max_ms: p99_ms,
+    }
 }
