@@ -12,7 +12,7 @@ use std::time::Duration;
 use gpu_remediation_api::{Phase, bounds::STRING_MAX_LENGTH, hardware::HARDWARE_ID_MAX_LENGTH};
 use gpu_sandbox::{
     fault::set_gpu_condition,
-    hardware::{SimGpu, fail_gpu, set_inventory},
+    hardware::{SimGpu, name_failed_gpu, set_inventory},
 };
 use scenario::{RunningController, Scenario};
 use serde_json::json;
@@ -37,10 +37,12 @@ async fn a_node_reporting_a_huge_message_and_serial_is_remediated_with_both_cut_
     .await;
     let controller = RunningController::start(&s.scope).await;
 
-    // The failed-GPUs annotation names the 10 kB serial; then the condition's message is 100 kB.
-    fail_gpu(&s.client, &node, &board, "XID79")
+    // The failed-GPUs annotation names the 10 kB serial; then the condition turns, its message
+    // 100 kB (one write: a shorter message first could be the one the record keeps, if the second
+    // came after `for` on a loaded machine).
+    name_failed_gpu(&s.client, &node, &board, "XID79")
         .await
-        .expect("failing the board");
+        .expect("naming the failed board");
     let message = format!("GPU 0 has fallen off the bus: {}", "x".repeat(100_000));
     set_gpu_condition(&s.client, &node, "False", "XID79", &message)
         .await

@@ -44,6 +44,7 @@ fn budgets(changed: &[&str]) -> Changed {
         anything: false,
         nodes: std::collections::BTreeSet::new(),
         nodes_listed: false,
+        resync: false,
         budgets: changed.iter().map(|b| (*b).to_owned()).collect(),
     }
 }
@@ -53,6 +54,7 @@ fn nodes(changed: &[&str]) -> Changed {
         anything: false,
         nodes: changed.iter().map(|n| (*n).to_owned()).collect(),
         nodes_listed: false,
+        resync: false,
         budgets: std::collections::BTreeSet::new(),
     }
 }

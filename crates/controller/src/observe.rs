@@ -42,6 +42,8 @@ use tokio::sync::{Notify, watch};
 
 use overlay::{Overlay, Overlays};
 
+#[cfg(test)]
+mod cache_cost_tests;
 pub mod initial_list;
 pub mod overlay;
 mod relevant;
@@ -135,24 +137,35 @@ pub struct Changed {
     /// (a fleet whose nodes report their status every few seconds must not make every draining
     /// remediation list its pods each time).
     pub nodes: BTreeSet<String>,
-    /// The node watch listed afresh (or the loop resyncs): any node may have changed, not only
-    /// those in `nodes` (`fleet::index` indexes the fleet afresh).
+    /// The node watch listed afresh: any node may have changed, not only those in `nodes`
+    /// (`fleet::index` and `hardware::claimants` index the fleet afresh).
     pub nodes_listed: bool,
+    /// The loop's periodic resync: what is kept from the changes alone is taken afresh as a
+    /// safety net (`fleet::index`, the first-seen stamps), as if the node watch had listed afresh.
+    pub resync: bool,
     /// Disruption budgets that changed, as `namespace/name`: they concern only the remediations
     /// whose evictions they refuse.
     pub budgets: BTreeSet<String>,
 }
 
 impl Changed {
-    /// Everything, as after a start or a resync.
+    /// Everything, as after a start.
     #[must_use]
     pub fn everything() -> Self {
         Self {
             anything: true,
             nodes: BTreeSet::new(),
             nodes_listed: true,
+            resync: true,
             budgets: BTreeSet::new(),
         }
+    }
+
+    /// Whether any node may have changed unseen, or the loop resyncs: the node index and the
+    /// first-seen stamps look at every node.
+    #[must_use]
+    pub fn every_node(&self) -> bool {
+        self.nodes_listed || self.resync
     }
 
     /// Adds `other` to this.
@@ -160,6 +173,7 @@ impl Changed {
         self.anything |= other.anything;
         self.nodes.extend(other.nodes);
         self.nodes_listed |= other.nodes_listed;
+        self.resync |= other.resync;
         self.budgets.extend(other.budgets);
     }
 }

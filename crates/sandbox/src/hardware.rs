@@ -118,6 +118,23 @@ pub enum FailGpuError {
 /// # Errors
 /// When either write is refused.
 pub async fn fail_gpu(client: &Client, node: &str, gpu: &SimGpu, reason: &str) -> Result<(), FailGpuError> {
+    name_failed_gpu(client, node, gpu, reason).await?;
+    let message = format!("GPU {} (serial {}) has fallen off the bus", gpu.index, gpu.serial);
+    fault::set_gpu_condition(client, node, "False", reason, &message).await?;
+    Ok(())
+}
+
+/// Names board `gpu` of `node` as failed with `reason` in the failed-GPUs annotation alone (the
+/// condition left to the caller).
+///
+/// # Errors
+/// When the annotation is refused.
+pub async fn name_failed_gpu(
+    client: &Client,
+    node: &str,
+    gpu: &SimGpu,
+    reason: &str,
+) -> Result<(), FailGpuError> {
     let failed = json!([{"uuid": gpu.uuid, "serial": gpu.serial, "index": gpu.index, "reason": reason}]);
     let patch = json!({"metadata": {"annotations": {FAILED_GPUS_ANNOTATION: failed.to_string()}}});
     Api::<Node>::all(client.clone())
@@ -127,8 +144,6 @@ pub async fn fail_gpu(client: &Client, node: &str, gpu: &SimGpu, reason: &str) -
             node: node.to_owned(),
             source,
         })?;
-    let message = format!("GPU {} (serial {}) has fallen off the bus", gpu.index, gpu.serial);
-    fault::set_gpu_condition(client, node, "False", reason, &message).await?;
     Ok(())
 }
 

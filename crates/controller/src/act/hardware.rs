@@ -73,7 +73,7 @@ impl Ledger {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        self.unstamped.all |= changed.nodes_listed;
+        self.unstamped.all |= changed.every_node();
         if !self.unstamped.all {
             self.unstamped.nodes.extend(changed.nodes.iter().cloned());
         }

@@ -22,6 +22,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
 use super::{
+    claimants::Claimants,
     history::{Failures, describe, failed_hardware, offence},
     ledger::{failed_serials, labels_of, ledger_of},
     trust::{self, Claims},
@@ -32,11 +33,12 @@ use crate::fleet::FleetPlan;
 const FEW: usize = 4;
 
 /// Records each created remediation's hardware and sends repeat offenders to the last rung.
-/// `fleet` gives every node, asked for only when some record names a failed serial (to find
-/// another live node claiming it).
+/// `claimants` says which node lists each serial; `fleet` gives every node, asked for only when
+/// `claimants` cannot rule out that a node other than the records' own lists a failed serial.
 pub fn amend(
     plan: &mut FleetPlan,
     nodes: &[Arc<Node>],
+    claimants: &Claimants,
     fleet: impl FnOnce() -> Vec<Arc<Node>>,
     failures: &Failures,
     now: Timestamp,
@@ -58,7 +60,7 @@ pub fn amend(
             .collect()
     });
     let node_of = |record: &GpuRemediation| node_named(&record.spec.node_name, nodes, by_name.as_ref());
-    let claims = claims_of(plan, node_of, fleet);
+    let claims = claims_of(plan, node_of, claimants, fleet);
     for policy_plan in &mut plan.policies {
         let rule = policy_plan.policy.spec.safety.repeat_offender.clone();
         let mut kept = Vec::with_capacity(policy_plan.create.len());
@@ -81,25 +83,35 @@ pub fn amend(
     }
 }
 
-/// Who else claims the serials the records' nodes name as failed (none asked about: no claims,
-/// and `fleet` is not called).
+/// Who claims the serials the records' nodes name as failed: read from those nodes alone when
+/// `claimants` shows no other node lists them (the usual case), else from the walk of `fleet`
+/// (none asked about: no claims, and `fleet` is not called).
 fn claims_of<'n>(
     plan: &FleetPlan,
     node_of: impl Fn(&GpuRemediation) -> Option<&'n Node>,
+    claimants: &Claimants,
     fleet: impl FnOnce() -> Vec<Arc<Node>>,
 ) -> Claims {
-    let named: BTreeSet<String> = plan
+    let record_nodes: Vec<&Node> = plan
         .policies
         .iter()
         .flat_map(|p| p.create.iter().chain(&p.manual_required))
         .filter_map(node_of)
+        .collect();
+    let named: BTreeSet<String> = record_nodes
+        .iter()
         .filter_map(|node| ledger_of(node, ""))
         .flat_map(|ledger| failed_serials(&ledger))
         .collect();
     if named.is_empty() {
         return Claims::default();
     }
-    Claims::of(&fleet(), &named)
+    let asking = record_nodes.iter().filter_map(|n| n.metadata.name.as_deref());
+    if claimants.none_but(&named, asking) {
+        Claims::of(record_nodes.iter().copied(), &named)
+    } else {
+        Claims::of(fleet().iter().map(AsRef::as_ref), &named)
+    }
 }
 
 /// The node named `name`: from the index when there is one, else by a walk of `nodes`.

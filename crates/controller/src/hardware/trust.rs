@@ -6,7 +6,6 @@
 //! another node's boards as failed nor make a board it never carried a repeat offender. Pure.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 
 use gpu_remediation_api::{
     constants::GPU_FIRST_SEEN_ANNOTATION,
@@ -70,9 +69,12 @@ pub struct Claims {
 impl Claims {
     /// The claims of `nodes` (those not being deleted) to `serials` only.
     #[must_use]
-    pub fn of(nodes: &[Arc<Node>], serials: &BTreeSet<String>) -> Self {
+    pub fn of<'n>(nodes: impl IntoIterator<Item = &'n Node>, serials: &BTreeSet<String>) -> Self {
         let mut by_serial: HashMap<String, BTreeSet<String>> = HashMap::new();
-        for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+        for node in nodes
+            .into_iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_none())
+        {
             // Most nodes list none of the few serials asked about: a look at the text first.
             let text = node
                 .annotations()
@@ -206,6 +208,8 @@ pub fn describe_untrusted(ledger: &HardwareLedger) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use gpu_remediation_api::constants::GPU_INVENTORY_ANNOTATION;
 
     use super::*;
@@ -277,7 +281,7 @@ mod tests {
     #[test]
     fn a_serial_counts_only_if_the_node_listed_it_before_the_fault_and_nobody_else_does() {
         let a = node("a", &["A1"], &[("A1", 0)]);
-        let claims = Claims::of(std::slice::from_ref(&a), &serials(&["A1"]));
+        let claims = Claims::of([a.as_ref()], &serials(&["A1"]));
         let mut ledger = ledger_of(&a, &["A1"]);
         sift(&mut ledger, "a", &first_seen_of(&a), at(2), &claims);
         assert_eq!(ledger.failed[0].first_seen, Some(Time(at(0))));
@@ -289,7 +293,7 @@ mod tests {
     fn another_node_s_serial_named_as_failed_is_not_in_the_inventory_and_does_not_count() {
         let a = node("a", &["A1"], &[("A1", 0)]);
         let b = node("b", &["B1"], &[("B1", 0)]);
-        let claims = Claims::of(&[a.clone(), b], &serials(&["B1"]));
+        let claims = Claims::of([a.as_ref(), b.as_ref()], &serials(&["B1"]));
         let mut ledger = ledger_of(&a, &["B1"]);
         sift(&mut ledger, "a", &first_seen_of(&a), at(2), &claims);
         assert_eq!(ledger.untrusted[0].why, Distrust::NotInInventory);
@@ -299,7 +303,7 @@ mod tests {
     #[test]
     fn a_serial_listed_only_with_the_fault_does_not_count() {
         let a = node("a", &["A1", "X9"], &[("A1", 0), ("X9", 3)]);
-        let claims = Claims::of(std::slice::from_ref(&a), &serials(&["X9"]));
+        let claims = Claims::of([a.as_ref()], &serials(&["X9"]));
         let mut ledger = ledger_of(&a, &["X9"]);
         sift(&mut ledger, "a", &first_seen_of(&a), at(2), &claims);
         assert_eq!(ledger.untrusted[0].why, Distrust::ListedAfterFault);
@@ -313,7 +317,7 @@ mod tests {
     fn a_serial_two_live_nodes_list_is_a_conflict_naming_the_other() {
         let a = node("a", &["A1", "B1"], &[("A1", 0), ("B1", 0)]);
         let b = node("b", &["B1"], &[("B1", 0)]);
-        let claims = Claims::of(&[a.clone(), b], &serials(&["B1"]));
+        let claims = Claims::of([a.as_ref(), b.as_ref()], &serials(&["B1"]));
         let mut ledger = ledger_of(&a, &["B1"]);
         sift(&mut ledger, "a", &first_seen_of(&a), at(2), &claims);
         assert!(!counts(&ledger, "B1"));
@@ -330,7 +334,7 @@ mod tests {
         let mut leaving = Node::clone(&node("b", &["B1"], &[]));
         leaving.metadata.deletion_timestamp = Some(Time(at(1)));
         assert!(
-            Claims::of(&[Arc::new(leaving)], &serials(&["B1"]))
+            Claims::of([&leaving], &serials(&["B1"]))
                 .others("B1", "a")
                 .is_empty()
         );

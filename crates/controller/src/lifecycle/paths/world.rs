@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationSpec,
-    constants::{APPROVED_ANNOTATION, GPU_INVENTORY_ANNOTATION, REMEDIATION_FINALIZER},
+    constants::{
+        APPROVED_ANNOTATION, CORDONED_BY_ANNOTATION, GPU_INVENTORY_ANNOTATION, REMEDIATION_FINALIZER,
+    },
     hardware::{HardwareLedger, LedgerGpu},
     ladder::{LadderStep, Rung},
     policy::{Action, ConditionStatus, Drain, Release, Replacement, Strategy, Trigger},
@@ -337,11 +339,24 @@ impl World {
             }
             Event::PodsFinish => self.pods.retain(|p| !p.terminating),
             Event::PersonCordons => {
-                if let Some(spec) = self.node.as_mut().and_then(|n| n.spec.as_mut())
-                    && spec.unschedulable != Some(true)
-                {
-                    spec.unschedulable = Some(true);
-                    self.person_holds = true;
+                // A cordon laid while the node still carries our `cordoned-by` (a person lifted our
+                // cordon and laid theirs before a pass dropped the note, as a record hand-set back
+                // to `Pending` does not) reads as ours: nothing the controller keeps of the node
+                // tells the two apart (the field's manager would; the cache keeps no
+                // managedFields), so it goes with the remediation. Once a pass has seen our cordon
+                // lifted, our note goes and a person's cordon is theirs.
+                if let Some(node) = self.node.as_mut() {
+                    let ours = node
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key(CORDONED_BY_ANNOTATION));
+                    if let Some(spec) = node.spec.as_mut()
+                        && spec.unschedulable != Some(true)
+                    {
+                        spec.unschedulable = Some(true);
+                        self.person_holds = !ours;
+                    }
                 }
             }
             Event::PersonUncordons => {
