@@ -231,3 +231,45 @@ fn after_a_gpu_scoped_reset_fails_the_reboot_drains_the_whole_node_first() {
         "the reboot's step is the one opened at the escalation"
     );
 }
+
+/// Found by the property test (2026-12-06): a record hand-set back to `Pending` after its cordon,
+/// its policy gone; a person lifts the cordon and lays their own, and no pass drops our
+/// `cordoned-by` meanwhile (a pending record does not look at the cordon); then the record is
+/// deleted and its release lifts the cordon the note names. Nothing the controller keeps of the
+/// node tells that cordon from ours, so the world counts it as ours (`Event::PersonCordons`).
+/// Where a pass saw our cordon lifted, our note goes, and the person's cordon is theirs and stays.
+#[test]
+fn a_cordon_laid_over_our_note_unseen_goes_with_the_record_and_one_laid_after_a_pass_stays() {
+    let setup = setup(&[Rung::Reboot, Rung::HandOff], false);
+    let unseen = [
+        Event::HandEdit(Phase::Pending),
+        Event::HandEdit(Phase::Cordoned),
+        Event::PolicyDeleted,
+        Event::PolicyDeleted,
+        Event::Pass,
+        Event::HandEdit(Phase::Pending),
+        Event::PersonUncordons,
+        Event::PersonCordons,
+        Event::RecordDeleted,
+    ];
+    super::walk(&setup, &unseen, 9_998_063_281_899_042_836).expect("no invariant breaks");
+    // Cordoned by the record, lifted by a person, seen by a pass (our note goes), cordoned by the
+    // person: theirs, and it stays when the record is deleted.
+    let mut world = World::new(&setup, 7);
+    for event in [
+        Event::Pass,
+        Event::Pass,
+        Event::PersonUncordons,
+        Event::Pass,
+        Event::PersonCordons,
+        Event::RecordDeleted,
+        Event::Pass,
+    ] {
+        world.happen(event);
+        pass(&mut world, Mood::Calm).expect("no invariant breaks");
+    }
+    assert!(world.person_holds, "the person's cordon counts as theirs");
+    assert!(cordon::is_unschedulable(
+        world.node.as_ref().expect("the node stands")
+    ));
+}
