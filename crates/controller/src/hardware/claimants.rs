@@ -12,8 +12,9 @@
 //! lists afresh (a node may have changed unseen) and when stale claims have doubled it
 //! ([`Claimants::stale`]); not at the periodic resync, which a conservative index does not need.
 //!
-//! Memory: one hash map entry per listed serial (16 bytes of key and value), about 9 MB at 50,000
-//! nodes of 8 GPUs. Serials are read from the inventory text without building the ledger's
+//! Memory: one hash map entry per listed serial (16 bytes of key and value): at 50,000 nodes of 8
+//! GPUs, 400,000 entries, about 9 MB with the map's spare room (an estimate; the controller's idle
+//! RSS there moved from 392.2 to 397.0 MiB between runs, docs/benchmarks.md). Serials are read from the inventory text without building the ledger's
 //! GPUs, and more widely than `ledger::inventory_of` reads them (any entry with a serial, whatever
 //! else it holds): whatever the ledger counts as listed, the index has seen. IO-free.
 
