@@ -15,7 +15,7 @@
 //! halfway is simply made again.
 
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{HashMap, HashSet},
     future::Future,
     sync::Arc,
     time::Duration,
@@ -540,7 +540,7 @@ fn candidates(
         || ctx.caches.all_nodes(),
     );
     let written = ctx.caches.written_node_names();
-    refresh_claimants(ctx, claimants, changed.nodes_listed, &changed.nodes, &written);
+    refresh_claimants(ctx, claimants, changed, &written);
     index
         .candidates(remediations, &written)
         .into_iter()
@@ -556,15 +556,15 @@ fn candidates(
 fn refresh_claimants(
     ctx: &Context,
     claimants: &mut hardware::claimants::Claimants,
-    listed: bool,
-    changed: &BTreeSet<String>,
+    changed: &Changed,
     written: &[String],
 ) {
-    if listed || claimants.stale() {
+    if changed.nodes_listed || claimants.stale() {
         *claimants = hardware::claimants::Claimants::of(&ctx.caches.all_nodes());
         return;
     }
     for node in changed
+        .nodes
         .iter()
         .chain(written)
         .filter_map(|name| ctx.caches.node(name))

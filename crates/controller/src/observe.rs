@@ -49,10 +49,10 @@ pub mod overlay;
 mod relevant;
 pub mod undecodable;
 
-pub(crate) use relevant::hash_of;
 use relevant::{
     budget_fingerprint, node_fingerprint, policy_fingerprint, prune_budget, remediation_fingerprint,
 };
+pub(crate) use relevant::{hash_of, hash_one};
 pub use relevant::{is_ours, prune_node};
 pub use undecodable::Undecodable;
 

@@ -21,7 +21,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    hash::{DefaultHasher, Hash, Hasher},
     sync::Arc,
 };
 
@@ -40,7 +39,7 @@ use super::{
     Census,
     recovering::{RECOVERY_SETTLE, recent_recovery},
 };
-use crate::observe::{hash_of, is_ours};
+use crate::observe::{hash_of, hash_one, is_ours};
 
 /// The node labels the controller writes (each beside an annotation of ours, but a label left
 /// alone must still be seen to be taken back).
@@ -230,12 +229,6 @@ fn policies_key(policies: &[Arc<GpuRemediationPolicy>]) -> u64 {
         .collect();
     live.sort();
     hash_one(&live)
-}
-
-fn hash_one(value: &impl Hash) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    value.hash(&mut hasher);
-    hasher.finish()
 }
 
 #[cfg(test)]

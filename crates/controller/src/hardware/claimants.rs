@@ -14,14 +14,15 @@
 //!
 //! Memory: one hash map entry per listed serial (16 bytes of key and value): at 50,000 nodes of 8
 //! GPUs, 400,000 entries, about 9 MB with the map's spare room (an estimate; the controller's idle
-//! RSS there moved from 392.2 to 397.0 MiB between runs, docs/benchmarks.md). Serials are read from the inventory text without building the ledger's
-//! GPUs, and more widely than `ledger::inventory_of` reads them (any entry with a serial, whatever
-//! else it holds): whatever the ledger counts as listed, the index has seen. IO-free.
+//! RSS there moved from 392.2 to 397.0 MiB between runs, docs/benchmarks.md).
+//!
+//! Serials are read from the inventory text without building the ledger's GPUs, and more widely
+//! than `ledger::inventory_of` reads them (any entry with a serial, whatever else it holds):
+//! whatever the ledger counts as listed, the index has seen. IO-free.
 
 use std::{
     borrow::Cow,
     collections::{BTreeSet, HashMap, hash_map::Entry},
-    hash::{DefaultHasher, Hash, Hasher},
     sync::Arc,
 };
 
@@ -29,6 +30,8 @@ use gpu_remediation_api::constants::GPU_INVENTORY_ANNOTATION;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt as _;
 use serde::Deserialize;
+
+use crate::observe::hash_one;
 
 /// The value of a serial listed by more than one node (or by a node whose name hashes to it).
 const SHARED: u64 = u64::MAX;
@@ -113,22 +116,10 @@ impl Claimants {
     }
 
     /// How many serials the index holds.
-    #[must_use]
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.by_serial.len()
     }
-
-    /// Whether the index holds no serial.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.by_serial.is_empty()
-    }
-}
-
-fn hash_one(value: &str) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    value.hash(&mut hasher);
-    hasher.finish()
 }
 
 #[cfg(test)]

@@ -75,6 +75,13 @@ pub(crate) fn hash_of<T: Serialize>(value: &T) -> u64 {
     hasher.finish()
 }
 
+/// `value` hashed with the standard hasher (for keys kept hashed to spare their strings).
+pub(crate) fn hash_one(value: &(impl Hash + ?Sized)) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
 pub(super) fn node_fingerprint(node: &Node) -> u64 {
     let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
     let conditions: Vec<_> = conditions
