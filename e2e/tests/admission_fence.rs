@@ -275,8 +275,9 @@ async fn node_edits_are_fenced_both_ways(admin: &Client, deposed: &Writer, curre
         "{kept:?}"
     );
     assert_eq!(cordoned.spec.as_ref().and_then(|s| s.unschedulable), Some(true));
-    // Over the node as it is now, the release is one patch, admitted under the current claim.
-    let NodeEdit::Written(released) = current
+    // The release lifts our cordon, so it replaces a fresh read (which names the cordon's
+    // manager), admitted under the current claim.
+    let (NodeEdit::Written(released), None) = current
         .release_node(&target, Some(&cordoned), "e2e-fence", "p", false)
         .await
         .expect("the current claim releases")

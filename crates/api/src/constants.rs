@@ -326,6 +326,9 @@ pub mod reasons {
     pub const HELD_PAST_TTL: &str = "HeldPastHistoryTtl";
     /// A person uncordoned the node.
     pub const UNCORDONED_BY_PERSON: &str = "UncordonedByPerson";
+    /// A release left the node cordoned: another party (named in the note, by the server's record
+    /// of the field's manager) laid the cordon again after ours, so it is theirs to lift.
+    pub const CORDON_KEPT: &str = "CordonKept";
     /// The node disappeared.
     pub const NODE_GONE: &str = "NodeGone";
     /// The node is selected by a policy of higher priority.

@@ -7,6 +7,7 @@
 
 use gpu_remediation_api::constants::{
     CANCELLED_ANNOTATION, CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, REMEDIATION_TAINT_KEY,
+    field_managers,
 };
 use gpu_remediation_api::ladder::{HAND_OFF_LABEL, HANDED_OFF_BY_ANNOTATION};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
@@ -67,6 +68,69 @@ pub fn cordon_of(node: &Node, remediation: &str) -> Cordon {
 #[must_use]
 pub fn is_unschedulable(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+}
+
+/// Who else laid the node's cordon, by the server's record of each field's manager: another party
+/// than us holds `spec.unschedulable` and we do not. That is a person who lifted our cordon and
+/// laid their own while our `cordoned-by` note stayed (`kubectl cordon` writes as
+/// `kubectl-cordon`), or another controller; an Update moves a field to its writer only when it
+/// changes the value, so a cordon laid again over ours leaves it ours.
+///
+/// `None` when our manager holds the field, when none does, and when the node carries no
+/// managedFields: the watch's cache prunes them, so only a fresh read can answer (a release that
+/// would lift a cordon reads the node afresh, see `Writer::release_node`).
+#[must_use]
+pub fn cordon_laid_by_another(node: &Node) -> Option<String> {
+    let holders: Vec<_> = node
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| {
+            entry
+                .fields_v1
+                .as_ref()
+                .and_then(|fields| fields.0.get("f:spec"))
+                .and_then(|spec| spec.get("f:unschedulable"))
+                .is_some()
+        })
+        .collect();
+    if holders
+        .iter()
+        .any(|entry| entry.manager.as_deref() == Some(field_managers::CONTROLLER))
+    {
+        return None;
+    }
+    holders.first().map(|entry| {
+        entry
+            .manager
+            .clone()
+            .unwrap_or_else(|| "an unnamed manager".to_owned())
+    })
+}
+
+/// The managedFields entry the server keeps for `manager`'s hold on `spec.unschedulable` (for
+/// tests that lay a cordon as a person or another controller would).
+#[cfg(test)]
+#[must_use]
+pub(crate) fn managing_the_cordon(
+    manager: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+        manager: Some(manager.to_owned()),
+        operation: Some("Update".to_owned()),
+        fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+            serde_json::json!({"f:spec": {"f:unschedulable": {}}}),
+        )),
+        ..Default::default()
+    }
+}
+
+/// Whether [`release`] for `remediation` would lift a cordon from `node` as it stands, before the
+/// managers of its fields are known: our `cordoned-by` note names it and the node is cordoned.
+#[must_use]
+pub fn would_lift_cordon(node: &Node, remediation: &str) -> bool {
+    holds(node, remediation).cordoned && is_unschedulable(node)
 }
 
 /// Whether the node carries our taint.
@@ -149,12 +213,13 @@ pub fn holds(node: &Node, remediation: &str) -> Holds {
     }
 }
 
-/// Releases what `remediation` owns on `node` (see [`holds`]): the cordon only if we made it, our
-/// taint and our annotations always; another party's cordon and every other taint stay. Returns
-/// whether anything changed.
+/// Releases what `remediation` owns on `node` (see [`holds`]): the cordon only if we made it and
+/// no other party has laid it since (see [`cordon_laid_by_another`]), our taint and our annotations
+/// always; another party's cordon and every other taint stay. Returns whether anything changed.
 pub fn release(node: &mut Node, remediation: &str) -> bool {
     let held = holds(node, remediation);
-    let (cordoned_by_us, handed_off) = (held.cordoned, held.handed_off);
+    let (handed_off, laid_by_another) = (held.handed_off, cordon_laid_by_another(node).is_some());
+    let cordoned_by_us = held.cordoned && !laid_by_another;
     if handed_off {
         node.labels_mut().remove(HAND_OFF_LABEL);
         node.annotations_mut().remove(HANDED_OFF_BY_ANNOTATION);
@@ -309,6 +374,42 @@ pub(crate) mod tests {
         assert!(release(&mut n, "gpu-1-abc"));
         assert!(!is_unschedulable(&n));
         assert_eq!(taint_keys(&n), foreign_then(&["readiness.k8s.io/network-ready"]));
+    }
+
+    #[test]
+    fn a_cordon_a_person_laid_again_over_our_note_stays_theirs_on_release() {
+        let mut n = node(false, &FOREIGN);
+        cordon(&mut n, "gpu-1-abc");
+        assert!(would_lift_cordon(&n, "gpu-1-abc"));
+        // A person lifted ours and laid their own before a pass dropped our note.
+        n.metadata.managed_fields = Some(vec![managing_the_cordon("kubectl-cordon")]);
+        assert_eq!(cordon_laid_by_another(&n).as_deref(), Some("kubectl-cordon"));
+        assert!(release(&mut n, "gpu-1-abc"));
+        assert!(is_unschedulable(&n), "the person's cordon stays");
+        assert_eq!(taint_keys(&n), foreign_then(&[]), "our taint goes");
+        assert!(n.annotations().is_empty(), "our note goes");
+    }
+
+    #[test]
+    fn a_cordon_our_manager_holds_is_lifted_whoever_else_wrote_the_node() {
+        let mut n = node(false, &FOREIGN);
+        cordon(&mut n, "gpu-1-abc");
+        let mut kubelet = managing_the_cordon("kubelet");
+        kubelet.fields_v1 = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+            serde_json::json!({"f:status": {"f:conditions": {}}}),
+        ));
+        n.metadata.managed_fields = Some(vec![
+            kubelet,
+            managing_the_cordon(field_managers::CONTROLLER),
+            managing_the_cordon("kubectl-cordon"),
+        ]);
+        assert_eq!(cordon_laid_by_another(&n), None, "ours holds it (a shared hold)");
+        assert!(release(&mut n, "gpu-1-abc"));
+        assert!(!is_unschedulable(&n));
+        // Without managedFields (a cached node) nothing names another: ours, by our note.
+        let mut cached = node(false, &[]);
+        cordon(&mut cached, "gpu-1-abc");
+        assert_eq!(cordon_laid_by_another(&cached), None);
     }
 
     #[test]

@@ -225,10 +225,19 @@ impl Scenario {
         .await;
     }
 
+    /// A person's `kubectl cordon` or `uncordon`: the server names `kubectl-cordon` the field's
+    /// manager when the value changes (kubectl's own patch, an absent field for `false`).
     pub async fn set_unschedulable(&self, name: &str, unschedulable: bool) {
-        let patch = serde_json::json!({"spec": {"unschedulable": unschedulable}});
+        let patch = serde_json::json!({"spec": {"unschedulable": unschedulable.then_some(true)}});
         Api::<Node>::all(self.client.clone())
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(
+                name,
+                &PatchParams {
+                    field_manager: Some("kubectl-cordon".to_owned()),
+                    ..PatchParams::default()
+                },
+                &Patch::Merge(&patch),
+            )
             .await
             .unwrap();
     }

@@ -317,7 +317,12 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
             ctx.writer
                 .edit_node(
                     &node_ref(node, uid.as_ref()),
-                    ctx.caches.node(node).as_deref(),
+                    // Taking back a join cordon edits a fresh read, which names the cordon's
+                    // manager (`join::unflag`).
+                    ctx.caches
+                        .node(node)
+                        .filter(|n| !join::is_join_cordoned(n))
+                        .as_deref(),
                     join::unflag,
                 )
                 .await?;

@@ -266,8 +266,9 @@ impl<'p> CordonRoom<'p> {
     }
 }
 
-/// Whether the node is cordoned by a join check (not by a remediation or a person).
-fn is_join_cordoned(node: &Node) -> bool {
+/// Whether the node is cordoned by a join check (not by a remediation or a person), by our note.
+#[must_use]
+pub fn is_join_cordoned(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
         && node
             .annotations()
@@ -317,7 +318,8 @@ pub fn flag(node: &mut Node, cordon: bool) -> bool {
     changed
 }
 
-/// Takes the flag back, and the cordon it made (never another's). Whether anything changed.
+/// Takes the flag back, and the cordon it made (never another's, nor one another party laid again
+/// over it: `cordon::cordon_laid_by_another`). Whether anything changed.
 pub fn unflag(node: &mut Node) -> bool {
     let mut changed = node.labels_mut().remove(REPEAT_OFFENDER_LABEL).is_some();
     if node
@@ -325,8 +327,11 @@ pub fn unflag(node: &mut Node) -> bool {
         .get(CORDONED_BY_ANNOTATION)
         .is_some_and(|by| by == JOIN_CORDON_OWNER)
     {
+        let laid_by_another = crate::cordon::cordon_laid_by_another(node).is_some();
         node.annotations_mut().remove(CORDONED_BY_ANNOTATION);
-        if let Some(spec) = node.spec.as_mut() {
+        if let Some(spec) = node.spec.as_mut()
+            && !laid_by_another
+        {
             spec.unschedulable = None;
         }
         changed = true;
@@ -462,6 +467,14 @@ mod tests {
         flag(&mut theirs, true);
         unflag(&mut theirs);
         assert_eq!(theirs.spec.as_ref().and_then(|s| s.unschedulable), Some(true));
+        // And so does one a person laid again over our join cordon (the field's manager says).
+        let mut laid_again = Node::clone(&node("node-f", "S1", false));
+        flag(&mut laid_again, true);
+        assert!(is_join_cordoned(&laid_again));
+        laid_again.metadata.managed_fields = Some(vec![crate::cordon::managing_the_cordon("kubectl-cordon")]);
+        assert!(unflag(&mut laid_again));
+        assert_eq!(laid_again.spec.as_ref().and_then(|s| s.unschedulable), Some(true));
+        assert!(!is_join_cordoned(&laid_again), "our note is gone");
     }
 
     #[test]

@@ -65,7 +65,8 @@ impl Writer {
     /// Releases what `remediation` owns on `node` (see `cordon::release`) and the quarantine
     /// of its `policy` it took over (see `quarantine::taint::lift`), only if it is still the node
     /// of the admitted UID; `remember_cancel` also notes a person's cancel on it. A node that is
-    /// gone needs no release.
+    /// gone needs no release. With the manager of a cordon left in place because another party laid
+    /// it again over ours (`cordon::cordon_laid_by_another`).
     pub async fn release_node(
         &self,
         node: &NodeRef,
@@ -73,14 +74,30 @@ impl Writer {
         remediation: &str,
         policy: &str,
         remember_cancel: bool,
-    ) -> Result<NodeEdit, EditNodeError> {
-        self.edit_node(node, seen, |n| {
-            let released = cordon::release(n, remediation);
-            let lifted = quarantine::taint::lift(n, policy);
-            let remembered = remember_cancel && cordon::remember_cancelled(n, remediation);
-            released || lifted || remembered
-        })
-        .await
+    ) -> Result<(NodeEdit, Option<String>), EditNodeError> {
+        // A release that would lift our cordon edits a fresh read: only the server's record of the
+        // field's manager (which the cache prunes) tells our cordon from one a person laid again
+        // over our note (`cordon::cordon_laid_by_another`).
+        let seen = seen.filter(|n| !cordon::would_lift_cordon(n, remediation));
+        let kept_for = std::sync::Mutex::new(None);
+        let edit = self
+            .edit_node(node, seen, |n| {
+                let kept = cordon::would_lift_cordon(n, remediation)
+                    .then(|| cordon::cordon_laid_by_another(n))
+                    .flatten();
+                let released = cordon::release(n, remediation);
+                let lifted = quarantine::taint::lift(n, policy);
+                let remembered = remember_cancel && cordon::remember_cancelled(n, remediation);
+                *kept_for.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = kept;
+                released || lifted || remembered
+            })
+            .await?;
+        Ok((
+            edit,
+            kept_for
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        ))
     }
 
     /// Quarantines `node` for `policy` (see `quarantine::taint::quarantine`), only if it is still

@@ -4,14 +4,17 @@
 
 use std::{sync::Arc, time::Duration};
 
-use gpu_remediation_api::{GpuRemediation, GpuRemediationStatus, Phase, constants::REMEDIATION_FINALIZER};
+use gpu_remediation_api::{
+    GpuRemediation, GpuRemediationStatus, Phase,
+    constants::{REMEDIATION_FINALIZER, reasons},
+};
 use jiff::Timestamp;
-use kube::ResourceExt;
+use kube::{ResourceExt, runtime::events::EventType};
 
 use super::AdvanceRemediationError;
 use crate::{
     context::Context,
-    lifecycle::{self, Release, Settlement},
+    lifecycle::{self, Note, Release, Settlement},
     progress::{self, Verdict},
 };
 
@@ -32,12 +35,14 @@ pub(super) async fn settle(
     passing: bool,
 ) -> Result<Settled, AdvanceRemediationError> {
     let name = remediation.name_any();
+    let mut cordon_kept = None;
     if let Some(Release {
         node,
         remember_cancel,
     }) = &settlement.release
     {
-        ctx.writer
+        let (_, kept_for) = ctx
+            .writer
             .release_node(
                 node,
                 ctx.caches.node(&node.name).as_deref(),
@@ -46,6 +51,17 @@ pub(super) async fn settle(
                 *remember_cancel,
             )
             .await?;
+        cordon_kept = kept_for.map(|manager| {
+            Note::new(
+                reasons::CORDON_KEPT,
+                EventType::Normal,
+                &format!(
+                    "node {}: its cordon was laid again by {manager} after ours and stays theirs; \
+                     our note and taint are gone",
+                    node.name
+                ),
+            )
+        });
     }
     let before = remediation.status.as_ref().map(|s| s.phase).unwrap_or_default();
     let after = settlement.status.phase;
@@ -87,7 +103,7 @@ pub(super) async fn settle(
     } else {
         after.to_string()
     };
-    for note in &notes {
+    for note in notes.iter().chain(&cordon_kept) {
         ctx.writer.publish(updated.as_ref(), note.event(&action)).await;
     }
     if settlement.drop_finalizer {

@@ -10,17 +10,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::write::recording::{context, node_path, remediation_path};
 
-#[tokio::test]
-async fn a_record_deleted_mid_drain_releases_our_cordon_and_drops_its_finalizer() {
-    let since = Timestamp::now() - SignedDuration::from_secs(60);
-    let mut node = super::super::tests::broken_node(since);
-    assert!(
-        crate::cordon::cordon(&mut node, "gpu-1-abcde"),
-        "cordoned by the record"
-    );
+/// The record, deleted while draining, as the lifecycle writes it: the cordon in the history and
+/// the conditions.
+fn deleted_mid_drain(since: Timestamp) -> gpu_remediation_api::GpuRemediation {
     let mut record = super::super::tests::record(since);
     record.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
-    // Draining as the lifecycle writes it: the cordon in the history and the conditions.
     let mut status = GpuRemediationStatus::default();
     for phase in [Phase::Pending, Phase::Cordoned, Phase::Draining] {
         crate::lifecycle::status::enter(&mut status, phase, "on the way", since);
@@ -34,6 +28,18 @@ async fn a_record_deleted_mid_drain_releases_our_cordon_and_drops_its_finalizer(
         since,
     );
     record.status = Some(status);
+    record
+}
+
+#[tokio::test]
+async fn a_record_deleted_mid_drain_releases_our_cordon_and_drops_its_finalizer() {
+    let since = Timestamp::now() - SignedDuration::from_secs(60);
+    let mut node = super::super::tests::broken_node(since);
+    assert!(
+        crate::cordon::cordon(&mut node, "gpu-1-abcde"),
+        "cordoned by the record"
+    );
+    let record = deleted_mid_drain(since);
     let (ctx, recording) = context(
         vec![super::super::tests::policy()],
         vec![record.clone()],
@@ -46,9 +52,10 @@ async fn a_record_deleted_mid_drain_releases_our_cordon_and_drops_its_finalizer(
 
     let writes = recording.writes();
     let path = remediation_path("gpu-1-abcde");
+    // A release that lifts our cordon replaces a fresh read (which names the cordon's manager).
     assert_eq!(
         writes.first(),
-        Some(&format!("PATCH {}", node_path("gpu-1"))),
+        Some(&format!("PUT {}", node_path("gpu-1"))),
         "{writes:#?}"
     );
     assert_eq!(
@@ -70,6 +77,46 @@ async fn a_record_deleted_mid_drain_releases_our_cordon_and_drops_its_finalizer(
             .names()
             .contains(&"gpu-1-abcde".to_owned()),
         "a record whose last finalizer went is not laid over the cache"
+    );
+}
+
+#[tokio::test]
+async fn a_cordon_a_person_laid_again_over_ours_stays_when_the_record_goes_and_is_announced() {
+    let since = Timestamp::now() - SignedDuration::from_secs(60);
+    let mut node = super::super::tests::broken_node(since);
+    crate::cordon::cordon(&mut node, "gpu-1-abcde");
+    // Our cordon lifted and laid again by a person before a pass dropped our note.
+    node.metadata.managed_fields = Some(vec![crate::cordon::managing_the_cordon("kubectl-cordon")]);
+    let record = deleted_mid_drain(since);
+    let (ctx, recording) = context(
+        vec![super::super::tests::policy()],
+        vec![record.clone()],
+        vec![node],
+    );
+
+    super::super::advance(&ctx, Arc::new(record))
+        .await
+        .expect("the remediation settles");
+
+    let released = recording.object(&node_path("gpu-1")).expect("the node");
+    assert_eq!(
+        released["spec"]["unschedulable"], true,
+        "the person's cordon stays: {released}"
+    );
+    let annotations = released["metadata"]["annotations"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !annotations.contains_key(gpu_remediation_api::constants::CORDONED_BY_ANNOTATION),
+        "our note goes: {released}"
+    );
+    let reasons = recording.event_reasons();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r == gpu_remediation_api::constants::reasons::CORDON_KEPT),
+        "{reasons:?}"
     );
 }
 

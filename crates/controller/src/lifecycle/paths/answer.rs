@@ -68,6 +68,12 @@ pub(super) fn answer(
                     Some(n) => {
                         let theirs = cordon::is_unschedulable(n);
                         cordon::cordon(n, NAME);
+                        if !theirs {
+                            super::world::manages_cordon(
+                                n,
+                                gpu_remediation_api::constants::field_managers::CONTROLLER,
+                            );
+                        }
                         CordonAnswer::Cordoned { theirs }
                     }
                 }

@@ -6,9 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_remediation_api::{
     GpuRemediation, GpuRemediationSpec,
-    constants::{
-        APPROVED_ANNOTATION, CORDONED_BY_ANNOTATION, GPU_INVENTORY_ANNOTATION, REMEDIATION_FINALIZER,
-    },
+    constants::{APPROVED_ANNOTATION, GPU_INVENTORY_ANNOTATION, REMEDIATION_FINALIZER},
     hardware::{HardwareLedger, LedgerGpu},
     ladder::{LadderStep, Rung},
     policy::{Action, ConditionStatus, Drain, Release, Replacement, Strategy, Trigger},
@@ -26,6 +24,7 @@ use kube::core::Status;
 
 use super::draw::{Event, Setup};
 use crate::{
+    cordon,
     drain::{Leaving, Plan},
     lifecycle::{EvictionAnswer, Words},
     replace::{Observation, Presence, ReplacementNode, Reported},
@@ -339,29 +338,24 @@ impl World {
             }
             Event::PodsFinish => self.pods.retain(|p| !p.terminating),
             Event::PersonCordons => {
-                // A cordon laid while the node still carries our `cordoned-by` (a person lifted our
-                // cordon and laid theirs before a pass dropped the note, as a record hand-set back
-                // to `Pending` does not) reads as ours: nothing the controller keeps of the node
-                // tells the two apart (the field's manager would; the cache keeps no
-                // managedFields), so it goes with the remediation. Once a pass has seen our cordon
-                // lifted, our note goes and a person's cordon is theirs.
-                if let Some(node) = self.node.as_mut() {
-                    let ours = node
-                        .metadata
-                        .annotations
-                        .as_ref()
-                        .is_some_and(|a| a.contains_key(CORDONED_BY_ANNOTATION));
-                    if let Some(spec) = node.spec.as_mut()
-                        && spec.unschedulable != Some(true)
-                    {
-                        spec.unschedulable = Some(true);
-                        self.person_holds = !ours;
-                    }
+                // `kubectl cordon`: the server names its manager as the field's whenever the value
+                // changes, so a cordon laid over our still-present note is told from ours on the
+                // release's fresh read (`cordon::cordon_laid_by_another`).
+                if let Some(node) = self.node.as_mut()
+                    && let Some(spec) = node.spec.as_mut()
+                    && spec.unschedulable != Some(true)
+                {
+                    spec.unschedulable = Some(true);
+                    manages_cordon(node, "kubectl-cordon");
+                    self.person_holds = true;
                 }
             }
             Event::PersonUncordons => {
-                if let Some(spec) = self.node.as_mut().and_then(|n| n.spec.as_mut()) {
+                if let Some(node) = self.node.as_mut()
+                    && let Some(spec) = node.spec.as_mut()
+                {
                     spec.unschedulable = None;
+                    node.metadata.managed_fields = None;
                     self.person_holds = false;
                 }
             }
@@ -510,6 +504,12 @@ impl World {
             },
         })
     }
+}
+
+/// Records `manager` as the one holding the node's `spec.unschedulable`, as the server does for the
+/// writer that changed it.
+pub(super) fn manages_cordon(node: &mut Node, manager: &str) {
+    node.metadata.managed_fields = Some(vec![cordon::managing_the_cordon(manager)]);
 }
 
 pub(super) fn words(action: &str, code: u16) -> Words {
