@@ -6,10 +6,12 @@
 //! absent and reads as `FailedToLoadSymbol` in the caller.
 //!
 //! Contract for every function (as NVML's): pointer arguments are either null (answered
-//! `NVML_ERROR_INVALID_ARGUMENT`) or valid for writes of the pointed type, and a `(buffer, length)`
-//! pair is valid for `length` bytes.
+//! `NVML_ERROR_INVALID_ARGUMENT`) or valid for writes of the pointed type, a `(buffer, length)`
+//! pair is valid for `length` bytes, and a `const char *` is a NUL-terminated string.
 #![allow(non_snake_case, reason = "NVML's exported names")]
 
+mod device_plugin;
+mod library;
 mod mig;
 mod nvlink;
 
@@ -33,17 +35,22 @@ use nvml_wrapper_sys::bindings::{
 };
 
 use crate::{
+    location::{SCENARIO_ENV, scenario_path},
     scenario::{Gpu, message_of},
-    state::{SCENARIO_ENV, StandIn, XID_EVENT_TYPE},
+    state::{StandIn, XID_EVENT_TYPE},
 };
 
 /// What NVML writes in an event's instance field that does not apply.
 const NO_INSTANCE: c_uint = c_uint::MAX;
 
-/// The process's stand-in, reading the scenario named by `GPU_STANDIN_SCENARIO`.
+/// The process's stand-in, reading the scenario named by `GPU_STANDIN_SCENARIO`, else the one
+/// beside this library (`crate::location`).
 fn standin() -> &'static StandIn {
     static STANDIN: OnceLock<StandIn> = OnceLock::new();
-    STANDIN.get_or_init(|| StandIn::new(std::env::var_os(SCENARIO_ENV).map(Into::into)))
+    STANDIN.get_or_init(|| {
+        let library = library::own_path();
+        StandIn::new(scenario_path(std::env::var_os(SCENARIO_ENV), library.as_deref()))
+    })
 }
 
 /// The driver version the stand-in reports: not a real driver's, so nothing mistakes it for one.

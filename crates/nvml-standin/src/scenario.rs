@@ -18,12 +18,15 @@
 //!   it are not reachable, a count past the slots reaches indices that fail with `INVALID_ARGUMENT`.
 //! - `xidEvents`: delivered once each (keyed by `id`, else position) through `nvmlEventSetWait_v2`.
 //! - `nvlinks`, `fabric`: see [`crate::nvlink`]; `mig` (a GPU's MIG devices, with `gpuInstance` on
-//!   an XID event): see [`crate::mig`].
+//!   an XID event): see [`crate::mig`]; `minorNumber`, `memory`, `cudaComputeCapability`,
+//!   `topology`, `nvlinkRemoteBusIds` (for the NVIDIA device plugin): see [`crate::plugin`].
 //! - `failedCalls`: `device <index>: <nvml function>: <error>` makes that call on that device
 //!   (`index` as in the file) fail with that error; any other form is refused.
 //! - `kernelLog`: no NVML answer; the harness writes these lines to the agent's kernel log.
+//!
+//! Which file: the one `GPU_STANDIN_SCENARIO` names, else `scenario.json` beside the library.
 
-use std::{path::Path, time::SystemTime};
+use std::{collections::BTreeMap, path::Path, time::SystemTime};
 
 use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_ALREADY_INITIALIZED, nvmlReturn_enum_NVML_ERROR_CORRUPTED_INFOROM,
@@ -38,6 +41,8 @@ use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_UNKNOWN, nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t,
 };
 use serde::Deserialize;
+
+use crate::plugin::{ComputeCapability, Memory, TopologyLevel};
 
 /// The file's shape (the agent's `ProbeFile`).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -117,6 +122,21 @@ pub struct Gpu {
     /// MIG devices (see [`crate::mig`]).
     #[serde(default)]
     pub mig: Vec<Mig>,
+    /// Its `/dev/nvidia<minor>` (this and the rest: see [`crate::plugin`]).
+    #[serde(default)]
+    pub minor_number: Option<u32>,
+    /// Framebuffer memory.
+    #[serde(default)]
+    pub memory: Option<Memory>,
+    /// CUDA compute capability.
+    #[serde(default)]
+    pub cuda_compute_capability: Option<ComputeCapability>,
+    /// The common ancestor with the GPU of each UUID.
+    #[serde(default)]
+    pub topology: BTreeMap<String, TopologyLevel>,
+    /// The PCI bus id at the other end of each active NVLink, by link.
+    #[serde(default)]
+    pub nvlink_remote_bus_ids: BTreeMap<u32, String>,
 }
 
 /// One MIG device (the agent's `MigReading`).

@@ -20,10 +20,10 @@ use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_UNINITIALIZED, nvmlReturn_enum_NVML_ERROR_UNKNOWN, nvmlReturn_t,
 };
 
-use crate::scenario::{FileStamp, Gpu, Scenario, Slot};
-
-/// The environment variable naming the scenario file.
-pub const SCENARIO_ENV: &str = "GPU_STANDIN_SCENARIO";
+use crate::{
+    location::{SCENARIO_ENV, SCENARIO_FILE},
+    scenario::{FileStamp, Gpu, Scenario, Slot},
+};
 
 /// How often a hung call or an event wait looks at the scenario again.
 const POLL: Duration = Duration::from_millis(50);
@@ -137,7 +137,10 @@ impl StandIn {
     /// `NVML_ERROR_UNKNOWN`, told on stderr once per version of the file.
     pub fn scenario(&self) -> Result<Arc<Scenario>, nvmlReturn_t> {
         let Some(path) = &self.path else {
-            eprintln!("nvml-standin: {SCENARIO_ENV} is not set: no scenario to answer from");
+            eprintln!(
+                "nvml-standin: {SCENARIO_ENV} is not set and the library's own path (for a {SCENARIO_FILE} \
+                 beside it) is unknown: no scenario to answer from"
+            );
             return Err(nvmlReturn_enum_NVML_ERROR_UNKNOWN);
         };
         let stamp = FileStamp::of(path).map_err(|err| {
