@@ -248,6 +248,7 @@ impl Writer {
         // refusal) come back at once, to be recorded as blockers.
         let client = Client::try_from(no_retry.clone())?;
         let eviction_client = Client::try_from(no_retry)?;
+        writable::warm_schemas();
         Ok(Self::from_clients(client, eviction_client, fence, reporter).with(overlays, metrics))
     }
 
