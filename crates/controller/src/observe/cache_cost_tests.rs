@@ -5,8 +5,9 @@
 //! watch prunes them (`prune_node`), then kept. Not a correctness test: run by hand, one shape per
 //! process (the resident size is the process's),
 //! `CACHE_COST_SHAPE=installed cargo test --release -p gpu-remediator --lib observe::cache_cost_tests -- --ignored --nocapture`
-//! (`CACHE_COST_SHAPE`: `bare`, `installed`, or `stamps` for the first-seen stamps without the
-//! inventory; `CACHE_COST_NODES`, default 50,000). It prints the growth of the resident set per node
+//! (`CACHE_COST_SHAPE`: `bare`, `installed`, `stamps` for the first-seen stamps without the
+//! inventory, or `labelled`: installed, with the hundred-odd labels of a GPU-operator node, see
+//! [`operator_labels`]; `CACHE_COST_NODES`, default 50,000). It prints the growth of the resident set per node
 //! and the bytes of our annotations' text per node, so the two can be set side by side, and the
 //! size of the `Node` struct itself (each cached node's one allocation before any of its strings).
 
@@ -41,11 +42,11 @@ fn node_json(i: usize, shape: &str) -> String {
         .map(|g| (format!("165{i:07}{g}"), serde_json::json!("2026-12-06T07:27:00Z")))
         .collect();
     let mut annotations = serde_json::json!({"node.alpha.kubernetes.io/ttl": "0"});
-    if shape == "installed" {
+    if shape == "installed" || shape == "labelled" {
         annotations["gpuremediation.dev/gpu-inventory"] =
             serde_json::Value::String(serde_json::Value::Array(inventory).to_string());
     }
-    if shape == "installed" || shape == "stamps" {
+    if shape == "installed" || shape == "labelled" || shape == "stamps" {
         annotations["gpuremediation.dev/gpu-first-seen"] =
             serde_json::Value::String(serde_json::Value::Object(stamps).to_string());
     }
@@ -53,14 +54,20 @@ fn node_json(i: usize, shape: &str) -> String {
         serde_json::json!({"type": type_, "status": status, "reason": reason, "message": format!("{reason} on {name}"),
             "lastHeartbeatTime": "2026-12-06T07:27:00Z", "lastTransitionTime": "2026-12-06T07:27:00Z"})
     };
+    let mut labels = serde_json::json!({"gpu-sandbox/fleet": "scale", "kubernetes.io/hostname": name,
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8",
+        "topology.kubernetes.io/zone": "zone-a", "kubernetes.io/os": "linux"});
+    if shape == "labelled" {
+        for (key, value) in operator_labels() {
+            labels[key] = serde_json::Value::String(value);
+        }
+    }
     serde_json::json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {
             "name": name, "uid": format!("00000000-0000-4000-8000-{i:012x}"), "resourceVersion": "123456789",
             "creationTimestamp": "2026-12-06T07:27:00Z",
-            "labels": {"gpu-sandbox/fleet": "scale", "kubernetes.io/hostname": name,
-                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8",
-                "topology.kubernetes.io/zone": "zone-a", "kubernetes.io/os": "linux"},
+            "labels": labels,
             "annotations": annotations,
             "managedFields": [{"manager": "gpu-bench", "operation": "Update", "apiVersion": "v1",
                 "time": "2026-12-06T07:27:00Z", "fieldsType": "FieldsV1",
@@ -82,6 +89,165 @@ fn node_json(i: usize, shape: &str) -> String {
         }
     })
     .to_string()
+}
+
+// The labels of `operator_labels`, by who writes them: GPU Feature Discovery and the GPU
+// operator (`nvidia.com/`), NFD's CPU flags and other features, the cloud's and Karpenter's.
+const GFD: &[(&str, &str)] = &[
+    ("cuda.driver-version.full", "580.95.05"),
+    ("cuda.driver-version.major", "580"),
+    ("cuda.driver-version.minor", "95"),
+    ("cuda.driver-version.revision", "05"),
+    ("cuda.driver.major", "580"),
+    ("cuda.driver.minor", "95"),
+    ("cuda.driver.rev", "05"),
+    ("cuda.runtime-version.full", "13.0"),
+    ("cuda.runtime-version.major", "13"),
+    ("cuda.runtime-version.minor", "0"),
+    ("cuda.runtime.major", "13"),
+    ("cuda.runtime.minor", "0"),
+    ("gfd.timestamp", "1764979200"),
+    ("gpu.compute.major", "9"),
+    ("gpu.compute.minor", "0"),
+    ("gpu.family", "hopper"),
+    ("gpu.machine", "p5.48xlarge"),
+    ("gpu.memory", "81559"),
+    ("gpu.mode", "compute"),
+    ("gpu.present", "true"),
+    ("gpu.replicas", "1"),
+    ("gpu.sharing-strategy", "none"),
+    ("mig.capable", "true"),
+    ("mig.strategy", "single"),
+    ("mps.capable", "false"),
+    ("vgpu.present", "false"),
+    ("gpu.clique", "none"),
+    ("gpu.deploy.container-toolkit", "true"),
+    ("gpu.deploy.dcgm", "true"),
+    ("gpu.deploy.dcgm-exporter", "true"),
+    ("gpu.deploy.device-plugin", "true"),
+    ("gpu.deploy.driver", "pre-installed"),
+    ("gpu.deploy.gpu-feature-discovery", "true"),
+    ("gpu.deploy.node-status-exporter", "true"),
+    ("gpu.deploy.operator-validator", "true"),
+    ("gpu.deploy.mig-manager", "true"),
+    ("mig.config", "all-disabled"),
+    ("mig.config.state", "success"),
+];
+
+const CPUID: &[&str] = &[
+    "ADX",
+    "AESNI",
+    "AMXBF16",
+    "AMXINT8",
+    "AMXTILE",
+    "AVX",
+    "AVX2",
+    "AVX512BF16",
+    "AVX512BITALG",
+    "AVX512BW",
+    "AVX512CD",
+    "AVX512DQ",
+    "AVX512F",
+    "AVX512FP16",
+    "AVX512IFMA",
+    "AVX512VBMI",
+    "AVX512VBMI2",
+    "AVX512VL",
+    "AVX512VNNI",
+    "AVX512VPOPCNTDQ",
+    "AVXVNNI",
+    "CMPXCHG8",
+    "FMA3",
+    "FSRM",
+    "FXSR",
+    "FXSROPT",
+    "GFNI",
+    "HYPERVISOR",
+    "LAHF",
+    "MOVBE",
+    "MOVDIR64B",
+    "MOVDIRI",
+    "OSXSAVE",
+    "SERIALIZE",
+    "SHA",
+    "SPEC_CTRL_SSBD",
+    "SYSCALL",
+    "SYSEE",
+    "TSXLDTRK",
+    "VAES",
+    "VPCLMULQDQ",
+    "WAITPKG",
+    "X87",
+    "XGETBV1",
+    "XSAVE",
+    "XSAVEC",
+    "XSAVEOPT",
+    "XSAVES",
+];
+
+const NFD: &[(&str, &str)] = &[
+    ("cpu-cpuid.hypervisor", "true"),
+    ("cpu-hardware_multithreading", "true"),
+    ("cpu-model.family", "6"),
+    ("cpu-model.id", "143"),
+    ("cpu-model.vendor_id", "Intel"),
+    ("kernel-config.NO_HZ", "true"),
+    ("kernel-config.NO_HZ_FULL", "true"),
+    ("kernel-version.full", "6.8.0-1019-aws"),
+    ("kernel-version.major", "6"),
+    ("kernel-version.minor", "8"),
+    ("kernel-version.revision", "0"),
+    ("pci-10de.present", "true"),
+    ("pci-1d0f.present", "true"),
+    ("storage-nonrotationaldisk", "true"),
+    ("system-os_release.ID", "ubuntu"),
+    ("system-os_release.VERSION_ID", "22.04"),
+    ("system-os_release.VERSION_ID.major", "22"),
+    ("system-os_release.VERSION_ID.minor", "04"),
+];
+
+const CLOUD: &[(&str, &str)] = &[
+    ("beta.kubernetes.io/arch", "amd64"),
+    ("beta.kubernetes.io/os", "linux"),
+    ("beta.kubernetes.io/instance-type", "p5.48xlarge"),
+    ("kubernetes.io/arch", "amd64"),
+    ("node.kubernetes.io/instance-type", "p5.48xlarge"),
+    ("topology.kubernetes.io/region", "us-east-2"),
+    ("failure-domain.beta.kubernetes.io/region", "us-east-2"),
+    ("failure-domain.beta.kubernetes.io/zone", "us-east-2a"),
+    ("topology.k8s.aws/zone-id", "use2-az1"),
+    ("topology.ebs.csi.aws.com/zone", "us-east-2a"),
+    ("karpenter.sh/nodepool", "gpu-h100"),
+    ("karpenter.sh/capacity-type", "reserved"),
+    ("karpenter.sh/initialized", "true"),
+    ("karpenter.sh/registered", "true"),
+    ("karpenter.k8s.aws/instance-family", "p5"),
+    ("karpenter.k8s.aws/instance-gpu-count", "8"),
+    ("karpenter.k8s.aws/instance-gpu-name", "h100"),
+    ("karpenter.k8s.aws/ec2nodeclass", "gpu"),
+    ("k8s.io/cloud-provider-aws", "a1b2c3d4e5f6"),
+];
+
+/// Labels a GPU node carries on a fleet run by NVIDIA's GPU operator with Node Feature Discovery, on
+/// a cloud with Karpenter: GPU Feature Discovery's `nvidia.com/*`, the operator's deploy switches,
+/// NFD's CPU, kernel, PCI and OS features, the cloud's and the provisioner's. About a hundred; the
+/// keys are theirs, the values typical.
+fn operator_labels() -> Vec<(String, String)> {
+    let owned = |(key, value): (String, &str)| (key, value.to_owned());
+    GFD.iter()
+        .map(|(k, v)| (format!("nvidia.com/{k}"), *v))
+        .chain(
+            CPUID
+                .iter()
+                .map(|f| (format!("feature.node.kubernetes.io/cpu-cpuid.{f}"), "true")),
+        )
+        .chain(
+            NFD.iter()
+                .map(|(k, v)| (format!("feature.node.kubernetes.io/{k}"), *v)),
+        )
+        .chain(CLOUD.iter().map(|(k, v)| ((*k).to_owned(), *v)))
+        .map(owned)
+        .collect()
 }
 
 #[test]
