@@ -295,6 +295,46 @@ fn five_of_six_failures_on_one_driver_are_named_and_with_the_hold_their_nodes_wa
 }
 
 #[test]
+fn a_kernel_five_of_six_failures_share_is_named_from_nodes_as_the_cache_keeps_them() {
+    let mut policy = rack_policy(6);
+    policy.spec.safety.failure_domains.clear();
+    policy.spec.safety.suspect = Some(
+        serde_json::from_value(serde_json::json!({
+            "window": "1h", "share": "60%", "minFailures": 3, "attributes": ["nodeInfo.kernelVersion"],
+        }))
+        .unwrap(),
+    );
+    let nodes: Vec<Arc<Node>> = racks(&["a0", "a1", "a2", "a3", "a4", "a5"])
+        .into_iter()
+        .map(|n| {
+            let mut n = (*n).clone();
+            let kernel = if n.metadata.name.as_deref() == Some("a5") {
+                "6.8.0-1019-aws"
+            } else {
+                "6.8.0-1021-aws"
+            };
+            n.status.get_or_insert_default().node_info = Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+                kernel_version: kernel.into(),
+                ..Default::default()
+            });
+            // As the watch keeps it (`observe::prune_node`), which once dropped what this reads.
+            crate::observe::prune_node(&mut n);
+            Arc::new(n)
+        })
+        .collect();
+    let fleet = plan(&[Arc::new(policy)], &nodes, &[], at(10));
+    let suspect = fleet.policies[0]
+        .status
+        .suspect
+        .as_ref()
+        .expect("a suspect named");
+    assert_eq!(
+        suspect.message,
+        "5 of 6 failures in the last 1h are on nodeInfo.kernelVersion=6.8.0-1021-aws"
+    );
+}
+
+#[test]
 fn failures_arriving_together_within_the_settle_window_are_judged_together() {
     let mut policy = rack_policy(6);
     policy.spec.safety.failure_domains.clear();

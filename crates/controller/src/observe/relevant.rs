@@ -50,13 +50,18 @@ pub fn prune_node(node: &mut Node) {
             conditions
         });
         // The system UUID identifies the host for the hardware ledger, the boot ID proves a
-        // ladder's reboot; the rest of nodeInfo goes.
+        // ladder's reboot, and `safety.suspect` may name the kernel, kubelet, OS image or runtime
+        // (`fleet::suspects`, `nodeInfo.*`); the rest of nodeInfo goes.
         let node_info = status
             .node_info
             .take()
             .map(|info| k8s_openapi::api::core::v1::NodeSystemInfo {
                 system_uuid: info.system_uuid,
                 boot_id: info.boot_id,
+                kernel_version: info.kernel_version,
+                kubelet_version: info.kubelet_version,
+                os_image: info.os_image,
+                container_runtime_version: info.container_runtime_version,
                 ..Default::default()
             });
         *status = k8s_openapi::api::core::v1::NodeStatus {
