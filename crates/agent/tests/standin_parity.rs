@@ -7,31 +7,14 @@
 //! XID events are left out: `--once` runs no event thread (the e2e tests cover it), and a failed
 //! call's error text is NVML's, not the fixture's, so failed calls compare by device and function.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::Path, process::Command};
 
 use serde_json::Value;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_gpu-health-agent");
+#[path = "../../nvml-standin/tests/support/built.rs"]
+mod support;
 
-/// Builds the stand-in library (a `cdylib` of another package, so cargo does not build it for us).
-fn standin_library() -> PathBuf {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let status = Command::new(cargo)
-        .args(["build", "--quiet", "-p", "nvml-standin"])
-        .current_dir(&workspace)
-        .status()
-        .expect("running cargo build");
-    assert!(status.success(), "cargo build -p nvml-standin failed");
-    let library = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), PathBuf::from)
-        .join("debug/libnvml_standin.so");
-    assert!(library.exists(), "{} not built", library.display());
-    library
-}
+const AGENT: &str = env!("CARGO_BIN_EXE_gpu-health-agent");
 
 fn print_once(args: &[&str], scenario: Option<&Path>) -> Value {
     let mut command = Command::new(AGENT);
@@ -72,7 +55,7 @@ fn comparable(readings: &Value) -> Value {
 
 #[test]
 fn every_fixture_reads_the_same_through_the_file_probe_and_the_standin_nvml() {
-    let library = standin_library();
+    let library = support::standin_library();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let mut compared = Vec::new();
     for entry in std::fs::read_dir(&fixtures).unwrap() {
@@ -99,7 +82,7 @@ fn every_fixture_reads_the_same_through_the_file_probe_and_the_standin_nvml() {
 
 #[test]
 fn nvml_init_failing_reads_unknown_through_the_standin() {
-    let library = standin_library();
+    let library = support::standin_library();
     let dir = std::env::temp_dir().join(format!("standin-parity-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let scenario = dir.join("driver-not-loaded.json");
@@ -121,12 +104,12 @@ fn nvml_init_failing_reads_unknown_through_the_standin() {
 /// path under NVML's own name (`libnvidia-ml.so.1`), as the driver's library would be.
 #[test]
 fn gpu_check_sh_passes_with_the_standin_as_libnvidia_ml() {
-    let library = standin_library();
+    let library = support::standin_library();
     let loader_dir = std::env::temp_dir().join(format!("standin-gpu-check-{}", std::process::id()));
     std::fs::create_dir_all(&loader_dir).unwrap();
     let soname = loader_dir.join("libnvidia-ml.so.1");
     let _ = std::fs::remove_file(&soname);
-    std::os::unix::fs::symlink(&library, &soname).unwrap();
+    std::os::unix::fs::symlink(library, &soname).unwrap();
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let run = |scenario: &str| {
         Command::new("bash")

@@ -6,10 +6,11 @@
 
 use std::{
     ffi::{CStr, c_char, c_uint},
-    path::{Path, PathBuf},
-    process::Command,
-    sync::OnceLock,
+    path::PathBuf,
 };
+
+#[path = "support/built.rs"]
+mod support;
 
 use nvml_wrapper_sys::bindings::{
     NvmlLib, nvmlDevice_t, nvmlMemory_t, nvmlPciInfo_t, nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
@@ -59,28 +60,6 @@ const SCENARIO: &str = r#"{"gpus": [
      "cudaComputeCapability": {"major": 8, "minor": 0}, "topology": {"GPU-a": "node"}},
     {"index": 2, "uuid": "GPU-c", "pciBusId": "00000000:3A:00.0"}]}"#;
 
-/// Builds the stand-in library (a `cdylib`, which `cargo test` does not build for its tests), once.
-fn built_library() -> &'static Path {
-    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
-    LIBRARY.get_or_init(build)
-}
-
-fn build() -> PathBuf {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let status = Command::new(cargo)
-        .args(["build", "--quiet", "-p", "nvml-standin"])
-        .current_dir(&workspace)
-        .status()
-        .expect("running cargo build");
-    assert!(status.success(), "cargo build -p nvml-standin failed");
-    let library = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), PathBuf::from)
-        .join("debug/libnvml_standin.so");
-    assert!(library.exists(), "{} not built", library.display());
-    library
-}
-
 /// A copy of the library in a directory of its own, with `scenario` (if any) beside it.
 struct Node {
     dir: PathBuf,
@@ -97,7 +76,7 @@ impl Node {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let library = dir.join("libnvidia-ml.so.1");
-        std::fs::copy(built_library(), &library).unwrap();
+        std::fs::copy(support::standin_library(), &library).unwrap();
         if let Some(scenario) = scenario {
             std::fs::write(dir.join("scenario.json"), scenario).unwrap();
         }

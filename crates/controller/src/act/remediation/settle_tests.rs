@@ -8,7 +8,7 @@ use gpu_remediation_api::{GpuRemediationStatus, Phase};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::write::recording::{context, node_path, remediation_path};
+use crate::write::recording::{Recording, context, node_path, remediation_path};
 
 /// The record, deleted while draining, as the lifecycle writes it: the cordon in the history and
 /// the conditions.
@@ -31,25 +31,33 @@ fn deleted_mid_drain(since: Timestamp) -> gpu_remediation_api::GpuRemediation {
     record
 }
 
-#[tokio::test]
-async fn a_record_deleted_mid_drain_releases_our_cordon_and_drops_its_finalizer() {
+/// Settles the record [`deleted_mid_drain`] over its node, cordoned by it (and, when `laid_again_by`
+/// names a manager, its cordon since lifted and laid again by that one); what was written.
+async fn settle_deleted_mid_drain(laid_again_by: Option<&str>) -> (crate::context::Context, Recording) {
     let since = Timestamp::now() - SignedDuration::from_secs(60);
     let mut node = super::super::tests::broken_node(since);
     assert!(
         crate::cordon::cordon(&mut node, "gpu-1-abcde"),
         "cordoned by the record"
     );
+    if let Some(manager) = laid_again_by {
+        node.metadata.managed_fields = Some(vec![crate::cordon::managing_the_cordon(manager)]);
+    }
     let record = deleted_mid_drain(since);
     let (ctx, recording) = context(
         vec![super::super::tests::policy()],
         vec![record.clone()],
         vec![node],
     );
-
     super::super::advance(&ctx, Arc::new(record))
         .await
         .expect("the remediation settles");
+    (ctx, recording)
+}
 
+#[tokio::test]
+async fn a_record_deleted_mid_drain_releases_our_cordon_and_drops_its_finalizer() {
+    let (ctx, recording) = Box::pin(settle_deleted_mid_drain(None)).await;
     let writes = recording.writes();
     let path = remediation_path("gpu-1-abcde");
     // A release that lifts our cordon replaces a fresh read (which names the cordon's manager).
@@ -82,22 +90,8 @@ async fn a_record_deleted_mid_drain_releases_our_cordon_and_drops_its_finalizer(
 
 #[tokio::test]
 async fn a_cordon_a_person_laid_again_over_ours_stays_when_the_record_goes_and_is_announced() {
-    let since = Timestamp::now() - SignedDuration::from_secs(60);
-    let mut node = super::super::tests::broken_node(since);
-    crate::cordon::cordon(&mut node, "gpu-1-abcde");
     // Our cordon lifted and laid again by a person before a pass dropped our note.
-    node.metadata.managed_fields = Some(vec![crate::cordon::managing_the_cordon("kubectl-cordon")]);
-    let record = deleted_mid_drain(since);
-    let (ctx, recording) = context(
-        vec![super::super::tests::policy()],
-        vec![record.clone()],
-        vec![node],
-    );
-
-    super::super::advance(&ctx, Arc::new(record))
-        .await
-        .expect("the remediation settles");
-
+    let (_ctx, recording) = Box::pin(settle_deleted_mid_drain(Some("kubectl-cordon"))).await;
     let released = recording.object(&node_path("gpu-1")).expect("the node");
     assert_eq!(
         released["spec"]["unschedulable"], true,
