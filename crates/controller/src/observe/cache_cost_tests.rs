@@ -1,8 +1,8 @@
 //! What a cached node costs in memory, by what it carries: nodes as the scale bench registers them
 //! (`gpu-sandbox`'s `bench::scale::register`: kubelet conditions and the agent's `GpuHealthy`, and
 //! on an installed fleet the agent's inventory of eight GPUs and the controller's first-seen
-//! stamps), with the managed fields the server adds, decoded from JSON one by one and pruned as the
-//! watch prunes them (`prune_node`), then kept. Not a correctness test: run by hand, one shape per
+//! stamps), with the managed fields the server adds, decoded one by one from watch events as the
+//! watch decodes them and pruned as it prunes them (`prune_node`), then kept. Not a correctness test: run by hand, one shape per
 //! process (the resident size is the process's),
 //! `CACHE_COST_SHAPE=installed cargo test --release -p gpu-remediator --lib observe::cache_cost_tests -- --ignored --nocapture`
 //! (`CACHE_COST_SHAPE`: `bare`, `installed`, `stamps` for the first-seen stamps without the
@@ -262,7 +262,14 @@ fn what_a_cached_node_costs_by_what_it_carries() {
     let mut kept: Vec<Arc<Node>> = Vec::with_capacity(count);
     let mut text = 0usize;
     for i in 0..count {
-        let mut node: Node = serde_json::from_str(&node_json(i, &shape)).expect("a node");
+        // As the watch decodes it: one line of the watch, an event whose object serde buffers
+        // before decoding it (each list then takes its exact length).
+        let line = format!(r#"{{"type":"ADDED","object":{}}}"#, node_json(i, &shape));
+        let kube::api::WatchEvent::Added(mut node) =
+            serde_json::from_str::<kube::api::WatchEvent<Node>>(&line).expect("a watch event")
+        else {
+            panic!("an ADDED event")
+        };
         prune_node(&mut node);
         text += node
             .metadata
