@@ -317,12 +317,7 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
             ctx.writer
                 .edit_node(
                     &node_ref(node, uid.as_ref()),
-                    // Taking back a join cordon edits a fresh read, which names the cordon's
-                    // manager (`join::unflag`).
-                    ctx.caches
-                        .node(node)
-                        .filter(|n| !join::is_join_cordoned(n))
-                        .as_deref(),
+                    ctx.caches.node(node).as_deref(),
                     join::unflag,
                 )
                 .await?;

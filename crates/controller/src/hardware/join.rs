@@ -268,7 +268,7 @@ impl<'p> CordonRoom<'p> {
 
 /// Whether the node is cordoned by a join check (not by a remediation or a person), by our note.
 #[must_use]
-pub fn is_join_cordoned(node: &Node) -> bool {
+fn is_join_cordoned(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
         && node
             .annotations()

@@ -75,10 +75,6 @@ impl Writer {
         policy: &str,
         remember_cancel: bool,
     ) -> Result<(NodeEdit, Option<String>), EditNodeError> {
-        // A release that would lift our cordon edits a fresh read: only the server's record of the
-        // field's manager (which the cache prunes) tells our cordon from one a person laid again
-        // over our note (`cordon::cordon_laid_by_another`).
-        let seen = seen.filter(|n| !cordon::would_lift_cordon(n, remediation));
         let kept_for = std::sync::Mutex::new(None);
         let edit = self
             .edit_node(node, seen, |n| {
@@ -154,6 +150,11 @@ impl Writer {
     /// read-modify-replace preconditioned on the read's resourceVersion and the admitted UID
     /// (carried in the replaced object: the server refuses a replace whose UID differs from the
     /// stored node's).
+    ///
+    /// An edit that would lift a cordon from `seen` is always decided over a fresh read: only the
+    /// server's record of who manages `spec.unschedulable` (which the cache prunes) tells our cordon
+    /// from one a person laid again over our note (`cordon::cordon_laid_by_another`), and every
+    /// edit that lifts a cordon asks it. One GET more for such an edit, none for any other.
     pub async fn edit_node(
         &self,
         target: &NodeRef,
@@ -169,7 +170,7 @@ impl Writer {
         let seen = seen.filter(|node| target.uid.is_none() || node.metadata.uid == target.uid);
         if let Some(seen) = seen {
             let mut edited = seen.clone();
-            if edit(&mut edited) {
+            if edit(&mut edited) && !lifts_cordon(seen, &edited) {
                 let patched = self
                     .send(Verb::Patch, "nodes", |stamp| {
                         stamp.annotate(&mut edited);
@@ -230,6 +231,11 @@ impl Writer {
             node: name.to_owned(),
         })
     }
+}
+
+/// Whether `edited` is schedulable where `before` was cordoned.
+fn lifts_cordon(before: &Node, edited: &Node) -> bool {
+    cordon::is_unschedulable(before) && !cordon::is_unschedulable(edited)
 }
 
 #[cfg(test)]
@@ -366,6 +372,41 @@ mod tests {
         assert_eq!(method, http::Method::PUT);
         assert_eq!(body["metadata"]["resourceVersion"], "9");
         assert_eq!(body["spec"]["unschedulable"], true);
+    }
+
+    /// Every edit that lifts a cordon asks the server who manages it, whichever edit it is.
+    #[tokio::test]
+    async fn an_edit_lifting_a_cordon_seen_in_the_cache_is_decided_over_a_fresh_read() {
+        let (ops, mut handle) = ops(Fence::standalone());
+        let server = tokio::spawn(async move {
+            let (request, respond) = handle.next_request().await.expect("the read");
+            let first = request.method().clone();
+            let mut fresh = node(false);
+            fresh["spec"]["unschedulable"] = true.into();
+            fresh["metadata"]["resourceVersion"] = "9".into();
+            respond.send_response(reply(200, &fresh));
+            let (request, respond) = handle.next_request().await.expect("the replace");
+            let method = request.method().clone();
+            let body = body_json(request).await;
+            respond.send_response(reply(200, &body));
+            (first, method, body)
+        });
+        let mut cordoned = seen(false);
+        cordoned.spec.get_or_insert_default().unschedulable = Some(true);
+        let uncordon = |n: &mut Node| {
+            let spec = n.spec.get_or_insert_default();
+            std::mem::replace(&mut spec.unschedulable, None) == Some(true)
+        };
+        let edit = ops
+            .edit_node(&target("uid-1"), Some(&cordoned), uncordon)
+            .await
+            .unwrap();
+        assert!(matches!(edit, NodeEdit::Written(_)));
+        let (first, method, body) = server.await.unwrap();
+        assert_eq!(first, http::Method::GET, "no patch over the cached node");
+        assert_eq!(method, http::Method::PUT);
+        assert_eq!(body["metadata"]["resourceVersion"], "9");
+        assert!(body["spec"].get("unschedulable").is_none(), "{body}");
     }
 
     #[tokio::test]
