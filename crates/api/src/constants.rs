@@ -329,6 +329,9 @@ pub mod reasons {
     /// A release left the node cordoned: another party (named in the note, by the server's record
     /// of the field's manager) laid the cordon again after ours, so it is theirs to lift.
     pub const CORDON_KEPT: &str = "CordonKept";
+    /// A policy reads node labels the controller's cache did not keep: every node is listed afresh
+    /// keeping them, and nothing is admitted or quarantined until that list completes.
+    pub const NODE_LABELS_LISTING: &str = "NodeLabelsListing";
     /// The node disappeared.
     pub const NODE_GONE: &str = "NodeGone";
     /// The node is selected by a policy of higher priority.

@@ -151,7 +151,7 @@ pub async fn run_with_telemetry(
             last_full_pass = tokio::time::Instant::now();
         }
         let since_last = std::mem::take(&mut changed);
-        let next = pass(
+        let Passed { next, planned } = pass(
             &ctx,
             &mut advances,
             &mut index,
@@ -161,6 +161,10 @@ pub async fn run_with_telemetry(
             &since_last,
         )
         .await;
+        if !planned {
+            // What changed is still to be planned, by the pass after the node list completes.
+            changed.merge(since_last);
+        }
         let sleep = until(next, ctx.settings.resync);
         tokio::select! {
             () = wake.notified() => {
@@ -185,13 +189,22 @@ pub async fn run_with_telemetry(
     Ok(())
 }
 
+/// What a pass did.
+struct Passed {
+    /// When the next pass is due at the latest.
+    next: Timestamp,
+    /// Whether it planned the fleet: not while the node cache does not keep a label a policy reads
+    /// (`act::node_labels`).
+    planned: bool,
+}
+
 /// One pass over the fleet: plans it, carries out each policy's plan, and starts an advance for
-/// every remediation that needs one and is due or concerned by what `changed`. Returns when the
-/// next pass is due at the latest.
+/// every remediation that needs one and is due or concerned by what `changed`.
 ///
 /// The plan looks only at the nodes `index` names (kept from `changed`): those not healthy by their
 /// policy's triggers, carrying anything of ours, or named by a remediation. The rest of the fleet
-/// only counts, and the index's census holds the counts.
+/// only counts, and the index's census holds the counts. While the node cache does not keep every
+/// label the policies read, nothing is planned: remediations under way go on.
 async fn pass(
     ctx: &Arc<Context>,
     advances: &mut Advances,
@@ -200,9 +213,8 @@ async fn pass(
     ledger: &mut act::hardware::Ledger,
     claimants: &mut hardware::claimants::Claimants,
     changed: &Changed,
-) -> Timestamp {
+) -> Passed {
     let now = Timestamp::now();
-    let error_retry = crate::time::plus(now, crate::time::signed(ctx.settings.error_backoff));
     let mut next = crate::time::plus(now, crate::time::signed(ctx.settings.resync));
 
     let policies: Vec<_> = ctx
@@ -212,11 +224,46 @@ async fn pass(
         .iter()
         .map(|policy| ctx.writer.policy_as_written(policy))
         .collect();
+    if !act::node_labels::covered(ctx, &policies).await {
+        start_advances(ctx, advances, changed, now, &mut next);
+        return Passed { next, planned: false };
+    }
+    let (announcements, candidates) = plan_and_admit(
+        ctx, advances, index, first_seen, claimants, changed, &policies, &mut next,
+    )
+    .await;
+    start_advances(ctx, advances, changed, now, &mut next);
+    // Behind the pass: neither a fault's cordon nor the next faults' quarantines wait for the
+    // ledger's writes.
+    ledger.start(changed, |unstamped| {
+        act::hardware::sync(ctx.clone(), policies, candidates, unstamped, now)
+    });
+    announcements.publish(ctx).await;
+    Passed { next, planned: true }
+}
+
+/// Plans the fleet and carries out each policy's plan: quarantines, device rules, out-of-service
+/// taints, records created and readmitted; lowers `next_due` to when a pass is due for them. With
+/// the announcements to publish and the nodes looked at.
+#[allow(clippy::too_many_arguments, reason = "the pass's state, lent to its planning")]
+async fn plan_and_admit(
+    ctx: &Arc<Context>,
+    advances: &mut Advances,
+    index: &mut fleet::index::NodeIndex,
+    first_seen: &mut FirstSeen,
+    claimants: &mut hardware::claimants::Claimants,
+    changed: &Changed,
+    policies: &[Arc<GpuRemediationPolicy>],
+    next_due: &mut Timestamp,
+) -> (admit::Announcements, Vec<String>) {
+    let now = Timestamp::now();
+    let error_retry = crate::time::plus(now, crate::time::signed(ctx.settings.error_backoff));
+    let mut next = *next_due;
     let remediations = ctx.caches.remediations();
-    let candidates = candidates(ctx, index, claimants, &policies, &remediations, changed, now);
+    let candidates = candidates(ctx, index, claimants, policies, &remediations, changed, now);
     let nodes = ctx.caches.nodes_named(&candidates);
     first_seen.observe(nodes.iter().map(AsRef::as_ref), now);
-    let mut plan = fleet::plan_with(&policies, &index.census(), &nodes, &remediations, first_seen, now);
+    let mut plan = fleet::plan_with(policies, &index.census(), &nodes, &remediations, first_seen, now);
     // The hardware ledger: each new record names its node's GPUs; repeat offenders skip rungs.
     let failures = hardware::failures(&ctx.caches.hardware_records(), &remediations);
     hardware::amend(
@@ -231,7 +278,7 @@ async fn pass(
         next = next.min(at);
     }
     // New nodes' validation Jobs are not watched: look again soon while one runs or waits.
-    if act::join_validation::polls(&policies, || ctx.caches.all_nodes()) {
+    if act::join_validation::polls(policies, || ctx.caches.all_nodes()) {
         next = next.min(crate::time::plus(
             now,
             crate::time::signed(act::join_validation::POLL),
@@ -281,7 +328,19 @@ async fn pass(
             }
         }
     }
+    *next_due = next;
+    (announcements, candidates)
+}
 
+/// Starts an advance for every remediation that needs one and is due or concerned by `changed`;
+/// lowers `next` to when the next one is due.
+fn start_advances(
+    ctx: &Arc<Context>,
+    advances: &mut Advances,
+    changed: &Changed,
+    now: Timestamp,
+    next: &mut Timestamp,
+) {
     let mut pending: Vec<Arc<GpuRemediation>> = ctx
         .caches
         .remediations()
@@ -303,18 +362,11 @@ async fn pass(
         match advances.due(&name) {
             Due::Now => advances.start(ctx, name, remediation),
             Due::At(at) if concerned || at <= now => advances.start(ctx, name, remediation),
-            Due::At(at) => next = next.min(at),
+            Due::At(at) => *next = (*next).min(at),
             Due::OnChange if concerned => advances.start(ctx, name, remediation),
             Due::OnChange => {}
         }
     }
-    // Behind the pass: neither a fault's cordon nor the next faults' quarantines wait for the
-    // ledger's writes.
-    ledger.start(changed, |unstamped| {
-        act::hardware::sync(ctx.clone(), policies, candidates, unstamped, now)
-    });
-    announcements.publish(ctx).await;
-    next
 }
 
 /// Whether what `changed` may give `remediation` something to do. A node's change matters to the

@@ -4,8 +4,11 @@
 //! Five watches feed reflector stores: policies (optionally narrowed by a label selector, so
 //! several controllers can share a cluster in tests), remediations, hardware records, Nodes and
 //! disruption budgets. Nodes and PDBs are pruned as they arrive (no managedFields, images,
-//! heartbeat times, capacity lists, other controllers' annotations; [`relevant`]), so memory grows with what decisions read, not with what
-//! kubelets write. Pods are never cached: `act::remediation` lists one node's pods when it drains it.
+//! heartbeat times, capacity lists, other controllers' annotations; [`relevant`]; and of a node's
+//! labels only those the policies read and ours, [`labels`]), so memory grows with what decisions
+//! read, not with what kubelets and feature discovery write. The node watch starts once the
+//! policies are listed, and lists afresh when a policy reads a label it did not keep. Pods are never
+//! cached: `act::remediation` lists one node's pods when it drains it.
 //!
 //! A watch event wakes the controller only when something a decision reads changed (a
 //! fingerprint per object), so kubelet status churn and other controllers' node annotations do
@@ -45,6 +48,7 @@ use overlay::{Overlay, Overlays};
 #[cfg(test)]
 mod cache_cost_tests;
 pub mod initial_list;
+pub mod labels;
 pub mod overlay;
 mod relevant;
 pub mod undecodable;
@@ -65,6 +69,8 @@ pub struct Caches {
     pub remediations: Store<GpuRemediation>,
     /// All nodes, pruned.
     pub nodes: Store<Node>,
+    /// Which of the nodes' labels `nodes` keeps, and whether that covers what the policies read.
+    pub node_labels: labels::NodeLabels,
     /// All disruption budgets, pruned.
     pub budgets: Store<PodDisruptionBudget>,
     /// All hardware records (one per GPU serial or host with a failure on record).
@@ -215,8 +221,9 @@ pub enum StartCachesError {
 }
 
 impl Caches {
-    /// Starts the four watches on the runtime and returns their stores once every initial list has
-    /// completed, so no pass decides from a partial view. `wake` is notified on every relevant
+    /// Starts the five watches on the runtime and returns their stores once every initial list has
+    /// completed, so no pass decides from a partial view (the nodes' list after the policies', whose
+    /// label keys it keeps). `wake` is notified on every relevant
     /// change.
     /// Our own writes are read from `overlays` (the writer's), and undecodable objects are
     /// recorded in `undecodable` (whose findings the caller reports).
@@ -228,11 +235,6 @@ impl Caches {
         wake: Arc<Notify>,
     ) -> Result<Self, StartCachesError> {
         let config = || watcher::Config::default().any_semantic();
-        // Nodes are what is many: their initial list is streamed, falling back to pages if that
-        // fails (`initial_list`). The other kinds are few and keep paginated lists, which a server whose watch cache is still
-        // starting (just after a CRD is created, or after a restart) serves from etcd instead of
-        // refusing with 429 until it is ready.
-        let node_watch = initial_list::watch(Api::<Node>::all(client.clone()), config());
         let mut policy_config = config();
         let mut remediation_config = config();
         if let Some(selector) = policy_selector {
@@ -265,24 +267,6 @@ impl Caches {
             remediation_fingerprint,
             Waker::new(wake.clone(), anything(&changes)),
             Some(written_remediations.clone()),
-        );
-        let nodes = spawn_reflector(
-            node_watch,
-            prune_node,
-            node_fingerprint,
-            Waker::new(wake.clone(), {
-                let changes = changes.clone();
-                move |key: Option<String>| match key {
-                    Some(name) => changes.note(|c| {
-                        c.nodes.insert(name);
-                    }),
-                    None => changes.note(|c| {
-                        c.anything = true;
-                        c.nodes_listed = true;
-                    }),
-                }
-            }),
-            Some(written_nodes.clone()),
         );
         let disrupted = Disrupted::default();
         let (count_budget_change, budget_changes) = watch::channel(0_u64);
@@ -323,11 +307,19 @@ impl Caches {
             watcher(Api::<GpuHardwareRecord>::all(client.clone()), config()).default_backoff(),
             |r: &mut GpuHardwareRecord| r.managed_fields_mut().clear(),
             |r: &GpuHardwareRecord| hash_of(&r.spec),
-            Waker::new(wake, anything(&changes)),
+            Waker::new(wake.clone(), anything(&changes)),
             Some(written_hardware_records.clone()),
         );
+        // The nodes' labels the policies read are known once the policies are listed: the nodes
+        // are listed keeping those (`labels`).
+        policies
+            .wait_until_ready()
+            .await
+            .map_err(|_| StartCachesError::WriterDropped)?;
+        let (node_labels, relist) =
+            labels::NodeLabels::keeping(labels::keys_read_by_all(policies.state().iter().map(|p| &p.spec)));
+        let nodes = spawn_node_reflector(client, &node_labels, relist, &changes, wake, &written_nodes);
         for ready in [
-            policies.wait_until_ready().await,
             hardware_records.wait_until_ready().await,
             remediations.wait_until_ready().await,
             nodes.wait_until_ready().await,
@@ -339,6 +331,7 @@ impl Caches {
             policies,
             remediations,
             nodes,
+            node_labels,
             budgets,
             hardware_records,
             written_remediations,
@@ -375,6 +368,7 @@ impl Caches {
             policies: store_of(policies),
             remediations: store_of(remediations),
             nodes: store_of(nodes),
+            node_labels: labels::NodeLabels::keeping_all(),
             budgets: store_of(Vec::new()),
             hardware_records: store_of(Vec::new()),
             written_remediations: overlays.remediations.clone(),
@@ -464,6 +458,63 @@ where
     let (store, writer) = reflector::store();
     let events = events.modify(prune).reflect(writer);
     tokio::spawn(wake_on_change(events, fingerprint, wake, written));
+    store
+}
+
+/// The node watch with its reflector, on the runtime; returns its store. Nodes are what is many:
+/// their initial list is streamed, falling back to pages if that fails (`initial_list`); the other
+/// kinds are few and keep paginated lists, which a server whose watch cache is still starting
+/// (just after a CRD is created, or after a restart) serves from etcd instead of refusing with 429
+/// until it is ready. Each list keeps the labels `labels` names as it starts, and the watch lists
+/// afresh when `relist` changes (`labels::relisting`).
+fn spawn_node_reflector(
+    client: &Client,
+    labels: &labels::NodeLabels,
+    relist: watch::Receiver<u64>,
+    changes: &Changes,
+    wake: Arc<Notify>,
+    written: &Overlay<Node>,
+) -> Store<Node> {
+    let events = labels::relisting(
+        {
+            let (client, labels) = (client.clone(), labels.clone());
+            move || {
+                let kept = labels.start_listing();
+                tracing::info!(labels = ?kept, "listing nodes");
+                let config = watcher::Config::default().any_semantic();
+                initial_list::watch(Api::<Node>::all(client.clone()), config).modify(move |n| kept.prune(n))
+            }
+        },
+        relist,
+    );
+    let (store, writer) = reflector::store();
+    let events = events.modify(prune_node).reflect(writer).inspect({
+        let labels = labels.clone();
+        // After the reflector has taken the list's end: the store holds what the list kept.
+        move |event| {
+            if let Ok(watcher::Event::InitDone) = event {
+                labels.listed();
+            }
+        }
+    });
+    let waker = Waker::new(wake, {
+        let changes = changes.clone();
+        move |key: Option<String>| match key {
+            Some(name) => changes.note(|c| {
+                c.nodes.insert(name);
+            }),
+            None => changes.note(|c| {
+                c.anything = true;
+                c.nodes_listed = true;
+            }),
+        }
+    });
+    tokio::spawn(wake_on_change(
+        events,
+        node_fingerprint,
+        waker,
+        Some(written.clone()),
+    ));
     store
 }
 

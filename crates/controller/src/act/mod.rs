@@ -7,6 +7,7 @@
 //! | [`admit`] | [`crate::fleet::plan`]: records created and readmitted, policy status |
 //! | [`quarantine`], [`quarantine_device`] | [`crate::quarantine::plan`]: node taints, `DeviceTaintRule`s |
 //! | [`out_of_service`] | [`crate::out_of_service`]: the out-of-service taint of dead nodes shut down |
+//! | [`node_labels`] | [`crate::observe::labels`]: whether a pass may decide, the relist asked for, its Events |
 //! | [`hardware`] | the hardware ledger ([`crate::hardware`]): records, join steps |
 //! | [`join_validation`] | [`crate::hardware::join_validation`]: new nodes' validation Jobs, their startup taint |
 //! | [`replace`] | [`crate::replace`]'s builders: the Machine, NodeClaim or template written, then looked at |
@@ -16,6 +17,7 @@
 pub mod admit;
 pub mod hardware;
 pub mod join_validation;
+pub mod node_labels;
 pub mod out_of_service;
 pub mod quarantine;
 pub mod quarantine_device;

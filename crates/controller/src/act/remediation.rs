@@ -542,8 +542,12 @@ async fn look_at(
         })?;
     if strategy == gpu_remediation_api::policy::Strategy::DeleteNode {
         // The replacement of a deleted Node is whatever joins that the policy selects: looked for
-        // in the node cache (no policy in scope: none is recognised, so none is proven).
-        let policy = ctx.caches.policy(&remediation.spec.policy_name);
+        // in the node cache (no policy in scope: none is recognised, so none is proven; nor while
+        // the cache does not keep the labels its selector reads, see `observe::labels`).
+        let policy = ctx
+            .caches
+            .policy(&remediation.spec.policy_name)
+            .filter(|p| ctx.caches.node_labels.covers(&p.spec));
         let nodes = ctx.caches.all_nodes();
         observation.replacement = crate::replace::verify::replacement_seen(
             nodes.iter().map(AsRef::as_ref),

@@ -570,4 +570,4 @@ fn count(n: usize) -> u32 {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -59,7 +59,7 @@ pub(super) fn node(name: &str, group: &str, broken_since: Option<i64>) -> Arc<No
 
 /// A record of `node` under `policy` in `phase`, its episode begun at `since` (shared with the
 /// index's tests).
-pub(super) fn existing(
+pub(crate) fn existing(
     node: &str,
     policy: &str,
     since: i64,

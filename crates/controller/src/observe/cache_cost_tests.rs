@@ -7,7 +7,9 @@
 //! `CACHE_COST_SHAPE=installed cargo test --release -p gpu-remediator --lib observe::cache_cost_tests -- --ignored --nocapture`
 //! (`CACHE_COST_SHAPE`: `bare`, `installed`, `stamps` for the first-seen stamps without the
 //! inventory, or `labelled`: installed, with the hundred-odd labels of a GPU-operator node, see
-//! [`operator_labels`]; `CACHE_COST_NODES`, default 50,000). It prints the growth of the resident set per node
+//! [`operator_labels`]; `CACHE_COST_NODES`, default 50,000; `CACHE_COST_LABELS=all` keeps every
+//! label, else the labels kept are those [`a_policys_keys`] reads, as `observe::labels` keeps
+//! them). It prints the growth of the resident set per node
 //! and the bytes of our annotations' text per node, so the two can be set side by side, and the
 //! size of the `Node` struct itself (each cached node's one allocation before any of its strings).
 
@@ -15,7 +17,28 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
-use super::prune_node;
+use super::{
+    labels::{Kept, keys_read_by},
+    prune_node,
+};
+
+/// The label keys a typical policy reads: GPU nodes by `nvidia.com/gpu.present`, zones and `NVLink`
+/// cliques as failure domains, the suspect rule's default attributes.
+fn a_policys_keys() -> Kept {
+    let spec: gpu_remediation_api::GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({
+        "nodeSelector": {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "Exists"}]},
+        "triggers": [{"conditionType": "GpuHealthy", "status": "False", "for": "30s"}],
+        "safety": {
+            "failureDomains": [
+                {"topologyKey": "topology.kubernetes.io/zone", "maxUnhealthyShare": "20%"},
+                {"topologyKey": "nvidia.com/gpu.clique", "maxUnhealthyCount": 2},
+            ],
+            "suspect": {},
+        },
+    }))
+    .expect("a policy");
+    Kept::Keys(Arc::new(keys_read_by(&spec)))
+}
 
 /// The process's resident set, bytes (Linux).
 fn resident() -> u64 {
@@ -258,6 +281,10 @@ fn what_a_cached_node_costs_by_what_it_carries() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(50_000);
+    let labels = match std::env::var("CACHE_COST_LABELS").as_deref() {
+        Ok("all") => Kept::All,
+        _ => a_policys_keys(),
+    };
     let before = resident();
     let mut kept: Vec<Arc<Node>> = Vec::with_capacity(count);
     let mut text = 0usize;
@@ -270,6 +297,7 @@ fn what_a_cached_node_costs_by_what_it_carries() {
         else {
             panic!("an ADDED event")
         };
+        labels.prune(&mut node);
         prune_node(&mut node);
         text += node
             .metadata

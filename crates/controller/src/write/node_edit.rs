@@ -395,7 +395,7 @@ mod tests {
         cordoned.spec.get_or_insert_default().unschedulable = Some(true);
         let uncordon = |n: &mut Node| {
             let spec = n.spec.get_or_insert_default();
-            std::mem::replace(&mut spec.unschedulable, None) == Some(true)
+            spec.unschedulable.take() == Some(true)
         };
         let edit = ops
             .edit_node(&target("uid-1"), Some(&cordoned), uncordon)
