@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds one of the Go tools that `make test` uses (helm, promtool, argocd-health) from its own
-# pinned Go module in tools/NAME (go.mod + go.sum, committed) into a cache outside the repository,
-# and prints the binary's path on its last line. The cache key is a hash of the tool's directory
-# and the Go version, so a pin bump rebuilds and a warm cache builds nothing.
+# Builds one of the project's Go tools from its own pinned Go module in tools/NAME (go.mod + go.sum,
+# committed) into a cache outside the repository, and prints on its last line the path the caller
+# uses: the binary's, for a tool of one binary (PACKAGE); the directory holding them, for a tool of
+# several (PACKAGES). The cache key is a hash of the tool's directory and the Go version, so a pin
+# bump rebuilds and a warm cache builds nothing.
 #
+# The tools `make test` uses (each prints its binary):
 #   tools/build.sh helm       # helm.sh/helm/v3/cmd/helm
 #   tools/build.sh promtool   # github.com/prometheus/prometheus/cmd/promtool, service discovery left out
 #   tools/build.sh argocd-health   # the Argo CD health-check runner (gopher-lua), tools/argocd-health
@@ -12,9 +14,23 @@
 #   tools/build.sh capi-manager    # Cluster API's core manager, and its CRDs (e2e on real controllers)
 #   tools/build.sh jobset          # JobSet's controller manager, and its CRD (e2e on real controllers)
 #
-# Each tools/NAME/build.env sets PACKAGE (what to build), and optionally TAGS, LDFLAGS and
-# MODULE_FILES: `MODULE:GLOB` words naming files of a required module (its pinned version) copied
-# beside the binary, e.g. the CRDs a controller needs, so they always match the binary.
+# A real node's (docs/plans/real-node.md):
+#   tools/build.sh containerd            # containerd, ctr, containerd-shim-runc-v2: prints the directory
+#   tools/build.sh cni-plugins           # bridge, host-local, loopback: prints the directory
+#   tools/build.sh runc                  # runc (cgo, seccomp against the host's libseccomp.so.2)
+#   tools/build.sh nvidia-device-plugin  # the device plugin (cgo: dlopens libnvidia-ml.so.1)
+#
+# Each tools/NAME/build.env (sourced in tools/NAME, on every call) sets either PACKAGE (one import
+# path, built as NAME) or PACKAGES (several `main` import paths, each built as its last path
+# element into the one directory), and optionally:
+#   CGO      1 to build with cgo (default 0: static, no C compiler needed)
+#   TAGS     build tags
+#   LDFLAGS  added to `-s -w`
+#   MODULE_FILES  `MODULE:GLOB` words naming files of a required module (its pinned version) copied
+#            beside the binary, e.g. the CRDs a controller needs, so they always match the binary
+#   before_build  a shell function, run only when building, in tools/NAME, with a scratch
+#            directory as $1 that is removed afterwards: it may export what `go build` needs
+#            (CGO_CFLAGS, PKG_CONFIG, ...), e.g. tools/runc writes libseccomp's header there.
 # Environment: GPU_REMEDIATOR_CACHE (default ~/.cache/gpu-remediator) moves the cache.
 set -euo pipefail
 name=${1:?usage: tools/build.sh NAME (a directory under tools/)}
@@ -22,12 +38,22 @@ tools_dir=$(cd "$(dirname "$0")" && pwd)
 module_dir="${tools_dir}/${name}"
 [ -f "${module_dir}/go.mod" ] || { echo "tools/build.sh: no Go module tools/${name}" >&2; exit 2; }
 cd "${module_dir}"
+PACKAGE=""
+PACKAGES=""
+CGO=0
 TAGS=""
 LDFLAGS=""
 MODULE_FILES=""
 # shellcheck source=/dev/null
 source ./build.env
-: "${PACKAGE:?tools/${name}/build.env must set PACKAGE}"
+if [ -n "${PACKAGE}" ]; then
+  [ -z "${PACKAGES}" ] || { echo "tools/${name}/build.env sets both PACKAGE and PACKAGES" >&2; exit 2; }
+  binaries=("${name}")
+else
+  : "${PACKAGES:?tools/${name}/build.env must set PACKAGE or PACKAGES}"
+  binaries=()
+  for package in ${PACKAGES}; do binaries+=("${package##*/}"); done
+fi
 
 go_version=$(go env GOVERSION)
 # Everything that decides the binary: the module's files (go.mod, go.sum, build.env, sources).
@@ -40,26 +66,42 @@ bin_dir="${cache_root}/tools/${name}-${key}"
 mkdir -p "$(dirname "${bin_dir}")"
 exec 9>"${bin_dir}.lock"
 flock 9
-if [ -x "${bin_dir}/${name}" ]; then
-  echo "${bin_dir}/${name}"
+# What the caller uses: the one binary, or the directory of several.
+if [ -n "${PACKAGE}" ]; then result="${bin_dir}/${name}"; else result="${bin_dir}"; fi
+complete=true
+for binary in "${binaries[@]}"; do [ -x "${bin_dir}/${binary}" ] || complete=false; done
+if $complete; then
+  echo "${result}"
   exit 0
 fi
 
 staging="${bin_dir}.partial.$$"
 rm -rf "${staging}"
 mkdir -p "${staging}"
-trap 'rm -rf "${staging}"' EXIT
-echo "building ${name} (${PACKAGE}) with ${go_version} into ${bin_dir}" >&2
+scratch="${bin_dir}.scratch.$$"
+rm -rf "${scratch}"
+mkdir -p "${scratch}"
+trap 'rm -rf "${staging}" "${scratch}"' EXIT
+echo "building ${name} (${PACKAGE:-${PACKAGES}}) with ${go_version} into ${bin_dir}" >&2
 start=${SECONDS}
-CGO_ENABLED=0 go build -mod=readonly -trimpath -tags "${TAGS}" -ldflags "-s -w ${LDFLAGS}" \
-  -o "${staging}/${name}" "${PACKAGE}"
+if declare -F before_build >/dev/null; then before_build "${scratch}"; fi
+if [ -n "${PACKAGE}" ]; then
+  output="${staging}/${name}"
+  packages=("${PACKAGE}")
+else
+  output="${staging}/"
+  # shellcheck disable=SC2206 # words: the import paths
+  packages=(${PACKAGES})
+fi
+CGO_ENABLED="${CGO}" go build -mod=readonly -trimpath -tags "${TAGS}" -ldflags "-s -w ${LDFLAGS}" \
+  -o "${output}" "${packages[@]}"
 for spec in ${MODULE_FILES}; do
   module_root=$(go list -mod=readonly -m -f '{{.Dir}}' "${spec%%:*}")
   # shellcheck disable=SC2086 # the glob is meant to expand
   cp ${module_root}/${spec#*:} "${staging}/"
 done
 echo "built ${name} in $((SECONDS - start)) s" >&2
-rm -rf "${bin_dir}"
+rm -rf "${bin_dir}" "${scratch}"
 mv "${staging}" "${bin_dir}"
 trap - EXIT
-echo "${bin_dir}/${name}"
+echo "${result}"
