@@ -1,6 +1,7 @@
 //go:build tools
 
-// Package tools pins the Kubernetes commands this module builds, so `go mod tidy` keeps them.
+// Package tools pins the Kubernetes commands this module builds (the control plane, and the kubelet
+// for `build.sh --kubelet`), so `go mod tidy` keeps them.
 package tools
 
 import (
@@ -8,4 +9,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
