@@ -242,6 +242,9 @@ impl Slot<'_> {
 
 impl Scenario {
     /// Parses a scenario; a malformed `failedCalls` entry is an error, as a typo in a field is.
+    ///
+    /// # Errors
+    /// Text that is not a scenario: the JSON error, or the `failedCalls` entry refused.
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut scenario: Scenario = serde_json::from_str(text).map_err(|err| err.to_string())?;
         scenario.failures = scenario
@@ -474,6 +477,9 @@ pub struct FileStamp {
 
 impl FileStamp {
     /// The stamp of `path` now.
+    ///
+    /// # Errors
+    /// When `path` cannot be read (`std::fs::metadata`).
     pub fn of(path: &Path) -> std::io::Result<Self> {
         use std::os::unix::fs::MetadataExt as _;
         let metadata = std::fs::metadata(path)?;
