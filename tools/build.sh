@@ -29,8 +29,11 @@
 #   MODULE_FILES  `MODULE:GLOB` words naming files of a required module (its pinned version) copied
 #            beside the binary, e.g. the CRDs a controller needs, so they always match the binary
 #   before_build  a shell function, run only when building, in tools/NAME, with a scratch
-#            directory as $1 that is removed afterwards: it may export what `go build` needs
-#            (CGO_CFLAGS, PKG_CONFIG, ...), e.g. tools/runc writes libseccomp's header there.
+#            directory as $1, removed afterwards: it may write files there and export what `go
+#            build` needs, e.g. tools/runc writes libseccomp's header there. The directory's path is
+#            the same for the same cache key, so CGO_CFLAGS naming it key Go's build cache rightly
+#            (pkg-config's answers do not enter that key: a cached cgo package keeps the flags of
+#            the build that made it, so they must name nothing that goes away).
 # Environment: GPU_REMEDIATOR_CACHE (default ~/.cache/gpu-remediator) moves the cache.
 set -euo pipefail
 name=${1:?usage: tools/build.sh NAME (a directory under tools/)}
@@ -78,7 +81,7 @@ fi
 staging="${bin_dir}.partial.$$"
 rm -rf "${staging}"
 mkdir -p "${staging}"
-scratch="${bin_dir}.scratch.$$"
+scratch="${bin_dir}.scratch"
 rm -rf "${scratch}"
 mkdir -p "${scratch}"
 trap 'rm -rf "${staging}" "${scratch}"' EXIT
