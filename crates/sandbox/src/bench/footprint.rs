@@ -146,7 +146,7 @@ async fn measure(
     let pods = nodes * pods_per_node;
     let bare = bare_fleet(scope);
     if bystanders > 0 {
-        super::scale::register(env, &bare, bystanders).await?;
+        super::scale::register(env, &bare, bystanders, super::scale::ScaleLabels::Bench).await?;
     }
     populate(env, scope, scope, pods).await?;
     // The policy selects the fleet's nodes only; the bare nodes are watched and cached like any

@@ -55,6 +55,8 @@ const IDLE_WINDOW: Duration = Duration::from_secs(65);
 pub struct ScaleResult {
     /// Nodes registered.
     pub nodes: usize,
+    /// The labels each node carried besides the fleet's own (`--scale-labels`).
+    pub labels: ScaleLabels,
     /// Seconds the harness took to register them (the API server's and the harness's pace).
     pub registration_seconds: f64,
     /// Seconds from the controller's start to `/readyz` answering 200 (every watch listed).
@@ -107,6 +109,30 @@ pub struct ApprovalCheck {
     pub records_refused: usize,
 }
 
+/// The labels a scale fleet's nodes carry besides the simulated fleet's own (its name, the GPU
+/// product, count and presence).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleLabels {
+    /// None.
+    #[default]
+    Bench,
+    /// The 123 labels of a GPU-operator node on a cloud (`fleet::operator_labels`): about 22 KB a
+    /// node more in etcd, in the API server's watch cache and in each watch event.
+    Operator,
+}
+
+impl ScaleLabels {
+    /// The labels added to each node.
+    #[must_use]
+    pub fn extra(self) -> std::collections::BTreeMap<String, String> {
+        match self {
+            Self::Bench => std::collections::BTreeMap::new(),
+            Self::Operator => crate::fleet::operator_labels::operator_labels(),
+        }
+    }
+}
+
 /// Registers `nodes` bare nodes of fleet `fleet`, `REGISTRATION_CONCURRENCY` at a time, each
 /// creation retried while the server does not answer (an existing node is left as it is). Each
 /// carries what a node of an installed GPU fleet carries: the agent's `GpuHealthy=True` beside the
@@ -115,13 +141,18 @@ pub struct ApprovalCheck {
 ///
 /// # Errors
 /// A creation the server refused, or one that never got an answer.
-pub async fn register(env: &BenchEnv, fleet: &str, nodes: usize) -> Result<(), BenchSetupError> {
+pub async fn register(
+    env: &BenchEnv,
+    fleet: &str,
+    nodes: usize,
+    labels: ScaleLabels,
+) -> Result<(), BenchSetupError> {
     let api: Api<Node> = Api::all(env.client.clone());
     let shape = NodeShape {
         fleet: fleet.to_owned(),
         gpus: 8,
         product: "NVIDIA-H100-80GB-HBM3".to_owned(),
-        labels: std::collections::BTreeMap::new(),
+        labels: labels.extra(),
     };
     let now = Timestamp::now();
     stream::iter(0..nodes)
@@ -175,12 +206,13 @@ pub async fn run(
     faults: &[usize],
     trigger_for: Duration,
     churn: Option<ChurnOptions>,
+    labels: ScaleLabels,
 ) -> Result<ScaleResult, BenchSetupError> {
     let scope = format!("scale-{nodes}");
     let load_before = load_average();
     eprintln!("scale: registering {nodes} bare nodes (load average {load_before})");
     let registering = Instant::now();
-    let registered = register(env, &scope, nodes).await;
+    let registered = register(env, &scope, nodes, labels).await;
     let registration_seconds = registering.elapsed().as_secs_f64();
     let measured = match registered {
         Ok(()) => measure(env, &scope, nodes, faults, trigger_for, churn).await,
@@ -201,6 +233,7 @@ pub async fn run(
     }
     let mut result = measured?;
     result.registration_seconds = registration_seconds;
+    result.labels = labels;
     result.load_average[0] = load_before;
     Ok(result)
 }
@@ -321,6 +354,7 @@ async fn measure(
     let idle_requests_per_second = idle_requests as f64 / IDLE_WINDOW.as_secs_f64();
     let result = ScaleResult {
         nodes,
+        labels: ScaleLabels::Bench,
         registration_seconds: 0.0,
         ready_seconds,
         idle_peak_rss_mib: idle.peak_rss_mib(),

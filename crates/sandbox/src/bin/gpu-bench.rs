@@ -84,6 +84,10 @@ struct Cli {
     /// rounds under that traffic (`bench::scale_churn`).
     #[arg(long)]
     scale_churn: Option<scale_churn::ChurnRate>,
+    /// The labels each scale fleet's node carries besides the fleet's own: `bench` (none) or
+    /// `operator` (the 123 of a GPU-operator node on a cloud, `fleet::operator_labels`).
+    #[arg(long, value_enum, default_value_t = scale::ScaleLabels::Bench)]
+    scale_labels: scale::ScaleLabels,
     /// The window over which the controller's CPU under churn is taken.
     #[arg(long, default_value_t = 60)]
     scale_churn_window_seconds: u64,
@@ -204,7 +208,7 @@ async fn run_scale(env: &BenchEnv, cli: &Cli, results: &mut BenchResults) {
             window: Duration::from_secs(cli.scale_churn_window_seconds),
         });
         let trigger_for = Duration::from_secs(cli.trigger_for_seconds);
-        match scale::run(env, nodes, &cli.faults, trigger_for, churn).await {
+        match scale::run(env, nodes, &cli.faults, trigger_for, churn, cli.scale_labels).await {
             Ok(result) => results.scale.push(result),
             Err(e) => results
                 .failures

@@ -10,6 +10,7 @@ pub mod gang;
 mod heartbeat;
 pub mod kubelet;
 pub mod node;
+pub mod operator_labels;
 pub mod pod_resources;
 mod pod_status;
 mod registry;

@@ -64,7 +64,11 @@ pub fn scale_tables(scale: &[ScaleResult]) -> String {
     for s in scale {
         let _ = writeln!(
             out,
-            "| gpu-remediator (measured here) | {} | {:.1} s | {:.2} s | {:.1} MiB | {:.2} s | {:.2} | {:.1} MiB | {:.2} s |",
+            "| gpu-remediator (measured here{}) | {} | {:.1} s | {:.2} s | {:.1} MiB | {:.2} s | {:.2} | {:.1} MiB | {:.2} s |",
+            match s.labels {
+                crate::bench::scale::ScaleLabels::Bench => "",
+                crate::bench::scale::ScaleLabels::Operator => ", a GPU operator's 123 labels a node",
+            },
             s.nodes,
             s.registration_seconds,
             s.ready_seconds,

@@ -31,6 +31,7 @@ fn the_scale_tables_give_each_round_its_cordon_and_its_quarantine_and_the_probes
         |faults: usize, cordon: Vec<f64>, quarantine: Vec<f64>| round_of(50_000, faults, cordon, quarantine);
     let fleet = ScaleResult {
         nodes: 50_000,
+        labels: crate::bench::scale::ScaleLabels::Bench,
         registration_seconds: 150.0,
         ready_seconds: 9.0,
         idle_peak_rss_mib: 248.0,
@@ -226,6 +227,7 @@ fn the_churn_tables_give_the_cost_per_thousand_updates_and_each_round_under_chur
     };
     let fleet = ScaleResult {
         nodes: 10_000,
+        labels: crate::bench::scale::ScaleLabels::Bench,
         registration_seconds: 30.0,
         ready_seconds: 2.0,
         idle_peak_rss_mib: 100.0,
