@@ -72,6 +72,23 @@ pub(crate) fn node(name: &str, broken_since: Option<Timestamp>) -> Node {
     }
 }
 
+/// Node `name` carrying `labels`, and nothing else.
+pub(crate) fn labelled(name: &str, labels: &[(&str, &str)]) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    }
+}
+
 /// What a lifecycle pass sees of `node` (if any) with `answers`: no pods, no budget, nothing in
 /// flight, no object looked at, a 1 s pod poll, a 5 s eviction backoff.
 pub(crate) fn seen<'a>(

@@ -99,7 +99,6 @@ impl Census {
 mod tests {
     use gpu_remediation_api::GpuRemediationPolicySpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use kube::api::ObjectMeta;
 
     use super::*;
 
@@ -116,19 +115,7 @@ mod tests {
     }
 
     fn node(name: &str, labels: &[(&str, &str)]) -> Arc<Node> {
-        Arc::new(Node {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                ),
-                ..ObjectMeta::default()
-            },
-            ..Node::default()
-        })
+        Arc::new(crate::test_fixtures::labelled(name, labels))
     }
 
     #[test]

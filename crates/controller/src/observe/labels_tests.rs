@@ -41,19 +41,7 @@ fn spec(mut fields: serde_json::Value) -> GpuRemediationPolicySpec {
 }
 
 fn labelled(labels: &[(&str, &str)]) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some("gpu-1".into()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-            ),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    }
+    crate::test_fixtures::labelled("gpu-1", labels)
 }
 
 #[test]
