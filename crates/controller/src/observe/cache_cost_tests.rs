@@ -126,6 +126,20 @@ fn operator_labels() -> Vec<(String, String)> {
     labels.into_iter().collect()
 }
 
+/// Node `i` of `shape` as the watch keeps it: one line of the watch, an event whose object serde
+/// buffers before decoding it (each list then takes its exact length), pruned as the watch prunes.
+fn as_watched(i: usize, shape: &str, labels: &Kept) -> Node {
+    let line = format!(r#"{{"type":"ADDED","object":{}}}"#, node_json(i, shape));
+    let kube::api::WatchEvent::Added(mut node) =
+        serde_json::from_str::<kube::api::WatchEvent<Node>>(&line).expect("a watch event")
+    else {
+        panic!("an ADDED event")
+    };
+    labels.prune(&mut node);
+    prune_node(&mut node);
+    node
+}
+
 #[test]
 #[ignore = "a measurement, run by hand (see the module's header)"]
 fn what_a_cached_node_costs_by_what_it_carries() {
@@ -142,16 +156,7 @@ fn what_a_cached_node_costs_by_what_it_carries() {
     let mut kept: Vec<Arc<Node>> = Vec::with_capacity(count);
     let mut text = 0usize;
     for i in 0..count {
-        // As the watch decodes it: one line of the watch, an event whose object serde buffers
-        // before decoding it (each list then takes its exact length).
-        let line = format!(r#"{{"type":"ADDED","object":{}}}"#, node_json(i, &shape));
-        let kube::api::WatchEvent::Added(mut node) =
-            serde_json::from_str::<kube::api::WatchEvent<Node>>(&line).expect("a watch event")
-        else {
-            panic!("an ADDED event")
-        };
-        labels.prune(&mut node);
-        prune_node(&mut node);
+        let node = as_watched(i, &shape, &labels);
         text += node
             .metadata
             .annotations
@@ -263,15 +268,7 @@ fn what_a_slim_cached_node_would_cost() {
     let before = resident();
     let mut kept: Vec<Arc<Slim>> = Vec::with_capacity(count);
     for i in 0..count {
-        let line = format!(r#"{{"type":"ADDED","object":{}}}"#, node_json(i, &shape));
-        let kube::api::WatchEvent::Added(mut node) =
-            serde_json::from_str::<kube::api::WatchEvent<Node>>(&line).expect("a watch event")
-        else {
-            panic!("an ADDED event")
-        };
-        labels.prune(&mut node);
-        prune_node(&mut node);
-        kept.push(Arc::new(slim(node)));
+        kept.push(Arc::new(slim(as_watched(i, &shape, &labels))));
     }
     let grown = usize::try_from(resident().saturating_sub(before)).unwrap_or(usize::MAX);
     #[allow(clippy::cast_precision_loss, reason = "a printed measurement")]

@@ -213,12 +213,6 @@ impl NodeLabels {
         let mut state = self.state();
         state.listed = Some(state.listing.clone());
     }
-
-    /// What the store's nodes carry, for logs: `None` before the first list.
-    #[must_use]
-    pub fn kept(&self) -> Option<Kept> {
-        self.state().listed.clone()
-    }
 }
 
 /// The events of `start()`'s stream, started afresh whenever `relist` changes (its first event is
@@ -244,7 +238,6 @@ where
                     biased;
                     asked = asked => {
                         if asked {
-                            tracing::info!("listing every node afresh: a policy reads a label the cache did not keep");
                             current = Box::pin(start());
                         } else {
                             relist = None;
