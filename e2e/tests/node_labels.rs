@@ -1,7 +1,7 @@
 //! The node cache keeps only the labels policies read (`observe::labels`), against the real control
 //! plane: a policy changed to read a label the cache did not keep makes the controller list every
-//! node afresh, says so in an Event, and then governs by that label: a `DoesNotExist` selector over
-//! a pruned label would otherwise take every node.
+//! node afresh, says so in an Event (and in a gauge while it lists), and then governs by that
+//! label: a `DoesNotExist` selector over a pruned label would otherwise take every node.
 
 mod common;
 mod scenario;
@@ -34,7 +34,8 @@ async fn a_policy_changed_to_read_a_label_the_cache_did_not_keep_governs_by_it_a
     }
     s.policy(serde_json::json!({"safety": {"maxConcurrent": 4, "maxUnhealthy": "100%"}}))
         .await;
-    let controller = RunningController::start(&s.scope).await;
+    let metrics = gpu_remediator::telemetry::Metrics::new();
+    let controller = RunningController::start_reporting(&s.scope, metrics.clone()).await;
     let policies = Api::<GpuRemediationPolicy>::all(s.client.clone());
     let selected = |count: u32| {
         let policies = policies.clone();
@@ -94,6 +95,16 @@ async fn a_policy_changed_to_read_a_label_the_cache_did_not_keep_governs_by_it_a
         events.get(reasons::NODE_LABELS_LISTING),
         Some(&1),
         "one relist, said once: {events:?}"
+    );
+    let listing = metrics
+        .encode()
+        .lines()
+        .find(|line| line.starts_with("gpu_remediator_node_labels_listing "))
+        .map(str::to_owned);
+    assert_eq!(
+        listing.as_deref(),
+        Some("gpu_remediator_node_labels_listing 0"),
+        "passes no longer wait once the list is done"
     );
     controller.stop().await;
 }

@@ -1,7 +1,7 @@
 //! Observe: the caches the controller decides from, and the signal that something worth a new
 //! pass changed.
 //!
-//! Five watches feed reflector stores: policies (optionally narrowed by a label selector, so
+//! Five watches ([`watches`]) feed reflector stores: policies (optionally narrowed by a label selector, so
 //! several controllers can share a cluster in tests), remediations, hardware records, Nodes and
 //! disruption budgets. Nodes and PDBs are pruned as they arrive (no managedFields, images,
 //! heartbeat times, capacity lists, other controllers' annotations; [`relevant`]; and of a node's
@@ -28,13 +28,12 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use gpu_remediation_api::{GpuHardwareRecord, GpuRemediation, GpuRemediationPolicy};
 use jiff::Timestamp;
 use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
 use kube::{
-    Api, Client, Resource, ResourceExt,
-    api::{ApiResource, DynamicObject},
+    Api, Client, ResourceExt,
     runtime::{
         WatchStreamExt,
         reflector::{self, Store},
@@ -52,13 +51,15 @@ pub mod labels;
 pub mod overlay;
 mod relevant;
 pub mod undecodable;
+mod watches;
 
-use relevant::{
-    budget_fingerprint, node_fingerprint, policy_fingerprint, prune_budget, remediation_fingerprint,
-};
+use relevant::{budget_fingerprint, policy_fingerprint, prune_budget, remediation_fingerprint};
 pub(crate) use relevant::{hash_of, hash_one};
 pub use relevant::{is_ours, prune_node};
 pub use undecodable::Undecodable;
+use watches::{
+    Waker, key_of, spawn_decoding_reflector, spawn_node_reflector, spawn_reflector, wake_on_change,
+};
 
 /// The stores the controller reads, shared by every pass.
 #[derive(Clone)]
@@ -356,7 +357,7 @@ impl Caches {
     ) -> Self {
         fn store_of<K>(objects: Vec<K>) -> Store<K>
         where
-            K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+            K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
         {
             let (store, mut writer) = reflector::store();
             for object in objects {
@@ -422,197 +423,6 @@ impl Caches {
     #[must_use]
     pub fn policy(&self, name: &str) -> Option<Arc<GpuRemediationPolicy>> {
         self.policies.get(&reflector::ObjectRef::new(name))
-    }
-}
-
-/// A kind the caches keep: what a reflector and its watch need of it.
-trait Cached:
-    Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static
-{
-}
-
-impl<K> Cached for K where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static
-{
-}
-
-/// Runs a watch (`events`, with its backoff) with its reflector on the runtime; returns its store.
-fn spawn_reflector<K, M, F>(
-    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    prune: M,
-    fingerprint: F,
-    wake: Waker,
-    written: Option<Overlay<K>>,
-) -> Store<K>
-where
-    K: Cached,
-    M: FnMut(&mut K) + Send + 'static,
-    F: Fn(&K) -> u64 + Send + 'static,
-{
-    let (store, writer) = reflector::store();
-    let events = events.modify(prune).reflect(writer);
-    tokio::spawn(wake_on_change(events, fingerprint, wake, written));
-    store
-}
-
-/// The node watch with its reflector, on the runtime; returns its store. Nodes are what is many:
-/// their initial list is streamed, falling back to pages if that fails (`initial_list`); the other
-/// kinds are few and keep paginated lists, which a server whose watch cache is still starting
-/// (just after a CRD is created, or after a restart) serves from etcd instead of refusing with 429
-/// until it is ready. Each list keeps the labels `labels` names as it starts, and the watch lists
-/// afresh when `relist` changes (`labels::relisting`).
-fn spawn_node_reflector(
-    client: &Client,
-    labels: &labels::NodeLabels,
-    relist: watch::Receiver<u64>,
-    changes: &Changes,
-    wake: Arc<Notify>,
-    written: &Overlay<Node>,
-) -> Store<Node> {
-    let events = labels::relisting(
-        {
-            let (client, labels) = (client.clone(), labels.clone());
-            move || {
-                let kept = labels.start_listing();
-                tracing::info!(labels = ?kept, "listing nodes");
-                let config = watcher::Config::default().any_semantic();
-                initial_list::watch(Api::<Node>::all(client.clone()), config).modify(move |n| kept.prune(n))
-            }
-        },
-        relist,
-    );
-    let (store, writer) = reflector::store();
-    let events = events.modify(prune_node).reflect(writer).inspect({
-        let labels = labels.clone();
-        // After the reflector has taken the list's end: the store holds what the list kept.
-        move |event| {
-            if let Ok(watcher::Event::InitDone) = event {
-                labels.listed();
-            }
-        }
-    });
-    let waker = Waker::new(wake, {
-        let changes = changes.clone();
-        move |key: Option<String>| match key {
-            Some(name) => changes.note(|c| {
-                c.nodes.insert(name);
-            }),
-            None => changes.note(|c| {
-                c.anything = true;
-                c.nodes_listed = true;
-            }),
-        }
-    });
-    tokio::spawn(wake_on_change(
-        events,
-        node_fingerprint,
-        waker,
-        Some(written.clone()),
-    ));
-    store
-}
-
-/// [`spawn_reflector`] for a kind of ours: the watch reads untyped objects and decodes each one, so
-/// one that does not decode is reported and left out instead of failing the whole list.
-fn spawn_decoding_reflector<K, M, F>(
-    client: &Client,
-    undecodable: &Undecodable,
-    config: watcher::Config,
-    prune: M,
-    fingerprint: F,
-    wake: Waker,
-    written: Option<Overlay<K>>,
-) -> Store<K>
-where
-    K: Cached,
-    M: FnMut(&mut K) + Send + 'static,
-    F: Fn(&K) -> u64 + Send + 'static,
-{
-    let api = Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<K>(&()));
-    let mut decoder = undecodable::Decoder::<K>::new(undecodable.clone());
-    let (store, writer) = reflector::store();
-    let events = watcher(api, config)
-        .default_backoff()
-        .filter_map(move |event| {
-            std::future::ready(match event {
-                Ok(event) => decoder.event(event).map(Ok),
-                Err(error) => Some(Err(error)),
-            })
-        })
-        .modify(prune)
-        .reflect(writer);
-    tokio::spawn(wake_on_change(events, fingerprint, wake, written));
-    store
-}
-
-/// Wakes the loop and says what changed: the key (`namespace/name`) of an object that changed,
-/// or `None` after a (re)list.
-struct Waker {
-    wake: Arc<Notify>,
-    note: Box<dyn Fn(Option<String>) + Send>,
-}
-
-impl Waker {
-    fn new(wake: Arc<Notify>, note: impl Fn(Option<String>) + Send + 'static) -> Self {
-        Self {
-            wake,
-            note: Box::new(note),
-        }
-    }
-
-    fn changed(&self, key: Option<String>) {
-        (self.note)(key);
-        self.wake.notify_one();
-    }
-}
-
-/// Drives a reflected watch, waking the loop when an object appears, goes, or changes what its
-/// fingerprint covers, and when a (re)list completes.
-async fn wake_on_change<K, S, F>(events: S, fingerprint: F, wake: Waker, written: Option<Overlay<K>>)
-where
-    K: Resource<DynamicType = ()>,
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-    F: Fn(&K) -> u64,
-{
-    let mut seen: HashMap<String, u64> = HashMap::new();
-    let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        let changed = match event {
-            Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
-                let print = fingerprint(&object);
-                (seen.insert(object.name_any(), print) != Some(print)).then(|| Some(key_of(&object)))
-            }
-            Ok(watcher::Event::Delete(object)) => {
-                seen.remove(&object.name_any());
-                if let Some(written) = &written {
-                    written.forget(&object.name_any());
-                }
-                Some(Some(key_of(&object)))
-            }
-            Ok(watcher::Event::InitDone) => Some(None),
-            Ok(watcher::Event::Init) => None,
-            Err(error) => {
-                tracing::warn!(%error, kind = %K::kind(&()), "watch failed; retrying with backoff");
-                None
-            }
-        };
-        if let Some(key) = changed {
-            wake.changed(key);
-        }
-    }
-}
-
-/// `namespace/name`, or `name` for a cluster-scoped object.
-fn key_of<K: Resource>(object: &K) -> String {
-    match object.meta().namespace.as_deref() {
-        Some(namespace) => format!("{namespace}/{}", object.name_any()),
-        None => object.name_any(),
     }
 }
 

@@ -20,6 +20,7 @@
 //! | `records_held_total` | counter | `policy` (records held because their status has no evidence behind it: written by someone other than the controller; `lifecycle::provenance`) |
 //! | `leader` | gauge | (1 while this replica's fence is current) |
 //! | `fence_unproven` | gauge | (1 while this replica's last probe could not prove that the API server enforces the fence) |
+//! | `node_labels_listing` | gauge | (1 while passes plan nothing: a policy reads a node label the node cache has not listed yet; `act::node_labels`) |
 //! | `reconcile_errors_total` | counter | `reconciler` |
 //! | `reconcile_errors_by_kind_total` | counter | `reconciler`, `kind` (`fenced`, `conflict`, `forbidden`, `invalid`, `timeout`, `unreachable`, `internal`, ...) |
 //! | `writes_total` | counter | `verb`, `resource`, `outcome` (`ok` or the kind of failure; every write the one writer sends) |
@@ -165,6 +166,7 @@ struct Series {
     records_held: Family<PolicyLabels, Counter>,
     leader: Gauge,
     fence_unproven: Gauge,
+    node_labels_listing: Gauge,
     reconcile_errors: Family<ReconcilerLabels, Counter>,
     ladder: super::ladder_metrics::LadderSeries,
     writes: super::write_metrics::WriteSeries,
@@ -228,6 +230,31 @@ fn register_leadership(registry: &mut Registry, series: &Series) {
          (it refuses to lead, or leads unfenced with --allow-unfenced)",
         series.fence_unproven.clone(),
     );
+    registry.register(
+        "node_labels_listing",
+        "1 while this replica's passes plan nothing because a policy reads a node label its node \
+         cache has not listed yet (the node watch is listing afresh)",
+        series.node_labels_listing.clone(),
+    );
+}
+
+/// Counters that exist from the start read 0 rather than absent, so `rate()` and alerts on them
+/// work before the first event.
+fn start_at_zero(series: &Series) {
+    for reconciler in RECONCILERS {
+        series
+            .reconcile_errors
+            .get_or_create(&ReconcilerLabels {
+                reconciler: reconciler.to_owned(),
+            })
+            .inc_by(0);
+    }
+    for result in EvictionResult::ALL {
+        series
+            .evictions
+            .get_or_create(&EvictionLabels { result })
+            .inc_by(0);
+    }
 }
 
 impl Metrics {
@@ -252,6 +279,7 @@ impl Metrics {
             records_held: Family::default(),
             leader: Gauge::default(),
             fence_unproven: Gauge::default(),
+            node_labels_listing: Gauge::default(),
             reconcile_errors: Family::default(),
             ladder: super::ladder_metrics::LadderSeries::new(),
             writes: super::write_metrics::WriteSeries::default(),
@@ -336,22 +364,7 @@ impl Metrics {
         register_records_left_alone(&mut registry, &series);
         series.ladder.register(&mut registry);
         series.writes.register(&mut registry);
-        // Counters that exist from the start read 0 rather than absent, so `rate()` and alerts on
-        // them work before the first event.
-        for reconciler in RECONCILERS {
-            series
-                .reconcile_errors
-                .get_or_create(&ReconcilerLabels {
-                    reconciler: reconciler.to_owned(),
-                })
-                .inc_by(0);
-        }
-        for result in EvictionResult::ALL {
-            series
-                .evictions
-                .get_or_create(&EvictionLabels { result })
-                .inc_by(0);
-        }
+        start_at_zero(&series);
         Self {
             series: Arc::new(series),
             registry: Arc::new(Mutex::new(registry)),
@@ -556,6 +569,12 @@ impl Metrics {
     /// Sets the fence-unproven gauge (the server does it from the fence at every scrape).
     pub fn set_fence_unproven(&self, unproven: bool) {
         self.series.fence_unproven.set(i64::from(unproven));
+    }
+
+    /// Sets whether passes wait for a node list keeping a label a policy reads (every pass does,
+    /// from `act::node_labels::covered`).
+    pub fn set_node_labels_listing(&self, listing: bool) {
+        self.series.node_labels_listing.set(i64::from(listing));
     }
 
     /// The `OpenMetrics` text of every series.

@@ -199,6 +199,12 @@ async fn a_drains_json_log_lines_filtered_by_its_remediation_show_the_whole_drai
         .with(crate::telemetry::logs::json_layer(move || sink.clone()));
     // This thread's subscriber: the current-thread runtime runs every task of the drain here.
     let _logging = tracing::subscriber::set_default(subscriber);
+    // tracing-core caches each callsite's interest for the whole process, and while only one
+    // dispatcher is registered it asks the *registering* thread's subscriber: a sibling test
+    // reaching a drain's log line first, on a thread with none, would cache `never` and silence
+    // it here (tokio-rs/tracing#3611; seen once in a loaded run). A second live dispatcher makes
+    // every registration ask all of them.
+    let _second = tracing::Dispatch::new(tracing_subscriber::registry());
 
     let since = Timestamp::now() - SignedDuration::from_secs(60);
     let (ctx, recording) = context(vec![policy()], vec![record(since)], vec![broken_node(since)]);
