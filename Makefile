@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Builds (once, then cached outside the repo) and locates the pinned control plane binaries.
 CONTROLPLANE_BIN = $(shell e2e/controlplane/build.sh)
 
-.PHONY: help build test unit e2e e2e-real real-node-smoke bench-peer crds crds-check lint modgraph fmt controlplane demo bench chaos images argocd-health-test chart-test chart-sync alerts-test mutants test-compat
+.PHONY: help build test unit e2e e2e-real real-node-test real-node-smoke bench-peer crds crds-check lint modgraph fmt controlplane demo bench chaos images argocd-health-test chart-test chart-sync alerts-test mutants test-compat
 
 help:
 	@echo "make build         build every crate"
@@ -14,6 +14,7 @@ help:
 	@echo "make unit          unit tests only (no control plane)"
 	@echo "make e2e           end-to-end tests against a real local control plane"
 	@echo "make e2e-real      replacement against upstream Karpenter (KWOK) and Cluster API, built from pinned modules (cached)"
+	@echo "make real-node-test   one real node (kubelet, containerd, runc from pinned modules) joins and runs a pod (root)"
 	@echo "make real-node-smoke  NVIDIA's device plugin (built from tools/nvidia-device-plugin) against the NVML stand-in (root)"
 	@echo "make crds          regenerate crds/ from the Rust types (and the Helm chart's copies)"
 	@echo "make chart-test    helm lint, and the Helm chart rendered equals kustomize manifests/ (part of test)"
@@ -181,6 +182,16 @@ e2e-real:
 # CPU-minutes cold), against the NVML stand-in with an XID 79 on GPU 1 and no kubelet: it must log
 # that device unhealthy, with no NVML symbol missing (docs/plans/real-node.md, S2's smoke). Needs root
 # (a mount namespace for the plugin's socket directory). Not in `test` nor in .ci/run (yet).
+# One real node (kubelet, containerd, runc, CNI and pause built from pinned modules) joins a
+# control plane and runs a pod (crates/sandbox/tests/real_node.rs). Needs root.
+real-node-test:
+	kubelet="$$(e2e/controlplane/build.sh --kubelet)" && pause="$$(e2e/controlplane/build.sh --pause)" && \
+	containerd="$$(tools/build.sh containerd)" && runc="$$(tools/build.sh runc)" && \
+	cni="$$(tools/build.sh cni-plugins)" && \
+	GPU_REMEDIATOR_KUBELET="$$kubelet" GPU_REMEDIATOR_PAUSE="$$pause" GPU_REMEDIATOR_CONTAINERD="$$containerd" \
+	GPU_REMEDIATOR_RUNC="$$runc" GPU_REMEDIATOR_CNI_PLUGINS="$$cni" \
+		$(CARGO) test -p gpu-sandbox --test real_node -- --ignored --nocapture
+
 real-node-smoke:
 	plugin="$$(tools/build.sh nvidia-device-plugin)" && GPU_REMEDIATOR_DEVICE_PLUGIN="$$plugin" \
 		$(CARGO) test --workspace --test device_plugin_smoke -- --ignored --nocapture

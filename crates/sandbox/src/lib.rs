@@ -49,6 +49,7 @@ pub mod jobset;
 pub mod karpenter;
 pub mod population;
 pub mod provider;
+pub mod real_node;
 pub mod repair;
 pub mod retry;
 pub mod upstream;

@@ -24,7 +24,7 @@ use kube::Api;
 
 pub use binaries::LocateBinariesError;
 pub use dra::Dra;
-pub use pki::CreatePkiError;
+pub use pki::{ClientCertificate, CreatePkiError};
 
 use layout::{Layout, dir_error, display};
 pub use process::{OwnedProcess, SpawnComponentError};

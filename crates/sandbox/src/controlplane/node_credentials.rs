@@ -8,6 +8,21 @@ use super::ControlPlane;
 use super::pki::{self, CreatePkiError};
 
 impl ControlPlane {
+    /// Node `node`'s kubelet client certificate and key, minted now (under the data directory's
+    /// `pki/nodes/`): what a real node's kubeconfig names.
+    ///
+    /// # Errors
+    /// When `openssl` cannot make or sign the certificate.
+    pub fn node_certificate(&self, node: &str) -> Result<pki::ClientCertificate, CreatePkiError> {
+        pki::node_client_certificate(&self.data_dir.join("pki"), node)
+    }
+
+    /// The CA that signed the API server's serving certificate and every client's.
+    #[must_use]
+    pub fn ca_certificate(&self) -> std::path::PathBuf {
+        self.data_dir.join("pki").join("ca.crt")
+    }
+
     /// A client config that authenticates as node `node`'s kubelet, with a client certificate minted
     /// now (under the data directory's `pki/nodes/`).
     ///

@@ -1,0 +1,230 @@
+//! One real node against the sandbox's control plane (issue 43, `docs/plans/real-node.md` S3): a
+//! kubelet, containerd and runc built from pinned modules, in namespaces of their own, register a
+//! Node that turns Ready and runs a pod from an image built here; an eviction through the Eviction
+//! API is refused while the pod's budget allows no disruption, and once it allows one, the
+//! container receives SIGTERM and exits within its grace period (exit code 0: `pause` exits on
+//! SIGTERM; a SIGKILL at the end of the grace period would read 137).
+//!
+//! `#[ignore]`d: it needs root, `unshare`, `setpriv` and `nsenter`, and the built binaries the
+//! environment names (`real_node::Binaries::from_env`); `make real-node-test` builds them and runs
+//! it.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use gpu_sandbox::{
+    ControlPlane, ControlPlaneOptions,
+    real_node::{Binaries, Layout, RealNode, config::PAUSE_IMAGE},
+};
+use k8s_openapi::{
+    api::{
+        core::v1::{Node, Pod},
+        policy::v1::{Eviction, PodDisruptionBudget},
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{
+    Api,
+    api::{Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+
+const GRACE_SECONDS: i64 = 30;
+
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    deadline: Duration,
+    mut probe: impl FnMut() -> F,
+) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(started.elapsed() < deadline, "{what}: not within {deadline:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
+fn exit_code(pod: &Pod) -> Option<i32> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()
+        .map(|terminated| terminated.exit_code)
+}
+
+async fn evict(pods: &Api<Pod>, name: &str) -> Result<(), kube::Error> {
+    let eviction = Eviction {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some("default".to_owned()),
+            ..ObjectMeta::default()
+        },
+        delete_options: None,
+    };
+    pods.create_subresource::<_, serde_json::Value>("eviction", name, &PostParams::default(), &eviction)
+        .await
+        .map(|_| ())
+}
+
+/// The last exit code the pod's container reported before the pod was deleted (a watch, from now).
+fn exit_code_at_deletion(pods: &Api<Pod>, name: &str) -> tokio::task::JoinHandle<Option<i32>> {
+    let watch = watcher(
+        pods.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    );
+    tokio::spawn(async move {
+        let mut watch = std::pin::pin!(watch);
+        let mut exit = None;
+        while let Some(event) = watch.next().await {
+            match event {
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                    exit = exit_code(&pod).or(exit);
+                }
+                Ok(watcher::Event::Delete(pod)) => return exit_code(&pod).or(exit),
+                _ => {}
+            }
+        }
+        exit
+    })
+}
+
+/// A bare pod on `node` running the pause image, and a budget over it allowing no disruption.
+async fn run_sleeper(pods: &Api<Pod>, budgets: &Api<PodDisruptionBudget>, node: &str) {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "sleeper", "labels": {"app": "sleeper"}},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": GRACE_SECONDS,
+            "containers": [{"name": "pause", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    // A bare pod: `minAvailable`, which needs no controller's scale.
+    let budget: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "sleeper"},
+        "spec": {"selector": {"matchLabels": {"app": "sleeper"}}, "minAvailable": 1},
+    }))
+    .unwrap();
+    budgets.create(&PostParams::default(), &budget).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root and the real node's built binaries: make real-node-test"]
+async fn a_real_node_runs_a_pod_whose_eviction_waits_for_its_budget_and_ends_on_sigterm() {
+    let binaries = Binaries::from_env().expect("the real node's binaries (make real-node-test)");
+    let started = Instant::now();
+    let say = |what: &str| eprintln!("{:>7.1} s  {what}", started.elapsed().as_secs_f64());
+    let control_plane = ControlPlane::start(ControlPlaneOptions::default())
+        .await
+        .expect("the control plane");
+    let layout = Layout {
+        name: "real-1".into(),
+        index: 1,
+        dir: control_plane.data_dir().join("nodes/real-1"),
+    };
+    let node = RealNode::start(&control_plane, layout, &binaries)
+        .await
+        .expect("the real node");
+    say("control plane up, real node started, pause image imported");
+    let client = control_plane.client();
+    let nodes = Api::<Node>::all(client.clone());
+    eventually("the real node Ready", Duration::from_secs(120), || async {
+        nodes.get_opt(node.name()).await.ok().flatten().filter(is_ready)
+    })
+    .await;
+    say("the node Ready");
+
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    let budgets = Api::<PodDisruptionBudget>::namespaced(client.clone(), "default");
+    run_sleeper(&pods, &budgets, node.name()).await;
+    eventually(
+        "the pod Running on the real node",
+        Duration::from_secs(120),
+        || async {
+            let pod = pods.get("sleeper").await.ok()?;
+            (pod.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(())
+        },
+    )
+    .await;
+    say("the pod Running");
+
+    // The budget allows no disruption: the eviction is refused (429) and the pod keeps running.
+    eventually(
+        "the budget's status observed",
+        Duration::from_secs(30),
+        || async {
+            let status = budgets.get("sleeper").await.ok()?.status?;
+            (status.expected_pods == 1 && status.disruptions_allowed == 0).then_some(())
+        },
+    )
+    .await;
+    // kube's client retries a 429 by itself: evictions go through one that does not.
+    let evictions = Api::<Pod>::namespaced(control_plane.client_without_retry(), "default");
+    match evict(&evictions, "sleeper").await {
+        Err(kube::Error::Api(status)) if status.code == 429 => {}
+        other => panic!("an eviction the budget forbids: {other:?}"),
+    }
+
+    budgets
+        .patch(
+            "sleeper",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"minAvailable": 0}})),
+        )
+        .await
+        .unwrap();
+    let last_exit = exit_code_at_deletion(&pods, "sleeper");
+    let asked = eventually(
+        "the eviction accepted once the budget allows it",
+        Duration::from_secs(30),
+        || async { evict(&evictions, "sleeper").await.ok().map(|()| Instant::now()) },
+    )
+    .await;
+    eventually(
+        "the evicted pod gone",
+        Duration::from_secs(GRACE_SECONDS as u64 * 2),
+        || async { pods.get_opt("sleeper").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    let gone_after = asked.elapsed();
+    say(&format!(
+        "the pod evicted, gone {gone_after:?} after its eviction"
+    ));
+    let exit = tokio::time::timeout(Duration::from_secs(10), last_exit)
+        .await
+        .expect("the watch ends with the pod's deletion")
+        .unwrap();
+    assert_eq!(
+        exit,
+        Some(0),
+        "the container exited on SIGTERM, not killed at the grace period's end"
+    );
+    assert!(
+        gone_after < Duration::from_secs(GRACE_SECONDS as u64),
+        "the pod went {gone_after:?} after its eviction: its container did not end on SIGTERM"
+    );
+
+    node.stop().await;
+    say("the node stopped");
+    control_plane.stop().await;
+    say("the control plane stopped");
+}
