@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Builds (once, then cached outside the repo) and locates the pinned control plane binaries.
 CONTROLPLANE_BIN = $(shell e2e/controlplane/build.sh)
 
-.PHONY: help build test unit e2e e2e-real real-node-test real-node-smoke bench-peer crds crds-check lint modgraph fmt controlplane demo bench chaos images argocd-health-test chart-test chart-sync alerts-test mutants test-compat
+.PHONY: help build test unit e2e e2e-real real-node-test sandbox-real real-node-smoke bench-peer crds crds-check lint modgraph fmt controlplane demo bench chaos images argocd-health-test chart-test chart-sync alerts-test mutants test-compat
 
 help:
 	@echo "make build         build every crate"
@@ -14,7 +14,8 @@ help:
 	@echo "make unit          unit tests only (no control plane)"
 	@echo "make e2e           end-to-end tests against a real local control plane"
 	@echo "make e2e-real      replacement against upstream Karpenter (KWOK) and Cluster API, built from pinned modules (cached)"
-	@echo "make real-node-test   one real node (kubelet, containerd, runc from pinned modules) joins and runs a pod (root)"
+	@echo "make real-node-test   real nodes (kubelet, containerd, runc, device plugin from pinned modules) run pods, our images (root)"
+	@echo "make sandbox-real     gpu-sandbox up with REAL_NODES real nodes beside the simulated fleet (root)"
 	@echo "make real-node-smoke  NVIDIA's device plugin (built from tools/nvidia-device-plugin) against the NVML stand-in (root)"
 	@echo "make crds          regenerate crds/ from the Rust types (and the Helm chart's copies)"
 	@echo "make chart-test    helm lint, and the Helm chart rendered equals kustomize manifests/ (part of test)"
@@ -178,20 +179,43 @@ e2e-real:
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" \
 		$(CARGO) test --workspace --no-fail-fast $(REAL_TESTS) -- --ignored --test-threads=2
 
+# A real node's binaries, built from their pinned modules (cached after the first build) and named
+# in the environment of the command that follows `&&` (a failed build fails the target).
+REAL_NODE_ENV = GPU_REMEDIATOR_KUBELET="$$(e2e/controlplane/build.sh --kubelet)" && \
+	GPU_REMEDIATOR_PAUSE="$$(e2e/controlplane/build.sh --pause)" && \
+	GPU_REMEDIATOR_CONTAINERD="$$(tools/build.sh containerd)" && GPU_REMEDIATOR_RUNC="$$(tools/build.sh runc)" && \
+	GPU_REMEDIATOR_CNI_PLUGINS="$$(tools/build.sh cni-plugins)" && \
+	export GPU_REMEDIATOR_KUBELET GPU_REMEDIATOR_PAUSE GPU_REMEDIATOR_CONTAINERD GPU_REMEDIATOR_RUNC \
+		GPU_REMEDIATOR_CNI_PLUGINS
+
+# One real node (kubelet, containerd, runc, CNI and pause built from pinned modules) joins a
+# control plane, runs a pod whose eviction ends on SIGTERM, and runs the agent's and the
+# controller's images, built here from their Dockerfiles with the debug binaries
+# (crates/sandbox/tests/real_node.rs); another runs NVIDIA's device plugin as a DaemonSet over the
+# NVML stand-in and sees an XID 79 withdraw a GPU (real_node_gpus.rs). Needs root. Not in `test`
+# nor in .ci/run (yet).
+real-node-test:
+	$(REAL_NODE_ENV) && GPU_REMEDIATOR_DEVICE_PLUGIN="$$(tools/build.sh nvidia-device-plugin)" && \
+	export GPU_REMEDIATOR_DEVICE_PLUGIN && \
+	$(CARGO) build -p gpu-health-agent --bin gpu-health-agent -p gpu-remediator --bin gpu-remediator \
+		-p nvml-standin && \
+	GPU_REMEDIATOR_AGENT_BINARY="$(abspath $(TARGET_DIR))/debug/gpu-health-agent" \
+	GPU_REMEDIATOR_CONTROLLER_BINARY="$(abspath $(TARGET_DIR))/debug/gpu-remediator" \
+	GPU_REMEDIATOR_NVML_STANDIN="$(abspath $(TARGET_DIR))/debug/libnvml_standin.so" \
+		$(CARGO) test -p gpu-sandbox --test real_node --test real_node_gpus -- --ignored --nocapture
+
+# `gpu-sandbox up` with REAL_NODES real nodes (default 2) beside the simulated fleet, until Ctrl-C
+# (root). SANDBOX_ARGS adds `gpu-sandbox up` flags.
+REAL_NODES ?= 2
+sandbox-real:
+	$(CARGO) build --quiet -p gpu-sandbox --bin gpu-sandbox && $(REAL_NODE_ENV) && \
+		GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" $(TARGET_DIR)/debug/gpu-sandbox up \
+		--real-nodes $(REAL_NODES) $(SANDBOX_ARGS)
+
 # NVIDIA's device plugin, built from its pinned module (tools/nvidia-device-plugin, about 1.5
 # CPU-minutes cold), against the NVML stand-in with an XID 79 on GPU 1 and no kubelet: it must log
 # that device unhealthy, with no NVML symbol missing (docs/plans/real-node.md, S2's smoke). Needs root
 # (a mount namespace for the plugin's socket directory). Not in `test` nor in .ci/run (yet).
-# One real node (kubelet, containerd, runc, CNI and pause built from pinned modules) joins a
-# control plane and runs a pod (crates/sandbox/tests/real_node.rs). Needs root.
-real-node-test:
-	kubelet="$$(e2e/controlplane/build.sh --kubelet)" && pause="$$(e2e/controlplane/build.sh --pause)" && \
-	containerd="$$(tools/build.sh containerd)" && runc="$$(tools/build.sh runc)" && \
-	cni="$$(tools/build.sh cni-plugins)" && \
-	GPU_REMEDIATOR_KUBELET="$$kubelet" GPU_REMEDIATOR_PAUSE="$$pause" GPU_REMEDIATOR_CONTAINERD="$$containerd" \
-	GPU_REMEDIATOR_RUNC="$$runc" GPU_REMEDIATOR_CNI_PLUGINS="$$cni" \
-		$(CARGO) test -p gpu-sandbox --test real_node -- --ignored --nocapture
-
 real-node-smoke:
 	plugin="$$(tools/build.sh nvidia-device-plugin)" && GPU_REMEDIATOR_DEVICE_PLUGIN="$$plugin" \
 		$(CARGO) test --workspace --test device_plugin_smoke -- --ignored --nocapture

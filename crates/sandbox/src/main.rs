@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use gpu_sandbox::controlplane::usage::ComponentUsage;
 use gpu_sandbox::fleet::FLEET_LABEL;
 use gpu_sandbox::population::{self, PopulationOptions};
+use gpu_sandbox::real_node::{Binaries, Layout, RealNode};
 use gpu_sandbox::{ControlPlane, ControlPlaneOptions, Fleet, FleetOptions};
 
 #[derive(Parser)]
@@ -95,6 +96,11 @@ struct UpArgs {
     /// Keep the data directory (etcd data, logs, certificates) after exit.
     #[arg(long)]
     keep_data: bool,
+    /// Real nodes beside the simulated ones (`real-1`, `real-2`, ...): a kubelet, containerd and
+    /// runc each, in namespaces of their own (root; the binaries named as `make real-node-test`
+    /// names them: `GPU_REMEDIATOR_KUBELET`, `_CONTAINERD`, `_RUNC`, `_CNI_PLUGINS`, `_PAUSE`).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=200))]
+    real_nodes: u8,
 }
 
 #[tokio::main]
@@ -170,6 +176,15 @@ async fn run(control_plane: &ControlPlane, args: &UpArgs, started: Instant) -> a
         fleet.node_names().len(),
         started.elapsed().as_secs_f64()
     );
+    let real_nodes = start_real_nodes(control_plane, args.real_nodes).await?;
+    if !real_nodes.is_empty() {
+        eprintln!(
+            "{} real nodes started at {:.1}s (their logs under {})",
+            real_nodes.len(),
+            started.elapsed().as_secs_f64(),
+            control_plane.data_dir().join("nodes").display()
+        );
+    }
     println!("export KUBECONFIG={}", control_plane.kubeconfig_path().display());
     if args.pods > 0 {
         populate(control_plane, args, started).await?;
@@ -183,7 +198,37 @@ async fn run(control_plane: &ControlPlane, args: &UpArgs, started: Instant) -> a
         wait_for_signal().await?;
     }
     drop(fleet);
+    for node in real_nodes {
+        node.stop().await;
+    }
     Ok(())
+}
+
+/// Starts `count` real nodes, one after the other; on a failure, stops those already started.
+async fn start_real_nodes(control_plane: &ControlPlane, count: u8) -> anyhow::Result<Vec<RealNode>> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let binaries = Binaries::from_env().context("the real nodes' binaries")?;
+    let mut started = Vec::new();
+    for index in 1..=count {
+        let name = format!("real-{index}");
+        let layout = Layout {
+            dir: control_plane.data_dir().join("nodes").join(&name),
+            name,
+            index,
+        };
+        match RealNode::start(control_plane, layout, &binaries).await {
+            Ok(node) => started.push(node),
+            Err(error) => {
+                for node in started {
+                    node.stop().await;
+                }
+                return Err(error).context(format!("starting real node {index}"));
+            }
+        }
+    }
+    Ok(started)
 }
 
 async fn populate(control_plane: &ControlPlane, args: &UpArgs, started: Instant) -> anyhow::Result<()> {

@@ -3,22 +3,23 @@
 //! Node that turns Ready and runs a pod from an image built here; an eviction through the Eviction
 //! API is refused while the pod's budget allows no disruption, and once it allows one, the
 //! container receives SIGTERM and exits within its grace period (exit code 0: `pause` exits on
-//! SIGTERM; a SIGKILL at the end of the grace period would read 137).
+//! SIGTERM; a SIGKILL at the end of the grace period would read 137). The agent's and the
+//! controller's images, built here from their Dockerfiles, run on it.
 //!
 //! `#[ignore]`d: it needs root, `unshare`, `setpriv` and `nsenter`, and the built binaries the
 //! environment names (`real_node::Binaries::from_env`); `make real-node-test` builds them and runs
 //! it.
 
+#[path = "support/real_node.rs"]
+mod support;
+
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
-use gpu_sandbox::{
-    ControlPlane, ControlPlaneOptions,
-    real_node::{Binaries, Layout, RealNode, config::PAUSE_IMAGE},
-};
+use gpu_sandbox::real_node::{RealNode, built_image, config::PAUSE_IMAGE, image};
 use k8s_openapi::{
     api::{
-        core::v1::{Node, Pod},
+        core::v1::Pod,
         policy::v1::{Eviction, PodDisruptionBudget},
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -28,34 +29,9 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
     runtime::watcher,
 };
+use support::{Cluster, eventually};
 
 const GRACE_SECONDS: i64 = 30;
-
-async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    deadline: Duration,
-    mut probe: impl FnMut() -> F,
-) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(found) = probe().await {
-            return found;
-        }
-        assert!(started.elapsed() < deadline, "{what}: not within {deadline:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
-}
 
 fn exit_code(pod: &Pod) -> Option<i32> {
     pod.status
@@ -127,32 +103,80 @@ async fn run_sleeper(pods: &Api<Pod>, budgets: &Api<PodDisruptionBudget>, node: 
     budgets.create(&PostParams::default(), &budget).await.unwrap();
 }
 
+/// One of our images: its Dockerfile, the binary it copies (named by the environment variable
+/// `binary_env`, as `make real-node-test` builds it), the image's name here, and the arguments a
+/// pod runs it with.
+struct Shipped {
+    dockerfile: &'static str,
+    binary_env: &'static str,
+    copied_as: &'static str,
+    reference: &'static str,
+    args: &'static [&'static str],
+}
+
+const SHIPPED: [Shipped; 2] = [
+    Shipped {
+        dockerfile: include_str!("../../agent/Dockerfile"),
+        binary_env: "GPU_REMEDIATOR_AGENT_BINARY",
+        copied_as: "amd64/gpu-health-agent",
+        reference: "docker.io/library/gpu-health-agent:sandbox",
+        args: &["--help"],
+    },
+    Shipped {
+        dockerfile: include_str!("../../controller/Dockerfile"),
+        binary_env: "GPU_REMEDIATOR_CONTROLLER_BINARY",
+        copied_as: "amd64/gpu-remediator",
+        reference: "docker.io/library/gpu-remediator:sandbox",
+        args: &["--version"],
+    },
+];
+
+/// Each of our images, built from its Dockerfile, imported into the node and run by a pod (the
+/// arguments replace the Dockerfile's `CMD`) that must succeed: the binary, its libraries, its user
+/// and its entrypoint as the Dockerfile says, on a real runtime.
+async fn our_images_run(node: &RealNode, pods: &Api<Pod>, dir: &std::path::Path) {
+    for (index, shipped) in SHIPPED.iter().enumerate() {
+        let binary = std::env::var_os(shipped.binary_env).unwrap_or_else(|| panic!("{}", shipped.binary_env));
+        let context = dir.join(format!("image-context-{index}"));
+        let copied = context.join(shipped.copied_as);
+        std::fs::create_dir_all(copied.parent().unwrap()).unwrap();
+        std::fs::copy(&binary, &copied).unwrap();
+        let image = built_image::from_dockerfile(shipped.dockerfile, "amd64", &context, shipped.reference)
+            .unwrap_or_else(|error| panic!("{}: {error}", shipped.reference));
+        let tar = dir.join(format!("image-{index}.tar"));
+        std::fs::write(&tar, image::layout_tar(&image).unwrap()).unwrap();
+        node.import(&tar).await.unwrap();
+        let name = format!("shipped-{index}");
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {
+                "nodeName": node.name(),
+                "restartPolicy": "Never",
+                "containers": [{"name": "shipped", "image": shipped.reference,
+                                "imagePullPolicy": "Never", "args": shipped.args}],
+            },
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        let phase = eventually(
+            &format!("{} to end", shipped.reference),
+            Duration::from_secs(60),
+            || async {
+                let phase = pods.get(&name).await.ok()?.status?.phase?;
+                matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+            },
+        )
+        .await;
+        assert_eq!(phase, "Succeeded", "{} {:?}", shipped.reference, shipped.args);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and the real node's built binaries: make real-node-test"]
 async fn a_real_node_runs_a_pod_whose_eviction_waits_for_its_budget_and_ends_on_sigterm() {
-    let binaries = Binaries::from_env().expect("the real node's binaries (make real-node-test)");
-    let started = Instant::now();
-    let say = |what: &str| eprintln!("{:>7.1} s  {what}", started.elapsed().as_secs_f64());
-    let control_plane = ControlPlane::start(ControlPlaneOptions::default())
-        .await
-        .expect("the control plane");
-    let layout = Layout {
-        name: "real-1".into(),
-        index: 1,
-        dir: control_plane.data_dir().join("nodes/real-1"),
-    };
-    let node = RealNode::start(&control_plane, layout, &binaries)
-        .await
-        .expect("the real node");
-    say("control plane up, real node started, pause image imported");
+    let cluster = Cluster::with_a_ready_node("real-1", 1).await;
+    let (control_plane, node) = (&cluster.control_plane, &cluster.node);
     let client = control_plane.client();
-    let nodes = Api::<Node>::all(client.clone());
-    eventually("the real node Ready", Duration::from_secs(120), || async {
-        nodes.get_opt(node.name()).await.ok().flatten().filter(is_ready)
-    })
-    .await;
-    say("the node Ready");
-
     let pods = Api::<Pod>::namespaced(client.clone(), "default");
     let budgets = Api::<PodDisruptionBudget>::namespaced(client.clone(), "default");
     run_sleeper(&pods, &budgets, node.name()).await;
@@ -165,7 +189,7 @@ async fn a_real_node_runs_a_pod_whose_eviction_waits_for_its_budget_and_ends_on_
         },
     )
     .await;
-    say("the pod Running");
+    cluster.say("the pod Running");
 
     // The budget allows no disruption: the eviction is refused (429) and the pod keeps running.
     eventually(
@@ -206,7 +230,7 @@ async fn a_real_node_runs_a_pod_whose_eviction_waits_for_its_budget_and_ends_on_
     )
     .await;
     let gone_after = asked.elapsed();
-    say(&format!(
+    cluster.say(&format!(
         "the pod evicted, gone {gone_after:?} after its eviction"
     ));
     let exit = tokio::time::timeout(Duration::from_secs(10), last_exit)
@@ -223,8 +247,8 @@ async fn a_real_node_runs_a_pod_whose_eviction_waits_for_its_budget_and_ends_on_
         "the pod went {gone_after:?} after its eviction: its container did not end on SIGTERM"
     );
 
-    node.stop().await;
-    say("the node stopped");
-    control_plane.stop().await;
-    say("the control plane stopped");
+    our_images_run(node, &pods, &control_plane.data_dir().join("nodes")).await;
+    cluster.say("the agent's and the controller's images, built from their Dockerfiles, ran to success");
+
+    cluster.stop().await;
 }

@@ -142,7 +142,8 @@ pub fn cni(layout: &Layout) -> String {
 
 /// The kubelet's configuration: cgroup v1 allowed (this machine has no v2), cgroups under the
 /// node's own root, clients authenticated by the control plane's CA, eviction thresholds low
-/// enough that a shared test machine does not evict the node's pods.
+/// enough that a shared test machine does not evict the node's pods; the pods' logs in the node's
+/// directory (`pod-logs`), where a test reads them, not in the host's `/var/log/pods`.
 #[must_use]
 pub fn kubelet(layout: &Layout, ca: &Path) -> String {
     format!(
@@ -162,8 +163,10 @@ resolvConf: /etc/resolv.conf
 registerNode: true
 serializeImagePulls: false
 evictionHard: {{memory.available: 1Mi, nodefs.available: 1%, imagefs.available: 1%}}
+podLogsDir: {logs}
 ",
         root = layout.cgroup_root(),
+        logs = layout.path("pod-logs").display(),
         ca = ca.display(),
     )
 }
@@ -204,6 +207,7 @@ mkdir -p /var/lib/kubelet /var/lib/containerd /var/lib/cni
 mount -t tmpfs tmpfs /run
 mkdir -p /run/containerd
 mount -t tmpfs tmpfs /opt
+mount -t tmpfs tmpfs /var/log
 for tunable in vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops; do
   mount --bind "$dir/proc-sys/${tunable#*/}" "/proc/sys/$tunable"
 done
@@ -251,6 +255,7 @@ mod tests {
         assert_eq!(config["authentication"]["x509"]["clientCAFile"], "/cp/pki/ca.crt");
         assert_eq!(config["authentication"]["anonymous"]["enabled"], false);
         assert_eq!(config["evictionHard"]["memory.available"], "1Mi");
+        assert_eq!(config["podLogsDir"], "/tmp/nodes/real-1/pod-logs");
     }
 
     #[test]
@@ -297,6 +302,9 @@ mod tests {
             assert!(SETUP.contains(tunable), "{tunable}");
         }
         assert!(!SETUP.contains("sysctl"), "no host setting is written");
+        // The kubelet's links to container logs (`/var/log/containers`, not configurable) stay in
+        // the node's mount namespace.
+        assert!(SETUP.contains("mount -t tmpfs tmpfs /var/log\n"));
         assert!(SETUP.contains(&format!("{API_ADDRESS}/32")));
     }
 }

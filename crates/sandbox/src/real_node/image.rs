@@ -26,6 +26,12 @@ pub struct Image {
     pub files: Vec<File>,
     /// The entrypoint.
     pub entrypoint: Vec<String>,
+    /// Its default arguments.
+    pub cmd: Vec<String>,
+    /// Its environment (`KEY=value`).
+    pub env: Vec<String>,
+    /// Ports it exposes (`8080/tcp`).
+    pub exposed: Vec<String>,
     /// `uid:gid` it runs as.
     pub user: String,
 }
@@ -46,7 +52,14 @@ pub fn layout_tar(image: &Image) -> std::io::Result<Vec<u8>> {
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Entrypoint": image.entrypoint, "User": image.user},
+        "config": {
+            "Entrypoint": image.entrypoint,
+            "Cmd": image.cmd,
+            "Env": image.env,
+            "ExposedPorts": image.exposed.iter().map(|port| (port.clone(), serde_json::json!({})))
+                .collect::<serde_json::Map<_, _>>(),
+            "User": image.user,
+        },
         "rootfs": {"type": "layers", "diff_ids": [digest(&layer)]},
     }))?;
     let manifest = serde_json::to_vec(&serde_json::json!({
@@ -152,6 +165,9 @@ mod tests {
                 mode: 0o755,
             }],
             entrypoint: vec!["/pause".into()],
+            cmd: Vec::new(),
+            env: Vec::new(),
+            exposed: vec!["8080/tcp".into()],
             user: "65535:65535".into(),
         };
         let tar = layout_tar(&image).unwrap();
@@ -173,6 +189,10 @@ mod tests {
         let manifest = json(blob(&named["digest"]));
         let config = json(blob(&manifest["config"]["digest"]));
         assert_eq!(config["config"]["Entrypoint"][0], "/pause");
+        assert_eq!(
+            config["config"]["ExposedPorts"],
+            serde_json::json!({"8080/tcp": {}})
+        );
         // The config's diff_id is the digest of the (uncompressed) layer, which holds the file.
         let layer = blob(&manifest["layers"][0]["digest"]);
         assert_eq!(config["rootfs"]["diff_ids"][0], digest(layer));

@@ -14,7 +14,9 @@
 //! listens there (a socket opened by a thread that entered the namespace) and forwards each
 //! connection to the API server's loopback port on the host.
 
+pub mod built_image;
 pub mod config;
+pub mod dockerfile;
 pub mod image;
 
 use std::{
@@ -28,6 +30,10 @@ use tokio::{net::TcpStream, process::Child, task::JoinHandle};
 pub use config::{Binaries, Layout};
 
 use crate::ControlPlane;
+
+/// Where, under a node's [`RealNode::driver_root`], the driver's `libnvidia-ml.so.1` lies (Debian's
+/// multiarch directory, where NVIDIA's device plugin looks first).
+pub const DRIVER_LIBRARY_DIR: &str = "usr/lib/x86_64-linux-gnu";
 
 /// How long a node may take to raise its network, and its containerd to take an image.
 const START_DEADLINE: Duration = Duration::from_secs(60);
@@ -160,6 +166,14 @@ impl RealNode {
         &self.layout.name
     }
 
+    /// Where this node's GPU driver would be installed (its `/` for the driver, as NVIDIA's tools
+    /// call it): the NVML stand-in goes under [`DRIVER_LIBRARY_DIR`], with its `scenario.json`
+    /// beside it. A host path, which the node's pods mount as a `hostPath`.
+    #[must_use]
+    pub fn driver_root(&self) -> PathBuf {
+        self.layout.path("driver-root")
+    }
+
     /// Imports an OCI layout tar into the node's containerd (namespace `k8s.io`, where the CRI
     /// finds images), retrying while containerd starts.
     ///
@@ -234,7 +248,8 @@ fn write_files(
     binaries: &Binaries,
 ) -> Result<(), StartRealNodeError> {
     let _ = std::fs::remove_dir_all(&layout.dir);
-    for dir in ["cni", "logs", "proc-sys"] {
+    let driver = format!("driver-root/{DRIVER_LIBRARY_DIR}");
+    for dir in ["cni", "logs", "proc-sys", driver.as_str()] {
         let path = layout.path(dir);
         std::fs::create_dir_all(&path).map_err(io(format!("creating {}", path.display())))?;
     }
@@ -409,6 +424,9 @@ fn pause_image(pause: &Path) -> Result<image::Image, StartRealNodeError> {
             mode: 0o755,
         }],
         entrypoint: vec!["/pause".into()],
+        cmd: Vec::new(),
+        env: Vec::new(),
+        exposed: Vec::new(),
         user: "65535:65535".into(),
     })
 }

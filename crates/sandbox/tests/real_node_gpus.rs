@@ -1,0 +1,201 @@
+//! NVIDIA's device plugin on a real node (issue 43, `docs/plans/real-node.md` S5): the plugin,
+//! built from its pinned module and run from an image built here by a `DaemonSet` shaped as NVIDIA
+//! ships it (its socket directory a `hostPath`, the driver root mounted at `/driver-root`), finds
+//! the node's two GPUs through the NVML stand-in in the node's driver root and registers them with
+//! the real kubelet: the Node advertises `nvidia.com/gpu: 2` and a pod asking for one GPU runs.
+//! An XID 79 on GPU 1, written into the stand-in's scenario, makes the plugin report that GPU
+//! unhealthy, and the kubelet takes it out of the allocatable count (capacity stays 2).
+//!
+//! `#[ignore]`d: it needs root and the built binaries (`make real-node-test` builds them and names
+//! them in the environment: the real node's, `GPU_REMEDIATOR_DEVICE_PLUGIN` and
+//! `GPU_REMEDIATOR_NVML_STANDIN`).
+
+#[path = "support/real_node.rs"]
+mod support;
+
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+
+use gpu_sandbox::real_node::{DRIVER_LIBRARY_DIR, built_image, image};
+use k8s_openapi::{
+    api::{
+        apps::v1::DaemonSet,
+        core::v1::{Node, Pod},
+    },
+    apimachinery::pkg::api::resource::Quantity,
+};
+use kube::{Api, api::PostParams};
+use support::{Cluster, eventually};
+
+const PLUGIN_IMAGE: &str = "nvcr.io/nvidia/k8s-device-plugin:sandbox";
+const GPU_0: &str = "GPU-22222222-0000-0000-0000-000000000000";
+const GPU_1: &str = "GPU-22222222-0000-0000-0000-000000000001";
+
+fn built(variable: &str) -> PathBuf {
+    std::env::var_os(variable)
+        .map(PathBuf::from)
+        .filter(|path| path.is_file())
+        .unwrap_or_else(|| panic!("{variable} must name a built file (make real-node-test sets it)"))
+}
+
+/// The node's two H100s, and the XIDs delivered so far.
+fn scenario(xids: &[(u32, &str)]) -> String {
+    let gpu = |index: u32, uuid: &str, bus: &str| serde_json::json!({"index": index, "uuid": uuid, "pciBusId": bus, "name": "NVIDIA H100 80GB HBM3"});
+    serde_json::json!({
+        "gpus": [gpu(0, GPU_0, "00000000:18:00.0"), gpu(1, GPU_1, "00000000:2A:00.0")],
+        "xidEvents": xids.iter().map(|(xid, uuid)| serde_json::json!({"xid": xid, "gpuUuid": uuid}))
+            .collect::<Vec<_>>(),
+    })
+    .to_string()
+}
+
+/// Replaces the scenario by rename, as the stand-in expects of its writers.
+fn write_scenario(dir: &std::path::Path, json: &str) {
+    let temporary = dir.join("scenario.json.tmp");
+    std::fs::write(&temporary, json).unwrap();
+    std::fs::rename(&temporary, dir.join("scenario.json")).unwrap();
+}
+
+/// NVIDIA's static `DaemonSet` (`deployments/static/nvidia-device-plugin.yml` of the pinned release),
+/// with the driver root its Helm chart mounts, and the loader's path the container toolkit would
+/// give its `libnvidia-ml.so.1` lookup by name.
+fn device_plugin_daemonset(driver_root: &std::path::Path) -> DaemonSet {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": "kube-system"},
+        "spec": {
+            "selector": {"matchLabels": {"name": "nvidia-device-plugin-ds"}},
+            "template": {
+                "metadata": {"labels": {"name": "nvidia-device-plugin-ds"}},
+                "spec": {
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "priorityClassName": "system-node-critical",
+                    "containers": [{
+                        "name": "nvidia-device-plugin-ctr",
+                        "image": PLUGIN_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "env": [
+                            {"name": "FAIL_ON_INIT_ERROR", "value": "false"},
+                            {"name": "LD_LIBRARY_PATH", "value": format!("/driver-root/{DRIVER_LIBRARY_DIR}")},
+                        ],
+                        "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+                        "volumeMounts": [
+                            {"name": "kubelet-device-plugins-dir", "mountPath": "/var/lib/kubelet/device-plugins"},
+                            {"name": "driver-root", "mountPath": "/driver-root", "readOnly": true},
+                        ],
+                    }],
+                    "volumes": [
+                        {"name": "kubelet-device-plugins-dir",
+                         "hostPath": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}},
+                        {"name": "driver-root", "hostPath": {"path": driver_root, "type": "Directory"}},
+                    ],
+                },
+            },
+        },
+    }))
+    .unwrap()
+}
+
+/// The node's `nvidia.com/gpu` capacity and allocatable count.
+async fn gpus(nodes: &Api<Node>, name: &str) -> Option<(String, String)> {
+    let status = nodes.get(name).await.ok()?.status?;
+    let count = |list: Option<&BTreeMap<String, Quantity>>| Some(list?.get("nvidia.com/gpu")?.0.clone());
+    Some((
+        count(status.capacity.as_ref())?,
+        count(status.allocatable.as_ref())?,
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, the real node's built binaries, the device plugin and the stand-in: make real-node-test"]
+async fn the_device_plugin_advertises_the_nodes_gpus_and_withdraws_the_one_an_xid_79_took_off_the_bus() {
+    let plugin = built("GPU_REMEDIATOR_DEVICE_PLUGIN");
+    let standin = built("GPU_REMEDIATOR_NVML_STANDIN");
+    let cluster = Cluster::with_a_ready_node("real-2", 2).await;
+    let node = &cluster.node;
+    let library_dir = node.driver_root().join(DRIVER_LIBRARY_DIR);
+    std::fs::copy(&standin, library_dir.join("libnvidia-ml.so.1")).unwrap();
+    write_scenario(&library_dir, &scenario(&[]));
+
+    let image = built_image::of_binary(
+        &plugin,
+        "/usr/bin/nvidia-device-plugin",
+        PLUGIN_IMAGE,
+        &[],
+        &[&standin],
+    )
+    .unwrap();
+    let tar = node.driver_root().with_file_name("device-plugin.tar");
+    std::fs::write(&tar, image::layout_tar(&image).unwrap()).unwrap();
+    node.import(&tar).await.unwrap();
+    let client = cluster.control_plane.client();
+    Api::<DaemonSet>::namespaced(client.clone(), "kube-system")
+        .create(
+            &PostParams::default(),
+            &device_plugin_daemonset(&node.driver_root()),
+        )
+        .await
+        .unwrap();
+    let nodes = Api::<Node>::all(client.clone());
+    eventually(
+        "the node's two GPUs advertised",
+        Duration::from_secs(120),
+        || async {
+            gpus(&nodes, node.name())
+                .await
+                .filter(|counts| *counts == ("2".into(), "2".into()))
+        },
+    )
+    .await;
+    cluster.say("the device plugin registered: nvidia.com/gpu capacity 2, allocatable 2");
+
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "trainer"},
+        "spec": {
+            "containers": [{"name": "pause", "image": gpu_sandbox::real_node::config::PAUSE_IMAGE,
+                            "imagePullPolicy": "Never",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    eventually("the one-GPU pod Running", Duration::from_secs(60), || async {
+        let pod = pods.get("trainer").await.ok()?;
+        (pod.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    cluster.say("a pod asking for one GPU scheduled and Running");
+
+    write_scenario(&library_dir, &scenario(&[(79, GPU_1)]));
+    eventually(
+        "GPU 1 withdrawn after its XID 79",
+        Duration::from_secs(60),
+        || async {
+            gpus(&nodes, node.name())
+                .await
+                .filter(|counts| *counts == ("2".into(), "1".into()))
+        },
+    )
+    .await;
+    cluster.say("XID 79 on GPU 1: nvidia.com/gpu capacity 2, allocatable 1");
+
+    let plugins = Api::<Pod>::namespaced(client, "kube-system")
+        .list(&kube::api::ListParams::default().labels("name=nvidia-device-plugin-ds"))
+        .await
+        .unwrap();
+    let restarts: i32 = plugins
+        .items
+        .iter()
+        .flat_map(|pod| {
+            pod.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+        })
+        .map(|status| status.restart_count)
+        .sum();
+    assert_eq!(plugins.items.len(), 1, "one plugin pod, on the real node");
+    assert_eq!(
+        restarts, 0,
+        "the plugin never died (a missing NVML symbol kills it)"
+    );
+    cluster.stop().await;
+}

@@ -1,0 +1,150 @@
+//! What the real-node tests share: a control plane with one real node, Ready; a probe retried
+//! until a deadline; the time since the start, said as each step ends; and, when a test fails, the
+//! node's logs (its kubelet's, containerd's and every container's), which the API server cannot
+//! fetch from a kubelet inside its own network namespace.
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use gpu_sandbox::{
+    ControlPlane, ControlPlaneOptions,
+    real_node::{Binaries, Layout, RealNode},
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+
+/// Retries `probe` every 200 ms until it finds something; fails the test at `deadline`.
+pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    deadline: Duration,
+    mut probe: impl FnMut() -> F,
+) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(started.elapsed() < deadline, "{what}: not within {deadline:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A control plane and one real node on it, Ready.
+pub struct Cluster {
+    // First: fields drop in order, and the control plane's drop removes the directory.
+    _logs: LogsOnFailure,
+    pub control_plane: ControlPlane,
+    pub node: RealNode,
+    started: Instant,
+}
+
+/// Prints the tail of every log under a node's directory when dropped while the test panics.
+struct LogsOnFailure(PathBuf);
+
+impl Drop for LogsOnFailure {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for log in logs_under(&self.0) {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            eprintln!("==> {} (last {} lines)", log.display(), tail.len());
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// The `.log` files under `dir`, at any depth, sorted.
+fn logs_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+        {
+            let path = entry.path();
+            if path.is_dir() && !path.is_symlink() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+impl Cluster {
+    /// Starts a control plane and the real node `name` (its addresses from `index`), and waits
+    /// for the node to turn Ready.
+    pub async fn with_a_ready_node(name: &str, index: u8) -> Self {
+        let binaries = Binaries::from_env().expect("the real node's binaries (make real-node-test)");
+        let started = Instant::now();
+        let control_plane = ControlPlane::start(ControlPlaneOptions::default())
+            .await
+            .expect("the control plane");
+        let dir = control_plane.data_dir().join("nodes").join(name);
+        let layout = Layout {
+            name: name.into(),
+            index,
+            dir: dir.clone(),
+        };
+        let node = RealNode::start(&control_plane, layout, &binaries)
+            .await
+            .expect("the real node");
+        let cluster = Self {
+            _logs: LogsOnFailure(dir),
+            control_plane,
+            node,
+            started,
+        };
+        cluster.say("control plane up, real node started, pause image imported");
+        let nodes = Api::<Node>::all(cluster.control_plane.client());
+        eventually("the real node Ready", Duration::from_secs(120), || async {
+            nodes.get_opt(name).await.ok().flatten().filter(is_ready)
+        })
+        .await;
+        cluster.say("the node Ready");
+        cluster
+    }
+
+    /// Says `what`, after the time since the start.
+    pub fn say(&self, what: &str) {
+        eprintln!("{:>7.1} s  {what}", self.started.elapsed().as_secs_f64());
+    }
+
+    /// Stops the node, then the control plane.
+    pub async fn stop(self) {
+        let Self {
+            _logs,
+            control_plane,
+            node,
+            started,
+        } = self;
+        node.stop().await;
+        eprintln!("{:>7.1} s  the node stopped", started.elapsed().as_secs_f64());
+        control_plane.stop().await;
+        eprintln!(
+            "{:>7.1} s  the control plane stopped",
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
