@@ -178,8 +178,10 @@ async fn run(control_plane: &ControlPlane, args: &UpArgs, started: Instant) -> a
     );
     let real_nodes = start_real_nodes(control_plane, args.real_nodes).await?;
     if !real_nodes.is_empty() {
+        let names: Vec<&str> = real_nodes.iter().map(RealNode::name).collect();
+        wait_until_ready(&client, &names).await?;
         eprintln!(
-            "{} real nodes started at {:.1}s (their logs under {})",
+            "{} real nodes Ready at {:.1}s (their logs under {})",
             real_nodes.len(),
             started.elapsed().as_secs_f64(),
             control_plane.data_dir().join("nodes").display()
@@ -200,6 +202,34 @@ async fn run(control_plane: &ControlPlane, args: &UpArgs, started: Instant) -> a
     drop(fleet);
     for node in real_nodes {
         node.stop().await;
+    }
+    Ok(())
+}
+
+/// Waits until every node `names` names reports Ready, for at most two minutes.
+async fn wait_until_ready(client: &kube::Client, names: &[&str]) -> anyhow::Result<()> {
+    let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for name in names {
+        loop {
+            let ready = nodes.get_opt(name).await.ok().flatten().is_some_and(|node| {
+                node.status
+                    .and_then(|status| status.conditions)
+                    .is_some_and(|conditions| {
+                        conditions
+                            .iter()
+                            .any(|c| c.type_ == "Ready" && c.status == "True")
+                    })
+            });
+            if ready {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "real node {name} not Ready within two minutes"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
     Ok(())
 }
