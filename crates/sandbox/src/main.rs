@@ -11,6 +11,7 @@ use gpu_sandbox::controlplane::usage::ComponentUsage;
 use gpu_sandbox::fleet::FLEET_LABEL;
 use gpu_sandbox::population::{self, PopulationOptions};
 use gpu_sandbox::real_node::{Binaries, Layout, RealNode};
+use gpu_sandbox::workload::node_is_ready;
 use gpu_sandbox::{ControlPlane, ControlPlaneOptions, Fleet, FleetOptions};
 
 #[derive(Parser)]
@@ -212,15 +213,12 @@ async fn wait_until_ready(client: &kube::Client, names: &[&str]) -> anyhow::Resu
     let deadline = Instant::now() + Duration::from_secs(120);
     for name in names {
         loop {
-            let ready = nodes.get_opt(name).await.ok().flatten().is_some_and(|node| {
-                node.status
-                    .and_then(|status| status.conditions)
-                    .is_some_and(|conditions| {
-                        conditions
-                            .iter()
-                            .any(|c| c.type_ == "Ready" && c.status == "True")
-                    })
-            });
+            let ready = nodes
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|node| node_is_ready(&node));
             if ready {
                 break;
             }

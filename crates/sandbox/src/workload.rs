@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use gpu_remediation_api::constants::{GPU_RESOURCE, SIM_TERMINATION_ANNOTATION};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{ListParams, PostParams};
@@ -416,6 +416,16 @@ where
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Whether `node` reports the `Ready` condition `True`: what a joining kubelet, a provisioned
+/// replacement and `gpu-sandbox up --real-nodes` all wait for.
+#[must_use]
+pub fn node_is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Whether `pod` is Ready and not terminating: what a Deployment's rollout and the disruption

@@ -135,19 +135,13 @@ where
 {
     let api = Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<K>(&()));
     let mut decoder = undecodable::Decoder::<K>::new(undecodable.clone());
-    let (store, writer) = reflector::store();
-    let events = watcher(api, config)
-        .default_backoff()
-        .filter_map(move |event| {
-            std::future::ready(match event {
-                Ok(event) => decoder.event(event).map(Ok),
-                Err(error) => Some(Err(error)),
-            })
+    let events = watcher(api, config).default_backoff().filter_map(move |event| {
+        std::future::ready(match event {
+            Ok(event) => decoder.event(event).map(Ok),
+            Err(error) => Some(Err(error)),
         })
-        .modify(prune)
-        .reflect(writer);
-    tokio::spawn(wake_on_change(events, fingerprint, wake, written));
-    store
+    });
+    spawn_reflector(events, prune, fingerprint, wake, written)
 }
 
 /// Wakes the loop and says what changed: the key (`namespace/name`) of an object that changed,

@@ -164,9 +164,7 @@ struct Series {
     leaked_pods: Family<PolicyLabels, Counter>,
     drain_gpu_seconds: Family<PolicyLabels, Counter>,
     records_held: Family<PolicyLabels, Counter>,
-    leader: Gauge,
-    fence_unproven: Gauge,
-    node_labels_listing: Gauge,
+    leadership: super::leadership_metrics::LeadershipSeries,
     reconcile_errors: Family<ReconcilerLabels, Counter>,
     ladder: super::ladder_metrics::LadderSeries,
     writes: super::write_metrics::WriteSeries,
@@ -216,28 +214,6 @@ fn register_records_left_alone(registry: &mut Registry, series: &Series) {
     );
 }
 
-/// Registers the series about this replica's leadership: whether it leads, and whether its fence
-/// is proven.
-fn register_leadership(registry: &mut Registry, series: &Series) {
-    registry.register(
-        "leader",
-        "1 while this replica holds a current claim on the leader Lease",
-        series.leader.clone(),
-    );
-    registry.register(
-        "fence_unproven",
-        "1 while this replica's last probe could not prove that the API server enforces the fence \
-         (it refuses to lead, or leads unfenced with --allow-unfenced)",
-        series.fence_unproven.clone(),
-    );
-    registry.register(
-        "node_labels_listing",
-        "1 while this replica's passes plan nothing because a policy reads a node label its node \
-         cache has not listed yet (the node watch is listing afresh)",
-        series.node_labels_listing.clone(),
-    );
-}
-
 /// Counters that exist from the start read 0 rather than absent, so `rate()` and alerts on them
 /// work before the first event.
 fn start_at_zero(series: &Series) {
@@ -277,9 +253,7 @@ impl Metrics {
             leaked_pods: Family::default(),
             drain_gpu_seconds: Family::default(),
             records_held: Family::default(),
-            leader: Gauge::default(),
-            fence_unproven: Gauge::default(),
-            node_labels_listing: Gauge::default(),
+            leadership: super::leadership_metrics::LeadershipSeries::default(),
             reconcile_errors: Family::default(),
             ladder: super::ladder_metrics::LadderSeries::new(),
             writes: super::write_metrics::WriteSeries::default(),
@@ -355,7 +329,7 @@ impl Metrics {
             "GPU-seconds drains cost: each evicted pod's GPUs times the seconds from its record's admission to its eviction",
             series.drain_gpu_seconds.clone(),
         );
-        register_leadership(&mut registry, &series);
+        series.leadership.register(&mut registry);
         registry.register(
             "reconcile_errors",
             "Reconcile attempts that failed, by reconciler",
@@ -563,18 +537,18 @@ impl Metrics {
 
     /// Sets the leader gauge (the server does it from the fence at every scrape).
     pub fn set_leader(&self, leader: bool) {
-        self.series.leader.set(i64::from(leader));
+        self.series.leadership.set_leader(leader);
     }
 
     /// Sets the fence-unproven gauge (the server does it from the fence at every scrape).
     pub fn set_fence_unproven(&self, unproven: bool) {
-        self.series.fence_unproven.set(i64::from(unproven));
+        self.series.leadership.set_fence_unproven(unproven);
     }
 
     /// Sets whether passes wait for a node list keeping a label a policy reads (every pass does,
     /// from `act::node_labels::covered`).
     pub fn set_node_labels_listing(&self, listing: bool) {
-        self.series.node_labels_listing.set(i64::from(listing));
+        self.series.leadership.set_node_labels_listing(listing);
     }
 
     /// The `OpenMetrics` text of every series.

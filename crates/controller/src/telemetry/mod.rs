@@ -8,6 +8,7 @@
 
 pub mod health;
 mod ladder_metrics;
+mod leadership_metrics;
 pub mod logs;
 pub mod metrics;
 pub mod server;

@@ -11,6 +11,7 @@ use std::{
 use gpu_sandbox::{
     ControlPlane, ControlPlaneOptions,
     real_node::{Binaries, Layout, RealNode},
+    workload::node_is_ready,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -108,7 +109,7 @@ impl Cluster {
         cluster.say("control plane up, real node started, pause image imported");
         let nodes = Api::<Node>::all(cluster.control_plane.client());
         eventually("the real node Ready", Duration::from_secs(120), || async {
-            nodes.get_opt(name).await.ok().flatten().filter(is_ready)
+            nodes.get_opt(name).await.ok().flatten().filter(node_is_ready)
         })
         .await;
         cluster.say("the node Ready");
@@ -136,15 +137,4 @@ impl Cluster {
             started.elapsed().as_secs_f64()
         );
     }
-}
-
-fn is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
 }

@@ -70,13 +70,6 @@ impl Default for PeerOptions {
     }
 }
 
-fn is_ready_node(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 fn node_of(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
 }
@@ -185,7 +178,7 @@ async fn observe(client: &Client, arm: &Arm, clock: &mut Clock, since: f64) -> R
     }
     if nodes
         .iter()
-        .any(|n| !arm.nodes_before.contains(&n.name_any()) && is_ready_node(n))
+        .any(|n| !arm.nodes_before.contains(&n.name_any()) && crate::workload::node_is_ready(n))
     {
         clock.replacement_ready.get_or_insert(since);
     }
