@@ -192,17 +192,19 @@ REAL_NODE_ENV = GPU_REMEDIATOR_KUBELET="$$(e2e/controlplane/build.sh --kubelet)"
 # control plane, runs a pod whose eviction ends on SIGTERM, and runs the agent's and the
 # controller's images, built here from their Dockerfiles with the debug binaries
 # (crates/sandbox/tests/real_node.rs); another runs NVIDIA's device plugin as a DaemonSet over the
-# NVML stand-in and sees an XID 79 withdraw a GPU (real_node_gpus.rs). Needs root. Not in `test`
-# nor in .ci/run (yet).
+# NVML stand-in and sees an XID 79 withdraw a GPU (real_node_gpus.rs); the chart, installed by helm
+# with the images built here, runs the agent on two GPU nodes and the controller's leader on a
+# third, CPU-only one (real_node_chart.rs). Needs root. Not in `test` nor in .ci/run (yet).
 real-node-test:
 	$(REAL_NODE_ENV) && GPU_REMEDIATOR_DEVICE_PLUGIN="$$(tools/build.sh nvidia-device-plugin)" && \
-	export GPU_REMEDIATOR_DEVICE_PLUGIN && \
+	GPU_REMEDIATOR_HELM="$$(tools/build.sh helm)" && export GPU_REMEDIATOR_DEVICE_PLUGIN GPU_REMEDIATOR_HELM && \
 	$(CARGO) build -p gpu-health-agent --bin gpu-health-agent -p gpu-remediator --bin gpu-remediator \
 		-p nvml-standin && \
 	GPU_REMEDIATOR_AGENT_BINARY="$(abspath $(TARGET_DIR))/debug/gpu-health-agent" \
 	GPU_REMEDIATOR_CONTROLLER_BINARY="$(abspath $(TARGET_DIR))/debug/gpu-remediator" \
 	GPU_REMEDIATOR_NVML_STANDIN="$(abspath $(TARGET_DIR))/debug/libnvml_standin.so" \
-		$(CARGO) test -p gpu-sandbox --test real_node --test real_node_gpus -- --ignored --nocapture
+		$(CARGO) test -p gpu-sandbox --test real_node --test real_node_gpus --test real_node_chart -- \
+		--ignored --nocapture
 
 # `gpu-sandbox up` with REAL_NODES real nodes (default 2) beside the simulated fleet, until Ctrl-C
 # (root). SANDBOX_ARGS adds `gpu-sandbox up` flags.

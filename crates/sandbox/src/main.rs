@@ -245,6 +245,7 @@ async fn start_real_nodes(control_plane: &ControlPlane, count: u8) -> anyhow::Re
             dir: control_plane.data_dir().join("nodes").join(&name),
             name,
             index,
+            labels: std::collections::BTreeMap::new(),
         };
         match RealNode::start(control_plane, layout, &binaries).await {
             Ok(node) => started.push(node),

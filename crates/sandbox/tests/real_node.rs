@@ -16,7 +16,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
-use gpu_sandbox::real_node::{RealNode, built_image, config::PAUSE_IMAGE, image};
+use gpu_sandbox::real_node::{RealNode, config::PAUSE_IMAGE, shipped};
 use k8s_openapi::{
     api::{
         core::v1::Pod,
@@ -103,48 +103,19 @@ async fn run_sleeper(pods: &Api<Pod>, budgets: &Api<PodDisruptionBudget>, node: 
     budgets.create(&PostParams::default(), &budget).await.unwrap();
 }
 
-/// One of our images: its Dockerfile, the binary it copies (named by the environment variable
-/// `binary_env`, as `make real-node-test` builds it), the image's name here, and the arguments a
-/// pod runs it with.
-struct Shipped {
-    dockerfile: &'static str,
-    binary_env: &'static str,
-    copied_as: &'static str,
-    reference: &'static str,
-    args: &'static [&'static str],
-}
-
-const SHIPPED: [Shipped; 2] = [
-    Shipped {
-        dockerfile: include_str!("../../agent/Dockerfile"),
-        binary_env: "GPU_REMEDIATOR_AGENT_BINARY",
-        copied_as: "amd64/gpu-health-agent",
-        reference: "docker.io/library/gpu-health-agent:sandbox",
-        args: &["--help"],
-    },
-    Shipped {
-        dockerfile: include_str!("../../controller/Dockerfile"),
-        binary_env: "GPU_REMEDIATOR_CONTROLLER_BINARY",
-        copied_as: "amd64/gpu-remediator",
-        reference: "docker.io/library/gpu-remediator:sandbox",
-        args: &["--version"],
-    },
-];
-
-/// Each of our images, built from its Dockerfile, imported into the node and run by a pod (the
-/// arguments replace the Dockerfile's `CMD`) that must succeed: the binary, its libraries, its user
-/// and its entrypoint as the Dockerfile says, on a real runtime.
+/// Each of our images, built from its Dockerfile with the binary `make real-node-test` built (the
+/// environment names it), imported into the node and run by a pod with `args` (which replace the
+/// Dockerfile's `CMD`) that must succeed: the binary, its libraries, its user and its entrypoint as
+/// the Dockerfile says, on a real runtime.
 async fn our_images_run(node: &RealNode, pods: &Api<Pod>, dir: &std::path::Path) {
-    for (index, shipped) in SHIPPED.iter().enumerate() {
+    for (index, (shipped, args)) in [(shipped::AGENT, ["--help"]), (shipped::CONTROLLER, ["--version"])]
+        .into_iter()
+        .enumerate()
+    {
         let binary = std::env::var_os(shipped.binary_env).unwrap_or_else(|| panic!("{}", shipped.binary_env));
-        let context = dir.join(format!("image-context-{index}"));
-        let copied = context.join(shipped.copied_as);
-        std::fs::create_dir_all(copied.parent().unwrap()).unwrap();
-        std::fs::copy(&binary, &copied).unwrap();
-        let image = built_image::from_dockerfile(shipped.dockerfile, "amd64", &context, shipped.reference)
-            .unwrap_or_else(|error| panic!("{}: {error}", shipped.reference));
-        let tar = dir.join(format!("image-{index}.tar"));
-        std::fs::write(&tar, image::layout_tar(&image).unwrap()).unwrap();
+        let tar = shipped
+            .image_tar(std::path::Path::new(&binary), dir)
+            .unwrap_or_else(|error| panic!("{error}"));
         node.import(&tar).await.unwrap();
         let name = format!("shipped-{index}");
         let pod: Pod = serde_json::from_value(serde_json::json!({
@@ -152,14 +123,14 @@ async fn our_images_run(node: &RealNode, pods: &Api<Pod>, dir: &std::path::Path)
             "spec": {
                 "nodeName": node.name(),
                 "restartPolicy": "Never",
-                "containers": [{"name": "shipped", "image": shipped.reference,
-                                "imagePullPolicy": "Never", "args": shipped.args}],
+                "containers": [{"name": "shipped", "image": shipped.reference(),
+                                "imagePullPolicy": "Never", "args": args}],
             },
         }))
         .unwrap();
         pods.create(&PostParams::default(), &pod).await.unwrap();
         let phase = eventually(
-            &format!("{} to end", shipped.reference),
+            &format!("{} to end", shipped.reference()),
             Duration::from_secs(60),
             || async {
                 let phase = pods.get(&name).await.ok()?.status?.phase?;
@@ -167,7 +138,7 @@ async fn our_images_run(node: &RealNode, pods: &Api<Pod>, dir: &std::path::Path)
             },
         )
         .await;
-        assert_eq!(phase, "Succeeded", "{} {:?}", shipped.reference, shipped.args);
+        assert_eq!(phase, "Succeeded", "{} {args:?}", shipped.reference());
     }
 }
 
@@ -175,7 +146,7 @@ async fn our_images_run(node: &RealNode, pods: &Api<Pod>, dir: &std::path::Path)
 #[ignore = "needs root and the real node's built binaries: make real-node-test"]
 async fn a_real_node_runs_a_pod_whose_eviction_waits_for_its_budget_and_ends_on_sigterm() {
     let cluster = Cluster::with_a_ready_node("real-1", 1).await;
-    let (control_plane, node) = (&cluster.control_plane, &cluster.node);
+    let (control_plane, node) = (&cluster.control_plane, cluster.node());
     let client = control_plane.client();
     let pods = Api::<Pod>::namespaced(client.clone(), "default");
     let budgets = Api::<PodDisruptionBudget>::namespaced(client.clone(), "default");

@@ -15,7 +15,10 @@ mod support;
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
-use gpu_sandbox::real_node::{DRIVER_LIBRARY_DIR, built_image, image};
+use gpu_sandbox::real_node::{
+    built_image, image,
+    nvidia::{PLUGIN_IMAGE, Scenario, device_plugin_daemonset, install_standin},
+};
 use k8s_openapi::{
     api::{
         apps::v1::DaemonSet,
@@ -26,72 +29,11 @@ use k8s_openapi::{
 use kube::{Api, api::PostParams};
 use support::{Cluster, eventually};
 
-const PLUGIN_IMAGE: &str = "nvcr.io/nvidia/k8s-device-plugin:sandbox";
-const GPU_0: &str = "GPU-22222222-0000-0000-0000-000000000000";
-const GPU_1: &str = "GPU-22222222-0000-0000-0000-000000000001";
-
 fn built(variable: &str) -> PathBuf {
     std::env::var_os(variable)
         .map(PathBuf::from)
         .filter(|path| path.is_file())
         .unwrap_or_else(|| panic!("{variable} must name a built file (make real-node-test sets it)"))
-}
-
-/// The node's two H100s, and the XIDs delivered so far.
-fn scenario(xids: &[(u32, &str)]) -> String {
-    let gpu = |index: u32, uuid: &str, bus: &str| serde_json::json!({"index": index, "uuid": uuid, "pciBusId": bus, "name": "NVIDIA H100 80GB HBM3"});
-    serde_json::json!({
-        "gpus": [gpu(0, GPU_0, "00000000:18:00.0"), gpu(1, GPU_1, "00000000:2A:00.0")],
-        "xidEvents": xids.iter().map(|(xid, uuid)| serde_json::json!({"xid": xid, "gpuUuid": uuid}))
-            .collect::<Vec<_>>(),
-    })
-    .to_string()
-}
-
-/// Replaces the scenario by rename, as the stand-in expects of its writers.
-fn write_scenario(dir: &std::path::Path, json: &str) {
-    let temporary = dir.join("scenario.json.tmp");
-    std::fs::write(&temporary, json).unwrap();
-    std::fs::rename(&temporary, dir.join("scenario.json")).unwrap();
-}
-
-/// NVIDIA's static `DaemonSet` (`deployments/static/nvidia-device-plugin.yml` of the pinned release),
-/// with the driver root its Helm chart mounts, and the loader's path the container toolkit would
-/// give its `libnvidia-ml.so.1` lookup by name.
-fn device_plugin_daemonset(driver_root: &std::path::Path) -> DaemonSet {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": "kube-system"},
-        "spec": {
-            "selector": {"matchLabels": {"name": "nvidia-device-plugin-ds"}},
-            "template": {
-                "metadata": {"labels": {"name": "nvidia-device-plugin-ds"}},
-                "spec": {
-                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                    "priorityClassName": "system-node-critical",
-                    "containers": [{
-                        "name": "nvidia-device-plugin-ctr",
-                        "image": PLUGIN_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "env": [
-                            {"name": "FAIL_ON_INIT_ERROR", "value": "false"},
-                            {"name": "LD_LIBRARY_PATH", "value": format!("/driver-root/{DRIVER_LIBRARY_DIR}")},
-                        ],
-                        "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
-                        "volumeMounts": [
-                            {"name": "kubelet-device-plugins-dir", "mountPath": "/var/lib/kubelet/device-plugins"},
-                            {"name": "driver-root", "mountPath": "/driver-root", "readOnly": true},
-                        ],
-                    }],
-                    "volumes": [
-                        {"name": "kubelet-device-plugins-dir",
-                         "hostPath": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}},
-                        {"name": "driver-root", "hostPath": {"path": driver_root, "type": "Directory"}},
-                    ],
-                },
-            },
-        },
-    }))
-    .unwrap()
 }
 
 /// The node's `nvidia.com/gpu` capacity and allocatable count.
@@ -110,10 +52,9 @@ async fn the_device_plugin_advertises_the_nodes_gpus_and_withdraws_the_one_an_xi
     let plugin = built("GPU_REMEDIATOR_DEVICE_PLUGIN");
     let standin = built("GPU_REMEDIATOR_NVML_STANDIN");
     let cluster = Cluster::with_a_ready_node("real-2", 2).await;
-    let node = &cluster.node;
-    let library_dir = node.driver_root().join(DRIVER_LIBRARY_DIR);
-    std::fs::copy(&standin, library_dir.join("libnvidia-ml.so.1")).unwrap();
-    write_scenario(&library_dir, &scenario(&[]));
+    let node = cluster.node();
+    let scenario = Scenario::new("22222222", 2);
+    install_standin(&standin, &node.driver_root(), &scenario).unwrap();
 
     let image = built_image::of_binary(
         &plugin,
@@ -165,7 +106,7 @@ async fn the_device_plugin_advertises_the_nodes_gpus_and_withdraws_the_one_an_xi
     .await;
     cluster.say("a pod asking for one GPU scheduled and Running");
 
-    write_scenario(&library_dir, &scenario(&[(79, GPU_1)]));
+    scenario.with_xid(79, 1).write(&node.driver_root()).unwrap();
     eventually(
         "GPU 1 withdrawn after its XID 79",
         Duration::from_secs(60),

@@ -7,12 +7,24 @@
 //! `10.0.0.1`) exist only in its network namespace, and the four kernel settings a kubelet insists
 //! on are files bound over `/proc/sys` in its mount namespace, so the host's are never written.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 /// The address the node reaches the API server at, inside its network namespace: the first
 /// address of the service range, which the API server's serving certificate names (`pki`), and
 /// which every pod's `KUBERNETES_SERVICE_HOST` names too.
 pub const API_ADDRESS: &str = "10.0.0.1";
+
+/// Where a node's driver root (`RealNode::driver_root`, a directory on the host) appears inside
+/// the node: where the NVIDIA GPU Operator's containerised driver puts it, so the chart's
+/// `agent.hostLibDir` is `/run/nvidia/driver/usr/lib` on every real node, as on such a cluster.
+pub const DRIVER_ROOT_IN_NODE: &str = "/run/nvidia/driver";
+
+/// The label NVIDIA's GPU feature discovery puts on a node with GPUs, which the chart's agent
+/// selects and its controller avoids.
+pub const GPU_PRESENT_LABEL: &str = "nvidia.com/gpu.present";
 
 /// The pause image each pod sandbox runs (pinned in containerd's config, imported by the node).
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.1";
@@ -35,6 +47,8 @@ pub struct Layout {
     pub index: u8,
     /// Its directory on the host: configuration, credentials and logs.
     pub dir: PathBuf,
+    /// The labels its kubelet registers it with (`--node-labels`).
+    pub labels: BTreeMap<String, String>,
 }
 
 /// What a real node runs: binaries built from pinned modules (`tools/build.sh`,
@@ -76,6 +90,23 @@ impl Layout {
     #[must_use]
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    /// A node with GPUs: labelled [`GPU_PRESENT_LABEL`]` = true`, as GPU feature discovery would.
+    #[must_use]
+    pub fn with_gpus(mut self) -> Self {
+        self.labels.insert(GPU_PRESENT_LABEL.into(), "true".into());
+        self
+    }
+
+    /// Its labels as the kubelet's `--node-labels` takes them (`key=value,...`; empty: none).
+    #[must_use]
+    pub fn node_labels(&self) -> String {
+        self.labels
+            .iter()
+            .map(|(key, value)| format!("{key}={value}"))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 }
 
@@ -198,14 +229,16 @@ current-context: node
 /// mounted the namespace's own `/proc`): it mounts the node's state directories and kernel
 /// settings, raises its network, says so (the file `network-ready`: the sandbox then listens at
 /// [`API_ADDRESS`] in this namespace), starts containerd and becomes the kubelet.
-/// Arguments: the node's directory, name, address, the containerd directory, the kubelet.
+/// Arguments: the node's directory, name, address, the containerd directory, the kubelet, and
+/// its labels (`Layout::node_labels`: no spaces, so the unquoted expansion is one word or none).
 pub const SETUP: &str = r#"set -eu
-dir=$1 name=$2 address=$3 containerd_dir=$4 kubelet=$5
+dir=$1 name=$2 address=$3 containerd_dir=$4 kubelet=$5 labels=$6
 hostname "$name"
 mount -t tmpfs tmpfs /var/lib
 mkdir -p /var/lib/kubelet /var/lib/containerd /var/lib/cni
 mount -t tmpfs tmpfs /run
-mkdir -p /run/containerd
+mkdir -p /run/containerd /run/nvidia/driver
+mount --bind "$dir/driver-root" /run/nvidia/driver
 mount -t tmpfs tmpfs /opt
 mount -t tmpfs tmpfs /var/log
 for tunable in vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops; do
@@ -220,7 +253,8 @@ ip route add default dev node0
 touch "$dir/network-ready"
 PATH="$containerd_dir:$PATH" containerd --config "$dir/containerd.toml" > "$dir/logs/containerd.log" 2>&1 &
 exec "$kubelet" --config "$dir/kubelet.yaml" --kubeconfig "$dir/kubeconfig" --node-ip "$address" \
-  --hostname-override "$name" --root-dir /var/lib/kubelet --v 2 > "$dir/logs/kubelet.log" 2>&1
+  --hostname-override "$name" --root-dir /var/lib/kubelet ${labels:+--node-labels=$labels} --v 2 \
+  > "$dir/logs/kubelet.log" 2>&1
 "#;
 
 #[cfg(test)]
@@ -232,6 +266,7 @@ mod tests {
             name: "real-1".into(),
             index: 7,
             dir: "/tmp/nodes/real-1".into(),
+            labels: BTreeMap::new(),
         }
     }
 
@@ -306,5 +341,24 @@ mod tests {
         // the node's mount namespace.
         assert!(SETUP.contains("mount -t tmpfs tmpfs /var/log\n"));
         assert!(SETUP.contains(&format!("{API_ADDRESS}/32")));
+    }
+
+    #[test]
+    fn a_gpu_node_registers_with_the_gpu_label_and_sees_its_driver_root_where_the_operator_puts_it() {
+        assert_eq!(layout().node_labels(), "");
+        let gpu = layout().with_gpus();
+        assert_eq!(gpu.node_labels(), "nvidia.com/gpu.present=true");
+        let mut labelled = gpu;
+        labelled
+            .labels
+            .insert("nvidia.com/gpu.product".into(), "NVIDIA-H100-80GB-HBM3".into());
+        assert_eq!(
+            labelled.node_labels(),
+            "nvidia.com/gpu.present=true,nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+        );
+        assert!(SETUP.contains("${labels:+--node-labels=$labels}"));
+        assert!(SETUP.contains(&format!(
+            "mount --bind \"$dir/driver-root\" {DRIVER_ROOT_IN_NODE}\n"
+        )));
     }
 }

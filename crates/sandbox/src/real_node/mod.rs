@@ -18,6 +18,8 @@ pub mod built_image;
 pub mod config;
 pub mod dockerfile;
 pub mod image;
+pub mod nvidia;
+pub mod shipped;
 
 use std::{
     path::{Path, PathBuf},
@@ -168,7 +170,8 @@ impl RealNode {
 
     /// Where this node's GPU driver would be installed (its `/` for the driver, as NVIDIA's tools
     /// call it): the NVML stand-in goes under [`DRIVER_LIBRARY_DIR`], with its `scenario.json`
-    /// beside it. A host path, which the node's pods mount as a `hostPath`.
+    /// beside it. A host path, which the node's pods mount as a `hostPath`, and which appears
+    /// inside the node at [`config::DRIVER_ROOT_IN_NODE`] too.
     #[must_use]
     pub fn driver_root(&self) -> PathBuf {
         self.layout.path("driver-root")
@@ -303,6 +306,7 @@ fn spawn(layout: &Layout, binaries: &Binaries) -> Result<Child, StartRealNodeErr
         .arg(layout.node_address())
         .arg(&binaries.containerd_dir)
         .arg(&binaries.kubelet)
+        .arg(layout.node_labels())
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(err)

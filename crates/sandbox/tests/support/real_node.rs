@@ -4,6 +4,7 @@
 //! fetch from a kubelet inside its own network namespace.
 
 use std::{
+    collections::BTreeMap,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -32,13 +33,21 @@ pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
     }
 }
 
-/// A control plane and one real node on it, Ready.
+/// A control plane and real nodes on it, Ready.
 pub struct Cluster {
     // First: fields drop in order, and the control plane's drop removes the directory.
     _logs: LogsOnFailure,
     pub control_plane: ControlPlane,
-    pub node: RealNode,
+    pub nodes: Vec<RealNode>,
     started: Instant,
+}
+
+/// A real node a test wants: its name, its index (its addresses) and whether it has GPUs
+/// (`Layout::with_gpus`).
+pub struct Wanted<'a> {
+    pub name: &'a str,
+    pub index: u8,
+    pub gpus: bool,
 }
 
 /// Prints the tail of every log under a node's directory when dropped while the test panics.
@@ -85,35 +94,75 @@ fn logs_under(dir: &Path) -> Vec<PathBuf> {
 impl Cluster {
     /// Starts a control plane and the real node `name` (its addresses from `index`), and waits
     /// for the node to turn Ready.
+    #[allow(
+        dead_code,
+        reason = "each real-node test binary uses the part of the harness it needs"
+    )]
     pub async fn with_a_ready_node(name: &str, index: u8) -> Self {
+        Self::with_ready_nodes(&[Wanted {
+            name,
+            index,
+            gpus: false,
+        }])
+        .await
+    }
+
+    /// Starts a control plane and the real nodes `wanted`, one after the other, and waits for
+    /// every one to turn Ready.
+    pub async fn with_ready_nodes(wanted: &[Wanted<'_>]) -> Self {
         let binaries = Binaries::from_env().expect("the real node's binaries (make real-node-test)");
         let started = Instant::now();
         let control_plane = ControlPlane::start(ControlPlaneOptions::default())
             .await
             .expect("the control plane");
-        let dir = control_plane.data_dir().join("nodes").join(name);
-        let layout = Layout {
-            name: name.into(),
-            index,
-            dir: dir.clone(),
-        };
-        let node = RealNode::start(&control_plane, layout, &binaries)
-            .await
-            .expect("the real node");
-        let cluster = Self {
-            _logs: LogsOnFailure(dir),
+        let dir = control_plane.data_dir().join("nodes");
+        let mut cluster = Self {
+            _logs: LogsOnFailure(dir.clone()),
             control_plane,
-            node,
+            nodes: Vec::new(),
             started,
         };
-        cluster.say("control plane up, real node started, pause image imported");
+        for wanted in wanted {
+            let layout = Layout {
+                name: wanted.name.into(),
+                index: wanted.index,
+                dir: dir.join(wanted.name),
+                labels: BTreeMap::new(),
+            };
+            let layout = if wanted.gpus { layout.with_gpus() } else { layout };
+            let node = RealNode::start(&cluster.control_plane, layout, &binaries)
+                .await
+                .unwrap_or_else(|error| panic!("the real node {}: {error}", wanted.name));
+            cluster.nodes.push(node);
+        }
+        cluster.say("control plane up, real nodes started, pause image imported");
         let nodes = Api::<Node>::all(cluster.control_plane.client());
-        eventually("the real node Ready", Duration::from_secs(120), || async {
-            nodes.get_opt(name).await.ok().flatten().filter(node_is_ready)
-        })
-        .await;
-        cluster.say("the node Ready");
+        for wanted in wanted {
+            eventually(
+                &format!("{} Ready", wanted.name),
+                Duration::from_secs(120),
+                || async {
+                    nodes
+                        .get_opt(wanted.name)
+                        .await
+                        .ok()
+                        .flatten()
+                        .filter(node_is_ready)
+                },
+            )
+            .await;
+        }
+        cluster.say("the nodes Ready");
         cluster
+    }
+
+    /// The first node.
+    #[allow(
+        dead_code,
+        reason = "each real-node test binary uses the part of the harness it needs"
+    )]
+    pub fn node(&self) -> &RealNode {
+        &self.nodes[0]
     }
 
     /// Says `what`, after the time since the start.
@@ -121,16 +170,18 @@ impl Cluster {
         eprintln!("{:>7.1} s  {what}", self.started.elapsed().as_secs_f64());
     }
 
-    /// Stops the node, then the control plane.
+    /// Stops the nodes, then the control plane.
     pub async fn stop(self) {
         let Self {
             _logs,
             control_plane,
-            node,
+            nodes,
             started,
         } = self;
-        node.stop().await;
-        eprintln!("{:>7.1} s  the node stopped", started.elapsed().as_secs_f64());
+        for node in nodes {
+            node.stop().await;
+        }
+        eprintln!("{:>7.1} s  the nodes stopped", started.elapsed().as_secs_f64());
         control_plane.stop().await;
         eprintln!(
             "{:>7.1} s  the control plane stopped",
