@@ -10,13 +10,15 @@
 //! environment names (`real_node::Binaries::from_env`); `make real-node-test` builds them and runs
 //! it.
 
-#[path = "support/real_node.rs"]
-mod support;
-
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
-use gpu_sandbox::real_node::{RealNode, config::PAUSE_IMAGE, shipped};
+use gpu_sandbox::real_node::{
+    RealNode,
+    cluster::{Cluster, eventually},
+    config::PAUSE_IMAGE,
+    shipped,
+};
 use k8s_openapi::{
     api::{
         core::v1::Pod,
@@ -29,7 +31,6 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
     runtime::watcher,
 };
-use support::{Cluster, eventually};
 
 const GRACE_SECONDS: i64 = 30;
 

@@ -18,14 +18,12 @@
 //! them in the environment: the real node's, `GPU_REMEDIATOR_HELM`, the agent's and the
 //! controller's binaries and `GPU_REMEDIATOR_NVML_STANDIN`).
 
-#[path = "support/real_node.rs"]
-mod support;
-
 use std::{path::PathBuf, time::Duration};
 
 use gpu_sandbox::{
     demo::install,
     real_node::{
+        cluster::{Cluster, Wanted, built, eventually},
         config::DRIVER_ROOT_IN_NODE,
         nvidia::{Scenario, install_standin},
         shipped,
@@ -41,18 +39,10 @@ use kube::{
     Api, ResourceExt,
     api::{ListParams, Patch, PatchParams, PostParams},
 };
-use support::{Cluster, Wanted, eventually};
 
 const NAMESPACE: &str = "gpu-remediation";
 const GPU_NODES: [&str; 2] = ["real-gpu-1", "real-gpu-2"];
 const CPU_NODE: &str = "real-cpu";
-
-fn built(variable: &str) -> PathBuf {
-    std::env::var_os(variable)
-        .map(PathBuf::from)
-        .filter(|path| path.is_file())
-        .unwrap_or_else(|| panic!("{variable} must name a built file (make real-node-test sets it)"))
-}
 
 fn repository() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")

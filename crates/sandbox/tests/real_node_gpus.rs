@@ -10,13 +10,12 @@
 //! them in the environment: the real node's, `GPU_REMEDIATOR_DEVICE_PLUGIN` and
 //! `GPU_REMEDIATOR_NVML_STANDIN`).
 
-#[path = "support/real_node.rs"]
-mod support;
-
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use gpu_sandbox::real_node::{
-    built_image, image,
+    built_image,
+    cluster::{Cluster, built, eventually},
+    image,
     nvidia::{PLUGIN_IMAGE, Scenario, device_plugin_daemonset, install_standin},
 };
 use k8s_openapi::{
@@ -27,14 +26,6 @@ use k8s_openapi::{
     apimachinery::pkg::api::resource::Quantity,
 };
 use kube::{Api, api::PostParams};
-use support::{Cluster, eventually};
-
-fn built(variable: &str) -> PathBuf {
-    std::env::var_os(variable)
-        .map(PathBuf::from)
-        .filter(|path| path.is_file())
-        .unwrap_or_else(|| panic!("{variable} must name a built file (make real-node-test sets it)"))
-}
 
 /// The node's `nvidia.com/gpu` capacity and allocatable count.
 async fn gpus(nodes: &Api<Node>, name: &str) -> Option<(String, String)> {

@@ -12,6 +12,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use gpu_remediation_api::constants::GPU_PRESENT_LABEL;
+
 /// The address the node reaches the API server at, inside its network namespace: the first
 /// address of the service range, which the API server's serving certificate names (`pki`), and
 /// which every pod's `KUBERNETES_SERVICE_HOST` names too.
@@ -21,10 +23,6 @@ pub const API_ADDRESS: &str = "10.0.0.1";
 /// the node: where the NVIDIA GPU Operator's containerised driver puts it, so the chart's
 /// `agent.hostLibDir` is `/run/nvidia/driver/usr/lib` on every real node, as on such a cluster.
 pub const DRIVER_ROOT_IN_NODE: &str = "/run/nvidia/driver";
-
-/// The label NVIDIA's GPU feature discovery puts on a node with GPUs, which the chart's agent
-/// selects and its controller avoids.
-pub const GPU_PRESENT_LABEL: &str = "nvidia.com/gpu.present";
 
 /// The pause image each pod sandbox runs (pinned in containerd's config, imported by the node).
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.1";

@@ -15,6 +15,7 @@
 //! connection to the API server's loopback port on the host.
 
 pub mod built_image;
+pub mod cluster;
 pub mod config;
 pub mod dockerfile;
 pub mod image;

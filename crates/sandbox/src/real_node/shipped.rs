@@ -125,9 +125,9 @@ mod tests {
             let named = format!(
                 "docker.io/library/{}:{}",
                 image["repository"].as_str().unwrap(),
-                image["tag"]
+                image["tag"].as_str().unwrap()
             );
-            assert_eq!(named.replace('"', ""), shipped.reference());
+            assert_eq!(named, shipped.reference());
             assert_eq!(image["pullPolicy"], "IfNotPresent", "imported, never pulled");
         }
         assert_eq!(values["agent"]["hostLibDir"], "/run/nvidia/driver/usr/lib");

@@ -1,7 +1,8 @@
-//! What the real-node tests share: a control plane with one real node, Ready; a probe retried
-//! until a deadline; the time since the start, said as each step ends; and, when a test fails, the
-//! node's logs (its kubelet's, containerd's and every container's), which the API server cannot
-//! fetch from a kubelet inside its own network namespace.
+//! The harness the real-node tests share (the sandbox's own and e2e's): a control plane with real
+//! nodes, Ready; a probe retried until a deadline; the binaries the environment names; the time
+//! since the start, said as each step ends; and, when a test fails, the nodes' logs (each kubelet's,
+//! containerd's and every container's), which the API server cannot fetch from a kubelet inside its
+//! own network namespace.
 
 use std::{
     collections::BTreeMap,
@@ -9,13 +10,26 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gpu_sandbox::{
+use crate::{
     ControlPlane, ControlPlaneOptions,
     real_node::{Binaries, Layout, RealNode},
     workload::node_is_ready,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
+
+/// The built file the environment variable `variable` names (`make real-node-test` and
+/// `make e2e-real` set them).
+///
+/// # Panics
+/// When the variable is unset or names no file: the test cannot run without it.
+#[must_use]
+pub fn built(variable: &str) -> PathBuf {
+    std::env::var_os(variable)
+        .map(PathBuf::from)
+        .filter(|path| path.is_file())
+        .unwrap_or_else(|| panic!("{variable} must name a built file (make real-node-test sets it)"))
+}
 
 /// Retries `probe` every 200 ms until it finds something; fails the test at `deadline`.
 pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
@@ -37,7 +51,9 @@ pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
 pub struct Cluster {
     // First: fields drop in order, and the control plane's drop removes the directory.
     _logs: LogsOnFailure,
+    /// The control plane the nodes joined.
     pub control_plane: ControlPlane,
+    /// The real nodes, in the order they were wanted.
     pub nodes: Vec<RealNode>,
     started: Instant,
 }
@@ -45,8 +61,11 @@ pub struct Cluster {
 /// A real node a test wants: its name, its index (its addresses) and whether it has GPUs
 /// (`Layout::with_gpus`).
 pub struct Wanted<'a> {
+    /// The node's name.
     pub name: &'a str,
+    /// Its index: its addresses (`Layout::index`).
     pub index: u8,
+    /// Whether it registers as a GPU node.
     pub gpus: bool,
 }
 
@@ -94,10 +113,6 @@ fn logs_under(dir: &Path) -> Vec<PathBuf> {
 impl Cluster {
     /// Starts a control plane and the real node `name` (its addresses from `index`), and waits
     /// for the node to turn Ready.
-    #[allow(
-        dead_code,
-        reason = "each real-node test binary uses the part of the harness it needs"
-    )]
     pub async fn with_a_ready_node(name: &str, index: u8) -> Self {
         Self::with_ready_nodes(&[Wanted {
             name,
@@ -157,10 +172,7 @@ impl Cluster {
     }
 
     /// The first node.
-    #[allow(
-        dead_code,
-        reason = "each real-node test binary uses the part of the harness it needs"
-    )]
+    #[must_use]
     pub fn node(&self) -> &RealNode {
         &self.nodes[0]
     }
