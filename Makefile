@@ -198,12 +198,12 @@ REAL_NODE_ENV = GPU_REMEDIATOR_KUBELET="$$(e2e/controlplane/build.sh --kubelet)"
 real-node-test:
 	$(REAL_NODE_ENV) && GPU_REMEDIATOR_DEVICE_PLUGIN="$$(tools/build.sh nvidia-device-plugin)" && \
 	GPU_REMEDIATOR_HELM="$$(tools/build.sh helm)" && export GPU_REMEDIATOR_DEVICE_PLUGIN GPU_REMEDIATOR_HELM && \
-	$(CARGO) build -p gpu-health-agent --bin gpu-health-agent -p gpu-remediator --bin gpu-remediator \
-		-p nvml-standin && \
+	$(CARGO) build -p gpu-health-agent --bin gpu-health-agent -p gpu-remediator --bin gpu-remediator && \
+	$(CARGO) build -p nvml-standin && \
 	GPU_REMEDIATOR_AGENT_BINARY="$(abspath $(TARGET_DIR))/debug/gpu-health-agent" \
 	GPU_REMEDIATOR_CONTROLLER_BINARY="$(abspath $(TARGET_DIR))/debug/gpu-remediator" \
 	GPU_REMEDIATOR_NVML_STANDIN="$(abspath $(TARGET_DIR))/debug/libnvml_standin.so" \
-		$(CARGO) test -p gpu-sandbox --test real_node --test real_node_gpus --test real_node_chart -- \
+		$(CARGO) test -p gpu-sandbox --test real_node --test real_node_gpus --test real_node_chart --test real_node_recycle -- \
 		--ignored --nocapture
 
 # `gpu-sandbox up` with REAL_NODES real nodes (default 2) beside the simulated fleet, until Ctrl-C

@@ -12,10 +12,9 @@
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
 use gpu_sandbox::real_node::{
     RealNode,
-    cluster::{Cluster, eventually},
+    cluster::{Cluster, eventually, exit_code_at_deletion},
     config::PAUSE_IMAGE,
     shipped,
 };
@@ -29,23 +28,9 @@ use k8s_openapi::{
 use kube::{
     Api,
     api::{Patch, PatchParams, PostParams},
-    runtime::watcher,
 };
 
 const GRACE_SECONDS: i64 = 30;
-
-fn exit_code(pod: &Pod) -> Option<i32> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .first()?
-        .state
-        .as_ref()?
-        .terminated
-        .as_ref()
-        .map(|terminated| terminated.exit_code)
-}
 
 async fn evict(pods: &Api<Pod>, name: &str) -> Result<(), kube::Error> {
     let eviction = Eviction {
@@ -59,28 +44,6 @@ async fn evict(pods: &Api<Pod>, name: &str) -> Result<(), kube::Error> {
     pods.create_subresource::<_, serde_json::Value>("eviction", name, &PostParams::default(), &eviction)
         .await
         .map(|_| ())
-}
-
-/// The last exit code the pod's container reported before the pod was deleted (a watch, from now).
-fn exit_code_at_deletion(pods: &Api<Pod>, name: &str) -> tokio::task::JoinHandle<Option<i32>> {
-    let watch = watcher(
-        pods.clone(),
-        watcher::Config::default().fields(&format!("metadata.name={name}")),
-    );
-    tokio::spawn(async move {
-        let mut watch = std::pin::pin!(watch);
-        let mut exit = None;
-        while let Some(event) = watch.next().await {
-            match event {
-                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
-                    exit = exit_code(&pod).or(exit);
-                }
-                Ok(watcher::Event::Delete(pod)) => return exit_code(&pod).or(exit),
-                _ => {}
-            }
-        }
-        exit
-    })
 }
 
 /// A bare pod on `node` running the pause image, and a budget over it allowing no disruption.

@@ -18,14 +18,14 @@
 //! them in the environment: the real node's, `GPU_REMEDIATOR_HELM`, the agent's and the
 //! controller's binaries and `GPU_REMEDIATOR_NVML_STANDIN`).
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 use gpu_sandbox::{
-    demo::install,
     real_node::{
-        cluster::{Cluster, Wanted, built, eventually},
+        chart::{self, Images, NAMESPACE, condition_status, node_of, pods_labelled},
+        cluster::{Cluster, Wanted, eventually},
         config::DRIVER_ROOT_IN_NODE,
-        nvidia::{Scenario, install_standin},
+        nvidia::Scenario,
         shipped,
     },
     workload,
@@ -37,61 +37,11 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, ResourceExt,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams, PostParams},
 };
 
-const NAMESPACE: &str = "gpu-remediation";
 const GPU_NODES: [&str; 2] = ["real-gpu-1", "real-gpu-2"];
 const CPU_NODE: &str = "real-cpu";
-
-fn repository() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The pods labelled `app.kubernetes.io/name=name` in the chart's namespace, by node.
-async fn pods_of(pods: &Api<Pod>, name: &str) -> Vec<Pod> {
-    pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/name={name}")))
-        .await
-        .map(|list| list.items)
-        .unwrap_or_default()
-}
-
-fn node_of(pod: &Pod) -> &str {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .unwrap_or("")
-}
-
-/// `status` of the node's `GpuHealthy` condition.
-async fn gpu_healthy(nodes: &Api<Node>, name: &str) -> Option<String> {
-    let node = nodes.get(name).await.ok()?;
-    let conditions = node.status?.conditions?;
-    conditions
-        .into_iter()
-        .find(|c| c.type_ == "GpuHealthy")
-        .map(|c| c.status)
-}
-
-/// `helm install` of the chart with `values`, as a user runs it after creating the namespace.
-fn helm_install(helm: &std::path::Path, kubeconfig: &std::path::Path, values: &std::path::Path) {
-    let output = std::process::Command::new(helm)
-        .arg("install")
-        .arg("gpu-remediator")
-        .arg(repository().join("charts/gpu-remediator"))
-        .args(["--namespace", NAMESPACE, "--values"])
-        .arg(values)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .output()
-        .expect("running helm");
-    assert!(
-        output.status.success(),
-        "helm install: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
 
 /// A token of the agent's service account bound to `pod`, as the kubelet projects it.
 async fn token_bound_to(client: &kube::Client, pod: &Pod) -> String {
@@ -118,44 +68,15 @@ async fn token_bound_to(client: &kube::Client, pod: &Pod) -> String {
 }
 
 /// Builds our two images, imports the agent's into the GPU nodes (with the stand-in, serving two
-/// healthy GPUs each) and the controller's into the CPU node, creates the namespace as
-/// `manifests/namespace.yaml` says, and runs `helm install` with the values a user would set.
+/// healthy GPUs each) and the controller's into the CPU node, and installs the chart as a user does.
 async fn install_as_shipped(cluster: &Cluster) {
-    let helm = built("GPU_REMEDIATOR_HELM");
-    let standin = built("GPU_REMEDIATOR_NVML_STANDIN");
-    let images = cluster.control_plane.data_dir().join("images");
-    let image = |shipped: shipped::Shipped| {
-        shipped
-            .image_tar(&built(shipped.binary_env), &images)
-            .unwrap_or_else(|error| panic!("{error}"))
-    };
-    let (agent_image, controller_image) = (image(shipped::AGENT), image(shipped::CONTROLLER));
-    for node in &cluster.nodes {
-        if node.name() == CPU_NODE {
-            node.import(&controller_image).await.unwrap();
-        } else {
-            let serial = if node.name() == GPU_NODES[0] {
-                "33333333"
-            } else {
-                "44444444"
-            };
-            install_standin(&standin, &node.driver_root(), &Scenario::new(serial, 2)).unwrap();
-            node.import(&agent_image).await.unwrap();
-        }
+    let images = Images::build(cluster.control_plane.data_dir(), false);
+    for (node, serial) in [(GPU_NODES[0], "33333333"), (GPU_NODES[1], "44444444")] {
+        chart::prepare_gpu_node(cluster.named(node), &images, &Scenario::new(serial, 2)).await;
     }
+    cluster.named(CPU_NODE).import(&images.controller).await.unwrap();
     cluster.say("our images built from their Dockerfiles and imported; the stand-in on the GPU nodes");
-
-    let namespace = install::parse_documents(
-        &std::fs::read_to_string(repository().join("manifests/namespace.yaml")).unwrap(),
-    )
-    .unwrap();
-    install::apply(&cluster.control_plane.client(), &namespace)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let values = images.join("values.json");
-    std::fs::write(&values, shipped::chart_values().to_string()).unwrap();
-    helm_install(&helm, cluster.control_plane.kubeconfig_path(), &values);
-    cluster.say("helm install done");
+    chart::helm_install(cluster, &shipped::chart_values()).await;
 }
 
 /// Waits for the agent's pods Running and Ready on both GPU nodes, each with the kubelet's
@@ -166,7 +87,7 @@ async fn agents_running(cluster: &Cluster, pods: &Api<Pod>) -> Vec<Pod> {
         "the agent Running and Ready on both GPU nodes",
         Duration::from_secs(180),
         || async {
-            let agents = pods_of(pods, "gpu-health-agent").await;
+            let agents = pods_labelled(pods, "gpu-health-agent").await;
             let mut on: Vec<&str> = agents
                 .iter()
                 .filter(|p| workload::is_ready(p))
@@ -205,7 +126,9 @@ async fn agents_running(cluster: &Cluster, pods: &Api<Pod>) -> Vec<Pod> {
         eventually(
             &format!("{node}'s GpuHealthy set by its agent"),
             Duration::from_secs(60),
-            || async { (gpu_healthy(&nodes, node).await.as_deref() == Some("True")).then_some(()) },
+            || async {
+                (condition_status(&nodes, node, "GpuHealthy").await.as_deref() == Some("True")).then_some(())
+            },
         )
         .await;
     }
@@ -220,7 +143,7 @@ async fn a_leader_on_the_cpu_node(cluster: &Cluster, pods: &Api<Pod>) {
         "two controller replicas on the CPU node, one holding the leader Lease",
         Duration::from_secs(180),
         || async {
-            let controllers = pods_of(pods, "gpu-remediator").await;
+            let controllers = pods_labelled(pods, "gpu-remediator").await;
             let ready = controllers.iter().filter(|p| workload::is_ready(p)).count();
             let holder = leases
                 .get_opt("gpu-remediator")
@@ -280,7 +203,12 @@ async fn the_agent_is_refused_on_another_node(cluster: &Cluster, agents: &[Pod])
         other => panic!("the agent's token on another node's status: {other:?}"),
     }
     let nodes = Api::<Node>::all(client);
-    assert_eq!(gpu_healthy(&nodes, GPU_NODES[1]).await.as_deref(), Some("True"));
+    assert_eq!(
+        condition_status(&nodes, GPU_NODES[1], "GpuHealthy")
+            .await
+            .as_deref(),
+        Some("True")
+    );
     cluster.say("the agent's token refused on another node's status");
 }
 

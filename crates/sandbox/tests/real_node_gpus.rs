@@ -13,10 +13,9 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use gpu_sandbox::real_node::{
-    built_image,
-    cluster::{Cluster, built, eventually},
-    image,
-    nvidia::{PLUGIN_IMAGE, Scenario, device_plugin_daemonset, install_standin},
+    cluster::{Cluster, Wanted, built, eventually},
+    config::DRIVER_ROOT_IN_NODE,
+    nvidia::{Scenario, device_plugin_daemonset, install_standin, plugin_image_tar},
 };
 use k8s_openapi::{
     api::{
@@ -42,27 +41,23 @@ async fn gpus(nodes: &Api<Node>, name: &str) -> Option<(String, String)> {
 async fn the_device_plugin_advertises_the_nodes_gpus_and_withdraws_the_one_an_xid_79_took_off_the_bus() {
     let plugin = built("GPU_REMEDIATOR_DEVICE_PLUGIN");
     let standin = built("GPU_REMEDIATOR_NVML_STANDIN");
-    let cluster = Cluster::with_a_ready_node("real-2", 2).await;
+    let cluster = Cluster::with_ready_nodes(&[Wanted {
+        name: "real-2",
+        index: 2,
+        gpus: true,
+    }])
+    .await;
     let node = cluster.node();
     let scenario = Scenario::new("22222222", 2);
     install_standin(&standin, &node.driver_root(), &scenario).unwrap();
 
-    let image = built_image::of_binary(
-        &plugin,
-        "/usr/bin/nvidia-device-plugin",
-        PLUGIN_IMAGE,
-        &[],
-        &[&standin],
-    )
-    .unwrap();
-    let tar = node.driver_root().with_file_name("device-plugin.tar");
-    std::fs::write(&tar, image::layout_tar(&image).unwrap()).unwrap();
+    let tar = plugin_image_tar(&plugin, &standin, cluster.control_plane.data_dir()).unwrap();
     node.import(&tar).await.unwrap();
     let client = cluster.control_plane.client();
     Api::<DaemonSet>::namespaced(client.clone(), "kube-system")
         .create(
             &PostParams::default(),
-            &device_plugin_daemonset(&node.driver_root()),
+            &device_plugin_daemonset(std::path::Path::new(DRIVER_ROOT_IN_NODE)),
         )
         .await
         .unwrap();

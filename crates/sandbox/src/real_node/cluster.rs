@@ -15,8 +15,9 @@ use crate::{
     real_node::{Binaries, Layout, RealNode},
     workload::node_is_ready,
 };
-use k8s_openapi::api::core::v1::Node;
-use kube::Api;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{Api, runtime::watcher};
 
 /// The built file the environment variable `variable` names (`make real-node-test` and
 /// `make e2e-real` set them).
@@ -45,6 +46,45 @@ pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
         assert!(started.elapsed() < deadline, "{what}: not within {deadline:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The exit code of the pod's first container, once it terminated.
+#[must_use]
+pub fn exit_code(pod: &Pod) -> Option<i32> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()
+        .map(|terminated| terminated.exit_code)
+}
+
+/// The last exit code the pod's container reported before the pod was deleted (a watch, from now):
+/// 0 for the pause image ended by SIGTERM, 137 for a container killed at its grace period's end.
+#[must_use]
+pub fn exit_code_at_deletion(pods: &Api<Pod>, name: &str) -> tokio::task::JoinHandle<Option<i32>> {
+    let watch = watcher(
+        pods.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    );
+    tokio::spawn(async move {
+        let mut watch = std::pin::pin!(watch);
+        let mut exit = None;
+        while let Some(event) = watch.next().await {
+            match event {
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                    exit = exit_code(&pod).or(exit);
+                }
+                Ok(watcher::Event::Delete(pod)) => return exit_code(&pod).or(exit),
+                _ => {}
+            }
+        }
+        exit
+    })
 }
 
 /// A control plane and real nodes on it, Ready.
@@ -125,50 +165,72 @@ impl Cluster {
     /// Starts a control plane and the real nodes `wanted`, one after the other, and waits for
     /// every one to turn Ready.
     pub async fn with_ready_nodes(wanted: &[Wanted<'_>]) -> Self {
-        let binaries = Binaries::from_env().expect("the real node's binaries (make real-node-test)");
         let started = Instant::now();
         let control_plane = ControlPlane::start(ControlPlaneOptions::default())
             .await
             .expect("the control plane");
-        let dir = control_plane.data_dir().join("nodes");
         let mut cluster = Self {
-            _logs: LogsOnFailure(dir.clone()),
+            _logs: LogsOnFailure(control_plane.data_dir().join("nodes")),
             control_plane,
             nodes: Vec::new(),
             started,
         };
         for wanted in wanted {
-            let layout = Layout {
-                name: wanted.name.into(),
-                index: wanted.index,
-                dir: dir.join(wanted.name),
-                labels: BTreeMap::new(),
-            };
-            let layout = if wanted.gpus { layout.with_gpus() } else { layout };
-            let node = RealNode::start(&cluster.control_plane, layout, &binaries)
-                .await
-                .unwrap_or_else(|error| panic!("the real node {}: {error}", wanted.name));
-            cluster.nodes.push(node);
+            cluster.start_node(wanted).await;
         }
         cluster.say("control plane up, real nodes started, pause image imported");
-        let nodes = Api::<Node>::all(cluster.control_plane.client());
         for wanted in wanted {
-            eventually(
-                &format!("{} Ready", wanted.name),
-                Duration::from_secs(120),
-                || async {
-                    nodes
-                        .get_opt(wanted.name)
-                        .await
-                        .ok()
-                        .flatten()
-                        .filter(node_is_ready)
-                },
-            )
-            .await;
+            cluster.until_ready(wanted.name).await;
         }
         cluster.say("the nodes Ready");
         cluster
+    }
+
+    /// Starts the real node `wanted` (its kubelet registers the Node on its own) and adds it to the
+    /// cluster; returns it.
+    pub async fn start_node(&mut self, wanted: &Wanted<'_>) -> &RealNode {
+        let binaries = Binaries::from_env().expect("the real node's binaries (make real-node-test)");
+        let layout = Layout {
+            name: wanted.name.into(),
+            index: wanted.index,
+            dir: self.control_plane.data_dir().join("nodes").join(wanted.name),
+            labels: BTreeMap::new(),
+        };
+        let layout = if wanted.gpus { layout.with_gpus() } else { layout };
+        let node = RealNode::start(&self.control_plane, layout, &binaries)
+            .await
+            .unwrap_or_else(|error| panic!("the real node {}: {error}", wanted.name));
+        self.nodes.push(node);
+        self.nodes.last().expect("just pushed")
+    }
+
+    /// Waits for the Node `name` to turn Ready.
+    pub async fn until_ready(&self, name: &str) {
+        let nodes = Api::<Node>::all(self.control_plane.client());
+        eventually(&format!("{name} Ready"), Duration::from_secs(120), || async {
+            nodes.get_opt(name).await.ok().flatten().filter(node_is_ready)
+        })
+        .await;
+    }
+
+    /// Stops the real node `name` and takes it out of the cluster: its machine powered off, as a
+    /// node group terminates the instance behind a deleted Node.
+    pub async fn stop_node(&mut self, name: &str) {
+        let at = self
+            .nodes
+            .iter()
+            .position(|node| node.name() == name)
+            .unwrap_or_else(|| panic!("no real node {name}"));
+        self.nodes.remove(at).stop().await;
+    }
+
+    /// The real node `name`.
+    #[must_use]
+    pub fn named(&self, name: &str) -> &RealNode {
+        self.nodes
+            .iter()
+            .find(|node| node.name() == name)
+            .unwrap_or_else(|| panic!("no real node {name}"))
     }
 
     /// The first node.

@@ -15,6 +15,7 @@
 //! connection to the API server's loopback port on the host.
 
 pub mod built_image;
+pub mod chart;
 pub mod cluster;
 pub mod config;
 pub mod dockerfile;

@@ -3,11 +3,12 @@
 //! [`Scenario`]), and NVIDIA's device plugin as the `DaemonSet` NVIDIA ships
 //! ([`device_plugin_daemonset`]). Builders are pure; the two writers only write files.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use gpu_remediation_api::constants::GPU_PRESENT_LABEL;
 use k8s_openapi::api::apps::v1::DaemonSet;
 
-use super::DRIVER_LIBRARY_DIR;
+use super::{DRIVER_LIBRARY_DIR, built_image, image};
 
 /// The image the device plugin runs from (built here, `built_image::of_binary`).
 pub const PLUGIN_IMAGE: &str = "nvcr.io/nvidia/k8s-device-plugin:sandbox";
@@ -90,10 +91,30 @@ pub fn install_standin(standin: &Path, driver_root: &Path, scenario: &Scenario) 
     scenario.write(driver_root)
 }
 
+/// NVIDIA's device plugin's image (`plugin`, the binary built from its pinned module), as an OCI
+/// layout tar under `dir`: on the stand-in base, with what the stand-in (`standin`) links, as
+/// NVIDIA's image holds what its driver's NVML links. Returns the tar's path.
+///
+/// # Errors
+/// When the image cannot be built or written.
+pub fn plugin_image_tar(plugin: &Path, standin: &Path, dir: &Path) -> std::io::Result<PathBuf> {
+    let image = built_image::of_binary(
+        plugin,
+        "/usr/bin/nvidia-device-plugin",
+        PLUGIN_IMAGE,
+        &[],
+        &[standin],
+    )
+    .map_err(std::io::Error::other)?;
+    let tar = dir.join("device-plugin.tar");
+    std::fs::write(&tar, image::layout_tar(&image)?)?;
+    Ok(tar)
+}
+
 /// NVIDIA's static `DaemonSet` (`deployments/static/nvidia-device-plugin.yml` of the pinned
 /// release), with the driver root its Helm chart mounts (`driver_root`, a path as the node sees
-/// it), and the loader's path the container toolkit would give its `libnvidia-ml.so.1` lookup by
-/// name.
+/// it), on the nodes its Helm chart selects (labelled `nvidia.com/gpu.present=true`), and the
+/// loader's path the container toolkit would give its `libnvidia-ml.so.1` lookup by name.
 ///
 /// # Panics
 /// Never: the object is a literal.
@@ -106,6 +127,7 @@ pub fn device_plugin_daemonset(driver_root: &Path) -> DaemonSet {
             "template": {
                 "metadata": {"labels": {"name": "nvidia-device-plugin-ds"}},
                 "spec": {
+                    "nodeSelector": {GPU_PRESENT_LABEL: "true"},
                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                     "priorityClassName": "system-node-critical",
                     "containers": [{
@@ -164,5 +186,6 @@ mod tests {
         assert_eq!(pod["volumes"][1]["hostPath"]["path"], "/run/nvidia/driver");
         assert_eq!(pod["containers"][0]["volumeMounts"][1]["readOnly"], true);
         assert_eq!(pod["containers"][0]["image"], PLUGIN_IMAGE);
+        assert_eq!(pod["nodeSelector"][GPU_PRESENT_LABEL], "true", "GPU nodes only");
     }
 }
