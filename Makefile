@@ -166,11 +166,13 @@ bench-peer:
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" \
 		$(TARGET_DIR)/debug/gpu-bench --only karpenter-peer --out $(TARGET_DIR)/bench/peer.json $(BENCH_ARGS)
 
-# DeleteNodeClaim and DeleteMachine against the real controllers: upstream Karpenter with its KWOK
-# provider and Cluster API's core manager (tools/karpenter-kwok, tools/capi-manager), and gang drains
-# against upstream JobSet (tools/jobset), built from their pinned Go modules on first use and cached
-# like the control plane. Not in `test`: their cold builds are heavy (about 6.5, 7.2 and 3.5
-# CPU-minutes cold, see README); .ci/run runs this target.
+# What runs for real: DeleteNodeClaim and DeleteMachine against the real controllers (upstream
+# Karpenter with its KWOK provider and Cluster API's core manager, tools/karpenter-kwok,
+# tools/capi-manager), gang drains against upstream JobSet (tools/jobset), then the real-node tests
+# (real-node-test below). All built from their pinned Go modules on first use and cached like the
+# control plane. Not in `test`: their cold builds are heavy (about 6.5, 7.2 and 3.5 CPU-minutes cold
+# for the controllers, 4.5-4.9 for a real node's pieces, see README), and the real nodes need root;
+# .ci/run runs this target.
 REAL_TESTS = --test real_karpenter --test real_capi --test real_jobset
 e2e-real:
 	karpenter="$$(tools/build.sh karpenter-kwok)" && capi="$$(tools/build.sh capi-manager)" && \
@@ -178,6 +180,7 @@ e2e-real:
 	GPU_REMEDIATOR_KARPENTER="$$karpenter" GPU_REMEDIATOR_CAPI="$$capi" GPU_REMEDIATOR_JOBSET="$$jobset" \
 	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" \
 		$(CARGO) test --workspace --no-fail-fast $(REAL_TESTS) -- --ignored --test-threads=2
+	$(MAKE) --no-print-directory real-node-test
 
 # A real node's binaries, built from their pinned modules (cached after the first build) and named
 # in the environment of the command that follows `&&` (a failed build fails the target).
@@ -188,23 +191,26 @@ REAL_NODE_ENV = GPU_REMEDIATOR_KUBELET="$$(e2e/controlplane/build.sh --kubelet)"
 	export GPU_REMEDIATOR_KUBELET GPU_REMEDIATOR_PAUSE GPU_REMEDIATOR_CONTAINERD GPU_REMEDIATOR_RUNC \
 		GPU_REMEDIATOR_CNI_PLUGINS
 
-# One real node (kubelet, containerd, runc, CNI and pause built from pinned modules) joins a
-# control plane, runs a pod whose eviction ends on SIGTERM, and runs the agent's and the
-# controller's images, built here from their Dockerfiles with the debug binaries
-# (crates/sandbox/tests/real_node.rs); another runs NVIDIA's device plugin as a DaemonSet over the
-# NVML stand-in and sees an XID 79 withdraw a GPU (real_node_gpus.rs); the chart, installed by helm
-# with the images built here, runs the agent on two GPU nodes and the controller's leader on a
-# third, CPU-only one (real_node_chart.rs). Needs root. Not in `test` nor in .ci/run (yet).
+# The real-node tests (crates/sandbox/tests/real_node*.rs; kubelet, containerd, runc, CNI and pause
+# built from pinned modules; each node in namespaces of its own). One node joins a control plane,
+# runs a pod whose eviction waits for its budget and ends on SIGTERM, and runs the agent's and the
+# controller's images, built here from their Dockerfiles with the debug binaries (real_node.rs);
+# NVIDIA's device plugin runs as a DaemonSet over the NVML stand-in and withdraws a GPU after an
+# XID 79 (real_node_gpus.rs); helm installs the chart with those images: the agent on two GPU nodes,
+# the controller's fenced leader on a CPU-only one (real_node_chart.rs); and the issue's scenario:
+# an XID 79's GPU-scoped drain, then the ladder's DeleteNode and a new real node from the node
+# group (real_node_recycle.rs). Needs root. Part of e2e-real.
 real-node-test:
 	$(REAL_NODE_ENV) && GPU_REMEDIATOR_DEVICE_PLUGIN="$$(tools/build.sh nvidia-device-plugin)" && \
 	GPU_REMEDIATOR_HELM="$$(tools/build.sh helm)" && export GPU_REMEDIATOR_DEVICE_PLUGIN GPU_REMEDIATOR_HELM && \
 	$(CARGO) build -p gpu-health-agent --bin gpu-health-agent -p gpu-remediator --bin gpu-remediator && \
 	$(CARGO) build -p nvml-standin && \
+	GPU_REMEDIATOR_CONTROLPLANE="$(CONTROLPLANE_BIN)" \
 	GPU_REMEDIATOR_AGENT_BINARY="$(abspath $(TARGET_DIR))/debug/gpu-health-agent" \
 	GPU_REMEDIATOR_CONTROLLER_BINARY="$(abspath $(TARGET_DIR))/debug/gpu-remediator" \
 	GPU_REMEDIATOR_NVML_STANDIN="$(abspath $(TARGET_DIR))/debug/libnvml_standin.so" \
-		$(CARGO) test -p gpu-sandbox --test real_node --test real_node_gpus --test real_node_chart --test real_node_recycle -- \
-		--ignored --nocapture
+		$(CARGO) test -p gpu-sandbox --test real_node --test real_node_gpus --test real_node_chart \
+		--test real_node_recycle -- --ignored --nocapture
 
 # `gpu-sandbox up` with REAL_NODES real nodes (default 2) beside the simulated fleet, until Ctrl-C
 # (root). SANDBOX_ARGS adds `gpu-sandbox up` flags.
