@@ -13,15 +13,12 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use gpu_sandbox::real_node::{
+    chart,
     cluster::{Cluster, Wanted, built, eventually},
-    config::DRIVER_ROOT_IN_NODE,
-    nvidia::{Scenario, device_plugin_daemonset, install_standin, plugin_image_tar},
+    nvidia::{Scenario, install_standin, plugin_image_tar},
 };
 use k8s_openapi::{
-    api::{
-        apps::v1::DaemonSet,
-        core::v1::{Node, Pod},
-    },
+    api::core::v1::{Node, Pod},
     apimachinery::pkg::api::resource::Quantity,
 };
 use kube::{Api, api::PostParams};
@@ -54,13 +51,7 @@ async fn the_device_plugin_advertises_the_nodes_gpus_and_withdraws_the_one_an_xi
     let tar = plugin_image_tar(&plugin, &standin, cluster.control_plane.data_dir()).unwrap();
     node.import(&tar).await.unwrap();
     let client = cluster.control_plane.client();
-    Api::<DaemonSet>::namespaced(client.clone(), "kube-system")
-        .create(
-            &PostParams::default(),
-            &device_plugin_daemonset(std::path::Path::new(DRIVER_ROOT_IN_NODE)),
-        )
-        .await
-        .unwrap();
+    chart::install_device_plugin(&client).await;
     let nodes = Api::<Node>::all(client.clone());
     eventually(
         "the node's two GPUs advertised",

@@ -42,15 +42,15 @@ use gpu_sandbox::{
     real_node::{
         chart::{self, Images, NAMESPACE, condition_status, node_of, pods_labelled},
         cluster::{Cluster, Wanted, eventually, exit_code_at_deletion},
-        config::{DRIVER_ROOT_IN_NODE, PAUSE_IMAGE},
-        nvidia::{Scenario, device_plugin_daemonset},
+        config::PAUSE_IMAGE,
+        nvidia::Scenario,
         shipped,
     },
     workload,
 };
 use k8s_openapi::{
     api::{
-        apps::v1::{DaemonSet, Deployment},
+        apps::v1::Deployment,
         core::v1::{Node, Pod},
         policy::v1::PodDisruptionBudget,
     },
@@ -236,13 +236,7 @@ async fn an_xid_79_drains_only_its_gpus_pod_then_the_ladder_replaces_the_node_wi
     let scenario = Scenario::new("66666666", 2);
     chart::prepare_gpu_node(cluster.named(GPU_NODE), &images, &scenario).await;
     cluster.named(CPU_NODE).import(&images.controller).await.unwrap();
-    Api::<DaemonSet>::namespaced(client.clone(), "kube-system")
-        .create(
-            &PostParams::default(),
-            &device_plugin_daemonset(std::path::Path::new(DRIVER_ROOT_IN_NODE)),
-        )
-        .await
-        .unwrap();
+    chart::install_device_plugin(&client).await;
     let mut values = shipped::chart_values();
     values["agent"]["xidCatalogOverride"] = json!({"xids": [{"xid": 79, "severity": "fatal",
         "action": "RESET_GPU", "description": "GPU has fallen off the bus: reset it before replacing the node"}]});

@@ -1,19 +1,26 @@
 //! Our chart installed on real nodes as a user installs it (`docs/plans/real-node.md` S6, S7): our
 //! two images built from their Dockerfiles and NVIDIA's device plugin's ([`Images`]), a GPU node
 //! prepared as the GPU Operator leaves one (the NVML stand-in in its driver root, the images in its
-//! containerd: [`prepare_gpu_node`]), the namespace from `manifests/namespace.yaml` and
+//! containerd: [`prepare_gpu_node`]; NVIDIA's device plugin: [`install_device_plugin`]), the namespace from `manifests/namespace.yaml` and
 //! `helm install` with a user's values ([`helm_install`]); and what the tests read back of it
 //! (the chart's pods by name, a pod's node, a node condition's status). Test harness: its steps
 //! panic with what failed.
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::{Api, api::ListParams};
+use k8s_openapi::api::{
+    apps::v1::DaemonSet,
+    core::v1::{Node, Pod},
+};
+use kube::{
+    Api,
+    api::{ListParams, PostParams},
+};
 
 use super::{
     RealNode,
     cluster::{Cluster, built},
+    config::DRIVER_ROOT_IN_NODE,
     nvidia::{self, Scenario, install_standin},
     shipped,
 };
@@ -75,6 +82,19 @@ pub async fn prepare_gpu_node(node: &RealNode, images: &Images, scenario: &Scena
     for image in std::iter::once(&images.agent).chain(images.plugin.as_ref()) {
         node.import(image).await.unwrap_or_else(|error| panic!("{error}"));
     }
+}
+
+/// NVIDIA's device plugin's `DaemonSet` ([`nvidia::device_plugin_daemonset`]) in `kube-system`, on
+/// every GPU node, over the driver root where the GPU Operator puts it
+/// ([`DRIVER_ROOT_IN_NODE`]), as the GPU Operator installs it.
+pub async fn install_device_plugin(client: &kube::Client) {
+    Api::<DaemonSet>::namespaced(client.clone(), "kube-system")
+        .create(
+            &PostParams::default(),
+            &nvidia::device_plugin_daemonset(Path::new(DRIVER_ROOT_IN_NODE)),
+        )
+        .await
+        .unwrap_or_else(|error| panic!("NVIDIA's device plugin's DaemonSet: {error}"));
 }
 
 /// Creates the namespace as `manifests/namespace.yaml` says, then runs `helm install` of the chart
