@@ -14,7 +14,7 @@
 //! 2. The reset's Job reports done, but no evidence follows (the fault stays latched): the step
 //!    times out and the ladder climbs to `Replace`, whose drain evicts the node's other pods
 //!    through the Eviction API, within a `PodDisruptionBudget` that never drops below its minimum;
-//!    the controller deletes the Node.
+//!    the controller deletes the Node only once they are gone.
 //! 3. The node group (played by this test: the deleted node's machine is powered off and a new one
 //!    started under a new name, with its own certificate, as a cloud's node group brings a new
 //!    machine) brings a replacement GPU node; the agent and the plugin start on it from their
@@ -379,7 +379,6 @@ async fn an_xid_79_drains_only_its_gpus_pod_then_the_ladder_replaces_the_node_wi
     ));
 
     // 2. The reset proves nothing; the ladder climbs to Replace, which drains and deletes the Node.
-    let kept_exit = exit_code_at_deletion(&pods, &on_gpu_0);
     eventually(
         "the Node deleted by the Replace step",
         Duration::from_secs(180),
@@ -423,15 +422,6 @@ async fn an_xid_79_drains_only_its_gpus_pod_then_the_ladder_replaces_the_node_wi
     assert_eq!(
         evicted, expected,
         "the Replace step's drain: the node's other pods, by eviction"
-    );
-    assert_eq!(
-        tokio::time::timeout(Duration::from_secs(10), kept_exit)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .flatten(),
-        Some(0),
-        "{on_gpu_0} ended on SIGTERM"
     );
     cluster.say("the remediation Succeeded: ResetGpu timed out on no evidence, Replace succeeded");
 

@@ -225,7 +225,10 @@ current-context: node
 
 /// The script run as the node's first process, inside its new namespaces (`unshare`, which has
 /// mounted the namespace's own `/proc`): it mounts the node's state directories and kernel
-/// settings, raises its network, says so (the file `network-ready`: the sandbox then listens at
+/// settings (containerd's on a file system of its own: the native snapshotter unpacks an image
+/// through bind mounts of its directories, and a bind mount of the kubelet's file system seen by
+/// the kubelet's start, while an image is imported, makes it fail with "failed to get rootfs
+/// info: cannot find filesystem info for device .../tmpmounts/containerd-mount..."), raises its network, says so (the file `network-ready`: the sandbox then listens at
 /// [`API_ADDRESS`] in this namespace), starts containerd and becomes the kubelet.
 /// Arguments: the node's directory, name, address, the containerd directory, the kubelet, and
 /// its labels (`Layout::node_labels`: no spaces, so the unquoted expansion is one word or none).
@@ -234,6 +237,7 @@ dir=$1 name=$2 address=$3 containerd_dir=$4 kubelet=$5 labels=$6
 hostname "$name"
 mount -t tmpfs tmpfs /var/lib
 mkdir -p /var/lib/kubelet /var/lib/containerd /var/lib/cni
+mount -t tmpfs tmpfs /var/lib/containerd
 mount -t tmpfs tmpfs /run
 mkdir -p /run/containerd /run/nvidia/driver
 mount --bind "$dir/driver-root" /run/nvidia/driver
@@ -339,6 +343,13 @@ mod tests {
         // the node's mount namespace.
         assert!(SETUP.contains("mount -t tmpfs tmpfs /var/log\n"));
         assert!(SETUP.contains(&format!("{API_ADDRESS}/32")));
+        // containerd's state on a file system apart from the kubelet's: an image imported while the
+        // kubelet starts must not show it a bind mount of its own file system (seen in CI).
+        let containerd = SETUP
+            .find("mount -t tmpfs tmpfs /var/lib/containerd\n")
+            .expect("its own");
+        assert!(containerd > SETUP.find("mount -t tmpfs tmpfs /var/lib\n").unwrap());
+        assert!(containerd < SETUP.find("containerd --config").unwrap());
     }
 
     #[test]
