@@ -10,28 +10,15 @@
 //! them in the environment: the real node's, `GPU_REMEDIATOR_DEVICE_PLUGIN` and
 //! `GPU_REMEDIATOR_NVML_STANDIN`).
 
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
 use gpu_sandbox::real_node::{
     chart,
     cluster::{Cluster, Wanted, built, eventually},
     nvidia::{Scenario, install_standin, plugin_image_tar},
 };
-use k8s_openapi::{
-    api::core::v1::{Node, Pod},
-    apimachinery::pkg::api::resource::Quantity,
-};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, api::PostParams};
-
-/// The node's `nvidia.com/gpu` capacity and allocatable count.
-async fn gpus(nodes: &Api<Node>, name: &str) -> Option<(String, String)> {
-    let status = nodes.get(name).await.ok()?.status?;
-    let count = |list: Option<&BTreeMap<String, Quantity>>| Some(list?.get("nvidia.com/gpu")?.0.clone());
-    Some((
-        count(status.capacity.as_ref())?,
-        count(status.allocatable.as_ref())?,
-    ))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root, the real node's built binaries, the device plugin and the stand-in: make real-node-test"]
@@ -57,7 +44,7 @@ async fn the_device_plugin_advertises_the_nodes_gpus_and_withdraws_the_one_an_xi
         "the node's two GPUs advertised",
         Duration::from_secs(120),
         || async {
-            gpus(&nodes, node.name())
+            chart::gpu_counts(&nodes, node.name())
                 .await
                 .filter(|counts| *counts == ("2".into(), "2".into()))
         },
@@ -88,7 +75,7 @@ async fn the_device_plugin_advertises_the_nodes_gpus_and_withdraws_the_one_an_xi
         "GPU 1 withdrawn after its XID 79",
         Duration::from_secs(60),
         || async {
-            gpus(&nodes, node.name())
+            chart::gpu_counts(&nodes, node.name())
                 .await
                 .filter(|counts| *counts == ("2".into(), "1".into()))
         },

@@ -48,13 +48,10 @@ use gpu_sandbox::{
     },
     workload,
 };
-use k8s_openapi::{
-    api::{
-        apps::v1::Deployment,
-        core::v1::{Node, Pod},
-        policy::v1::PodDisruptionBudget,
-    },
-    apimachinery::pkg::api::resource::Quantity,
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{Node, Pod},
+    policy::v1::PodDisruptionBudget,
 };
 use kube::{
     Api, ResourceExt,
@@ -142,7 +139,7 @@ async fn run_workloads(cluster: &Cluster) {
         .unwrap();
 }
 
-/// The pods labelled `app=app`, Running, by node.
+/// The pods labelled `app=app`, Running and not being deleted.
 async fn running(pods: &Api<Pod>, app: &str) -> Vec<Pod> {
     pods.list(&ListParams::default().labels(&format!("app={app}")))
         .await
@@ -158,11 +155,9 @@ async fn running(pods: &Api<Pod>, app: &str) -> Vec<Pod> {
 
 /// The node's `nvidia.com/gpu` allocatable count.
 async fn allocatable_gpus(nodes: &Api<Node>, name: &str) -> Option<String> {
-    let status = nodes.get(name).await.ok()?.status?;
-    status
-        .allocatable?
-        .get("nvidia.com/gpu")
-        .map(|q: &Quantity| q.0.clone())
+    chart::gpu_counts(nodes, name)
+        .await
+        .map(|(_, allocatable)| allocatable)
 }
 
 /// The agent's published assignment on `node`, once it covers every pod of `pods` (each read at
@@ -249,7 +244,7 @@ async fn an_xid_79_drains_only_its_gpus_pod_then_the_ladder_replaces_the_node_wi
     let nodes = Api::<Node>::all(client.clone());
     let system = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
     eventually(
-        "the agent Ready, GpuHealthy=True, two GPUs advertised, a leader",
+        "the agent Ready, GpuHealthy=True, two GPUs advertised, a controller replica Ready",
         Duration::from_secs(180),
         || async {
             let agent_ready = pods_labelled(&system, "gpu-health-agent")

@@ -1,16 +1,23 @@
 //! Our chart installed on real nodes as a user installs it (`docs/plans/real-node.md` S6, S7): our
 //! two images built from their Dockerfiles and NVIDIA's device plugin's ([`Images`]), a GPU node
 //! prepared as the GPU Operator leaves one (the NVML stand-in in its driver root, the images in its
-//! containerd: [`prepare_gpu_node`]; NVIDIA's device plugin: [`install_device_plugin`]), the namespace from `manifests/namespace.yaml` and
-//! `helm install` with a user's values ([`helm_install`]); and what the tests read back of it
-//! (the chart's pods by name, a pod's node, a node condition's status). Test harness: its steps
-//! panic with what failed.
+//! containerd: [`prepare_gpu_node`]; NVIDIA's device plugin: [`install_device_plugin`]), the
+//! namespace from `manifests/namespace.yaml` and `helm install` with a user's values
+//! ([`helm_install`]); and what the tests read back of it (the chart's pods by name, a pod's node,
+//! a node condition's status, a node's GPU counts). Test harness: its steps panic with what failed.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
-use k8s_openapi::api::{
-    apps::v1::DaemonSet,
-    core::v1::{Node, Pod},
+use gpu_remediation_api::constants::GPU_RESOURCE;
+use k8s_openapi::{
+    api::{
+        apps::v1::DaemonSet,
+        core::v1::{Node, Pod},
+    },
+    apimachinery::pkg::api::resource::Quantity,
 };
 use kube::{
     Api,
@@ -143,6 +150,14 @@ pub fn node_of(pod: &Pod) -> &str {
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .unwrap_or("")
+}
+
+/// The node's `nvidia.com/gpu` capacity and allocatable count, as the device plugin registered
+/// them.
+pub async fn gpu_counts(nodes: &Api<Node>, node: &str) -> Option<(String, String)> {
+    let status = nodes.get(node).await.ok()?.status?;
+    let count = |list: Option<BTreeMap<String, Quantity>>| Some(list?.get(GPU_RESOURCE)?.0.clone());
+    Some((count(status.capacity)?, count(status.allocatable)?))
 }
 
 /// The status of the node's condition `type_`, where it has one.

@@ -49,8 +49,7 @@ pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
 }
 
 /// The exit code of the pod's first container, once it terminated.
-#[must_use]
-pub fn exit_code(pod: &Pod) -> Option<i32> {
+fn exit_code(pod: &Pod) -> Option<i32> {
     pod.status
         .as_ref()?
         .container_statuses

@@ -228,8 +228,9 @@ current-context: node
 /// settings (containerd's on a file system of its own: the native snapshotter unpacks an image
 /// through bind mounts of its directories, and a bind mount of the kubelet's file system seen by
 /// the kubelet's start, while an image is imported, makes it fail with "failed to get rootfs
-/// info: cannot find filesystem info for device .../tmpmounts/containerd-mount..."), raises its network, says so (the file `network-ready`: the sandbox then listens at
-/// [`API_ADDRESS`] in this namespace), starts containerd and becomes the kubelet.
+/// info: cannot find filesystem info for device .../tmpmounts/containerd-mount..."), raises its
+/// network, says so (the file `network-ready`: the sandbox then listens at [`API_ADDRESS`] in this
+/// namespace), starts containerd and becomes the kubelet.
 /// Arguments: the node's directory, name, address, the containerd directory, the kubelet, and
 /// its labels (`Layout::node_labels`: no spaces, so the unquoted expansion is one word or none).
 pub const SETUP: &str = r#"set -eu
