@@ -22,6 +22,7 @@ use gpu_remediator::{
     drain::Leaving,
     leader::Fence,
     lifecycle::{EvictionAnswer, NodeRef},
+    observe::CachedNode,
     write::{NodeEdit, Writer},
 };
 use k8s_openapi::api::{
@@ -228,7 +229,9 @@ async fn node_edits_are_fenced_both_ways(admin: &Client, deposed: &Writer, curre
     };
     let nodes = Api::<Node>::all(admin.clone());
     let seen = nodes.get(node).await.unwrap();
-    for seen in [None, Some(&seen)] {
+    // What the controller's cache would hold of it.
+    let cached = CachedNode::from(seen.clone());
+    for seen in [None, Some(&cached)] {
         let cordon = deposed.cordon_node(&target, seen, "e2e-fence").await;
         let message = format!("{cordon:?}");
         assert!(message.contains(STALE), "seen {}: {message}", seen.is_some());
@@ -252,7 +255,7 @@ async fn node_edits_are_fenced_both_ways(admin: &Client, deposed: &Writer, curre
         .await
         .unwrap();
     let NodeEdit::Written(cordoned) = current
-        .cordon_node(&target, Some(&seen), "e2e-fence")
+        .cordon_node(&target, Some(&cached), "e2e-fence")
         .await
         .expect("the current claim cordons")
     else {
@@ -278,7 +281,13 @@ async fn node_edits_are_fenced_both_ways(admin: &Client, deposed: &Writer, curre
     // The release lifts our cordon, so it replaces a fresh read (which names the cordon's
     // manager), admitted under the current claim.
     let (NodeEdit::Written(released), None) = current
-        .release_node(&target, Some(&cordoned), "e2e-fence", "p", false)
+        .release_node(
+            &target,
+            Some(&CachedNode::from(*cordoned.clone())),
+            "e2e-fence",
+            "p",
+            false,
+        )
         .await
         .expect("the current claim releases")
     else {

@@ -50,11 +50,26 @@ pub enum SelectorOperator {
     DoesNotExist,
 }
 
+/// A node's labels as a selector reads them: one value a key. A label map is one; the controller's
+/// cache keeps nodes' labels in a more compact shape of its own that is another.
+pub trait Labels: std::fmt::Debug {
+    /// The value of label `key`, if the node carries it.
+    fn label(&self, key: &str) -> Option<&str>;
+}
+
+impl Labels for BTreeMap<String, String> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
 impl NodeSelector {
     /// Whether a node with these labels is selected.
     #[must_use]
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+    pub fn matches(&self, labels: &(impl Labels + ?Sized)) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.label(k) == Some(v.as_str()))
             && self.match_expressions.iter().all(|req| req.matches(labels))
     }
 }
@@ -62,11 +77,12 @@ impl NodeSelector {
 impl SelectorRequirement {
     /// Whether labels satisfy this requirement.
     #[must_use]
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        let value = labels.get(&self.key);
+    pub fn matches(&self, labels: &(impl Labels + ?Sized)) -> bool {
+        let value = labels.label(&self.key);
+        let listed = |v: &str| self.values.iter().any(|listed| listed == v);
         match self.operator {
-            SelectorOperator::In => value.is_some_and(|v| self.values.contains(v)),
-            SelectorOperator::NotIn => value.is_none_or(|v| !self.values.contains(v)),
+            SelectorOperator::In => value.is_some_and(listed),
+            SelectorOperator::NotIn => value.is_none_or(|v| !listed(v)),
             SelectorOperator::Exists => value.is_some(),
             SelectorOperator::DoesNotExist => value.is_none(),
         }

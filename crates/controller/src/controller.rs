@@ -82,7 +82,7 @@ pub async fn run_with_telemetry(
         &config,
         fence.clone(),
         reporter,
-        Overlays::new(crate::observe::prune_node),
+        Overlays::default(),
         telemetry.metrics.clone(),
     )
     .map_err(RunControllerError::Client)?;

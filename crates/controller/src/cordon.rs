@@ -5,6 +5,7 @@
 //! remediation that made the node unschedulable (ours to lift), `pre-cordoned` names the one that
 //! found it already unschedulable (the cordon stays theirs; only our taint and note are ours).
 
+use crate::observe::NodeView;
 use gpu_remediation_api::constants::{
     CANCELLED_ANNOTATION, CORDONED_BY_ANNOTATION, PRE_CORDONED_ANNOTATION, REMEDIATION_TAINT_KEY,
     field_managers,
@@ -49,13 +50,12 @@ impl NodeRef {
 
 /// Who holds the node's cordon, from the point of view of the remediation `remediation`.
 #[must_use]
-pub fn cordon_of(node: &Node, remediation: &str) -> Cordon {
+pub fn cordon_of(node: &(impl NodeView + ?Sized), remediation: &str) -> Cordon {
     if !is_unschedulable(node) {
         return Cordon::None;
     }
     if node
-        .annotations()
-        .get(CORDONED_BY_ANNOTATION)
+        .annotation(CORDONED_BY_ANNOTATION)
         .is_some_and(|by| by == remediation)
     {
         Cordon::Ours
@@ -66,8 +66,8 @@ pub fn cordon_of(node: &Node, remediation: &str) -> Cordon {
 
 /// Whether the node is cordoned.
 #[must_use]
-pub fn is_unschedulable(node: &Node) -> bool {
-    node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+pub fn is_unschedulable(node: &(impl NodeView + ?Sized)) -> bool {
+    node.unschedulable()
 }
 
 /// Who else laid the node's cordon, by the server's record of each field's manager: another party
@@ -129,17 +129,14 @@ pub(crate) fn managing_the_cordon(
 /// Whether [`release`] for `remediation` would lift a cordon from `node` as it stands, before the
 /// managers of its fields are known: our `cordoned-by` note names it and the node is cordoned.
 #[must_use]
-pub fn would_lift_cordon(node: &Node, remediation: &str) -> bool {
+pub fn would_lift_cordon(node: &(impl NodeView + ?Sized), remediation: &str) -> bool {
     holds(node, remediation).cordoned && is_unschedulable(node)
 }
 
 /// Whether the node carries our taint.
 #[must_use]
-pub fn has_taint(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == REMEDIATION_TAINT_KEY))
+pub fn has_taint(node: &(impl NodeView + ?Sized)) -> bool {
+    node.taints().iter().any(|t| t.key == REMEDIATION_TAINT_KEY)
 }
 
 /// Cordons `node` for `remediation`: unschedulable, our `NoSchedule` taint added to the others,
@@ -204,8 +201,8 @@ impl Holds {
 
 /// What `remediation` holds on `node`, by our annotations naming it.
 #[must_use]
-pub fn holds(node: &Node, remediation: &str) -> Holds {
-    let names = |key: &str| node.annotations().get(key).is_some_and(|by| by == remediation);
+pub fn holds(node: &(impl NodeView + ?Sized), remediation: &str) -> Holds {
+    let names = |key: &str| node.annotation(key).is_some_and(|by| by == remediation);
     Holds {
         cordoned: names(CORDONED_BY_ANNOTATION),
         pre_cordoned: names(PRE_CORDONED_ANNOTATION),
@@ -244,8 +241,7 @@ pub fn release(node: &mut Node, remediation: &str) -> bool {
 /// is not admitted again. Returns whether anything changed.
 pub fn remember_cancelled(node: &mut Node, remediation: &str) -> bool {
     if node
-        .annotations()
-        .get(CANCELLED_ANNOTATION)
+        .annotation(CANCELLED_ANNOTATION)
         .is_some_and(|by| by == remediation)
     {
         return false;
@@ -259,10 +255,9 @@ pub fn remember_cancelled(node: &mut Node, remediation: &str) -> bool {
 /// it off (the ladder's last rung hands it to a person or an RMA process); [`release`] takes both
 /// back. Returns whether it changed.
 pub fn hand_off(node: &mut Node, remediation: &str) -> bool {
-    let labelled = node.labels().get(HAND_OFF_LABEL).is_some_and(|v| v == "true");
+    let labelled = node.label(HAND_OFF_LABEL).is_some_and(|v| v == "true");
     let noted = node
-        .annotations()
-        .get(HANDED_OFF_BY_ANNOTATION)
+        .annotation(HANDED_OFF_BY_ANNOTATION)
         .is_some_and(|by| by == remediation);
     if labelled && noted {
         return false;
@@ -345,10 +340,7 @@ pub(crate) mod tests {
         let mut n = node(true, &[]);
         assert!(cordon(&mut n, "gpu-1-abc"));
         assert_eq!(cordon_of(&n, "gpu-1-abc"), Cordon::Theirs);
-        assert_eq!(
-            n.annotations().get(PRE_CORDONED_ANNOTATION).map(String::as_str),
-            Some("gpu-1-abc")
-        );
+        assert_eq!(n.annotation(PRE_CORDONED_ANNOTATION), Some("gpu-1-abc"));
     }
 
     #[test]
@@ -450,7 +442,7 @@ pub(crate) mod tests {
         let once = n.clone();
         assert!(!cordon(&mut n, "gpu-1-abc"));
         assert_eq!(n, once);
-        assert!(!n.annotations().contains_key(CORDONED_BY_ANNOTATION));
+        assert!(n.annotation(CORDONED_BY_ANNOTATION).is_none());
     }
 
     #[test]
@@ -474,7 +466,7 @@ pub(crate) mod tests {
             "once, beside the others"
         );
         assert_eq!(
-            n.annotations().get(CORDONED_BY_ANNOTATION).map(String::as_str),
+            n.annotation(CORDONED_BY_ANNOTATION),
             Some("gpu-1-abc"),
             "still recorded as ours"
         );
@@ -484,30 +476,21 @@ pub(crate) mod tests {
     fn a_cancel_is_remembered_once_under_the_remediation_that_was_cancelled() {
         let mut n = node(false, &[]);
         assert!(remember_cancelled(&mut n, "gpu-1-abc"));
-        assert_eq!(
-            n.annotations().get(CANCELLED_ANNOTATION).map(String::as_str),
-            Some("gpu-1-abc")
-        );
+        assert_eq!(n.annotation(CANCELLED_ANNOTATION), Some("gpu-1-abc"));
         assert!(!remember_cancelled(&mut n, "gpu-1-abc"), "remembered already");
         assert!(
             remember_cancelled(&mut n, "gpu-1-def"),
             "a later cancel replaces it"
         );
-        assert_eq!(
-            n.annotations().get(CANCELLED_ANNOTATION).map(String::as_str),
-            Some("gpu-1-def")
-        );
+        assert_eq!(n.annotation(CANCELLED_ANNOTATION), Some("gpu-1-def"));
     }
 
     #[test]
     fn a_hand_off_is_labelled_and_noted_once_and_its_release_takes_back_only_its_own() {
         let mut n = node(false, &[]);
         assert!(hand_off(&mut n, "gpu-1-abc"));
-        assert_eq!(n.labels().get(HAND_OFF_LABEL).map(String::as_str), Some("true"));
-        assert_eq!(
-            n.annotations().get(HANDED_OFF_BY_ANNOTATION).map(String::as_str),
-            Some("gpu-1-abc")
-        );
+        assert_eq!(n.label(HAND_OFF_LABEL), Some("true"));
+        assert_eq!(n.annotation(HANDED_OFF_BY_ANNOTATION), Some("gpu-1-abc"));
         assert!(!hand_off(&mut n, "gpu-1-abc"), "handed off already");
         assert!(holds(&n, "gpu-1-abc").handed_off);
         assert!(!holds(&n, "gpu-1-abc").cordon());
@@ -534,7 +517,7 @@ pub(crate) mod tests {
             release(&mut n, "gpu-1-abc"),
             "a hand-off alone is something to release"
         );
-        assert!(!n.labels().contains_key(HAND_OFF_LABEL));
+        assert!(n.label(HAND_OFF_LABEL).is_none());
         assert!(n.annotations().is_empty());
     }
 

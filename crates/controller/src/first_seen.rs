@@ -7,8 +7,9 @@
 
 use std::collections::HashMap;
 
+use crate::observe::NodeView;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::api::core::v1::NodeCondition;
 
 /// One condition seen without a trustworthy clock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,15 +30,11 @@ impl FirstSeen {
     /// Notes the untrusted conditions of `nodes` at `now` (keeping when each was first seen while
     /// it stays the same), and forgets every node not among them: a node left out of a pass is
     /// healthy by its triggers, and a condition seen again is seen anew.
-    pub fn observe<'n>(&mut self, nodes: impl IntoIterator<Item = &'n Node>, now: Timestamp) {
+    pub fn observe<'n, N: NodeView + 'n>(&mut self, nodes: impl IntoIterator<Item = &'n N>, now: Timestamp) {
         let mut before = std::mem::take(&mut self.0);
         for node in nodes {
-            let conditions = node
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_deref())
-                .unwrap_or_default();
-            let name = node.metadata.name.as_deref().unwrap_or_default();
+            let conditions = node.conditions();
+            let name = node.node_name();
             let known = before.remove_entry(name);
             // Every condition's clock trusted and none remembered (most nodes): nothing to keep.
             if known.is_none() && !conditions.iter().any(|c| untrusted_stamp(c, now)) {
@@ -99,6 +96,7 @@ mod tests {
 
     use super::*;
     use crate::test_fixtures::{at, node};
+    use k8s_openapi::api::core::v1::Node;
 
     impl FirstSeen {
         /// How many nodes it remembers a condition of.
@@ -182,7 +180,7 @@ mod tests {
         let n = with_condition(None, "False");
         first.observe([&n], at(100));
         assert_eq!(first.len(), 1);
-        first.observe(std::iter::empty(), at(101));
+        first.observe(std::iter::empty::<&Node>(), at(101));
         assert!(first.is_empty());
     }
 }

@@ -4,9 +4,11 @@
 //! whose selector matches compete: the highest `priority` wins, ties go to the first name in
 //! alphabetical order; every other matching policy reports `Overlap` naming the winner.
 
-use std::collections::BTreeMap;
-
-use gpu_remediation_api::{GpuRemediationPolicy, constants::OPT_OUT_LABEL, selector::NodeSelector};
+use gpu_remediation_api::{
+    GpuRemediationPolicy,
+    constants::OPT_OUT_LABEL,
+    selector::{Labels, NodeSelector},
+};
 
 /// A policy as governance sees it.
 #[derive(Clone, Copy, Debug)]
@@ -63,13 +65,13 @@ pub enum Governor {
 
 /// Whether a node's labels opt it out of every policy.
 #[must_use]
-pub fn is_opted_out(labels: &BTreeMap<String, String>) -> bool {
-    labels.get(OPT_OUT_LABEL).is_some_and(|v| v == "true")
+pub fn is_opted_out(labels: &(impl Labels + ?Sized)) -> bool {
+    labels.label(OPT_OUT_LABEL) == Some("true")
 }
 
 /// Which of `policies` governs a node with `labels`.
 #[must_use]
-pub fn governor(labels: &BTreeMap<String, String>, policies: &[Claimant<'_>]) -> Governor {
+pub fn governor(labels: &(impl Labels + ?Sized), policies: &[Claimant<'_>]) -> Governor {
     if is_opted_out(labels) {
         return Governor::OptedOut;
     }
@@ -89,7 +91,7 @@ pub fn governor(labels: &BTreeMap<String, String>, policies: &[Claimant<'_>]) ->
 /// it: what a pass over every node asks of each, so it allocates nothing (agrees with
 /// [`governor`]).
 #[must_use]
-pub fn governing<'a>(labels: &BTreeMap<String, String>, policies: &[Claimant<'a>]) -> Option<&'a str> {
+pub fn governing<'a>(labels: &(impl Labels + ?Sized), policies: &[Claimant<'a>]) -> Option<&'a str> {
     if is_opted_out(labels) {
         return None;
     }
@@ -103,6 +105,7 @@ pub fn governing<'a>(labels: &BTreeMap<String, String>, policies: &[Claimant<'a>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

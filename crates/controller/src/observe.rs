@@ -1,12 +1,14 @@
 //! Observe: the caches the controller decides from, and the signal that something worth a new
 //! pass changed.
 //!
-//! Five watches ([`watches`]) feed reflector stores: policies (optionally narrowed by a label selector, so
-//! several controllers can share a cluster in tests), remediations, hardware records, Nodes and
-//! disruption budgets. Nodes and PDBs are pruned as they arrive (no managedFields, images,
-//! heartbeat times, capacity lists, other controllers' annotations; [`relevant`]; and of a node's
-//! labels only those the policies read and ours, [`labels`]), so memory grows with what decisions
-//! read, not with what kubelets and feature discovery write. The node watch starts once the
+//! Five watches ([`watches`]) feed the stores: policies (optionally narrowed by a label selector, so
+//! several controllers can share a cluster in tests), remediations, hardware records and disruption
+//! budgets in kube's reflector stores, and Nodes in a store of our own ([`node_store`]). Nodes and
+//! PDBs are pruned as they arrive (no managedFields, images, heartbeat times, capacity lists, other
+//! controllers' annotations; [`relevant`]; and of a node's labels only those the policies read and
+//! ours, [`labels`]), and a node is kept in a shape of our own holding only what decisions read
+//! ([`CachedNode`], read through [`NodeView`]), so memory grows with what decisions read, not with
+//! what kubelets and feature discovery write. The node watch starts once the
 //! policies are listed, and lists afresh when a policy reads a label it did not keep. Pods are never
 //! cached: `act::remediation` lists one node's pods when it drains it.
 //!
@@ -31,7 +33,7 @@ use std::{
 use futures::StreamExt;
 use gpu_remediation_api::{GpuHardwareRecord, GpuRemediation, GpuRemediationPolicy};
 use jiff::Timestamp;
-use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::{
     Api, Client, ResourceExt,
     runtime::{
@@ -42,12 +44,18 @@ use kube::{
 };
 use tokio::sync::{Notify, watch};
 
+pub use cached_node::{CachedNode, NodeView};
+use node_store::NodeStore;
 use overlay::{Overlay, Overlays};
 
 #[cfg(test)]
 mod cache_cost_tests;
+pub mod cached_node;
+#[cfg(test)]
+mod cached_node_tests;
 pub mod initial_list;
 pub mod labels;
+pub mod node_store;
 pub mod overlay;
 mod relevant;
 pub mod undecodable;
@@ -68,8 +76,8 @@ pub struct Caches {
     pub policies: Store<GpuRemediationPolicy>,
     /// All remediations (filtered to known policies by the passes).
     pub remediations: Store<GpuRemediation>,
-    /// All nodes, pruned.
-    pub nodes: Store<Node>,
+    /// All nodes, pruned, as the cache keeps them ([`CachedNode`]).
+    pub nodes: NodeStore,
     /// Which of the nodes' labels `nodes` keeps, and whether that covers what the policies read.
     pub node_labels: labels::NodeLabels,
     /// All disruption budgets, pruned.
@@ -79,7 +87,7 @@ pub struct Caches {
     /// Our own writes to remediations, until their watch catches up.
     pub written_remediations: Overlay<GpuRemediation>,
     /// Our own writes to nodes (cordon, release), until their watch catches up.
-    pub written_nodes: Overlay<Node>,
+    pub written_nodes: Overlay<CachedNode>,
     /// Our own writes to hardware records, until their watch catches up (the ledger's next sync
     /// may start before it does, see `hardware::act::Ledger`).
     pub written_hardware_records: Overlay<GpuHardwareRecord>,
@@ -302,7 +310,7 @@ impl Caches {
             budget_events,
             budget_fingerprint,
             budget_waker,
-            None,
+            None::<Overlay<PodDisruptionBudget>>,
         ));
         let hardware_records = spawn_reflector(
             watcher(Api::<GpuHardwareRecord>::all(client.clone()), config()).default_backoff(),
@@ -323,11 +331,14 @@ impl Caches {
         for ready in [
             hardware_records.wait_until_ready().await,
             remediations.wait_until_ready().await,
-            nodes.wait_until_ready().await,
             budgets.wait_until_ready().await,
         ] {
             ready.map_err(|_| StartCachesError::WriterDropped)?;
         }
+        nodes
+            .wait_until_ready()
+            .await
+            .map_err(|_| StartCachesError::WriterDropped)?;
         Ok(Self {
             policies,
             remediations,
@@ -353,7 +364,7 @@ impl Caches {
         overlays: &Overlays,
         policies: Vec<GpuRemediationPolicy>,
         remediations: Vec<GpuRemediation>,
-        nodes: Vec<Node>,
+        nodes: Vec<k8s_openapi::api::core::v1::Node>,
     ) -> Self {
         fn store_of<K>(objects: Vec<K>) -> Store<K>
         where
@@ -368,7 +379,13 @@ impl Caches {
         Self {
             policies: store_of(policies),
             remediations: store_of(remediations),
-            nodes: store_of(nodes),
+            nodes: {
+                let (store, mut writer) = node_store::node_store();
+                for node in nodes {
+                    writer.apply(&watcher::Event::Apply(node));
+                }
+                store
+            },
             node_labels: labels::NodeLabels::keeping_all(),
             budgets: store_of(Vec::new()),
             hardware_records: store_of(Vec::new()),
@@ -396,14 +413,13 @@ impl Caches {
 
     /// The node named `name`, if it exists.
     #[must_use]
-    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
-        self.written_nodes
-            .pick(name, self.nodes.get(&reflector::ObjectRef::new(name)))
+    pub fn node(&self, name: &str) -> Option<Arc<CachedNode>> {
+        self.written_nodes.pick(name, self.nodes.get(name))
     }
 
     /// The nodes of `names` that exist, with our own recent writes laid over the cache.
     #[must_use]
-    pub fn nodes_named(&self, names: &[String]) -> Vec<Arc<Node>> {
+    pub fn nodes_named(&self, names: &[String]) -> Vec<Arc<CachedNode>> {
         names.iter().filter_map(|name| self.node(name)).collect()
     }
 
@@ -415,7 +431,7 @@ impl Caches {
 
     /// Every node, with our own recent writes laid over the cache.
     #[must_use]
-    pub fn all_nodes(&self) -> Vec<Arc<Node>> {
+    pub fn all_nodes(&self) -> Vec<Arc<CachedNode>> {
         self.written_nodes.merge(self.nodes.state())
     }
 

@@ -22,6 +22,7 @@
 //! Only a taint the controller added (annotated [`OUT_OF_SERVICE_BY_ANNOTATION`]) is lifted; a
 //! person's or another tool's is never touched, and no other taint is.
 
+use crate::observe::NodeView;
 use gpu_remediation_api::{
     GpuRemediation,
     constants::{OUT_OF_SERVICE_BY_ANNOTATION, OUT_OF_SERVICE_TAINT_KEY, OUT_OF_SERVICE_TAINT_VALUE},
@@ -84,7 +85,7 @@ pub enum Verdict {
 }
 
 /// The node's `Ready` condition: its status and since when.
-fn ready(node: &Node) -> Option<(&str, Option<Timestamp>)> {
+fn ready(node: &(impl NodeView + ?Sized)) -> Option<(&str, Option<Timestamp>)> {
     let ready = crate::lifecycle::ladder_evidence::ready_condition(node)?;
     Some((
         ready.status.as_str(),
@@ -95,30 +96,27 @@ fn ready(node: &Node) -> Option<(&str, Option<Timestamp>)> {
 /// Whether the node lifecycle controller marks the node unreachable (`Ready=Unknown`): only then
 /// can it be confirmed down, so only then is its Lease worth reading.
 #[must_use]
-pub fn unreachable(node: &Node) -> bool {
+pub fn unreachable(node: &(impl NodeView + ?Sized)) -> bool {
     matches!(ready(node), Some(("Unknown", _)))
 }
 
 /// Whether the node carries the out-of-service taint the controller added.
 #[must_use]
-pub fn ours(node: &Node) -> bool {
-    node.annotations().contains_key(OUT_OF_SERVICE_BY_ANNOTATION) && has_taint(node)
+pub fn ours(node: &(impl NodeView + ?Sized)) -> bool {
+    node.annotation(OUT_OF_SERVICE_BY_ANNOTATION).is_some() && has_taint(node)
 }
 
 /// Whether the node carries the out-of-service taint, whoever added it.
 #[must_use]
-pub fn has_taint(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT_KEY))
+pub fn has_taint(node: &(impl NodeView + ?Sized)) -> bool {
+    node.taints().iter().any(|t| t.key == OUT_OF_SERVICE_TAINT_KEY)
 }
 
 /// Decides for `node`, whose remediation `shut_down` (its name and [`shut_down_by`]'s words, or
 /// `None`), whose Lease was last renewed at `lease_renewed` (`None`: no Lease).
 #[must_use]
 pub fn decide(
-    node: &Node,
+    node: &(impl NodeView + ?Sized),
     shut_down: Option<(&str, &str)>,
     lease_renewed: Option<Timestamp>,
     now: Timestamp,

@@ -101,7 +101,7 @@ pub(crate) fn seen<'a>(
         None
     }
     crate::lifecycle::Seen {
-        node,
+        node: node.map(|n| n as &dyn crate::observe::NodeView),
         pods: None,
         drain_scope: None,
         gangs: &[],

@@ -32,6 +32,7 @@ use crate::{
     fleet,
     fleet::PolicyPlan,
     lifecycle::{Note, note},
+    observe::NodeView,
     read::ReadNodeError,
     write::{self, CreateRemediationError, DeleteRemediationError, WriteError, WriteStatusError},
 };
@@ -395,7 +396,7 @@ async fn start(
     let known = ctx
         .caches
         .node(node_name)
-        .and_then(|seen| seen.metadata.resource_version.clone());
+        .and_then(|seen| seen.version().map(str::to_owned));
     let fresh = ctx.reader.read_node(node_name, known.as_deref()).await?;
     if let Some(why) = fleet::no_longer_due(
         remediation,

@@ -35,7 +35,7 @@ use crate::hardware::{
 use crate::{
     context::Context,
     lifecycle::{NodeRef, Note},
-    observe::Changed,
+    observe::{Changed, NodeView},
     read::Scope,
     write::{DeleteStampedError, WriteError},
 };
@@ -171,12 +171,12 @@ async fn stamp_first_seen(ctx: &Context, unstamped: &Unstamped, now: Timestamp) 
         let names: Vec<String> = unstamped.nodes.iter().cloned().collect();
         ctx.caches.nodes_named(&names)
     };
-    for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+    for node in nodes.iter().filter(|n| n.deleting().is_none()) {
         if trust::first_seen_update(node, now).is_none() {
             continue;
         }
-        let name = node.name_any();
-        let target = node_ref(&name, node.metadata.uid.as_ref());
+        let name = node.node_name().to_owned();
+        let target = node_ref(&name, node.node_uid());
         // Over the node as read, too: a serial listed since is stamped, one stamped kept.
         let stamp = |n: &mut Node| {
             trust::first_seen_update(n, now).is_some_and(|stamps| trust::stamp_first_seen(n, &stamps))
@@ -274,7 +274,7 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
         JoinStep::Lift { node, uid } => {
             ctx.writer
                 .edit_node(
-                    &node_ref(node, uid.as_ref()),
+                    &node_ref(node, uid.as_deref()),
                     ctx.caches.node(node).as_deref(),
                     join::lift,
                 )
@@ -291,7 +291,7 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
             let cordon = *cordon;
             ctx.writer
                 .edit_node(
-                    &node_ref(node, uid.as_ref()),
+                    &node_ref(node, uid.as_deref()),
                     ctx.caches.node(node).as_deref(),
                     |n| join::flag(n, cordon),
                 )
@@ -311,12 +311,12 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
             } else {
                 reasons::REPEAT_OFFENDER
             };
-            announce_node(ctx, node, uid.as_ref(), offence, reason, &message).await;
+            announce_node(ctx, node, uid.as_deref(), offence, reason, &message).await;
         }
         JoinStep::Unflag { node, uid } => {
             ctx.writer
                 .edit_node(
-                    &node_ref(node, uid.as_ref()),
+                    &node_ref(node, uid.as_deref()),
                     ctx.caches.node(node).as_deref(),
                     join::unflag,
                 )
@@ -328,10 +328,10 @@ async fn carry_out(ctx: &Context, step: &JoinStep, now: Timestamp) -> Result<(),
     Ok(())
 }
 
-fn node_ref(node: &str, uid: Option<&String>) -> NodeRef {
+fn node_ref(node: &str, uid: Option<&str>) -> NodeRef {
     NodeRef {
         name: node.to_owned(),
-        uid: uid.cloned(),
+        uid: uid.map(str::to_owned),
     }
 }
 
@@ -361,7 +361,7 @@ async fn write_condition(
 async fn announce_node(
     ctx: &Context,
     node: &str,
-    uid: Option<&String>,
+    uid: Option<&str>,
     offence: &RepeatOffence,
     reason: &str,
     message: &str,

@@ -25,7 +25,6 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::Time,
 };
 use kube::{
-    ResourceExt as _,
     api::{ApiResource, DynamicObject},
     runtime::events::EventType,
 };
@@ -35,6 +34,7 @@ use crate::{
     context::Context,
     hardware::join_validation::{self, Candidate, JobSeen, Recorded, Step},
     lifecycle::{NodeRef, Note},
+    observe::{CachedNode, NodeView},
     read::Scope,
     write::{WriteError, apply_params_of},
 };
@@ -45,7 +45,7 @@ pub const POLL: Duration = Duration::from_secs(5);
 /// Whether the pass must come back within [`POLL`]: some policy validates new nodes and one of
 /// its new nodes is not held (its Job runs, is due, or waits for room).
 #[must_use]
-pub fn polls(policies: &[Arc<GpuRemediationPolicy>], nodes: impl FnOnce() -> Vec<Arc<Node>>) -> bool {
+pub fn polls(policies: &[Arc<GpuRemediationPolicy>], nodes: impl FnOnce() -> Vec<Arc<CachedNode>>) -> bool {
     if !join_validation::any_policy(policies) {
         return false;
     }
@@ -72,8 +72,8 @@ pub async fn sync(ctx: &Context, policies: &[Arc<GpuRemediationPolicy>], now: Ti
             .to_owned();
         let mut candidates = Vec::with_capacity(governed.nodes.len());
         for node in &governed.nodes {
-            let name = node.name_any();
-            let uid = node.metadata.uid.clone().unwrap_or_default();
+            let name = node.node_name().to_owned();
+            let uid = node.node_uid().map(str::to_owned).unwrap_or_default();
             let job = match join_validation::recorded(node) {
                 Recorded::Held => JobSeen::Held,
                 Recorded::Nothing => JobSeen::None,
@@ -83,7 +83,7 @@ pub async fn sync(ctx: &Context, policies: &[Arc<GpuRemediationPolicy>], now: Ti
             };
             candidates.push(Candidate {
                 node: name,
-                joined: node.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0),
+                joined: node.created().map_or(now, |t| t.0),
                 job,
             });
         }
@@ -94,11 +94,11 @@ pub async fn sync(ctx: &Context, policies: &[Arc<GpuRemediationPolicy>], now: Ti
             now,
         );
         for step in steps {
-            let Some(node) = governed.nodes.iter().find(|n| n.name_any() == step_node(&step)) else {
+            let Some(node) = governed.nodes.iter().find(|n| n.node_name() == step_node(&step)) else {
                 continue;
             };
             if let Err(error) = carry_out(ctx, &governed, node, &namespace, &step, now).await {
-                tracing::warn!(node = %node.name_any(), ?step, %error, "validating a new node failed; next pass retries");
+                tracing::warn!(node = %node.node_name(), ?step, %error, "validating a new node failed; next pass retries");
             }
         }
     }
@@ -153,14 +153,14 @@ enum StepError {
 
 async fn carry_out(
     ctx: &Context,
-    governed: &join_validation::Governed<'_>,
-    node: &Arc<Node>,
+    governed: &join_validation::Governed<'_, CachedNode>,
+    node: &Arc<CachedNode>,
     namespace: &str,
     step: &Step,
     now: Timestamp,
 ) -> Result<(), StepError> {
-    let name = node.name_any();
-    let uid = node.metadata.uid.clone().unwrap_or_default();
+    let name = node.node_name().to_owned();
+    let uid = node.node_uid().map(str::to_owned).unwrap_or_default();
     let job = format!("{namespace}/{}", join_validation::job_name(&name, &uid));
     match step {
         Step::Start { .. } => {
@@ -184,7 +184,7 @@ async fn carry_out(
                 .edit_node(
                     &NodeRef {
                         name: name.clone(),
-                        uid: node.metadata.uid.clone(),
+                        uid: node.node_uid().map(str::to_owned),
                     },
                     Some(node),
                     |n| join_validation::lift(n, UNVALIDATED_TAINT_KEY),
@@ -232,17 +232,13 @@ async fn carry_out(
 /// node is looked at every pass; its condition is written when it changes).
 async fn condition(
     ctx: &Context,
-    node: &Node,
+    node: &CachedNode,
     status: &str,
     reason: &str,
     message: &str,
     now: Timestamp,
 ) -> Result<(), WriteError> {
-    let current = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == GPU_VALIDATED));
+    let current = node.condition(GPU_VALIDATED);
     if current.is_some_and(|c| {
         c.status == status && c.reason.as_deref() == Some(reason) && c.message.as_deref() == Some(message)
     }) {
@@ -263,7 +259,7 @@ async fn condition(
     ctx.writer
         .apply_status_as::<Node>(
             &(),
-            &node.name_any(),
+            node.node_name(),
             None,
             patch,
             &apply_params_of(field_managers::CONTROLLER_VALIDATION),
@@ -272,13 +268,13 @@ async fn condition(
     Ok(())
 }
 
-async fn announce(ctx: &Context, node: &Node, reason: &str, kind: EventType, message: &str) {
+async fn announce(ctx: &Context, node: &CachedNode, reason: &str, kind: EventType, message: &str) {
     let reference = NodeRef {
-        name: node.name_any(),
-        uid: node.metadata.uid.clone(),
+        name: node.node_name().to_owned(),
+        uid: node.node_uid().map(str::to_owned),
     }
     .object_reference();
-    tracing::info!(node = %node.name_any(), %reason, "{message}");
+    tracing::info!(node = %node.node_name(), %reason, "{message}");
     let event = Note::new(reason, kind, message).event("ValidateNewNode");
     ctx.writer.publish_to(&reference, event).await;
 }

@@ -7,12 +7,13 @@ use std::{collections::BTreeSet, sync::Arc};
 
 use gpu_remediation_api::{GpuRemediation, constants::reasons};
 use jiff::Timestamp;
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::{ResourceExt as _, runtime::events::EventType};
 
 use crate::{
     context::Context,
     lifecycle::{NodeRef, Note},
+    observe::{CachedNode, NodeView},
     out_of_service::{self, Verdict},
     read::Scope,
     write::{EditNodeError, NodeEdit, WriteError},
@@ -78,21 +79,21 @@ pub async fn apply(
 
 /// The remediation of `node` (this UID) that shut it down, with its words.
 fn shut_down<'a>(
-    node: &Node,
+    node: &CachedNode,
     shut: &'a [(&'a GpuRemediation, String)],
 ) -> Option<&'a (&'a GpuRemediation, String)> {
     shut.iter().find(|(r, _)| {
-        r.spec.node_name == node.name_any()
-            && (r.spec.node_uid.is_none() || r.spec.node_uid == node.metadata.uid)
+        r.spec.node_name == node.node_name()
+            && (r.spec.node_uid.is_none() || r.spec.node_uid.as_deref() == node.node_uid())
     })
 }
 
 async fn one(
     ctx: &Context,
-    node: &Node,
+    node: &CachedNode,
     shut: &[(&GpuRemediation, String)],
 ) -> Result<Option<Timestamp>, OutOfServiceError> {
-    let name = node.name_any();
+    let name = node.node_name().to_owned();
     let shut = shut_down(node, shut);
     if shut.is_none() && !out_of_service::ours(node) {
         return Ok(None);
@@ -118,7 +119,7 @@ async fn one(
     );
     let target = NodeRef {
         name: name.clone(),
-        uid: node.metadata.uid.clone(),
+        uid: node.node_uid().map(str::to_owned),
     };
     let (edit, said, remediation) = match verdict {
         Verdict::Keep(why) => {

@@ -22,6 +22,7 @@ use crate::{
     context::Context,
     fleet::PolicyPlan,
     lifecycle::{NodeRef, Note},
+    observe::NodeView,
     quarantine::{
         Add, Lift,
         device::{self, Target},
@@ -230,8 +231,8 @@ async fn extend_all(ctx: &Context, policy: &str, looked_at: &[String]) -> Vec<Wr
             continue;
         }
         let target = NodeRef {
-            name: node.name_any(),
-            uid: node.metadata.uid.clone(),
+            name: node.node_name().to_owned(),
+            uid: node.node_uid().map(str::to_owned),
         };
         results.push(match quarantine(ctx, policy, &target).await {
             Ok(Some(how)) => {

@@ -6,7 +6,6 @@
 use std::sync::atomic::Ordering;
 
 use gpu_remediation_api::{GpuRemediationPolicy, constants::DEVICE_QUARANTINE_LABEL};
-use k8s_openapi::api::core::v1::Node;
 use kube::{
     ResourceExt as _,
     api::{DeleteParams, ListParams},
@@ -17,6 +16,7 @@ use crate::{
     context::Context,
     cordon::NodeRef,
     dra::wire::{self, DeviceTaintRule, ResourceSlice, TaintRuleVersion},
+    observe::{CachedNode, NodeView},
     read::{Reader, Scope},
     write::{DeleteStampedError, EditNodeError, NodeEdit, WriteError, Writer},
 };
@@ -47,21 +47,21 @@ fn forget_if_not_served(reader: &Reader, version: TaintRuleVersion, error: &Writ
 }
 
 /// How `node`'s quarantine is carried out: its failed GPUs' devices, or the node taint and why.
-pub async fn choose(ctx: &Context, node: &Node) -> Target {
+pub async fn choose(ctx: &Context, node: &CachedNode) -> Target {
     let failed = device::failed_gpus(node);
     if failed.is_empty() {
-        return device::target(&node.name_any(), &failed, None);
+        return device::target(node.node_name(), &failed, None);
     }
     let Some(version) = served(&ctx.reader).await else {
-        return device::target(&node.name_any(), &failed, None);
+        return device::target(node.node_name(), &failed, None);
     };
-    let params = ListParams::default().fields(&format!("spec.nodeName={}", node.name_any()));
+    let params = ListParams::default().fields(&format!("spec.nodeName={}", node.node_name().to_owned()));
     match ctx
         .reader
         .list::<ResourceSlice>(Scope::Cluster, &wire::resource_slices(), &params)
         .await
     {
-        Ok(listed) => device::target(&node.name_any(), &failed, Some((version, &listed.items))),
+        Ok(listed) => device::target(node.node_name(), &failed, Some((version, &listed.items))),
         Err(error) => Target::Node(format!("reading the node's ResourceSlices failed: {error}")),
     }
 }
@@ -101,7 +101,7 @@ pub async fn quarantine_devices(
 /// with the quarantines this pass wrote).
 pub async fn reconcile(ctx: &Context, looked_at: &[String]) -> Result<(), ReconcileRulesError> {
     let nodes = ctx.caches.nodes_named(looked_at);
-    let any_marked = nodes.iter().any(|n| device::is_device_level(n));
+    let any_marked = nodes.iter().any(device::is_device_level);
     if !any_marked && !ctx.device_rules_may_exist.load(Ordering::Relaxed) {
         return Ok(());
     }

@@ -27,6 +27,7 @@ use crate::{
         eviction_round::{self, Flight},
         provenance::Provenance,
     },
+    observe::NodeView,
     progress,
     read::Scope,
     replace::Observation,
@@ -359,7 +360,7 @@ async fn step(
             flights.retain(|_, flight| !flight.counted(&budgets, &listed, now));
             let in_flight = eviction_round::in_flight(flights.values(), &budgets, &listed, now);
             let seen = Seen {
-                node: node.as_deref(),
+                node: node.as_deref().map(|n| n as &dyn NodeView),
                 pods: pods.as_ref(),
                 drain_scope: drain_scope.as_deref(),
                 gangs: &gangs,
@@ -554,7 +555,7 @@ async fn look_at(
             |node| {
                 policy
                     .as_ref()
-                    .is_some_and(|p| p.spec.node_selector.matches(node.labels()))
+                    .is_some_and(|p| p.spec.node_selector.matches(node.node_labels()))
             },
             remediation.spec.node_uid.as_deref(),
             triggered_at,

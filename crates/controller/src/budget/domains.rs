@@ -10,7 +10,10 @@
 
 use std::collections::BTreeMap;
 
-use gpu_remediation_api::correlated::{FailureDomain, HeldDomain};
+use gpu_remediation_api::{
+    correlated::{FailureDomain, HeldDomain},
+    selector::Labels,
+};
 
 use super::slow_start::{Outcome, allowance};
 
@@ -20,7 +23,7 @@ pub struct Member<'a> {
     /// The node's name.
     pub node: &'a str,
     /// Its labels.
-    pub labels: &'a BTreeMap<String, String>,
+    pub labels: &'a dyn Labels,
     /// Whether its trigger holds now.
     pub unhealthy: bool,
     /// Whether a remediation of it is in flight.
@@ -46,10 +49,10 @@ pub type Id = (usize, String);
 pub type Sizes = BTreeMap<Id, u32>;
 
 /// Counts one governed node, with `labels`, into the `sizes` of the domains `specs` define.
-pub fn size_in(sizes: &mut Sizes, specs: &[FailureDomain], labels: &BTreeMap<String, String>) {
+pub fn size_in(sizes: &mut Sizes, specs: &[FailureDomain], labels: &(impl Labels + ?Sized)) {
     for (index, spec) in specs.iter().enumerate() {
-        if let Some(value) = labels.get(&spec.topology_key) {
-            *sizes.entry((index, value.clone())).or_default() += 1;
+        if let Some(value) = labels.label(&spec.topology_key) {
+            *sizes.entry((index, value.to_owned())).or_default() += 1;
         }
     }
 }
@@ -125,7 +128,7 @@ impl Domains {
             let ids: Vec<Id> = specs
                 .iter()
                 .enumerate()
-                .filter_map(|(i, spec)| member.labels.get(&spec.topology_key).map(|v| (i, v.clone())))
+                .filter_map(|(i, spec)| member.labels.label(&spec.topology_key).map(|v| (i, v.to_owned())))
                 .collect();
             for id in &ids {
                 let counts = domains.counts.entry(id.clone()).or_default();

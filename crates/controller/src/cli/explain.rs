@@ -10,13 +10,13 @@ use std::{fmt, sync::Arc};
 
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, validate::validate_policy};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
 use crate::{
     detect::{self, Evidence, Verdict},
     fleet,
     governance::{self, Governor},
+    observe::NodeView,
 };
 
 /// The answer, in one word.
@@ -123,9 +123,9 @@ fn describe_evidence(policy: &GpuRemediationPolicy, evidence: &Evidence) -> Stri
 /// Explains `node_name` against a snapshot of the cluster at `now`, as the controller would see
 /// it (with `policies` being the policies this controller enforces).
 #[must_use]
-pub fn explain(
+pub fn explain<N: NodeView>(
     node_name: &str,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     policies: &[Arc<GpuRemediationPolicy>],
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
@@ -135,7 +135,7 @@ pub fn explain(
         outcome: Outcome::NoSuchNode,
         facts: Vec::new(),
     };
-    let Some(node) = nodes.iter().find(|n| n.name_any() == node_name) else {
+    let Some(node) = nodes.iter().find(|n| n.node_name() == node_name) else {
         return explanation;
     };
     let Some(governing) = governing_policy(node, policies, &mut explanation) else {
@@ -198,16 +198,16 @@ pub fn explain(
 }
 
 /// The node's quarantine, as the fleet plan decides it this pass (`quarantine`), as one fact.
-fn describe_quarantine(
-    node: &Node,
+fn describe_quarantine<N: NodeView>(
+    node: &(impl NodeView + ?Sized),
     governing: &GpuRemediationPolicy,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     policies: &[Arc<GpuRemediationPolicy>],
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
     explanation: &mut Explanation,
 ) {
-    let name = node.name_any();
+    let name = node.node_name().to_owned();
     let plan = fleet::plan(policies, nodes, remediations, now);
     let Some(policy_plan) = plan
         .policies
@@ -257,7 +257,7 @@ fn describe_quarantine(
 /// Who governs the node (`governance`), with the policy's mode and validity as facts. `None`
 /// (with the outcome set) when nobody does.
 fn governing_policy(
-    node: &Node,
+    node: &(impl NodeView + ?Sized),
     policies: &[Arc<GpuRemediationPolicy>],
     explanation: &mut Explanation,
 ) -> Option<Arc<GpuRemediationPolicy>> {
@@ -266,7 +266,7 @@ fn governing_policy(
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect();
     let claimants = governance::claimants(live.iter().copied());
-    let governing = match governance::governor(node.labels(), &claimants) {
+    let governing = match governance::governor(node.node_labels(), &claimants) {
         Governor::OptedOut => {
             explanation.outcome = Outcome::OptedOut;
             explanation.facts.push(format!(
@@ -392,16 +392,12 @@ fn gang_line(gang: &gpu_remediation_api::gangs::GangRecord) -> String {
 
 /// What the triggers say (`detect`). `None` (with the outcome set) unless the node is unhealthy.
 fn unhealthy_evidence(
-    node: &Node,
+    node: &(impl NodeView + ?Sized),
     governing: &GpuRemediationPolicy,
     now: Timestamp,
     explanation: &mut Explanation,
 ) -> Option<Evidence> {
-    let conditions = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or_default();
+    let conditions = node.conditions();
     match detect::evaluate(conditions, &governing.spec.triggers, now) {
         Verdict::Healthy { since } => {
             explanation.outcome = Outcome::Healthy;
@@ -427,10 +423,10 @@ fn unhealthy_evidence(
 }
 
 /// What the fleet plan (`fleet`, through `budget`) decides for an unhealthy, free node.
-fn admission(
+fn admission<N: NodeView>(
     node_name: &str,
     governing: &GpuRemediationPolicy,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     policies: &[Arc<GpuRemediationPolicy>],
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
@@ -472,23 +468,19 @@ fn admission(
 
 /// The node's failure domains (held or within their limits), the slow-start allowance and the
 /// suspect cause, as the plan's status says.
-fn correlated_facts(
+fn correlated_facts<N: NodeView>(
     node_name: &str,
     governing: &GpuRemediationPolicy,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     status: &gpu_remediation_api::GpuRemediationPolicyStatus,
 ) -> Vec<String> {
-    let labels = nodes
-        .iter()
-        .find(|n| n.name_any() == node_name)
-        .map(|n| n.labels().clone())
-        .unwrap_or_default();
+    let node = nodes.iter().find(|n| n.node_name() == node_name);
     let mut facts: Vec<String> = governing
         .spec
         .safety
         .failure_domains
         .iter()
-        .map(|domain| match labels.get(&domain.topology_key) {
+        .map(|domain| match node.and_then(|n| n.label(&domain.topology_key)) {
             None => format!(
                 "failure domain {}: the node has no such label, so no domain of it",
                 domain.topology_key
@@ -496,7 +488,7 @@ fn correlated_facts(
             Some(value) => status
                 .held_domains
                 .iter()
-                .find(|h| h.topology_key == domain.topology_key && &h.value == value)
+                .find(|h| h.topology_key == domain.topology_key && h.value == value)
                 .map_or_else(
                     || {
                         format!(

@@ -18,7 +18,10 @@ use super::{
     holders::{Holders, Sources, pods_holding},
     wire::{self, ResourceClaim, ResourceSlice},
 };
-use crate::read::{Reader, Scope};
+use crate::{
+    observe::NodeView,
+    read::{Reader, Scope},
+};
 
 /// What the mapping reads of one node.
 #[derive(Clone, Debug, Default)]
@@ -128,7 +131,7 @@ pub async fn pods_holding_on(
             node: node.to_owned(),
             source,
         })?
-        .and_then(|n| n.annotations().get(GPU_PODS_ANNOTATION).cloned());
+        .and_then(|n| n.annotation(GPU_PODS_ANNOTATION).map(str::to_owned));
     let devices = node_devices(reader, node, pods).await?;
     let on_node: Vec<&Pod> = pods
         .iter()

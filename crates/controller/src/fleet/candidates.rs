@@ -11,7 +11,7 @@ use gpu_remediation_api::{
     remediation::PhaseTransition,
 };
 use jiff::Timestamp;
-use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::record::new_remediation;
@@ -19,6 +19,7 @@ use crate::lifecycle::status::awaits_person_past_attempts;
 use crate::{
     budget::{self, Candidate, Deferral, Started},
     detect::Evidence,
+    observe::NodeView,
     record_name::remediation_name,
 };
 
@@ -33,16 +34,16 @@ pub(super) struct Records {
 }
 
 /// The records to write for `decision` (none for an invalid policy).
-pub(super) fn records(
+pub(super) fn records<N: NodeView>(
     policy: &GpuRemediationPolicy,
     decision: &budget::Decision,
-    found: &Found<'_, '_>,
+    found: &Found<'_, '_, N>,
     remediations: &[Arc<GpuRemediation>],
     valid: bool,
     now: Timestamp,
 ) -> Records {
     let previous =
-        |node: &Node, evidence: &Evidence| previous_incident(&node.name_any(), evidence.since, remediations);
+        |node: &N, evidence: &Evidence| previous_incident(node.node_name(), evidence.since, remediations);
     if !valid {
         return Records {
             create: Vec::new(),
@@ -99,27 +100,27 @@ pub(super) fn readmitted_status(record: &GpuRemediation, now: Timestamp) -> GpuR
 }
 
 /// The candidates of one policy, with what admitting each needs.
-pub(super) struct Found<'n, 'r> {
+pub(super) struct Found<'n, 'r, N> {
     /// Nodes that may start (or, approved, resume) a remediation.
     pub(super) candidates: Vec<Candidate>,
     /// The evidence each new candidate was found unhealthy on.
-    pub(super) evidence_of: BTreeMap<String, (&'n Node, Evidence)>,
+    pub(super) evidence_of: BTreeMap<String, (&'n N, Evidence)>,
     /// This episode's `ManualRequired` record a person approved, by node.
     pub(super) approved_records: BTreeMap<String, &'r GpuRemediation>,
 }
 
 /// Unhealthy nodes free to start a remediation: none in flight for the node, and none yet for
 /// this episode, or this episode's `ManualRequired` record approved by a person.
-pub(super) fn candidates<'n, 'r>(
+pub(super) fn candidates<'n, 'r, N: NodeView>(
     policy: &str,
-    unhealthy: &[(&'n Node, Evidence)],
+    unhealthy: &[(&'n N, Evidence)],
     remediations: &'r [Arc<GpuRemediation>],
-) -> Found<'n, 'r> {
+) -> Found<'n, 'r, N> {
     let mut candidates = Vec::new();
-    let mut evidence_of: BTreeMap<String, (&Node, Evidence)> = BTreeMap::new();
+    let mut evidence_of: BTreeMap<String, (&N, Evidence)> = BTreeMap::new();
     let mut approved_records = BTreeMap::new();
     for (node, evidence) in unhealthy {
-        let node_name = node.name_any();
+        let node_name = node.node_name().to_owned();
         let approved = remediations.iter().find(|r| {
             r.spec.node_name == node_name
                 && r.metadata.deletion_timestamp.is_none()
@@ -156,8 +157,7 @@ pub(super) fn candidates<'n, 'r>(
             });
         // A person cancelled this episode by deleting its record: not again until it ends.
         let cancelled = node
-            .annotations()
-            .get(CANCELLED_ANNOTATION)
+            .annotation(CANCELLED_ANNOTATION)
             .is_some_and(|n| *n == remediation_name(&node_name, policy, evidence.since));
         if !busy && !cancelled {
             candidates.push(Candidate {

@@ -8,13 +8,13 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use gpu_remediation_api::GpuRemediationPolicy;
-use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt as _;
 
 use super::Yielded;
 use crate::{
     budget::domains::{self, Sizes},
     governance::{self, Governor},
+    observe::NodeView,
 };
 
 /// What one policy governs, counted over the whole fleet.
@@ -44,7 +44,7 @@ static NOTHING: Governed = Governed {
 impl Census {
     /// Counts every node of `nodes` for the policy that governs it.
     #[must_use]
-    pub fn take(policies: &[Arc<GpuRemediationPolicy>], nodes: &[Arc<Node>]) -> Self {
+    pub fn take<N: NodeView>(policies: &[Arc<GpuRemediationPolicy>], nodes: &[Arc<N>]) -> Self {
         let live: Vec<&Arc<GpuRemediationPolicy>> = policies
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -56,7 +56,7 @@ impl Census {
         for node in nodes {
             // Asked of every node, so without allocating; the policies that yield are named only
             // for the nodes more than one selects.
-            let Some(winner) = governance::governing(node.labels(), &claimants) else {
+            let Some(winner) = governance::governing(node.node_labels(), &claimants) else {
                 continue;
             };
             let Some(policy) = live.iter().find(|p| p.metadata.name.as_deref() == Some(winner)) else {
@@ -66,21 +66,24 @@ impl Census {
                 governed.selected += 1;
                 let specs = &policy.spec.safety.failure_domains;
                 if !specs.is_empty() {
-                    domains::size_in(&mut governed.domain_sizes, specs, node.labels());
+                    domains::size_in(&mut governed.domain_sizes, specs, node.node_labels());
                 }
             }
             if claimants
                 .iter()
-                .filter(|c| c.selector.matches(node.labels()))
+                .filter(|c| c.selector.matches(node.node_labels()))
                 .count()
                 < 2
             {
                 continue;
             }
-            if let Governor::Policy { overlapping, .. } = governance::governor(node.labels(), &claimants) {
+            if let Governor::Policy { overlapping, .. } = governance::governor(node.node_labels(), &claimants)
+            {
                 for loser in overlapping {
                     if let Some(governed) = census.policies.get_mut(&loser) {
-                        governed.yielded.insert(node.name_any(), winner.to_owned());
+                        governed
+                            .yielded
+                            .insert(node.node_name().to_owned(), winner.to_owned());
                     }
                 }
             }
@@ -101,6 +104,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
+    use k8s_openapi::api::core::v1::Node;
 
     fn policy(name: &str, selector: &serde_json::Value, priority: i32) -> Arc<GpuRemediationPolicy> {
         let spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({

@@ -16,7 +16,10 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::candidates::Found;
-use crate::time::{plus, signed};
+use crate::{
+    observe::NodeView,
+    time::{plus, signed},
+};
 
 /// The least time between two episodes of one node under one policy. A node chooses its
 /// condition's `lastTransitionTime` (or leaves it out, or sets it in the future, or flips the
@@ -52,8 +55,8 @@ pub(super) struct HeldOff {
 
 /// Takes out of `found` the new candidates held off at `now` (a readmission after a person's
 /// approval is no new episode: it stays), and returns them.
-pub(super) fn hold_off(
-    found: &mut Found<'_, '_>,
+pub(super) fn hold_off<N: NodeView>(
+    found: &mut Found<'_, '_, N>,
     policy: &str,
     spec: &GpuRemediationPolicySpec,
     refusals: &[RecordRefusal],
@@ -186,7 +189,7 @@ mod tests {
         Arc::new(record)
     }
 
-    fn found(nodes: &[Node]) -> Found<'_, 'static> {
+    fn found(nodes: &[Node]) -> Found<'_, 'static, Node> {
         let mut found = Found {
             candidates: Vec::new(),
             evidence_of: std::collections::BTreeMap::new(),
@@ -211,7 +214,7 @@ mod tests {
         found
     }
 
-    fn names<'f>(found: &'f Found<'_, '_>) -> Vec<&'f str> {
+    fn names<'f>(found: &'f Found<'_, '_, Node>) -> Vec<&'f str> {
         found.candidates.iter().map(|c| c.node.as_str()).collect()
     }
 

@@ -14,10 +14,12 @@ use gpu_remediation_api::{
     constants::{reasons, remediation_conditions},
 };
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use crate::{lifecycle::status, quarantine};
+use crate::{
+    observe::NodeView,
+    {lifecycle::status, quarantine},
+};
 
 /// What `history.ttl` does to one policy's finished records this pass.
 #[derive(Clone, Debug, Default)]
@@ -47,10 +49,10 @@ pub struct AwaitingPerson {
 /// trail keeps them that long (validation makes it longer than the rate and attempts windows, which
 /// count them), then they go, unless they still hold their node (see [`holds_node`]). `nodes`:
 /// the nodes looked at this pass, by name (every node a remediation names is among them).
-pub(super) fn expiry(
+pub(super) fn expiry<N: NodeView>(
     name: &str,
     remediations: &[Arc<GpuRemediation>],
-    nodes: &HashMap<&str, &Node>,
+    nodes: &HashMap<&str, &N>,
     ttl: gpu_remediation_api::Duration,
     now: Timestamp,
 ) -> Expiry {
@@ -111,9 +113,9 @@ pub(super) fn expiry(
 /// policy's quarantine kept while the fault persists. A node re-created under the same name (a
 /// new UID), or gone, holds nothing of the record's.
 #[must_use]
-pub fn holds_node(record: &GpuRemediation, node: Option<&Node>) -> Option<&'static str> {
+pub fn holds_node(record: &GpuRemediation, node: Option<&(impl NodeView + ?Sized)>) -> Option<&'static str> {
     let node = node?;
-    if record.spec.node_uid.is_some() && node.metadata.uid != record.spec.node_uid {
+    if record.spec.node_uid.is_some() && node.node_uid() != record.spec.node_uid.as_deref() {
         return None;
     }
     // What its release would give back (`cordon::release`).
@@ -145,6 +147,7 @@ mod tests {
         fleet::tests::{existing, node},
         test_fixtures::at,
     };
+    use k8s_openapi::api::core::v1::Node;
 
     fn finished(name: &str, phase: Phase, at_secs: i64) -> Arc<GpuRemediation> {
         let mut r = (*existing(name, "p", 0, phase, 0)).clone();

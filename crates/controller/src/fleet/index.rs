@@ -32,14 +32,13 @@ use gpu_remediation_api::{
     ladder::HAND_OFF_LABEL,
 };
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt as _;
 
 use super::{
     Census,
     recovering::{RECOVERY_SETTLE, recent_recovery},
 };
-use crate::observe::{hash_of, hash_one, is_ours};
+use crate::observe::{NodeView, hash_of, hash_one, is_ours};
 
 /// The node labels the controller writes (each beside an annotation of ours, but a label left
 /// alone must still be seen to be taken back).
@@ -88,13 +87,13 @@ pub struct NodeIndex {
 impl NodeIndex {
     /// Brings the index up to date with `news` under `policies` at `now`: `node` reads one node
     /// from the cache (`None`: it is gone), `every_node` the whole cache.
-    pub fn refresh(
+    pub fn refresh<N: NodeView>(
         &mut self,
         policies: &[Arc<GpuRemediationPolicy>],
         news: NodeChanges<'_>,
         now: Timestamp,
-        node: impl Fn(&str) -> Option<Arc<Node>>,
-        every_node: impl FnOnce() -> Vec<Arc<Node>>,
+        node: impl Fn(&str) -> Option<Arc<N>>,
+        every_node: impl FnOnce() -> Vec<Arc<N>>,
     ) {
         let horizon = crate::time::minus(now, crate::time::signed(RECOVERY_SETTLE));
         self.recovered.retain(|_, at| *at > horizon);
@@ -117,7 +116,7 @@ impl NodeIndex {
                 self.recovered.remove(name);
                 continue;
             };
-            let labels = hash_one(node.labels());
+            let labels = node.labels_hash();
             if self.labels.insert(name_hash, labels) != Some(labels) {
                 self.census = None;
             }
@@ -136,11 +135,11 @@ impl NodeIndex {
         }
     }
 
-    fn rebuild(
+    fn rebuild<N: NodeView>(
         &mut self,
         key: u64,
         policies: &[Arc<GpuRemediationPolicy>],
-        nodes: &[Arc<Node>],
+        nodes: &[Arc<N>],
         horizon: Timestamp,
     ) {
         self.policies = Some(key);
@@ -154,35 +153,33 @@ impl NodeIndex {
         self.signals.dedup();
         self.labels = nodes
             .iter()
-            .map(|n| (hash_one(&n.name_any()), hash_one(n.labels())))
+            .map(|n| (hash_one(n.node_name()), n.labels_hash()))
             .collect();
         self.notable = nodes
             .iter()
             .filter(|n| self.is_notable(n))
-            .map(|n| n.name_any())
+            .map(|n| n.node_name().to_owned())
             .collect();
         self.recovered = nodes
             .iter()
-            .filter_map(|n| Some((n.name_any(), recent_recovery(n, &self.signals, horizon)?)))
+            .filter_map(|n| {
+                Some((
+                    n.node_name().to_owned(),
+                    recent_recovery(n, &self.signals, horizon)?,
+                ))
+            })
             .collect();
         self.census = Some(Arc::new(Census::take(policies, nodes)));
     }
 
     /// Whether a decision may concern `node` (see the module's header).
-    fn is_notable(&self, node: &Node) -> bool {
-        let spec = node.spec.as_ref();
-        let conditions = node.status.as_ref().and_then(|s| s.conditions.as_deref());
-        node.metadata.deletion_timestamp.is_some()
-            || spec.is_some_and(|s| s.unschedulable == Some(true))
-            || spec
-                .and_then(|s| s.taints.as_deref())
-                .is_some_and(|taints| taints.iter().any(|t| is_ours(&t.key)))
-            || node
-                .annotations()
-                .keys()
-                .any(|k| is_ours(k) && !REPORTS.contains(&k.as_str()))
-            || WRITTEN_LABELS.iter().any(|k| node.labels().contains_key(*k))
-            || conditions.unwrap_or_default().iter().any(|c| {
+    fn is_notable(&self, node: &(impl NodeView + ?Sized)) -> bool {
+        node.deleting().is_some()
+            || node.unschedulable()
+            || node.taints().iter().any(|t| is_ours(&t.key))
+            || node.any_annotation(&mut |k, _| is_ours(k) && !REPORTS.contains(&k))
+            || WRITTEN_LABELS.iter().any(|k| node.label(k).is_some())
+            || node.conditions().iter().any(|c| {
                 self.signals
                     .iter()
                     .any(|(type_, status)| c.type_ == *type_ && c.status == *status)

@@ -22,6 +22,7 @@ use proptest::prelude::{ProptestConfig, prop, prop_assert_eq, proptest};
 use super::*;
 use crate::fleet;
 use crate::test_fixtures::at;
+use k8s_openapi::api::core::v1::Node;
 
 /// Two overlapping policies: one over group `a` with racks as failure domains, slow start, a
 /// suspect rule and quarantine; one over `h100` nodes, of higher priority.

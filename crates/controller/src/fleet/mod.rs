@@ -28,10 +28,7 @@ use gpu_remediation_api::{
     validate,
 };
 use jiff::Timestamp;
-use k8s_openapi::{
-    api::core::v1::Node,
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
 mod candidates;
@@ -65,7 +62,9 @@ use crate::{
     budget::{self, Deferral, Started},
     detect::{self, Evidence, Verdict},
     first_seen::FirstSeen,
-    governance, quarantine,
+    governance,
+    observe::NodeView,
+    quarantine,
     status_condition::condition,
 };
 
@@ -120,9 +119,9 @@ pub struct FleetPlan {
 
 /// Plans the fleet at `now`, looking at every node.
 #[must_use]
-pub fn plan(
+pub fn plan<N: NodeView>(
     policies: &[Arc<GpuRemediationPolicy>],
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
 ) -> FleetPlan {
@@ -144,10 +143,10 @@ pub fn plan(
 /// [`plan`]'s over the whole fleet: the nodes left out only count, and the census counts them.
 /// A condition whose own clock cannot be trusted holds since `first_seen` saw it.
 #[must_use]
-pub fn plan_with(
+pub fn plan_with<N: NodeView>(
     policies: &[Arc<GpuRemediationPolicy>],
     census: &Census,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     remediations: &[Arc<GpuRemediation>],
     first_seen: &FirstSeen,
     now: Timestamp,
@@ -161,9 +160,9 @@ pub fn plan_with(
     let claimants = governance::claimants(policies.iter().copied());
 
     // Which policy governs each node looked at.
-    let mut governed: BTreeMap<&str, Vec<&Node>> = BTreeMap::new();
+    let mut governed: BTreeMap<&str, Vec<&N>> = BTreeMap::new();
     for node in nodes {
-        let Some(policy) = governance::governing(node.labels(), &claimants) else {
+        let Some(policy) = governance::governing(node.node_labels(), &claimants) else {
             continue;
         };
         if let Some(winner) = names.iter().find(|n| *n == policy) {
@@ -172,10 +171,7 @@ pub fn plan_with(
     }
 
     // Every node looked at by name: a finished record's node may have left its policy.
-    let by_name: HashMap<&str, &Node> = nodes
-        .iter()
-        .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, n.as_ref())))
-        .collect();
+    let by_name: HashMap<&str, &N> = nodes.iter().map(|n| (n.node_name(), n.as_ref())).collect();
     let mut fleet = FleetPlan::default();
     for (policy, name) in policies.into_iter().zip(&names) {
         let nodes = governed.get(name.as_str()).map_or(&[][..], Vec::as_slice);
@@ -195,8 +191,8 @@ pub fn plan_with(
     let quarantine_plans: Vec<&quarantine::Plan> = fleet.policies.iter().map(|p| &p.quarantine).collect();
     // Asked only of the few nodes carrying a quarantine: decided again for them rather than
     // indexing the whole fleet on every pass.
-    let governor_of = |node: &Node| {
-        governance::governing(node.labels(), &claimants)
+    let governor_of = |node: &N| {
+        governance::governing(node.node_labels(), &claimants)
             .and_then(|policy| names.iter().find(|n| *n == policy).map(String::as_str))
     };
     fleet.orphan_quarantines = quarantine::orphans(
@@ -213,10 +209,10 @@ pub fn plan_with(
     clippy::too_many_lines,
     reason = "one status literal names every field; splitting it would scatter the status"
 )]
-fn plan_policy(
+fn plan_policy<N: NodeView>(
     policy: &Arc<GpuRemediationPolicy>,
-    nodes: &[&Node],
-    looked_at: &HashMap<&str, &Node>,
+    nodes: &[&N],
+    looked_at: &HashMap<&str, &N>,
     governed: &Governed,
     remediations: &[Arc<GpuRemediation>],
     first_seen: &FirstSeen,
@@ -460,9 +456,9 @@ fn newly_in(now: &[HeldDomain], before: &[HeldDomain]) -> Vec<HeldDomain> {
 
 /// With `safety.settle`: when each node that turned unhealthy (its trigger's `for` past) less than
 /// `settle` ago may start.
-fn settling(
+fn settling<N: NodeView>(
     spec: &gpu_remediation_api::GpuRemediationPolicySpec,
-    unhealthy: &[(&Node, Evidence)],
+    unhealthy: &[(&N, Evidence)],
     now: Timestamp,
 ) -> BTreeMap<String, Timestamp> {
     let Some(settle) = spec.safety.settle.filter(|s| !s.is_zero()) else {
@@ -473,31 +469,31 @@ fn settling(
         .filter_map(|(node, evidence)| {
             let trigger_for = spec.triggers.get(evidence.trigger).map(|t| t.for_.as_std())?;
             let until = crate::time::plus(evidence.since, crate::time::signed(trigger_for + settle.as_std()));
-            (until > now).then(|| (node.name_any(), until))
+            (until > now).then(|| (node.node_name().to_owned(), until))
         })
         .collect()
 }
 
 /// The policy's failure domains: their sizes from the census, the rest counted over the governed
 /// nodes looked at.
-fn failure_domains(
+fn failure_domains<N: NodeView>(
     spec: &gpu_remediation_api::GpuRemediationPolicySpec,
     sizes: &budget::domains::Sizes,
-    nodes: &[&Node],
-    unhealthy: &[(&Node, Evidence)],
+    nodes: &[&N],
+    unhealthy: &[(&N, Evidence)],
     started: &[Started],
 ) -> budget::Domains {
     if spec.safety.failure_domains.is_empty() {
         return budget::Domains::count(&spec.safety.failure_domains, std::iter::empty());
     }
     // Looked up, not searched for: a pass costs the same with 1 or 100 unhealthy.
-    let unhealthy: HashSet<*const Node> = unhealthy.iter().map(|(u, _)| std::ptr::from_ref(*u)).collect();
+    let unhealthy: HashSet<*const N> = unhealthy.iter().map(|(u, _)| std::ptr::from_ref(*u)).collect();
     let in_flight: HashSet<&str> = started
         .iter()
         .filter(|s| s.in_flight)
         .map(|s| s.node.as_str())
         .collect();
-    let names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
+    let names: Vec<String> = nodes.iter().map(|n| n.node_name().to_owned()).collect();
     budget::Domains::count_within(
         &spec.safety.failure_domains,
         sizes,
@@ -506,7 +502,7 @@ fn failure_domains(
             .zip(&names)
             .map(|(node, name)| budget::domains::Member {
                 node: name,
-                labels: node.labels(),
+                labels: node.node_labels(),
                 unhealthy: unhealthy.contains(&std::ptr::from_ref(*node)),
                 in_flight: in_flight.contains(name.as_str()),
             }),
@@ -515,26 +511,22 @@ fn failure_domains(
 
 /// What `spec`'s triggers say of `node` at `now`.
 fn verdict(
-    node: &Node,
+    node: &(impl NodeView + ?Sized),
     spec: &gpu_remediation_api::GpuRemediationPolicySpec,
     first_seen: &FirstSeen,
     now: Timestamp,
 ) -> Verdict {
-    let conditions = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or_default();
-    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let conditions = node.conditions();
+    let name = node.node_name();
     let since =
         |condition: &k8s_openapi::api::core::v1::NodeCondition| first_seen.since(name, condition, now);
     detect::evaluate_with(conditions, &spec.triggers, now, since)
 }
 
 /// What the governed nodes' verdicts say, read in one pass over them.
-struct Detected<'n> {
+struct Detected<'n, N> {
     /// The nodes unhealthy now, with their evidence.
-    unhealthy: Vec<(&'n Node, Evidence)>,
+    unhealthy: Vec<(&'n N, Evidence)>,
     /// When the first pending one turns unhealthy.
     wake: Option<Timestamp>,
     /// The recovering nodes (`recovering`): how many, and when the last settles.
@@ -542,12 +534,12 @@ struct Detected<'n> {
 }
 
 /// The governed nodes' verdicts at `now`.
-fn detect_all<'n>(
-    nodes: &[&'n Node],
+fn detect_all<'n, N: NodeView>(
+    nodes: &[&'n N],
     spec: &gpu_remediation_api::GpuRemediationPolicySpec,
     first_seen: &FirstSeen,
     now: Timestamp,
-) -> Detected<'n> {
+) -> Detected<'n, N> {
     let mut wake = None;
     let mut unhealthy = Vec::new();
     let mut recovering = recovering::Recovering::new(now);

@@ -14,13 +14,13 @@ use std::sync::Arc;
 
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicySpec, Phase, policy::Mode};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
 use crate::{
     budget::slow_start::{Allowance, Outcome, OutcomeKind, allowance},
     detect::{self, Verdict},
     first_seen::FirstSeen,
+    observe::NodeView,
     time::{plus, signed},
 };
 
@@ -37,11 +37,11 @@ pub(super) struct SlowStart {
 }
 
 /// With `safety.slowStart`, the allowance now; and when the next success will be proven.
-pub(super) fn slow_start(
+pub(super) fn slow_start<N: NodeView>(
     policy: &str,
     spec: &GpuRemediationPolicySpec,
     selected: u32,
-    nodes: &[&Node],
+    nodes: &[&N],
     remediations: &[Arc<GpuRemediation>],
     first_seen: &FirstSeen,
     now: Timestamp,
@@ -62,10 +62,10 @@ pub(super) fn slow_start(
 }
 
 /// The outcomes so far, and when the next success will be proven (to plan again then).
-fn outcomes(
+fn outcomes<N: NodeView>(
     policy: &str,
     spec: &GpuRemediationPolicySpec,
-    nodes: &[&Node],
+    nodes: &[&N],
     remediations: &[Arc<GpuRemediation>],
     first_seen: &FirstSeen,
     now: Timestamp,
@@ -73,10 +73,7 @@ fn outcomes(
     let mut found = Vec::new();
     let mut wake: Option<Timestamp> = None;
     let healthy_for = signed(spec.release.healthy_for.as_std());
-    let by_name: std::collections::HashMap<&str, &Node> = nodes
-        .iter()
-        .filter_map(|n| Some((n.metadata.name.as_deref()?, *n)))
-        .collect();
+    let by_name: std::collections::HashMap<&str, &N> = nodes.iter().map(|n| (n.node_name(), *n)).collect();
     for record in remediations
         .iter()
         .filter(|r| r.spec.policy_name == policy && r.spec.mode != Mode::DryRun)
@@ -140,17 +137,13 @@ enum Health {
 /// The node's health by the policy's triggers, a condition without a trustworthy clock holding
 /// since it was first seen (as for detection: `fleet::verdict`).
 fn health_since(
-    node: &Node,
+    node: &(impl NodeView + ?Sized),
     spec: &GpuRemediationPolicySpec,
     first_seen: &FirstSeen,
     now: Timestamp,
 ) -> Health {
-    let conditions = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or_default();
-    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let conditions = node.conditions();
+    let name = node.node_name();
     match detect::evaluate_with(conditions, &spec.triggers, now, |c| {
         first_seen.since(name, c, now)
     }) {
@@ -179,6 +172,7 @@ mod tests {
 
     use super::*;
     use crate::test_fixtures::at;
+    use k8s_openapi::api::core::v1::Node;
 
     fn spec() -> GpuRemediationPolicySpec {
         serde_json::from_value(serde_json::json!({
@@ -249,7 +243,7 @@ mod tests {
     #[test]
     fn a_replaced_node_that_left_is_proven_by_its_record() {
         let rems = [record("gone", Phase::Succeeded, 100)];
-        let (proven, _) = outcomes("p", &spec(), &[], &rems, &FirstSeen::default(), at(200));
+        let (proven, _) = outcomes::<Node>("p", &spec(), &[], &rems, &FirstSeen::default(), at(200));
         assert_eq!(proven[0].kind, OutcomeKind::Proven);
     }
 

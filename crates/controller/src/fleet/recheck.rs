@@ -10,18 +10,18 @@ use gpu_remediation_api::{
     policy::{GpuRemediationPolicyStatus, Mode, Trigger},
 };
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 
 use crate::{
     detect::{self, Verdict},
     first_seen::FirstSeen,
+    observe::NodeView,
 };
 
 /// Why an admitted node is no longer due, as a sentence; `None`: it is, create its remediation.
 #[must_use]
 pub fn no_longer_due(
     remediation: &GpuRemediation,
-    fresh: Option<&Node>,
+    fresh: Option<&(impl NodeView + ?Sized)>,
     triggers: &[Trigger],
     first_seen: &FirstSeen,
     now: Timestamp,
@@ -30,14 +30,10 @@ pub fn no_longer_due(
     let Some(fresh) = fresh else {
         return Some(format!("node {node} is gone"));
     };
-    if remediation.spec.node_uid.is_some() && fresh.metadata.uid != remediation.spec.node_uid {
+    if remediation.spec.node_uid.is_some() && fresh.node_uid() != remediation.spec.node_uid.as_deref() {
         return Some(format!("node {node} was replaced by another of the same name"));
     }
-    let conditions = fresh
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or_default();
+    let conditions = fresh.conditions();
     let since =
         |condition: &k8s_openapi::api::core::v1::NodeCondition| first_seen.since(node, condition, now);
     match detect::evaluate_with(conditions, triggers, now, since) {
@@ -76,6 +72,7 @@ mod tests {
 
     use super::*;
     use crate::test_fixtures::at;
+    use k8s_openapi::api::core::v1::Node;
 
     fn triggers() -> Vec<Trigger> {
         let spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({
@@ -181,8 +178,14 @@ mod tests {
     #[test]
     fn a_gone_or_replaced_node_is_not_due() {
         assert!(
-            no_longer_due(&admitted(), None, &triggers(), &FirstSeen::default(), at(10))
-                .is_some_and(|w| w.contains("gone"))
+            no_longer_due(
+                &admitted(),
+                None::<&Node>,
+                &triggers(),
+                &FirstSeen::default(),
+                at(10)
+            )
+            .is_some_and(|w| w.contains("gone"))
         );
         let replaced = no_longer_due(
             &admitted(),

@@ -10,21 +10,24 @@ use gpu_remediation_api::{
     remediation::{PolicySnapshot, TriggerRecord},
 };
 use jiff::Timestamp;
-use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
-use crate::{detect::Evidence, record_name::remediation_name};
+use crate::{
+    observe::NodeView,
+    {detect::Evidence, record_name::remediation_name},
+};
 
 /// The remediation to create for a node admitted under a policy; `previous` is when the node's
 /// previous incident on record started.
 #[must_use]
 pub fn new_remediation(
     policy: &GpuRemediationPolicy,
-    node: &Node,
+    node: &(impl NodeView + ?Sized),
     evidence: &Evidence,
     previous: Option<Timestamp>,
 ) -> GpuRemediation {
-    let node_name = node.name_any();
+    let node_name = node.node_name().to_owned();
     let policy_name = policy.name_any();
     let trigger = &policy.spec.triggers[evidence.trigger];
     let mut remediation = GpuRemediation::new(
@@ -41,7 +44,7 @@ pub fn new_remediation(
             },
             action: trigger.action.unwrap_or(policy.spec.action),
             mode: policy.spec.mode,
-            node_uid: node.metadata.uid.clone(),
+            node_uid: node.node_uid().map(str::to_owned),
             previous_incident: previous.map(Time),
             policy_snapshot: Some(snapshot_of(policy)),
             hardware: None,

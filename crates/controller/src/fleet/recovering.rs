@@ -6,9 +6,11 @@
 //! that came first), is admitted and cordoned. Pure.
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 
-use crate::time::{minus, plus, signed};
+use crate::{
+    observe::NodeView,
+    time::{minus, plus, signed},
+};
 
 /// How long a recovery counts as arriving with the others. Condition times are whole seconds
 /// (an agent's recovery at 12:00:05.9 reads 12:00:05), so a recovery is recent for one to two
@@ -59,11 +61,12 @@ impl Recovering {
 /// matches, if after `horizon` (the latest such time): the node may be recovering. `signals` are
 /// the live triggers' (type, status).
 #[must_use]
-pub fn recent_recovery(node: &Node, signals: &[(String, String)], horizon: Timestamp) -> Option<Timestamp> {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or_default()
+pub fn recent_recovery(
+    node: &(impl NodeView + ?Sized),
+    signals: &[(String, String)],
+    horizon: Timestamp,
+) -> Option<Timestamp> {
+    node.conditions()
         .iter()
         .filter(|c| {
             signals.iter().any(|(type_, _)| *type_ == c.type_)
@@ -85,6 +88,7 @@ mod tests {
 
     use super::*;
     use crate::{first_seen::FirstSeen, test_fixtures::at};
+    use k8s_openapi::api::core::v1::Node;
 
     /// The recovering nodes among `nodes`, as the fleet plan counts them.
     fn recovering(

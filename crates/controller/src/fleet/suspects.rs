@@ -8,21 +8,20 @@ use std::{
 
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicySpec, correlated::SuspectStatus};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
-use kube::ResourceExt;
 
 use crate::{
     budget::suspect::{Failure, suspect},
     detect::Evidence,
+    observe::NodeView,
     time::{minus, signed},
 };
 
 /// With `safety.suspect`: the suspect named now (if any), and the governed nodes carrying it.
-pub(super) fn named(
+pub(super) fn named<N: NodeView>(
     policy: &str,
     spec: &GpuRemediationPolicySpec,
-    nodes: &[&Node],
-    unhealthy: &[(&Node, Evidence)],
+    nodes: &[&N],
+    unhealthy: &[(&N, Evidence)],
     remediations: &[Arc<GpuRemediation>],
     now: Timestamp,
 ) -> Option<(SuspectStatus, BTreeSet<String>)> {
@@ -40,9 +39,9 @@ pub(super) fn named(
         unhealthy
             .iter()
             .filter(|(_, e)| e.since >= since)
-            .map(|(n, e)| (n.name_any(), e.since)),
+            .map(|(n, e)| (n.node_name().to_owned(), e.since)),
     );
-    let by_name: BTreeMap<String, &Node> = nodes.iter().map(|n| (n.name_any(), *n)).collect();
+    let by_name: BTreeMap<String, &N> = nodes.iter().map(|n| (n.node_name().to_owned(), *n)).collect();
     let failures: Vec<Failure> = episodes
         .iter()
         .map(|(node, _)| Failure {
@@ -78,8 +77,8 @@ pub(super) fn newly_named(
 }
 
 /// A node's values of `attributes`: its labels, and `nodeInfo.*` from its status.
-fn values(node: &Node, attributes: &[String]) -> BTreeMap<String, String> {
-    let info = node.status.as_ref().and_then(|s| s.node_info.as_ref());
+fn values(node: &(impl NodeView + ?Sized), attributes: &[String]) -> BTreeMap<String, String> {
+    let info = node.node_info();
     attributes
         .iter()
         .filter_map(|attribute| {
@@ -88,7 +87,7 @@ fn values(node: &Node, attributes: &[String]) -> BTreeMap<String, String> {
                 Some("kubeletVersion") => info.map(|i| i.kubelet_version.clone()),
                 Some("osImage") => info.map(|i| i.os_image.clone()),
                 Some("containerRuntimeVersion") => info.map(|i| i.container_runtime_version.clone()),
-                _ => node.labels().get(attribute).cloned(),
+                _ => node.label(attribute).map(str::to_owned),
             }?;
             (!value.is_empty()).then(|| (attribute.clone(), value))
         })

@@ -13,6 +13,7 @@ use kube::api::ObjectMeta;
 
 use super::{candidates::readmitted_status, *};
 use crate::record_name::remediation_name;
+use k8s_openapi::api::core::v1::Node;
 
 fn policy(name: &str, group: &str) -> Arc<GpuRemediationPolicy> {
     let spec: GpuRemediationPolicySpec = serde_json::from_value(serde_json::json!({
@@ -432,7 +433,7 @@ fn finished_remediations_older_than_the_history_ttl_are_expired_and_others_kept(
         with_history(existing("running", "p", 0, Phase::Draining, 0), 100),
         with_history(existing("other", "q", 0, Phase::Succeeded, 0), 100),
     ];
-    let fleet = plan(&[Arc::new(p)], &[], &rems, at(5000));
+    let fleet = plan::<Node>(&[Arc::new(p)], &[], &rems, at(5000));
     assert_eq!(fleet.policies[0].expired, vec![rems[0].name_any()]);
 }
 

@@ -18,7 +18,6 @@ use gpu_remediation_api::{
     safety::{OffenderAction, RepeatOffender},
 };
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
 use super::{
@@ -27,7 +26,7 @@ use super::{
     ledger::{failed_serials, labels_of, ledger_of},
     trust::{self, Claims},
 };
-use crate::fleet::FleetPlan;
+use crate::{fleet::FleetPlan, observe::NodeView};
 
 /// Up to how many records [`amend`] finds their nodes by walking the fleet.
 const FEW: usize = 4;
@@ -35,11 +34,11 @@ const FEW: usize = 4;
 /// Records each created remediation's hardware and sends repeat offenders to the last rung.
 /// `claimants` says which node lists each serial; `fleet` gives every node, asked for only when
 /// `claimants` cannot rule out that a node other than the records' own lists a failed serial.
-pub fn amend(
+pub fn amend<N: NodeView>(
     plan: &mut FleetPlan,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     claimants: &Claimants,
-    fleet: impl FnOnce() -> Vec<Arc<Node>>,
+    fleet: impl FnOnce() -> Vec<Arc<N>>,
     failures: &Failures,
     now: Timestamp,
 ) {
@@ -53,12 +52,8 @@ pub fn amend(
     }
     // A few records: a walk each (no copy of a name); many admitted at once: one index of the
     // fleet, so a hundred cost one walk instead of a hundred.
-    let by_name: Option<HashMap<&str, &Node>> = (records > FEW).then(|| {
-        nodes
-            .iter()
-            .filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref())))
-            .collect()
-    });
+    let by_name: Option<HashMap<&str, &N>> =
+        (records > FEW).then(|| nodes.iter().map(|n| (n.node_name(), n.as_ref())).collect());
     let node_of = |record: &GpuRemediation| node_named(&record.spec.node_name, nodes, by_name.as_ref());
     let claims = claims_of(plan, node_of, claimants, fleet);
     for policy_plan in &mut plan.policies {
@@ -86,13 +81,13 @@ pub fn amend(
 /// Who claims the serials the records' nodes name as failed: read from those nodes alone when
 /// `claimants` shows no other node lists them (the usual case), else from the walk of `fleet`
 /// (none asked about: no claims, and `fleet` is not called).
-fn claims_of<'n>(
+fn claims_of<'n, N: NodeView + 'n>(
     plan: &FleetPlan,
-    node_of: impl Fn(&GpuRemediation) -> Option<&'n Node>,
+    node_of: impl Fn(&GpuRemediation) -> Option<&'n N>,
     claimants: &Claimants,
-    fleet: impl FnOnce() -> Vec<Arc<Node>>,
+    fleet: impl FnOnce() -> Vec<Arc<N>>,
 ) -> Claims {
-    let record_nodes: Vec<&Node> = plan
+    let record_nodes: Vec<&N> = plan
         .policies
         .iter()
         .flat_map(|p| p.create.iter().chain(&p.manual_required))
@@ -106,7 +101,7 @@ fn claims_of<'n>(
     if named.is_empty() {
         return Claims::default();
     }
-    let asking = record_nodes.iter().filter_map(|n| n.metadata.name.as_deref());
+    let asking = record_nodes.iter().map(NodeView::node_name);
     if claimants.none_but(&named, asking) {
         Claims::of(record_nodes.iter().copied(), &named)
     } else {
@@ -115,17 +110,14 @@ fn claims_of<'n>(
 }
 
 /// The node named `name`: from the index when there is one, else by a walk of `nodes`.
-fn node_named<'n>(
+fn node_named<'n, N: NodeView>(
     name: &str,
-    nodes: &'n [Arc<Node>],
-    by_name: Option<&HashMap<&str, &'n Node>>,
-) -> Option<&'n Node> {
+    nodes: &'n [Arc<N>],
+    by_name: Option<&HashMap<&str, &'n N>>,
+) -> Option<&'n N> {
     match by_name {
         Some(by_name) => by_name.get(name).copied(),
-        None => nodes
-            .iter()
-            .find(|n| n.metadata.name.as_deref() == Some(name))
-            .map(AsRef::as_ref),
+        None => nodes.iter().find(|n| n.node_name() == name).map(AsRef::as_ref),
     }
 }
 
@@ -134,7 +126,7 @@ fn node_named<'n>(
 /// repeat offender (already applied to `record`).
 pub fn record_hardware(
     record: &mut GpuRemediation,
-    node: Option<&Node>,
+    node: Option<&(impl NodeView + ?Sized)>,
     rule: Option<&RepeatOffender>,
     failures: &Failures,
     claims: &Claims,
@@ -200,6 +192,7 @@ mod tests {
         failures,
         tests::{at, remediation, rule},
     };
+    use k8s_openapi::api::core::v1::Node;
 
     fn node_with_failed(serial: &str) -> Node {
         let mut node = Node::default();

@@ -27,11 +27,9 @@ use std::{
 };
 
 use gpu_remediation_api::constants::GPU_INVENTORY_ANNOTATION;
-use k8s_openapi::api::core::v1::Node;
-use kube::ResourceExt as _;
 use serde::Deserialize;
 
-use crate::observe::hash_one;
+use crate::{observe::NodeView, observe::hash_one};
 
 /// The value of a serial listed by more than one node (or by a node whose name hashes to it).
 const SHARED: u64 = u64::MAX;
@@ -59,12 +57,12 @@ struct Listed<'a> {
 impl Claimants {
     /// An index of `nodes` alone (those being deleted claim nothing, as in `Claims::of`).
     #[must_use]
-    pub fn of(nodes: &[Arc<Node>]) -> Self {
+    pub fn of<N: NodeView>(nodes: &[Arc<N>]) -> Self {
         let mut index = Self {
             by_serial: HashMap::with_capacity(nodes.len() * 8),
             built: 0,
         };
-        for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+        for node in nodes.iter().filter(|n| n.deleting().is_none()) {
             index.note(node);
         }
         index.built = index.by_serial.len();
@@ -72,15 +70,15 @@ impl Claimants {
     }
 
     /// Adds the serials `node` lists now (what it listed before stays: see the module's header).
-    pub fn note(&mut self, node: &Node) {
-        let Some(text) = node.annotations().get(GPU_INVENTORY_ANNOTATION) else {
+    pub fn note(&mut self, node: &(impl NodeView + ?Sized)) {
+        let Some(text) = node.annotation(GPU_INVENTORY_ANNOTATION) else {
             return;
         };
         // Unreadable as a list: the ledger reads no GPU from it either.
         let Ok(listed) = serde_json::from_str::<Vec<Listed<'_>>>(text) else {
             return;
         };
-        let name = hash_one(node.metadata.name.as_deref().unwrap_or_default());
+        let name = hash_one(node.node_name());
         for serial in listed.iter().filter_map(|l| l.serial.as_deref()) {
             match self.by_serial.entry(hash_one(serial)) {
                 Entry::Vacant(entry) => {

@@ -10,6 +10,8 @@ use proptest::prelude::{ProptestConfig, prop, prop_assert, proptest};
 
 use super::*;
 use crate::{hardware::ledger::inventory_of, test_fixtures::at};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 
 const SERIALS: usize = 6;
 

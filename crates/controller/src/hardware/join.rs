@@ -29,7 +29,7 @@ use super::{
     ledger::{host_of, inventory_of},
     trust::Claims,
 };
-use crate::governance;
+use crate::{governance, observe::NodeView};
 
 /// The owner a repeat offender's cordon is recorded under (`gpuremediation.dev/cordoned-by`): no
 /// remediation has that name, so a remediation that follows treats the cordon as another's and
@@ -81,9 +81,9 @@ pub fn needs_every_node(policies: &[Arc<GpuRemediationPolicy>], failures: &Failu
 
 /// The steps the fleet needs now.
 #[must_use]
-pub fn steps(
+pub fn steps<N: NodeView>(
     policies: &[Arc<GpuRemediationPolicy>],
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     remediations: &[Arc<GpuRemediation>],
     failures: &Failures,
     now: Timestamp,
@@ -100,16 +100,13 @@ pub fn steps(
         .map(|r| r.spec.node_name.as_str())
         .collect();
     let every_node = needs_every_node(policies, failures);
-    let live_nodes: Vec<&Arc<Node>> = nodes
-        .iter()
-        .filter(|n| n.metadata.deletion_timestamp.is_none())
-        .collect();
+    let live_nodes: Vec<&Arc<N>> = nodes.iter().filter(|n| n.deleting().is_none()).collect();
     // Each node's policy, and each policy's cordons at join, counted before any is decided.
     let governed: Vec<Option<&str>> = live_nodes
         .iter()
         .map(|n| {
             if every_node {
-                governance::governing(n.labels(), &claimants)
+                governance::governing(n.node_labels(), &claimants)
             } else {
                 None
             }
@@ -122,7 +119,7 @@ pub fn steps(
         .iter()
         .map(|n| if every_node { inventory_of(n) } else { Vec::new() })
         .collect();
-    let names: Vec<String> = live_nodes.iter().map(|n| n.name_any()).collect();
+    let names: Vec<String> = live_nodes.iter().map(|n| n.node_name().to_owned()).collect();
     let claims = Claims::of_inventories(
         names
             .iter()
@@ -131,17 +128,14 @@ pub fn steps(
     );
     let mut out = Vec::new();
     for (((node, policy), name), inventory) in live_nodes.iter().zip(&governed).zip(names).zip(inventories) {
-        let flagged = node
-            .labels()
-            .get(REPEAT_OFFENDER_LABEL)
-            .is_some_and(|v| v == "true");
+        let flagged = node.label(REPEAT_OFFENDER_LABEL).is_some_and(|v| v == "true");
         let unchecked = has_unchecked_taint(node);
         if !every_node && !flagged && !unchecked {
             // No failure on record anywhere, or no rule to flag by: nothing to flag, nothing
             // flagged, no taint to lift (the cheapest look, asked first of every node).
             continue;
         }
-        if in_flight.contains(node.metadata.name.as_deref().unwrap_or_default()) {
+        if in_flight.contains(node.node_name()) {
             continue;
         }
         let rule = policy.and_then(|policy| {
@@ -177,7 +171,7 @@ pub fn steps(
                 None,
             )
         });
-        let uid = node.metadata.uid.clone();
+        let uid = node.node_uid().map(str::to_owned);
         match (found, rule, *policy) {
             (Some(offence), Some(rule), Some(policy)) if !flagged || unchecked => {
                 let (cordon, withheld) = if rule.cordon_on_join {
@@ -212,9 +206,9 @@ struct CordonRoom<'p> {
 }
 
 impl<'p> CordonRoom<'p> {
-    fn of(
+    fn of<N: NodeView>(
         policies: &[&'p Arc<GpuRemediationPolicy>],
-        nodes: &[&Arc<Node>],
+        nodes: &[&Arc<N>],
         governed: &[Option<&'p str>],
     ) -> Self {
         let mut selected: HashMap<&str, u32> = HashMap::new();
@@ -268,21 +262,19 @@ impl<'p> CordonRoom<'p> {
 
 /// Whether the node is cordoned by a join check (not by a remediation or a person), by our note.
 #[must_use]
-fn is_join_cordoned(node: &Node) -> bool {
-    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+fn is_join_cordoned(node: &(impl NodeView + ?Sized)) -> bool {
+    node.unschedulable()
         && node
-            .annotations()
-            .get(CORDONED_BY_ANNOTATION)
+            .annotation(CORDONED_BY_ANNOTATION)
             .is_some_and(|by| by == JOIN_CORDON_OWNER)
 }
 
 /// Whether the node still carries the unchecked taint.
 #[must_use]
-pub fn has_unchecked_taint(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == HARDWARE_UNCHECKED_TAINT_KEY))
+pub fn has_unchecked_taint(node: &(impl NodeView + ?Sized)) -> bool {
+    node.taints()
+        .iter()
+        .any(|t| t.key == HARDWARE_UNCHECKED_TAINT_KEY)
 }
 
 /// Lifts the unchecked taint; whether anything changed.
@@ -299,11 +291,7 @@ pub fn lift(node: &mut Node) -> bool {
 /// unchecked taint: the check is made. Whether anything changed.
 pub fn flag(node: &mut Node, cordon: bool) -> bool {
     let mut changed = lift(node);
-    if node
-        .labels()
-        .get(REPEAT_OFFENDER_LABEL)
-        .is_none_or(|v| v != "true")
-    {
+    if node.label(REPEAT_OFFENDER_LABEL).is_none_or(|v| v != "true") {
         node.labels_mut()
             .insert(REPEAT_OFFENDER_LABEL.to_owned(), "true".to_owned());
         changed = true;
@@ -323,8 +311,7 @@ pub fn flag(node: &mut Node, cordon: bool) -> bool {
 pub fn unflag(node: &mut Node) -> bool {
     let mut changed = node.labels_mut().remove(REPEAT_OFFENDER_LABEL).is_some();
     if node
-        .annotations()
-        .get(CORDONED_BY_ANNOTATION)
+        .annotation(CORDONED_BY_ANNOTATION)
         .is_some_and(|by| by == JOIN_CORDON_OWNER)
     {
         let laid_by_another = crate::cordon::cordon_laid_by_another(node).is_some();

@@ -33,9 +33,12 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Resource as _, ResourceExt as _};
 use serde_json::{Value, json};
 
-use crate::governance;
-use crate::lifecycle::node_job;
-use crate::replace::{Reported, template::report, template::substitute};
+use crate::{
+    governance,
+    lifecycle::node_job,
+    observe::NodeView,
+    replace::{Reported, template::report, template::substitute},
+};
 
 /// A node's validation Job as last read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -202,13 +205,8 @@ pub enum Recorded {
 
 /// What `node`'s `GpuValidated` condition records.
 #[must_use]
-pub fn recorded(node: &Node) -> Recorded {
-    let reason = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == GPU_VALIDATED))
-        .and_then(|c| c.reason.as_deref());
+pub fn recorded(node: &(impl NodeView + ?Sized)) -> Recorded {
+    let reason = node.condition(GPU_VALIDATED).and_then(|c| c.reason.as_deref());
     match reason {
         Some(validated_reasons::RUNNING) => Recorded::Started,
         Some(validated_reasons::FAILED | validated_reasons::TIMED_OUT) => Recorded::Held,
@@ -218,7 +216,7 @@ pub fn recorded(node: &Node) -> Recorded {
 
 /// One policy's new nodes: those carrying [`UNVALIDATED_TAINT_KEY`] that it governs.
 #[derive(Debug)]
-pub struct Governed<'a> {
+pub struct Governed<'a, N> {
     /// The policy.
     pub policy: &'a Arc<GpuRemediationPolicy>,
     /// Its validation, with `newNodes`.
@@ -226,7 +224,7 @@ pub struct Governed<'a> {
     /// `newNodes.max`.
     pub max: u32,
     /// Its new nodes, not being deleted.
-    pub nodes: Vec<&'a Arc<Node>>,
+    pub nodes: Vec<&'a Arc<N>>,
 }
 
 /// Whether any policy validates new nodes (else no node need be looked at).
@@ -248,8 +246,11 @@ fn validating(policy: &GpuRemediationPolicy) -> Option<(&Validation, u32)> {
 /// The new nodes of each policy that validates them. A node another policy governs (by priority,
 /// see `governance`) is that policy's, or nobody's when that one does not validate new nodes.
 #[must_use]
-pub fn governed<'a>(policies: &'a [Arc<GpuRemediationPolicy>], nodes: &'a [Arc<Node>]) -> Vec<Governed<'a>> {
-    let mut out: Vec<Governed<'a>> = policies
+pub fn governed<'a, N: NodeView>(
+    policies: &'a [Arc<GpuRemediationPolicy>],
+    nodes: &'a [Arc<N>],
+) -> Vec<Governed<'a, N>> {
+    let mut out: Vec<Governed<'a, N>> = policies
         .iter()
         .filter_map(|policy| {
             validating(policy).map(|(validation, max)| Governed {
@@ -265,10 +266,10 @@ pub fn governed<'a>(policies: &'a [Arc<GpuRemediationPolicy>], nodes: &'a [Arc<N
     }
     let claimants = governance::claimants(policies.iter());
     for node in nodes {
-        if node.metadata.deletion_timestamp.is_some() || !has_taint(node, UNVALIDATED_TAINT_KEY) {
+        if node.deleting().is_some() || !has_taint(node, UNVALIDATED_TAINT_KEY) {
             continue;
         }
-        let Some(name) = governance::governing(node.labels(), &claimants) else {
+        let Some(name) = governance::governing(node.node_labels(), &claimants) else {
             continue;
         };
         if let Some(entry) = out
@@ -329,11 +330,8 @@ pub fn job_object(
 
 /// Whether the node carries the startup taint `key`.
 #[must_use]
-pub fn has_taint(node: &Node, key: &str) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == key))
+pub fn has_taint(node: &(impl NodeView + ?Sized), key: &str) -> bool {
+    node.taints().iter().any(|t| t.key == key)
 }
 
 /// Lifts the startup taint `key`, keeping every other taint; whether anything changed. The

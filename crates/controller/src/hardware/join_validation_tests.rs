@@ -237,7 +237,7 @@ mod wiring {
         Arc::new(node)
     }
 
-    fn names(governed: &[Governed<'_>]) -> Vec<(String, Vec<String>)> {
+    fn names(governed: &[Governed<'_, Node>]) -> Vec<(String, Vec<String>)> {
         governed
             .iter()
             .map(|g| {

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::observe::NodeView;
 use gpu_remediation_api::{
     constants::{
         FAILED_GPUS_ANNOTATION, FAILED_SERIAL_LABEL, FAILED_SERIAL_LABELS_MAX, GPU_INVENTORY_ANNOTATION,
@@ -12,8 +13,6 @@ use gpu_remediation_api::{
     },
     hardware::{GPU_INDEX_MAX, HardwareLedger, LEDGER_GPUS_MAX, LedgerGpu, label_value},
 };
-use k8s_openapi::api::core::v1::Node;
-use kube::ResourceExt;
 use serde::Deserialize;
 
 /// One GPU as the agent's annotations spell it (unknown fields ignored, absent ones empty).
@@ -41,9 +40,8 @@ impl AnnotatedGpu {
     }
 }
 
-fn annotated(node: &Node, key: &str) -> Vec<LedgerGpu> {
-    node.annotations()
-        .get(key)
+fn annotated(node: &(impl NodeView + ?Sized), key: &str) -> Vec<LedgerGpu> {
+    node.annotation(key)
         .and_then(|text| serde_json::from_str::<Vec<AnnotatedGpu>>(text).ok())
         .unwrap_or_default()
         .into_iter()
@@ -55,29 +53,28 @@ fn annotated(node: &Node, key: &str) -> Vec<LedgerGpu> {
 
 /// The node's GPUs, from the agent's inventory annotation (none when absent or unreadable).
 #[must_use]
-pub fn inventory_of(node: &Node) -> Vec<LedgerGpu> {
+pub fn inventory_of(node: &(impl NodeView + ?Sized)) -> Vec<LedgerGpu> {
     annotated(node, GPU_INVENTORY_ANNOTATION)
 }
 
 /// The machine under the node: its system UUID, else its provider ID.
 #[must_use]
-pub fn host_of(node: &Node) -> Option<String> {
+pub fn host_of(node: &(impl NodeView + ?Sized)) -> Option<String> {
     let system_uuid = node
-        .status
-        .as_ref()
-        .and_then(|s| s.node_info.as_ref())
-        .map(|i| i.system_uuid.clone())
+        .node_info()
+        .map(|i| i.system_uuid.as_str())
         .filter(|u| !u.is_empty());
     system_uuid
-        .or_else(|| node.spec.as_ref().and_then(|s| s.provider_id.clone()))
+        .or_else(|| node.provider_id())
         .filter(|h| !h.is_empty())
+        .map(str::to_owned)
 }
 
 /// The ledger of `node` for a fault whose reason is `reason`: its GPUs, the failed ones (their
 /// serial completed from the inventory when the failed-GPUs annotation lacks it) and its host.
 /// `None` when the node says nothing of its hardware.
 #[must_use]
-pub fn ledger_of(node: &Node, reason: &str) -> Option<HardwareLedger> {
+pub fn ledger_of(node: &(impl NodeView + ?Sized), reason: &str) -> Option<HardwareLedger> {
     let gpus = inventory_of(node);
     let failed: Vec<LedgerGpu> = annotated(node, FAILED_GPUS_ANNOTATION)
         .into_iter()
@@ -159,6 +156,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus, NodeSystemInfo};
 
     use super::*;
+    use k8s_openapi::api::core::v1::Node;
 
     const INVENTORY: &str = r#"[{"index":0,"uuid":"GPU-a","serial":"1650000000001","pciBusId":"00000000:01:00.0"},{"index":1,"uuid":"GPU-b","serial":"1650000000002","pciBusId":"00000000:02:00.0","boardPartNumber":"692"}]"#;
 

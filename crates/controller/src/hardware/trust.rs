@@ -16,6 +16,7 @@ use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use kube::ResourceExt;
 
 use super::ledger::inventory_of;
+use crate::observe::NodeView;
 
 /// The most other claimants an untrusted GPU names.
 const CLAIMANTS_MAX: usize = 8;
@@ -23,9 +24,8 @@ const CLAIMANTS_MAX: usize = 8;
 /// When the controller first saw each serial in the node's inventory (empty when never stamped or
 /// unreadable).
 #[must_use]
-pub fn first_seen_of(node: &Node) -> BTreeMap<String, Timestamp> {
-    node.annotations()
-        .get(GPU_FIRST_SEEN_ANNOTATION)
+pub fn first_seen_of(node: &(impl NodeView + ?Sized)) -> BTreeMap<String, Timestamp> {
+    node.annotation(GPU_FIRST_SEEN_ANNOTATION)
         .and_then(|text| serde_json::from_str::<BTreeMap<String, Timestamp>>(text).ok())
         .unwrap_or_default()
 }
@@ -34,7 +34,10 @@ pub fn first_seen_of(node: &Node) -> BTreeMap<String, Timestamp> {
 /// time already stamped or else `now`; serials no longer listed are dropped (one that comes back
 /// is new again). `None` when the stamps on the node are already those.
 #[must_use]
-pub fn first_seen_update(node: &Node, now: Timestamp) -> Option<BTreeMap<String, Timestamp>> {
+pub fn first_seen_update(
+    node: &(impl NodeView + ?Sized),
+    now: Timestamp,
+) -> Option<BTreeMap<String, Timestamp>> {
     let stamped = first_seen_of(node);
     let wanted: BTreeMap<String, Timestamp> = inventory_of(node)
         .into_iter()
@@ -44,8 +47,8 @@ pub fn first_seen_update(node: &Node, now: Timestamp) -> Option<BTreeMap<String,
             (serial, at)
         })
         .collect();
-    let unchanged = wanted == stamped
-        || (wanted.is_empty() && !node.annotations().contains_key(GPU_FIRST_SEEN_ANNOTATION));
+    let unchanged =
+        wanted == stamped || (wanted.is_empty() && node.annotation(GPU_FIRST_SEEN_ANNOTATION).is_none());
     (!unchanged).then_some(wanted)
 }
 
@@ -69,22 +72,23 @@ pub struct Claims {
 impl Claims {
     /// The claims of `nodes` (those not being deleted) to `serials` only.
     #[must_use]
-    pub fn of<'n>(nodes: impl IntoIterator<Item = &'n Node>, serials: &BTreeSet<String>) -> Self {
+    pub fn of<'n, N: NodeView + 'n>(
+        nodes: impl IntoIterator<Item = &'n N>,
+        serials: &BTreeSet<String>,
+    ) -> Self {
         let mut by_serial: HashMap<String, BTreeSet<String>> = HashMap::new();
-        for node in nodes
-            .into_iter()
-            .filter(|n| n.metadata.deletion_timestamp.is_none())
-        {
+        for node in nodes.into_iter().filter(|n| n.deleting().is_none()) {
             // Most nodes list none of the few serials asked about: a look at the text first.
-            let text = node
-                .annotations()
-                .get(gpu_remediation_api::constants::GPU_INVENTORY_ANNOTATION);
+            let text = node.annotation(gpu_remediation_api::constants::GPU_INVENTORY_ANNOTATION);
             if !text.is_some_and(|t| serials.iter().any(|s| t.contains(s.as_str()))) {
                 continue;
             }
             for serial in inventory_of(node).into_iter().filter_map(|g| g.serial) {
                 if serials.contains(&serial) {
-                    by_serial.entry(serial).or_default().insert(node.name_any());
+                    by_serial
+                        .entry(serial)
+                        .or_default()
+                        .insert(node.node_name().to_owned());
                 }
             }
         }

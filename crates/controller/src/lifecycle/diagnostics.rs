@@ -36,7 +36,7 @@ use gpu_remediation_api::{
     remediation::PolicySnapshot,
 };
 use jiff::Timestamp;
-use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{ResourceExt, runtime::events::EventType};
 use serde_json::Value;
 
@@ -45,6 +45,7 @@ use super::{
     node_job::{self, Reading},
 };
 use crate::{
+    observe::NodeView,
     replace::Observation,
     time::{plus, signed},
 };
@@ -104,7 +105,7 @@ pub fn before_destruction(remediation: &GpuRemediation, rules: &PolicySnapshot) 
 
 /// Whether the node's kubelet stopped reporting (`Ready=Unknown`): no pod can run there.
 #[must_use]
-pub fn unreachable(node: &Node) -> bool {
+pub fn unreachable(node: &(impl NodeView + ?Sized)) -> bool {
     super::ladder_evidence::ready(node) == Some("Unknown")
 }
 
@@ -124,7 +125,7 @@ fn drained_at(status: &GpuRemediationStatus, now: Timestamp) -> Timestamp {
 pub fn gate(
     remediation: &GpuRemediation,
     rules: &PolicySnapshot,
-    node: &Node,
+    node: &(impl NodeView + ?Sized),
     status: &GpuRemediationStatus,
     (answer, observed): Looks<'_>,
     now: Timestamp,

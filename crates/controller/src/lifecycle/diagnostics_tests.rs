@@ -12,6 +12,7 @@ use serde_json::json;
 
 use super::*;
 use crate::replace::{Presence, Reported};
+use k8s_openapi::api::core::v1::Node;
 
 fn rules(diagnostics: bool, ladder: &[Rung]) -> PolicySnapshot {
     PolicySnapshot {

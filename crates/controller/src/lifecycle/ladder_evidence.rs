@@ -2,6 +2,7 @@
 //! GPUs the agent's inventory lists, where a recycle starts on the ladder, and the words that name
 //! a node's GPUs for a person.
 
+use crate::observe::NodeView;
 use gpu_remediation_api::{
     GpuRemediation,
     constants::GPU_INVENTORY_ANNOTATION,
@@ -9,44 +10,38 @@ use gpu_remediation_api::{
     ladder::{self, LadderStep, Rung},
     remediation::PolicySnapshot,
 };
-use k8s_openapi::api::core::v1::{Node, NodeCondition};
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::NodeCondition;
 
 /// `status.nodeInfo.bootID`, when the kubelet reported one.
 #[must_use]
-pub fn boot_id(node: &Node) -> Option<&str> {
-    node.status
-        .as_ref()
-        .and_then(|s| s.node_info.as_ref())
+pub fn boot_id(node: &(impl NodeView + ?Sized)) -> Option<&str> {
+    node.node_info()
         .map(|info| info.boot_id.as_str())
         .filter(|id| !id.is_empty())
 }
 
 /// Whether the node's `Ready` condition is `True`.
 #[must_use]
-pub fn is_ready(node: &Node) -> bool {
+pub fn is_ready(node: &(impl NodeView + ?Sized)) -> bool {
     ready(node) == Some("True")
 }
 
 /// The status of the node's `Ready` condition (`True`, `False`, `Unknown`), if it has one.
 #[must_use]
-pub fn ready(node: &Node) -> Option<&str> {
+pub fn ready(node: &(impl NodeView + ?Sized)) -> Option<&str> {
     ready_condition(node).map(|c| c.status.as_str())
 }
 
 /// The node's `Ready` condition, if it has one.
 #[must_use]
-pub fn ready_condition(node: &Node) -> Option<&NodeCondition> {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
+pub fn ready_condition(node: &(impl NodeView + ?Sized)) -> Option<&NodeCondition> {
+    node.condition("Ready")
 }
 
 /// The UUIDs the agent's `gpuremediation.dev/gpu-inventory` annotation lists now: each GPU's, then
 /// its MIG devices' (a fault on one MIG device names that device's UUID).
 #[must_use]
-pub fn inventory_uuids(node: &Node) -> Vec<String> {
+pub fn inventory_uuids(node: &(impl NodeView + ?Sized)) -> Vec<String> {
     #[derive(serde::Deserialize)]
     struct Mig {
         uuid: String,
@@ -57,8 +52,7 @@ pub fn inventory_uuids(node: &Node) -> Vec<String> {
         #[serde(default)]
         mig: Vec<Mig>,
     }
-    node.annotations()
-        .get(GPU_INVENTORY_ANNOTATION)
+    node.annotation(GPU_INVENTORY_ANNOTATION)
         .and_then(|text| serde_json::from_str::<Vec<Listed>>(text).ok())
         .map(|gpus| {
             gpus.into_iter()
@@ -181,6 +175,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{NodeStatus, NodeSystemInfo};
 
     use super::*;
+    use k8s_openapi::api::core::v1::Node;
 
     fn step(rung: Rung) -> LadderStep {
         LadderStep {

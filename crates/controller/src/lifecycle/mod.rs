@@ -103,7 +103,7 @@ impl Facts<'_> {
         match self.identity {
             Identity::Same(node) => {
                 !cordon::is_unschedulable(node)
-                    && (cordon::has_taint(node) || node.annotations().values().any(|by| *by == self.name))
+                    && (cordon::has_taint(node) || node.any_annotation(&mut |_, by| by == self.name))
             }
             Identity::Replaced | Identity::Gone => false,
         }
@@ -217,17 +217,12 @@ fn facts<'a>(
     let uid = remediation.spec.node_uid.clone();
     let identity = match seen.node {
         None => Identity::Gone,
-        Some(node) if uid.is_some() && node.metadata.uid != uid => Identity::Replaced,
+        Some(node) if uid.is_some() && node.node_uid() != uid.as_deref() => Identity::Replaced,
         Some(node) => Identity::Same(node),
     };
     let health = match (identity, rules) {
         (Identity::Same(node), Some(rules)) => {
-            let conditions = node
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_deref())
-                .unwrap_or_default();
-            match detect::evaluate(conditions, &rules.triggers, now) {
+            match detect::evaluate(node.conditions(), &rules.triggers, now) {
                 Verdict::Healthy { since } => Health::Recovered(since),
                 Verdict::Pending { .. } | Verdict::Unhealthy { .. } => Health::Broken,
             }

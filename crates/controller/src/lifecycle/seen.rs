@@ -6,11 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_remediation_api::object_reference::ObjectReference;
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::Status;
 
 use crate::{
     drain::{Leaving, Plan},
+    observe::NodeView,
     replace::Observation,
 };
 
@@ -153,7 +154,7 @@ pub struct Answers {
 #[derive(Clone, Copy)]
 pub struct Seen<'a> {
     /// The node read by name (`None`: no node of that name).
-    pub node: Option<&'a Node>,
+    pub node: Option<&'a dyn NodeView>,
     /// The node's pods, as the drain plans them (listed only in the phases that drain).
     pub pods: Option<&'a Plan>,
     /// With a ladder: which pods the plan takes and why (see `DrainStatus::scope`).
@@ -193,7 +194,7 @@ pub enum Health {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Identity<'a> {
     /// The admitted node (same UID, or no UID was recorded).
-    Same(&'a Node),
+    Same(&'a dyn NodeView),
     /// A node of that name with another UID: a different machine, never touched.
     Replaced,
     /// No node of that name.

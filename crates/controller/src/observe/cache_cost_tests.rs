@@ -12,14 +12,15 @@
 //! them). It prints the growth of the resident set per node
 //! and the bytes of our annotations' text per node, so the two can be set side by side, and the
 //! size of the `Node` struct itself (each cached node's one allocation before any of its strings).
-//! `what_a_slim_cached_node_would_cost` keeps the same nodes as [`Slim`], a type of our own
-//! holding only what decisions read (a prototype measured for issue 45's plan, not a type in use).
+//! `what_a_cached_node_costs_in_the_caches_own_shape` keeps the same nodes as the cache keeps them,
+//! as [`CachedNode`]s.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 
 use super::{
+    CachedNode,
     labels::{Kept, keys_read_by},
     prune_node,
 };
@@ -180,95 +181,21 @@ fn what_a_cached_node_costs_by_what_it_carries() {
     std::hint::black_box(kept);
 }
 
-/// What a type of our own would cost in place of `Node`: the fields decisions read, each string
-/// boxed to its length, the maps as sorted vectors (a measurement for the plan, not a type in use).
-#[derive(Debug)]
-#[allow(dead_code, reason = "kept only to be measured")]
-struct Slim {
-    name: Box<str>,
-    uid: Box<str>,
-    resource_version: Box<str>,
-    deletion: Option<i64>,
-    labels: Box<[(Box<str>, Box<str>)]>,
-    annotations: Box<[(Box<str>, Box<str>)]>,
-    unschedulable: bool,
-    taints: Box<[SlimTaint]>,
-    conditions: Box<[SlimCondition]>,
-    info: [Box<str>; 6],
-}
-
-/// A taint: key, value, effect.
-type SlimTaint = (Box<str>, Option<Box<str>>, Box<str>);
-
-#[derive(Debug)]
-#[allow(dead_code, reason = "kept only to be measured")]
-struct SlimCondition {
-    type_: Box<str>,
-    status: Box<str>,
-    reason: Option<Box<str>>,
-    message: Option<Box<str>>,
-    since: Option<i64>,
-}
-
-fn slim(node: Node) -> Slim {
-    let boxed = |s: String| s.into_boxed_str();
-    let pairs = |m: Option<std::collections::BTreeMap<String, String>>| {
-        m.into_iter()
-            .flatten()
-            .map(|(k, v)| (boxed(k), boxed(v)))
-            .collect::<Vec<_>>()
-            .into_boxed_slice()
-    };
-    let spec = node.spec.unwrap_or_default();
-    let status = node.status.unwrap_or_default();
-    let info = status.node_info.unwrap_or_default();
-    Slim {
-        name: boxed(node.metadata.name.unwrap_or_default()),
-        uid: boxed(node.metadata.uid.unwrap_or_default()),
-        resource_version: boxed(node.metadata.resource_version.unwrap_or_default()),
-        deletion: node.metadata.deletion_timestamp.map(|t| t.0.as_second()),
-        labels: pairs(node.metadata.labels),
-        annotations: pairs(node.metadata.annotations),
-        unschedulable: spec.unschedulable.unwrap_or(false),
-        taints: spec
-            .taints
-            .into_iter()
-            .flatten()
-            .map(|t| (boxed(t.key), t.value.map(boxed), boxed(t.effect)))
-            .collect(),
-        conditions: status
-            .conditions
-            .into_iter()
-            .flatten()
-            .map(|c| SlimCondition {
-                type_: boxed(c.type_),
-                status: boxed(c.status),
-                reason: c.reason.map(boxed),
-                message: c.message.map(boxed),
-                since: c.last_transition_time.map(|t| t.0.as_second()),
-            })
-            .collect(),
-        info: [
-            boxed(info.system_uuid),
-            boxed(info.boot_id),
-            boxed(info.kernel_version),
-            boxed(info.kubelet_version),
-            boxed(info.os_image),
-            boxed(info.container_runtime_version),
-        ],
-    }
-}
-
+/// The same nodes kept as the cache keeps them now, as [`CachedNode`]s: what the type saves
+/// over Kubernetes' `Node` (the figure beside [`what_a_cached_node_costs_by_what_it_carries`]'s).
 #[test]
 #[ignore = "a measurement, run by hand (see the module's header)"]
-fn what_a_slim_cached_node_would_cost() {
+fn what_a_cached_node_costs_in_the_caches_own_shape() {
     let shape = std::env::var("CACHE_COST_SHAPE").unwrap_or_else(|_| "installed".to_owned());
-    let count = 50_000;
+    let count: usize = std::env::var("CACHE_COST_NODES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(50_000);
     let labels = a_policys_keys();
     let before = resident();
-    let mut kept: Vec<Arc<Slim>> = Vec::with_capacity(count);
+    let mut kept: Vec<Arc<CachedNode>> = Vec::with_capacity(count);
     for i in 0..count {
-        kept.push(Arc::new(slim(as_watched(i, &shape, &labels))));
+        kept.push(Arc::new(CachedNode::from(as_watched(i, &shape, &labels))));
     }
     let grown = usize::try_from(resident().saturating_sub(before)).unwrap_or(usize::MAX);
     #[allow(clippy::cast_precision_loss, reason = "a printed measurement")]
@@ -276,8 +203,8 @@ fn what_a_slim_cached_node_would_cost() {
     #[allow(clippy::cast_precision_loss, reason = "a printed measurement")]
     let per_node = grown as f64 / count as f64;
     println!(
-        "| slim {shape} | {count} | {mib:.1} MiB | {per_node:.0} B | {} B |",
-        size_of::<Slim>()
+        "| cached {shape} | {count} | {mib:.1} MiB | {per_node:.0} B | {} B |",
+        size_of::<CachedNode>()
     );
     std::hint::black_box(kept);
 }

@@ -8,8 +8,52 @@ use std::{
 };
 
 use gpu_remediation_api::{GpuHardwareRecord, GpuRemediation};
-use k8s_openapi::api::core::v1::Node;
-use kube::{Resource, ResourceExt};
+
+use super::cached_node::{CachedNode, NodeView};
+
+/// What an overlay reads of the objects it keeps: the name it keys them by, and what tells a later
+/// version of the same object.
+pub trait Versioned {
+    /// The object's name.
+    fn key(&self) -> &str;
+    /// Its UID.
+    fn uid_of(&self) -> Option<&str>;
+    /// Its resourceVersion.
+    fn version_of(&self) -> Option<&str>;
+}
+
+/// Our kinds, read through their metadata.
+macro_rules! versioned_by_metadata {
+    ($($kind:ty),*) => {$(
+        impl Versioned for $kind {
+            fn key(&self) -> &str {
+                self.metadata.name.as_deref().unwrap_or_default()
+            }
+            fn uid_of(&self) -> Option<&str> {
+                self.metadata.uid.as_deref()
+            }
+            fn version_of(&self) -> Option<&str> {
+                self.metadata.resource_version.as_deref()
+            }
+        }
+    )*};
+}
+
+versioned_by_metadata!(GpuRemediation, GpuHardwareRecord);
+
+impl Versioned for CachedNode {
+    fn key(&self) -> &str {
+        self.node_name()
+    }
+
+    fn uid_of(&self) -> Option<&str> {
+        self.node_uid()
+    }
+
+    fn version_of(&self) -> Option<&str> {
+        self.version()
+    }
+}
 
 /// How long a write the cache has never shown stays laid over it. A watch delivers our own write
 /// within milliseconds; a write still missing after this is of an object deleted since, and must
@@ -22,15 +66,12 @@ type Written<K> = (Arc<K>, std::time::Instant);
 /// Our own writes, laid over a watch cache until it has caught up with them.
 pub struct Overlay<K> {
     written: Arc<Mutex<HashMap<String, Written<K>>>>,
-    /// What the cache's watch does to each object it stores, done to ours as we record them.
-    prune: fn(&mut K),
 }
 
 impl<K> Clone for Overlay<K> {
     fn clone(&self) -> Self {
         Self {
             written: self.written.clone(),
-            prune: self.prune,
         }
     }
 }
@@ -39,30 +80,33 @@ impl<K> Default for Overlay<K> {
     fn default() -> Self {
         Self {
             written: Arc::default(),
-            prune: |_| {},
         }
     }
 }
 
-impl<K: Resource> Overlay<K> {
-    /// An overlay that prunes what it records with `prune`, as its cache's watch prunes what it
-    /// stores.
-    #[must_use]
-    pub fn pruned_by(prune: fn(&mut K)) -> Self {
-        Self {
-            written: Arc::default(),
-            prune,
-        }
-    }
-
-    /// Records the object the API server returned for a create or an update.
-    pub fn record(&self, mut object: K) {
-        (self.prune)(&mut object);
+impl<K> Overlay<K> {
+    /// Forgets our write of an object that is gone.
+    pub fn forget(&self, name: &str) {
         let mut written = self
             .written
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        written.insert(object.name_any(), (Arc::new(object), std::time::Instant::now()));
+        written.remove(name);
+    }
+}
+
+impl<K: Versioned> Overlay<K> {
+    /// Records the object the API server returned for a create or an update, in the shape its
+    /// cache keeps (a node as a `CachedNode`, pruned as the node watch prunes).
+    pub fn record(&self, object: K) {
+        let mut written = self
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        written.insert(
+            object.key().to_owned(),
+            (Arc::new(object), std::time::Instant::now()),
+        );
     }
 
     /// The newer of the cached object and our last write of it.
@@ -98,15 +142,6 @@ impl<K: Resource> Overlay<K> {
             .collect()
     }
 
-    /// Forgets our write of an object that is gone.
-    pub fn forget(&self, name: &str) {
-        let mut written = self
-            .written
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        written.remove(name);
-    }
-
     /// The cache's objects with newer written versions swapped in and written ones the cache has
     /// not seen yet added; entries the cache caught up with, or never showed within the grace
     /// period, are dropped.
@@ -125,7 +160,7 @@ impl<K: Resource> Overlay<K> {
         // The written objects the cache holds (caught up with or not); the others are added.
         let mut cached_too = std::collections::HashSet::new();
         for object in cached {
-            let name = object.meta().name.as_deref().unwrap_or_default();
+            let name = object.key();
             match written.get(name) {
                 Some((ours, _)) if is_newer(ours.as_ref(), &object) => {
                     cached_too.insert(name.to_owned());
@@ -151,36 +186,24 @@ impl<K: Resource> Overlay<K> {
 /// Whether `ours` is a later version than `cached` of the same object. Resource versions are
 /// opaque in general, but etcd's are increasing integers; when either does not parse, the cache
 /// wins (it is the safe side: at worst one idempotent step repeats).
-fn is_newer<K: Resource>(ours: &K, cached: &K) -> bool {
-    if ours.uid() != cached.uid() {
+fn is_newer<K: Versioned>(ours: &K, cached: &K) -> bool {
+    if ours.uid_of() != cached.uid_of() {
         return false;
     }
-    let version = |r: &K| r.resource_version().and_then(|v| v.parse::<u64>().ok());
+    let version = |r: &K| r.version_of().and_then(|v| v.parse::<u64>().ok());
     matches!((version(ours), version(cached)), (Some(a), Some(b)) if a > b)
 }
 
 /// Our own writes of the kinds the passes read from caches, laid over those caches until their
-/// watches catch up. The writer records into them; the caches read them. `Default` keeps whole
-/// objects (tests); the controller prunes nodes as its node watch does ([`Overlays::new`]).
+/// watches catch up. The writer records into them; the caches read them.
 #[derive(Clone, Default)]
 pub struct Overlays {
     /// Remediations created or updated.
     pub remediations: Overlay<GpuRemediation>,
-    /// Nodes edited (cordon, release, quarantine).
-    pub nodes: Overlay<Node>,
+    /// Nodes edited (cordon, release, quarantine), kept as the node cache keeps them.
+    pub nodes: Overlay<CachedNode>,
     /// Hardware records created or updated.
     pub hardware_records: Overlay<GpuHardwareRecord>,
-}
-
-impl Overlays {
-    /// Overlays whose nodes are pruned by `prune_node` before they are kept.
-    #[must_use]
-    pub fn new(prune_node: fn(&mut Node)) -> Self {
-        Self {
-            nodes: Overlay::pruned_by(prune_node),
-            ..Self::default()
-        }
-    }
 }
 
 #[cfg(test)]
@@ -188,6 +211,7 @@ mod tests {
     use gpu_remediation_api::{GpuRemediation, policy::Action};
 
     use super::*;
+    use kube::ResourceExt;
 
     fn remediation(name: &str, version: &str) -> GpuRemediation {
         let mut r = crate::test_fixtures::remediation(name, "gpu-1", "p", None, Action::Replace);

@@ -19,7 +19,10 @@ use kube::{
 use tokio::sync::{Notify, watch};
 
 use super::{
-    Changes, initial_list, labels,
+    Changes,
+    cached_node::CachedNode,
+    initial_list, labels,
+    node_store::{NodeStore, node_store},
     overlay::Overlay,
     relevant::{node_fingerprint, prune_node},
     undecodable::{self, Undecodable},
@@ -60,7 +63,7 @@ where
     store
 }
 
-/// The node watch with its reflector, on the runtime; returns its store. Nodes are what is many:
+/// The node watch with its store of [`CachedNode`]s, on the runtime; returns the store. Nodes are what is many:
 /// their initial list is streamed, falling back to pages if that fails (`initial_list`); the other
 /// kinds are few and keep paginated lists, which a server whose watch cache is still starting
 /// (just after a CRD is created, or after a restart) serves from etcd instead of refusing with 429
@@ -72,8 +75,8 @@ pub(super) fn spawn_node_reflector(
     relist: watch::Receiver<u64>,
     changes: &Changes,
     wake: Arc<Notify>,
-    written: &Overlay<Node>,
-) -> Store<Node> {
+    written: &Overlay<CachedNode>,
+) -> NodeStore {
     let events = labels::relisting(
         {
             let (client, labels) = (client.clone(), labels.clone());
@@ -86,13 +89,16 @@ pub(super) fn spawn_node_reflector(
         },
         relist,
     );
-    let (store, writer) = reflector::store();
-    let events = events.modify(prune_node).reflect(writer).inspect({
+    let (store, mut writer) = node_store();
+    let events = events.modify(prune_node).inspect({
         let labels = labels.clone();
-        // After the reflector has taken the list's end: the store holds what the list kept.
         move |event| {
-            if let Ok(watcher::Event::InitDone) = event {
-                labels.listed();
+            if let Ok(event) = event {
+                writer.apply(event);
+                // After the store has taken the list's end: it holds what the list kept.
+                if let watcher::Event::InitDone = event {
+                    labels.listed();
+                }
             }
         }
     });
@@ -167,11 +173,11 @@ impl Waker {
 
 /// Drives a reflected watch, waking the loop when an object appears, goes, or changes what its
 /// fingerprint covers, and when a (re)list completes.
-pub(super) async fn wake_on_change<K, S, F>(
+pub(super) async fn wake_on_change<K, S, F, W>(
     events: S,
     fingerprint: F,
     wake: Waker,
-    written: Option<Overlay<K>>,
+    written: Option<Overlay<W>>,
 ) where
     K: Resource<DynamicType = ()>,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,

@@ -39,6 +39,7 @@ use crate::dra::{
         TaintRuleVersion,
     },
 };
+use crate::observe::NodeView;
 
 /// The oldest Kubernetes release serving `DeviceTaintRule`.
 pub const MINIMUM_SERVER_VERSION: &str = "1.33";
@@ -118,13 +119,12 @@ pub fn target(node: &str, failed: &[String], served: Option<(TaintRuleVersion, &
 
 /// The UUIDs of the GPUs the node's fault names (the agent's failed-GPUs annotation).
 #[must_use]
-pub fn failed_gpus(node: &Node) -> Vec<String> {
+pub fn failed_gpus(node: &(impl NodeView + ?Sized)) -> Vec<String> {
     #[derive(Deserialize)]
     struct Failed {
         uuid: String,
     }
-    node.annotations()
-        .get(FAILED_GPUS_ANNOTATION)
+    node.annotation(FAILED_GPUS_ANNOTATION)
         .and_then(|text| serde_json::from_str::<Vec<Failed>>(text).ok())
         .map(|failed| failed.into_iter().map(|f| f.uuid).collect())
         .unwrap_or_default()
@@ -132,23 +132,22 @@ pub fn failed_gpus(node: &Node) -> Vec<String> {
 
 /// The devices the node's device-level quarantine holds (empty: none, or node-level).
 #[must_use]
-pub fn recorded(node: &Node) -> Vec<QuarantinedDevice> {
-    node.annotations()
-        .get(QUARANTINED_DEVICES_ANNOTATION)
+pub fn recorded(node: &(impl NodeView + ?Sized)) -> Vec<QuarantinedDevice> {
+    node.annotation(QUARANTINED_DEVICES_ANNOTATION)
         .and_then(|text| serde_json::from_str(text).ok())
         .unwrap_or_default()
 }
 
 /// Whether the node carries a device-level quarantine.
 #[must_use]
-pub fn is_device_level(node: &Node) -> bool {
-    node.annotations().contains_key(QUARANTINED_DEVICES_ANNOTATION)
+pub fn is_device_level(node: &(impl NodeView + ?Sized)) -> bool {
+    node.annotation(QUARANTINED_DEVICES_ANNOTATION).is_some()
 }
 
 /// Whether the node's device-level quarantine misses a GPU its fault now names (a second GPU
 /// failed during the episode): the quarantine is decided again.
 #[must_use]
-pub fn misses_a_failed_gpu(node: &Node) -> bool {
+pub fn misses_a_failed_gpu(node: &(impl NodeView + ?Sized)) -> bool {
     if !is_device_level(node) {
         return false;
     }
@@ -273,19 +272,19 @@ pub struct RulePlan {
 /// (see [`in_own_pool`]) was never the controller's decision and gets no rule. Rules are created
 /// in `version`.
 #[must_use]
-pub fn reconcile(
+pub fn reconcile<N: NodeView>(
     version: TaintRuleVersion,
-    nodes: &[Arc<Node>],
+    nodes: &[Arc<N>],
     known: impl Fn(&str) -> bool,
     existing: &[DeviceTaintRule],
 ) -> RulePlan {
     let mut wanted: BTreeMap<String, DeviceTaintRule> = BTreeMap::new();
     let mut named = BTreeSet::new();
-    for node in nodes.iter().filter(|n| is_device_level(n)) {
-        let Some(policy) = node.annotations().get(QUARANTINED_BY_ANNOTATION) else {
+    for node in nodes.iter().filter(is_device_level) {
+        let Some(policy) = node.annotation(QUARANTINED_BY_ANNOTATION) else {
             continue;
         };
-        let name = node.name_any();
+        let name = node.node_name().to_owned();
         for device in recorded(node).into_iter().filter(|d| in_own_pool(&name, &d.pool)) {
             let rule = rule(version, policy, &name, &device);
             named.insert(rule.name_any());

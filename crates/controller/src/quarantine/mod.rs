@@ -41,16 +41,13 @@ use gpu_remediation_api::{
     policy::Mode,
 };
 use jiff::Timestamp;
-use k8s_openapi::{
-    api::core::v1::{Node, NodeCondition},
-    apimachinery::pkg::apis::meta::v1::Condition,
-};
-use kube::ResourceExt;
+use k8s_openapi::{api::core::v1::NodeCondition, apimachinery::pkg::apis::meta::v1::Condition};
 
 use crate::{
     cordon::NodeRef,
     detect::{self, Verdict},
     first_seen::FirstSeen,
+    observe::NodeView,
     time::{plus, signed},
 };
 
@@ -98,7 +95,7 @@ pub struct Plan {
 }
 
 /// What one policy's quarantine decision needs.
-pub struct Inputs<'a> {
+pub struct Inputs<'a, N> {
     /// The policy's name (the owner written on its nodes).
     pub policy: &'a str,
     /// Its spec.
@@ -107,7 +104,7 @@ pub struct Inputs<'a> {
     pub selected: u32,
     /// The nodes it governs that may need a decision (all of them, or at least every one that
     /// signals or carries its quarantine).
-    pub nodes: &'a [&'a Node],
+    pub nodes: &'a [&'a N],
     /// Every remediation record.
     pub remediations: &'a [Arc<GpuRemediation>],
     /// Whether the policy passes every check (an invalid one quarantines nothing new).
@@ -121,7 +118,7 @@ pub struct Inputs<'a> {
 
 /// Decides one policy's quarantines.
 #[must_use]
-pub fn plan(inputs: &Inputs<'_>) -> Plan {
+pub fn plan<N: NodeView>(inputs: &Inputs<'_, N>) -> Plan {
     let Inputs {
         policy,
         spec,
@@ -148,7 +145,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         let ours = taint::owner(node) == Some(policy);
         let conditions = conditions_of(node);
         let clock = Clock {
-            node: node.metadata.name.as_deref().unwrap_or_default(),
+            node: node.node_name(),
             first_seen,
             now,
         };
@@ -162,8 +159,8 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         // A device-level quarantine holds the node too (its rules take the failed GPUs out).
         let tainted = ours && (taint::has_taint(node) || device::is_device_level(node));
         let node_ref = || NodeRef {
-            name: node.name_any(),
-            uid: node.metadata.uid.clone(),
+            name: node.node_name().to_owned(),
+            uid: node.node_uid().map(str::to_owned),
         };
         if held_by_remediation(node, policy, records) {
             out.held += u32::from(tainted);
@@ -287,9 +284,9 @@ impl Plan {
 /// policies' decisions of this pass. A quarantine the owner's remediation still holds is left to
 /// that remediation's release.
 #[must_use]
-pub fn orphans<'p>(
-    nodes: &[Arc<Node>],
-    governor: impl Fn(&Node) -> Option<&'p str>,
+pub fn orphans<'p, N: NodeView>(
+    nodes: &[Arc<N>],
+    governor: impl Fn(&N) -> Option<&'p str>,
     known: impl Fn(&str) -> bool,
     plans: &[&Plan],
     remediations: &[Arc<GpuRemediation>],
@@ -304,15 +301,15 @@ pub fn orphans<'p>(
         .filter_map(|node| {
             let owner = taint::owner(node)?;
             if governor(node) == Some(owner)
-                || added.contains(node.name_any().as_str())
+                || added.contains(node.node_name().to_owned().as_str())
                 || held_by_remediation(node, owner, by_node.on(node))
             {
                 return None;
             }
             Some(Lift {
                 node: NodeRef {
-                    name: node.name_any(),
-                    uid: node.metadata.uid.clone(),
+                    name: node.node_name().to_owned(),
+                    uid: node.node_uid().map(str::to_owned),
                 },
                 policy: owner.to_owned(),
                 why: if known(owner) {
@@ -402,19 +399,15 @@ impl<'a> RecordsByNode<'a> {
 
     /// The records of `node`.
     #[must_use]
-    pub fn on(&self, node: &Node) -> &[&'a GpuRemediation] {
-        node.metadata
-            .name
-            .as_deref()
-            .and_then(|name| self.0.get(name))
-            .map_or(&[], Vec::as_slice)
+    pub fn on(&self, node: &(impl NodeView + ?Sized)) -> &[&'a GpuRemediation] {
+        self.0.get(node.node_name()).map_or(&[], Vec::as_slice)
     }
 }
 
 /// Whether a remediation of `policy` holds the node: one still running, or a finished one still
 /// holding the cordon (action `None` keeps it). Its release lifts the quarantine. `records`: the
 /// node's.
-fn held_by_remediation(node: &Node, policy: &str, records: &[&GpuRemediation]) -> bool {
+fn held_by_remediation(node: &(impl NodeView + ?Sized), policy: &str, records: &[&GpuRemediation]) -> bool {
     records.iter().filter(|r| r.spec.policy_name == policy).any(|r| {
         let phase = r.status.as_ref().map(|s| s.phase).unwrap_or_default();
         !phase.is_terminal()
@@ -426,7 +419,7 @@ fn held_by_remediation(node: &Node, policy: &str, records: &[&GpuRemediation]) -
 /// cancelled by a person): the quarantine goes with it. A record waiting in `ManualRequired` does
 /// not end it: the broken node stays quarantined while its fault persists.
 fn episode_over(
-    node: &Node,
+    node: &(impl NodeView + ?Sized),
     policy: &str,
     spec: &GpuRemediationPolicySpec,
     records: &[&GpuRemediation],
@@ -438,9 +431,8 @@ fn episode_over(
         Verdict::Healthy { .. } => return false,
     };
     let cancelled = node
-        .annotations()
-        .get(CANCELLED_ANNOTATION)
-        .is_some_and(|c| *c == crate::record_name::remediation_name(clock.node, policy, since));
+        .annotation(CANCELLED_ANNOTATION)
+        .is_some_and(|c| c == crate::record_name::remediation_name(clock.node, policy, since));
     cancelled
         || records.iter().any(|r| {
             let waits_for_person = r
@@ -466,11 +458,8 @@ fn lift_reason(tainted: bool, spec: &GpuRemediationPolicySpec) -> String {
     }
 }
 
-fn conditions_of(node: &Node) -> &[NodeCondition] {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or_default()
+fn conditions_of(node: &(impl NodeView + ?Sized)) -> &[NodeCondition] {
+    node.conditions()
 }
 
 fn earliest(a: Option<Timestamp>, b: Timestamp) -> Timestamp {

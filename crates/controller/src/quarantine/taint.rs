@@ -7,25 +7,21 @@
 //! as they are. Ownership lives on the node, so a restarted controller finds every quarantine
 //! again.
 
+use crate::observe::NodeView;
 use gpu_remediation_api::constants::{QUARANTINE_TAINT_KEY, QUARANTINED_BY_ANNOTATION};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use kube::ResourceExt;
 
 /// Whether the node carries the quarantine taint.
 #[must_use]
-pub fn has_taint(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == QUARANTINE_TAINT_KEY))
+pub fn has_taint(node: &(impl NodeView + ?Sized)) -> bool {
+    node.taints().iter().any(|t| t.key == QUARANTINE_TAINT_KEY)
 }
 
 /// The policy named as the quarantine's owner, if any.
 #[must_use]
-pub fn owner(node: &Node) -> Option<&str> {
-    node.annotations()
-        .get(QUARANTINED_BY_ANNOTATION)
-        .map(String::as_str)
+pub fn owner(node: &(impl NodeView + ?Sized)) -> Option<&str> {
+    node.annotation(QUARANTINED_BY_ANNOTATION)
 }
 
 /// Quarantines `node` for `policy`: the taint added to the others, the owner recorded (a

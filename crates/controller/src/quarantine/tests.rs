@@ -9,6 +9,8 @@ use kube::api::ObjectMeta;
 
 use super::*;
 use crate::test_fixtures::at;
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 
 fn spec() -> GpuRemediationPolicySpec {
     serde_json::from_value(serde_json::json!({

@@ -28,6 +28,7 @@ use super::{
     plan::{Plan, Write, node_reference},
     verify::{ReplacementNode, node_is_ready},
 };
+use crate::observe::NodeView;
 
 /// Cluster API's API group.
 pub const GROUP: &str = "cluster.x-k8s.io";
@@ -190,14 +191,14 @@ pub fn plan(
 fn names_node(machine: &DynamicObject, node: &Node) -> Result<(), String> {
     let node_ref = machine.data.pointer("/status/nodeRef");
     let field = |key: &str| node_ref.and_then(|r| r.get(key)).and_then(Value::as_str);
-    let node_name = node.metadata.name.as_deref().unwrap_or_default();
+    let node_name = node.node_name();
     let Some(named) = field("name") else {
         return Err("its status.nodeRef names no node".to_owned());
     };
     if named != node_name {
         return Err(format!("its status.nodeRef names node {named}"));
     }
-    let node_uid = node.metadata.uid.as_deref().unwrap_or_default();
+    let node_uid = node.node_uid().unwrap_or_default();
     match field("uid") {
         Some(uid) if uid != node_uid => Err(format!(
             "its status.nodeRef names node {named} of UID {uid}, and this node's UID is {node_uid}"

@@ -13,6 +13,7 @@ use super::{
     AdmittedNode,
     plan::{Plan, Write, node_reference},
 };
+use crate::observe::NodeView;
 
 /// What deleting `remediation`'s node writes, given the node read by name (`node`): a delete of
 /// the node admitted, pinned to its UID (a node re-registered under the same name between the read
@@ -25,7 +26,7 @@ pub fn plan(remediation: &GpuRemediation, node: Option<&Node>) -> Plan {
     if let Some(reason) = admitted.gone_because(name) {
         return Plan::nothing(node_reference(name, None), reason);
     }
-    let Some(uid) = node.and_then(|node| node.metadata.uid.clone()) else {
+    let Some(uid) = node.and_then(|node| node.node_uid().map(str::to_owned)) else {
         return Plan::nothing(
             node_reference(name, None),
             format!("node {name} was read without a UID: nothing identifies what to delete"),

@@ -22,6 +22,7 @@ use super::{
     AdmittedNode, TriggerReplacementError,
     plan::{Plan, Write, node_reference},
 };
+use crate::observe::NodeView;
 
 /// Karpenter's API group.
 pub const GROUP: &str = "karpenter.sh";
@@ -104,7 +105,7 @@ pub fn plan(
 /// Whether `claim`'s `status.providerID` is `node`'s `spec.providerID`; what differs, if not.
 fn same_instance(claim: &DynamicObject, node: &Node) -> Result<(), String> {
     let claimed = claim.data.pointer("/status/providerID").and_then(Value::as_str);
-    let actual = node.spec.as_ref().and_then(|spec| spec.provider_id.as_deref());
+    let actual = node.provider_id();
     match (claimed, actual) {
         (Some(claimed), Some(actual)) if claimed == actual => Ok(()),
         (claimed, actual) => Err(format!(

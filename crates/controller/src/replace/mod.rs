@@ -52,7 +52,7 @@ use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Object
 
 pub use verify::{Observation, Presence, Progress, ReplacementNode, Reported, Verification, judge};
 
-use crate::leader::FenceError;
+use crate::{leader::FenceError, observe::NodeView};
 
 pub use gpu_remediation_api::constants::REPLACEMENT_SELECTOR_ANNOTATION;
 
@@ -219,7 +219,7 @@ impl<'a> AdmittedNode<'a> {
         let Some(node) = found else {
             return Self::Gone;
         };
-        let uid = node.metadata.uid.as_deref().unwrap_or_default();
+        let uid = node.node_uid().unwrap_or_default();
         match remediation.spec.node_uid.as_deref() {
             Some(admitted) if admitted != uid => Self::Another { uid },
             _ => Self::Present(node),

@@ -16,9 +16,9 @@
 
 use std::time::Duration;
 
+use crate::observe::NodeView;
 use gpu_remediation_api::{GpuRemediationStatus, Phase, policy::Strategy};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 
 /// Condition/Event reason: the replacement did not finish within `replacement.timeout`.
 pub const REPLACEMENT_TIMEOUT: &str = "ReplacementTimeout";
@@ -245,20 +245,20 @@ fn judge_deletion(observation: &Observation) -> Progress {
 /// one if any joined Ready, else the earliest joined; [`ReplacementNode::Awaited`] when none.
 /// Creation times have whole seconds: the delete's second counts.
 #[must_use]
-pub fn replacement_seen<'n>(
-    nodes: impl IntoIterator<Item = &'n Node>,
-    selects: impl Fn(&Node) -> bool,
+pub fn replacement_seen<'n, N: NodeView + 'n>(
+    nodes: impl IntoIterator<Item = &'n N>,
+    selects: impl Fn(&N) -> bool,
     deleted_uid: Option<&str>,
     deleted_at: Timestamp,
 ) -> ReplacementNode {
     let deleted_at = Timestamp::from_second(deleted_at.as_second()).unwrap_or(deleted_at);
     let mut joined: Vec<(bool, Timestamp, &str)> = nodes
         .into_iter()
-        .filter(|n| n.metadata.uid.as_deref() != deleted_uid || deleted_uid.is_none())
-        .filter(|n| n.metadata.deletion_timestamp.is_none() && selects(n))
+        .filter(|n| n.node_uid() != deleted_uid || deleted_uid.is_none())
+        .filter(|n| n.deleting().is_none() && selects(n))
         .filter_map(|n| {
-            let created = n.metadata.creation_timestamp.as_ref()?.0;
-            (created >= deleted_at).then_some((!node_is_ready(n), created, n.metadata.name.as_deref()?))
+            let created = n.created()?.0;
+            (created >= deleted_at).then_some((!node_is_ready(n), created, n.node_name()))
         })
         .collect();
     joined.sort_unstable();
@@ -286,15 +286,8 @@ pub fn replacing_since(status: &GpuRemediationStatus) -> Option<Timestamp> {
 
 /// Whether a node's `Ready` condition is `True`.
 #[must_use]
-pub fn node_is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+pub fn node_is_ready(node: &(impl NodeView + ?Sized)) -> bool {
+    node.condition("Ready").is_some_and(|c| c.status == "True")
 }
 
 #[cfg(test)]

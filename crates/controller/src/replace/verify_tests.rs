@@ -1,4 +1,5 @@
 use super::*;
+use k8s_openapi::api::core::v1::Node;
 
 fn at(seconds: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + seconds).expect("valid timestamp")

@@ -339,9 +339,7 @@ impl Writer {
     }
 
     fn record<K: Writable>(&self, written: &K) {
-        if let Some(overlay) = K::overlay(&self.overlays) {
-            overlay.record(written.clone());
-        }
+        K::record_in(&self.overlays, written);
     }
 
     /// `object` cut to its CRD's bounds (see [`bounds`]); a kind that is not ours is left as it is.

@@ -10,6 +10,7 @@ use super::{Verb, WriteError, Writer, patch_params};
 use crate::{
     cordon,
     cordon::NodeRef,
+    observe::{CachedNode, NodeView},
     quarantine,
     read::{Scope, api},
 };
@@ -55,7 +56,7 @@ impl Writer {
     pub async fn cordon_node(
         &self,
         node: &NodeRef,
-        seen: Option<&Node>,
+        seen: Option<&CachedNode>,
         remediation: &str,
     ) -> Result<NodeEdit, EditNodeError> {
         self.edit_node(node, seen, |n| cordon::cordon(n, remediation))
@@ -70,7 +71,7 @@ impl Writer {
     pub async fn release_node(
         &self,
         node: &NodeRef,
-        seen: Option<&Node>,
+        seen: Option<&CachedNode>,
         remediation: &str,
         policy: &str,
         remember_cancel: bool,
@@ -101,7 +102,7 @@ impl Writer {
     pub async fn quarantine_node(
         &self,
         node: &NodeRef,
-        seen: Option<&Node>,
+        seen: Option<&CachedNode>,
         policy: &str,
     ) -> Result<(NodeEdit, bool), EditNodeError> {
         self.edit_node_changing(node, seen, |n| quarantine::taint::quarantine(n, policy))
@@ -113,7 +114,7 @@ impl Writer {
     pub async fn lift_quarantine(
         &self,
         node: &NodeRef,
-        seen: Option<&Node>,
+        seen: Option<&CachedNode>,
         policy: &str,
     ) -> Result<(NodeEdit, bool), EditNodeError> {
         self.edit_node_changing(node, seen, |n| quarantine::taint::lift(n, policy))
@@ -125,7 +126,7 @@ impl Writer {
     pub async fn edit_node_changing(
         &self,
         target: &NodeRef,
-        seen: Option<&Node>,
+        seen: Option<&CachedNode>,
         edit: impl Fn(&mut Node) -> bool,
     ) -> Result<(NodeEdit, bool), EditNodeError> {
         let changed = AtomicBool::new(false);
@@ -158,7 +159,7 @@ impl Writer {
     pub async fn edit_node(
         &self,
         target: &NodeRef,
-        seen: Option<&Node>,
+        seen: Option<&CachedNode>,
         edit: impl Fn(&mut Node) -> bool,
     ) -> Result<NodeEdit, EditNodeError> {
         let name = target.name.as_str();
@@ -167,8 +168,13 @@ impl Writer {
             node: name.to_owned(),
             source,
         };
-        let seen = seen.filter(|node| target.uid.is_none() || node.metadata.uid == target.uid);
-        if let Some(seen) = seen {
+        // The edit is made over the node as the cache holds it, rebuilt as a `Node`: what the merge
+        // patch compares is all there (`observe::cached_node`). Boxed: the future holds it across
+        // the write.
+        let seen = seen
+            .filter(|node| target.uid.is_none() || node.node_uid() == target.uid.as_deref())
+            .map(|node| Box::new(node.to_node()));
+        if let Some(seen) = seen.as_deref() {
             let mut edited = seen.clone();
             if edit(&mut edited) && !lifts_cordon(seen, &edited) {
                 let patched = self
@@ -327,7 +333,7 @@ mod tests {
         });
         let target = target("uid-1");
         let edit = ops
-            .cordon_node(&target, Some(&seen(false)), "gpu-1-abc")
+            .cordon_node(&target, Some(&CachedNode::from(seen(false))), "gpu-1-abc")
             .await
             .unwrap();
         assert!(matches!(edit, NodeEdit::Written(_)));
@@ -364,7 +370,7 @@ mod tests {
         });
         let target = target("uid-1");
         let edit = ops
-            .cordon_node(&target, Some(&seen(false)), "gpu-1-abc")
+            .cordon_node(&target, Some(&CachedNode::from(seen(false))), "gpu-1-abc")
             .await
             .unwrap();
         assert!(matches!(edit, NodeEdit::Written(_)));
@@ -398,7 +404,7 @@ mod tests {
             spec.unschedulable.take() == Some(true)
         };
         let edit = ops
-            .edit_node(&target("uid-1"), Some(&cordoned), uncordon)
+            .edit_node(&target("uid-1"), Some(&CachedNode::from(cordoned)), uncordon)
             .await
             .unwrap();
         assert!(matches!(edit, NodeEdit::Written(_)));
@@ -422,7 +428,7 @@ mod tests {
         });
         let target = target("uid-2-admitted");
         let edit = ops
-            .cordon_node(&target, Some(&seen(false)), "gpu-1-abc")
+            .cordon_node(&target, Some(&CachedNode::from(seen(false))), "gpu-1-abc")
             .await
             .unwrap();
         assert!(matches!(edit, NodeEdit::Replaced));

@@ -13,18 +13,16 @@ use kube::{CustomResourceExt, Resource, api::DynamicObject};
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
 
-use crate::observe::overlay::{Overlay, Overlays};
+use crate::observe::{cached_node::CachedNode, overlay::Overlays};
 use crate::read::Placement;
 
 /// A kind the writer can write.
 pub trait Writable:
     Resource<Scope: Placement> + Clone + std::fmt::Debug + Serialize + DeserializeOwned + Send + Sync + 'static
 {
-    /// The overlay that keeps our writes of this kind, if the passes read it from a cache.
-    #[must_use]
-    fn overlay(_overlays: &Overlays) -> Option<&Overlay<Self>> {
-        None
-    }
+    /// Lays `written` over this kind's cache, if the passes read it from one (see
+    /// `observe::overlay`).
+    fn record_in(_overlays: &Overlays, _written: &Self) {}
 
     /// Whether a status write carries our claim in the status itself (`status.claim`): our CRDs
     /// do (the API server drops metadata sent to a custom resource's status before admission);
@@ -66,8 +64,8 @@ fn crd_schema<K: CustomResourceExt>(cell: &'static OnceLock<Value>) -> &'static 
 impl Writable for GpuRemediation {
     const CLAIM_IN_STATUS: bool = true;
 
-    fn overlay(overlays: &Overlays) -> Option<&Overlay<Self>> {
-        Some(&overlays.remediations)
+    fn record_in(overlays: &Overlays, written: &Self) {
+        overlays.remediations.record(written.clone());
     }
 
     fn schema() -> Option<&'static Value> {
@@ -86,8 +84,8 @@ impl Writable for GpuRemediationPolicy {
 }
 
 impl Writable for GpuHardwareRecord {
-    fn overlay(overlays: &Overlays) -> Option<&Overlay<Self>> {
-        Some(&overlays.hardware_records)
+    fn record_in(overlays: &Overlays, written: &Self) {
+        overlays.hardware_records.record(written.clone());
     }
 
     fn schema() -> Option<&'static Value> {
@@ -97,8 +95,8 @@ impl Writable for GpuHardwareRecord {
 }
 
 impl Writable for Node {
-    fn overlay(overlays: &Overlays) -> Option<&Overlay<Self>> {
-        Some(&overlays.nodes)
+    fn record_in(overlays: &Overlays, written: &Self) {
+        overlays.nodes.record(CachedNode::from(written.clone()));
     }
 }
 

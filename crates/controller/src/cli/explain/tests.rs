@@ -4,6 +4,7 @@ use gpu_remediation_api::GpuRemediationStatus;
 use serde_json::json;
 
 use super::*;
+use k8s_openapi::api::core::v1::Node;
 
 fn now() -> Timestamp {
     "2026-06-01T12:00:00Z".parse().unwrap()
@@ -69,7 +70,10 @@ fn a_node_no_policy_selects_is_explained_as_unselected() {
 
 #[test]
 fn an_unknown_node_is_said_to_be_unknown() {
-    assert_eq!(explain("nope", &[], &[], &[], now()).outcome, Outcome::NoSuchNode);
+    assert_eq!(
+        explain::<Node>("nope", &[], &[], &[], now()).outcome,
+        Outcome::NoSuchNode
+    );
 }
 
 #[test]

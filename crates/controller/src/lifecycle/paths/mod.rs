@@ -146,7 +146,7 @@ fn pass(world: &mut World, mood: Mood) -> Result<(), Violation> {
             [("work/web".to_owned(), u32::try_from(granted).unwrap_or(u32::MAX))].into()
         };
         let seen = Seen {
-            node: node.as_ref(),
+            node: node.as_ref().map(|n| n as &dyn crate::observe::NodeView),
             pods: Some(&plan),
             drain_scope: scope.as_deref(),
             gangs: &[],
