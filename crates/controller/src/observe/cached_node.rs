@@ -52,8 +52,6 @@ pub trait NodeView {
     fn labels_hash(&self) -> u64;
     /// The value of annotation `key` (the cache keeps only ours).
     fn annotation(&self, key: &str) -> Option<&str>;
-    /// Whether the node carries no annotation the cache keeps.
-    fn has_no_annotations(&self) -> bool;
     /// Whether `holds` holds for the key and value of an annotation the node carries.
     fn any_annotation(&self, holds: &mut dyn FnMut(&str, &str) -> bool) -> bool;
     /// `spec.unschedulable`, unset read as `false`.
@@ -103,9 +101,6 @@ macro_rules! view_through {
             }
             fn annotation(&self, key: &str) -> Option<&str> {
                 (**self).annotation(key)
-            }
-            fn has_no_annotations(&self) -> bool {
-                (**self).has_no_annotations()
             }
             fn any_annotation(&self, holds: &mut dyn FnMut(&str, &str) -> bool) -> bool {
                 (**self).any_annotation(holds)
@@ -183,10 +178,6 @@ impl NodeView for Node {
 
     fn annotation(&self, key: &str) -> Option<&str> {
         self.metadata.annotations.as_ref()?.get(key).map(String::as_str)
-    }
-
-    fn has_no_annotations(&self) -> bool {
-        self.metadata.annotations.as_ref().is_none_or(BTreeMap::is_empty)
     }
 
     fn any_annotation(&self, holds: &mut dyn FnMut(&str, &str) -> bool) -> bool {
@@ -353,10 +344,6 @@ impl NodeView for CachedNode {
         self.annotations.get(key)
     }
 
-    fn has_no_annotations(&self) -> bool {
-        self.annotations.is_empty()
-    }
-
     fn any_annotation(&self, holds: &mut dyn FnMut(&str, &str) -> bool) -> bool {
         self.annotations.0.iter().any(|(k, v)| holds(k, v))
     }
@@ -428,14 +415,5 @@ impl std::fmt::Debug for dyn NodeView + '_ {
             .field("uid", &self.node_uid())
             .field("version", &self.version())
             .finish()
-    }
-}
-
-/// A cached node's name, for the store's key and the overlay's.
-impl CachedNode {
-    /// The node's name.
-    #[must_use]
-    pub fn name(&self) -> &str {
-        &self.name
     }
 }

@@ -153,7 +153,6 @@ fn reads(node: &impl NodeView) -> String {
         keyed(&|key| node.node_labels().label(key).map(str::to_owned)),
         node.labels_hash(),
         keyed(&|key| node.annotation(key).map(str::to_owned)),
-        node.has_no_annotations(),
         KEYS.map(|key| node.any_annotation(&mut |k, v| k == key && !v.is_empty())),
         (
             node.unschedulable(),

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
-use super::cached_node::CachedNode;
+use super::cached_node::{CachedNode, NodeView};
 
 type ByName = HashMap<Box<str>, Arc<CachedNode>>;
 
@@ -53,7 +53,7 @@ pub fn node_store() -> (NodeStore, NodeStoreWriter) {
 
 fn kept(node: &Node) -> (Box<str>, Arc<CachedNode>) {
     let cached = CachedNode::from(node.clone());
-    (cached.name().into(), Arc::new(cached))
+    (cached.node_name().into(), Arc::new(cached))
 }
 
 impl NodeStoreWriter {
@@ -132,7 +132,6 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
-    use crate::observe::cached_node::NodeView;
 
     fn node(name: &str, version: &str) -> Node {
         Node {
