@@ -9,9 +9,9 @@
 //! future counts as now (the clock starts no earlier than the controller sees the condition); the
 //! agent's admission policy (`manifests/agent/`) refuses future times and other nodes' conditions.
 
+use crate::observe::{NodeConditionRef, NodeConditions};
 use gpu_remediation_api::policy::Trigger;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::NodeCondition;
 
 use crate::time::{plus, signed};
 
@@ -64,13 +64,12 @@ impl Verdict {
 /// Whether `condition` is the state `trigger` describes: same type, same status, and (when the
 /// trigger lists reasons) one of its reasons.
 #[must_use]
-pub fn condition_matches(trigger: &Trigger, condition: &NodeCondition) -> bool {
+pub fn condition_matches(trigger: &Trigger, condition: NodeConditionRef<'_>) -> bool {
     condition.type_ == trigger.condition_type
         && condition.status == trigger.status.as_str()
         && (trigger.reasons.is_empty()
             || condition
                 .reason
-                .as_deref()
                 .is_some_and(|reason| trigger.reasons.iter().any(|r| r == reason)))
 }
 
@@ -82,24 +81,26 @@ pub fn condition_matches(trigger: &Trigger, condition: &NodeCondition) -> bool {
 /// (the controller's passes use [`evaluate_with`] and remember when they first saw it, see
 /// `first_seen`).
 #[must_use]
-pub fn evaluate(conditions: &[NodeCondition], triggers: &[Trigger], now: Timestamp) -> Verdict {
+pub fn evaluate<'a>(
+    conditions: impl Into<NodeConditions<'a>>,
+    triggers: &[Trigger],
+    now: Timestamp,
+) -> Verdict {
     // A time in the future is the writer's clock or a forgery; it counts as now.
     evaluate_with(conditions, triggers, now, |condition| {
-        condition
-            .last_transition_time
-            .as_ref()
-            .map_or(now, |t| t.0.min(now))
+        condition.last_transition_time.map_or(now, |t| t.min(now))
     })
 }
 
 /// [`evaluate`], each condition's clock (since when it holds) given by `since`.
 #[must_use]
-pub fn evaluate_with(
-    conditions: &[NodeCondition],
+pub fn evaluate_with<'a>(
+    conditions: impl Into<NodeConditions<'a>>,
     triggers: &[Trigger],
     now: Timestamp,
-    since: impl Fn(&NodeCondition) -> Timestamp,
+    since: impl Fn(NodeConditionRef<'_>) -> Timestamp,
 ) -> Verdict {
+    let conditions = conditions.into();
     let mut unhealthy: Option<Evidence> = None;
     let mut pending: Option<(Evidence, Timestamp)> = None;
     let mut healthy_since: Option<Timestamp> = None;
@@ -115,9 +116,9 @@ pub fn evaluate_with(
         }
         let evidence = Evidence {
             trigger: index,
-            condition_type: condition.type_.clone(),
-            reason: condition.reason.clone().unwrap_or_default(),
-            message: condition.message.clone().unwrap_or_default(),
+            condition_type: condition.type_.to_owned(),
+            reason: condition.reason.unwrap_or_default().to_owned(),
+            message: condition.message.unwrap_or_default().to_owned(),
             since: changed_at,
         };
         let due = plus(changed_at, signed(trigger.for_.as_std()));
@@ -140,7 +141,7 @@ pub fn evaluate_with(
 #[cfg(test)]
 mod tests {
     use gpu_remediation_api::{Duration, policy::ConditionStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::{api::core::v1::NodeCondition, apimachinery::pkg::apis::meta::v1::Time};
 
     use super::*;
     use crate::test_fixtures::at;
@@ -214,13 +215,16 @@ mod tests {
         let nvlink_only = trigger(&[NVLINK_DOWN, NVLINK_ERRORS], 10);
         for reason in [NVLINK_DOWN, NVLINK_ERRORS] {
             assert!(
-                condition_matches(&nvlink_only, &condition("GpuHealthy", "False", reason, 0)),
+                condition_matches(
+                    &nvlink_only,
+                    (&condition("GpuHealthy", "False", reason, 0)).into()
+                ),
                 "{reason}"
             );
         }
         assert!(!condition_matches(
             &nvlink_only,
-            &condition("GpuHealthy", "False", FABRIC_NOT_READY, 0)
+            (&condition("GpuHealthy", "False", FABRIC_NOT_READY, 0)).into()
         ));
         let verdict = evaluate(
             &[condition("GpuHealthy", "False", FABRIC_NOT_READY, 0)],

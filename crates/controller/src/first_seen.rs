@@ -7,9 +7,8 @@
 
 use std::collections::HashMap;
 
-use crate::observe::NodeView;
+use crate::observe::{NodeConditionRef, NodeView};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::NodeCondition;
 
 /// One condition seen without a trustworthy clock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +43,7 @@ impl FirstSeen {
             let untrusted: Vec<Untrusted> = conditions
                 .iter()
                 .filter_map(|condition| {
-                    let stamp = condition.last_transition_time.as_ref().map(|t| t.0);
+                    let stamp = condition.last_transition_time;
                     let same = |u: &&Untrusted| {
                         u.condition_type == condition.type_
                             && u.status == condition.status
@@ -54,8 +53,8 @@ impl FirstSeen {
                         return Some(known.clone());
                     }
                     untrusted_stamp(condition, now).then(|| Untrusted {
-                        condition_type: condition.type_.clone(),
-                        status: condition.status.clone(),
+                        condition_type: condition.type_.to_owned(),
+                        status: condition.status.to_owned(),
                         stamp,
                         seen: now,
                     })
@@ -70,8 +69,8 @@ impl FirstSeen {
     /// Since when `condition` of node `node` holds: its `lastTransitionTime` when that is
     /// trustworthy, else when this controller first saw it so (`now` if never).
     #[must_use]
-    pub fn since(&self, node: &str, condition: &NodeCondition, now: Timestamp) -> Timestamp {
-        let stamp = condition.last_transition_time.as_ref().map(|t| t.0);
+    pub fn since(&self, node: &str, condition: NodeConditionRef<'_>, now: Timestamp) -> Timestamp {
+        let stamp = condition.last_transition_time;
         let known = self.0.get(node).and_then(|seen| {
             seen.iter().find(|u| {
                 u.condition_type == condition.type_ && u.status == condition.status && u.stamp == stamp
@@ -86,8 +85,8 @@ impl FirstSeen {
 }
 
 /// Whether `condition`'s clock cannot be trusted at `now`: missing, or in the future.
-fn untrusted_stamp(condition: &NodeCondition, now: Timestamp) -> bool {
-    condition.last_transition_time.as_ref().is_none_or(|t| t.0 > now)
+fn untrusted_stamp(condition: NodeConditionRef<'_>, now: Timestamp) -> bool {
+    condition.last_transition_time.is_none_or(|t| t > now)
 }
 
 #[cfg(test)]
@@ -96,7 +95,7 @@ mod tests {
 
     use super::*;
     use crate::test_fixtures::{at, node};
-    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::core::v1::{Node, NodeCondition};
 
     impl FirstSeen {
         /// How many nodes it remembers a condition of.
@@ -134,7 +133,7 @@ mod tests {
             .and_then(|s| s.conditions.as_ref())
             .and_then(|c| c.iter().find(|c| c.type_ == "GpuHealthy"))
             .unwrap();
-        first.since("gpu-1", condition, at(now))
+        first.since("gpu-1", condition.into(), at(now))
     }
 
     #[test]

@@ -45,6 +45,7 @@ use kube::{
 use tokio::sync::{Notify, watch};
 
 pub use cached_node::{CachedNode, NodeView};
+pub use node_status::{NodeConditionRef, NodeConditions, NodeInfoRef};
 use node_store::NodeStore;
 use overlay::{Overlay, Overlays};
 
@@ -55,9 +56,11 @@ pub mod cached_node;
 mod cached_node_tests;
 pub mod initial_list;
 pub mod labels;
+pub mod node_status;
 pub mod node_store;
 pub mod overlay;
 mod relevant;
+pub mod shared_text;
 pub mod undecodable;
 mod watches;
 

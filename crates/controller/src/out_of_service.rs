@@ -87,10 +87,7 @@ pub enum Verdict {
 /// The node's `Ready` condition: its status and since when.
 fn ready(node: &(impl NodeView + ?Sized)) -> Option<(&str, Option<Timestamp>)> {
     let ready = crate::lifecycle::ladder_evidence::ready_condition(node)?;
-    Some((
-        ready.status.as_str(),
-        ready.last_transition_time.as_ref().map(|t| t.0),
-    ))
+    Some((ready.status, ready.last_transition_time))
 }
 
 /// Whether the node lifecycle controller marks the node unreachable (`Ready=Unknown`): only then

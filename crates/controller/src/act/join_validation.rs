@@ -239,15 +239,13 @@ async fn condition(
     now: Timestamp,
 ) -> Result<(), WriteError> {
     let current = node.condition(GPU_VALIDATED);
-    if current.is_some_and(|c| {
-        c.status == status && c.reason.as_deref() == Some(reason) && c.message.as_deref() == Some(message)
-    }) {
+    if current.is_some_and(|c| c.status == status && c.reason == Some(reason) && c.message == Some(message)) {
         return Ok(());
     }
     let since = current
         .filter(|c| c.status == status)
-        .and_then(|c| c.last_transition_time.clone())
-        .unwrap_or(Time(now));
+        .and_then(|c| c.last_transition_time)
+        .map_or(Time(now), Time);
     let patch = json!({"conditions": [{
         "type": GPU_VALIDATED,
         "status": status,

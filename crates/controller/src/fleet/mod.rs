@@ -63,7 +63,7 @@ use crate::{
     detect::{self, Evidence, Verdict},
     first_seen::FirstSeen,
     governance,
-    observe::NodeView,
+    observe::{NodeConditionRef, NodeView},
     quarantine,
     status_condition::condition,
 };
@@ -518,8 +518,7 @@ fn verdict(
 ) -> Verdict {
     let conditions = node.conditions();
     let name = node.node_name();
-    let since =
-        |condition: &k8s_openapi::api::core::v1::NodeCondition| first_seen.since(name, condition, now);
+    let since = |condition: NodeConditionRef<'_>| first_seen.since(name, condition, now);
     detect::evaluate_with(conditions, &spec.triggers, now, since)
 }
 

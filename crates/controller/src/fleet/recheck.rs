@@ -14,7 +14,7 @@ use jiff::Timestamp;
 use crate::{
     detect::{self, Verdict},
     first_seen::FirstSeen,
-    observe::NodeView,
+    observe::{NodeConditionRef, NodeView},
 };
 
 /// Why an admitted node is no longer due, as a sentence; `None`: it is, create its remediation.
@@ -34,8 +34,7 @@ pub fn no_longer_due(
         return Some(format!("node {node} was replaced by another of the same name"));
     }
     let conditions = fresh.conditions();
-    let since =
-        |condition: &k8s_openapi::api::core::v1::NodeCondition| first_seen.since(node, condition, now);
+    let since = |condition: NodeConditionRef<'_>| first_seen.since(node, condition, now);
     match detect::evaluate_with(conditions, triggers, now, since) {
         Verdict::Unhealthy { .. } => None,
         Verdict::Healthy { since } => Some(format!(

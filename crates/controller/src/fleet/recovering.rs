@@ -74,7 +74,7 @@ pub fn recent_recovery(
                     .iter()
                     .any(|(type_, status)| *type_ == c.type_ && *status == c.status)
         })
-        .filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0))
+        .filter_map(|c| c.last_transition_time)
         .filter(|at| *at > horizon)
         .max()
 }

@@ -83,13 +83,13 @@ fn values(node: &(impl NodeView + ?Sized), attributes: &[String]) -> BTreeMap<St
         .iter()
         .filter_map(|attribute| {
             let value = match attribute.strip_prefix("nodeInfo.") {
-                Some("kernelVersion") => info.map(|i| i.kernel_version.clone()),
-                Some("kubeletVersion") => info.map(|i| i.kubelet_version.clone()),
-                Some("osImage") => info.map(|i| i.os_image.clone()),
-                Some("containerRuntimeVersion") => info.map(|i| i.container_runtime_version.clone()),
-                _ => node.label(attribute).map(str::to_owned),
+                Some("kernelVersion") => info.map(|i| i.kernel_version),
+                Some("kubeletVersion") => info.map(|i| i.kubelet_version),
+                Some("osImage") => info.map(|i| i.os_image),
+                Some("containerRuntimeVersion") => info.map(|i| i.container_runtime_version),
+                _ => node.label(attribute),
             }?;
-            (!value.is_empty()).then(|| (attribute.clone(), value))
+            (!value.is_empty()).then(|| (attribute.clone(), value.to_owned()))
         })
         .collect()
 }

@@ -206,7 +206,7 @@ pub enum Recorded {
 /// What `node`'s `GpuValidated` condition records.
 #[must_use]
 pub fn recorded(node: &(impl NodeView + ?Sized)) -> Recorded {
-    let reason = node.condition(GPU_VALIDATED).and_then(|c| c.reason.as_deref());
+    let reason = node.condition(GPU_VALIDATED).and_then(|c| c.reason);
     match reason {
         Some(validated_reasons::RUNNING) => Recorded::Started,
         Some(validated_reasons::FAILED | validated_reasons::TIMED_OUT) => Recorded::Held,

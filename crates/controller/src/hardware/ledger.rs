@@ -60,10 +60,7 @@ pub fn inventory_of(node: &(impl NodeView + ?Sized)) -> Vec<LedgerGpu> {
 /// The machine under the node: its system UUID, else its provider ID.
 #[must_use]
 pub fn host_of(node: &(impl NodeView + ?Sized)) -> Option<String> {
-    let system_uuid = node
-        .node_info()
-        .map(|i| i.system_uuid.as_str())
-        .filter(|u| !u.is_empty());
+    let system_uuid = node.node_info().map(|i| i.system_uuid).filter(|u| !u.is_empty());
     system_uuid
         .or_else(|| node.provider_id())
         .filter(|h| !h.is_empty())

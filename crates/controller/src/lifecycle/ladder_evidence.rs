@@ -2,7 +2,7 @@
 //! GPUs the agent's inventory lists, where a recycle starts on the ladder, and the words that name
 //! a node's GPUs for a person.
 
-use crate::observe::NodeView;
+use crate::observe::{NodeConditionRef, NodeView};
 use gpu_remediation_api::{
     GpuRemediation,
     constants::GPU_INVENTORY_ANNOTATION,
@@ -10,13 +10,12 @@ use gpu_remediation_api::{
     ladder::{self, LadderStep, Rung},
     remediation::PolicySnapshot,
 };
-use k8s_openapi::api::core::v1::NodeCondition;
 
 /// `status.nodeInfo.bootID`, when the kubelet reported one.
 #[must_use]
 pub fn boot_id(node: &(impl NodeView + ?Sized)) -> Option<&str> {
     node.node_info()
-        .map(|info| info.boot_id.as_str())
+        .map(|info| info.boot_id)
         .filter(|id| !id.is_empty())
 }
 
@@ -29,12 +28,12 @@ pub fn is_ready(node: &(impl NodeView + ?Sized)) -> bool {
 /// The status of the node's `Ready` condition (`True`, `False`, `Unknown`), if it has one.
 #[must_use]
 pub fn ready(node: &(impl NodeView + ?Sized)) -> Option<&str> {
-    ready_condition(node).map(|c| c.status.as_str())
+    ready_condition(node).map(|c| c.status)
 }
 
 /// The node's `Ready` condition, if it has one.
 #[must_use]
-pub fn ready_condition(node: &(impl NodeView + ?Sized)) -> Option<&NodeCondition> {
+pub fn ready_condition(node: &(impl NodeView + ?Sized)) -> Option<NodeConditionRef<'_>> {
     node.condition("Ready")
 }
 

@@ -23,6 +23,7 @@ use super::{
     CachedNode,
     labels::{Kept, keys_read_by},
     prune_node,
+    shared_text::SharedText,
 };
 
 /// The label keys a typical policy reads: GPU nodes by `nvidia.com/gpu.present`, zones and `NVLink`
@@ -76,8 +77,14 @@ fn node_json(i: usize, shape: &str) -> String {
         annotations["gpuremediation.dev/gpu-first-seen"] =
             serde_json::Value::String(serde_json::Value::Object(stamps).to_string());
     }
+    // The messages the bench's fleet carries: its simulated kubelet's, the agent's healthy one.
     let condition = |type_: &str, status: &str, reason: &str| {
-        serde_json::json!({"type": type_, "status": status, "reason": reason, "message": format!("{reason} on {name}"),
+        let message = if type_ == "GpuHealthy" {
+            "all 8 GPUs healthy".to_owned()
+        } else {
+            format!("simulated kubelet: {reason}")
+        };
+        serde_json::json!({"type": type_, "status": status, "reason": reason, "message": message,
             "lastHeartbeatTime": "2026-12-06T07:27:00Z", "lastTransitionTime": "2026-12-06T07:27:00Z"})
     };
     let mut labels = serde_json::json!({"gpu-sandbox/fleet": "scale", "kubernetes.io/hostname": name,
@@ -194,8 +201,12 @@ fn what_a_cached_node_costs_in_the_caches_own_shape() {
     let labels = a_policys_keys();
     let before = resident();
     let mut kept: Vec<Arc<CachedNode>> = Vec::with_capacity(count);
+    let mut texts = SharedText::default();
     for i in 0..count {
-        kept.push(Arc::new(CachedNode::from(as_watched(i, &shape, &labels))));
+        kept.push(Arc::new(CachedNode::sharing(
+            as_watched(i, &shape, &labels),
+            &mut texts,
+        )));
     }
     let grown = usize::try_from(resident().saturating_sub(before)).unwrap_or(usize::MAX);
     #[allow(clippy::cast_precision_loss, reason = "a printed measurement")]

@@ -5,7 +5,8 @@
 //! status hold some sixty fields inline, and its maps are B-trees whose every leaf has room for
 //! eleven entries. The cache keeps tens of thousands of nodes and reads a handful of fields of
 //! each, so it keeps them in a shape of its own: the fields below, each string boxed to its length,
-//! the labels and annotations as sorted slices (measured in `cache_cost_tests`).
+//! the labels and annotations as sorted slices, the conditions and `nodeInfo` with the texts a
+//! fleet repeats kept once for the whole cache (`node_status`; measured in `cache_cost_tests`).
 //!
 //! Decisions read a node through [`NodeView`] only, so the same planner runs on the cache's nodes
 //! (the controller) and on nodes read from the server (`kubectl gpu explain`, and the tests, which
@@ -23,11 +24,15 @@ use std::{
 
 use gpu_remediation_api::selector::Labels;
 use k8s_openapi::{
-    api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint},
+    api::core::v1::{Node, NodeSpec, NodeStatus, Taint},
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
 };
 
-use super::relevant::prune_node;
+use super::{
+    node_status::{CachedCondition, CachedNodeInfo, NodeConditionRef, NodeConditions, NodeInfoRef},
+    relevant::prune_node,
+    shared_text::SharedText,
+};
 
 /// What decisions read of a node. Every read of a node outside the writers' edits goes through
 /// these; a field a new decision needs is added here, to both kinds, and to the property test.
@@ -61,14 +66,14 @@ pub trait NodeView {
     /// `spec.providerID`.
     fn provider_id(&self) -> Option<&str>;
     /// `status.conditions`, without their heartbeat times.
-    fn conditions(&self) -> &[NodeCondition];
+    fn conditions(&self) -> NodeConditions<'_>;
     /// The condition of type `type_`, if the node reports one.
-    fn condition(&self, type_: &str) -> Option<&NodeCondition> {
-        self.conditions().iter().find(|c| c.type_ == type_)
+    fn condition(&self, type_: &str) -> Option<NodeConditionRef<'_>> {
+        self.conditions().get(type_)
     }
     /// `status.nodeInfo`: the system UUID, the boot ID, and the four fields `safety.suspect` may
     /// name (kernel, kubelet, OS image, container runtime).
-    fn node_info(&self) -> Option<&NodeSystemInfo>;
+    fn node_info(&self) -> Option<NodeInfoRef<'_>>;
     /// The node as a `Node` holding what the cache keeps: the base of an edit (`write::node_edit`).
     fn to_node(&self) -> Node;
 }
@@ -114,10 +119,10 @@ macro_rules! view_through {
             fn provider_id(&self) -> Option<&str> {
                 (**self).provider_id()
             }
-            fn conditions(&self) -> &[NodeCondition] {
+            fn conditions(&self) -> NodeConditions<'_> {
                 (**self).conditions()
             }
-            fn node_info(&self) -> Option<&NodeSystemInfo> {
+            fn node_info(&self) -> Option<NodeInfoRef<'_>> {
                 (**self).node_info()
             }
             fn to_node(&self) -> Node {
@@ -203,15 +208,17 @@ impl NodeView for Node {
         self.spec.as_ref()?.provider_id.as_deref()
     }
 
-    fn conditions(&self) -> &[NodeCondition] {
-        self.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default()
+    fn conditions(&self) -> NodeConditions<'_> {
+        NodeConditions::Full(
+            self.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_deref())
+                .unwrap_or_default(),
+        )
     }
 
-    fn node_info(&self) -> Option<&NodeSystemInfo> {
-        self.status.as_ref()?.node_info.as_ref()
+    fn node_info(&self) -> Option<NodeInfoRef<'_>> {
+        self.status.as_ref()?.node_info.as_ref().map(NodeInfoRef::from)
     }
 
     fn to_node(&self) -> Node {
@@ -281,14 +288,21 @@ pub struct CachedNode {
     unschedulable: Option<bool>,
     provider_id: Option<Box<str>>,
     taints: Box<[Taint]>,
-    conditions: Box<[NodeCondition]>,
-    /// Boxed: most of its strings are empty once pruned, and its inline size is ten strings'.
-    node_info: Option<Box<NodeSystemInfo>>,
+    conditions: Box<[CachedCondition]>,
+    node_info: Option<CachedNodeInfo>,
 }
 
 impl From<Node> for CachedNode {
-    /// Prunes `node` as the cache does (`prune_node`) and keeps what is left in the cache's shape.
-    fn from(mut node: Node) -> Self {
+    /// [`CachedNode::sharing`] with a table of its own: the node's texts shared with no other.
+    fn from(node: Node) -> Self {
+        Self::sharing(node, &mut SharedText::default())
+    }
+}
+
+impl CachedNode {
+    /// Prunes `node` as the cache does (`prune_node`) and keeps what is left in the cache's shape,
+    /// the texts of its status shared through `texts`.
+    pub fn sharing(mut node: Node, texts: &mut SharedText) -> Self {
         prune_node(&mut node);
         let boxed = String::into_boxed_str;
         let metadata = node.metadata;
@@ -305,8 +319,13 @@ impl From<Node> for CachedNode {
             unschedulable: spec.unschedulable,
             provider_id: spec.provider_id.map(boxed),
             taints: spec.taints.unwrap_or_default().into_boxed_slice(),
-            conditions: status.conditions.unwrap_or_default().into_boxed_slice(),
-            node_info: status.node_info.map(Box::new),
+            conditions: status
+                .conditions
+                .iter()
+                .flatten()
+                .map(|c| CachedCondition::new(c, texts))
+                .collect(),
+            node_info: status.node_info.as_ref().map(|i| CachedNodeInfo::new(i, texts)),
         }
     }
 }
@@ -360,12 +379,12 @@ impl NodeView for CachedNode {
         self.provider_id.as_deref()
     }
 
-    fn conditions(&self) -> &[NodeCondition] {
-        &self.conditions
+    fn conditions(&self) -> NodeConditions<'_> {
+        NodeConditions::Cached(&self.conditions)
     }
 
-    fn node_info(&self) -> Option<&NodeSystemInfo> {
-        self.node_info.as_deref()
+    fn node_info(&self) -> Option<NodeInfoRef<'_>> {
+        self.node_info.as_ref().map(NodeInfoRef::from)
     }
 
     fn to_node(&self) -> Node {
@@ -387,8 +406,13 @@ impl NodeView for CachedNode {
                 ..NodeSpec::default()
             }),
             status: Some(NodeStatus {
-                conditions: some_list(&self.conditions),
-                node_info: self.node_info.as_deref().cloned(),
+                conditions: (!self.conditions.is_empty()).then(|| {
+                    self.conditions
+                        .iter()
+                        .map(CachedCondition::to_condition)
+                        .collect()
+                }),
+                node_info: self.node_info.as_ref().map(CachedNodeInfo::to_info),
                 ..NodeStatus::default()
             }),
         }

@@ -159,9 +159,9 @@ fn reads(node: &impl NodeView) -> String {
             node.taints().to_vec(),
             node.provider_id().map(str::to_owned),
         ),
-        node.conditions().to_vec(),
-        CONDITIONS.map(|type_| node.condition(type_).cloned()),
-        node.node_info().cloned(),
+        node.conditions().iter().collect::<Vec<_>>(),
+        CONDITIONS.map(|type_| node.condition(type_)),
+        node.node_info(),
     );
     format!("{reads:#?}")
 }

@@ -1,6 +1,7 @@
 //! The node cache: every node by name, as a [`CachedNode`], kept from the node watch's events as
 //! kube's reflector keeps objects (a list's nodes replace the store's at its end; an update or a
-//! deletion applies at once), for a type of our own (see [`super::cached_node`]).
+//! deletion applies at once), for a type of our own (see [`super::cached_node`]), the texts the
+//! fleet's nodes repeat kept once ([`SharedText`]).
 
 use std::{
     collections::HashMap,
@@ -11,7 +12,10 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
-use super::cached_node::{CachedNode, NodeView};
+use super::{
+    cached_node::{CachedNode, NodeView},
+    shared_text::SharedText,
+};
 
 type ByName = HashMap<Box<str>, Arc<CachedNode>>;
 
@@ -35,6 +39,8 @@ struct Nodes {
 pub struct NodeStoreWriter {
     nodes: Arc<RwLock<Nodes>>,
     listed: watch::Sender<bool>,
+    /// The texts the store's nodes share.
+    texts: SharedText,
 }
 
 /// A store and its writer: the store is ready once the writer has applied a list's end.
@@ -47,12 +53,16 @@ pub fn node_store() -> (NodeStore, NodeStoreWriter) {
             nodes: nodes.clone(),
             listed: ready,
         },
-        NodeStoreWriter { nodes, listed },
+        NodeStoreWriter {
+            nodes,
+            listed,
+            texts: SharedText::default(),
+        },
     )
 }
 
-fn kept(node: &Node) -> (Box<str>, Arc<CachedNode>) {
-    let cached = CachedNode::from(node.clone());
+fn kept(node: &Node, texts: &mut SharedText) -> (Box<str>, Arc<CachedNode>) {
+    let cached = CachedNode::sharing(node.clone(), texts);
     (cached.node_name().into(), Arc::new(cached))
 }
 
@@ -66,7 +76,7 @@ impl NodeStoreWriter {
         match event {
             watcher::Event::Init => nodes.listing = Some(ByName::new()),
             watcher::Event::InitApply(node) => {
-                let (name, cached) = kept(node);
+                let (name, cached) = kept(node, &mut self.texts);
                 nodes.listing.get_or_insert_default().insert(name, cached);
             }
             watcher::Event::InitDone => {
@@ -78,7 +88,7 @@ impl NodeStoreWriter {
                 self.listed.send_replace(true);
             }
             watcher::Event::Apply(node) => {
-                let (name, cached) = kept(node);
+                let (name, cached) = kept(node, &mut self.texts);
                 nodes.current.insert(name, cached);
             }
             watcher::Event::Delete(node) => {

@@ -41,13 +41,13 @@ use gpu_remediation_api::{
     policy::Mode,
 };
 use jiff::Timestamp;
-use k8s_openapi::{api::core::v1::NodeCondition, apimachinery::pkg::apis::meta::v1::Condition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use crate::{
     cordon::NodeRef,
     detect::{self, Verdict},
     first_seen::FirstSeen,
-    observe::NodeView,
+    observe::{NodeConditionRef, NodeConditions, NodeView},
     time::{plus, signed},
 };
 
@@ -332,7 +332,7 @@ struct Clock<'a> {
 }
 
 impl Clock<'_> {
-    fn since(&self, condition: &NodeCondition) -> Timestamp {
+    fn since(&self, condition: NodeConditionRef<'_>) -> Timestamp {
         self.first_seen.since(self.node, condition, self.now)
     }
 }
@@ -340,7 +340,7 @@ impl Clock<'_> {
 /// The earliest-held condition of a quarantining trigger that matches now: since when, and what
 /// it says.
 fn signal(
-    conditions: &[NodeCondition],
+    conditions: NodeConditions<'_>,
     spec: &GpuRemediationPolicySpec,
     clock: &Clock<'_>,
 ) -> Option<(Timestamp, String)> {
@@ -350,9 +350,9 @@ fn signal(
         .filter_map(|trigger| {
             let condition = conditions
                 .iter()
-                .find(|c| detect::condition_matches(trigger, c))?;
+                .find(|c| detect::condition_matches(trigger, *c))?;
             let since = clock.since(condition);
-            let reason = condition.reason.as_deref().unwrap_or_default();
+            let reason = condition.reason.unwrap_or_default();
             Some((
                 since,
                 format!("{}={} ({reason})", condition.type_, condition.status),
@@ -364,7 +364,7 @@ fn signal(
 /// When the quarantining triggers' conditions last changed to a non-matching status (`None`: no
 /// such condition is present, or quarantine is off for every trigger).
 fn cleared_at(
-    conditions: &[NodeCondition],
+    conditions: NodeConditions<'_>,
     spec: &GpuRemediationPolicySpec,
     now: Timestamp,
 ) -> Option<Timestamp> {
@@ -374,9 +374,9 @@ fn cleared_at(
         .filter_map(|trigger| {
             conditions
                 .iter()
-                .find(|c| c.type_ == trigger.condition_type && !detect::condition_matches(trigger, c))
+                .find(|c| c.type_ == trigger.condition_type && !detect::condition_matches(trigger, *c))
         })
-        .filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0.min(now)))
+        .filter_map(|c| c.last_transition_time.map(|t| t.min(now)))
         .max()
 }
 
@@ -458,7 +458,7 @@ fn lift_reason(tainted: bool, spec: &GpuRemediationPolicySpec) -> String {
     }
 }
 
-fn conditions_of(node: &(impl NodeView + ?Sized)) -> &[NodeCondition] {
+fn conditions_of(node: &(impl NodeView + ?Sized)) -> NodeConditions<'_> {
     node.conditions()
 }
 

@@ -2,7 +2,7 @@ use gpu_remediation_api::{
     GpuRemediationStatus, Phase, constants::CORDONED_BY_ANNOTATION, policy::Action, selector::IntOrPercent,
 };
 use k8s_openapi::{
-    api::core::v1::{NodeSpec, NodeStatus, Taint},
+    api::core::v1::{NodeCondition, NodeSpec, NodeStatus, Taint},
     apimachinery::pkg::apis::meta::v1::Time,
 };
 use kube::api::ObjectMeta;
