@@ -1,7 +1,8 @@
 //! The cached node's promise, over random nodes as the server sends them: every read of
 //! [`NodeView`] answers on the `CachedNode` as on the node pruned as the cache prunes it (the
 //! shape every decision read before the cache kept its own type), and the `Node` it rebuilds for an
-//! edit gives the same merge patch for the same edit (`node_patch`).
+//! edit gives the same merge patch for the same edit (`node_patch`); nodes kept through one table
+//! of shared texts, as the node store keeps them, each read as their own pruned node.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +15,7 @@ use proptest::prelude::{Just, ProptestConfig, Strategy, prop, prop_assert_eq, pr
 use super::{
     cached_node::{CachedNode, NodeView},
     relevant::prune_node,
+    shared_text::SharedText,
 };
 use crate::{node_patch::merge_patch, test_fixtures::at};
 
@@ -202,6 +204,20 @@ proptest! {
         let cached = CachedNode::from(node);
         prop_assert_eq!(reads(&cached), reads(&pruned));
         prop_assert_eq!(reads(&cached.to_node()), reads(&pruned), "the rebuilt node reads alike");
+    }
+
+    /// As the node store keeps them: many nodes' texts through one table, equal texts shared.
+    #[test]
+    fn nodes_kept_through_one_shared_table_each_read_as_their_pruned_node(
+        nodes in prop::collection::vec(node(), 1..12),
+    ) {
+        let mut texts = SharedText::default();
+        let cached: Vec<CachedNode> = nodes.iter().map(|n| CachedNode::sharing(n.clone(), &mut texts)).collect();
+        for (node, cached) in nodes.into_iter().zip(&cached) {
+            let mut pruned = node;
+            prune_node(&mut pruned);
+            prop_assert_eq!(reads(cached), reads(&pruned));
+        }
     }
 
     #[test]
