@@ -9,11 +9,13 @@
 //! future counts as now (the clock starts no earlier than the controller sees the condition); the
 //! agent's admission policy (`manifests/agent/`) refuses future times and other nodes' conditions.
 
-use crate::observe::{NodeConditionRef, NodeConditions};
 use gpu_remediation_api::policy::Trigger;
 use jiff::Timestamp;
 
-use crate::time::{plus, signed};
+use crate::{
+    observe::{NodeConditionRef, NodeConditions},
+    time::{plus, signed},
+};
 
 /// The node condition that made a verdict, as observed.
 #[derive(Clone, Debug, PartialEq, Eq)]
