@@ -88,20 +88,14 @@ impl<'a> From<&'a [NodeCondition]> for NodeConditions<'a> {
     }
 }
 
-impl<'a> From<&'a Vec<NodeCondition>> for NodeConditions<'a> {
-    fn from(conditions: &'a Vec<NodeCondition>) -> Self {
-        Self::Full(conditions)
-    }
-}
-
 impl<'a, const N: usize> From<&'a [NodeCondition; N]> for NodeConditions<'a> {
     fn from(conditions: &'a [NodeCondition; N]) -> Self {
         Self::Full(conditions)
     }
 }
 
-/// A condition as the cache keeps it: four shared texts and a time (80 bytes inline against a
-/// `NodeCondition`'s 128, and no text of its own where other nodes say the same).
+/// A condition as the cache keeps it: four shared texts and a time, no text of its own where
+/// other nodes say the same.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CachedCondition {
     type_: Arc<str>,
