@@ -35,6 +35,7 @@ use serde_json::{Value, json};
 
 const SHIPPED_CONTROLLER: &str = "system:serviceaccount:gpu-remediation:gpu-remediator";
 const REFUSED_STATUS: &str = "the status of a GpuRemediation is the controller's record";
+const REFUSED_CREATE: &str = "is the controller's record of what it does to a node";
 const REFUSED_METADATA: &str = "labels, annotations and finalizer of a GpuRemediation are the controller's";
 
 /// Grants `user` exactly `rules` (a `ClusterRole` of its own).
@@ -78,8 +79,11 @@ fn refusal(what: &str, result: Result<GpuRemediation, kube::Error>) -> String {
 }
 
 /// Installs the shipped records policy for the scenario's records, the admin standing in for the
-/// controller's service account, and waits until the server enforces it (probed on a record of
-/// the scope for a node that does not exist, created before any controller runs).
+/// controller's service account, and waits until the server enforces both its parts: the update
+/// part probed by `attacker` patching the status of a record of the scope for a node that does not
+/// exist (created before any controller runs), the create part by a user allowed to create records
+/// asking, dry-run, to create one. The server loads each policy and binding on its own, so one
+/// refusal says nothing of the other (a create let through this way failed CI once).
 async fn install_records_policy(s: &Scenario, attacker: &Client) {
     let admin_name = Api::<SelfSubjectReview>::all(s.client.clone())
         .create(&PostParams::default(), &SelfSubjectReview::default())
@@ -129,6 +133,29 @@ async fn install_records_policy(s: &Scenario, attacker: &Client) {
     })
     .await;
     records.delete(&probe, &DeleteParams::default()).await.unwrap();
+    let creator = format!("probe-creator-{}", s.scope);
+    grant(
+        &s.client,
+        &creator,
+        json!([{"apiGroups": ["gpuremediation.dev"], "resources": ["gpuremediations"], "verbs": ["create"]}]),
+    )
+    .await;
+    let as_creator = Api::<GpuRemediation>::all(client_as(&creator).await);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    eventually(
+        "the records policy's create part enforced",
+        Duration::from_secs(30),
+        || async {
+            match as_creator.create(&dry_run, &record).await {
+                Err(kube::Error::Api(status)) if status.message.contains(REFUSED_CREATE) => Some(()),
+                _ => None,
+            }
+        },
+    )
+    .await;
 }
 
 /// The scenario's world: a `Manual`, `Replace` (by deleting the node) policy, the controller
@@ -257,10 +284,7 @@ async fn with_the_records_policy_a_person_cannot_create_a_record_for_a_healthy_n
         records.create(&PostParams::default(), &record).await,
     );
     assert!(message.contains("gpu-remediator-records-create-"), "{message}");
-    assert!(
-        message.contains("is the controller's record of what it does to a node"),
-        "{message}"
-    );
+    assert!(message.contains(REFUSED_CREATE), "{message}");
     assert!(
         message.contains(&format!("not {user}")),
         "names the writer: {message}"
