@@ -17,7 +17,7 @@ mod scenario;
 use std::time::Duration;
 
 use gpu_remediation_api::{
-    GpuRemediationPolicy,
+    GpuRemediation, GpuRemediationPolicy,
     constants::reasons,
     policy::{GpuRemediationPolicyStatus, WAITING_LISTED_MAX},
 };
@@ -29,7 +29,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api,
-    api::{ObjectMeta, Patch, PatchParams},
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
 };
 use scenario::{RunningController, Scenario, event_notes, is_unschedulable};
 use serde_json::json;
@@ -144,6 +144,23 @@ async fn refuse_records_of_reason(s: &Scenario, reason: &str) -> common::Denial 
             "message": format!("no record of reason {reason} is taken"),
         }),
         serde_json::Value::Null,
+        || async {
+            let record: GpuRemediation = serde_json::from_value(json!({
+                "apiVersion": "gpuremediation.dev/v1alpha1", "kind": "GpuRemediation",
+                "metadata": {"name": common::unique_name("probe")},
+                "spec": {"nodeName": "no-such-node", "policyName": "no-such-policy", "action": "None",
+                         "mode": "Manual",
+                         "trigger": {"conditionType": "GpuHealthy", "status": "False", "reason": reason}},
+            }))
+            .expect("a probe record");
+            let dry_run = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            Api::<GpuRemediation>::all(s.client.clone())
+                .create(&dry_run, &record)
+                .await
+        },
     )
     .await
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::eventually;
 use gpu_remediation_api::{GpuRemediation, GpuRemediationPolicy, Phase, constants::CANCELLED_ANNOTATION};
 use gpu_sandbox::workload::Budget;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -127,6 +127,19 @@ async fn evictions_an_admission_policy_refuses_are_blockers_in_its_words_and_the
         json!({"expression": "false", "reason": "Forbidden",
                "message": "evictions are frozen in this namespace"}),
         json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": s.namespace}}}),
+        // The eviction of a pod that does not exist: admission answers before the pod is looked up.
+        || async {
+            let eviction = json!({"apiVersion": "policy/v1", "kind": "Eviction",
+                                  "metadata": {"name": "no-such-pod", "namespace": s.namespace}});
+            Api::<Pod>::namespaced(s.client.clone(), &s.namespace)
+                .create_subresource::<_, serde_json::Value>(
+                    "eviction",
+                    "no-such-pod",
+                    &PostParams::default(),
+                    &eviction,
+                )
+                .await
+        },
     )
     .await;
     let controller = s

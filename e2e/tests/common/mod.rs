@@ -386,18 +386,26 @@ pub struct Denial {
 
 /// Installs the admission policy `name` (`failurePolicy: Fail`) matching `rules` (its
 /// `resourceRules`) with the one `validation`, bound with `Deny` (to `match_resources` where it is
-/// not null); returns once the API server has loaded it. No probe fits every rule (one would
-/// have to make the refused write), so the wait is the time the server takes to load it: 2 s.
+/// not null); returns once the server refuses `probe` by this policy. The probe makes a write the
+/// policy refuses and that changes nothing when let through (a dry run, or an object that does
+/// not exist): the API server loads a policy and its binding when its informers see them, which
+/// under load takes longer than any fixed wait one would pick.
 ///
 /// # Panics
-/// If the server refuses the policy or its binding.
-pub async fn deny(
+/// If the server refuses the policy or its binding, or has not refused `probe` by this policy
+/// within 30 s.
+pub async fn deny<T, F, Fut>(
     client: &kube::Client,
     name: &str,
     rules: serde_json::Value,
     validation: serde_json::Value,
     match_resources: serde_json::Value,
-) -> Denial {
+    probe: F,
+) -> Denial
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
     use k8s_openapi::api::admissionregistration::v1::{
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     };
@@ -424,8 +432,18 @@ pub async fn deny(
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
-    // The policy takes effect once the API server has loaded it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let refusal = format!("ValidatingAdmissionPolicy '{name}'");
+    eventually(
+        &format!("the admission policy {name} enforced"),
+        Duration::from_secs(30),
+        || async {
+            match probe().await {
+                Err(kube::Error::Api(status)) if status.message.contains(&refusal) => Some(()),
+                _ => None,
+            }
+        },
+    )
+    .await;
     Denial {
         name: name.to_owned(),
     }
