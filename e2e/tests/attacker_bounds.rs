@@ -29,7 +29,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api,
-    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    api::{ObjectMeta, Patch, PatchParams},
 };
 use scenario::{RunningController, Scenario, event_notes, is_unschedulable};
 use serde_json::json;
@@ -131,6 +131,15 @@ async fn a_condition_dated_in_the_future_opens_one_episode_not_one_a_pass() {
 /// An admission policy refusing the records of nodes whose fault's reason is `reason`, with
 /// reason `Invalid` (422, as a schema bound answers).
 async fn refuse_records_of_reason(s: &Scenario, reason: &str) -> common::Denial {
+    // A record of that reason, created dry-run until the server refuses it.
+    let probe: GpuRemediation = serde_json::from_value(json!({
+        "apiVersion": "gpuremediation.dev/v1alpha1", "kind": "GpuRemediation",
+        "metadata": {"name": "probe"},
+        "spec": {"nodeName": "no-such-node", "policyName": "no-such-policy", "action": "None", "mode": "Manual",
+                 "trigger": {"conditionType": "GpuHealthy", "status": "False", "reason": reason}},
+    }))
+    .expect("a probe record");
+    let (records, dry_run) = (Api::<GpuRemediation>::all(s.client.clone()), common::dry_run());
     common::deny(
         &s.client,
         &format!("refuse-{}", s.scope),
@@ -144,23 +153,7 @@ async fn refuse_records_of_reason(s: &Scenario, reason: &str) -> common::Denial 
             "message": format!("no record of reason {reason} is taken"),
         }),
         serde_json::Value::Null,
-        || async {
-            let record: GpuRemediation = serde_json::from_value(json!({
-                "apiVersion": "gpuremediation.dev/v1alpha1", "kind": "GpuRemediation",
-                "metadata": {"name": common::unique_name("probe")},
-                "spec": {"nodeName": "no-such-node", "policyName": "no-such-policy", "action": "None",
-                         "mode": "Manual",
-                         "trigger": {"conditionType": "GpuHealthy", "status": "False", "reason": reason}},
-            }))
-            .expect("a probe record");
-            let dry_run = PostParams {
-                dry_run: true,
-                ..PostParams::default()
-            };
-            Api::<GpuRemediation>::all(s.client.clone())
-                .create(&dry_run, &record)
-                .await
-        },
+        || records.create(&dry_run, &probe),
     )
     .await
 }

@@ -125,11 +125,9 @@ async fn install_records_policy(s: &Scenario, attacker: &Client) {
     .unwrap();
     let records = Api::<GpuRemediation>::all(s.client.clone());
     records.create(&PostParams::default(), &record).await.unwrap();
-    eventually("the records policy enforced", Duration::from_secs(30), || async {
-        match patch_status(attacker, &probe, &to_replacing()).await {
-            Err(kube::Error::Api(status)) if status.message.contains(REFUSED_STATUS) => Some(()),
-            _ => None,
-        }
+    let replacing = to_replacing();
+    common::until_refused_by(&format!("gpu-remediator-records-{}'", s.scope), || {
+        patch_status(attacker, &probe, &replacing)
     })
     .await;
     records.delete(&probe, &DeleteParams::default()).await.unwrap();
@@ -141,20 +139,10 @@ async fn install_records_policy(s: &Scenario, attacker: &Client) {
     )
     .await;
     let as_creator = Api::<GpuRemediation>::all(client_as(&creator).await);
-    let dry_run = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
-    eventually(
-        "the records policy's create part enforced",
-        Duration::from_secs(30),
-        || async {
-            match as_creator.create(&dry_run, &record).await {
-                Err(kube::Error::Api(status)) if status.message.contains(REFUSED_CREATE) => Some(()),
-                _ => None,
-            }
-        },
-    )
+    let dry_run = common::dry_run();
+    common::until_refused_by(&format!("gpu-remediator-records-create-{}'", s.scope), || {
+        as_creator.create(&dry_run, &record)
+    })
     .await;
 }
 

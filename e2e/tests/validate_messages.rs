@@ -11,7 +11,7 @@ use std::{path::Path, process::Command, time::Duration};
 
 use gpu_remediation_api::GpuRemediationPolicy;
 use gpu_remediator::cli::validate::{Finding, Severity, check, load};
-use kube::{Api, api::ListParams, api::PostParams, core::DynamicObject};
+use kube::{Api, api::ListParams, core::DynamicObject};
 
 const FIXTURES: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -58,10 +58,7 @@ async fn apply_crds_directory_once() {
 /// without a field. The note that CEL rules were skipped (field `<nil>`) is no refusal of its own.
 async fn server_refusal(document: &serde_json::Value) -> Vec<(String, String)> {
     let client = common::cluster().await.client();
-    let params = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
+    let params = common::dry_run();
     let mut request = kube::core::Request::new("/apis/gpuremediation.dev/v1alpha1/gpuremediationpolicies")
         .create(&params, serde_json::to_vec(document).unwrap())
         .unwrap();

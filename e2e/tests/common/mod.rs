@@ -122,6 +122,41 @@ pub fn refused_by<T: std::fmt::Debug>(policy: &str, what: &str, result: Result<T
     }
 }
 
+/// Returns once the server refuses `probe` by the admission policy `policy` (the start of its
+/// name; end it with `'` for the whole name), as [`refused_by`] reads a refusal: how a test waits for a policy it installed,
+/// which the server enforces only once its informers have loaded the policy and its binding, each
+/// policy on its own. The probe makes a write that changes nothing when let through (a dry run, or
+/// an object that does not exist).
+///
+/// # Panics
+/// If the server has not refused `probe` by `policy` within 30 s.
+pub async fn until_refused_by<T, F, Fut>(policy: &str, probe: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    let refusal = format!("ValidatingAdmissionPolicy '{policy}");
+    eventually(
+        &format!("the admission policy {policy} enforced"),
+        Duration::from_secs(30),
+        || async {
+            match probe().await {
+                Err(kube::Error::Api(status)) if status.message.contains(&refusal) => Some(()),
+                _ => None,
+            }
+        },
+    )
+    .await;
+}
+
+/// A create that goes through admission and stores nothing.
+pub fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    }
+}
+
 /// A fresh fleet of `nodes` simulated GPU nodes (8 GPUs each) with a unique name, on the shared
 /// cluster, running on the calling test's runtime. Heartbeats every 2s, so a stopped heartbeat
 /// shows within the default 50s grace period plus a little.
@@ -386,10 +421,8 @@ pub struct Denial {
 
 /// Installs the admission policy `name` (`failurePolicy: Fail`) matching `rules` (its
 /// `resourceRules`) with the one `validation`, bound with `Deny` (to `match_resources` where it is
-/// not null); returns once the server refuses `probe` by this policy. The probe makes a write the
-/// policy refuses and that changes nothing when let through (a dry run, or an object that does
-/// not exist): the API server loads a policy and its binding when its informers see them, which
-/// under load takes longer than any fixed wait one would pick.
+/// not null); returns once the server refuses `probe` by this policy ([`until_refused_by`]: the
+/// server loads a policy when its informers see it, which under load outlasts any fixed wait).
 ///
 /// # Panics
 /// If the server refuses the policy or its binding, or has not refused `probe` by this policy
@@ -432,18 +465,7 @@ where
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
-    let refusal = format!("ValidatingAdmissionPolicy '{name}'");
-    eventually(
-        &format!("the admission policy {name} enforced"),
-        Duration::from_secs(30),
-        || async {
-            match probe().await {
-                Err(kube::Error::Api(status)) if status.message.contains(&refusal) => Some(()),
-                _ => None,
-            }
-        },
-    )
-    .await;
+    until_refused_by(&format!("{name}'"), probe).await;
     Denial {
         name: name.to_owned(),
     }
